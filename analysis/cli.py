@@ -1,0 +1,80 @@
+"""The ``schedlab`` command: one entry point over the sim and analysis CLIs.
+
+    schedlab simulate --schedule 1f1b --pp 4 --microbatches 8 [--json] [--plot F.png]
+    schedlab compare  --pp 4 --microbatches 8 --chunks 2 --out out/
+    schedlab list
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from schedules import ScheduleError, names
+from sim.cli import OneLineParser, add_cost_args, costs_from_args, fail
+
+__all__ = ["main", "compare_main"]
+
+_USAGE = """usage: schedlab COMMAND [flags]
+
+commands:
+  simulate   simulate one schedule (same flags as python -m sim)
+  compare    simulate several schedules side by side; table + timeline PNGs
+  list       list the registered schedules
+
+schedlab COMMAND --help shows a command's flags."""
+
+
+def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compare") -> int:
+    p = OneLineParser(prog=prog, description="Simulate schedules at one shape; print a comparison table and write timelines.")
+    p.add_argument("--schedules", default="all", metavar="A,B,...", help="comma-separated names, or 'all' (default)")
+    p.add_argument("--pp", type=int, default=4, metavar="P", help="pipeline ranks (default 4)")
+    p.add_argument("--microbatches", type=int, default=8, metavar="M", help="microbatches (default 8)")
+    p.add_argument("--chunks", type=int, default=2, metavar="V", help="stages per rank for multi-chunk schedules (default 2)")
+    add_cost_args(p)
+    p.add_argument("--out", default="out", metavar="DIR", help="where the PNGs and the CSV table go (default out/)")
+    p.add_argument("--json", action="store_true", help="print the table as one JSON object")
+    args = p.parse_args(argv)
+    from analysis.compare import comparison_table, format_comparison, simulate_many
+    from analysis.timeline import plot_timeline, plot_timelines
+
+    chosen = names() if args.schedules == "all" else [s.strip() for s in args.schedules.split(",") if s.strip()]
+    try:
+        results = simulate_many(chosen, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks, costs=costs_from_args(args))
+    except ScheduleError as exc:
+        fail(str(exc))
+    table = comparison_table(results)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [plot_timelines([r.trace for r in results], out / "timelines.png")]
+    written += [plot_timeline(r.trace, out / f"timeline-{r.schedule}.png") for r in results]
+    table.to_csv(out / "comparison.csv", index=False)
+    written.append(out / "comparison.csv")
+    if args.json:
+        print(json.dumps({"schedules": json.loads(table.to_json(orient="records")), "files": [str(w) for w in written]}))
+    else:
+        print(format_comparison(table))
+        print(f"\nwrote {len(written)} files under {out}/: timelines.png (all schedules, one time axis), "
+              "timeline-<schedule>.png, comparison.csv")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "simulate":
+        from sim.cli import main as sim_main
+
+        return sim_main(rest, prog="schedlab simulate")
+    if cmd == "compare":
+        return compare_main(rest)
+    if cmd == "list":
+        from sim.cli import main as sim_main
+
+        return sim_main(["--list"], prog="schedlab list")
+    fail(f"schedlab: unknown command {cmd!r}; valid: simulate, compare, list (see schedlab --help)")

@@ -1,0 +1,70 @@
+"""Schedules side by side: simulate several, tabulate bubble, step time and memory, draw timelines."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from analysis.theory import bubble_ratio as closed_form_bubble
+from schedules import build, spec, validate
+from sim import SimResult, UniformCosts, simulate
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["simulate_many", "comparison_table", "format_comparison"]
+
+
+def simulate_many(
+    names: Iterable[str], *, pp: int, microbatches: int, chunks: int = 2, costs: UniformCosts | None = None
+) -> list[SimResult]:
+    """Simulate each named schedule at the same shape; multi-chunk ones get ``chunks`` stages per rank."""
+    costs = costs or UniformCosts()
+    graphs = []
+    for name in names:  # build and validate all first: a bad name fails before any simulation
+        v = chunks if spec(name).multi_chunk else 1
+        graphs.append(validate(build(name, pp=pp, microbatches=microbatches, chunks=v)))
+    return [simulate(g, costs, check=False) for g in graphs]
+
+
+def comparison_table(results: Sequence[SimResult]) -> pd.DataFrame:
+    """One row per result: shape, makespan, bubble (simulated and closed form), memory, throughput."""
+    import pandas as pd
+
+    rows = []
+    for r in results:
+        d = r.to_dict()
+        c = d["costs"]
+        closed = None
+        if c.get("model") == "uniform" and c.get("tcomm", 0) == 0:
+            closed = closed_form_bubble(d["schedule"], d["pp"], d["microbatches"], d["chunks"], c["tf"], c["tb"], c["tw"])
+        rows.append({
+            "schedule": d["schedule"],
+            "pp": d["pp"],
+            "microbatches": d["microbatches"],
+            "chunks": d["chunks"],
+            "makespan": d["makespan"],
+            "bubble_ratio": d["bubble_ratio"],
+            "bubble_closed_form": closed,
+            "peak_act_max": d["peak_activations"],
+            "peak_act_min": min(x["peak_activations"] for x in d["ranks"]),
+            "throughput": d["microbatches"] / d["makespan"] if d["makespan"] > 0 else float("nan"),
+        })
+    return pd.DataFrame(rows)
+
+
+def format_comparison(table: pd.DataFrame) -> str:
+    """The table as aligned text, bubble ratios as percentages."""
+    header = (
+        f"{'schedule':<18} {'p':>3} {'m':>4} {'v':>3} {'makespan':>10} {'bubble':>8} {'closed form':>11} "
+        f"{'peak act (M_B) max/min':>22} {'mb per time':>11}"
+    )
+    lines = [header, "-" * len(header)]
+    for row in table.itertuples(index=False):
+        closed = "-" if row.bubble_closed_form is None or row.bubble_closed_form != row.bubble_closed_form else f"{row.bubble_closed_form:.2%}"
+        peak = f"{row.peak_act_max:.4g} / {row.peak_act_min:.4g}"
+        lines.append(
+            f"{row.schedule:<18} {row.pp:>3} {row.microbatches:>4} {row.chunks:>3} {row.makespan:>10.5g} "
+            f"{row.bubble_ratio:>8.2%} {closed:>11} {peak:>22} {row.throughput:>11.4g}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,124 @@
+"""``python -m sim`` / ``schedlab simulate``: simulate one schedule with uniform costs.
+
+The CLI only parses flags into the same objects a script would build and
+calls the same functions: build -> lower -> validate -> simulate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from schedules import ScheduleError, build, names, spec, validate
+from sim.costs import UniformCosts
+from sim.engine import SimResult, simulate
+
+__all__ = ["main", "OneLineParser", "add_schedule_args", "add_cost_args", "fail"]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line with exit status 2, no usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{self.prog}: {message} (see --help)")
+
+
+def fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def add_schedule_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    p.add_argument("--schedule", required=required, metavar="NAME", help="schedule name: " + ", ".join(names()))
+    p.add_argument("--pp", type=int, required=required, metavar="P", help="pipeline ranks")
+    p.add_argument("--microbatches", type=int, required=required, metavar="M", help="microbatches per step")
+    p.add_argument("--chunks", type=int, default=None, metavar="V", help="stages per rank (multi-chunk schedules; default 2)")
+
+
+def add_cost_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("uniform costs (time per microbatch through one rank's whole share)")
+    g.add_argument("--tf", type=float, default=1.0, help="forward (default 1)")
+    g.add_argument("--tb", type=float, default=1.0, help="input-gradient backward; B costs tb+tw (default 1)")
+    g.add_argument("--tw", type=float, default=1.0, help="weight-gradient backward (default 1)")
+    g.add_argument("--tcomm", type=float, default=0.0, help="delay of each cross-rank message (default 0)")
+    g.add_argument("--mw", type=float, default=0.0, help="fraction of M_B that W still holds after I (default 0)")
+
+
+def costs_from_args(args: argparse.Namespace) -> UniformCosts:
+    return UniformCosts(tf=args.tf, tb=args.tb, tw=args.tw, tcomm=args.tcomm, mw=args.mw)
+
+
+def _parser(prog: str) -> OneLineParser:
+    p = OneLineParser(prog=prog, description="Simulate a pipeline schedule and report bubble, step time and activation memory.")
+    add_schedule_args(p, required=False)
+    add_cost_args(p)
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object instead of a table")
+    p.add_argument("--trace", metavar="FILE", help="write the per-task trace (.csv or .parquet)")
+    p.add_argument("--plot", metavar="FILE", help="write a Gantt chart (.png, .svg or .pdf)")
+    p.add_argument("--list", action="store_true", help="list the registered schedules and exit")
+    return p
+
+
+def format_table(result: SimResult) -> str:
+    """A readable summary: the schedule's shape, then one line per rank."""
+    d = result.to_dict()
+    lines = [
+        f"schedule {d['schedule']}: pp={d['pp']} microbatches={d['microbatches']} chunks={d['chunks']} "
+        f"({d['stages']} stages)",
+        "costs: " + " ".join(f"{k}={v:g}" for k, v in d["costs"].items() if k != "model"),
+        f"makespan {d['makespan']:.6g}   bubble ratio {d['bubble_ratio']:.4f}   "
+        f"peak activations {d['peak_activations']:.4g} M_B",
+        "",
+        f"{'rank':>4}  {'busy':>10}  {'idle':>10}  {'first_start':>11}  {'last_end':>10}  {'peak_act(M_B)':>13}",
+    ]
+    for r in d["ranks"]:
+        idle = d["makespan"] - r["busy"]
+        lines.append(
+            f"{r['rank']:>4}  {r['busy']:>10.6g}  {idle:>10.6g}  {r['first_start']:>11.6g}  "
+            f"{r['last_end']:>10.6g}  {r['peak_activations']:>13.4g}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
+    args = _parser(prog).parse_args(argv)
+    if args.list:
+        for n in names():
+            sp = spec(n)
+            print(f"{n:<18} {'v>=2 chunks' if sp.multi_chunk else '1 stage/rank':<13} {sp.summary}")
+        return 0
+    missing = [f"--{f}" for f in ("schedule", "pp", "microbatches") if getattr(args, f) is None]
+    if missing:
+        fail(f"{prog}: the following arguments are required: {', '.join(missing)} (see --help)")
+    try:
+        from analysis.timeline import check_figure_path
+        from schedules.trace import check_trace_path
+
+        # Every input is checked before anything runs or is written.
+        plot_path = check_figure_path(args.plot) if args.plot else None
+        trace_path = check_trace_path(args.trace) if args.trace else None
+        costs = costs_from_args(args)
+        schedule = build(args.schedule, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks)
+        graph = validate(schedule)
+    except ScheduleError as exc:
+        fail(str(exc))
+    result = simulate(graph, costs, check=False)
+    if trace_path is not None:
+        from schedules.trace import write_trace
+
+        write_trace(result.trace, trace_path)
+    if plot_path is not None:
+        from analysis.timeline import plot_timeline
+
+        plot_timeline(result.trace, plot_path)
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    else:
+        print(format_table(result))
+        for what, path in (("trace", trace_path), ("timeline", plot_path)):
+            if path is not None:
+                print(f"wrote {what}: {path}")
+    return 0

@@ -1,0 +1,102 @@
+"""Cost models: how long a task takes, how many bytes it moves, what memory it holds.
+
+Every cost formula of the simulator lives in a cost model; the engine only
+asks. The uniform model here is the one the pipeline literature draws its
+schedules with: fixed pass times, a fixed message delay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from schedules import Action, Kind, ScheduleError, Task, TaskGraph
+
+__all__ = ["CostModel", "UniformCosts"]
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """What the simulator needs to know about a task on its device."""
+
+    def duration(self, task: Task, graph: TaskGraph) -> float:
+        """Seconds (or unit-free time) the task occupies its stream."""
+
+    def bytes(self, task: Task, graph: TaskGraph) -> float:
+        """Bytes the task moves (0 for compute)."""
+
+    def activations(self, action: Action, graph: TaskGraph) -> tuple[float, float]:
+        """(held from the start, freed at the end) of a compute action, in M_B."""
+
+    def describe(self) -> dict[str, Any]:
+        """The model's parameters, for trace metadata and reports."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UniformCosts:
+    """Fixed pass times per rank-stage, a pure delay per cross-rank message.
+
+    ``tf``, ``tb`` and ``tw`` are the times of the forward, the input-gradient
+    backward and the weight-gradient backward of one microbatch through one
+    rank's whole share of layers; a full backward B costs tb + tw. With v
+    chunks per rank each chunk's pass costs 1/v of that. ``tcomm`` delays every
+    cross-rank message: the consumer starts no earlier than producer end + tcomm.
+
+    Activations, in M_B (one microbatch through a rank's whole share): a chunk's
+    F holds 1/v; B frees it; I frees all but the fraction ``mw`` that W still
+    needs, and W frees that (``mw`` = 0: W needs nothing extra).
+    """
+
+    tf: float = 1.0
+    tb: float = 1.0
+    tw: float = 1.0
+    tcomm: float = 0.0
+    mw: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("tf", "tb", "tw", "tcomm"):
+            value = getattr(self, name)
+            if not value >= 0:  # also catches NaN
+                raise ScheduleError(f"--{name} must be a time >= 0, got {value!r}")
+        if not 0 <= self.mw <= 1:
+            raise ScheduleError(f"--mw must be a fraction of M_B in [0, 1], got {self.mw!r}")
+
+    def _pass(self, kind: Kind) -> float:
+        if kind is Kind.F:
+            return self.tf
+        if kind is Kind.I:
+            return self.tb
+        if kind is Kind.W:
+            return self.tw
+        if kind is Kind.B:
+            return self.tb + self.tw
+        raise AssertionError(f"not a compute kind: {kind}")
+
+    def duration(self, task: Task, graph: TaskGraph) -> float:
+        action = task.action
+        if action.is_compute:
+            # An overlapped pair costs the sum of its two passes.
+            return sum(self._pass(a.kind) for a in action.parts()) / graph.schedule.chunks
+        if action.kind in (Kind.SEND_F, Kind.SEND_B):
+            return self.tcomm  # the message's flight time sits on the send
+        return 0.0
+
+    def bytes(self, task: Task, graph: TaskGraph) -> float:
+        return 0.0
+
+    def activations(self, action: Action, graph: TaskGraph) -> tuple[float, float]:
+        share = 1.0 / graph.schedule.chunks
+        held = freed = 0.0
+        for a in action.parts():
+            if a.kind is Kind.F:
+                held += share
+            elif a.kind is Kind.B:
+                freed += share
+            elif a.kind is Kind.I:
+                freed += share * (1.0 - self.mw)
+            elif a.kind is Kind.W:
+                freed += share * self.mw
+        return held, freed
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": "uniform", **asdict(self)}

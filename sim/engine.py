@@ -1,0 +1,221 @@
+"""The discrete-event engine: a TaskGraph, a CostModel -> a SimResult.
+
+SimPy keeps the clock and the event queue; tasks are not SimPy processes.
+Each task has a counter of unfinished dependencies; when a task ends, a
+callback decrements its successors' counters and starts those that reach
+zero (design note: this is 5-8x faster than one generator process per task).
+A task that becomes ready starts at once: a compute stream is serial because
+program order is a dependency, so no resource is needed.
+
+Tasks of zero duration (a RECV whose message has arrived, communication at
+t_comm = 0) finish without an event. Ties are broken by SimPy's insertion
+order, which follows task ids, so the same inputs give the same result bit
+for bit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any
+
+import simpy
+
+from schedules import Stream, TaskGraph, validate
+from schedules.trace import make_trace
+from sim.costs import CostModel
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["RankStats", "SimResult", "simulate"]
+
+
+@dataclass(frozen=True, slots=True)
+class RankStats:
+    rank: int
+    busy: float  # compute-busy time
+    first_start: float  # first compute task's start
+    last_end: float  # last compute task's end
+    peak_activations: float  # in M_B
+
+    def to_dict(self) -> dict[str, float]:
+        return {
+            "rank": self.rank,
+            "busy": self.busy,
+            "first_start": self.first_start,
+            "last_end": self.last_end,
+            "peak_activations": self.peak_activations,
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class SimResult:
+    """Times of every task plus the summary figures; the trace DataFrame is built on first use."""
+
+    graph: TaskGraph
+    costs: dict[str, Any]
+    start: list[float] = field(repr=False)
+    end: list[float] = field(repr=False)
+    bytes_moved: list[float] = field(repr=False)
+    ranks: tuple[RankStats, ...]
+
+    @property
+    def schedule(self) -> str:
+        return self.graph.schedule.name
+
+    @property
+    def makespan(self) -> float:
+        return max(self.end, default=0.0) - min(self.start, default=0.0)
+
+    @property
+    def bubble_ratio(self) -> float:
+        """1 - (sum of compute-busy time) / (ranks x makespan)."""
+        span = self.makespan
+        if span <= 0:
+            return 0.0
+        return 1.0 - sum(r.busy for r in self.ranks) / (len(self.ranks) * span)
+
+    @property
+    def peak_activations(self) -> float:
+        return max(r.peak_activations for r in self.ranks)
+
+    def meta(self) -> dict[str, Any]:
+        sched = self.graph.schedule
+        return {
+            "source": "sim",
+            "schedule": sched.name,
+            "params": dict(sched.params),
+            "costs": self.costs,
+        }
+
+    @cached_property
+    def trace(self) -> pd.DataFrame:
+        tasks = self.graph.tasks
+        cols = {
+            "rank": [t.rank for t in tasks],
+            "stream": [t.stream.value for t in tasks],
+            "action": [str(t.action) for t in tasks],
+            "kind": [t.action.kind.value for t in tasks],
+            "stage": [t.action.stage for t in tasks],
+            "microbatch": [-1 if t.action.microbatch is None else t.action.microbatch for t in tasks],
+            "start": self.start,
+            "end": self.end,
+            "bytes": self.bytes_moved,
+        }
+        return make_trace(cols, self.meta())
+
+    def to_dict(self) -> dict[str, Any]:
+        sched = self.graph.schedule
+        return {
+            "schedule": sched.name,
+            "pp": sched.num_ranks,
+            "microbatches": sched.num_microbatches,
+            "chunks": sched.chunks,
+            "stages": sched.num_stages,
+            "makespan": self.makespan,
+            "bubble_ratio": self.bubble_ratio,
+            "peak_activations": self.peak_activations,
+            "costs": self.costs,
+            "ranks": [r.to_dict() for r in self.ranks],
+        }
+
+
+def simulate(graph: TaskGraph, costs: CostModel, *, check: bool = True) -> SimResult:
+    """Run the task graph under the cost model; deterministic.
+
+    ``check`` validates the graph first (a deadlock is reported, not simulated);
+    pass False only for a graph that :func:`schedules.validate` already accepted.
+    """
+    if check:
+        validate(graph)
+    tasks = graph.tasks
+    n = len(tasks)
+    dur = [float(costs.duration(t, graph)) for t in tasks]
+    for t, d in zip(tasks, dur):
+        if not d >= 0 or math.isinf(d):
+            raise ValueError(f"cost model gave task {t.action} on rank {t.rank} duration {d}; need a finite time >= 0")
+    start = [math.nan] * n
+    end = [math.nan] * n
+    _Engine(graph, dur, start, end).run()
+    return SimResult(
+        graph=graph,
+        costs=costs.describe(),
+        start=start,
+        end=end,
+        bytes_moved=[float(costs.bytes(t, graph)) for t in tasks],
+        ranks=_rank_stats(graph, costs, start, end),
+    )
+
+
+class _Engine:
+    """Dependency counters on a SimPy clock."""
+
+    def __init__(self, graph: TaskGraph, dur: list[float], start: list[float], end: list[float]) -> None:
+        self.env = simpy.Environment(initial_time=0.0)
+        self.succ = graph.successors
+        self.waiting = [len(t.deps) for t in graph.tasks]
+        self.dur, self.start, self.end = dur, start, end
+
+    def run(self) -> None:
+        self._release([i for i, w in enumerate(self.waiting) if w == 0])
+        self.env.run()
+        unfinished = sum(1 for e in self.end if e != e)  # NaN: never ran
+        if unfinished:
+            raise RuntimeError(f"simulation stalled with {unfinished} tasks never run; validate the graph first")
+
+    def _release(self, ready: list[int]) -> None:
+        """Start every ready task; zero-length ones finish at once (worklist, no recursion)."""
+        env, dur, start, end, succ, waiting = self.env, self.dur, self.start, self.end, self.succ, self.waiting
+        now = env.now
+        stack = ready[::-1]
+        while stack:
+            i = stack.pop()
+            start[i] = now
+            d = dur[i]
+            if d > 0.0:
+                ev = env.timeout(d, i)
+                ev.callbacks.append(self._on_end)
+                continue
+            end[i] = now
+            for j in reversed(succ[i]):
+                waiting[j] -= 1
+                if waiting[j] == 0:
+                    stack.append(j)
+
+    def _on_end(self, event: simpy.Event) -> None:
+        i = event.value
+        self.end[i] = self.env.now
+        waiting = self.waiting
+        ready = []
+        for j in self.succ[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                ready.append(j)
+        if ready:
+            self._release(ready)
+
+
+def _rank_stats(graph: TaskGraph, costs: CostModel, start: list[float], end: list[float]) -> tuple[RankStats, ...]:
+    stats = []
+    for rank, prog in enumerate(graph.programs):
+        busy, first, last = 0.0, math.inf, -math.inf
+        held = peak = 0.0
+        for i in prog:
+            task = graph.tasks[i]
+            if task.stream is not Stream.COMPUTE:
+                continue
+            busy += end[i] - start[i]
+            first = min(first, start[i])
+            last = max(last, end[i])
+            # Compute is serial on a rank, so memory follows program order:
+            # a pass holds its activations from its start, frees at its end.
+            alloc, free = costs.activations(task.action, graph)
+            held += alloc
+            peak = max(peak, held)
+            held -= free
+        if first is math.inf:
+            first = last = 0.0
+        stats.append(RankStats(rank, busy, first, last, peak))
+    return tuple(stats)

@@ -1,0 +1,615 @@
+"""Rejection paths of the schedule IR, the registry, lowering and validation.
+
+Every bad input must raise :class:`ScheduleError` with a one-line message that
+names the offending schedule, rank and action where the code knows them, and
+says what would be valid. The positive tests at the end pin down the round
+trips (text, parse, lowering) that the error paths are measured against.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from schedules import (
+    Action,
+    Kind,
+    PipelineParams,
+    Schedule,
+    ScheduleError,
+    build,
+    check_schedule,
+    find_cycle,
+    graph_from_programs,
+    insert_comms,
+    lower,
+    names,
+    spec,
+    validate,
+)
+from sim import UniformCosts
+
+S = Schedule.from_programs
+
+
+def msg(*fragments: str) -> str:
+    """A ``match=`` pattern: the literal fragments, in this order, anywhere in the message."""
+    return ".*".join(re.escape(f) for f in fragments)
+
+
+def ok_1f1b() -> Schedule:
+    """A valid 2-rank 1F1B with 2 microbatches (the base the bad schedules are edited from)."""
+    return build("1f1b", pp=2, microbatches=2)
+
+
+def comm_programs() -> list[list[str]]:
+    """``insert_comms`` of :func:`ok_1f1b`, as editable strings (asserted in a test below)."""
+    return [
+        ["0F0", "0SEND_F0", "0F1", "0SEND_F1", "0RECV_B0", "0B0", "0RECV_B1", "0B1"],
+        ["1RECV_F0", "1F0", "1B0", "1SEND_B0", "1RECV_F1", "1F1", "1B1", "1SEND_B1"],
+    ]
+
+
+def parsed(programs: list[list[str]]) -> list[list[Action]]:
+    return [[Action.parse(a) for a in prog] for prog in programs]
+
+
+# --------------------------------------------------------------------------- build / registry
+
+
+def test_unknown_schedule_name_lists_valid_names():
+    """An unknown name is rejected and the message lists every registered name."""
+    with pytest.raises(ScheduleError, match=msg("unknown schedule 'nope'", "valid: ", ", ".join(names()))):
+        build("nope", pp=2, microbatches=2)
+    with pytest.raises(ScheduleError, match=msg("unknown schedule 'nope'")):
+        spec("nope")
+
+
+@pytest.mark.parametrize("name", ["1f1b", "looped-bfs"])
+@pytest.mark.parametrize(
+    "kwargs, flag, value",
+    [
+        ({"pp": 0, "microbatches": 4}, "pp", "0"),
+        ({"pp": -1, "microbatches": 4}, "pp", "-1"),
+        ({"pp": 2, "microbatches": 0}, "microbatches", "0"),
+    ],
+)
+def test_build_rejects_nonpositive_pp_and_microbatches(name, kwargs, flag, value):
+    """pp=0 / microbatches=0 are rejected, naming the flag, the bad value and the valid range."""
+    with pytest.raises(ScheduleError, match=msg(f"{flag} must be an integer >= 1, got {value}")):
+        build(name, **kwargs)
+
+
+def test_build_rejects_zero_chunks():
+    """chunks=0 is rejected for single- and multi-chunk schedules alike, saying what is valid."""
+    with pytest.raises(ScheduleError, match=msg("schedule '1f1b'", "one stage per rank (chunks=1)", "got chunks=0")):
+        build("1f1b", pp=2, microbatches=2, chunks=0)
+    with pytest.raises(ScheduleError, match=msg("schedule 'looped-bfs'", "chunks (v) >= 2", "got 0")):
+        build("looped-bfs", pp=2, microbatches=2, chunks=0)
+
+
+@pytest.mark.parametrize("name", [n for n in names() if not spec(n).multi_chunk])
+def test_single_chunk_schedule_rejects_chunks_2(name):
+    """A one-stage-per-rank schedule given chunks=2 says so and lists the multi-chunk schedules."""
+    multi = ", ".join(n for n in names() if spec(n).multi_chunk)
+    with pytest.raises(
+        ScheduleError, match=msg(f"schedule {name!r}", "one stage per rank (chunks=1), got chunks=2", multi)
+    ):
+        build(name, pp=2, microbatches=4, chunks=2)
+
+
+@pytest.mark.parametrize("name", [n for n in names() if spec(n).multi_chunk])
+def test_multi_chunk_schedule_rejects_chunks_1(name):
+    """A multi-chunk schedule given chunks=1 asks for v >= 2 and points at gpipe/1f1b."""
+    with pytest.raises(ScheduleError, match=msg(f"schedule {name!r}", "chunks (v) >= 2", "got 1", "gpipe or 1f1b")):
+        build(name, pp=2, microbatches=4, chunks=1)
+
+
+def test_interleaved_needs_microbatches_multiple_of_pp():
+    """interleaved-1f1b with m not a multiple of pp names pp, m and suggests valid m."""
+    with pytest.raises(
+        ScheduleError, match=msg("interleaved-1f1b", "multiple of pp=4", "got 6", "try 4 or 8")
+    ):
+        build("interleaved-1f1b", pp=4, microbatches=6, chunks=2)
+    with pytest.raises(ScheduleError, match=msg("multiple of pp=4", "got 2", "try 4")):
+        build("interleaved-1f1b", pp=4, microbatches=2, chunks=2)
+
+
+@pytest.mark.parametrize(
+    "kwargs, flag, value",
+    [
+        ({"pp": 0, "microbatches": 1}, "pp", "0"),
+        ({"pp": 1, "microbatches": -3}, "microbatches", "-3"),
+        ({"pp": 1, "microbatches": 1, "chunks": 0}, "chunks", "0"),
+        ({"pp": True, "microbatches": 1}, "pp", "True"),
+        ({"pp": 2.0, "microbatches": 1}, "pp", "2.0"),
+        ({"pp": 1, "microbatches": "4"}, "microbatches", "'4'"),
+    ],
+)
+def test_pipeline_params_rejects_non_positive_or_non_int(kwargs, flag, value):
+    """PipelineParams wants ints >= 1 (bools and floats are not ints here)."""
+    with pytest.raises(ScheduleError, match=msg(f"{flag} must be an integer >= 1, got {value}")):
+        PipelineParams(**kwargs)
+
+
+@pytest.mark.parametrize("field", ["tf", "tb", "tw", "tcomm"])
+@pytest.mark.parametrize("value", [-1.0, -1e-12, math.nan])
+def test_uniform_costs_rejects_negative_or_nan_times(field, value):
+    """Every time of UniformCosts must be >= 0 (NaN included in the rejection)."""
+    with pytest.raises(ScheduleError, match=msg(f"--{field} must be a time >= 0, got {value!r}")):
+        UniformCosts(**{field: value})
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, math.nan])
+def test_uniform_costs_rejects_mw_outside_unit_interval(value):
+    """mw is a fraction of M_B in [0, 1]."""
+    with pytest.raises(ScheduleError, match=msg(f"--mw must be a fraction of M_B in [0, 1], got {value!r}")):
+        UniformCosts(mw=value)
+
+
+# --------------------------------------------------------------------------- Action.parse
+
+
+@pytest.mark.parametrize("text", ["F0", "0X1", "", "x", "-1F0", "0F-1", "0SEND1", "0 F 1"])
+def test_parse_rejects_malformed_plain_actions(text):
+    """A plain action that is not <stage><kind><microbatch> is rejected, quoting it and the grammar."""
+    with pytest.raises(
+        ScheduleError, match=msg(f"invalid action {text!r}", "expected <stage><kind><microbatch>", "e.g. '2F0'")
+    ):
+        Action.parse(text)
+
+
+@pytest.mark.parametrize("text", ["(0F1;0B2)", "(0F1;0B2", "(0F1;0B2)OVERLAP", "(0F1;0B2)OVERLAP_F_BX"])
+def test_parse_rejects_bad_bracketed_actions(text):
+    """A bracket must close and be followed by exactly OVERLAP_F_B."""
+    with pytest.raises(ScheduleError, match=msg(f"invalid action {text!r}", "'(<action>;<action>)OVERLAP_F_B'")):
+        Action.parse(text)
+
+
+@pytest.mark.parametrize(
+    "text", ["(0F1;0F2)OVERLAP_F_B", "(0B1;0B2)OVERLAP_F_B", "(0F1;0W2)OVERLAP_F_B", "(0F1)OVERLAP_F_B", "(0F1;0B2;0F3)OVERLAP_F_B"]
+)
+def test_parse_rejects_overlap_not_one_forward_one_backward(text):
+    """OVERLAP_F_B pairs exactly one F with one B or I."""
+    with pytest.raises(ScheduleError, match=msg(f"invalid action {text!r}", "one forward with one backward (B or I)")):
+        Action.parse(text)
+
+
+def test_parse_error_bubbles_up_from_from_programs():
+    """A malformed action string inside from_programs is reported with its text."""
+    with pytest.raises(ScheduleError, match=msg("invalid action 'F0'")):
+        S([["0F0", "F0"], ["1F0", "1B0"]], name="bad")
+
+
+# --------------------------------------------------------------------------- Schedule construction
+
+
+def test_from_programs_stage_on_two_ranks():
+    """Placement inference refuses a stage that two ranks' programs mention."""
+    with pytest.raises(
+        ScheduleError, match=msg("schedule 'bad'", "stage 1 appears on rank 0 and on rank 1", "(1F0)", "exactly one rank")
+    ):
+        S([["0F0", "0B0", "1F0"], ["1F0", "1B0"]], name="bad")
+
+
+def test_from_programs_stage_gap():
+    """Inferred stages must be numbered without gaps."""
+    with pytest.raises(ScheduleError, match=msg("schedule 'bad'", "no rank runs stage(s) [1]", "0..2 without gaps")):
+        S([["0F0", "0B0"], ["2F0", "2B0"]], name="bad")
+
+
+def test_schedule_constructor_checks_shape():
+    """Placement length, program count and placement ranks must agree with the schedule's sizes."""
+    with pytest.raises(ScheduleError, match=msg("schedule 'bad'", "stage_to_rank has 1 entries", "has 2 stages")):
+        Schedule("bad", num_ranks=2, num_stages=2, num_microbatches=1, stage_to_rank=(0,), programs=((), ()))
+    with pytest.raises(ScheduleError, match=msg("schedule 'bad'", "1 programs given for 2 ranks", "one program per rank")):
+        Schedule("bad", num_ranks=2, num_stages=2, num_microbatches=1, stage_to_rank=(0, 1), programs=((),))
+    with pytest.raises(ScheduleError, match=msg("schedule 'bad'", "stage 1 is placed on rank 2", "valid ranks are 0..1")):
+        S([["0F0", "0B0"], ["1F0", "1B0"]], name="bad", stage_to_rank=[0, 2])
+
+
+# --------------------------------------------------------------------------- check_schedule / validate / lower
+
+
+def test_empty_schedule_and_zero_microbatches():
+    """A schedule needs at least one rank, one stage and one microbatch."""
+    with pytest.raises(ScheduleError, match=msg("schedule 'empty'", "needs >= 1 rank, stage and microbatch", "0 ranks")):
+        validate(S([], name="empty"))
+    with pytest.raises(ScheduleError, match=msg("schedule 'bad'", "needs >= 1 rank", "0 microbatches")):
+        check_schedule(S([["0F0", "0B0"], ["1F0", "1B0"]], name="bad", num_microbatches=0))
+
+
+def test_missing_forward():
+    """A (stage, microbatch) without F is reported with its rank and the missing action."""
+    with pytest.raises(
+        ScheduleError, match=msg("schedule 'bad', rank 1", "missing work 1F0", "stage 1 microbatch 0 has no forward")
+    ):
+        validate(S([["0F0", "0B0"], ["1B0"]], name="bad"))
+
+
+def test_missing_backward():
+    """A (stage, microbatch) without B or I+W is reported, naming both valid options."""
+    with pytest.raises(
+        ScheduleError,
+        match=msg("schedule 'bad', rank 1", "missing work", "stage 1 microbatch 0 has no backward", "(1B0 or 1I0+1W0)"),
+    ):
+        validate(S([["0F0", "0B0"], ["1F0"]], name="bad"))
+
+
+def test_missing_microbatch_given_explicit_count():
+    """With num_microbatches=2 every stage must run microbatch 1 too."""
+    with pytest.raises(ScheduleError, match=msg("schedule 'bad', rank 0", "missing work 0F1")):
+        lower(S([["0F0", "0B0"], ["1F0", "1B0"]], name="bad", num_microbatches=2))
+
+
+def test_duplicate_work_on_one_rank():
+    """The same action twice on one rank names both positions."""
+    with pytest.raises(
+        ScheduleError, match=msg("schedule 'bad', rank 0, action 0F0", "duplicate work, runs twice", "at positions 0 and 2")
+    ):
+        validate(S([["0F0", "0B0", "0F0"], ["1F0", "1B0"]], name="bad"))
+
+
+def test_duplicate_work_across_ranks():
+    """The same work on two ranks is reported as the stage running on a rank it is not placed on.
+
+    (check_schedule checks placement before duplicates, so a cross-rank copy of
+    an action always shows up as a misplaced stage.)
+    """
+    with pytest.raises(
+        ScheduleError,
+        match=msg("schedule 'bad', rank 1, action 0F0", "stage 0 is placed on rank 0", "cannot run on two ranks"),
+    ):
+        validate(S([["0F0", "0B0"], ["1F0", "1B0", "0F0"]], name="bad", stage_to_rank=[0, 1]))
+
+
+def test_stage_on_wrong_rank_with_explicit_placement():
+    """With an explicit stage_to_rank, a rank running another rank's stage is named."""
+    with pytest.raises(
+        ScheduleError,
+        match=msg("schedule 'bad', rank 0, action 1F0", "stage 1 is placed on rank 1", "cannot run on two ranks"),
+    ):
+        lower(S([["0F0", "0B0", "1F0"], ["1B0"]], name="bad", stage_to_rank=[0, 1]))
+    # The whole stage on the wrong rank: placement says rank 1, rank 0 runs it.
+    with pytest.raises(ScheduleError, match=msg("schedule 'bad', rank 0, action 1F0", "stage 1 is placed on rank 1")):
+        check_schedule(S([["0F0", "1F0", "1B0", "0B0"], []], name="bad", stage_to_rank=[0, 1]))
+
+
+def test_backward_before_forward():
+    """B before its F on the rank names both actions and their positions, and says to move it."""
+    with pytest.raises(
+        ScheduleError, match=msg("schedule 'bad', rank 0, action 0B0", "runs before 0F0", "(position 0 < 1)", "move it after")
+    ):
+        validate(S([["0B0", "0F0"], ["1F0", "1B0"]], name="bad"))
+
+
+def test_input_backward_before_forward():
+    """I before its F is rejected the same way."""
+    with pytest.raises(ScheduleError, match=msg("schedule 'bad', rank 1, action 1I0", "runs before 1F0")):
+        validate(S([["0F0", "0B0"], ["1I0", "1F0", "1W0"]], name="bad"))
+
+
+def test_w_before_i():
+    """W must come after its I."""
+    with pytest.raises(
+        ScheduleError, match=msg("schedule 'bad', rank 0, action 0W0", "runs before 0I0", "(position 1 < 2)", "move it after")
+    ):
+        validate(S([["0F0", "0W0", "0I0"], ["1F0", "1B0"]], name="bad"))
+
+
+def test_i_without_w():
+    """Each I needs its W."""
+    with pytest.raises(
+        ScheduleError, match=msg("schedule 'bad', rank 0, action 0I0", "missing work 0W0", "each I needs its W")
+    ):
+        validate(S([["0F0", "0I0"], ["1F0", "1B0"]], name="bad"))
+
+
+def test_w_without_i():
+    """A W without its I is rejected."""
+    with pytest.raises(ScheduleError, match=msg("schedule 'bad', rank 0, action 0W0", "has no 0I0", "W needs its I")):
+        validate(S([["0F0", "0W0"], ["1F0", "1B0"]], name="bad"))
+
+
+def test_b_mixed_with_i_and_w():
+    """B and I/W for the same work is rejected, offering both valid forms."""
+    with pytest.raises(
+        ScheduleError,
+        match=msg("schedule 'bad', rank 0, action 0B0", "mixes a full backward with I/W", "run either 0B0 or 0I0 and 0W0"),
+    ):
+        validate(S([["0F0", "0B0", "0I0", "0W0"], ["1F0", "1B0"]], name="bad"))
+    with pytest.raises(ScheduleError, match=msg("action 0B0", "mixes a full backward with I/W")):
+        validate(S([["0F0", "0I0", "0B0"], ["1F0", "1B0"]], name="bad"))
+
+
+def test_microbatch_out_of_range():
+    """A microbatch beyond num_microbatches names the valid range."""
+    with pytest.raises(
+        ScheduleError, match=msg("schedule 'bad', rank 0, action 0F1", "microbatch 1 out of range", "valid are 0..0")
+    ):
+        validate(S([["0F0", "0B0", "0F1", "0B1"], ["1F0", "1B0"]], name="bad", num_microbatches=1))
+
+
+def test_microbatch_missing_is_out_of_range():
+    """'0F' parses (microbatch None) but is not valid work in a Schedule."""
+    with pytest.raises(ScheduleError, match=msg("schedule 'bad', rank 0, action 0F", "microbatch None out of range")):
+        validate(S([["0F", "0F0", "0B0"], ["1F0", "1B0"]], name="bad", num_microbatches=1))
+
+
+def test_stage_out_of_range():
+    """A stage beyond num_stages names the valid range."""
+    with pytest.raises(
+        ScheduleError, match=msg("schedule 'bad', rank 1, action 2F0", "stage 2 out of range", "valid stages are 0..1")
+    ):
+        validate(S([["0F0", "0B0"], ["1F0", "1B0", "2F0"]], name="bad", stage_to_rank=[0, 1]))
+
+
+@pytest.mark.parametrize("comm", ["0SEND_F0", "0RECV_B0", "0ALLREDUCE"])
+def test_communication_inside_schedule(comm):
+    """A Schedule holds compute only; SEND/RECV (or collectives) are added by lower()."""
+    with pytest.raises(
+        ScheduleError,
+        match=msg(f"schedule 'bad', rank 0, action {comm}", "compute actions only", "communication is added by lower()"),
+    ):
+        validate(S([["0F0", comm, "0B0"], ["1F0", "1B0"]], name="bad"))
+
+
+def test_overlap_with_its_own_forward():
+    """An overlapped pair of a pass and its own forward can never run."""
+    with pytest.raises(
+        ScheduleError, match=msg("schedule 'bad', rank 0, action 0B0", "overlapped with its own forward 0F0")
+    ):
+        validate(S([["(0F0;0B0)OVERLAP_F_B"], ["1F0", "1B0"]], name="bad"))
+
+
+# --------------------------------------------------------------------------- deadlocks
+
+
+def _check_cycle(graph, cycle):
+    assert cycle is not None and len(cycle) >= 3
+    assert cycle[0] == cycle[-1]
+    assert len(set(cycle[:-1])) == len(cycle) - 1
+    for before, after in zip(cycle, cycle[1:]):
+        assert before in graph.tasks[after].deps  # each waits for the one before
+
+
+def test_deadlock_cross_rank_cycle():
+    """1F1B on 2 ranks where rank 0 runs B0 before F1 but rank 1 needs F1 before B0: a deadlock.
+
+    rank 0: 0F0 0B0 0F1 0B1 -- 0B0 waits for 1B0's gradient;
+    rank 1: 1F0 1F1 1B0 1B1 -- 1B0 comes after 1F1, which waits for 0F1,
+    which rank 0 only runs after 0B0. The message names the cycle.
+    """
+    bad = S([["0F0", "0B0", "0F1", "0B1"], ["1F0", "1F1", "1B0", "1B1"]], name="bad")
+    check_schedule(bad)  # the work itself is fine
+    graph = lower(bad)  # lowering does not look for deadlocks
+    _check_cycle(graph, find_cycle(graph))
+    with pytest.raises(ScheduleError, match=msg("schedule 'bad', rank", "deadlock", "a cycle of waits")) as info:
+        validate(bad)
+    text = str(info.value)
+    steps = text.split(": ", 2)[-1].split(" -> ")
+    assert steps[0] == steps[-1], text  # a closed cycle
+    for step in ["rank 0 0B0", "rank 0 0F1", "rank 0 0SEND_F1", "rank 1 1RECV_F1", "rank 1 1F1", "rank 1 1B0", "rank 1 1SEND_B0", "rank 0 0RECV_B0"]:
+        assert step in steps, (step, text)
+
+
+def test_out_of_order_forwards_are_not_a_deadlock():
+    """Rank 1 running 1F1 before 1F0 while rank 0 runs 0F0, 0F1 just waits; no cycle."""
+    sched = S([["0F0", "0F1", "0B0", "0B1"], ["1F1", "1F0", "1B0", "1B1"]], name="ok")
+    graph = validate(sched)
+    assert find_cycle(graph) is None
+
+
+def test_same_rank_stage_order_deadlock():
+    """With two stages on one rank, running the later stage's F first is a (same-rank) cycle."""
+    bad = S([["1F0", "0F0", "1B0", "0B0"]], name="bad", stage_to_rank=[0, 0])
+    with pytest.raises(ScheduleError, match=msg("schedule 'bad'", "deadlock", "rank 0 1F0", "rank 0 0F0")):
+        validate(bad)
+
+
+# --------------------------------------------------------------------------- graph_from_programs with comms
+
+
+def test_comm_programs_fixture_matches_insert_comms():
+    """The hand-written comm programs the tests below edit are insert_comms' output."""
+    assert [[str(a) for a in p] for p in insert_comms(ok_1f1b())] == comm_programs()
+
+
+def _graph(programs):
+    return graph_from_programs(ok_1f1b(), parsed(programs))
+
+
+def test_unmatched_send():
+    """A SEND whose peer has no RECV names the rank, the action and the missing counterpart."""
+    progs = comm_programs()
+    progs[1].remove("1RECV_F0")
+    with pytest.raises(
+        ScheduleError, match=msg("schedule '1f1b', rank 0, action 0SEND_F0", "is unmatched", "rank 1 has no 1RECV_F0")
+    ):
+        _graph(progs)
+
+
+def test_unmatched_recv():
+    """A RECV whose peer has no SEND is reported on the receiving rank."""
+    progs = comm_programs()
+    progs[0].remove("0SEND_F0")
+    with pytest.raises(
+        ScheduleError, match=msg("schedule '1f1b', rank 1, action 1RECV_F0", "is unmatched", "rank 0 has no 0SEND_F0")
+    ):
+        _graph(progs)
+
+
+def test_missing_send_and_recv():
+    """Without the RECV a cross-rank consumer names the RECV it needs."""
+    progs = comm_programs()
+    progs[0].remove("0SEND_F0")
+    progs[1].remove("1RECV_F0")
+    with pytest.raises(
+        ScheduleError, match=msg("schedule '1f1b', rank 1, action 1F0", "needs 1RECV_F0 on rank 1", "which no rank runs")
+    ):
+        _graph(progs)
+
+
+def test_recv_after_its_consumer_is_a_deadlock():
+    """A RECV posted after the compute that consumes it builds, but validate reports a deadlock."""
+    progs = comm_programs()
+    progs[1][0:2] = ["1F0", "1RECV_F0"]
+    graph = _graph(progs)
+    cycle = find_cycle(graph)
+    _check_cycle(graph, cycle)
+    assert {str(graph.tasks[i].action) for i in cycle} == {"1F0", "1RECV_F0"}
+    with pytest.raises(
+        ScheduleError, match=msg("schedule '1f1b', rank 1", "deadlock", "rank 1 1F0", "rank 1 1RECV_F0")
+    ):
+        validate(graph)
+
+
+def test_send_before_its_producer():
+    """A SEND placed before the compute that produces its value is rejected."""
+    progs = comm_programs()
+    progs[0][0:2] = ["0SEND_F0", "0F0"]
+    with pytest.raises(
+        ScheduleError,
+        match=msg("schedule '1f1b', rank 0, action 0SEND_F0", "comes before the action that produces the value"),
+    ):
+        _graph(progs)
+
+
+def test_send_without_producer():
+    """A SEND_B whose backward is missing says nothing produces the value."""
+    progs = comm_programs()
+    progs[1].remove("1B0")
+    with pytest.raises(
+        ScheduleError, match=msg("rank 1, action 1SEND_B0", "sends a value that no action on this rank produces")
+    ):
+        _graph(progs)
+
+
+def test_comm_on_wrong_rank():
+    """A SEND/RECV on a rank that does not hold its stage names the owning rank."""
+    progs = comm_programs()
+    progs[0].remove("0SEND_F0")
+    progs[1].insert(0, "0SEND_F0")
+    with pytest.raises(
+        ScheduleError,
+        match=msg("schedule '1f1b', rank 1, action 0SEND_F0", "stage 0 lives on rank 0, not on rank 1"),
+    ):
+        _graph(progs)
+    progs = comm_programs()
+    progs[1].remove("1RECV_F0")
+    progs[0].insert(0, "1RECV_F0")
+    with pytest.raises(ScheduleError, match=msg("rank 0, action 1RECV_F0", "stage 1 lives on rank 1, not on rank 0")):
+        _graph(progs)
+
+
+@pytest.mark.parametrize(
+    "rank, action, why",
+    [
+        (0, "0RECV_F0", "has no peer: stage -1 is not a stage on another rank"),
+        (1, "1SEND_F0", "has no peer: stage 2 is not a stage on another rank"),
+        (0, "5SEND_F0", "names stage 5; valid stages are 0..1"),
+        (0, "0ALLREDUCE", "is not a pipeline compute or send/recv action"),
+    ],
+)
+def test_comm_without_peer_or_out_of_range(rank, action, why):
+    """Comm actions with no peer stage, an out-of-range stage, or a non-pipeline kind are rejected."""
+    progs = comm_programs()
+    progs[rank].append(action)
+    with pytest.raises(ScheduleError, match=msg(f"schedule '1f1b', rank {rank}, action {action}", why)):
+        _graph(progs)
+
+
+def test_graph_duplicate_across_ranks():
+    """graph_from_programs names a duplicated action and the other rank that runs it."""
+    progs = comm_programs()
+    progs[1].append("0F0")
+    with pytest.raises(
+        ScheduleError, match=msg("schedule '1f1b', rank 1, action 0F0", "appears twice (also on rank 0)", "each runs once")
+    ):
+        _graph(progs)
+
+
+def test_graph_program_count():
+    """graph_from_programs wants one program per rank of the schedule."""
+    with pytest.raises(ScheduleError, match=msg("schedule '1f1b'", "1 programs for 2 ranks")):
+        graph_from_programs(ok_1f1b(), parsed(comm_programs())[:1])
+
+
+def test_validate_graph_rechecks_compute_work():
+    """validate(TaskGraph) also runs the compute checks: a graph without 0B1 is missing work."""
+    progs = comm_programs()
+    progs[0].remove("0B1")
+    graph = _graph(progs)  # the graph itself builds: 0RECV_B1 is matched
+    with pytest.raises(ScheduleError, match=msg("schedule '1f1b', rank 0", "missing work", "stage 0 microbatch 1 has no backward")):
+        validate(graph)
+
+
+# --------------------------------------------------------------------------- positive round trips
+
+SHAPES = [(1, 1), (1, 3), (2, 2), (2, 4), (3, 6), (4, 8), (4, 4)]
+
+
+def built(name: str, pp: int, m: int) -> list[Schedule]:
+    """The schedule at (pp, m), for each allowed chunks in 2..3 if it is multi-chunk."""
+    chunks = (2, 3) if spec(name).multi_chunk else (1,)
+    return [build(name, pp=pp, microbatches=m, chunks=v) for v in chunks]
+
+
+@pytest.mark.parametrize("pp, m", SHAPES)
+@pytest.mark.parametrize("name", names())
+def test_lowering_equals_graph_from_inserted_comms(name, pp, m):
+    """lower(s) == graph_from_programs(s, insert_comms(s)) task for task, and validate accepts it."""
+    for s in built(name, pp, m):
+        graph = lower(s)
+        again = graph_from_programs(s, insert_comms(s))
+        assert again.tasks == graph.tasks
+        assert again.programs == graph.programs
+        assert validate(graph) is graph
+        assert find_cycle(graph) is None
+        assert validate(s).tasks == graph.tasks
+
+
+@pytest.mark.parametrize("pp, m", SHAPES)
+@pytest.mark.parametrize("name", names())
+def test_action_text_round_trips(name, pp, m):
+    """Action.parse(str(a)) == a for every compute and lowered comm action; to_text/from_text round trip."""
+    for s in built(name, pp, m):
+        for prog in s.programs:
+            for a in prog:
+                assert Action.parse(str(a)) == a
+        for prog in insert_comms(s):
+            for a in prog:
+                assert Action.parse(str(a)) == a
+        back = Schedule.from_text(s.to_text(), name=s.name, num_microbatches=s.num_microbatches)
+        assert back.programs == s.programs
+        assert back.stage_to_rank == s.stage_to_rank
+        graph_back = Schedule.from_text(lower(s).to_text(), name=s.name)
+        assert graph_back.programs == tuple(tuple(p) for p in insert_comms(s))
+
+
+def test_overlap_action_round_trip():
+    """The overlap notation parses into its two sub-actions and prints back identically."""
+    a = Action.parse("(0F7;7B3)OVERLAP_F_B")
+    assert a.kind is Kind.OVERLAP_F_B
+    assert a.sub_actions == (Action(Kind.F, 0, 7), Action(Kind.B, 7, 3))
+    assert a.parts() == a.sub_actions
+    assert (a.stage, a.microbatch) == (-1, None)
+    assert str(a) == "(0F7;7B3)OVERLAP_F_B"
+    assert Action.parse(str(a)) == a
+    assert Action.parse("(1I2;3F4)OVERLAP_F_B").sub_actions == (Action(Kind.I, 1, 2), Action(Kind.F, 3, 4))
+    assert Action.parse(" 0SEND_F1 ") == Action(Kind.SEND_F, 0, 1)
+
+
+def test_overlap_schedule_validates_and_lowers():
+    """A 1F1B whose steady-state F/B pair is overlapped validates; its lowering round-trips."""
+    s = S([["0F0", "0F1", "0B0", "0B1"], ["1F0", "(1F1;1B0)OVERLAP_F_B", "1B1"]], name="ov")
+    graph = validate(s)
+    assert [str(a) for a in graph.program_actions(1)] == [
+        "1RECV_F0", "1F0", "1RECV_F1", "(1F1;1B0)OVERLAP_F_B", "1SEND_B0", "1B1", "1SEND_B1"
+    ]
+    for r in range(2):
+        for a in graph.program_actions(r):
+            assert Action.parse(str(a)) == a
+    assert Schedule.from_text(s.to_text(), name="ov").programs == s.programs
