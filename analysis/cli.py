@@ -15,7 +15,7 @@ from pathlib import Path
 from schedules import ScheduleError, names
 from sim.cli import OneLineParser, add_cost_args, costs_from_args, fail
 
-__all__ = ["main", "compare_main"]
+__all__ = ["compare_main", "main"]
 
 _USAGE = """usage: schedlab COMMAND [flags]
 

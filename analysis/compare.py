@@ -12,7 +12,7 @@ from sim import SimResult, UniformCosts, simulate
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["simulate_many", "comparison_table", "format_comparison"]
+__all__ = ["comparison_table", "format_comparison", "simulate_many"]
 
 
 def simulate_many(

@@ -6,7 +6,7 @@ whole share; a full backward costs t_b + t_w) and no communication delay.
 
 from __future__ import annotations
 
-__all__ = ["bubble_time", "bubble_ratio"]
+__all__ = ["bubble_ratio", "bubble_time"]
 
 
 def bubble_time(name: str, pp: int, microbatches: int, chunks: int, tf: float, tb: float, tw: float) -> float | None:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.axes import Axes
 
-__all__ = ["KIND_COLORS", "draw_timeline", "plot_timeline", "plot_timelines", "check_figure_path"]
+__all__ = ["KIND_COLORS", "check_figure_path", "draw_timeline", "plot_timeline", "plot_timelines"]
 
 KIND_COLORS = {
     "F": "#3a78c9",  # forward: blue
@@ -132,7 +132,7 @@ def plot_timelines(traces: Sequence[pd.DataFrame], path: str | os.PathLike, *, s
     )
     xmax = max(float(t["end"].max()) for t in traces) if same_axis else None
     kinds: set[str] = set()
-    for ax, trace in zip(axes[:, 0], traces):
+    for ax, trace in zip(axes[:, 0], traces, strict=True):
         draw_timeline(ax, trace, title=_title(trace), xmax=xmax)
         kinds |= set(trace.loc[trace["stream"] == "compute", "kind"])
     axes[-1, 0].set_xlabel("time", fontsize=9)

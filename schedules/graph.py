@@ -22,23 +22,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from functools import cached_property
 
 from schedules.errors import ScheduleError
 from schedules.ir import Action, Kind, Schedule
 
-__all__ = ["Stream", "Task", "TaskGraph", "lower", "graph_from_programs", "insert_comms"]
+__all__ = ["Stream", "Task", "TaskGraph", "graph_from_programs", "insert_comms", "lower"]
 
 
-class Stream(str, Enum):
+class Stream(StrEnum):
     COMPUTE = "compute"
     SEND = "send"
     RECV = "recv"
     COLLECTIVE = "collective"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 _STREAM_OF = {
@@ -153,7 +150,8 @@ class _GraphBuilder:
     def __init__(self, schedule: Schedule, programs: Sequence[Iterable[Action]]) -> None:
         if len(programs) != schedule.num_ranks:
             raise ScheduleError(
-                f"schedule {schedule.name!r}: {len(programs)} programs for {schedule.num_ranks} ranks"
+                f"schedule {schedule.name!r}: got programs for {len(programs)} ranks, "
+                f"the schedule has {schedule.num_ranks}; give one program per rank"
             )
         self.schedule = schedule
         self.programs = [list(p) for p in programs]
@@ -245,8 +243,11 @@ class _GraphBuilder:
         if s2r[s] != rank:
             raise self._err(rank, action, f"stage {s} lives on rank {s2r[s]}, not on rank {rank}")
         nxt = {Kind.SEND_F: s + 1, Kind.RECV_F: s - 1, Kind.SEND_B: s - 1, Kind.RECV_B: s + 1}[kind]
-        if not 0 <= nxt < n or s2r[nxt] == rank:
-            raise self._err(rank, action, f"has no peer: stage {nxt} is not a stage on another rank")
+        if not 0 <= nxt < n:
+            side = "first" if nxt < 0 else "last"
+            raise self._err(rank, action, f"has no peer: stage {s} is the {side} stage")
+        if s2r[nxt] == rank:
+            raise self._err(rank, action, f"has no peer: stage {nxt} is on the same rank, no message is needed")
         peer = s2r[nxt]
         if kind in (Kind.SEND_F, Kind.SEND_B):
             kinds = (Kind.F,) if kind is Kind.SEND_F else (Kind.I, Kind.B)

@@ -15,16 +15,16 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
 from schedules.errors import ScheduleError
 
-__all__ = ["Kind", "Action", "Schedule", "COMPUTE_KINDS", "COMM_KINDS", "BACKWARD_KINDS"]
+__all__ = ["BACKWARD_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "Action", "Kind", "Schedule"]
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
     """What an action does. Values are torch's ``_ComputationType`` strings."""
 
     F = "F"  # forward
@@ -41,9 +41,6 @@ class Kind(str, Enum):
     ALL_GATHER = "ALL_GATHER"
     OPTIM = "OPTIM"
 
-    def __str__(self) -> str:
-        return self.value
-
 
 COMPUTE_KINDS = frozenset({Kind.F, Kind.I, Kind.W, Kind.B, Kind.OVERLAP_F_B})
 COMM_KINDS = frozenset({Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B})
@@ -53,6 +50,9 @@ BACKWARD_KINDS = frozenset({Kind.I, Kind.B})  # the kinds that produce an input 
 _ACTION_RE = re.compile(
     r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|ALLREDUCE|REDUCE_SCATTER|ALL_GATHER|OPTIM|F|I|W|B)(\d*)$"
 )
+
+
+_NO_MICROBATCH = frozenset({"ALLREDUCE", "REDUCE_SCATTER", "ALL_GATHER", "OPTIM"})  # whole-step actions
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +101,7 @@ class Action:
                     f"invalid action {text!r}: a bracketed action must be "
                     "'(<action>;<action>)OVERLAP_F_B', e.g. '(0F7;7B3)OVERLAP_F_B'"
                 )
-            subs = tuple(Action.parse(p) for p in s[1:close].split(";") if p.strip())
+            subs = tuple(Action.parse(p) for p in s[1:close].split(";"))
             kinds = sorted(a.kind.value for a in subs)
             if kinds not in (["B", "F"], ["F", "I"]):
                 raise ScheduleError(
@@ -116,22 +116,24 @@ class Action:
                 "F, I, W, B, SEND_F, RECV_F, SEND_B, RECV_B, e.g. '2F0', '1I3', '0SEND_F1'"
             )
         stage, kind, mb = m.groups()
+        if not mb and kind not in _NO_MICROBATCH:
+            raise ScheduleError(f"invalid action {text!r}: {kind} needs a microbatch index, e.g. '{stage}{kind}0'")
         return Action(Kind(kind), int(stage), int(mb) if mb else None)
 
 
-def F(stage: int, mb: int) -> Action:  # noqa: N802 - mirrors torch's shorthand
+def F(stage: int, mb: int) -> Action:
     return Action(Kind.F, stage, mb)
 
 
-def B(stage: int, mb: int) -> Action:  # noqa: N802
+def B(stage: int, mb: int) -> Action:
     return Action(Kind.B, stage, mb)
 
 
-def I(stage: int, mb: int) -> Action:  # noqa: N802, E743
+def I(stage: int, mb: int) -> Action:  # noqa: E743
     return Action(Kind.I, stage, mb)
 
 
-def W(stage: int, mb: int) -> Action:  # noqa: N802
+def W(stage: int, mb: int) -> Action:
     return Action(Kind.W, stage, mb)
 
 
@@ -158,13 +160,13 @@ class Schedule:
         object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
         if len(self.stage_to_rank) != self.num_stages:
             raise ScheduleError(
-                f"schedule {self.name!r}: stage_to_rank has {len(self.stage_to_rank)} entries "
-                f"but the schedule has {self.num_stages} stages"
+                f"schedule {self.name!r}: stage_to_rank places {len(self.stage_to_rank)} stage(s) "
+                f"but the schedule has {self.num_stages}; give one rank per stage"
             )
         if len(self.programs) != self.num_ranks:
             raise ScheduleError(
-                f"schedule {self.name!r}: {len(self.programs)} programs given for "
-                f"{self.num_ranks} ranks; give one program per rank"
+                f"schedule {self.name!r}: got programs for {len(self.programs)} ranks, "
+                f"the schedule has {self.num_ranks}; give one program per rank"
             )
         for s, r in enumerate(self.stage_to_rank):
             if not 0 <= r < self.num_ranks:

@@ -38,8 +38,8 @@ def interleaved_1f1b(params: PipelineParams) -> Schedule:
     p, m, v = params.pp, params.microbatches, params.chunks
     if m % p != 0:
         raise ScheduleError(
-            f"interleaved-1f1b needs microbatches to be a multiple of pp={p}, got {m}; "
-            f"try {max(p, m - m % p)} or {m - m % p + p}"
+            f"interleaved-1f1b needs microbatches to be a multiple of pp={p}, got {m}; try "
+            + (f"{m - m % p} or {m - m % p + p}" if m > p else f"{p}")
         )
     total = m * v  # chunk passes per rank in each direction
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from schedules.errors import ScheduleError
 from schedules.ir import Schedule
 
-__all__ = ["PipelineParams", "ScheduleSpec", "register", "build", "names", "spec"]
+__all__ = ["PipelineParams", "ScheduleSpec", "build", "names", "register", "spec"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -34,7 +34,7 @@ from schedules.errors import ScheduleError
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["TRACE_COLUMNS", "check_trace_path", "make_trace", "write_trace", "read_trace"]
+__all__ = ["TRACE_COLUMNS", "check_trace_path", "make_trace", "read_trace", "write_trace"]
 
 TRACE_COLUMNS = ("rank", "stream", "action", "kind", "stage", "microbatch", "start", "end", "bytes")
 _HEADER = "# schedlab-trace "

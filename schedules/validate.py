@@ -6,7 +6,7 @@ from schedules.errors import ScheduleError
 from schedules.graph import TaskGraph, lower
 from schedules.ir import COMPUTE_KINDS, Action, Kind, Schedule
 
-__all__ = ["check_schedule", "validate", "find_cycle"]
+__all__ = ["check_schedule", "find_cycle", "validate"]
 
 
 def check_schedule(schedule: Schedule) -> None:
@@ -45,17 +45,16 @@ def check_schedule(schedule: Schedule) -> None:
 
 
 def _check_one(schedule: Schedule, rank: int, a: Action) -> None:
-    name, n_st, n_mb = schedule.name, schedule.num_stages, schedule.num_microbatches
-    where = f"schedule {name!r}, rank {rank}, action {a}"
+    n_st, n_mb = schedule.num_stages, schedule.num_microbatches
     if not 0 <= a.stage < n_st:
-        raise ScheduleError(f"{where}: stage {a.stage} out of range, valid stages are 0..{n_st - 1}")
-    if a.microbatch is None or not 0 <= a.microbatch < n_mb:
-        raise ScheduleError(f"{where}: microbatch {a.microbatch} out of range, valid are 0..{n_mb - 1}")
-    owner = schedule.stage_to_rank[a.stage]
-    if owner != rank:
-        raise ScheduleError(
-            f"{where}: stage {a.stage} is placed on rank {owner}; a stage cannot run on two ranks"
-        )
+        why = f"stage {a.stage} out of range, valid stages are 0..{n_st - 1}"
+    elif a.microbatch is None or not 0 <= a.microbatch < n_mb:
+        why = f"microbatch {a.microbatch} out of range, valid are 0..{n_mb - 1}"
+    elif schedule.stage_to_rank[a.stage] != rank:
+        why = f"stage {a.stage} is placed on rank {schedule.stage_to_rank[a.stage]}; a stage cannot run on two ranks"
+    else:
+        return
+    raise ScheduleError(f"schedule {schedule.name!r}, rank {rank}, action {a}: {why}")
 
 
 def _check_coverage(schedule: Schedule, seen: dict) -> None:
@@ -125,7 +124,7 @@ def find_cycle(graph: TaskGraph) -> list[int] | None:
         index[node] = len(path)
         path.append(node)
         node = next(d for d in graph.tasks[node].deps if d in stuck)
-    cycle = path[index[node] :] + [node]
+    cycle = [*path[index[node] :], node]
     return cycle[::-1]  # in the direction of time: each waits for the one before
 
 

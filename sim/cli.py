@@ -16,7 +16,7 @@ from schedules import ScheduleError, build, names, spec, validate
 from sim.costs import UniformCosts
 from sim.engine import SimResult, simulate
 
-__all__ = ["main", "OneLineParser", "add_schedule_args", "add_cost_args", "fail"]
+__all__ = ["OneLineParser", "add_cost_args", "add_schedule_args", "fail", "main"]
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -7,6 +7,7 @@ schedules with: fixed pass times, a fixed message delay.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -56,10 +57,10 @@ class UniformCosts:
     def __post_init__(self) -> None:
         for name in ("tf", "tb", "tw", "tcomm"):
             value = getattr(self, name)
-            if not value >= 0:  # also catches NaN
-                raise ScheduleError(f"--{name} must be a time >= 0, got {value!r}")
+            if not 0 <= value < math.inf:  # also catches NaN
+                raise ScheduleError(f"{name} (--{name}) must be a finite time >= 0, got {value!r}")
         if not 0 <= self.mw <= 1:
-            raise ScheduleError(f"--mw must be a fraction of M_B in [0, 1], got {self.mw!r}")
+            raise ScheduleError(f"mw (--mw) must be a fraction of M_B in [0, 1], got {self.mw!r}")
 
     def _pass(self, kind: Kind) -> float:
         if kind is Kind.F:

@@ -8,7 +8,8 @@ A task that becomes ready starts at once: a compute stream is serial because
 program order is a dependency, so no resource is needed.
 
 Tasks of zero duration (a RECV whose message has arrived, communication at
-t_comm = 0) finish without an event. Ties are broken by SimPy's insertion
+t_comm = 0) finish without an event, and tasks that end at the same instant
+share one event. Ties are broken by SimPy's insertion
 order, which follows task ids, so the same inputs give the same result bit
 for bit.
 """
@@ -132,51 +133,51 @@ def simulate(graph: TaskGraph, costs: CostModel, *, check: bool = True) -> SimRe
         validate(graph)
     tasks = graph.tasks
     n = len(tasks)
-    dur = [float(costs.duration(t, graph)) for t in tasks]
-    for t, d in zip(tasks, dur):
-        if not d >= 0 or math.isinf(d):
-            raise ValueError(f"cost model gave task {t.action} on rank {t.rank} duration {d}; need a finite time >= 0")
+    duration = costs.duration
+    dur = [float(duration(t, graph)) for t in tasks]
+    if not all(0.0 <= d < math.inf for d in dur):  # also catches NaN
+        t, d = next((t, d) for t, d in zip(tasks, dur, strict=True) if not 0.0 <= d < math.inf)
+        raise ValueError(f"cost model gave task {t.action} on rank {t.rank} duration {d}; need a finite time >= 0")
     start = [math.nan] * n
     end = [math.nan] * n
-    _Engine(graph, dur, start, end).run()
+    _run_engine(graph, dur, start, end)
     return SimResult(
         graph=graph,
         costs=costs.describe(),
         start=start,
         end=end,
-        bytes_moved=[float(costs.bytes(t, graph)) for t in tasks],
+        bytes_moved=[0.0 if t.stream is Stream.COMPUTE else float(costs.bytes(t, graph)) for t in tasks],
         ranks=_rank_stats(graph, costs, start, end),
     )
 
 
-class _Engine:
-    """Dependency counters on a SimPy clock."""
+def _run_engine(graph: TaskGraph, dur: list[float], start: list[float], end: list[float]) -> None:
+    """Dependency counters on a SimPy clock, one SimPy event per distinct end time.
 
-    def __init__(self, graph: TaskGraph, dur: list[float], start: list[float], end: list[float]) -> None:
-        self.env = simpy.Environment(initial_time=0.0)
-        self.succ = graph.successors
-        self.waiting = [len(t.deps) for t in graph.tasks]
-        self.dur, self.start, self.end = dur, start, end
+    Tasks that end at the same instant share one event (uniform costs end whole
+    wavefronts together) and finish in the order they started. The callbacks
+    are closures over plain lists: this loop is the simulator's hot path.
+    """
+    env = simpy.Environment(initial_time=0.0)
+    succ = graph.successors
+    waiting = [len(t.deps) for t in graph.tasks]
+    ending: dict[float, list[int]] = {}  # end time -> tasks running until then
+    timeout = env.timeout
 
-    def run(self) -> None:
-        self._release([i for i, w in enumerate(self.waiting) if w == 0])
-        self.env.run()
-        unfinished = sum(1 for e in self.end if e != e)  # NaN: never ran
-        if unfinished:
-            raise RuntimeError(f"simulation stalled with {unfinished} tasks never run; validate the graph first")
-
-    def _release(self, ready: list[int]) -> None:
-        """Start every ready task; zero-length ones finish at once (worklist, no recursion)."""
-        env, dur, start, end, succ, waiting = self.env, self.dur, self.start, self.end, self.succ, self.waiting
-        now = env.now
-        stack = ready[::-1]
+    def release(stack: list[int], now: float) -> None:
+        # Start every task on the stack; zero-length ones finish at once (a worklist, no recursion).
         while stack:
             i = stack.pop()
             start[i] = now
             d = dur[i]
             if d > 0.0:
-                ev = env.timeout(d, i)
-                ev.callbacks.append(self._on_end)
+                t = now + d
+                batch = ending.get(t)
+                if batch is None:
+                    ending[t] = [i]
+                    timeout(d, t).callbacks.append(on_end)
+                else:
+                    batch.append(i)
                 continue
             end[i] = now
             for j in reversed(succ[i]):
@@ -184,38 +185,42 @@ class _Engine:
                 if waiting[j] == 0:
                     stack.append(j)
 
-    def _on_end(self, event: simpy.Event) -> None:
-        i = event.value
-        self.end[i] = self.env.now
-        waiting = self.waiting
+    def on_end(event: simpy.Event) -> None:
+        now = event.value
         ready = []
-        for j in self.succ[i]:
-            waiting[j] -= 1
-            if waiting[j] == 0:
-                ready.append(j)
+        for i in ending.pop(now):
+            end[i] = now
+            for j in succ[i]:
+                waiting[j] -= 1
+                if waiting[j] == 0:
+                    ready.append(j)
         if ready:
-            self._release(ready)
+            ready.reverse()
+            release(ready, now)
+
+    release([i for i in range(len(waiting) - 1, -1, -1) if waiting[i] == 0], 0.0)
+    env.run()
+    unfinished = sum(1 for e in end if e != e)  # NaN: never ran
+    if unfinished:
+        raise RuntimeError(f"simulation stalled with {unfinished} tasks never run; validate the graph first")
 
 
 def _rank_stats(graph: TaskGraph, costs: CostModel, start: list[float], end: list[float]) -> tuple[RankStats, ...]:
     stats = []
+    tasks, activations, compute = graph.tasks, costs.activations, Stream.COMPUTE
     for rank, prog in enumerate(graph.programs):
-        busy, first, last = 0.0, math.inf, -math.inf
+        ids = [i for i in prog if tasks[i].stream is compute]
+        busy = sum(end[i] - start[i] for i in ids)
+        first = min((start[i] for i in ids), default=0.0)
+        last = max((end[i] for i in ids), default=0.0)
+        # Compute is serial on a rank, so memory follows program order:
+        # a pass holds its activations from its start and frees at its end.
         held = peak = 0.0
-        for i in prog:
-            task = graph.tasks[i]
-            if task.stream is not Stream.COMPUTE:
-                continue
-            busy += end[i] - start[i]
-            first = min(first, start[i])
-            last = max(last, end[i])
-            # Compute is serial on a rank, so memory follows program order:
-            # a pass holds its activations from its start, frees at its end.
-            alloc, free = costs.activations(task.action, graph)
+        for i in ids:
+            alloc, free = activations(tasks[i].action, graph)
             held += alloc
-            peak = max(peak, held)
+            if held > peak:
+                peak = held
             held -= free
-        if first is math.inf:
-            first = last = 0.0
         stats.append(RankStats(rank, busy, first, last, peak))
     return tuple(stats)

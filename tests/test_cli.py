@@ -47,7 +47,7 @@ def test_interleaved_json(capsys):
 
 
 def test_costs_flags_reach_the_model(capsys):
-    code, out, _ = run_sim(capsys, "--schedule", "1f1b", "--pp", "2", "--microbatches", "3",
+    _, out, _ = run_sim(capsys, "--schedule", "1f1b", "--pp", "2", "--microbatches", "3",
                            "--tf", "2", "--tb", "3", "--tw", "1", "--tcomm", "0.5", "--json")
     d = json.loads(out)
     assert d["costs"] == {"model": "uniform", "tf": 2.0, "tb": 3.0, "tw": 1.0, "tcomm": 0.5, "mw": 0.0}
@@ -89,8 +89,8 @@ def test_trace_and_plot_written(tmp_path, capsys):
      "needs chunks (v) >= 2 stages per rank, got 1"),
     (["--schedule", "gpipe", "--pp", "4", "--microbatches", "8", "--chunks", "2"],
      "schedule 'gpipe' runs one stage per rank (chunks=1), got chunks=2"),
-    (["--schedule", "gpipe", "--pp", "4", "--microbatches", "8", "--tb", "-1"], "--tb must be a time >= 0, got -1.0"),
-    (["--schedule", "gpipe", "--pp", "4", "--microbatches", "8", "--mw", "2"], "--mw must be a fraction of M_B in [0, 1]"),
+    (["--schedule", "gpipe", "--pp", "4", "--microbatches", "8", "--tb", "-1"], "tb (--tb) must be a finite time >= 0, got -1.0"),
+    (["--schedule", "gpipe", "--pp", "4", "--microbatches", "8", "--mw", "2"], "mw (--mw) must be a fraction of M_B in [0, 1]"),
     (["--schedule", "gpipe", "--pp", "4", "--microbatches", "8", "--plot", "x.gif"], "use a name ending in .png, .svg, .pdf"),
     (["--schedule", "gpipe", "--pp", "4", "--microbatches", "8", "--trace", "x.txt"], "use a name ending in .csv or .parquet"),
     (["--bogus"], "unrecognized arguments: --bogus"),

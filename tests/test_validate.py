@@ -8,6 +8,7 @@ trips (text, parse, lowering) that the error paths are measured against.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -109,9 +110,7 @@ def test_multi_chunk_schedule_rejects_chunks_1(name):
 
 def test_interleaved_needs_microbatches_multiple_of_pp():
     """interleaved-1f1b with m not a multiple of pp names pp, m and suggests valid m."""
-    with pytest.raises(
-        ScheduleError, match=msg("interleaved-1f1b", "multiple of pp=4", "got 6", "try 4 or 8")
-    ):
+    with pytest.raises(ScheduleError, match=msg("interleaved-1f1b", "multiple of pp=4", "got 6", "try 4 or 8")):
         build("interleaved-1f1b", pp=4, microbatches=6, chunks=2)
     with pytest.raises(ScheduleError, match=msg("multiple of pp=4", "got 2", "try 4")):
         build("interleaved-1f1b", pp=4, microbatches=2, chunks=2)
@@ -135,17 +134,17 @@ def test_pipeline_params_rejects_non_positive_or_non_int(kwargs, flag, value):
 
 
 @pytest.mark.parametrize("field", ["tf", "tb", "tw", "tcomm"])
-@pytest.mark.parametrize("value", [-1.0, -1e-12, math.nan])
+@pytest.mark.parametrize("value", [-1.0, -1e-12, math.nan, math.inf])
 def test_uniform_costs_rejects_negative_or_nan_times(field, value):
-    """Every time of UniformCosts must be >= 0 (NaN included in the rejection)."""
-    with pytest.raises(ScheduleError, match=msg(f"--{field} must be a time >= 0, got {value!r}")):
+    """Every time of UniformCosts must be finite and >= 0 (NaN and inf rejected too)."""
+    with pytest.raises(ScheduleError, match=msg(f"{field} (--{field}) must be a finite time >= 0, got {value!r}")):
         UniformCosts(**{field: value})
 
 
 @pytest.mark.parametrize("value", [-0.1, 1.5, math.nan])
 def test_uniform_costs_rejects_mw_outside_unit_interval(value):
     """mw is a fraction of M_B in [0, 1]."""
-    with pytest.raises(ScheduleError, match=msg(f"--mw must be a fraction of M_B in [0, 1], got {value!r}")):
+    with pytest.raises(ScheduleError, match=msg(f"mw (--mw) must be a fraction of M_B in [0, 1], got {value!r}")):
         UniformCosts(mw=value)
 
 
@@ -169,12 +168,25 @@ def test_parse_rejects_bad_bracketed_actions(text):
 
 
 @pytest.mark.parametrize(
-    "text", ["(0F1;0F2)OVERLAP_F_B", "(0B1;0B2)OVERLAP_F_B", "(0F1;0W2)OVERLAP_F_B", "(0F1)OVERLAP_F_B", "(0F1;0B2;0F3)OVERLAP_F_B"]
+    "text",
+    [
+        "(0F1;0F2)OVERLAP_F_B",
+        "(0B1;0B2)OVERLAP_F_B",
+        "(0F1;0W2)OVERLAP_F_B",
+        "(0F1)OVERLAP_F_B",
+        "(0F1;0B2;0F3)OVERLAP_F_B",
+    ],
 )
 def test_parse_rejects_overlap_not_one_forward_one_backward(text):
     """OVERLAP_F_B pairs exactly one F with one B or I."""
     with pytest.raises(ScheduleError, match=msg(f"invalid action {text!r}", "one forward with one backward (B or I)")):
         Action.parse(text)
+
+
+def test_parse_rejects_empty_parts_of_an_overlap():
+    """'(;0F1;;0B2)OVERLAP_F_B' is not silently read as a pair: the empty part is an invalid action."""
+    with pytest.raises(ScheduleError, match=msg("invalid action ''")):
+        Action.parse("(;0F1;;0B2)OVERLAP_F_B")
 
 
 def test_parse_error_bubbles_up_from_from_programs():
@@ -189,7 +201,8 @@ def test_parse_error_bubbles_up_from_from_programs():
 def test_from_programs_stage_on_two_ranks():
     """Placement inference refuses a stage that two ranks' programs mention."""
     with pytest.raises(
-        ScheduleError, match=msg("schedule 'bad'", "stage 1 appears on rank 0 and on rank 1", "(1F0)", "exactly one rank")
+        ScheduleError,
+        match=msg("schedule 'bad'", "stage 1 appears on rank 0 and on rank 1", "(1F0)", "exactly one rank"),
     ):
         S([["0F0", "0B0", "1F0"], ["1F0", "1B0"]], name="bad")
 
@@ -202,11 +215,15 @@ def test_from_programs_stage_gap():
 
 def test_schedule_constructor_checks_shape():
     """Placement length, program count and placement ranks must agree with the schedule's sizes."""
-    with pytest.raises(ScheduleError, match=msg("schedule 'bad'", "stage_to_rank has 1 entries", "has 2 stages")):
+    with pytest.raises(ScheduleError, match=msg("schedule 'bad'", "stage_to_rank places 1 stage(s)", "has 2; give one rank per stage")):
         Schedule("bad", num_ranks=2, num_stages=2, num_microbatches=1, stage_to_rank=(0,), programs=((), ()))
-    with pytest.raises(ScheduleError, match=msg("schedule 'bad'", "1 programs given for 2 ranks", "one program per rank")):
+    with pytest.raises(
+        ScheduleError, match=msg("schedule 'bad'", "got programs for 1 ranks, the schedule has 2", "one program per rank")
+    ):
         Schedule("bad", num_ranks=2, num_stages=2, num_microbatches=1, stage_to_rank=(0, 1), programs=((),))
-    with pytest.raises(ScheduleError, match=msg("schedule 'bad'", "stage 1 is placed on rank 2", "valid ranks are 0..1")):
+    with pytest.raises(
+        ScheduleError, match=msg("schedule 'bad'", "stage 1 is placed on rank 2", "valid ranks are 0..1")
+    ):
         S([["0F0", "0B0"], ["1F0", "1B0"]], name="bad", stage_to_rank=[0, 2])
 
 
@@ -215,7 +232,9 @@ def test_schedule_constructor_checks_shape():
 
 def test_empty_schedule_and_zero_microbatches():
     """A schedule needs at least one rank, one stage and one microbatch."""
-    with pytest.raises(ScheduleError, match=msg("schedule 'empty'", "needs >= 1 rank, stage and microbatch", "0 ranks")):
+    with pytest.raises(
+        ScheduleError, match=msg("schedule 'empty'", "needs >= 1 rank, stage and microbatch", "0 ranks")
+    ):
         validate(S([], name="empty"))
     with pytest.raises(ScheduleError, match=msg("schedule 'bad'", "needs >= 1 rank", "0 microbatches")):
         check_schedule(S([["0F0", "0B0"], ["1F0", "1B0"]], name="bad", num_microbatches=0))
@@ -247,7 +266,8 @@ def test_missing_microbatch_given_explicit_count():
 def test_duplicate_work_on_one_rank():
     """The same action twice on one rank names both positions."""
     with pytest.raises(
-        ScheduleError, match=msg("schedule 'bad', rank 0, action 0F0", "duplicate work, runs twice", "at positions 0 and 2")
+        ScheduleError,
+        match=msg("schedule 'bad', rank 0, action 0F0", "duplicate work, runs twice", "at positions 0 and 2"),
     ):
         validate(S([["0F0", "0B0", "0F0"], ["1F0", "1B0"]], name="bad"))
 
@@ -280,7 +300,8 @@ def test_stage_on_wrong_rank_with_explicit_placement():
 def test_backward_before_forward():
     """B before its F on the rank names both actions and their positions, and says to move it."""
     with pytest.raises(
-        ScheduleError, match=msg("schedule 'bad', rank 0, action 0B0", "runs before 0F0", "(position 0 < 1)", "move it after")
+        ScheduleError,
+        match=msg("schedule 'bad', rank 0, action 0B0", "runs before 0F0", "(position 0 < 1)", "move it after"),
     ):
         validate(S([["0B0", "0F0"], ["1F0", "1B0"]], name="bad"))
 
@@ -294,7 +315,8 @@ def test_input_backward_before_forward():
 def test_w_before_i():
     """W must come after its I."""
     with pytest.raises(
-        ScheduleError, match=msg("schedule 'bad', rank 0, action 0W0", "runs before 0I0", "(position 1 < 2)", "move it after")
+        ScheduleError,
+        match=msg("schedule 'bad', rank 0, action 0W0", "runs before 0I0", "(position 1 < 2)", "move it after"),
     ):
         validate(S([["0F0", "0W0", "0I0"], ["1F0", "1B0"]], name="bad"))
 
@@ -317,7 +339,9 @@ def test_b_mixed_with_i_and_w():
     """B and I/W for the same work is rejected, offering both valid forms."""
     with pytest.raises(
         ScheduleError,
-        match=msg("schedule 'bad', rank 0, action 0B0", "mixes a full backward with I/W", "run either 0B0 or 0I0 and 0W0"),
+        match=msg(
+            "schedule 'bad', rank 0, action 0B0", "mixes a full backward with I/W", "run either 0B0 or 0I0 and 0W0"
+        ),
     ):
         validate(S([["0F0", "0B0", "0I0", "0W0"], ["1F0", "1B0"]], name="bad"))
     with pytest.raises(ScheduleError, match=msg("action 0B0", "mixes a full backward with I/W")):
@@ -332,10 +356,20 @@ def test_microbatch_out_of_range():
         validate(S([["0F0", "0B0", "0F1", "0B1"], ["1F0", "1B0"]], name="bad", num_microbatches=1))
 
 
-def test_microbatch_missing_is_out_of_range():
-    """'0F' parses (microbatch None) but is not valid work in a Schedule."""
+def test_microbatch_missing_is_rejected_by_the_parser():
+    """'0F' has no microbatch: the parser says so and shows the fix."""
+    with pytest.raises(ScheduleError, match=msg("invalid action '0F'", "F needs a microbatch index, e.g. '0F0'")):
+        S([["0F", "0F0", "0B0"], ["1F0", "1B0"]], name="bad", num_microbatches=1)
+    with pytest.raises(ScheduleError, match=msg("invalid action '0B'")):
+        Action.parse("0B")
+
+
+def test_microbatch_none_in_a_constructed_schedule_is_out_of_range():
+    """An Action built in Python without a microbatch is caught by the work check."""
+    s = Schedule("bad", num_ranks=1, num_stages=1, num_microbatches=1, stage_to_rank=(0,),
+                 programs=((Action(Kind.F, 0, None), Action(Kind.F, 0, 0), Action(Kind.B, 0, 0)),))
     with pytest.raises(ScheduleError, match=msg("schedule 'bad', rank 0, action 0F", "microbatch None out of range")):
-        validate(S([["0F", "0F0", "0B0"], ["1F0", "1B0"]], name="bad", num_microbatches=1))
+        validate(s)
 
 
 def test_stage_out_of_range():
@@ -351,7 +385,9 @@ def test_communication_inside_schedule(comm):
     """A Schedule holds compute only; SEND/RECV (or collectives) are added by lower()."""
     with pytest.raises(
         ScheduleError,
-        match=msg(f"schedule 'bad', rank 0, action {comm}", "compute actions only", "communication is added by lower()"),
+        match=msg(
+            f"schedule 'bad', rank 0, action {comm}", "compute actions only", "communication is added by lower()"
+        ),
     ):
         validate(S([["0F0", comm, "0B0"], ["1F0", "1B0"]], name="bad"))
 
@@ -371,7 +407,7 @@ def _check_cycle(graph, cycle):
     assert cycle is not None and len(cycle) >= 3
     assert cycle[0] == cycle[-1]
     assert len(set(cycle[:-1])) == len(cycle) - 1
-    for before, after in zip(cycle, cycle[1:]):
+    for before, after in itertools.pairwise(cycle):
         assert before in graph.tasks[after].deps  # each waits for the one before
 
 
@@ -391,7 +427,16 @@ def test_deadlock_cross_rank_cycle():
     text = str(info.value)
     steps = text.split(": ", 2)[-1].split(" -> ")
     assert steps[0] == steps[-1], text  # a closed cycle
-    for step in ["rank 0 0B0", "rank 0 0F1", "rank 0 0SEND_F1", "rank 1 1RECV_F1", "rank 1 1F1", "rank 1 1B0", "rank 1 1SEND_B0", "rank 0 0RECV_B0"]:
+    for step in [
+        "rank 0 0B0",
+        "rank 0 0F1",
+        "rank 0 0SEND_F1",
+        "rank 1 1RECV_F1",
+        "rank 1 1F1",
+        "rank 1 1B0",
+        "rank 1 1SEND_B0",
+        "rank 0 0RECV_B0",
+    ]:
         assert step in steps, (step, text)
 
 
@@ -447,7 +492,8 @@ def test_missing_send_and_recv():
     progs[0].remove("0SEND_F0")
     progs[1].remove("1RECV_F0")
     with pytest.raises(
-        ScheduleError, match=msg("schedule '1f1b', rank 1, action 1F0", "needs 1RECV_F0 on rank 1", "which no rank runs")
+        ScheduleError,
+        match=msg("schedule '1f1b', rank 1, action 1F0", "needs 1RECV_F0 on rank 1", "which no rank runs"),
     ):
         _graph(progs)
 
@@ -507,8 +553,8 @@ def test_comm_on_wrong_rank():
 @pytest.mark.parametrize(
     "rank, action, why",
     [
-        (0, "0RECV_F0", "has no peer: stage -1 is not a stage on another rank"),
-        (1, "1SEND_F0", "has no peer: stage 2 is not a stage on another rank"),
+        (0, "0RECV_F0", "has no peer: stage 0 is the first stage"),
+        (1, "1SEND_F0", "has no peer: stage 1 is the last stage"),
         (0, "5SEND_F0", "names stage 5; valid stages are 0..1"),
         (0, "0ALLREDUCE", "is not a pipeline compute or send/recv action"),
     ],
@@ -526,14 +572,15 @@ def test_graph_duplicate_across_ranks():
     progs = comm_programs()
     progs[1].append("0F0")
     with pytest.raises(
-        ScheduleError, match=msg("schedule '1f1b', rank 1, action 0F0", "appears twice (also on rank 0)", "each runs once")
+        ScheduleError,
+        match=msg("schedule '1f1b', rank 1, action 0F0", "appears twice (also on rank 0)", "each runs once"),
     ):
         _graph(progs)
 
 
 def test_graph_program_count():
     """graph_from_programs wants one program per rank of the schedule."""
-    with pytest.raises(ScheduleError, match=msg("schedule '1f1b'", "1 programs for 2 ranks")):
+    with pytest.raises(ScheduleError, match=msg("schedule '1f1b'", "got programs for 1 ranks, the schedule has 2")):
         graph_from_programs(ok_1f1b(), parsed(comm_programs())[:1])
 
 
@@ -542,7 +589,9 @@ def test_validate_graph_rechecks_compute_work():
     progs = comm_programs()
     progs[0].remove("0B1")
     graph = _graph(progs)  # the graph itself builds: 0RECV_B1 is matched
-    with pytest.raises(ScheduleError, match=msg("schedule '1f1b', rank 0", "missing work", "stage 0 microbatch 1 has no backward")):
+    with pytest.raises(
+        ScheduleError, match=msg("schedule '1f1b', rank 0", "missing work", "stage 0 microbatch 1 has no backward")
+    ):
         validate(graph)
 
 
@@ -607,7 +656,13 @@ def test_overlap_schedule_validates_and_lowers():
     s = S([["0F0", "0F1", "0B0", "0B1"], ["1F0", "(1F1;1B0)OVERLAP_F_B", "1B1"]], name="ov")
     graph = validate(s)
     assert [str(a) for a in graph.program_actions(1)] == [
-        "1RECV_F0", "1F0", "1RECV_F1", "(1F1;1B0)OVERLAP_F_B", "1SEND_B0", "1B1", "1SEND_B1"
+        "1RECV_F0",
+        "1F0",
+        "1RECV_F1",
+        "(1F1;1B0)OVERLAP_F_B",
+        "1SEND_B0",
+        "1B1",
+        "1SEND_B1",
     ]
     for r in range(2):
         for a in graph.program_actions(r):
