@@ -20,7 +20,9 @@ each other. The simulator puts a message's flight time on the SEND.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import gc
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property
@@ -28,7 +30,24 @@ from functools import cached_property
 from schedules.errors import ScheduleError
 from schedules.ir import Action, Kind, Schedule
 
-__all__ = ["Stream", "Task", "TaskGraph", "graph_from_programs", "insert_comms", "lower"]
+__all__ = ["Stream", "Task", "TaskGraph", "graph_from_programs", "insert_comms", "lower", "paused_gc"]
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for an allocation-heavy pass.
+
+    Building or simulating a graph allocates millions of small acyclic objects;
+    each full collection would walk all of them. Reference counting still
+    frees everything; the collector resumes after.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 class Stream(StrEnum):
@@ -143,7 +162,8 @@ def graph_from_programs(schedule: Schedule, programs: Sequence[Iterable[Action]]
     programs are not used. Unmatched or misplaced communication raises
     ScheduleError naming the rank and the action.
     """
-    return _GraphBuilder(schedule, programs).build()
+    with paused_gc():
+        return _GraphBuilder(schedule, programs).build()
 
 
 class _GraphBuilder:

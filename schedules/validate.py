@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from schedules.errors import ScheduleError
-from schedules.graph import TaskGraph, lower
+from schedules.graph import TaskGraph, lower, paused_gc
 from schedules.ir import COMPUTE_KINDS, Action, Kind, Schedule
 
 __all__ = ["check_schedule", "find_cycle", "validate"]
@@ -134,6 +134,11 @@ def validate(target: Schedule | TaskGraph) -> TaskGraph:
     On top of :func:`check_schedule` this finds any deadlock statically: a
     cycle of waits across ranks (program order plus data dependencies).
     """
+    with paused_gc():
+        return _validate(target)
+
+
+def _validate(target: Schedule | TaskGraph) -> TaskGraph:
     graph = lower(target) if isinstance(target, Schedule) else target
     if not isinstance(target, Schedule):
         compute_only = [[a for a in graph.program_actions(r) if a.is_compute] for r in range(graph.num_ranks)]

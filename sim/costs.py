@@ -21,7 +21,11 @@ class CostModel(Protocol):
     """What the simulator needs to know about a task on its device."""
 
     def duration(self, task: Task, graph: TaskGraph) -> float:
-        """Seconds (or unit-free time) the task occupies its stream."""
+        """Seconds (or unit-free time) the task occupies its stream.
+
+        A model may also define ``durations(graph) -> list[float]`` giving every
+        task's duration in task-id order; the engine then uses that instead.
+        """
 
     def bytes(self, task: Task, graph: TaskGraph) -> float:
         """Bytes the task moves (0 for compute)."""
@@ -81,6 +85,19 @@ class UniformCosts:
         if action.kind in (Kind.SEND_F, Kind.SEND_B):
             return self.tcomm  # the message's flight time sits on the send
         return 0.0
+
+    def durations(self, graph: TaskGraph) -> list[float]:
+        """All tasks' durations at once (the engine's fast path): one lookup per task."""
+        memo: dict[tuple[Kind, ...], float] = {}
+        out = []
+        for task in graph.tasks:
+            action = task.action
+            key = (action.kind,) if action.sub_actions is None else tuple(a.kind for a in action.sub_actions)
+            d = memo.get(key)
+            if d is None:
+                d = memo[key] = self.duration(task, graph)
+            out.append(d)
+        return out
 
     def bytes(self, task: Task, graph: TaskGraph) -> float:
         return 0.0

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from schedules import Stream, TaskGraph, validate
+from schedules.graph import paused_gc
 from schedules.trace import make_trace
 from sim.costs import CostModel
 
@@ -131,10 +132,19 @@ def simulate(graph: TaskGraph, costs: CostModel, *, check: bool = True) -> SimRe
     """
     if check:
         validate(graph)
+    with paused_gc():  # millions of small allocations; a full collection would walk the whole graph
+        return _simulate(graph, costs)
+
+
+def _simulate(graph: TaskGraph, costs: CostModel) -> SimResult:
     tasks = graph.tasks
     n = len(tasks)
-    duration = costs.duration
-    dur = [float(duration(t, graph)) for t in tasks]
+    batch = getattr(costs, "durations", None)  # optional: a model may answer for the whole graph at once
+    if batch is not None:
+        dur = [float(d) for d in batch(graph)]
+    else:
+        duration = costs.duration
+        dur = [float(duration(t, graph)) for t in tasks]
     if not all(0.0 <= d < math.inf for d in dur):  # also catches NaN
         t, d = next((t, d) for t, d in zip(tasks, dur, strict=True) if not 0.0 <= d < math.inf)
         raise ValueError(f"cost model gave task {t.action} on rank {t.rank} duration {d}; need a finite time >= 0")

@@ -108,3 +108,13 @@ def test_timeline_draws_one_box_per_compute_task(result):
     assert labels == sorted(str(mb) for mb in [0, 1, 2, 3] * 8)  # every box wide enough to carry its microbatch
     assert [t.get_text() for t in ax.get_yticklabels()] == ["rank 0", "rank 1"]
     plt.close(fig)
+
+
+def test_batch_durations_equal_per_task_durations():
+    """UniformCosts.durations (the engine's fast path) answers exactly what duration() does, overlaps included."""
+    from schedules import Schedule
+
+    ov = Schedule.from_programs([["0F0", "0F1", "0B0", "0B1"], ["1F0", "(1F1;1B0)OVERLAP_F_B", "1B1"]], name="ov")
+    costs = UniformCosts(tf=0.7, tb=1.3, tw=0.4, tcomm=0.05)
+    for graph in (lower(build("interleaved-1f1b", pp=4, microbatches=8, chunks=3)), lower(ov)):
+        assert costs.durations(graph) == [costs.duration(t, graph) for t in graph.tasks]
