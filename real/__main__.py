@@ -1,0 +1,5 @@
+import sys
+
+from real.cli import main
+
+sys.exit(main())

@@ -1,0 +1,155 @@
+"""``python -m real`` (under torchrun) and ``schedlab run``: train a model for real with a registered schedule.
+
+    torchrun --nproc-per-node 4 -m real --schedule 1f1b --pp 2 --dp 2 --microbatches 8 --steps 20 \\
+             --trace out/real.csv
+    schedlab run --schedule 1f1b --pp 2 --microbatches 8      # starts torchrun with pp x dp processes
+
+The CLI only parses flags into a :class:`real.RunConfig` and calls
+:func:`real.run`. Bad input is one line on stderr (on every rank) and exit
+status 2, before any communication.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+import torch
+
+from real.config import BACKENDS, DP_MODES, MODEL_KINDS, OPTIMIZERS, ModelConfig, RunConfig, make_plan
+from real.launch import torchrun
+from real.mesh import env_world
+from real.train import RunResult, resolve_backend, run
+from schedules import ScheduleError
+from schedules.trace import check_trace_path
+from sim.cli import OneLineParser, add_schedule_args, fail
+
+__all__ = ["config_from_args", "launch_main", "main", "parser"]
+
+
+def parser(prog: str) -> OneLineParser:
+    p = OneLineParser(prog=prog, description="Train a model with a pipeline schedule on torch.distributed.")
+    add_schedule_args(p)
+    p.add_argument("--dp", type=int, default=1, metavar="D", help="data-parallel replicas (default 1)")
+    p.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
+    p.add_argument("--batch-size", type=int, default=32, metavar="B", help="global batch per step (default 32)")
+    p.add_argument("--seed", type=int, default=0, help="fixes the model and the data (default 0)")
+    m = p.add_argument_group("model")
+    m.add_argument("--model", choices=MODEL_KINDS, default="gpt", help="gpt decoder or mlp (default gpt)")
+    m.add_argument("--layers", type=int, default=4, help="decoder blocks / hidden layers (default 4)")
+    m.add_argument("--dim", type=int, default=32, help="hidden size (default 32)")
+    m.add_argument("--heads", type=int, default=2, help="attention heads (default 2)")
+    m.add_argument("--vocab", type=int, default=64, help="vocabulary (gpt) or classes (mlp) (default 64)")
+    m.add_argument("--seq", type=int, default=16, help="sequence length (gpt; default 16)")
+    m.add_argument("--split", metavar="N,N,...", help="layers per stage, e.g. 2,2,1,1 (default: even)")
+    o = p.add_argument_group("training")
+    o.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
+    o.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
+    o.add_argument("--dp-mode", choices=DP_MODES, default="ddp", help="gradient sync (default ddp)")
+    o.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket cap in MiB (default 25)")
+    r = p.add_argument_group("runtime and output")
+    r.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, gloo otherwise")
+    r.add_argument("--timeout", type=float, default=300.0, metavar="S", help="collective timeout (default 300 s)")
+    r.add_argument("--recv-ahead", type=int, metavar="K", help="receives posted ahead per peer (default: all)")
+    r.add_argument("--trace", metavar="FILE", help="write the merged trace of one step (.csv or .parquet)")
+    r.add_argument("--trace-step", type=int, default=-1, metavar="K", help="step to trace (default -1: the last)")
+    r.add_argument("--save-params", metavar="FILE", help="rank 0 saves the final parameters (torch.save)")
+    r.add_argument("--json", action="store_true", help="print exactly one JSON object at the end (rank 0)")
+    r.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
+    return p
+
+
+def _split(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ScheduleError(f"--split {text!r}: give layers per stage as integers, e.g. 2,2,1,1") from None
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """Flags -> RunConfig; ScheduleError names the bad value."""
+    model = ModelConfig(kind=args.model, layers=args.layers, dim=args.dim, heads=args.heads, vocab=args.vocab,
+                        seq=args.seq)
+    return RunConfig(
+        schedule=args.schedule, pp=args.pp, dp=args.dp, microbatches=args.microbatches, chunks=args.chunks,
+        batch_size=args.batch_size, steps=args.steps, seed=args.seed, model=model, split=_split(args.split),
+        optimizer=args.optimizer, lr=args.lr, dp_mode=args.dp_mode, bucket_mb=args.bucket_mb,
+        backend=args.backend, timeout_s=args.timeout, recv_ahead=args.recv_ahead, trace_step=args.trace_step,
+    )
+
+
+def _print_step(quiet: bool):
+    out = sys.stderr if quiet else sys.stdout
+
+    def show(step: int, loss: float, seconds: float) -> None:
+        print(f"step {step:>4}  loss {loss:.4f}  {seconds * 1e3:8.1f} ms", file=out, flush=True)
+
+    return show
+
+
+def _report(result: RunResult, args: argparse.Namespace) -> None:
+    if args.save_params:
+        torch.save(result.parameters, args.save_params)
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return
+    print(f"param_norm {result.param_norm:.10g}  param_sha256 {result.param_sha256}")
+    peak = ", ".join(f"rank {m['rank']}: {m['peak_activation_bytes'] / 2**20:.2f} MiB ({m['peak_activations_mb']:.2f} M_B)"
+                     for m in result.memory)
+    print(f"peak activations {peak}")
+    if result.trace_path:
+        print(f"wrote trace: {result.trace_path}")
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int:
+    args = parser(prog).parse_args(argv)
+    rank, world, _ = env_world()
+    logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
+                        format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
+    try:
+        config = config_from_args(args)
+        make_plan(config, world)  # run() checks again; failing here keeps the message one line
+        resolve_backend(config.backend)
+        if args.trace:
+            check_trace_path(args.trace)
+    except ScheduleError as exc:
+        fail(f"[rank {rank}] {exc}" if world > 1 else str(exc))
+    result = run(config, trace_path=args.trace, on_step=_print_step(args.json))
+    if rank == 0:
+        _report(result, args)
+    return 0
+
+
+def _under_torchrun() -> bool:
+    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
+
+
+def launch_main(argv: Sequence[str] | None = None, prog: str = "schedlab run") -> int:
+    """``schedlab run``: check the flags, then start torchrun with ``--nproc-per-node`` (default pp x dp)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    launcher = argparse.ArgumentParser(add_help=False)
+    launcher.add_argument("--nproc-per-node", type=int)
+    known, rest = launcher.parse_known_args(argv)
+    if "-h" in rest or "--help" in rest:
+        parser(prog).print_help()
+        print("\n  --nproc-per-node N    processes to start with torchrun (default pp x dp)")
+        return 0
+    args = parser(prog).parse_args(rest)
+    try:
+        config = config_from_args(args)
+        nproc = known.nproc_per_node if known.nproc_per_node is not None else config.world_size
+        make_plan(config, nproc)
+        resolve_backend(config.backend)
+        if args.trace:
+            check_trace_path(args.trace)
+    except ScheduleError as exc:
+        fail(str(exc))
+    if _under_torchrun() or (nproc == 1 and known.nproc_per_node is None):
+        return main(rest, prog=prog)
+    return torchrun(nproc, ["-m", "real", *rest]).returncode

@@ -1,0 +1,247 @@
+"""What a real run is: the model, the run, and the plan checked before any communication.
+
+Every check that can fail on bad input lives here and runs on every rank
+before the process group exists, so a bad flag is one clear line on every
+rank and never a hang: :func:`make_plan` turns a :class:`RunConfig` and the
+world size into a :class:`Plan` (the validated task graph, the layers of each
+stage, the microbatch size) or raises :class:`schedules.ScheduleError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from schedules import Kind, ScheduleError, TaskGraph, build, validate
+
+__all__ = [
+    "BACKENDS",
+    "DP_MODES",
+    "MODEL_KINDS",
+    "OPTIMIZERS",
+    "ModelConfig",
+    "Plan",
+    "RunConfig",
+    "make_plan",
+    "partition",
+]
+
+MODEL_KINDS = ("gpt", "mlp")
+DP_MODES = ("sync", "ddp", "zero1")
+OPTIMIZERS = ("sgd", "adamw")
+BACKENDS = ("gloo", "nccl")
+# Kinds the executor runs. A schedule with anything else is refused before any communication.
+SUPPORTED_KINDS = frozenset({
+    Kind.F, Kind.I, Kind.W, Kind.B, Kind.OVERLAP_F_B, Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B,
+})
+
+
+def _positive_ints(owner: str, **values: Any) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ScheduleError(f"{owner}: {name} must be an integer >= 1, got {value!r}")
+
+
+def _one_of(owner: str, name: str, value: Any, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ScheduleError(f"{owner}: unknown {name} {value!r}; valid: {', '.join(valid)}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelConfig:
+    """A small model, built layer by layer from a seed.
+
+    ``gpt``: token+position embedding, ``layers`` pre-LayerNorm decoder blocks
+    (causal self-attention with ``heads`` heads, a 4x MLP), final LayerNorm and
+    a linear head over ``vocab`` tokens; sequences of ``seq`` tokens.
+    ``mlp``: an input projection of ``dim`` features, ``layers`` residual
+    GELU blocks and a linear head over ``vocab`` classes.
+    Either way the model is a list of ``layers + 2`` layers that stages split.
+    """
+
+    kind: str = "gpt"
+    layers: int = 4
+    dim: int = 32
+    heads: int = 2
+    vocab: int = 64
+    seq: int = 16
+
+    def __post_init__(self) -> None:
+        _one_of("model", "kind", self.kind, MODEL_KINDS)
+        _positive_ints("model", layers=self.layers, dim=self.dim, heads=self.heads, vocab=self.vocab, seq=self.seq)
+        if self.vocab < 2:
+            raise ScheduleError(f"model: vocab must be >= 2 (tokens or classes), got {self.vocab}")
+        if self.kind == "gpt" and self.dim % self.heads:
+            raise ScheduleError(
+                f"model: dim {self.dim} is not divisible by heads {self.heads}; "
+                f"use a dim that is a multiple of {self.heads}"
+            )
+
+    @property
+    def num_layers(self) -> int:
+        """Layers that stages split: input layer, blocks, head."""
+        return self.layers + 2
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    """One training run: schedule and layout, data, optimizer, data-parallel sync and outputs.
+
+    ``batch_size`` is the global batch of one step over all ``dp`` replicas;
+    each replica splits its share into ``microbatches`` equal microbatches.
+    ``split`` gives the layers of each stage (None: as even as possible).
+    ``recv_ahead`` bounds the receives posted ahead per peer (None: all of a
+    step at its start).
+    """
+
+    schedule: str
+    pp: int = 1
+    dp: int = 1
+    microbatches: int = 1
+    chunks: int | None = None
+    batch_size: int = 32
+    steps: int = 10
+    seed: int = 0
+    model: ModelConfig = field(default_factory=ModelConfig)
+    split: tuple[int, ...] | None = None
+    optimizer: str = "adamw"
+    lr: float = 3e-3
+    dp_mode: str = "ddp"
+    bucket_mb: float = 25.0
+    backend: str | None = None
+    timeout_s: float = 300.0
+    recv_ahead: int | None = None
+    trace_step: int = -1
+
+    def __post_init__(self) -> None:
+        owner = f"run of {self.schedule!r}"
+        _positive_ints(owner, pp=self.pp, dp=self.dp, microbatches=self.microbatches,
+                       batch_size=self.batch_size, steps=self.steps)
+        _one_of(owner, "optimizer", self.optimizer, OPTIMIZERS)
+        _one_of(owner, "dp mode", self.dp_mode, DP_MODES)
+        if self.backend is not None:
+            _one_of(owner, "backend", self.backend, BACKENDS)
+        if not 0 < self.lr < float("inf"):
+            raise ScheduleError(f"{owner}: lr must be a finite number > 0, got {self.lr!r}")
+        if not 0 < self.bucket_mb < float("inf"):
+            raise ScheduleError(f"{owner}: bucket size must be > 0 MiB, got {self.bucket_mb!r}")
+        if not 0 < self.timeout_s < float("inf"):
+            raise ScheduleError(f"{owner}: timeout must be > 0 seconds, got {self.timeout_s!r}")
+        if self.recv_ahead is not None:
+            _positive_ints(owner, recv_ahead=self.recv_ahead)
+        if not -self.steps <= self.trace_step < self.steps:
+            raise ScheduleError(
+                f"{owner}: trace step {self.trace_step} is out of range for {self.steps} steps; "
+                f"valid: {-self.steps}..{self.steps - 1} (negative counts from the end)"
+            )
+        per_replica = self.dp * self.microbatches
+        if self.batch_size % per_replica:
+            fits = (self.batch_size // per_replica or 1) * per_replica
+            raise ScheduleError(
+                f"{owner}: batch size {self.batch_size} is not divisible by dp x microbatches = "
+                f"{self.dp} x {self.microbatches} = {per_replica}; use a multiple of {per_replica}, e.g. {fits}"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp
+
+    @property
+    def microbatch_size(self) -> int:
+        return self.batch_size // (self.dp * self.microbatches)
+
+    @property
+    def traced_step(self) -> int:
+        return self.trace_step % self.steps
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["split"] = list(self.split) if self.split is not None else None
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        """Inverse of :meth:`to_dict` (JSON round trip)."""
+        d = dict(d)
+        d["model"] = ModelConfig(**d.get("model", {}))
+        if d.get("split") is not None:
+            d["split"] = tuple(d["split"])
+        return cls(**d)
+
+
+def partition(num_layers: int, num_stages: int, split: tuple[int, ...] | None = None) -> tuple[range, ...]:
+    """Contiguous layer ranges, one per stage: ``split`` layers each, or as even as possible.
+
+    With an even split the first ``num_layers % num_stages`` stages get one
+    layer more.
+    """
+    if num_stages > num_layers:
+        raise ScheduleError(
+            f"the model has {num_layers} layers (input layer, blocks, head), too few for {num_stages} stages; "
+            f"use --layers {num_stages - 2} or more, or fewer stages"
+        )
+    if split is None:
+        base, extra = divmod(num_layers, num_stages)
+        sizes = [base + (1 if s < extra else 0) for s in range(num_stages)]
+    else:
+        sizes = list(split)
+        if len(sizes) != num_stages or sum(sizes) != num_layers or min(sizes) < 1:
+            raise ScheduleError(
+                f"split {','.join(map(str, sizes))} must give each of the {num_stages} stages >= 1 layer "
+                f"and sum to the model's {num_layers} layers (input layer, blocks, head)"
+            )
+    ranges, start = [], 0
+    for n in sizes:
+        ranges.append(range(start, start + n))
+        start += n
+    return tuple(ranges)
+
+
+@dataclass(frozen=True, eq=False)
+class Plan:
+    """A run checked against its world: the task graph and where every layer lives.
+
+    Global rank ``g`` is pipeline rank ``g % pp`` of data-parallel replica
+    ``g // pp``: a pipeline's ranks are contiguous.
+    """
+
+    config: RunConfig
+    graph: TaskGraph
+    layers: tuple[range, ...]  # per stage
+
+    @property
+    def num_stages(self) -> int:
+        return self.graph.schedule.num_stages
+
+    def coords(self, rank: int) -> tuple[int, int]:
+        """(dp replica, pipeline rank) of a global rank."""
+        return divmod(rank, self.config.pp)
+
+    def global_rank(self, dp_rank: int, pp_rank: int) -> int:
+        return dp_rank * self.config.pp + pp_rank
+
+    def stages_of(self, pp_rank: int) -> tuple[int, ...]:
+        return self.graph.schedule.stages_of(pp_rank)
+
+
+def make_plan(config: RunConfig, world_size: int) -> Plan:
+    """Check everything that needs no communication; raise ScheduleError naming the bad value."""
+    if world_size != config.world_size:
+        raise ScheduleError(
+            f"world size {world_size} (processes launched) does not equal pp x dp = "
+            f"{config.pp} x {config.dp} = {config.world_size}; launch {config.world_size} processes "
+            f"(torchrun --nproc-per-node {config.world_size}) or change --pp/--dp"
+        )
+    graph = validate(build(config.schedule, pp=config.pp, microbatches=config.microbatches, chunks=config.chunks))
+    for task in graph.tasks:
+        for part in task.action.parts():
+            if part.kind not in SUPPORTED_KINDS:
+                raise ScheduleError(
+                    f"schedule {config.schedule!r}, rank {task.rank}, action {part}: the runtime does not run "
+                    f"{part.kind.value} actions; it runs " + ", ".join(sorted(k.value for k in SUPPORTED_KINDS))
+                )
+    layers = partition(config.model.num_layers, graph.schedule.num_stages, config.split)
+    return Plan(config=config, graph=graph, layers=layers)

@@ -1,0 +1,171 @@
+"""Data-parallel gradient sync, scheduled by gradient readiness.
+
+Parameters are grouped into buckets in reverse order (the last layers' gradients
+are ready first), each bucket capped at ``bucket_mb`` MiB. Every parameter's
+``.grad`` is a view into its bucket's flat buffer, so autograd accumulates
+straight into what the collective sends (no copies). A
+``register_post_accumulate_grad_hook`` on every parameter counts its
+accumulations; when each of a bucket's parameters has accumulated all of the
+step's microbatches, the bucket's collective is launched asynchronously, while
+the pipeline goes on with other work. All buckets are awaited before the
+optimizer step.
+
+Modes:
+
+* ``sync``: no overlap; every bucket is all-reduced after the step's last backward;
+* ``ddp``: the all-reduce of a bucket starts the moment its last gradient is in;
+* ``zero1``: the same trigger runs a reduce-scatter instead; each replica keeps
+  optimizer state for its own contiguous shard of every bucket, steps that
+  shard, and an all-gather puts the updated parameters back everywhere.
+
+Gradients are averaged over replicas (sum / dp); the loss is already divided
+by the number of microbatches.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from real.p2p import Inflight
+
+__all__ = ["GradSync", "make_buckets"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Bucket:
+    index: int
+    params: list[nn.Parameter]
+    grad: torch.Tensor  # flat, padded to a multiple of the replica count
+    data: torch.Tensor | None = None  # zero1: flat parameters, each parameter a view into it
+    shard_grad: torch.Tensor | None = None  # zero1: this replica's reduced shard
+    shard: torch.Tensor | None = None  # zero1: this replica's slice of ``data`` (what the optimizer steps)
+    ready: int = 0
+    launched: bool = False
+    counts: dict[int, int] = field(default_factory=dict)
+
+
+def make_buckets(params: Sequence[nn.Parameter], cap_bytes: float) -> list[list[nn.Parameter]]:
+    """Parameters in reverse order, cut into buckets of at most ``cap_bytes`` (at least one each)."""
+    buckets: list[list[nn.Parameter]] = [[]]
+    size = 0
+    for p in reversed(params):
+        nbytes = p.numel() * p.element_size()
+        if buckets[-1] and size + nbytes > cap_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(p)
+        size += nbytes
+    return [b for b in buckets if b]
+
+
+class GradSync:
+    """Averages this rank's gradients over its data-parallel replicas; see the module doc."""
+
+    def __init__(
+        self,
+        params: Sequence[nn.Parameter],
+        *,
+        group: dist.ProcessGroup,
+        mode: str,
+        bucket_mb: float,
+        accumulations: int,
+        stamp: Callable[[], object],
+        record: Callable[[object, object, object, float], list | None],
+    ) -> None:
+        self.mode, self.group, self.accumulations = mode, group, accumulations
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self._stamp, self._record = stamp, record
+        self.works = Inflight(stamp)
+        self._launched: list[tuple[_Bucket, dist.Work]] = []
+        self.buckets = [self._bucket(i, b) for i, b in enumerate(make_buckets(params, bucket_mb * 2**20))]
+        self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._on_grad)
+        log.debug("dp %s: %d buckets over %d parameters", mode, len(self.buckets), len(params))
+
+    def _bucket(self, index: int, params: list[nn.Parameter]) -> _Bucket:
+        n = sum(p.numel() for p in params)
+        padded = -(-n // self.world) * self.world
+        p0 = params[0]
+        grad = torch.zeros(padded, dtype=p0.dtype, device=p0.device)
+        bucket = _Bucket(index, params, grad)
+        offset = 0
+        if self.mode == "zero1":
+            bucket.data = torch.zeros(padded, dtype=p0.dtype, device=p0.device)
+        for p in params:
+            view = slice(offset, offset + p.numel())
+            p.grad = grad[view].view_as(p)
+            if bucket.data is not None:
+                bucket.data[view].copy_(p.detach().reshape(-1))
+                p.data = bucket.data[view].view_as(p)
+            offset += p.numel()
+        if bucket.data is not None:
+            size = padded // self.world
+            bucket.shard = bucket.data[self.rank * size : (self.rank + 1) * size]
+            bucket.shard_grad = torch.zeros(size, dtype=p0.dtype, device=p0.device)
+            bucket.shard.grad = bucket.shard_grad
+        return bucket
+
+    def optimizer_params(self) -> list[torch.Tensor]:
+        """What the optimizer steps: the parameters, or (zero1) this replica's shards."""
+        if self.mode == "zero1":
+            return [b.shard for b in self.buckets]
+        return [p for b in self.buckets for p in b.params]
+
+    def begin_step(self) -> None:
+        for b in self.buckets:
+            b.grad.zero_()
+            b.ready, b.launched = 0, False
+            b.counts = {}
+        self._launched = []
+
+    def _on_grad(self, p: nn.Parameter) -> None:
+        bucket = self._bucket_of[id(p)]
+        n = bucket.counts.get(id(p), 0) + 1
+        bucket.counts[id(p)] = n
+        if n == self.accumulations:
+            bucket.ready += 1
+            if bucket.ready == len(bucket.params) and self.mode != "sync":
+                self._launch(bucket)
+
+    def _launch(self, bucket: _Bucket) -> None:
+        bucket.launched = True
+        start = self._stamp()
+        if self.mode == "zero1":
+            work = dist.reduce_scatter_tensor(bucket.shard_grad, bucket.grad, group=self.group, async_op=True)
+        else:
+            work = dist.all_reduce(bucket.grad, group=self.group, async_op=True)
+        row = self._record(("ALLREDUCE", bucket.index), start, None, bucket.grad.numel() * bucket.grad.element_size())
+        self.works.add(work, row)
+        self._launched.append((bucket, work))
+
+    def poll(self) -> None:
+        self.works.poll()
+
+    def finish(self) -> None:
+        """Launch what is left (sync mode; parameters without a gradient) and wait for every bucket."""
+        for b in self.buckets:
+            if not b.launched:
+                if self.mode != "sync":
+                    log.debug("bucket %d launched at the end: %d of %d parameters ready", b.index, b.ready, len(b.params))
+                self._launch(b)
+        self.works.drain()
+        for b, _ in self._launched:
+            (b.shard_grad if self.mode == "zero1" else b.grad).div_(self.world)
+
+    @torch.no_grad()
+    def after_step(self) -> None:
+        """zero1: gather every replica's updated shard into the full parameters."""
+        if self.mode != "zero1":
+            return
+        for b in self.buckets:
+            dist.all_gather_into_tensor(b.data, b.shard.clone(), group=self.group)

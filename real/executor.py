@@ -1,0 +1,187 @@
+"""The executor: one pipeline rank interprets its program of the lowered task graph, in order.
+
+The graph is the one object the simulator also runs; nothing here re-derives
+the schedule. Per task:
+
+* F: run the stage on its input (the microbatch for stage 0, a received or
+  in-memory value otherwise), keep the output for the backward; the last
+  stage computes the loss, divided by the number of microbatches;
+* B: full backward; I: input gradient only (handed on at once); W: the
+  parameter gradients I left for later (:mod:`real.backward`);
+* OVERLAP_F_B: its forward, then its backward;
+* SEND/RECV: :class:`real.p2p.PipeComm`. Between neighbouring stages on the
+  same rank the value passes in memory, as a message would (detached, so
+  each stage has its own autograd graph).
+
+Every stage boundary is a leaf that requires grad: a backward leaves the
+gradient of its input in ``.grad``, exactly the value the previous stage's
+backward needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from real.backward import WeightWork, backward_full, backward_input, backward_weight
+from real.measure import ActivationMeter, Recorder
+from real.models import loss_fn
+from real.p2p import PipeComm
+from schedules import Action, Kind, Task, TaskGraph
+
+__all__ = ["Executor", "Stage"]
+
+Key = tuple[int, int]  # (stage, microbatch)
+
+
+class Stage(nn.Module):
+    """Layers ``first .. first+len(layers)-1`` of the model: one pipeline stage."""
+
+    def __init__(self, index: int, first: int, layers: Sequence[nn.Module], *, is_last: bool) -> None:
+        super().__init__()
+        self.index, self.first, self.is_last = index, first, is_last
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def global_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """(name, parameter) with names as in the whole model's ``nn.Sequential`` ("3.qkv.weight")."""
+        return [(f"{self.first + i}.{n}", p) for i, layer in enumerate(self.layers) for n, p in layer.named_parameters()]
+
+
+@dataclass(eq=False)
+class _Slot:
+    """One (stage, microbatch) between its forward and the end of its backward."""
+
+    inp: torch.Tensor | None
+    out: torch.Tensor | None
+    weight: WeightWork | None = None
+
+
+@dataclass(eq=False)
+class _Step:
+    batches: Sequence[tuple[torch.Tensor, torch.Tensor]]
+    inputs: dict[Key, torch.Tensor] = field(default_factory=dict)  # stage inputs waiting for their F
+    grads: dict[Key, torch.Tensor] = field(default_factory=dict)  # output gradients waiting for their backward
+    outbox: dict[tuple[Kind, int, int], torch.Tensor] = field(default_factory=dict)  # values waiting for their SEND
+    slots: dict[Key, _Slot] = field(default_factory=dict)
+    loss: torch.Tensor | None = None
+
+
+class Executor:
+    """Runs pipeline rank ``pp_rank``'s program of ``graph`` once per step."""
+
+    def __init__(
+        self,
+        graph: TaskGraph,
+        pp_rank: int,
+        stages: dict[int, Stage],
+        *,
+        comm: PipeComm | None,
+        meter: ActivationMeter,
+        recorder: Recorder,
+        poll: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.graph, self.pp_rank, self.stages = graph, pp_rank, stages
+        self.comm, self.meter, self.recorder, self._poll = comm, meter, recorder, poll
+        self.here = set(graph.schedule.stages_of(pp_rank))
+        self.last = graph.schedule.num_stages - 1
+        self.num_microbatches = graph.schedule.num_microbatches
+        self._params = {s: [p for _, p in st.global_parameters()] for s, st in stages.items()}
+        self._compute: dict[Kind, Callable[[Action, _Step], None]] = {
+            Kind.F: self._forward, Kind.B: self._backward, Kind.I: self._backward, Kind.W: self._weight,
+        }
+        if any(graph.tasks[t].action.is_comm for t in graph.programs[pp_rank]) and comm is None:
+            raise ValueError(f"pipeline rank {pp_rank} has sends/receives in its program but no communicator")
+
+    def run_step(self, batches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:
+        """Run the program once; returns the sum of this rank's microbatch losses (last stage) or None."""
+        step = _Step(batches)
+        if self.comm is not None:
+            self.comm.start_step()
+        rec, tasks = self.recorder, self.graph.tasks
+        for tid in self.graph.programs[self.pp_rank]:
+            task = tasks[tid]
+            kind = task.action.kind
+            start = rec.stamp()
+            if kind in (Kind.SEND_F, Kind.SEND_B):
+                value = step.outbox.pop((kind, task.action.stage, task.action.microbatch))
+                self.comm.send(task, value, rec.add(tid, start, None, value.numel() * value.element_size()))
+                continue
+            if kind in (Kind.RECV_F, Kind.RECV_B):
+                nbytes = self._receive(task, step)
+            else:
+                for part in task.action.parts():
+                    self._compute[part.kind](part, step)
+                nbytes = 0
+                self._poll()
+                if self.comm is not None:
+                    self.comm.sends.poll()
+            rec.add(tid, start, rec.stamp(), nbytes)
+        if self.comm is not None:
+            self.comm.finish_step()
+        self._check_done(step)
+        return step.loss
+
+    def _receive(self, task: Task, step: _Step) -> int:
+        value = self.comm.recv(task)
+        key = (task.action.stage, task.action.microbatch)
+        if task.action.kind is Kind.RECV_F:
+            step.inputs[key] = value.requires_grad_()
+        else:
+            step.grads[key] = value
+        return value.numel() * value.element_size()
+
+    def _forward(self, a: Action, step: _Step) -> None:
+        s, mb = a.stage, a.microbatch
+        inp = step.batches[mb][0] if s == 0 else step.inputs.pop((s, mb))
+        with self.meter.saving((s, mb)):
+            out = self.stages[s](inp)
+            if s == self.last:
+                out = loss_fn(out, step.batches[mb][1]) / self.num_microbatches
+        if s == self.last:
+            step.loss = out.detach() if step.loss is None else step.loss + out.detach()
+        elif s + 1 in self.here:
+            step.inputs[(s + 1, mb)] = out.detach().requires_grad_()
+        else:
+            step.outbox[(Kind.SEND_F, s, mb)] = out.detach()
+        step.slots[(s, mb)] = _Slot(inp if s > 0 else None, out)
+
+    def _backward(self, a: Action, step: _Step) -> None:
+        """B or I: the input gradient goes on to stage s-1 (in memory or by a send)."""
+        s, mb = a.stage, a.microbatch
+        slot = step.slots[(s, mb)]
+        grad = None if s == self.last else step.grads.pop((s, mb))
+        if a.kind is Kind.B:
+            backward_full(slot.out, grad)
+            dinp = slot.inp.grad if slot.inp is not None else None
+            self._release(step, s, mb)
+        else:
+            dinp, slot.weight = backward_input(slot.out, grad, slot.inp, self._params[s])
+            slot.out = slot.inp = None  # W starts from the intermediates; the rest of the graph may go
+        if s > 0:
+            if s - 1 in self.here:
+                step.grads[(s - 1, mb)] = dinp
+            else:
+                step.outbox[(Kind.SEND_B, s, mb)] = dinp
+
+    def _weight(self, a: Action, step: _Step) -> None:
+        slot = step.slots[(a.stage, a.microbatch)]
+        backward_weight(slot.weight)
+        self._release(step, a.stage, a.microbatch)
+
+    def _release(self, step: _Step, s: int, mb: int) -> None:
+        del step.slots[(s, mb)]
+        self.meter.release((s, mb))
+
+    def _check_done(self, step: _Step) -> None:
+        left = {name: sorted(d) for name, d in (("inputs", step.inputs), ("gradients", step.grads),
+                                                ("unsent values", step.outbox), ("unfinished passes", step.slots)) if d}
+        if left:
+            raise RuntimeError(f"pipeline rank {self.pp_rank}: the step ended with work left over: {left}")

@@ -1,0 +1,156 @@
+"""Measurements of a real run: activation bytes held, task times, clock offsets between ranks.
+
+* :class:`ActivationMeter` counts the bytes of the tensors autograd saves for
+  backward (``torch.autograd.graph.saved_tensors_hooks``), per (stage,
+  microbatch), from the forward until its backward frees them. A tensor (by
+  address and size) is counted once however many ops or stages save it;
+  parameters and views of them are not activations.
+* :class:`Recorder` stamps task starts and ends: ``time.perf_counter`` on the
+  CPU, CUDA events on the compute stream on a GPU (resolved once per step).
+* :func:`clock_offset` estimates, NTP-style, what to add to this rank's clock
+  to read rank 0's.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["ActivationMeter", "Recorder", "clock_offset"]
+
+
+class ActivationMeter:
+    """Bytes held by tensors saved for backward: now, at the peak, and per key."""
+
+    def __init__(self, params: Iterable[torch.Tensor]) -> None:
+        self._exclude = {p.untyped_storage().data_ptr() for p in params}
+        self._owners: dict[tuple[int, int], set[Hashable]] = {}  # (address, bytes) -> keys that saved it
+        self._size: dict[tuple[int, int], int] = {}
+        self._keys: dict[Hashable, set[tuple[int, int]]] = {}
+        self.current = 0
+        self.peak = 0
+        self.first_bytes: dict[Hashable, int] = {}  # bytes first counted under each key
+
+    @contextmanager
+    def saving(self, key: Hashable) -> Iterator[None]:
+        """Count what autograd saves inside the block under ``key``."""
+        mine = self._keys.setdefault(key, set())
+
+        def pack(t: torch.Tensor) -> torch.Tensor:
+            storage = t.untyped_storage()
+            nbytes = min(t.numel() * t.element_size(), storage.nbytes())
+            ident = (t.data_ptr(), nbytes)  # a view: slices of one batch are separate activations
+            if nbytes and storage.data_ptr() not in self._exclude and ident not in mine:
+                mine.add(ident)
+                owners = self._owners.setdefault(ident, set())
+                if not owners:
+                    self._size[ident] = nbytes
+                    self.current += nbytes
+                    self.first_bytes[key] = self.first_bytes.get(key, 0) + nbytes
+                    self.peak = max(self.peak, self.current)
+                owners.add(key)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+
+    def release(self, key: Hashable) -> None:
+        """The backward of ``key`` is done: what only it held is freed."""
+        for ident in self._keys.pop(key, ()):
+            owners = self._owners[ident]
+            owners.discard(key)
+            if not owners:
+                del self._owners[ident]
+                self.current -= self._size.pop(ident)
+
+    def reset_peak(self) -> None:
+        self.peak = self.current
+
+
+@dataclass
+class Recorder:
+    """Task start/end stamps of one step, turned into seconds on this rank's perf_counter clock."""
+
+    device: torch.device
+    enabled: bool = False
+    rows: list[list] = field(default_factory=list)  # [key, start stamp, end stamp, bytes]
+    _base: tuple[float, torch.cuda.Event] | None = None
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    def begin(self, enabled: bool) -> None:
+        self.enabled, self.rows = enabled, []
+        if enabled and self.on_gpu:
+            torch.cuda.synchronize(self.device)
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._base = (time.perf_counter(), event)
+
+    def stamp(self) -> float | torch.cuda.Event | None:
+        if not self.enabled:
+            return None
+        if self.on_gpu:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def add(self, key: Hashable, start: object, end: object, nbytes: float) -> list | None:
+        """Record one task; returns the row so an end stamp can be filled in later (sends)."""
+        if not self.enabled:
+            return None
+        row = [key, start, end, float(nbytes)]
+        self.rows.append(row)
+        return row
+
+    def resolve(self) -> list[tuple[Hashable, float, float, float]]:
+        """Rows with stamps as perf_counter seconds (waits for the GPU)."""
+        if not self.enabled:
+            return []
+        if self.on_gpu:
+            torch.cuda.synchronize(self.device)
+            wall, base = self._base
+
+            def sec(e: object) -> float:
+                return wall + base.elapsed_time(e) / 1e3
+        else:
+            def sec(e: object) -> float:
+                return float(e)
+        return [(key, sec(s), sec(e if e is not None else s), b) for key, s, e, b in self.rows]
+
+
+def clock_offset(group: dist.ProcessGroup | None = None, rounds: int = 8) -> float:
+    """Seconds to add to this rank's ``time.perf_counter()`` to read rank 0's (0.0 on rank 0).
+
+    Each rank pings rank 0 ``rounds`` times; rank 0 answers with its clock. The
+    round trip with the smallest delay gives offset = t0 - (t_send + t_recv) / 2,
+    exact up to half that delay's asymmetry. CPU tensors: the group must have a
+    CPU backend (gloo, or "cpu:gloo,cuda:nccl").
+    """
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return 0.0
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    buf = torch.zeros(1, dtype=torch.float64)
+    if rank == 0:
+        for peer in range(1, world):
+            for _ in range(rounds):
+                dist.recv(buf, src=peer, group=group)
+                buf[0] = time.perf_counter()
+                dist.send(buf, dst=peer, group=group)
+        return 0.0
+    best_delay, best = float("inf"), 0.0
+    for _ in range(rounds):
+        t1 = time.perf_counter()
+        dist.send(buf, dst=0, group=group)
+        dist.recv(buf, src=0, group=group)
+        t2 = time.perf_counter()
+        if t2 - t1 < best_delay:
+            best_delay, best = t2 - t1, float(buf[0]) - (t1 + t2) / 2
+    return best

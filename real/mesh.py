@@ -1,0 +1,102 @@
+"""Ranks as (data-parallel replica, pipeline rank) coordinates, and a process group per dimension.
+
+Global rank ``g`` is pipeline rank ``g % pp`` of replica ``g // pp``. Each
+replica's pipeline gets two groups for its point-to-point messages (lower ->
+higher and higher -> lower pipeline rank, see :mod:`real.p2p`); each pipeline
+rank's replicas share one data-parallel group for the gradient collectives.
+On a GPU the default group is "cpu:gloo,cuda:nccl": CUDA tensors go through
+NCCL, the few CPU control messages (clock offsets, losses, results) through
+gloo. Multi-node runs need nothing more than torchrun's rendezvous.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from real.config import Plan
+
+__all__ = ["Mesh", "env_world"]
+
+log = logging.getLogger(__name__)
+
+
+def env_world() -> tuple[int, int, int]:
+    """(rank, world size, local rank): from the process group if there is one, else torchrun's env."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0))
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+
+
+@dataclass(eq=False)
+class Mesh:
+    """This rank's place in the pp x dp grid and its process groups (None where a dimension is 1)."""
+
+    pp: int
+    dp: int
+    rank: int
+    device: torch.device
+    p2p_groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None
+    dp_group: dist.ProcessGroup | None
+    owns_process_group: bool = False
+
+    @property
+    def pp_rank(self) -> int:
+        return self.rank % self.pp
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.pp
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def global_rank(self, pp_rank: int, dp_rank: int | None = None) -> int:
+        return (self.dp_rank if dp_rank is None else dp_rank) * self.pp + pp_rank
+
+    @classmethod
+    def create(cls, plan: Plan, backend: str, timeout_s: float) -> Mesh:
+        """Join (or create) the default process group and build the per-dimension groups.
+
+        Every rank creates every group in the same order, as torch requires.
+        """
+        rank, world, local = env_world()
+        device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        owns = False
+        if world > 1 and not dist.is_initialized():
+            spec = "cpu:gloo,cuda:nccl" if backend == "nccl" else "gloo"
+            dist.init_process_group(spec, timeout=timedelta(seconds=timeout_s))
+            owns = True
+        pp, dp = plan.config.pp, plan.config.dp
+        p2p = dpg = None
+        if pp > 1:
+            for d in range(dp):
+                ranks = [d * pp + i for i in range(pp)]
+                pair = (dist.new_group(ranks), dist.new_group(ranks))
+                if rank in ranks:
+                    p2p = pair
+        if dp > 1:
+            for i in range(pp):
+                ranks = [d * pp + i for d in range(dp)]
+                group = dist.new_group(ranks)
+                if rank in ranks:
+                    dpg = group
+        log.debug("rank %d: pipeline rank %d of replica %d on %s", rank, rank % pp, rank // pp, device)
+        return cls(pp, dp, rank, device, p2p, dpg, owns)
+
+    def close(self) -> None:
+        """Destroy the process group if :meth:`create` made it."""
+        if self.owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,42 @@
+"""Plain single-process training: the reference every pipeline and data-parallel layout must equal.
+
+Deliberately shares nothing with the executor but the model definition, the
+data and the optimizer choice: the whole model as one ``nn.Sequential``, a
+plain loop over the step's microbatches with gradient accumulation, one
+optimizer step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from real.config import RunConfig
+from real.data import make_batch
+from real.models import build_model, loss_fn, make_optimizer
+
+__all__ = ["reference_run"]
+
+
+def reference_run(config: RunConfig) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """(loss of every step, final parameters by name) of plain training with ``config``'s model and data.
+
+    Each step accumulates over the ``dp x microbatches`` microbatches of the
+    global batch (the ones every layout of ``config`` runs), each loss divided
+    by their number.
+    """
+    model = build_model(config.model, config.seed)
+    opt = make_optimizer(config.optimizer, model.parameters(), config.lr)
+    n = config.dp * config.microbatches
+    size = config.batch_size // n
+    losses = []
+    for step in range(config.steps):
+        inputs, targets = make_batch(config.model, config.seed, step, config.batch_size)
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for j in range(n):
+            loss = loss_fn(model(inputs[j * size : (j + 1) * size]), targets[j * size : (j + 1) * size]) / n
+            loss.backward()
+            total += loss.item()
+        opt.step()
+        losses.append(total)
+    return losses, {name: p.detach().clone() for name, p in model.named_parameters()}

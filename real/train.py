@@ -1,0 +1,275 @@
+"""``run(config)``: train for real on this rank's part of the task graph; rank 0 gathers the results.
+
+Every rank calls :func:`run` with the same config (torchrun starts them).
+All input checks happen before the process group exists; then each rank
+builds only its stages' layers (identical to the whole model's, see
+:mod:`real.models`), runs ``steps`` training steps (executor, data-parallel
+sync, optimizer), and rank 0 gathers the losses, the parameters (norm and
+SHA-256), the activation memory of every rank and the trace of one step,
+merged into the simulator's trace format with times aligned to rank 0's clock.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from real.config import Plan, RunConfig, make_plan
+from real.data import make_batch, microbatches
+from real.dp import GradSync
+from real.executor import Executor, Stage
+from real.measure import ActivationMeter, Recorder, clock_offset
+from real.mesh import Mesh, env_world
+from real.models import activation_shape, build_layers, make_optimizer
+from real.p2p import PipeComm, matching_sends
+from schedules import ScheduleError
+from schedules.trace import TRACE_COLUMNS, check_trace_path, make_trace, write_trace
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["RunResult", "param_digest", "resolve_backend", "run"]
+
+log = logging.getLogger(__name__)
+
+StepCallback = Callable[[int, float, float], None]  # (step, loss, seconds)
+
+
+@dataclass(frozen=True, eq=False)
+class RunResult:
+    """What a run produced. The gathered fields (trace, parameters, memory) are set on rank 0 only."""
+
+    config: RunConfig
+    rank: int
+    backend: str
+    losses: list[float]
+    step_times: list[float]
+    trace: pd.DataFrame | None = None
+    trace_path: str | None = None
+    parameters: dict[str, torch.Tensor] | None = None
+    memory: list[dict[str, Any]] | None = None
+    param_norm: float | None = None
+    param_sha256: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        c = self.config
+        return {
+            "schedule": c.schedule, "world_size": c.world_size, "pp": c.pp, "dp": c.dp,
+            "microbatches": c.microbatches, "chunks": self.trace.attrs["params"]["chunks"] if self.trace is not None else c.chunks,
+            "backend": self.backend, "dp_mode": c.dp_mode, "steps": c.steps,
+            "losses": self.losses, "step_times": self.step_times, "trace": self.trace_path,
+            "param_norm": self.param_norm, "param_sha256": self.param_sha256, "memory": self.memory,
+        }
+
+
+def param_digest(tensors: Iterable[torch.Tensor]) -> tuple[float, str]:
+    """(L2 norm in float64, SHA-256 of the raw bytes) of tensors in a fixed order."""
+    sha, sq = hashlib.sha256(), 0.0
+    for t in tensors:
+        t = t.detach().cpu().contiguous()
+        sq += float(t.double().pow(2).sum())
+        sha.update(t.numpy().tobytes())
+    return sq**0.5, sha.hexdigest()
+
+
+def resolve_backend(backend: str | None) -> str:
+    """nccl when CUDA is available, gloo otherwise; an explicit nccl without CUDA is refused."""
+    if backend is None:
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ScheduleError("backend nccl needs CUDA GPUs and none is available here; use --backend gloo")
+    return backend
+
+
+def run(
+    config: RunConfig,
+    *,
+    trace_path: str | Path | None = None,
+    mesh: Mesh | None = None,
+    on_step: StepCallback | None = None,
+) -> RunResult:
+    """Train on this rank; every bad input raises ScheduleError before any communication."""
+    _, world, _ = env_world()
+    plan = make_plan(config, world)
+    backend = resolve_backend(config.backend)
+    path = check_trace_path(trace_path) if trace_path is not None else None
+    own = mesh is None
+    mesh = mesh if mesh is not None else Mesh.create(plan, backend, config.timeout_s)
+    try:
+        return _Trainer(plan, mesh, backend).train(path, on_step)
+    finally:
+        if own:
+            mesh.close()
+
+
+@dataclass(eq=False)
+class _Trainer:
+    plan: Plan
+    mesh: Mesh
+    backend: str
+    stages: dict[int, Stage] = field(init=False)
+
+    def __post_init__(self) -> None:
+        cfg, mesh = self.plan.config, self.mesh
+        here = self.plan.stages_of(mesh.pp_rank)
+        last = self.plan.num_stages - 1
+        self.stages = {
+            s: Stage(s, self.plan.layers[s].start, build_layers(cfg.model, cfg.seed, self.plan.layers[s]),
+                     is_last=s == last).to(mesh.device)
+            for s in here
+        }
+        self.named = [np for s in sorted(self.stages) for np in self.stages[s].global_parameters()]
+        params = [p for _, p in self.named]
+        self.recorder = Recorder(mesh.device)
+        self.meter = ActivationMeter(params)
+        self.sync = None
+        if mesh.dp_group is not None:
+            self.sync = GradSync(params, group=mesh.dp_group, mode=cfg.dp_mode, bucket_mb=cfg.bucket_mb,
+                                 accumulations=cfg.microbatches, stamp=self.recorder.stamp, record=self.recorder.add)
+        self.optimizer = make_optimizer(cfg.optimizer, self.sync.optimizer_params() if self.sync else params, cfg.lr)
+        self.executor = Executor(self.plan.graph, mesh.pp_rank, self.stages, comm=self._comm(), meter=self.meter,
+                                 recorder=self.recorder, poll=self.sync.poll if self.sync else lambda: None)
+        self.needs_data = 0 in self.stages or last in self.stages
+
+    def _comm(self) -> PipeComm | None:
+        if self.mesh.p2p_groups is None:
+            return None
+        cfg = self.plan.config
+        return PipeComm(self.plan.graph, self.mesh.pp_rank, global_rank=self.mesh.global_rank,
+                        groups=self.mesh.p2p_groups, shape=activation_shape(cfg.model, cfg.microbatch_size),
+                        dtype=torch.float32, device=self.mesh.device, recv_ahead=cfg.recv_ahead,
+                        stamp=self.recorder.stamp)
+
+    def _batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        cfg = self.plan.config
+        if not self.needs_data:
+            return []
+        batch = make_batch(cfg.model, cfg.seed, step, cfg.batch_size)
+        dev = self.mesh.device
+        return [(x.to(dev), y.to(dev)) for x, y in microbatches(batch, cfg.dp, self.mesh.dp_rank, cfg.microbatches)]
+
+    def _step(self, step: int) -> torch.Tensor | None:
+        if self.sync is not None:
+            self.sync.begin_step()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
+        self.recorder.begin(step == self.plan.config.traced_step)
+        loss = self.executor.run_step(self._batches(step))
+        if self.sync is not None:
+            self.sync.finish()
+        self.optimizer.step()
+        if self.sync is not None:
+            self.sync.after_step()
+        return loss
+
+    def _global_loss(self, loss: torch.Tensor | None) -> float:
+        """The step's mean loss over the whole batch: summed over pipelines' last stages, / dp."""
+        value = torch.tensor([0.0 if loss is None else float(loss)], dtype=torch.float64)
+        if self.mesh.distributed:
+            dist.all_reduce(value)
+        return float(value[0]) / self.plan.config.dp
+
+    def train(self, path: Path | None, on_step: StepCallback | None) -> RunResult:
+        cfg = self.plan.config
+        offset = clock_offset() if self.mesh.distributed else 0.0
+        if self.mesh.distributed:
+            dist.barrier()
+        losses, times, rows = [], [], []
+        per_mb = 0
+        t_prev = time.perf_counter()
+        for step in range(cfg.steps):
+            loss = self._global_loss(self._step(step))
+            now = time.perf_counter()
+            losses.append(loss)
+            times.append(now - t_prev)
+            t_prev = now
+            if step == 0:
+                per_mb = sum(self.meter.first_bytes.get((s, 0), 0) for s in self.stages)
+            if step == cfg.traced_step:
+                rows = self._trace_rows(offset)
+            if on_step is not None and self.mesh.rank == 0:
+                on_step(step, loss, times[-1])
+        return self._gather(losses, times, rows, per_mb, path)
+
+    def _trace_rows(self, offset: float) -> list[tuple]:
+        """This rank's rows of the traced step on rank 0's clock: (task id or None, trace columns...)."""
+        tasks, rank = self.plan.graph.tasks, self.mesh.rank
+        out = []
+        for key, start, end, nbytes in self.recorder.resolve():
+            if isinstance(key, int):
+                a = tasks[key].action
+                row = (key, rank, tasks[key].stream.value, str(a), a.kind.value, a.stage,
+                       -1 if a.microbatch is None else a.microbatch)
+            else:
+                kind = "REDUCE_SCATTER" if self.plan.config.dp_mode == "zero1" else "ALLREDUCE"
+                row = (None, rank, "collective", kind, kind, -1, -1)
+            out.append((*row, start + offset, end + offset, nbytes))
+        return out
+
+    def _memory(self, per_mb: int) -> dict[str, Any]:
+        dev = self.mesh.device
+        return {
+            "rank": self.mesh.rank, "pp_rank": self.mesh.pp_rank, "dp_rank": self.mesh.dp_rank,
+            "peak_activation_bytes": self.meter.peak, "activation_bytes_per_microbatch": per_mb,
+            "peak_activations_mb": self.meter.peak / per_mb if per_mb else 0.0,
+            "max_memory_allocated": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
+        }
+
+    def _gather(self, losses: list[float], times: list[float], rows: list[tuple], per_mb: int,
+                path: Path | None) -> RunResult:
+        params = [(name, p.detach().cpu().clone()) for name, p in self.named] if self.mesh.dp_rank == 0 else []
+        mine = (rows, self._memory(per_mb), params)
+        parts = [mine]
+        if self.mesh.distributed:
+            parts = [None] * self.mesh.world_size if self.mesh.rank == 0 else None
+            dist.gather_object(mine, parts, dst=0)
+        base = RunResult(self.plan.config, self.mesh.rank, self.backend, losses, times)
+        if self.mesh.rank != 0:
+            return base
+        named = sorted((np for _, _, ps in parts for np in ps), key=lambda np: int(np[0].split(".", 1)[0]))
+        norm, sha = param_digest(t for _, t in named)
+        trace = self._make_trace([r for rs, _, _ in parts for r in rs], [m for _, m, _ in parts])
+        if path is not None:
+            write_trace(trace, path)
+        return RunResult(self.plan.config, 0, self.backend, losses, times, trace, str(path) if path else None,
+                         dict(named), [m for _, m, _ in parts], norm, sha)
+
+    def _make_trace(self, rows: list[tuple], memory: list[dict[str, Any]]) -> pd.DataFrame:
+        cfg, sched = self.plan.config, self.plan.graph.schedule
+        rows = _bound_send_ends(rows, self.plan)
+        t0 = min((r[7] for r in rows), default=0.0)
+        cols = {n: [r[i + 1] for r in rows] for i, n in enumerate(TRACE_COLUMNS)}
+        cols["start"] = [t - t0 for t in cols["start"]]
+        cols["end"] = [t - t0 for t in cols["end"]]
+        meta = {
+            "source": "real", "schedule": sched.name, "params": dict(sched.params),
+            "dp": cfg.dp, "world_size": cfg.world_size, "backend": self.backend, "device": self.mesh.device.type,
+            "dp_mode": cfg.dp_mode, "model": cfg.model.to_dict(), "batch_size": cfg.batch_size,
+            "microbatch_size": cfg.microbatch_size, "step": cfg.traced_step, "steps": cfg.steps,
+            "layers_per_stage": [len(r) for r in self.plan.layers], "memory": memory,
+        }
+        return make_trace(cols, meta)
+
+
+def _bound_send_ends(rows: list[tuple], plan: Plan) -> list[tuple]:
+    """A SEND ends no later than its receiver has the value (gloo shows a send's completion only on wait)."""
+    graph, pp = plan.graph, plan.config.pp
+    recv_end = {(r[1], r[0]): r[8] for r in rows if r[0] is not None and r[2] == "recv"}
+    send_of = {s: r for r, s in matching_sends(graph).items()}
+    out = []
+    for r in rows:
+        if r[0] is not None and r[2] == "send":
+            recv = send_of[r[0]]
+            peer = (r[1] // pp) * pp + graph.tasks[recv].rank
+            end = min(r[8], recv_end.get((peer, recv), r[8]))
+            r = (*r[:8], max(end, r[7]), r[9])
+        out.append(r)
+    return out

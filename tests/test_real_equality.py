@@ -1,0 +1,197 @@
+"""Real multi-process runs equal plain single-process training, for every registered schedule.
+
+Two torchrun launches (gloo, 2 and 4 processes) each run many configurations
+in one process group; this file is also the worker they start. Every run
+is compared with :func:`real.reference_run` (the whole model, a plain loop
+over microbatches) computed here: losses and every parameter to 1e-5 after
+three steps. Rank 1 reads a clock 1000 s ahead of rank 0's, so the merged
+traces are only right if the clock offsets are measured and applied.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import schedules  # noqa: E402
+from real import ModelConfig, RunConfig, make_plan, reference_run  # noqa: E402
+from real.launch import torchrun  # noqa: E402
+from schedules import ScheduleError  # noqa: E402
+
+TOL = 1e-5
+LAUNCH_TIMEOUT = 150  # seconds for a whole launch; a hang fails the test, never stalls CI
+SKEW = 1000.0  # seconds rank 1's clock runs ahead in the worker
+MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
+
+
+def _config(schedule: str, **kw) -> RunConfig:
+    base = dict(schedule=schedule, batch_size=16, steps=3, model=MODEL, optimizer="sgd", lr=0.1, timeout_s=60)
+    return RunConfig(**{**base, **kw})
+
+
+def _pp2_configs() -> tuple[dict[str, RunConfig], dict[str, str]]:
+    """One pp=2 run per registered schedule (default chunks; the first microbatch count it accepts)."""
+    runs, skipped = {}, {}
+    for name in schedules.names():
+        reason = ""
+        for m in (4, 8):
+            cfg = _config(name, pp=2, microbatches=m)
+            try:
+                make_plan(cfg, 2)
+            except ScheduleError as exc:
+                reason = str(exc)
+                continue
+            runs[name] = cfg
+            break
+        else:
+            skipped[name] = reason
+    return runs, skipped
+
+
+PP2, SKIPPED = _pp2_configs()
+EXTRA2 = {
+    "interleaved-1f1b recv-ahead 1": _config("interleaved-1f1b", pp=2, microbatches=4, recv_ahead=1),
+    "1f1b mlp split 3,2": _config("1f1b", pp=2, microbatches=4, split=(3, 2),
+                                  model=ModelConfig(kind="mlp", layers=3, dim=12, vocab=5)),
+    "gpipe dp2 sync": _config("gpipe", dp=2, microbatches=2, dp_mode="sync"),
+    # SGD with momentum: sharded optimizer state. (AdamW divides near-zero gradients by their own size, so
+    # float reordering alone moves some parameters by ~1e-5; it is no good for a 1e-5 equality check.)
+    "1f1b dp2 zero1": _config("1f1b", dp=2, microbatches=2, dp_mode="zero1", bucket_mb=0.002),
+}
+FOUR = {
+    "1f1b pp2 dp2 ddp": _config("1f1b", pp=2, dp=2, microbatches=2, dp_mode="ddp", bucket_mb=0.002),
+    "zb-h1 pp2 dp2 ddp": _config("zb-h1", pp=2, dp=2, microbatches=4, batch_size=32, dp_mode="ddp"),
+    "interleaved-1f1b pp2 dp2 zero1": _config("interleaved-1f1b", pp=2, dp=2, microbatches=2, dp_mode="zero1",
+                                             bucket_mb=0.004),
+    "1f1b pp4": _config("1f1b", pp=4, microbatches=4),
+    "interleaved-1f1b pp4 v2": _config("interleaved-1f1b", pp=4, microbatches=4, chunks=2,
+                                       model=ModelConfig(kind="gpt", layers=6, dim=16, heads=2, vocab=32, seq=8)),
+}
+
+
+def _launch(nproc: int, runs: dict[str, RunConfig], tmp: Path) -> dict:
+    cfg_file, out_file = tmp / f"runs{nproc}.json", tmp / f"out{nproc}.pt"
+    cfg_file.write_text(json.dumps({k: c.to_dict() for k, c in runs.items()}))
+    try:
+        proc = torchrun(nproc, [__file__, str(cfg_file), str(out_file)], timeout=LAUNCH_TIMEOUT, capture=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{nproc}-process launch hung (killed after {LAUNCH_TIMEOUT}s); stderr:\n{(exc.stderr or '')[-4000:]}")
+    if proc.returncode != 0:
+        pytest.fail(f"{nproc}-process launch failed (exit {proc.returncode}); stderr:\n{proc.stderr[-6000:]}")
+    return torch.load(out_file, weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory) -> dict:
+    return _launch(2, {**PP2, **EXTRA2}, tmp_path_factory.mktemp("real2"))
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory) -> dict:
+    return _launch(4, FOUR, tmp_path_factory.mktemp("real4"))
+
+
+def _assert_equal_to_reference(label: str, cfg: RunConfig, got: dict) -> None:
+    ref_losses, ref_params = reference_run(cfg)
+    assert len(got["losses"]) == cfg.steps
+    worst = max(abs(a - b) for a, b in zip(got["losses"], ref_losses, strict=True))
+    assert worst <= TOL, f"{label}: losses {got['losses']} vs reference {ref_losses}"
+    assert list(got["params"]) == list(ref_params), f"{label}: parameter names or order differ"
+    for name, ref in ref_params.items():
+        diff = float((got["params"][name] - ref).abs().max())
+        assert diff <= TOL, f"{label}: parameter {name} differs from the reference by {diff:.3g}"
+
+
+def _assert_trace(label: str, cfg: RunConfig, trace) -> None:
+    """One row per task of the graph (plus collectives), times aligned across ranks despite the skew."""
+    graph = make_plan(cfg, cfg.world_size).graph
+    assert trace.attrs["source"] == "real" and trace.attrs["schedule"] == cfg.schedule
+    tasks = trace[trace["stream"] != "collective"]
+    want = sorted((d * cfg.pp + t.rank, str(t.action)) for d in range(cfg.dp) for t in graph.tasks)
+    assert sorted(zip(tasks["rank"], tasks["action"], strict=True)) == want, f"{label}: trace rows != task graph"
+    assert (trace["end"] >= trace["start"]).all() and trace["start"].min() == 0.0
+    assert trace["end"].max() < 30.0, f"{label}: trace spans {trace['end'].max():.1f}s: clocks not aligned"
+    by_key = {(r.rank, r.action): r for r in tasks.itertuples()}
+    for r in tasks[tasks["stream"] == "recv"].itertuples():
+        # The value cannot arrive before it was sent (to within the offset estimate).
+        a = schedules.Action.parse(r.action)
+        src_stage = a.stage - 1 if a.kind is schedules.Kind.RECV_F else a.stage + 1
+        kind = "SEND_F" if a.kind is schedules.Kind.RECV_F else "SEND_B"
+        sender = (r.rank // cfg.pp) * cfg.pp + graph.schedule.stage_to_rank[src_stage]
+        send = by_key[(sender, f"{src_stage}{kind}{a.microbatch}")]
+        assert r.end >= send.start - 2e-3, f"{label}: {r.action} ends before {send.action} starts"
+    if cfg.dp > 1:
+        assert (trace["stream"] == "collective").any(), f"{label}: no data-parallel collectives traced"
+
+
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
+@pytest.mark.parametrize("name", schedules.names())
+def test_every_schedule_on_two_ranks_equals_plain_training(two, name):
+    if name in SKIPPED:
+        pytest.skip(f"{name} builds for no microbatch count in (4, 8) at pp=2: {SKIPPED[name]}")
+    _assert_equal_to_reference(name, PP2[name], two[name])
+    _assert_trace(name, PP2[name], two[name]["trace"])
+
+
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
+@pytest.mark.parametrize("label", list(EXTRA2))
+def test_two_rank_variants_equal_plain_training(two, label):
+    _assert_equal_to_reference(label, EXTRA2[label], two[label])
+    _assert_trace(label, EXTRA2[label], two[label]["trace"])
+
+
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
+@pytest.mark.parametrize("label", list(FOUR))
+def test_four_ranks_pp_x_dp_equal_plain_training(four, label):
+    _assert_equal_to_reference(label, FOUR[label], four[label])
+    _assert_trace(label, FOUR[label], four[label]["trace"])
+
+
+def test_memory_is_reported_per_rank(two):
+    mem = two["1f1b"]["memory"]
+    assert [m["rank"] for m in mem] == [0, 1]
+    # 1F1B: pipeline rank r holds p - r microbatches at its peak.
+    assert [round(m["peak_activations_mb"], 6) for m in mem] == [2.0, 1.0]
+
+
+def _worker(cfg_file: str, out_file: str) -> None:
+    """Runs under torchrun: every configuration of ``cfg_file`` in one process group."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from real import Mesh, run
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 1:
+        real_clock = time.perf_counter
+        time.perf_counter = lambda: real_clock() + SKEW  # a host whose clock disagrees with rank 0's
+    meshes: dict[tuple[int, int], Mesh] = {}
+    results = {}
+    for label, d in json.loads(Path(cfg_file).read_text()).items():
+        cfg = RunConfig.from_dict(d)
+        if cfg.world_size != world:
+            continue
+        key = (cfg.pp, cfg.dp)
+        if key not in meshes:
+            meshes[key] = Mesh.create(make_plan(cfg, world), "gloo", cfg.timeout_s)
+        r = run(cfg, mesh=meshes[key])
+        if rank == 0:
+            results[label] = {"losses": r.losses, "params": r.parameters, "trace": r.trace, "memory": r.memory}
+    if rank == 0:
+        torch.save(results, out_file)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _worker(*sys.argv[1:3])
