@@ -7,6 +7,15 @@
 from schedules import flush, looped  # noqa: F401  (registers the generators)
 from schedules.errors import ScheduleError
 from schedules.graph import Stream, Task, TaskGraph, graph_from_programs, insert_comms, lower
+from schedules.interop import (
+    from_torch,
+    load_graph,
+    load_schedule,
+    read_torch_csv,
+    read_torch_csv_graph,
+    torch_schedule_names,
+    write_torch_csv,
+)
 from schedules.ir import Action, Kind, Schedule
 from schedules.registry import PipelineParams, build, names, register, spec
 from schedules.validate import check_schedule, find_cycle, validate
@@ -23,11 +32,18 @@ __all__ = [
     "build",
     "check_schedule",
     "find_cycle",
+    "from_torch",
     "graph_from_programs",
     "insert_comms",
+    "load_graph",
+    "load_schedule",
     "lower",
     "names",
+    "read_torch_csv",
+    "read_torch_csv_graph",
     "register",
     "spec",
+    "torch_schedule_names",
     "validate",
+    "write_torch_csv",
 ]
