@@ -1,7 +1,10 @@
 """``python -m sim`` / ``schedlab simulate``: simulate one schedule with uniform costs.
 
 The CLI only parses flags into the same objects a script would build and
-calls the same functions: build -> lower -> validate -> simulate.
+calls the same functions: load_graph (build or import, lower) -> validate ->
+simulate. ``--schedule`` takes a registered name, ``torch:<ClassName>`` (torch's
+own order, needs torch) or ``csv:<FILE>`` (a torch CSV; pp and microbatches
+come from the file).
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from schedules import ScheduleError, build, names, spec, validate
+from schedules import ScheduleError, load_graph, names, spec, validate, write_torch_csv
+from schedules.interop import check_csv_path
 from sim.costs import UniformCosts
 from sim.engine import SimResult, simulate
 
@@ -32,9 +36,13 @@ def fail(message: str) -> NoReturn:
 
 
 def add_schedule_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
-    p.add_argument("--schedule", required=required, metavar="NAME", help="schedule name: " + ", ".join(names()))
-    p.add_argument("--pp", type=int, required=required, metavar="P", help="pipeline ranks")
-    p.add_argument("--microbatches", type=int, required=required, metavar="M", help="microbatches per step")
+    p.add_argument("--schedule", required=required, metavar="NAME",
+                   help="a schedule name (" + ", ".join(names()) + "), torch:CLASS for torch.distributed.pipelining's "
+                   "own order (e.g. torch:ZBVZeroBubble; needs torch), or csv:FILE for a torch CSV schedule "
+                   "(one row per rank; its SEND/RECV, if any, are kept)")
+    p.add_argument("--pp", type=int, required=required, metavar="P", help="pipeline ranks (csv: from the file)")
+    p.add_argument("--microbatches", type=int, required=required, metavar="M",
+                   help="microbatches per step (csv: from the file)")
     p.add_argument("--chunks", type=int, default=None, metavar="V", help="stages per rank (multi-chunk schedules; default 2)")
 
 
@@ -58,6 +66,12 @@ def _parser(prog: str) -> OneLineParser:
     p.add_argument("--json", action="store_true", help="print exactly one JSON object instead of a table")
     p.add_argument("--trace", metavar="FILE", help="write the per-task trace (.csv or .parquet)")
     p.add_argument("--plot", metavar="FILE", help="write a Gantt chart (.png, .svg or .pdf)")
+    p.add_argument("--export-csv", metavar="FILE",
+                   help="write the schedule as a torch CSV, compute actions only (torch's _load_csv format "
+                   "'compute_only')")
+    p.add_argument("--export-csv-comms", metavar="FILE",
+                   help="write the schedule as a torch CSV with the SEND/RECV simulated here (torch's _load_csv "
+                   "format 'compute_comms')")
     p.add_argument("--list", action="store_true", help="list the registered schedules and exit")
     return p
 
@@ -90,7 +104,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
             sp = spec(n)
             print(f"{n:<18} {'v>=2 chunks' if sp.multi_chunk else '1 stage/rank':<13} {sp.summary}")
         return 0
-    missing = [f"--{f}" for f in ("schedule", "pp", "microbatches") if getattr(args, f) is None]
+    needed = ("schedule",) if (args.schedule or "").startswith("csv:") else ("schedule", "pp", "microbatches")
+    missing = [f"--{f}" for f in needed if getattr(args, f) is None]
     if missing:
         fail(f"{prog}: the following arguments are required: {', '.join(missing)} (see --help)")
     try:
@@ -100,9 +115,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
         # Every input is checked before anything runs or is written.
         plot_path = check_figure_path(args.plot) if args.plot else None
         trace_path = check_trace_path(args.trace) if args.trace else None
+        exports = {comms: check_csv_path(path) for comms, path in ((False, args.export_csv), (True, args.export_csv_comms))
+                   if path}
         costs = costs_from_args(args)
-        schedule = build(args.schedule, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks)
-        graph = validate(schedule)
+        graph = validate(load_graph(args.schedule, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks))
     except ScheduleError as exc:
         fail(str(exc))
     result = simulate(graph, costs, check=False)
@@ -114,6 +130,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
         from analysis.timeline import plot_timeline
 
         plot_timeline(result.trace, plot_path)
+    for comms, path in exports.items():
+        write_torch_csv(graph, path, comms=comms)
     if args.json:
         print(json.dumps(result.to_dict()))
     else:
@@ -121,4 +139,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
         for what, path in (("trace", trace_path), ("timeline", plot_path)):
             if path is not None:
                 print(f"wrote {what}: {path}")
+        for comms, path in exports.items():
+            print(f"wrote torch CSV ({'compute+comms' if comms else 'compute only'}): {path}")
     return 0
