@@ -4,7 +4,7 @@
     >>> graph = validate(build("1f1b", pp=4, microbatches=8))
 """
 
-from schedules import flush, looped  # noqa: F401  (registers the generators)
+from schedules import flush, looped, zb_auto, zero_bubble  # noqa: F401  (registers the generators)
 from schedules.errors import ScheduleError
 from schedules.graph import Stream, Task, TaskGraph, graph_from_programs, insert_comms, lower
 from schedules.interop import (

@@ -16,16 +16,35 @@ __all__ = ["PipelineParams", "ScheduleSpec", "build", "names", "register", "spec
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PipelineParams:
-    """Shape of a pipeline: p ranks, m microbatches, v chunks (stages) per rank."""
+    """Shape of a pipeline: p ranks, m microbatches, v chunks (stages) per rank.
+
+    Schedules that adapt to pass times or memory (zb-auto) also read the
+    uniform pass times ``tf, tb, tw, tcomm`` (per microbatch through a rank's
+    whole share), the W-held fraction ``mw`` and ``mem_limit`` (in M_B).
+    """
 
     pp: int
     microbatches: int
     chunks: int = 1
+    tf: float = 1.0
+    tb: float = 1.0
+    tw: float = 1.0
+    tcomm: float = 0.0
+    mw: float = 0.0
+    mem_limit: float | None = None
 
     def __post_init__(self) -> None:
         for flag, value in (("pp", self.pp), ("microbatches", self.microbatches), ("chunks", self.chunks)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ScheduleError(f"{flag} must be an integer >= 1, got {value!r}")
+        for flag in ("tf", "tb", "tw", "tcomm"):
+            value = getattr(self, flag)
+            if not 0 <= value < float("inf"):
+                raise ScheduleError(f"{flag} (--{flag}) must be a finite time >= 0, got {value!r}")
+        if not 0 <= self.mw <= 1:
+            raise ScheduleError(f"mw (--mw) must be a fraction of M_B in [0, 1], got {self.mw!r}")
+        if self.mem_limit is not None and not self.mem_limit > 0:
+            raise ScheduleError(f"mem_limit (--mem-limit) must be > 0 M_B, got {self.mem_limit!r}")
 
     @property
     def num_stages(self) -> int:
@@ -41,23 +60,40 @@ class ScheduleSpec:
     fn: Generator
     multi_chunk: bool  # True: v >= 2 chunks per rank; False: exactly one stage per rank
     summary: str
+    fixed_chunks: int | None = None  # e.g. 2 for V-shaped schedules
+    adaptive: bool = False  # reads pass times and mem_limit (zb-auto)
 
     @property
     def default_chunks(self) -> int:
+        if self.fixed_chunks is not None:
+            return self.fixed_chunks
         return 2 if self.multi_chunk else 1
 
 
 _REGISTRY: dict[str, ScheduleSpec] = {}
 
 
-def register(name: str, *, multi_chunk: bool = False, summary: str = "") -> Callable[[Generator], Generator]:
-    """Decorator: ``@register("1f1b")`` makes a generator available to :func:`build`."""
+def register(
+    name: str,
+    *,
+    multi_chunk: bool = False,
+    fixed_chunks: int | None = None,
+    adaptive: bool = False,
+    summary: str = "",
+) -> Callable[[Generator], Generator]:
+    """Decorator: ``@register("1f1b")`` makes a generator available to :func:`build`.
+
+    ``multi_chunk``: the schedule needs v >= 2 stages per rank; ``fixed_chunks``:
+    exactly that many (V placements: 2); ``adaptive``: it reads the pass times
+    and the memory limit of :class:`PipelineParams`.
+    """
 
     def deco(fn: Generator) -> Generator:
         if name in _REGISTRY:
             raise RuntimeError(f"schedule {name!r} registered twice")
         doc = (fn.__doc__ or "").strip().splitlines()
-        _REGISTRY[name] = ScheduleSpec(name, fn, multi_chunk, summary or (doc[0] if doc else ""))
+        multi = multi_chunk or (fixed_chunks is not None and fixed_chunks > 1)
+        _REGISTRY[name] = ScheduleSpec(name, fn, multi, summary or (doc[0] if doc else ""), fixed_chunks, adaptive)
         return fn
 
     return deco
@@ -75,11 +111,34 @@ def spec(name: str) -> ScheduleSpec:
         raise ScheduleError(f"unknown schedule {name!r}; valid: {', '.join(names())}") from None
 
 
-def build(name: str, *, pp: int, microbatches: int, chunks: int | None = None) -> Schedule:
-    """Build a registered schedule; bad names and impossible parameters raise ScheduleError."""
+def build(
+    name: str,
+    *,
+    pp: int,
+    microbatches: int,
+    chunks: int | None = None,
+    mem_limit: float | None = None,
+    tf: float = 1.0,
+    tb: float = 1.0,
+    tw: float = 1.0,
+    tcomm: float = 0.0,
+    mw: float = 0.0,
+) -> Schedule:
+    """Build a registered schedule; bad names and impossible parameters raise ScheduleError.
+
+    The pass times and ``mem_limit`` matter only to adaptive schedules (zb-auto).
+    """
     sp = spec(name)
     if chunks is None:
         chunks = sp.default_chunks
+    if sp.fixed_chunks is not None and chunks != sp.fixed_chunks:
+        raise ScheduleError(
+            f"schedule {name!r} places exactly {sp.fixed_chunks} stages per rank (chunks={sp.fixed_chunks}), "
+            f"got chunks={chunks}"
+        )
+    if mem_limit is not None and not sp.adaptive:
+        adaptive = ", ".join(n for n in names() if _REGISTRY[n].adaptive)
+        raise ScheduleError(f"--mem-limit applies only to adaptive schedules ({adaptive}), not to {name!r}")
     if sp.multi_chunk and isinstance(chunks, int) and chunks < 2:
         raise ScheduleError(
             f"schedule {name!r} needs chunks (v) >= 2 stages per rank, got {chunks}; "
@@ -90,4 +149,7 @@ def build(name: str, *, pp: int, microbatches: int, chunks: int | None = None) -
             f"schedule {name!r} runs one stage per rank (chunks=1), got chunks={chunks}; "
             "multi-chunk schedules: " + ", ".join(n for n in names() if _REGISTRY[n].multi_chunk)
         )
-    return sp.fn(PipelineParams(pp=pp, microbatches=microbatches, chunks=chunks))
+    params = PipelineParams(
+        pp=pp, microbatches=microbatches, chunks=chunks, tf=tf, tb=tb, tw=tw, tcomm=tcomm, mw=mw, mem_limit=mem_limit
+    )
+    return sp.fn(params)

@@ -50,6 +50,10 @@ class UniformCosts:
     Activations, in M_B (one microbatch through a rank's whole share): a chunk's
     F holds 1/v; B frees it; I frees all but the fraction ``mw`` that W still
     needs, and W frees that (``mw`` = 0: W needs nothing extra).
+
+    An overlapped pair (OVERLAP_F_B, DualPipe's F of one chunk with B of the
+    other) costs the sum of its passes less ``pair_overlap`` times the shorter
+    one: 0 (default) runs them back to back, 1 hides the shorter completely.
     """
 
     tf: float = 1.0
@@ -57,6 +61,7 @@ class UniformCosts:
     tw: float = 1.0
     tcomm: float = 0.0
     mw: float = 0.0
+    pair_overlap: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("tf", "tb", "tw", "tcomm"):
@@ -65,6 +70,11 @@ class UniformCosts:
                 raise ScheduleError(f"{name} (--{name}) must be a finite time >= 0, got {value!r}")
         if not 0 <= self.mw <= 1:
             raise ScheduleError(f"mw (--mw) must be a fraction of M_B in [0, 1], got {self.mw!r}")
+        if not 0 <= self.pair_overlap <= 1:
+            raise ScheduleError(
+                f"pair_overlap (--pair-overlap) must be a fraction in [0, 1] of the shorter pass hidden, "
+                f"got {self.pair_overlap!r}"
+            )
 
     def _pass(self, kind: Kind) -> float:
         if kind is Kind.F:
@@ -79,9 +89,11 @@ class UniformCosts:
 
     def duration(self, task: Task, graph: TaskGraph) -> float:
         action = task.action
+        if action.sub_actions is not None:
+            times = [self._pass(a.kind) for a in action.sub_actions]
+            return (sum(times) - self.pair_overlap * min(times)) / graph.schedule.chunks
         if action.is_compute:
-            # An overlapped pair costs the sum of its two passes.
-            return sum(self._pass(a.kind) for a in action.parts()) / graph.schedule.chunks
+            return self._pass(action.kind) / graph.schedule.chunks
         if action.kind in (Kind.SEND_F, Kind.SEND_B):
             return self.tcomm  # the message's flight time sits on the send
         return 0.0

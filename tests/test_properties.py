@@ -20,7 +20,9 @@ from schedules import Kind, Stream, TaskGraph, lower, validate
 from sim import UniformCosts, simulate
 
 # Schedules that only accept a microbatch count that is a multiple of pp.
-MB_MULTIPLE_OF_PP = {"interleaved-1f1b"}
+MB_MULTIPLE_OF_PP = {"interleaved-1f1b", "interleaved-zb"}
+# Schedules that need at least this many microbatches per pipeline rank.
+MB_PER_RANK_AT_LEAST = {"dualpipe-v": 2}
 
 PROPS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -32,8 +34,12 @@ def shapes(draw, name: str) -> tuple[int, int, int]:
     if name in MB_MULTIPLE_OF_PP:
         m = pp * draw(st.integers(1, max(1, 24 // pp)))
     else:
-        m = draw(st.integers(1, 24))
-    chunks = draw(st.integers(2, 4)) if schedules.spec(name).multi_chunk else 1
+        m = draw(st.integers(MB_PER_RANK_AT_LEAST.get(name, 0) * pp or 1, 24))
+    spec = schedules.spec(name)
+    if spec.fixed_chunks is not None:
+        chunks = spec.fixed_chunks
+    else:
+        chunks = draw(st.integers(2, 4)) if spec.multi_chunk else 1
     return pp, m, chunks
 
 

@@ -1,0 +1,232 @@
+"""Automatic zero-bubble scheduling (Qi et al., ICLR 2024, sec. 3: the heuristic) and ZB-H2.
+
+A list scheduler walks the ranks in time order with the given pass times
+and message delay. A rank that is free picks, among the passes it can start
+now: an I whose gradient has arrived (it unblocks the ranks upstream), else an
+F whose input has arrived and whose activations fit under the memory limit,
+else a pending W (filling what would be a bubble), else it waits for the next
+arrival. One stage per rank; I frees all but ``mw`` of a microbatch, W the rest.
+
+``zb-auto`` runs the scheduler under a few policies (W fills every gap, or only
+gaps at least t_w long; memory capped at the limit, or at the 1F1B-style
+p - r per rank) and keeps the candidate with the shortest makespan, the
+handcrafted ZB-H1 and ZB-H2 joining as candidates when they fit the limit; so
+the result is never slower than those at the same limit. Makespans are
+computed on the lowered task graph (longest path), the simulator's semantics.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from schedules.errors import ScheduleError
+from schedules.graph import lower
+from schedules.ir import Action, Kind, Schedule
+from schedules.registry import PipelineParams, register
+from schedules.zero_bubble import zb_h1
+
+__all__ = ["greedy_zero_bubble", "makespan", "peak_memory", "zb_auto", "zb_h2"]
+
+MIN_MEM_LIMIT = 1.0  # M_B: a rank must hold one microbatch's activations between its F and its I
+
+
+@dataclass(frozen=True, slots=True)
+class _Policy:
+    w_fills_any_gap: bool  # False: run W only if no F/I arrives within t_w
+    per_rank_cap: bool  # True: rank r holds at most min(limit, p - r + extra) activations
+    extra: int = 0
+
+
+def greedy_zero_bubble(
+    p: int, m: int, tf: float, tb: float, tw: float, tcomm: float, mw: float, limit: float, policy: _Policy
+) -> list[list[Action]]:
+    """Per-rank programs from the list scheduler (one stage per rank)."""
+    caps = [min(limit, p - r + policy.extra) if policy.per_rank_cap else limit for r in range(p)]
+    free = [0.0] * p  # when each rank's compute is next free
+    f_arrive = [[math.inf] * m for _ in range(p)]  # when F(r, mb)'s input is available
+    i_arrive = [[math.inf] * m for _ in range(p)]  # when I(r, mb)'s gradient is available
+    f_arrive[0] = [0.0] * m
+    nf, ni = [0] * p, [0] * p
+    wq: list[deque[int]] = [deque() for _ in range(p)]
+    mem = [0.0] * p
+    progs: list[list[Action]] = [[] for _ in range(p)]
+    eps = 1e-9
+
+    def done(r: int) -> bool:
+        return ni[r] == m and not wq[r]
+
+    waiting = [False] * p  # idle at its time, letting ranks at the same instant go first
+    while not all(done(r) for r in range(p)):
+        r = min((x for x in range(p) if not done(x)), key=lambda x: (free[x], waiting[x], x))
+        t = free[r]
+        if waiting[r]:
+            # Every rank at instant t has had its turn and none could act: jump all of
+            # them to the next instant anything can happen (an arrival or a rank freeing).
+            idle = [x for x in range(p) if not done(x) and free[x] <= t + eps]
+            later = [free[x] for x in range(p) if not done(x) and free[x] > t + eps]
+            arrivals = [_next_arrival(x, t, nf, ni, f_arrive, i_arrive, mem, caps, m, eps) for x in idle]
+            nxt = min(later + arrivals, default=math.inf)
+            if math.isinf(nxt):
+                raise AssertionError(f"list scheduler stuck at t={t}")
+            for x in idle:
+                free[x], waiting[x] = nxt, False
+            continue
+        can_i = ni[r] < m and i_arrive[r][ni[r]] <= t + eps
+        can_f = nf[r] < m and f_arrive[r][nf[r]] <= t + eps and mem[r] + 1.0 <= caps[r] + eps
+        if can_i:
+            mb = ni[r]
+            ni[r] += 1
+            end = t + tb
+            mem[r] -= 1.0 - mw
+            wq[r].append(mb)
+            progs[r].append(Action(Kind.I, r, mb))
+            if r > 0:
+                i_arrive[r - 1][mb] = end + tcomm
+        elif can_f:
+            mb = nf[r]
+            nf[r] += 1
+            end = t + tf
+            mem[r] += 1.0
+            progs[r].append(Action(Kind.F, r, mb))
+            if r < p - 1:
+                f_arrive[r + 1][mb] = end + tcomm
+            else:
+                i_arrive[r][mb] = end
+        else:
+            nxt = _next_arrival(r, t, nf, ni, f_arrive, i_arrive, mem, caps, m, eps)
+            others = [free[x] for x in range(p) if x != r and not done(x) and free[x] >= t - eps]
+            wake = min([nxt, *others], default=math.inf)
+            if wq[r] and (policy.w_fills_any_gap or wake - t >= tw - eps or wake <= t + eps):
+                mb = wq[r].popleft()
+                end = t + tw
+                mem[r] -= mw
+                progs[r].append(Action(Kind.W, r, mb))
+            elif wake <= t + eps:
+                waiting[r] = True  # another rank acts at this instant first; it may send us work
+                continue
+            else:
+                end = wake
+        waiting[r] = False
+        free[r] = end
+    return progs
+
+
+def _next_arrival(r, t, nf, ni, f_arrive, i_arrive, mem, caps, m, eps) -> float:
+    times = []
+    if ni[r] < m and i_arrive[r][ni[r]] > t + eps:
+        times.append(i_arrive[r][ni[r]])
+    if nf[r] < m and f_arrive[r][nf[r]] > t + eps and mem[r] + 1.0 <= caps[r] + eps:
+        times.append(f_arrive[r][nf[r]])
+    return min(times, default=math.inf)
+
+
+def makespan(schedule: Schedule, tf: float, tb: float, tw: float, tcomm: float) -> float:
+    """Makespan under uniform costs: the longest path of the lowered graph (the simulator's semantics)."""
+    graph = lower(schedule)
+    v = schedule.chunks
+    pass_time = {Kind.F: tf / v, Kind.I: tb / v, Kind.W: tw / v, Kind.B: (tb + tw) / v}
+    end = [0.0] * len(graph.tasks)
+    for i in _topological(graph):
+        task = graph.tasks[i]
+        a = task.action
+        if a.is_compute:
+            d = sum(pass_time[x.kind] for x in a.parts())
+        elif a.kind in (Kind.SEND_F, Kind.SEND_B):
+            d = tcomm
+        else:
+            d = 0.0
+        end[i] = max((end[j] for j in task.deps), default=0.0) + d
+    return max(end, default=0.0)
+
+
+def _topological(graph) -> list[int]:
+    indeg = [len(t.deps) for t in graph.tasks]
+    succ = graph.successors
+    ready = [i for i, d in enumerate(indeg) if d == 0]
+    order = []
+    while ready:
+        i = ready.pop()
+        order.append(i)
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                ready.append(j)
+    if len(order) != len(indeg):
+        raise ScheduleError(f"schedule {graph.schedule.name!r} deadlocks (cycle of waits)")
+    return order
+
+
+def peak_memory(schedule: Schedule, mw: float) -> list[float]:
+    """Peak activations per rank in M_B, following program order (as the simulator counts them)."""
+    share = 1.0 / schedule.chunks
+    peaks = []
+    for prog in schedule.programs:
+        held = peak = 0.0
+        for action in prog:
+            for a in action.parts():
+                if a.kind is Kind.F:
+                    held += share
+            peak = max(peak, held)
+            for a in action.parts():
+                held -= {Kind.B: share, Kind.I: share * (1 - mw), Kind.W: share * mw}.get(a.kind, 0.0)
+        peaks.append(peak)
+    return peaks
+
+
+def _single_stage(name: str, params: PipelineParams, programs: list[list[Action]], extra: dict) -> Schedule:
+    p = params.pp
+    return Schedule(
+        name=name,
+        num_ranks=p,
+        num_stages=p,
+        num_microbatches=params.microbatches,
+        stage_to_rank=tuple(range(p)),
+        programs=tuple(tuple(x) for x in programs),
+        params={"pp": p, "microbatches": params.microbatches, "chunks": 1, **extra},
+    )
+
+
+@register("zb-h2")
+def zb_h2(params: PipelineParams) -> Schedule:
+    """ZB-H2 (Qi et al. 2024): extra warm-up forwards at (2p-1) M_B; bubble (p-1)(tf+tb-2tw).
+
+    Rank r runs up to 2(p-1-r)+1 forwards before its first I, so the warm-up
+    bubble fills; the tail fills with deferred W passes. The order is the list
+    scheduler's at unit pass times under a 2p-1 limit, W filling every gap.
+    """
+    p, m = params.pp, params.microbatches
+    progs = greedy_zero_bubble(p, m, 1.0, 1.0, 1.0, 0.0, 0.0, 2 * p - 1, _Policy(True, True, extra=p - 1))
+    return _single_stage("zb-h2", params, progs, {})
+
+
+@register("zb-auto", adaptive=True)
+def zb_auto(params: PipelineParams) -> Schedule:
+    """Automatic zero-bubble schedule for the given pass times and memory limit (default p M_B)."""
+    p, m = params.pp, params.microbatches
+    limit = float(p) if params.mem_limit is None else params.mem_limit
+    if limit < MIN_MEM_LIMIT:
+        raise ScheduleError(
+            f"zb-auto: --mem-limit {limit:g} M_B is below the minimum {MIN_MEM_LIMIT:g} M_B that any schedule "
+            "needs (a rank holds one microbatch's activations from its F to its I)"
+        )
+    t = (params.tf, params.tb, params.tw, params.tcomm)
+    candidates: list[tuple[str, list[list[Action]]]] = []
+    for fills in (True, False):
+        for per_rank in (False, True):
+            for extra in ((0, p - 1) if per_rank else (0,)):
+                policy = _Policy(fills, per_rank, extra)
+                candidates.append((str(policy), greedy_zero_bubble(p, m, *t, params.mw, limit, policy)))
+    for handcrafted in (zb_h1(params), zb_h2(params)):
+        candidates.append((handcrafted.name, [list(x) for x in handcrafted.programs]))
+    best: tuple[float, int, str, Schedule] | None = None
+    for index, (origin, progs) in enumerate(candidates):
+        sched = _single_stage("zb-auto", params, progs, {"mem_limit": limit})
+        if max(peak_memory(sched, params.mw)) > limit + 1e-9:
+            continue
+        span = makespan(sched, *t)
+        if best is None or (span, index) < (best[0], best[1]):
+            best = (span, index, origin, sched)
+    assert best is not None, "the capped list scheduler always fits the limit"
+    return best[3]

@@ -1,0 +1,184 @@
+"""Zero-bubble schedules: published bubble and memory figures, overlapped pairs, and zb-auto's guarantees.
+
+Bubble "on the busiest-span rank" (the zero-bubble paper's measure) is
+max over ranks of (last end - first start - busy time): idle inside a rank's
+own span, so the warm-up offset of later ranks is not counted.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from schedules import Kind, ScheduleError, build, lower, validate
+from schedules.zb_auto import MIN_MEM_LIMIT, makespan
+from sim import UniformCosts, simulate
+
+FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "torch" / "dualpipev_4rank_10mb.csv"
+TIMES = [0.5, 1.0, 1.5, 2.0]
+
+
+def sim(name, p, m, costs=None, **kw):
+    return simulate(lower(build(name, pp=p, microbatches=m, **kw)), costs or UniformCosts())
+
+
+def span_bubble(result) -> float:
+    return max(r.last_end - r.first_start - r.busy for r in result.ranks)
+
+
+@pytest.mark.parametrize(("tf", "tb", "tw"), [t for t in itertools.product(TIMES, TIMES, TIMES) if t[2] <= t[0]])
+def test_zb_h1_bubble_is_p_minus_1_times_tf_plus_tb_minus_tw(tf, tb, tw):
+    """ZB-H1 (Qi et al. 2024, Table 2): (p-1)(tf+tb-tw) for m >= p, when W is no longer than F."""
+    c = UniformCosts(tf=tf, tb=tb, tw=tw)
+    for p, m in [(2, 2), (3, 5), (4, 8), (5, 12)]:
+        r = sim("zb-h1", p, m, c)
+        assert span_bubble(r) == pytest.approx((p - 1) * (tf + tb - tw))
+
+
+def test_zb_h1_needs_w_no_longer_than_f():
+    """Outside its condition the formula undercounts: tf=0.5, tw=2 leaves more idle than (p-1)(tf+tb-tw)."""
+    r = sim("zb-h1", 2, 5, UniformCosts(tf=0.5, tb=2.0, tw=2.0))
+    assert span_bubble(r) == 2.0 and (2 - 1) * (0.5 + 2.0 - 2.0) == 0.5
+
+
+@pytest.mark.parametrize("mw", [0.0, 0.25, 0.5, 1.0])
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (6, 12), (8, 8)])
+def test_zb_h1_memory_rank_i_holds_p_minus_i_plus_1_mb_plus_i_minus_1_mw(p, m, mw):
+    """Rank i (1-based) peaks at (p-i+1) M_B + (i-1) M_W: p-i+1 activations, i-1 deferred W remnants."""
+    peaks = [x.peak_activations for x in sim("zb-h1", p, m, UniformCosts(mw=mw)).ranks]
+    assert peaks == pytest.approx([(p - i + 1) + (i - 1) * mw for i in range(1, p + 1)])
+
+
+def test_zb_h1_issue_figure():
+    """p=4, m=8, unit costs: bubble 3 on the busiest-span rank, makespan 24 + 3."""
+    r = sim("zb-h1", 4, 8)
+    assert r.makespan == 27.0 and span_bubble(r) == 3.0
+    assert r.bubble_ratio == pytest.approx(1 - 4 * 24 / (4 * 27))
+
+
+@pytest.mark.parametrize(("tf", "tb", "tw"), [t for t in itertools.product(TIMES, TIMES, TIMES) if t[2] <= min(t[0], t[1])])
+def test_zb_h2_bubble_is_p_minus_1_times_tf_plus_tb_minus_2tw(tf, tb, tw):
+    """ZB-H2 (Qi et al. 2024): (p-1)(tf+tb-2tw) when m >= 2p-1 fills the warm-up and W is the shortest pass."""
+    c = UniformCosts(tf=tf, tb=tb, tw=tw)
+    for p, m in [(2, 3), (3, 5), (4, 7), (4, 13), (6, 12)]:
+        assert span_bubble(sim("zb-h2", p, m, c)) == pytest.approx((p - 1) * (tf + tb - 2 * tw))
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 6, 8])
+def test_zb_h2_memory_and_zero_bubble_at_equal_times(p):
+    """Rank r holds 2(p-r)-1 activations, 2p-1 on rank 0; at tf=tb=tw each rank is busy all its span."""
+    r = sim("zb-h2", p, 3 * p)
+    assert [x.peak_activations for x in r.ranks] == [2 * (p - k) - 1 for k in range(p)]
+    assert span_bubble(r) == 0.0
+
+
+def test_zb_h2_with_too_few_microbatches_still_valid():
+    """m < 2p-1: the warm-up cannot fill; the schedule stays valid, with a bubble."""
+    r = sim("zb-h2", 4, 4)
+    assert span_bubble(r) == 3.0
+
+
+@pytest.mark.parametrize(("p", "m"), [(2, 3), (2, 8), (3, 5), (4, 7), (4, 8), (4, 16), (6, 11)])
+def test_zb_v_zero_bubble_at_p_mb(p, m):
+    """ZB-V (Qi et al. 2024, sec. 6): with tf=tb=tw and m >= 2p-1, no rank idles inside its span; peak p M_B."""
+    r = sim("zb-v", p, m)
+    assert span_bubble(r) == 0.0
+    assert [x.peak_activations for x in r.ranks] == [p] * p
+    assert all(x.busy == 3 * m for x in r.ranks)
+
+
+def test_zb_v_with_fewer_microbatches_drops_the_extra_ones():
+    """m < 2p-1: built for 2p-1 microbatches and trimmed (as torch does); still valid, not bubble-free."""
+    s = build("zb-v", pp=4, microbatches=3)
+    validate(s)
+    assert {a.microbatch for prog in s.programs for a in prog} == {0, 1, 2}
+    assert span_bubble(simulate(lower(s), UniformCosts())) > 0
+
+
+@pytest.mark.parametrize(("p", "v"), [(2, 2), (4, 2), (4, 3), (3, 4)])
+def test_interleaved_zb_memory(p, v):
+    """ZB1P looped: rank r runs (v-1)p + p-1-r warm-up forwards, so peaks at (vp - r)/v M_B (p on rank 0)."""
+    r = sim("interleaved-zb", p, 2 * p, chunks=v)
+    assert [x.peak_activations for x in r.ranks] == pytest.approx([(v * p - k) / v for k in range(p)])
+
+
+def test_interleaved_zb_beats_interleaved_1f1b():
+    """W filling the bubbles: at p=4, m=8, v=2, unit costs, 25.5 against interleaved 1F1B's 28.5."""
+    assert sim("interleaved-zb", 4, 8, chunks=2).makespan == 25.5
+    assert sim("interleaved-1f1b", 4, 8, chunks=2).makespan == 28.5
+
+
+def test_dualpipe_v_equals_torchs_own_test_artifact():
+    """Our DualPipeV at p=4, m=10 is, action for action, the schedule in torch's test artifacts."""
+    ours = build("dualpipe-v", pp=4, microbatches=10)
+    assert ours.to_text().splitlines() == FIXTURE.read_text().split()
+
+
+def test_dualpipe_v_overlapped_pairs_cost_what_the_model_says():
+    """A pair costs tf+tb+tw by default; pair_overlap=1 hides the shorter pass, shrinking the step."""
+    g = lower(build("dualpipe-v", pp=4, microbatches=10))
+    pairs = [t for t in g.tasks if t.action.kind is Kind.OVERLAP_F_B]
+    assert len(pairs) == sum(2 * (10 - 8 + r + 1) + (4 - r - 1) for r in range(4)) - 1
+    plain, hidden = UniformCosts(), UniformCosts(pair_overlap=1.0)
+    assert {plain.duration(t, g) for t in pairs} == {1.5}  # (F + B) / 2 chunks = (1 + 2) / 2
+    assert {hidden.duration(t, g) for t in pairs} == {1.0}  # max(F, B) / 2
+    assert simulate(g, hidden).makespan < simulate(g, plain).makespan
+    r = simulate(g, plain)
+    assert all(x.busy == 30.0 for x in r.ranks)  # every pass once: 10 microbatches x 3 units
+
+
+def test_dualpipe_v_needs_two_microbatches_per_rank():
+    with pytest.raises(ScheduleError, match=r"dualpipe-v needs microbatches >= 2\*pp = 8 \(one per stage\), got 7"):
+        build("dualpipe-v", pp=4, microbatches=7)
+
+
+def test_v_schedules_take_exactly_two_chunks():
+    with pytest.raises(ScheduleError, match=r"schedule 'zb-v' places exactly 2 stages per rank \(chunks=2\), got chunks=3"):
+        build("zb-v", pp=4, microbatches=8, chunks=3)
+
+
+COST_CASES = [
+    dict(tf=1.0, tb=1.0, tw=1.0, tcomm=0.0),
+    dict(tf=1.0, tb=2.0, tw=1.0, tcomm=0.0),
+    dict(tf=1.2, tb=1.9, tw=0.6, tcomm=0.1),
+    dict(tf=0.5, tb=1.5, tw=1.5, tcomm=0.3),
+]
+
+
+@pytest.mark.parametrize("times", COST_CASES)
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (4, 8), (4, 13), (6, 12)])
+def test_zb_auto_no_worse_than_handcrafted_at_their_memory(times, p, m):
+    """At limit p zb-auto is no slower than ZB-H1, at 2p-1 no slower than ZB-H2, and within its limit."""
+    c = UniformCosts(**times)
+    for limit, rival in ((p, "zb-h1"), (2 * p - 1, "zb-h2")):
+        auto = build("zb-auto", pp=p, microbatches=m, mem_limit=limit, **times)
+        r = simulate(validate(auto), c)
+        assert r.peak_activations <= limit + 1e-9
+        assert r.makespan <= sim(rival, p, m, c).makespan + 1e-9
+        assert r.makespan == pytest.approx(makespan(auto, **times))  # its own estimate is the simulator's
+
+
+def test_zb_auto_tight_limit_and_mw():
+    """A limit of 1 M_B (the minimum) still yields a valid schedule; with mw the limit counts W remnants."""
+    s = build("zb-auto", pp=4, microbatches=8, mem_limit=1.0)
+    assert simulate(validate(s), UniformCosts()).peak_activations == 1.0
+    s = build("zb-auto", pp=4, microbatches=8, mem_limit=2.5, mw=0.5)
+    assert simulate(validate(s), UniformCosts(mw=0.5)).peak_activations <= 2.5
+
+
+def test_zb_auto_refuses_a_limit_below_the_minimum():
+    with pytest.raises(ScheduleError, match=f"below the minimum {MIN_MEM_LIMIT:g} M_B"):
+        build("zb-auto", pp=4, microbatches=8, mem_limit=0.5)
+
+
+def test_mem_limit_only_for_adaptive_schedules():
+    with pytest.raises(ScheduleError, match=r"--mem-limit applies only to adaptive schedules \(zb-auto\), not to '1f1b'"):
+        build("1f1b", pp=4, microbatches=8, mem_limit=4)
+
+
+def test_zb_auto_is_deterministic():
+    a = build("zb-auto", pp=5, microbatches=11, mem_limit=6, tf=1.1, tb=1.7, tw=0.4, tcomm=0.05)
+    b = build("zb-auto", pp=5, microbatches=11, mem_limit=6, tf=1.1, tb=1.7, tw=0.4, tcomm=0.05)
+    assert a == b
