@@ -99,9 +99,9 @@ def register(
     return deco
 
 
-def names() -> list[str]:
-    """Registered schedule names, sorted."""
-    return sorted(_REGISTRY)
+def names(*, by_family: bool = False) -> list[str]:
+    """Registered schedule names, sorted; ``by_family``: in registration order (families together)."""
+    return list(_REGISTRY) if by_family else sorted(_REGISTRY)
 
 
 def spec(name: str) -> ScheduleSpec:

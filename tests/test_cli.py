@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from analysis.cli import main as schedlab_main
+from schedules import names
 from schedules.trace import read_trace
 from sim.cli import main as sim_main
 
@@ -50,7 +51,7 @@ def test_costs_flags_reach_the_model(capsys):
     _, out, _ = run_sim(capsys, "--schedule", "1f1b", "--pp", "2", "--microbatches", "3",
                            "--tf", "2", "--tb", "3", "--tw", "1", "--tcomm", "0.5", "--json")
     d = json.loads(out)
-    assert d["costs"] == {"model": "uniform", "tf": 2.0, "tb": 3.0, "tw": 1.0, "tcomm": 0.5, "mw": 0.0}
+    assert d["costs"] == {"model": "uniform", "tf": 2.0, "tb": 3.0, "tw": 1.0, "tcomm": 0.5, "mw": 0.0, "pair_overlap": 0.0}
     # p=2: F0 on rank 0 [0,2], message 0.5, rank 1 F0 [2.5,4.5] B0 [4.5,8.5], grad 0.5 -> rank 0 B0 [9,13] ...
     assert d["ranks"][1]["first_start"] == 2.5
 
@@ -79,7 +80,7 @@ def test_trace_and_plot_written(tmp_path, capsys):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--schedule", "nope", "--pp", "4", "--microbatches", "8"],
-     "error: unknown schedule 'nope'; valid: 1f1b, gpipe, interleaved-1f1b, looped-bfs"),
+     "error: unknown schedule 'nope'; valid: " + ", ".join(names())),
     (["--schedule", "gpipe", "--pp", "0", "--microbatches", "8"], "error: pp must be an integer >= 1, got 0"),
     (["--schedule", "gpipe", "--pp", "two", "--microbatches", "8"], "argument --pp: invalid int value: 'two'"),
     (["--schedule", "gpipe", "--pp", "4"], "the following arguments are required: --microbatches"),
@@ -113,7 +114,9 @@ def test_bad_input_writes_nothing(tmp_path, capsys):
 def test_list(capsys):
     code, out, _ = run_sim(capsys, "--list")
     assert code == 0
-    assert [ln.split()[0] for ln in out.splitlines()] == ["1f1b", "gpipe", "interleaved-1f1b", "looped-bfs"]
+    assert [ln.split()[0] for ln in out.splitlines()] == names()
+    assert {"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-v", "interleaved-zb",
+            "dualpipe-v", "zb-auto"} <= set(names())
 
 
 def test_schedlab_compare_writes_table_and_pictures(tmp_path, capsys):
@@ -121,13 +124,13 @@ def test_schedlab_compare_writes_table_and_pictures(tmp_path, capsys):
     d = json.loads(capsys.readouterr().out)
     assert code == 0
     rows = {r["schedule"]: r for r in d["schedules"]}
-    assert set(rows) == {"1f1b", "gpipe", "interleaved-1f1b", "looped-bfs"}
+    assert [r["schedule"] for r in d["schedules"]] == names(by_family=True)
     assert rows["gpipe"]["bubble_ratio"] == pytest.approx(3 / 11)
     assert rows["interleaved-1f1b"]["bubble_ratio"] == pytest.approx(rows["interleaved-1f1b"]["bubble_closed_form"])
     assert rows["1f1b"]["peak_act_max"] == 4 and rows["gpipe"]["peak_act_max"] == 8
-    names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["comparison.csv", "timeline-1f1b.png", "timeline-gpipe.png",
-                     "timeline-interleaved-1f1b.png", "timeline-looped-bfs.png", "timelines.png"]
+    assert rows["zb-h2"]["span_idle"] == 0.0 and rows["zb-h1"]["span_idle"] == 3.0
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == sorted(["comparison.csv", "timelines.png", *(f"timeline-{n}.png" for n in names())])
 
 
 def test_schedlab_unknown_command(capsys):
