@@ -2,6 +2,7 @@
 
     schedlab simulate --schedule 1f1b --pp 4 --microbatches 8 [--json] [--plot F.png]
     schedlab compare  --pp 4 --microbatches 8 --chunks 2 --out out/
+    schedlab run      --schedule 1f1b --pp 2 --microbatches 8 [--dp 2] [--trace F.csv] [--json]
     schedlab list
 """
 
@@ -22,6 +23,8 @@ _USAGE = """usage: schedlab COMMAND [flags]
 commands:
   simulate   simulate one schedule (same flags as python -m sim)
   compare    simulate several schedules side by side; table + timeline PNGs
+  run        train for real on torch.distributed (same flags as python -m real;
+             starts torchrun with --nproc-per-node, default pp x dp)
   list       list the registered schedules
 
 schedlab COMMAND --help shows a command's flags."""
@@ -40,7 +43,7 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     from analysis.compare import comparison_table, format_comparison, simulate_many
     from analysis.timeline import plot_timeline, plot_timelines
 
-    chosen = names() if args.schedules == "all" else [s.strip() for s in args.schedules.split(",") if s.strip()]
+    chosen = names(by_family=True) if args.schedules == "all" else [s.strip() for s in args.schedules.split(",") if s.strip()]
     try:
         results = simulate_many(chosen, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks, costs=costs_from_args(args))
     except ScheduleError as exc:
@@ -73,6 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return sim_main(rest, prog="schedlab simulate")
     if cmd == "compare":
         return compare_main(rest)
+    if cmd == "run":
+        from real.cli import launch_main
+
+        return launch_main(rest)
     if cmd == "list":
         from sim.cli import main as sim_main
 

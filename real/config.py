@@ -229,13 +229,13 @@ class Plan:
 
 def make_plan(config: RunConfig, world_size: int) -> Plan:
     """Check everything that needs no communication; raise ScheduleError naming the bad value."""
+    graph = validate(build(config.schedule, pp=config.pp, microbatches=config.microbatches, chunks=config.chunks))
     if world_size != config.world_size:
         raise ScheduleError(
             f"world size {world_size} (processes launched) does not equal pp x dp = "
             f"{config.pp} x {config.dp} = {config.world_size}; launch {config.world_size} processes "
             f"(torchrun --nproc-per-node {config.world_size}) or change --pp/--dp"
         )
-    graph = validate(build(config.schedule, pp=config.pp, microbatches=config.microbatches, chunks=config.chunks))
     for task in graph.tasks:
         for part in task.action.parts():
             if part.kind not in SUPPORTED_KINDS:

@@ -1,0 +1,119 @@
+"""The real runtime's command line: under torchrun, through ``schedlab run``, and its bad-input errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+
+from analysis import plot_timeline, read_trace, summarize  # noqa: E402
+from analysis.cli import main as schedlab  # noqa: E402
+from real import ModelConfig, RunConfig, param_digest, reference_run  # noqa: E402
+from real.cli import main as real_main  # noqa: E402
+from real.launch import torchrun  # noqa: E402
+
+SMALL = ["--layers", "4", "--dim", "16", "--heads", "2", "--vocab", "32", "--seq", "8"]
+SMALL_MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
+
+
+@pytest.mark.timeout(150)
+def test_schedlab_run_starts_torchrun_and_trains_1f1b(tmp_path):
+    """schedlab run -> torchrun (2 gloo processes) -> python -m real: one JSON object, equal to plain training."""
+    trace, params = tmp_path / "real.csv", tmp_path / "params.pt"
+    args = ["--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--steps", "4", "--batch-size", "16", *SMALL,
+            "--optimizer", "sgd", "--lr", "0.1", "--json", "--trace", str(trace), "--save-params", str(params)]
+    cmd = [sys.executable, "-m", "analysis", "run", "--nproc-per-node", "2", *args]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}) as proc:
+        try:
+            out, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"schedlab run hung; stderr so far:\n{proc.communicate()[1][-4000:]}")
+    assert proc.returncode == 0, err[-6000:]
+    result = json.loads(out)  # stdout is exactly one JSON object
+    cfg = RunConfig(schedule="1f1b", pp=2, microbatches=4, steps=4, batch_size=16, model=SMALL_MODEL,
+                    optimizer="sgd", lr=0.1)
+    ref_losses, ref_params = reference_run(cfg)
+    assert result["schedule"] == "1f1b" and result["world_size"] == 2 and result["trace"] == str(trace)
+    assert len(result["step_times"]) == 4 and all(t > 0 for t in result["step_times"])
+    assert max(abs(a - b) for a, b in zip(result["losses"], ref_losses, strict=True)) <= 1e-5
+    assert result["losses"][-1] < result["losses"][0], "the loss must fall"
+    assert [line.split()[1] for line in err.splitlines() if line.startswith("step ")] == ["0", "1", "2", "3"]
+    saved = torch.load(params)
+    assert list(saved) == list(ref_params)
+    assert max(float((saved[k] - v).abs().max()) for k, v in ref_params.items()) <= 1e-5
+    assert (result["param_norm"], result["param_sha256"]) == param_digest(saved.values())
+    assert result["param_norm"] == pytest.approx(param_digest(ref_params.values())[0], rel=1e-6)
+    df = read_trace(trace)
+    assert df.attrs["source"] == "real" and df.attrs["params"] == {"pp": 2, "microbatches": 4, "chunks": 1}
+    assert summarize(df)["makespan"] > 0
+    assert plot_timeline(df, tmp_path / "real.png").stat().st_size > 0
+
+
+@pytest.mark.timeout(90)
+def test_bad_input_under_torchrun_fails_on_every_rank_before_communicating():
+    start = time.monotonic()
+    proc = torchrun(2, ["-m", "real", "--schedule", "1f1b", "--pp", "4", "--microbatches", "4"], timeout=60,
+                    capture=True)
+    assert proc.returncode != 0
+    for rank in (0, 1):
+        assert f"error: [rank {rank}] world size 2 (processes launched) does not equal pp x dp = 4 x 1 = 4" in proc.stderr
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--schedule", "gpipe", "--pp", "1", "--microbatches", "3"],
+     "batch size 32 is not divisible by dp x microbatches = 1 x 3 = 3; use a multiple of 3, e.g. 30"),
+    (["--schedule", "nope", "--pp", "1", "--microbatches", "2"], "unknown schedule 'nope'; valid: "),
+    (["--schedule", "1f1b", "--pp", "2", "--microbatches", "4"],
+     "world size 1 (processes launched) does not equal pp x dp = 2 x 1 = 2; launch 2 processes"),
+    (["--schedule", "interleaved-1f1b", "--pp", "2", "--microbatches", "3", "--batch-size", "6"],
+     "interleaved-1f1b needs microbatches to be a multiple of pp=2, got 3"),
+    (["--schedule", "interleaved-1f1b", "--pp", "1", "--chunks", "8", "--microbatches", "2"],
+     "the model has 6 layers (input layer, blocks, head), too few for 8 stages; use --layers 6 or more"),
+    (["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--split", "2,x"], "--split '2,x'"),
+    (["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--trace", "t.txt"], "use a name ending in .csv"),
+    (["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--dim", "15"], "dim 15 is not divisible by heads 2"),
+    (["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--steps", "2", "--trace-step", "2"],
+     "trace step 2 is out of range for 2 steps"),
+])
+def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        real_main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err, err
+    assert not dist.is_initialized()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_nccl_without_cuda_is_refused(capsys):
+    with pytest.raises(SystemExit) as exc:
+        real_main(["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--backend", "nccl"])
+    assert exc.value.code == 2
+    assert "backend nccl needs CUDA GPUs and none is available here; use --backend gloo" in capsys.readouterr().err
+
+
+def test_schedlab_run_in_one_process_prints_losses_and_writes_the_trace(capsys, tmp_path):
+    trace = tmp_path / "t.parquet"
+    assert schedlab(["run", "--schedule", "zb-h1", "--pp", "1", "--microbatches", "2", "--steps", "3",
+                     "--batch-size", "8", *SMALL, "--trace", str(trace)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in out[:3]] == [["step", "0"], ["step", "1"], ["step", "2"]]
+    assert out[-1] == f"wrote trace: {trace}"
+    df = read_trace(trace)
+    assert sorted(df["action"]) == sorted(["0F0", "0F1", "0I0", "0I1", "0W0", "0W1"])
