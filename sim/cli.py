@@ -53,15 +53,31 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tw", type=float, default=1.0, help="weight-gradient backward (default 1)")
     g.add_argument("--tcomm", type=float, default=0.0, help="delay of each cross-rank message (default 0)")
     g.add_argument("--mw", type=float, default=0.0, help="fraction of M_B that W still holds after I (default 0)")
+    g.add_argument("--pair-overlap", type=float, default=0.0, metavar="H",
+                   help="fraction of the shorter pass hidden in an overlapped F+B pair (DualPipe); 0 = sum (default)")
 
 
 def costs_from_args(args: argparse.Namespace) -> UniformCosts:
-    return UniformCosts(tf=args.tf, tb=args.tb, tw=args.tw, tcomm=args.tcomm, mw=args.mw)
+    return UniformCosts(tf=args.tf, tb=args.tb, tw=args.tw, tcomm=args.tcomm, mw=args.mw, pair_overlap=args.pair_overlap)
+
+
+def schedule_options(args: argparse.Namespace) -> dict:
+    """What an adaptive schedule (zb-auto) reads: the pass times and --mem-limit; nothing for the others."""
+    options: dict = {}
+    if args.schedule in names() and spec(args.schedule).adaptive:
+        options = {"tf": args.tf, "tb": args.tb, "tw": args.tw, "tcomm": args.tcomm, "mw": args.mw}
+    if getattr(args, "mem_limit", None) is not None:
+        if args.schedule not in names():
+            raise ScheduleError(f"--mem-limit applies only to registered adaptive schedules, not to {args.schedule!r}")
+        options["mem_limit"] = args.mem_limit
+    return options
 
 
 def _parser(prog: str) -> OneLineParser:
     p = OneLineParser(prog=prog, description="Simulate a pipeline schedule and report bubble, step time and activation memory.")
     add_schedule_args(p, required=False)
+    p.add_argument("--mem-limit", type=float, default=None, metavar="M_B",
+                   help="activation memory limit per rank in M_B, for zb-auto (default pp)")
     add_cost_args(p)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object instead of a table")
     p.add_argument("--trace", metavar="FILE", help="write the per-task trace (.csv or .parquet)")
@@ -118,7 +134,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
         exports = {comms: check_csv_path(path) for comms, path in ((False, args.export_csv), (True, args.export_csv_comms))
                    if path}
         costs = costs_from_args(args)
-        graph = validate(load_graph(args.schedule, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks))
+        graph = validate(load_graph(args.schedule, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks,
+                                    **schedule_options(args)))
     except ScheduleError as exc:
         fail(str(exc))
     result = simulate(graph, costs, check=False)

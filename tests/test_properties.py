@@ -12,6 +12,7 @@ import math
 from collections import Counter
 
 import pytest
+from conftest import MB_MULTIPLE_OF_PP, MB_PER_RANK_AT_LEAST
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -19,12 +20,7 @@ import schedules
 from schedules import Kind, Stream, TaskGraph, lower, validate
 from sim import UniformCosts, simulate
 
-# Schedules that only accept a microbatch count that is a multiple of pp.
-MB_MULTIPLE_OF_PP = {"interleaved-1f1b", "interleaved-zb"}
-# Schedules that need at least this many microbatches per pipeline rank.
-MB_PER_RANK_AT_LEAST = {"dualpipe-v": 2}
-
-PROPS = settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite

@@ -13,6 +13,7 @@ import math
 import re
 
 import pytest
+from conftest import accepts, chunk_choices
 
 from schedules import (
     Action,
@@ -101,7 +102,7 @@ def test_single_chunk_schedule_rejects_chunks_2(name):
         build(name, pp=2, microbatches=4, chunks=2)
 
 
-@pytest.mark.parametrize("name", [n for n in names() if spec(n).multi_chunk])
+@pytest.mark.parametrize("name", [n for n in names() if spec(n).multi_chunk and spec(n).fixed_chunks is None])
 def test_multi_chunk_schedule_rejects_chunks_1(name):
     """A multi-chunk schedule given chunks=1 asks for v >= 2 and points at gpipe/1f1b."""
     with pytest.raises(ScheduleError, match=msg(f"schedule {name!r}", "chunks (v) >= 2", "got 1", "gpipe or 1f1b")):
@@ -601,9 +602,10 @@ SHAPES = [(1, 1), (1, 3), (2, 2), (2, 4), (3, 6), (4, 8), (4, 4)]
 
 
 def built(name: str, pp: int, m: int) -> list[Schedule]:
-    """The schedule at (pp, m), for each allowed chunks in 2..3 if it is multi-chunk."""
-    chunks = (2, 3) if spec(name).multi_chunk else (1,)
-    return [build(name, pp=pp, microbatches=m, chunks=v) for v in chunks]
+    """The schedule at (pp, m) for each allowed chunks (2..3 if multi-chunk); none if it refuses the shape."""
+    if not accepts(name, pp, m):
+        return []
+    return [build(name, pp=pp, microbatches=m, chunks=v) for v in chunk_choices(name)]
 
 
 @pytest.mark.parametrize("pp, m", SHAPES)

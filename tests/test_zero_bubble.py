@@ -16,7 +16,7 @@ from schedules import Kind, ScheduleError, build, lower, validate
 from schedules.zb_auto import MIN_MEM_LIMIT, makespan
 from sim import UniformCosts, simulate
 
-FIXTURE = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "torch" / "dualpipev_4rank_10mb.csv"
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "torch" / "dualpipev_4rank_10mb.csv"  # copied from shared/
 TIMES = [0.5, 1.0, 1.5, 2.0]
 
 
@@ -182,3 +182,60 @@ def test_zb_auto_is_deterministic():
     a = build("zb-auto", pp=5, microbatches=11, mem_limit=6, tf=1.1, tb=1.7, tw=0.4, tcomm=0.05)
     b = build("zb-auto", pp=5, microbatches=11, mem_limit=6, tf=1.1, tb=1.7, tw=0.4, tcomm=0.05)
     assert a == b
+
+
+def run_cli(capsys, *argv):
+    from sim.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_zb_h1_issue_figure(capsys):
+    """python -m sim --schedule zb-h1 --pp 4 --microbatches 8 --json: makespan 24 + 3."""
+    import json
+
+    code, out, _ = run_cli(capsys, "--schedule", "zb-h1", "--pp", "4", "--microbatches", "8", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["makespan"] == 27.0
+    assert d["bubble_ratio"] == pytest.approx(1 - 96 / 108, abs=1e-12)
+    assert max(r["last_end"] - r["first_start"] - r["busy"] for r in d["ranks"]) == 3.0
+
+
+def test_cli_zb_auto_reads_times_and_limit(capsys):
+    """--mem-limit and the pass times reach zb-auto: at 2p-1 with tb=2 it ties ZB-H2 (35) and holds 7 M_B."""
+    import json
+
+    code, out, _ = run_cli(capsys, "--schedule", "zb-auto", "--pp", "4", "--microbatches", "8",
+                           "--mem-limit", "7", "--tb", "2", "--json")
+    d = json.loads(out)
+    assert code == 0 and d["makespan"] == 35.0 and d["peak_activations"] <= 7.0
+
+
+def test_cli_pair_overlap(capsys):
+    import json
+
+    outs = []
+    for h in ("0", "1"):
+        code, out, _ = run_cli(capsys, "--schedule", "dualpipe-v", "--pp", "4", "--microbatches", "10",
+                               "--pair-overlap", h, "--json")
+        outs.append(json.loads(out)["makespan"])
+    assert outs == [33.0, 26.0]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--schedule", "zb-auto", "--pp", "4", "--microbatches", "8", "--mem-limit", "0.5"],
+     "zb-auto: --mem-limit 0.5 M_B is below the minimum 1 M_B"),
+    (["--schedule", "1f1b", "--pp", "4", "--microbatches", "8", "--mem-limit", "3"],
+     "--mem-limit applies only to adaptive schedules (zb-auto), not to '1f1b'"),
+    (["--schedule", "dualpipe-v", "--pp", "4", "--microbatches", "10", "--pair-overlap", "2"],
+     "pair_overlap (--pair-overlap) must be a fraction in [0, 1]"),
+    (["--schedule", "dualpipe-v", "--pp", "4", "--microbatches", "6"], "dualpipe-v needs microbatches >= 2*pp = 8"),
+])
+def test_cli_zero_bubble_errors(capsys, argv, message):
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2 and out == "" and err.count("\n") == 1 and message in err

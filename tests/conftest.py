@@ -1,0 +1,25 @@
+"""Shared helpers: which (pp, microbatches, chunks) each registered schedule accepts."""
+
+from __future__ import annotations
+
+import schedules
+
+# Schedules that only accept a microbatch count that is a multiple of pp.
+MB_MULTIPLE_OF_PP = {"interleaved-1f1b", "interleaved-zb"}
+# Schedules that need at least this many microbatches per pipeline rank.
+MB_PER_RANK_AT_LEAST = {"dualpipe-v": 2}
+
+
+def accepts(name: str, pp: int, microbatches: int) -> bool:
+    """True if the schedule's generator accepts this shape (its documented constraints)."""
+    if name in MB_MULTIPLE_OF_PP and microbatches % pp:
+        return False
+    return microbatches >= MB_PER_RANK_AT_LEAST.get(name, 0) * pp
+
+
+def chunk_choices(name: str, multi: tuple[int, ...] = (2, 3)) -> tuple[int, ...]:
+    """The chunks values to try: fixed for V schedules, ``multi`` for other multi-chunk ones, else 1."""
+    sp = schedules.spec(name)
+    if sp.fixed_chunks is not None:
+        return (sp.fixed_chunks,)
+    return multi if sp.multi_chunk else (1,)
