@@ -11,6 +11,7 @@ action); the construction here is our own.
 from __future__ import annotations
 
 from collections import defaultdict, deque
+
 from schedules.errors import ScheduleError
 from schedules.ir import Action, Kind, Schedule
 from schedules.registry import PipelineParams, register

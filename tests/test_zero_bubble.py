@@ -221,7 +221,7 @@ def test_cli_pair_overlap(capsys):
 
     outs = []
     for h in ("0", "1"):
-        code, out, _ = run_cli(capsys, "--schedule", "dualpipe-v", "--pp", "4", "--microbatches", "10",
+        _, out, _ = run_cli(capsys, "--schedule", "dualpipe-v", "--pp", "4", "--microbatches", "10",
                                "--pair-overlap", h, "--json")
         outs.append(json.loads(out)["makespan"])
     assert outs == [33.0, 26.0]
