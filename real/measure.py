@@ -1,7 +1,7 @@
 """Measurements of a real run: activation bytes held, task times, clock offsets between ranks.
 
-* :class:`ActivationMeter` counts the bytes of the tensors autograd saves for
-  backward (``torch.autograd.graph.saved_tensors_hooks``), per (stage,
+* :class:`ActivationMeter` counts (during the steps it is enabled for) the
+  bytes of the tensors autograd saves for backward (``torch.autograd.graph.saved_tensors_hooks``), per (stage,
   microbatch), from the forward until its backward frees them. A tensor (by
   address and size) is counted once however many ops or stages save it;
   parameters and views of them are not activations.
@@ -35,10 +35,14 @@ class ActivationMeter:
         self.current = 0
         self.peak = 0
         self.first_bytes: dict[Hashable, int] = {}  # bytes first counted under each key
+        self.enabled = True
 
     @contextmanager
     def saving(self, key: Hashable) -> Iterator[None]:
-        """Count what autograd saves inside the block under ``key``."""
+        """Count what autograd saves inside the block under ``key`` (nothing while disabled)."""
+        if not self.enabled:
+            yield
+            return
         mine = self._keys.setdefault(key, set())
 
         def pack(t: torch.Tensor) -> torch.Tensor:
@@ -68,8 +72,11 @@ class ActivationMeter:
                 del self._owners[ident]
                 self.current -= self._size.pop(ident)
 
-    def reset_peak(self) -> None:
-        self.peak = self.current
+    def begin(self, enabled: bool) -> None:
+        """Start counting afresh (a program is the same every step, so one step tells the peak)."""
+        if self._keys:
+            raise RuntimeError(f"activations of {sorted(self._keys)} were never released")
+        self.enabled, self.current, self.peak, self.first_bytes = enabled, 0, 0, {}
 
 
 @dataclass

@@ -161,7 +161,9 @@ class _Trainer:
             self.sync.begin_step()
         else:
             self.optimizer.zero_grad(set_to_none=True)
-        self.recorder.begin(step == self.plan.config.traced_step)
+        traced = step == self.plan.config.traced_step
+        self.recorder.begin(traced)
+        self.meter.begin(traced)
         loss = self.executor.run_step(self._batches(step))
         if self.sync is not None:
             self.sync.finish()
@@ -182,8 +184,7 @@ class _Trainer:
         offset = clock_offset() if self.mesh.distributed else 0.0
         if self.mesh.distributed:
             dist.barrier()
-        losses, times, rows = [], [], []
-        per_mb = 0
+        losses, times, rows, memory = [], [], [], {}
         t_prev = time.perf_counter()
         for step in range(cfg.steps):
             loss = self._global_loss(self._step(step))
@@ -191,13 +192,11 @@ class _Trainer:
             losses.append(loss)
             times.append(now - t_prev)
             t_prev = now
-            if step == 0:
-                per_mb = sum(self.meter.first_bytes.get((s, 0), 0) for s in self.stages)
             if step == cfg.traced_step:
-                rows = self._trace_rows(offset)
+                rows, memory = self._trace_rows(offset), self._memory()
             if on_step is not None and self.mesh.rank == 0:
                 on_step(step, loss, times[-1])
-        return self._gather(losses, times, rows, per_mb, path)
+        return self._gather(losses, times, rows, memory, path)
 
     def _trace_rows(self, offset: float) -> list[tuple]:
         """This rank's rows of the traced step on rank 0's clock: (task id or None, trace columns...)."""
@@ -214,8 +213,10 @@ class _Trainer:
             out.append((*row, start + offset, end + offset, nbytes))
         return out
 
-    def _memory(self, per_mb: int) -> dict[str, Any]:
+    def _memory(self) -> dict[str, Any]:
+        """Activation bytes of the traced step (the same every step: the program does not change)."""
         dev = self.mesh.device
+        per_mb = sum(self.meter.first_bytes.get((s, 0), 0) for s in self.stages)
         return {
             "rank": self.mesh.rank, "pp_rank": self.mesh.pp_rank, "dp_rank": self.mesh.dp_rank,
             "peak_activation_bytes": self.meter.peak, "activation_bytes_per_microbatch": per_mb,
@@ -223,10 +224,10 @@ class _Trainer:
             "max_memory_allocated": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
         }
 
-    def _gather(self, losses: list[float], times: list[float], rows: list[tuple], per_mb: int,
+    def _gather(self, losses: list[float], times: list[float], rows: list[tuple], memory: dict[str, Any],
                 path: Path | None) -> RunResult:
         params = [(name, p.detach().cpu().clone()) for name, p in self.named] if self.mesh.dp_rank == 0 else []
-        mine = (rows, self._memory(per_mb), params)
+        mine = (rows, memory, params)
         parts = [mine]
         if self.mesh.distributed:
             parts = [None] * self.mesh.world_size if self.mesh.rank == 0 else None
