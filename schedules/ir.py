@@ -48,7 +48,7 @@ BACKWARD_KINDS = frozenset({Kind.I, Kind.B})  # the kinds that produce an input 
 
 # Longest alternatives first so that "SEND_F" is not read as "S" + ...
 _ACTION_RE = re.compile(
-    r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|ALLREDUCE|REDUCE_SCATTER|ALL_GATHER|OPTIM|F|I|W|B)(\d*)$"
+    r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|ALLREDUCE|REDUCE_SCATTER|ALL_GATHER|OPTIM|F|I|W|B)(\d*)(?:_b(\d+))?$"
 )
 
 
@@ -61,18 +61,23 @@ class Action:
 
     ``sub_actions`` is set only for ``OVERLAP_F_B``: the forward and the backward
     that run together; the container itself has no stage or microbatch (-1, None).
+    ``bucket`` is set only for collectives (data parallelism): which gradient or
+    parameter bucket of the stage they move; it prints as a suffix, ``0ALLREDUCE_b3``
+    (``1REDUCE_SCATTER5_b0`` with a microbatch), and is not part of torch's notation.
     """
 
     kind: Kind
     stage: int
     microbatch: int | None = None
     sub_actions: tuple[Action, ...] | None = None
+    bucket: int | None = None
 
     def __str__(self) -> str:
         if self.sub_actions is not None:
             return "(" + ";".join(str(a) for a in self.sub_actions) + ")" + self.kind.value
         mb = "" if self.microbatch is None else str(self.microbatch)
-        return f"{self.stage}{self.kind.value}{mb}"
+        bucket = "" if self.bucket is None else f"_b{self.bucket}"
+        return f"{self.stage}{self.kind.value}{mb}{bucket}"
 
     def __repr__(self) -> str:
         return f"Action({self})"
@@ -115,10 +120,14 @@ class Action:
                 f"invalid action {text!r}: expected <stage><kind><microbatch> with kind one of "
                 "F, I, W, B, SEND_F, RECV_F, SEND_B, RECV_B, e.g. '2F0', '1I3', '0SEND_F1'"
             )
-        stage, kind, mb = m.groups()
+        stage, kind, mb, bucket = m.groups()
         if not mb and kind not in _NO_MICROBATCH:
             raise ScheduleError(f"invalid action {text!r}: {kind} needs a microbatch index, e.g. '{stage}{kind}0'")
-        return Action(Kind(kind), int(stage), int(mb) if mb else None)
+        if bucket is not None and kind not in _NO_MICROBATCH:
+            raise ScheduleError(
+                f"invalid action {text!r}: only collectives and OPTIM take a bucket suffix, e.g. '{stage}ALLREDUCE_b0'"
+            )
+        return Action(Kind(kind), int(stage), int(mb) if mb else None, bucket=int(bucket) if bucket else None)
 
 
 def F(stage: int, mb: int) -> Action:
