@@ -1,4 +1,7 @@
-"""``python -m sim`` / ``schedlab simulate``: simulate one schedule with uniform costs.
+"""``python -m sim`` / ``schedlab simulate``: simulate one schedule with uniform costs, or in real units.
+
+With ``--model``/``--cluster``/``--config`` the schedule runs on a cluster in
+seconds and bytes, with data parallelism (``--dp``, ``--dp-mode``): see :mod:`sim.study`.
 
 The CLI only parses flags into the same objects a script would build and
 calls the same functions: load_graph (build or import, lower) -> validate ->
@@ -17,8 +20,10 @@ from typing import NoReturn
 
 from schedules import ScheduleError, load_graph, names, spec, validate, write_torch_csv
 from schedules.interop import check_csv_path
+from sim.cluster import CLUSTER_PRESETS
 from sim.costs import UniformCosts
 from sim.engine import SimResult, simulate
+from sim.transformer import MODEL_PRESETS
 
 __all__ = ["OneLineParser", "add_cost_args", "add_schedule_args", "fail", "main"]
 
@@ -89,7 +94,58 @@ def _parser(prog: str) -> OneLineParser:
                    help="write the schedule as a torch CSV with the SEND/RECV simulated here (torch's _load_csv "
                    "format 'compute_comms')")
     p.add_argument("--list", action="store_true", help="list the registered schedules and exit")
+    add_real_args(p)
     return p
+
+
+def add_real_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("real units (any of --model, --cluster, --config switches to seconds and bytes)")
+    g.add_argument("--model", metavar="NAME", help="transformer preset: " + ", ".join(MODEL_PRESETS))
+    g.add_argument("--cluster", metavar="NAME[:NODES][+psK]", help="cluster preset: " + ", ".join(CLUSTER_PRESETS))
+    g.add_argument("--config", metavar="FILE.toml", help="tables [model], [cluster], [parallel], [run]; flags override")
+    g.add_argument("--dp", type=int, default=None, help="data-parallel replicas (default 1)")
+    g.add_argument("--tp", type=int, default=None, help="tensor-parallel divisor (default 1)")
+    g.add_argument("--dp-mode", default=None, metavar="MODE", help="none, sync, ddp, zero1, zero2, zero3 (fsdp), ps")
+    g.add_argument("--microbatch-size", type=int, default=None, metavar="B", help="sequences per microbatch (default 1)")
+    g.add_argument("--bucket-mb", type=float, default=None, metavar="MIB", help="gradient bucket size (default 25)")
+    g.add_argument("--collective", default=None, metavar="ALG", help="auto, ring, tree, hierarchical (default auto)")
+    g.add_argument("--order", default=None, metavar="ORDER", help="rank order dp-inner (default) or pp-inner")
+    g.add_argument("--efficiency", type=float, default=None, help="fraction of dense peak the matmuls reach (default 0.6)")
+
+
+def _real_overrides(args: argparse.Namespace) -> dict[str, dict]:
+    """The flags given, as TOML tables (None = not given, so the file's value stays)."""
+    tables: dict[str, dict] = {"model": {}, "cluster": {}, "parallel": {}, "run": {}}
+    if args.model:
+        tables["model"] = {"preset": args.model}
+    if args.cluster:
+        tables["cluster"] = {"preset": args.cluster}
+    for table, keys in (("parallel", ("pp", "dp", "tp", "dp_mode", "bucket_mb", "collective", "order")),
+                        ("run", ("schedule", "microbatches", "microbatch_size", "chunks", "efficiency"))):
+        tables[table].update({k: getattr(args, k) for k in keys if getattr(args, k) is not None})
+    if args.pair_overlap:
+        tables["run"]["pair_overlap"] = args.pair_overlap
+    return {k: v for k, v in tables.items() if v}
+
+
+def real_main(args: argparse.Namespace) -> int:
+    """The real-units path: a Study from --config and flags, simulated, printed."""
+    from sim.study import load_study, run_study
+
+    try:
+        from schedules.trace import check_trace_path
+
+        trace_path = check_trace_path(args.trace) if args.trace else None
+        study = load_study(args.config, _real_overrides(args))
+        result = run_study(study)
+    except ScheduleError as exc:
+        fail(str(exc))
+    if trace_path is not None:
+        from schedules.trace import write_trace
+
+        write_trace(result.sim.trace, trace_path)
+    print(json.dumps(result.to_dict()) if args.json else result.format())
+    return 0
 
 
 def format_table(result: SimResult) -> str:
@@ -120,6 +176,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
             sp = spec(n)
             print(f"{n:<18} {'v>=2 chunks' if sp.multi_chunk else '1 stage/rank':<13} {sp.summary}")
         return 0
+    if args.model or args.cluster or args.config:
+        return real_main(args)
     needed = ("schedule",) if (args.schedule or "").startswith("csv:") else ("schedule", "pp", "microbatches")
     missing = [f"--{f}" for f in needed if getattr(args, f) is None]
     if missing:

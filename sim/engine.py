@@ -150,7 +150,12 @@ def _simulate(graph: TaskGraph, costs: CostModel) -> SimResult:
         raise ValueError(f"cost model gave task {t.action} on rank {t.rank} duration {d}; need a finite time >= 0")
     start = [math.nan] * n
     end = [math.nan] * n
-    _run_engine(graph, dur, start, end)
+    network = getattr(costs, "network", None)  # optional: delays and shared links (real-units models)
+    if network is None:
+        _run_engine(graph, dur, start, end)
+    else:
+        lag, links = network(graph, dur)
+        _run_engine_links(graph, dur, lag, links, start, end)
     return SimResult(
         graph=graph,
         costs=costs.describe(),
@@ -211,6 +216,81 @@ def _run_engine(graph: TaskGraph, dur: list[float], start: list[float], end: lis
     release([i for i in range(len(waiting) - 1, -1, -1) if waiting[i] == 0], 0.0)
     env.run()
     unfinished = sum(1 for e in end if e != e)  # NaN: never ran
+    if unfinished:
+        raise RuntimeError(f"simulation stalled with {unfinished} tasks never run; validate the graph first")
+
+
+def _run_engine_links(
+    graph: TaskGraph, dur: list[float], lag: list[float], links: list[tuple[int, ...]],
+    start: list[float], end: list[float],
+) -> None:
+    """The engine with ready delays and FIFO links, for cost models that define ``network``.
+
+    A task whose dependencies are done waits ``lag[i]`` (e.g. a gradient bucket
+    that is ready part-way through a backward), then reserves every link in
+    ``links[i]``: it starts when the last of them is free and holds them all
+    until it ends. Reservations happen in the order tasks become ready (event
+    time, then task order), so each link is a FIFO queue.
+    """
+    env = simpy.Environment(initial_time=0.0)
+    succ = graph.successors
+    waiting = [len(t.deps) for t in graph.tasks]
+    free_at: dict[int, float] = {}
+    events: dict[float, list[tuple[bool, int]]] = {}  # time -> [(is_end, task)]
+
+    def at(t: float, item: tuple[bool, int]) -> None:
+        batch = events.get(t)
+        if batch is None:
+            events[t] = [item]
+            env.timeout(t - env.now, t).callbacks.append(on_event)
+        else:
+            batch.append(item)
+
+    def finish(i: int, now: float, ready: list[int]) -> None:
+        end[i] = now
+        for j in succ[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                ready.append(j)
+
+    def acquire(i: int, now: float, ready: list[int]) -> None:
+        s = now
+        for link in links[i]:
+            s = max(s, free_at.get(link, 0.0))
+        e = s + dur[i]
+        for link in links[i]:
+            free_at[link] = e
+        start[i] = s
+        if e > now:
+            at(e, (True, i))
+        else:
+            finish(i, now, ready)
+
+    def release(stack: list[int], now: float) -> None:
+        while stack:
+            i = stack.pop()
+            if lag[i] > 0.0:
+                at(now + lag[i], (False, i))
+            else:
+                more: list[int] = []
+                acquire(i, now, more)
+                stack.extend(reversed(more))
+
+    def on_event(event: simpy.Event) -> None:
+        now = event.value
+        ready: list[int] = []
+        for is_end, i in events.pop(now):
+            if is_end:
+                finish(i, now, ready)
+            else:
+                acquire(i, now, ready)
+        if ready:
+            ready.reverse()
+            release(ready, now)
+
+    release([i for i in range(len(waiting) - 1, -1, -1) if waiting[i] == 0], 0.0)
+    env.run()
+    unfinished = sum(1 for e in end if e != e)
     if unfinished:
         raise RuntimeError(f"simulation stalled with {unfinished} tasks never run; validate the graph first")
 

@@ -1,0 +1,268 @@
+"""Clusters: devices, the links between them, presets and TOML files.
+
+A cluster is a set of nodes; each node holds accelerators (the ``trainer``
+job) and optionally parameter-server hosts (the ``pserver`` job). Devices are
+named as placements: ``[NODE]/JOB/TYPE:RANGE``, e.g. ``/trainer/GPU:0-7``
+(node0 implied), ``node1/trainer/GPU:0-3`` or ``/pserver/CPU:0``.
+
+Two kinds of link, each full duplex with a latency (alpha, seconds) and a
+bandwidth per direction (beta = 1/bandwidth):
+
+* ``intra``: a device's port into its node's fabric (NVLink/NVSwitch);
+* ``inter``: a device's own NIC into the cluster network (one NIC per GPU, as
+  on DGX systems; a parameter server has one NIC too).
+
+Two devices on one node talk over ``intra``, on different nodes over
+``inter``. The network core is assumed non-blocking (a full fat tree), so a
+transfer is limited only by the two endpoint ports.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from schedules.errors import ScheduleError
+
+__all__ = [
+    "CLUSTER_PRESETS",
+    "DEVICE_PRESETS",
+    "Cluster",
+    "Device",
+    "DeviceSpec",
+    "Link",
+    "cluster_from_dict",
+    "cluster_preset",
+    "load_cluster",
+    "parse_placement",
+    "read_toml",
+]
+
+GB = 1e9  # vendors quote memory and bandwidth in decimal units
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceSpec:
+    """One accelerator (or host) type: dense peak, memory capacity, memory bandwidth."""
+
+    name: str
+    peak_flops: float  # dense BF16/FP16 FLOP/s
+    memory_bytes: float
+    memory_bw: float  # bytes/s (HBM), used for the memory-bound optimizer step
+
+    def __post_init__(self) -> None:
+        for key in ("peak_flops", "memory_bytes", "memory_bw"):
+            value = getattr(self, key)
+            if not 0 < value < float("inf"):
+                raise ScheduleError(f"device {self.name!r}: {key} must be a finite number > 0, got {value!r}")
+
+
+# Vendor figures (dense, without sparsity):
+# H100 SXM5 80GB: 989 TFLOP/s BF16, 80 GB HBM3 at 3.35 TB/s (NVIDIA H100 datasheet).
+# H200 SXM 141GB: same compute as H100, 141 GB HBM3e at 4.8 TB/s (NVIDIA H200 datasheet).
+# A100 SXM4 80GB: 312 TFLOP/s BF16, 80 GB HBM2e at 2.039 TB/s (NVIDIA A100 datasheet).
+# Parameter-server host: a dual-socket CPU server; 1 TB DRAM and ~2 TFLOP/s are assumptions
+# (only its memory and NIC matter here: the optimizer runs on it but is not timed).
+DEVICE_PRESETS: dict[str, DeviceSpec] = {
+    "H100": DeviceSpec(name="H100", peak_flops=989e12, memory_bytes=80 * GB, memory_bw=3.35e12),
+    "H200": DeviceSpec(name="H200", peak_flops=989e12, memory_bytes=141 * GB, memory_bw=4.8e12),
+    "A100": DeviceSpec(name="A100", peak_flops=312e12, memory_bytes=80 * GB, memory_bw=2.039e12),
+    "CPU": DeviceSpec(name="CPU", peak_flops=2e12, memory_bytes=1000 * GB, memory_bw=0.3e12),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Link:
+    """A full-duplex port: latency ``alpha`` (s) and ``bandwidth`` per direction (bytes/s)."""
+
+    alpha: float
+    bandwidth: float
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.alpha < float("inf"):
+            raise ScheduleError(f"link latency (alpha) must be a finite time >= 0 s, got {self.alpha!r}")
+        if not 0 < self.bandwidth < float("inf"):
+            raise ScheduleError(f"link bandwidth must be a finite number > 0 bytes/s, got {self.bandwidth!r}")
+
+    def time(self, nbytes: float) -> float:
+        """Point-to-point: alpha + n / B (the alpha-beta model, Hockney 1994)."""
+        return self.alpha + nbytes / self.bandwidth
+
+
+# NVLink 4 (H100/H200): 900 GB/s total per GPU = 450 GB/s per direction; NVLink 3 (A100):
+# 600 GB/s total = 300 GB/s per direction (NVIDIA datasheets). ConnectX-7 NDR: 400 Gb/s =
+# 50 GB/s per direction per GPU (DGX H100: 8 per node); HDR: 200 Gb/s = 25 GB/s (DGX A100).
+# Latencies are assumptions of the usual order: ~3 us through NVSwitch, ~5 us over InfiniBand.
+_NVLINK4 = Link(alpha=3e-6, bandwidth=450 * GB)
+_NVLINK3 = Link(alpha=3e-6, bandwidth=300 * GB)
+_NDR = Link(alpha=5e-6, bandwidth=50 * GB)
+_HDR = Link(alpha=5e-6, bandwidth=25 * GB)
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    """One device of the cluster: node index, job (trainer or pserver), type and index on its node."""
+
+    node: int
+    job: str
+    type: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"node{self.node}/{self.job}/{self.type}:{self.index}"
+
+
+_PLACEMENT_RE = re.compile(r"^(?:node(\d+))?/(trainer|pserver)/([A-Za-z][A-Za-z0-9]*):(\d+)(?:-(\d+))?$")
+
+
+def parse_placement(text: str) -> list[Device]:
+    """``node1/trainer/GPU:0-3`` -> four devices; a missing node means node0."""
+    m = _PLACEMENT_RE.match(text.strip())
+    if m is None:
+        raise ScheduleError(
+            f"malformed placement {text!r}: expected [nodeN]/JOB/TYPE:I or :I-J with JOB trainer or pserver, "
+            "e.g. '/trainer/GPU:0-7', 'node1/trainer/GPU:0-3', '/pserver/CPU:0'"
+        )
+    node, job, typ, lo, hi = m.groups()
+    first, last = int(lo), int(hi if hi is not None else lo)
+    if last < first:
+        raise ScheduleError(f"malformed placement {text!r}: range {first}-{last} is empty; write the low index first")
+    return [Device(int(node or 0), job, typ, i) for i in range(first, last + 1)]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    """Devices and links. ``trainer`` devices are ordered by (node, index); ``pservers`` likewise."""
+
+    name: str
+    spec: DeviceSpec
+    intra: Link
+    inter: Link
+    devices: tuple[Device, ...]
+    pserver_spec: DeviceSpec = DEVICE_PRESETS["CPU"]
+    pservers: tuple[Device, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "devices", tuple(sorted(self.devices, key=lambda d: (d.node, d.index))))
+        object.__setattr__(self, "pservers", tuple(sorted(self.pservers, key=lambda d: (d.node, d.index))))
+        if not self.devices:
+            raise ScheduleError(f"cluster {self.name!r} has no trainer devices; add e.g. '/trainer/GPU:0-7'")
+        for group in (self.devices, self.pservers):
+            seen = set()
+            for d in group:
+                if (d.node, d.index) in seen:
+                    raise ScheduleError(f"cluster {self.name!r}: device {d} is listed twice")
+                seen.add((d.node, d.index))
+
+    @property
+    def num_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def num_nodes(self) -> int:
+        return len({d.node for d in self.devices})
+
+    def link_between(self, a: int, b: int) -> Link:
+        """The link two trainer devices (by position in ``devices``) use to talk."""
+        return self.intra if self.devices[a].node == self.devices[b].node else self.inter
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "device": self.spec.name,
+            "devices": self.num_devices,
+            "nodes": self.num_nodes,
+            "pservers": len(self.pservers),
+            "intra_GBps": self.intra.bandwidth / GB,
+            "inter_GBps": self.inter.bandwidth / GB,
+            "intra_alpha_s": self.intra.alpha,
+            "inter_alpha_s": self.inter.alpha,
+        }
+
+
+_NODE_PRESETS: dict[str, tuple[DeviceSpec, int, Link, Link]] = {
+    # name -> (device, GPUs per node, intra-node link, inter-node link per GPU)
+    "dgx-h100": (DEVICE_PRESETS["H100"], 8, _NVLINK4, _NDR),
+    "dgx-h200": (DEVICE_PRESETS["H200"], 8, _NVLINK4, _NDR),
+    "dgx-a100": (DEVICE_PRESETS["A100"], 8, _NVLINK3, _HDR),
+}
+CLUSTER_PRESETS = tuple(_NODE_PRESETS)
+
+
+def cluster_preset(text: str) -> Cluster:
+    """``dgx-h100:2`` = two DGX H100 nodes; ``dgx-h100:2+ps4`` adds four CPU parameter servers."""
+    m = re.match(r"^([a-z0-9-]+)(?::(\d+))?(?:\+ps(\d+))?$", text.strip())
+    if m is None or m.group(1) not in _NODE_PRESETS:
+        raise ScheduleError(
+            f"unknown cluster {text!r}: valid presets are {', '.join(CLUSTER_PRESETS)}, written NAME[:NODES][+psK] "
+            "(e.g. 'dgx-h100:2', 'dgx-a100:4+ps2'), or a TOML file via --config"
+        )
+    name, nodes, ps = m.group(1), int(m.group(2) or 1), int(m.group(3) or 0)
+    if nodes < 1:
+        raise ScheduleError(f"cluster {text!r}: the node count must be >= 1, got {nodes}")
+    spec, per_node, intra, inter = _NODE_PRESETS[name]
+    devices = [Device(n, "trainer", "GPU", i) for n in range(nodes) for i in range(per_node)]
+    pservers = [Device(nodes + j, "pserver", "CPU", 0) for j in range(ps)]  # one host per node of their own
+    return Cluster(name=text.strip(), spec=spec, intra=intra, inter=inter, devices=tuple(devices),
+                   pservers=tuple(pservers))
+
+
+def cluster_from_dict(data: Mapping[str, Any], *, name: str = "custom") -> Cluster:
+    """Build a cluster from a TOML table; see ``--config`` in the README for the keys."""
+    if "preset" in data:
+        extra = set(data) - {"preset"}
+        if extra:
+            raise ScheduleError(f"cluster {name!r}: 'preset' excludes other keys, got {sorted(extra)}")
+        return cluster_preset(str(data["preset"]))
+    known = {"name", "device", "devices", "intra_GBps", "inter_GBps", "intra_alpha_s", "inter_alpha_s", "pserver_device"}
+    unknown = set(data) - known
+    if unknown:
+        raise ScheduleError(f"cluster {name!r}: unknown key(s) {sorted(unknown)}; valid keys are {sorted(known)}")
+    spec = _device_spec(data.get("device", "H100"), name)
+    placements = data.get("devices")
+    if not isinstance(placements, Sequence) or isinstance(placements, str) or not placements:
+        raise ScheduleError(f"cluster {name!r}: 'devices' must be a list of placements, e.g. ['/trainer/GPU:0-7']")
+    parsed = [d for p in placements for d in parse_placement(str(p))]
+    intra = Link(alpha=float(data.get("intra_alpha_s", 3e-6)), bandwidth=float(data.get("intra_GBps", 450)) * GB)
+    inter = Link(alpha=float(data.get("inter_alpha_s", 5e-6)), bandwidth=float(data.get("inter_GBps", 50)) * GB)
+    return Cluster(
+        name=str(data.get("name", name)),
+        spec=spec,
+        intra=intra,
+        inter=inter,
+        devices=tuple(d for d in parsed if d.job == "trainer"),
+        pserver_spec=_device_spec(data.get("pserver_device", "CPU"), name),
+        pservers=tuple(d for d in parsed if d.job == "pserver"),
+    )
+
+
+def _device_spec(value: Any, cluster: str) -> DeviceSpec:
+    if isinstance(value, Mapping):
+        try:
+            return DeviceSpec(name=str(value.get("name", "custom")), peak_flops=float(value["peak_TFLOPs"]) * 1e12,
+                              memory_bytes=float(value["memory_GB"]) * GB, memory_bw=float(value["memory_GBps"]) * GB)
+        except KeyError as exc:
+            raise ScheduleError(f"cluster {cluster!r}: device table lacks {exc}; give peak_TFLOPs, memory_GB, memory_GBps") from None
+    if value not in DEVICE_PRESETS:
+        raise ScheduleError(f"cluster {cluster!r}: unknown device {value!r}; valid: {', '.join(DEVICE_PRESETS)} or a table")
+    return DEVICE_PRESETS[value]
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    """Read a cluster from a TOML file: either the top level or its ``[cluster]`` table."""
+    data = read_toml(path)
+    return cluster_from_dict(data.get("cluster", data), name=Path(path).stem)
+
+
+def read_toml(path: str | Path) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        raise ScheduleError(f"config file {str(path)!r} not found; give an existing .toml file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ScheduleError(f"config file {str(path)!r} is not valid TOML: {exc}") from None

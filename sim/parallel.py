@@ -1,0 +1,138 @@
+"""Parallel layout: pp x dp (x tp) ranks on a cluster's devices, and each dp group's collective costs.
+
+Global rank order (Megatron-LM's default, tensor innermost, then data, then
+pipeline) with ``order = "dp-inner"``: device = (r * dp + d) * tp + t for
+pipeline rank r, replica d, tensor rank t. ``order = "pp-inner"`` puts a whole
+pipeline replica on consecutive devices: device = (d * pp + r) * tp + t.
+
+Tensor parallelism is a divisor only: a rank's FLOPs, parameters and
+activations are split over tp devices; its own collectives are not simulated.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from schedules.dp import DP_MODES
+from schedules.errors import ScheduleError
+from sim import collectives as coll
+from sim.cluster import Cluster, Link
+
+__all__ = ["DPGroup", "ParallelConfig"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelConfig:
+    """How the job is split: ``pp`` pipeline ranks, ``dp`` replicas, ``tp`` tensor shards; DP mode and buckets."""
+
+    pp: int
+    dp: int = 1
+    tp: int = 1
+    dp_mode: str = "none"
+    order: str = "dp-inner"
+    bucket_mb: float = 25.0  # PyTorch DDP's default bucket_cap_mb (MiB)
+    collective: str = "auto"
+
+    def __post_init__(self) -> None:
+        for key in ("pp", "dp", "tp"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ScheduleError(f"{key} (--{key}) must be an integer >= 1, got {value!r}")
+        if self.dp_mode not in DP_MODES:
+            raise ScheduleError(f"unknown dp mode {self.dp_mode!r} (--dp-mode); valid modes: {', '.join(DP_MODES)}")
+        if self.order not in ("dp-inner", "pp-inner"):
+            raise ScheduleError(f"unknown rank order {self.order!r} (--order); valid: dp-inner, pp-inner")
+        if self.collective not in coll.ALGORITHMS:
+            raise ScheduleError(f"unknown collective algorithm {self.collective!r}; valid: {', '.join(coll.ALGORITHMS)}")
+        if not 0 < self.bucket_mb < math.inf:
+            raise ScheduleError(f"bucket_mb (--bucket-mb) must be a finite size > 0 MiB, got {self.bucket_mb!r}")
+
+    @property
+    def world(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    @property
+    def bucket_bytes(self) -> float:
+        return self.bucket_mb * 2**20
+
+    def device(self, r: int, d: int = 0, t: int = 0) -> int:
+        """Index into ``cluster.devices`` of pipeline rank r, replica d, tensor rank t."""
+        if self.order == "dp-inner":
+            return (r * self.dp + d) * self.tp + t
+        return (d * self.pp + r) * self.tp + t
+
+    def check_fits(self, cluster: Cluster) -> None:
+        if self.world > cluster.num_devices:
+            raise ScheduleError(
+                f"pp*dp*tp = {self.pp}*{self.dp}*{self.tp} = {self.world} devices do not fit cluster "
+                f"{cluster.name!r} with {cluster.num_devices}; use fewer ranks or a larger cluster"
+            )
+        if self.dp_mode == "ps" and not cluster.pservers:
+            raise ScheduleError(
+                f"dp mode 'ps' needs parameter servers, cluster {cluster.name!r} has none; "
+                "add '/pserver/CPU:0' devices or use a preset like 'dgx-h100:2+ps2'"
+            )
+
+    def group(self, cluster: Cluster, r: int) -> DPGroup:
+        """The dp group of pipeline rank r (its tensor rank 0; the others are symmetric)."""
+        devs = [self.device(r, d) for d in range(self.dp)]
+        nodes: dict[int, int] = {}
+        for g in devs:
+            node = cluster.devices[g].node
+            nodes[node] = nodes.get(node, 0) + 1
+        return DPGroup(cluster=cluster, config=self, device=devs[0], size=self.dp,
+                       nodes=len(nodes), per_node=max(nodes.values()), even=len(set(nodes.values())) == 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DPGroup:
+    """One dp group: its size, how it spreads over nodes, and the cost of its collectives."""
+
+    cluster: Cluster
+    config: ParallelConfig
+    device: int  # the simulated replica's device
+    size: int
+    nodes: int
+    per_node: int
+    even: bool
+
+    @property
+    def algorithm(self) -> str:
+        if self.config.collective != "auto":
+            return self.config.collective
+        if self.nodes == 1 or self.per_node == 1 or not self.even:
+            return "ring"
+        return "hierarchical"
+
+    @property
+    def link(self) -> Link:
+        """The slowest link a flat algorithm crosses."""
+        return self.cluster.intra if self.nodes == 1 else self.cluster.inter
+
+    @property
+    def uses(self) -> tuple[str, ...]:
+        """Which of the device's ports a collective of this group occupies: 'intra', 'inter'."""
+        if self.nodes == 1:
+            return ("intra",)
+        return ("intra", "inter") if self.algorithm == "hierarchical" else ("inter",)
+
+    def allreduce(self, n: float) -> float:
+        p, alg = self.size, self.algorithm
+        if alg == "hierarchical" and self.nodes > 1:
+            return coll.hierarchical_allreduce(n, self.per_node, self.nodes, self.cluster.intra, self.cluster.inter)
+        if alg == "tree":
+            return coll.tree_allreduce(n, p, self.link)
+        return coll.ring_allreduce(n, p, self.link)
+
+    def gather(self, n: float) -> float:
+        """Reduce-scatter or all-gather of an n-byte buffer (2D when hierarchical: intra, then inter on n/g)."""
+        if self.algorithm == "hierarchical" and self.nodes > 1:
+            g = self.per_node
+            return coll.ring_gather(n, g, self.cluster.intra) + coll.ring_gather(n / g, self.nodes, self.cluster.inter)
+        return coll.ring_gather(n, self.size, self.link)
+
+    def ps(self, n: float) -> float:
+        """One push or pull of n bytes through all the cluster's parameter servers."""
+        c = self.cluster
+        return coll.ps_transfer(n, self.size, len(c.pservers), c.inter, c.inter)

@@ -1,0 +1,241 @@
+"""A real-units study: model x cluster x (pp, dp, tp) x schedule -> step time, throughput, MFU, memory.
+
+    >>> from sim.study import Study, run_study
+    >>> from sim.cluster import cluster_preset
+    >>> from sim.parallel import ParallelConfig
+    >>> from sim.transformer import model_preset
+    >>> s = Study(model=model_preset("gpt-6.2b"), cluster=cluster_preset("dgx-h100:2"),
+    ...           parallel=ParallelConfig(pp=8, dp=2, dp_mode="ddp"), schedule="1f1b", microbatches=32)
+    >>> r = run_study(s)  # doctest: +SKIP
+
+One pipeline replica is simulated (its pp ranks); the dp replicas are
+symmetric, so each collective's cost covers its whole dp group (see
+:mod:`schedules.dp`). MFU counts model FLOPs: forward + backward of every
+layer and the LM head, no recomputation (:meth:`TransformerConfig.model_flops_per_token`),
+over all pp*dp*tp devices at dense peak.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from schedules import Stream, TaskGraph, load_graph, spec, validate
+from schedules.dp import add_data_parallel
+from schedules.errors import ScheduleError
+from sim.cluster import Cluster, read_toml, cluster_from_dict
+from sim.engine import SimResult, simulate
+from sim.memory import DeviceMemory, model_state_bytes
+from sim.parallel import ParallelConfig
+from sim.realcosts import RealCosts
+from sim.transformer import TransformerConfig, model_from_dict
+
+__all__ = ["Study", "StudyResult", "exposed_comm", "load_study", "run_study", "study_from_dict"]
+
+GB = 1e9
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Study:
+    model: TransformerConfig
+    cluster: Cluster
+    parallel: ParallelConfig
+    schedule: str
+    microbatches: int
+    microbatch_size: int = 1
+    chunks: int | None = None
+    efficiency: float = 0.6
+    pair_overlap: float = 0.0
+    layers_per_stage: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.microbatches, int) or self.microbatches < 1:
+            raise ScheduleError(f"microbatches (--microbatches) must be an integer >= 1, got {self.microbatches!r}")
+        self.costs()  # validates the cost parameters and that the ranks fit the cluster
+
+    def costs(self) -> RealCosts:
+        return RealCosts(model=self.model, cluster=self.cluster, parallel=self.parallel,
+                         microbatch_size=self.microbatch_size, efficiency=self.efficiency,
+                         pair_overlap=self.pair_overlap, layers_per_stage=self.layers_per_stage)
+
+
+def build_graph(study: Study) -> TaskGraph:
+    """Build and validate the schedule, check the layer split, add the DP collectives."""
+    costs, p = study.costs(), study.parallel
+    options: dict[str, Any] = {}
+    if spec_adaptive(study.schedule):  # zb-auto plans with this model's pass times (a middle stage's)
+        n = max(1, p.pp // 2)
+        rate = study.cluster.spec.peak_flops * study.efficiency
+        from schedules import Kind
+
+        options = {k: costs.pass_flops(kind, n, p.pp) / rate for k, kind in (("tf", Kind.F), ("tb", Kind.I), ("tw", Kind.W))}
+    graph = validate(load_graph(study.schedule, pp=p.pp, microbatches=study.microbatches, chunks=study.chunks, **options))
+    n_st = graph.schedule.num_stages
+    costs.stage_layers(n_st)  # raises if the model cannot be split into this many stages
+    return validate(add_data_parallel(graph, p.dp_mode, costs.buckets(n_st)))
+
+
+def spec_adaptive(name: str) -> bool:
+    from schedules import names
+
+    return name in names() and spec(name).adaptive
+
+
+def exposed_comm(result: SimResult) -> list[float]:
+    """Per rank: seconds its compute stream waits on collectives, plus collectives running past its last compute.
+
+    A compute-stream task (passes and OPTIM) that depends on collectives waits
+    max(0, last collective end - last other dependency end); collectives that
+    end after the rank's last compute-stream task extend the step by the difference.
+    """
+    tasks, start, end = result.graph.tasks, result.start, result.end
+    out = []
+    for prog in result.graph.programs:
+        wait, last_compute, last_coll = 0.0, 0.0, 0.0
+        for i in prog:
+            t = tasks[i]
+            if t.stream is Stream.COLLECTIVE:
+                last_coll = max(last_coll, end[i])
+                continue
+            if t.stream is not Stream.COMPUTE:
+                continue
+            last_compute = max(last_compute, end[i])
+            coll = [end[d] for d in t.deps if tasks[d].stream is Stream.COLLECTIVE]
+            if coll:
+                other = max((end[d] for d in t.deps if tasks[d].stream is not Stream.COLLECTIVE), default=0.0)
+                wait += max(0.0, max(coll) - other)
+        out.append(wait + max(0.0, last_coll - last_compute))
+    return out
+
+
+@dataclass(frozen=True, eq=False)
+class StudyResult:
+    study: Study
+    sim: SimResult
+
+    @property
+    def step_time(self) -> float:
+        return max(self.sim.end, default=0.0)
+
+    @property
+    def tokens_per_step(self) -> int:
+        s = self.study
+        return s.microbatches * s.microbatch_size * s.model.seq_len * s.parallel.dp
+
+    @property
+    def model_flops_per_step(self) -> float:
+        return self.study.model.model_flops_per_token() * self.tokens_per_step
+
+    @property
+    def mfu(self) -> float:
+        s = self.study
+        return self.model_flops_per_step / (s.parallel.world * s.cluster.spec.peak_flops * self.step_time)
+
+    def devices(self) -> list[DeviceMemory]:
+        s, costs, graph = self.study, self.study.costs(), self.sim.graph
+        n_st, p = graph.schedule.num_stages, s.parallel
+        out = []
+        for stats in self.sim.ranks:
+            stages = graph.schedule.stages_of(stats.rank)
+            psi = sum(costs.stage_params(st, n_st) for st in stages)
+            gather = 2 * max(costs.stage_params(st, n_st) for st in stages) if p.dp_mode in ("zero3", "fsdp") else 0.0
+            dev = s.cluster.devices[p.device(stats.rank)]
+            out.append(DeviceMemory(stats.rank, str(dev), model_state_bytes(psi, p.dp_mode, p.dp),
+                                    stats.peak_activations, gather, s.cluster.spec.memory_bytes))
+        return out
+
+    def assumptions(self) -> list[str]:
+        s, p = self.study, self.study.parallel
+        group = s.costs().group(0)
+        return [
+            f"matmuls reach {s.efficiency:.0%} of dense peak ({s.cluster.spec.peak_flops / 1e12:g} TFLOP/s per {s.cluster.spec.name})",
+            "FLOPs per Narayanan et al. 2021 (no recomputation); MFU counts model FLOPs (F+I+W of all layers and LM head)",
+            "activations per Korthikanti et al. 2022, 16-bit, no sequence parallelism; model states per ZeRO (16 bytes/param)",
+            f"one pipeline replica simulated; dp={p.dp} replicas symmetric; collectives {group.algorithm} "
+            f"(alpha-beta), {p.bucket_mb:g} MiB buckets; tp={p.tp} divides FLOPs/params, its own comm not modelled",
+            f"links: FIFO per port, each transfer holds its ports; rank order {p.order}; network core non-blocking",
+        ]
+
+    def to_dict(self) -> dict[str, Any]:
+        exposed = exposed_comm(self.sim)
+        return {
+            **self.sim.to_dict(),
+            "step_time": self.step_time,
+            "tokens_per_step": self.tokens_per_step,
+            "tokens_per_s": self.tokens_per_step / self.step_time,
+            "model_flops_per_step": self.model_flops_per_step,
+            "mfu": self.mfu,
+            "exposed_comm": max(exposed, default=0.0),
+            "exposed_comm_per_rank": exposed,
+            "devices": [d.to_dict() for d in self.devices()],
+            "layers_per_stage": list(self.study.costs().stage_layers(self.sim.graph.schedule.num_stages)),
+            "cluster": self.study.cluster.describe(),
+            "transformer": self.study.model.describe(),
+            "assumptions": self.assumptions(),
+        }
+
+    def format(self) -> str:
+        d, s = self.to_dict(), self.study
+        p = s.parallel
+        lines = [
+            f"schedule {d['schedule']}: pp={p.pp} dp={p.dp} tp={p.tp} dp-mode={p.dp_mode} microbatches={d['microbatches']} "
+            f"x {s.microbatch_size} seq, chunks={d['chunks']} ({d['stages']} stages)",
+            f"model {s.model.name} ({s.model.params / 1e9:.2f}B params, layers per stage "
+            f"{','.join(map(str, d['layers_per_stage']))}) on {s.cluster.name} ({s.cluster.num_devices} x {s.cluster.spec.name})",
+            f"step time {d['step_time']:.4f} s   tokens/s {d['tokens_per_s']:,.0f}   MFU {d['mfu']:.1%}   "
+            f"exposed comm {d['exposed_comm']:.4f} s   bubble {d['bubble_ratio']:.1%}",
+            "",
+            f"{'rank':>4}  {'device':<22} {'memory GB':>10} {'states GB':>10} {'act GB':>8} {'capacity GB':>11}  overflow",
+        ]
+        for dev in self.devices():
+            lines.append(
+                f"{dev.rank:>4}  {dev.device:<22} {dev.memory_bytes / GB:>10.2f} {dev.model_state_bytes / GB:>10.2f} "
+                f"{dev.activation_bytes / GB:>8.2f} {dev.capacity_bytes / GB:>11.1f}  {'OVERFLOW' if dev.overflow else 'ok'}"
+            )
+        lines += ["", "assumptions:"] + [f"  - {a}" for a in d["assumptions"]]
+        return "\n".join(lines)
+
+
+def run_study(study: Study) -> StudyResult:
+    graph = build_graph(study)
+    return StudyResult(study, simulate(graph, study.costs(), check=False))
+
+
+_RUN_KEYS = {"schedule", "microbatches", "microbatch_size", "chunks", "efficiency", "pair_overlap", "layers_per_stage"}
+_PARALLEL_KEYS = {"pp", "dp", "tp", "dp_mode", "order", "bucket_mb", "collective"}
+
+
+def study_from_dict(data: Mapping[str, Any]) -> Study:
+    """Tables ``model``, ``cluster``, ``parallel``, ``run`` (see the README)."""
+    unknown = set(data) - {"model", "cluster", "parallel", "run"}
+    if unknown:
+        raise ScheduleError(f"config: unknown table(s) {sorted(unknown)}; valid: model, cluster, parallel, run")
+    for table, keys in (("parallel", _PARALLEL_KEYS), ("run", _RUN_KEYS)):
+        bad = set(data.get(table, {})) - keys
+        if bad:
+            raise ScheduleError(f"config [{table}]: unknown key(s) {sorted(bad)}; valid: {sorted(keys)}")
+    missing = [k for k, table in (("model", "model"), ("cluster", "cluster")) if not data.get(table)]
+    run = dict(data.get("run", {}))
+    missing += [k for k in ("schedule", "microbatches") if k not in run]
+    if "pp" not in data.get("parallel", {}):
+        missing.append("pp")
+    if missing:
+        raise ScheduleError(f"config: missing {', '.join(missing)}; give them in the TOML file or as flags (--{missing[0].replace('_', '-')})")
+    if run.get("layers_per_stage") is not None:
+        run["layers_per_stage"] = tuple(run["layers_per_stage"])
+    return Study(model=model_from_dict(data["model"]), cluster=cluster_from_dict(data["cluster"]),
+                 parallel=ParallelConfig(**data["parallel"]), **run)
+
+
+def load_study(path: str | Path, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> Study:
+    """A TOML file's study, with ``overrides`` (table -> key -> value, e.g. from flags) on top."""
+    data = read_toml(path) if path is not None else {}
+    merged = {k: dict(v) for k, v in data.items() if isinstance(v, Mapping)}
+    for table, values in (overrides or {}).items():
+        if table in ("model", "cluster") and values:
+            merged[table] = dict(values)
+        else:
+            merged.setdefault(table, {}).update(values)
+    return study_from_dict(merged)

@@ -1,0 +1,165 @@
+"""An analytic GPT-style transformer: parameters, FLOPs and activation bytes per layer.
+
+Per token of one layer with hidden size h, FFN size f, sequence length s
+(Narayanan et al. 2021, "Efficient Large-Scale Language Model Training on GPU
+Clusters", sec. 5.1, generalised from f = 4h): a matmul of an (m x k) by a
+(k x n) matrix costs 2mkn FLOPs, so
+
+* QKV and output projections: 2 * 4h^2 = 8h^2; the MLP's two matmuls: 2 * 2hf = 4hf;
+* attention scores QK^T and the weighted sum over V: 2 * 2sh = 4sh
+  (causal masking is not subtracted, as in Megatron's formula);
+
+forward = 8h^2 + 4hf + 4sh (= 24h^2 + 4sh when f = 4h). The backward costs
+twice the forward: the input-gradient pass (I) repeats every matmul once for
+dX and the attention matmuls once more (both operands need a gradient, no
+weights): 8h^2 + 4hf + 8sh; the weight-gradient pass (W) repeats only the
+weight matmuls: 8h^2 + 4hf. The LM head (last stage) adds 2hV per token to F,
+I and W; the embedding lookup costs no FLOPs. No activation recomputation.
+
+Activation bytes per layer for one microbatch of b sequences, 16-bit, no
+tensor or sequence parallelism (Korthikanti et al. 2022, "Reducing Activation
+Recomputation in Large Transformer Models", eq. 1): sbh(34 + 5as/h). Of the 34
+sbh, the inputs of the four weight matmuls (QKV 2, out-proj 2, fc1 2, fc2 8:
+14 sbh, with f = 4h) are what the W pass still needs after I.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from schedules.errors import ScheduleError
+
+__all__ = ["MODEL_PRESETS", "TransformerConfig", "model_from_dict", "model_preset", "partition_layers"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TransformerConfig:
+    """GPT shape: ``layers``, ``hidden`` (h), ``heads`` (a), ``ffn`` (f, default 4h), ``vocab`` (V), ``seq_len`` (s)."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    vocab: int = 51200
+    seq_len: int = 1024
+    ffn: int = 0  # 0: 4 * hidden
+
+    def __post_init__(self) -> None:
+        for key in ("layers", "hidden", "heads", "vocab", "seq_len"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ScheduleError(f"model {self.name!r}: {key} must be an integer >= 1, got {value!r}")
+        if self.ffn == 0:
+            object.__setattr__(self, "ffn", 4 * self.hidden)
+        if self.ffn < 1 or self.hidden % self.heads:
+            raise ScheduleError(
+                f"model {self.name!r}: hidden {self.hidden} must be divisible by heads {self.heads} and ffn >= 1"
+            )
+
+    # --- parameters -------------------------------------------------------------------------------
+    @property
+    def layer_params(self) -> int:
+        """Attention 4h^2 + 4h (weights, biases), MLP 2hf + f + h, two layer norms 4h."""
+        h, f = self.hidden, self.ffn
+        return 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+
+    @property
+    def embedding_params(self) -> int:
+        """Token embedding Vh plus learned positions sh (tied with the LM head, so counted once)."""
+        return self.vocab * self.hidden + self.seq_len * self.hidden
+
+    @property
+    def params(self) -> int:
+        return self.layers * self.layer_params + self.embedding_params + 2 * self.hidden  # + final layer norm
+
+    # --- FLOPs per token -----------------------------------------------------------------------------
+    def layer_flops(self, kind: str) -> float:
+        """FLOPs per token of one layer for pass ``kind``: 'F', 'I' or 'W' (see the module docstring)."""
+        h, f, s = self.hidden, self.ffn, self.seq_len
+        dense = 8 * h * h + 4 * h * f
+        return {"F": dense + 4 * s * h, "I": dense + 8 * s * h, "W": dense}[kind]
+
+    def head_flops(self, kind: str) -> float:
+        """LM head per token: one h x V matmul, again for dX (I) and for dW (W)."""
+        return 2.0 * self.hidden * self.vocab
+
+    def model_flops_per_token(self) -> float:
+        """Forward + backward of the whole model per token: the 'model FLOPs' of MFU (no recompute)."""
+        per_layer = sum(self.layer_flops(k) for k in "FIW")
+        return self.layers * per_layer + 3 * self.head_flops("F")
+
+    # --- activation bytes per microbatch of ``b`` sequences ------------------------------------------
+    def layer_activation_bytes(self, b: int) -> float:
+        s, h, a = self.seq_len, self.hidden, self.heads
+        return s * b * h * (34 + 5 * a * s / h)
+
+    def w_held_fraction(self) -> float:
+        """Fraction of a layer's activations the W pass still holds after I: 14 sbh of sbh(34 + 5as/h)."""
+        return 14 / (34 + 5 * self.heads * self.seq_len / self.hidden)
+
+    def head_activation_bytes(self, b: int) -> float:
+        """The last stage's logits in fp32 for the loss: 4sbV."""
+        return 4.0 * self.seq_len * b * self.vocab
+
+    def boundary_bytes(self, b: int) -> float:
+        """One activation (or its gradient) between stages: sbh in 16 bit."""
+        return 2.0 * self.seq_len * b * self.hidden
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "layers": self.layers, "hidden": self.hidden, "heads": self.heads,
+                "ffn": self.ffn, "vocab": self.vocab, "seq_len": self.seq_len, "params": self.params}
+
+
+# GPT models of the zero-bubble paper (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Table 3):
+# 1.5B (22 layers, 24 heads, h 2304), 6.2B (30, 32, 4096), 14.6B (46, 40, 5120), 28.3B (62, 48, 6144);
+# sequence length 1024. Vocabulary 51200 (GPT-2's, padded as Megatron does). "gpt-tiny" is for tests.
+MODEL_PRESETS: dict[str, TransformerConfig] = {
+    m.name: m
+    for m in (
+        TransformerConfig(name="gpt-tiny", layers=4, hidden=256, heads=4, vocab=1024, seq_len=128),
+        TransformerConfig(name="gpt-1.5b", layers=22, hidden=2304, heads=24),
+        TransformerConfig(name="gpt-6.2b", layers=30, hidden=4096, heads=32),
+        TransformerConfig(name="gpt-14.6b", layers=46, hidden=5120, heads=40),
+        TransformerConfig(name="gpt-28.3b", layers=62, hidden=6144, heads=48),
+    )
+}
+
+
+def model_preset(name: str) -> TransformerConfig:
+    if name not in MODEL_PRESETS:
+        raise ScheduleError(f"unknown model {name!r}; valid presets: {', '.join(MODEL_PRESETS)} (or a [model] table)")
+    return MODEL_PRESETS[name]
+
+
+def model_from_dict(data: Mapping[str, Any]) -> TransformerConfig:
+    if "preset" in data:
+        return model_preset(str(data["preset"]))
+    known = {"name", "layers", "hidden", "heads", "vocab", "seq_len", "ffn"}
+    unknown = set(data) - known
+    if unknown:
+        raise ScheduleError(f"model: unknown key(s) {sorted(unknown)}; valid keys are {sorted(known)} or 'preset'")
+    missing = {"layers", "hidden", "heads"} - set(data)
+    if missing:
+        raise ScheduleError(f"model: missing key(s) {sorted(missing)}; give layers, hidden and heads or a 'preset'")
+    return TransformerConfig(name=str(data.get("name", "custom")), **{k: data[k] for k in known - {"name"} if k in data})
+
+
+def partition_layers(layers: int, stages: int, explicit: Sequence[int] | None = None) -> tuple[int, ...]:
+    """Layers per stage: as even as possible, the extra layers on the first stages.
+
+    The last stage also runs the LM head (about one layer's FLOPs for these
+    shapes), so it is the one that gets fewer layers first. ``explicit`` overrides.
+    """
+    if explicit is not None:
+        split = tuple(int(x) for x in explicit)
+        if len(split) != stages or sum(split) != layers or min(split) < 0:
+            raise ScheduleError(
+                f"layers_per_stage {list(split)} must give {stages} stage(s) counts >= 0 summing to {layers} layers"
+            )
+        return split
+    if stages > layers:
+        raise ScheduleError(f"{stages} stages but the model has {layers} layers; use at most {layers} stages")
+    base, extra = divmod(layers, stages)
+    return tuple(base + (1 if s < extra else 0) for s in range(stages))

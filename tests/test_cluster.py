@@ -1,0 +1,88 @@
+"""Clusters: presets, placements, TOML files, and one-line CLI errors for bad real-units input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from schedules import ScheduleError
+from sim.cli import main
+from sim.cluster import Device, cluster_preset, load_cluster, parse_placement
+
+
+def test_presets_load_with_vendor_figures():
+    c = cluster_preset("dgx-h100:2")
+    assert (c.num_devices, c.num_nodes, c.spec.name) == (16, 2, "H100")
+    assert (c.spec.peak_flops, c.spec.memory_bytes) == (989e12, 80e9)
+    assert (c.intra.bandwidth, c.inter.bandwidth) == (450e9, 50e9)
+    a = cluster_preset("dgx-a100:4+ps2")
+    assert (a.num_devices, len(a.pservers), a.spec.peak_flops, a.intra.bandwidth) == (32, 2, 312e12, 300e9)
+    assert cluster_preset("dgx-h200").spec.memory_bytes == 141e9
+
+
+@pytest.mark.parametrize(("text", "devices"), [
+    ("/trainer/GPU:0-2", [Device(0, "trainer", "GPU", i) for i in range(3)]),
+    ("node1/trainer/GPU:0-3", [Device(1, "trainer", "GPU", i) for i in range(4)]),
+    ("/pserver/CPU:0", [Device(0, "pserver", "CPU", 0)]),
+])
+def test_placements_parse(text, devices):
+    assert parse_placement(text) == devices
+
+
+@pytest.mark.parametrize("text", ["trainer/GPU:0", "/trainer/GPU", "/worker/GPU:0", "/trainer/GPU:3-1", "node/trainer/GPU:0"])
+def test_malformed_placement_is_one_line_error(text):
+    with pytest.raises(ScheduleError, match="malformed placement") as err:
+        parse_placement(text)
+    assert "\n" not in str(err.value)
+
+
+def test_toml_cluster_loads(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[cluster]\nname = "lab"\ndevice = "A100"\nintra_GBps = 300\ninter_GBps = 12.5\n'
+        'devices = ["node0/trainer/GPU:0-3", "node1/trainer/GPU:0-3", "node2/pserver/CPU:0"]\n'
+    )
+    c = load_cluster(path)
+    assert (c.name, c.num_devices, c.num_nodes, len(c.pservers)) == ("lab", 8, 2, 1)
+    assert (c.spec.name, c.intra.bandwidth, c.inter.bandwidth) == ("A100", 300e9, 12.5e9)
+    assert c.link_between(0, 3) is c.intra and c.link_between(0, 4) is c.inter
+
+
+def test_toml_study_runs_from_cli(tmp_path, capsys):
+    path = tmp_path / "s.toml"
+    path.write_text(
+        '[model]\npreset = "gpt-tiny"\n[cluster]\ndevices = ["/trainer/GPU:0-3"]\n'
+        '[parallel]\npp = 2\ndp = 2\ndp_mode = "ddp"\n[run]\nschedule = "1f1b"\nmicrobatches = 4\n'
+    )
+    assert main(["--config", str(path), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert (d["pp"], d["costs"]["dp"], d["costs"]["dp_mode"], len(d["devices"])) == (2, 2, "ddp", 2)
+    assert d["step_time"] > 0 and 0 < d["mfu"] < 1
+
+
+_BASE = ["--model", "gpt-6.2b", "--cluster", "dgx-h100:2", "--pp", "8", "--schedule", "1f1b", "--microbatches", "8"]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (["--model", "gpt-99b"], "unknown model 'gpt-99b'"),
+    (["--cluster", "dgx-x"], "unknown cluster 'dgx-x'"),
+    (["--dp-mode", "zero9"], "unknown dp mode 'zero9'"),
+    (["--dp", "4"], "pp*dp*tp = 8*4*1 = 32 devices do not fit cluster 'dgx-h100:2'"),
+    (["--dp", "2", "--dp-mode", "ps"], "dp mode 'ps' needs parameter servers"),
+    (["--config", "/nonexistent/x.toml"], "config file '/nonexistent/x.toml' not found"),
+    (["--pp", "32", "--cluster", "dgx-h100:4"], "32 stages but the model has 30 layers"),
+    (["--efficiency", "2"], "efficiency (--efficiency) must be a fraction"),
+])
+def test_bad_real_input_is_one_line_exit_2(change, message, capsys):
+    argv = list(_BASE)
+    for flag, value in zip(change[::2], change[1::2], strict=True):
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert message in err and err.count("\n") == 1
