@@ -1,0 +1,126 @@
+"""The data-parallel pass and its costs: collectives per mode, overlap, ZeRO memory, parameter servers."""
+
+from __future__ import annotations
+
+import pytest
+
+from schedules import Action, Kind, ScheduleError, Stream, build, lower, validate
+from schedules.dp import DataParallelGraph, add_data_parallel
+from sim import collectives as coll
+from sim.cluster import cluster_preset
+from sim.memory import model_state_bytes
+from sim.parallel import ParallelConfig
+from sim.study import Study, run_study
+from sim.transformer import model_preset
+
+GPT6 = model_preset("gpt-6.2b")
+
+
+def _kinds(graph, rank):
+    return [graph.tasks[i].action.kind for i in graph.programs[rank]]
+
+
+@pytest.mark.parametrize("text", ["0ALLREDUCE_b3", "1REDUCE_SCATTER5_b0", "2ALL_GATHER_b12", "0OPTIM", "2F0", "1SEND_B2"])
+def test_bucket_actions_print_and_parse_back(text):
+    assert str(Action.parse(text)) == text
+
+
+def test_bucket_suffix_only_on_collectives():
+    with pytest.raises(ScheduleError, match="only collectives and OPTIM take a bucket suffix"):
+        Action.parse("0F1_b2")
+
+
+@pytest.mark.parametrize(("mode", "per_stage"), [
+    ("sync", {Kind.ALLREDUCE: 3, Kind.OPTIM: 1}),
+    ("ddp", {Kind.ALLREDUCE: 3, Kind.OPTIM: 1}),
+    ("zero1", {Kind.REDUCE_SCATTER: 3, Kind.OPTIM: 1, Kind.ALL_GATHER: 3}),
+    ("zero2", {Kind.REDUCE_SCATTER: 3 * 4, Kind.OPTIM: 1, Kind.ALL_GATHER: 3}),
+    ("zero3", {Kind.ALL_GATHER: 3 * 8, Kind.REDUCE_SCATTER: 3 * 4, Kind.OPTIM: 1}),
+    ("fsdp", {Kind.ALL_GATHER: 3 * 8, Kind.REDUCE_SCATTER: 3 * 4, Kind.OPTIM: 1}),
+    ("ps", {Kind.REDUCE_SCATTER: 3, Kind.ALL_GATHER: 3}),
+])
+@pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b", "zb-v", "dualpipe-v"])
+def test_pass_adds_each_modes_tasks_and_keeps_the_input(mode, per_stage, schedule):
+    chunks = 1 if schedule == "1f1b" else 2
+    base = lower(build(schedule, pp=2, microbatches=4, chunks=chunks))
+    before = base.to_text()
+    graph = validate(add_data_parallel(base, mode, [3] * base.schedule.num_stages))
+    assert base.to_text() == before and len(base.tasks) < len(graph.tasks)
+    assert isinstance(graph, DataParallelGraph) and graph.plan.mode == ("zero3" if mode == "fsdp" else mode)
+    for rank in range(2):
+        kinds = _kinds(graph, rank)
+        for kind, count in per_stage.items():
+            assert kinds.count(kind) == count * chunks, (rank, kind)
+        opt = [graph.tasks[i] for i in graph.programs[rank] if graph.tasks[i].action.kind is Kind.OPTIM]
+        assert all(t.stream is Stream.COMPUTE for t in opt)
+    assert add_data_parallel(base, "none", [1] * base.schedule.num_stages) is base
+
+
+def test_zero3_gathers_before_every_forward():
+    base = lower(build("1f1b", pp=2, microbatches=3))
+    graph = add_data_parallel(base, "zero3", [2, 2])
+    for t in graph.tasks:
+        if t.action.kind is Kind.F:
+            gathers = [graph.tasks[d].action for d in t.deps if graph.tasks[d].stream is Stream.COLLECTIVE]
+            assert [(a.kind, a.stage, a.microbatch, a.bucket) for a in gathers] == [
+                (Kind.ALL_GATHER, t.action.stage, t.action.microbatch, b) for b in (0, 1)]
+
+
+def test_bad_pass_input():
+    base = lower(build("1f1b", pp=2, microbatches=2))
+    with pytest.raises(ScheduleError, match="unknown dp mode 'allgather'"):
+        add_data_parallel(base, "allgather", [1, 1])
+    with pytest.raises(ScheduleError, match=r"must give 2 stage\(s\)"):
+        add_data_parallel(base, "ddp", [1])
+
+
+def _study(mode, *, cluster="dgx-h100:2", order="dp-inner", schedule="1f1b", microbatches=8, dp=2, pp=8):
+    return Study(model=GPT6, cluster=cluster_preset(cluster), schedule=schedule, microbatches=microbatches,
+                 parallel=ParallelConfig(pp=pp, dp=dp, dp_mode=mode, order=order))
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_ddp_exposes_less_communication_than_sync(schedule):
+    sync = run_study(_study("sync", order="pp-inner", schedule=schedule)).to_dict()
+    ddp = run_study(_study("ddp", order="pp-inner", schedule=schedule)).to_dict()
+    assert 0 < ddp["exposed_comm"] < sync["exposed_comm"]
+    assert ddp["step_time"] < sync["step_time"]
+
+
+@pytest.mark.parametrize("mode", ["none", "sync", "ddp", "zero1", "zero2", "zero3", "ps"])
+def test_model_state_memory_per_device_equals_zero_formula(mode):
+    r = run_study(_study(mode, cluster="dgx-h100:2+ps2", microbatches=4))
+    costs, n = r.study.costs(), 2
+    for dev in r.devices():
+        psi = costs.stage_params(dev.rank, 8)
+        expected = {"none": 16 * psi, "sync": 16 * psi, "ddp": 16 * psi, "zero1": 4 * psi + 12 * psi / n,
+                    "zero2": 2 * psi + 14 * psi / n, "zero3": 16 * psi / n, "ps": 4 * psi}[mode]
+        assert dev.model_state_bytes == expected == model_state_bytes(psi, mode, n)
+        assert dev.gather_bytes == (2 * psi if mode == "zero3" else 0.0)
+        assert dev.memory_bytes == dev.model_state_bytes + dev.activation_bytes + dev.gather_bytes
+        assert dev.activation_bytes == r.sim.ranks[dev.rank].peak_activations > 0
+
+
+@pytest.mark.parametrize("servers", [1, 4])
+def test_parameter_server_transfers_follow_max_of_worker_and_server_load(servers):
+    r = run_study(_study("ps", cluster=f"dgx-h100:2+ps{servers}", microbatches=4, dp=4, pp=4))
+    costs, graph = r.study.costs(), r.sim.graph
+    link = r.study.cluster.inter
+    for t in graph.tasks:
+        if t.stream is Stream.COLLECTIVE:
+            n = costs.bucket_sizes(t.action.stage, 4)[t.action.bucket]
+            expected = link.alpha + max(n, 4 * n / servers) / link.bandwidth
+            assert r.sim.end[t.id] - r.sim.start[t.id] == pytest.approx(expected, rel=1e-12)
+            assert expected == coll.ps_transfer(n, 4, servers, link, link)
+
+
+def test_parameter_servers_bound_the_step_when_few():
+    one = run_study(_study("ps", cluster="dgx-h100:2+ps1", microbatches=4)).step_time
+    four = run_study(_study("ps", cluster="dgx-h100:2+ps4", microbatches=4)).step_time
+    assert one > four
+
+
+def test_dp1_collectives_cost_nothing():
+    r = run_study(_study("ddp", dp=1, microbatches=4))
+    coll_tasks = [t.id for t in r.sim.graph.tasks if t.stream is Stream.COLLECTIVE]
+    assert coll_tasks and all(r.sim.end[i] == r.sim.start[i] for i in coll_tasks)
