@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.schedlab-installed
 # The torch release the project is tested with (CPU build). GPU users: see README.
 TORCH  := torch==2.13.0
 
-.PHONY: demo test bench lint clean
+.PHONY: demo run test bench lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,6 +16,12 @@ $(STAMP): pyproject.toml Makefile
 
 demo: $(STAMP)
 	$(BIN)/schedlab compare --pp 4 --microbatches 8 --chunks 2 --out out
+	$(BIN)/schedlab compare --model gpt-6.2b --cluster dgx-h100:2 --pp 8 --dp 2 --dp-mode ddp \
+		--microbatches 32 --chunks 2 --schedules 1f1b,zb-h1,interleaved-1f1b,zb-v
+
+# Real training: the GPT model with 1F1B on 2 CPU processes (torchrun, gloo); trace + timeline in out/.
+run: $(STAMP)
+	$(BIN)/schedlab run --schedule 1f1b --pp 2 --microbatches 8 --steps 20 --trace out/real.csv --plot out/real.png
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

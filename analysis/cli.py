@@ -39,7 +39,15 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     add_cost_args(p)
     p.add_argument("--out", default="out", metavar="DIR", help="where the PNGs and the CSV table go (default out/)")
     p.add_argument("--json", action="store_true", help="print the table as one JSON object")
+    g = p.add_argument_group("real units (with --model and --cluster: a seconds/bytes table, no timelines)")
+    g.add_argument("--model", metavar="NAME", help="transformer preset, e.g. gpt-6.2b")
+    g.add_argument("--cluster", metavar="NAME[:NODES]", help="cluster preset, e.g. dgx-h100:2")
+    g.add_argument("--dp", type=int, default=1, help="data-parallel replicas (default 1)")
+    g.add_argument("--dp-mode", default="none", metavar="MODE", help="none, sync, ddp, zero1, zero2, zero3, ps")
+    g.add_argument("--microbatch-size", type=int, default=1, metavar="B", help="sequences per microbatch (default 1)")
     args = p.parse_args(argv)
+    if args.model or args.cluster:
+        return _real_compare(args, prog)
     from analysis.compare import comparison_table, format_comparison, simulate_many
     from analysis.timeline import plot_timeline, plot_timelines
 
@@ -61,6 +69,32 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
         print(format_comparison(table))
         print(f"\nwrote {len(written)} files under {out}/: timelines.png (all schedules, one time axis), "
               "timeline-<schedule>.png, comparison.csv")
+    return 0
+
+
+def _real_compare(args, prog: str) -> int:
+    from analysis.compare import format_real_comparison, real_comparison
+    from sim.cluster import cluster_preset
+    from sim.parallel import ParallelConfig
+    from sim.transformer import model_preset
+
+    if not (args.model and args.cluster):
+        fail(f"{prog}: real units need both --model and --cluster (see --help)")
+    chosen = names(by_family=True) if args.schedules == "all" else [s.strip() for s in args.schedules.split(",") if s.strip()]
+    try:
+        rows = real_comparison(chosen, chunks=args.chunks, model=model_preset(args.model),
+                               cluster=cluster_preset(args.cluster), microbatches=args.microbatches,
+                               microbatch_size=args.microbatch_size,
+                               parallel=ParallelConfig(pp=args.pp, dp=args.dp, dp_mode=args.dp_mode))
+    except ScheduleError as exc:
+        fail(str(exc))
+    if args.json:
+        print(json.dumps({"schedules": rows}))
+        return 0
+    first = rows[0]["costs"] if rows else {}
+    print(f"\n{args.model} on {args.cluster}: pp={args.pp} dp={args.dp} dp-mode={args.dp_mode} "
+          f"microbatches={args.microbatches} x {args.microbatch_size} seq, efficiency {first.get('efficiency', 0):g}")
+    print(format_real_comparison(rows))
     return 0
 
 

@@ -12,7 +12,7 @@ from sim import SimResult, UniformCosts, simulate
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["comparison_table", "format_comparison", "simulate_many"]
+__all__ = ["comparison_table", "format_comparison", "format_real_comparison", "real_comparison", "simulate_many"]
 
 
 def simulate_many(
@@ -70,4 +70,25 @@ def format_comparison(table: pd.DataFrame) -> str:
             f"{row.schedule:<18} {row.pp:>3} {row.microbatches:>4} {row.chunks:>3} {row.makespan:>10.5g} "
             f"{row.bubble_ratio:>8.2%} {closed:>11} {row.span_idle:>9.4g} {peak:>22} {row.throughput:>11.4g}"
         )
+    return "\n".join(lines)
+
+
+def real_comparison(names: Iterable[str], *, chunks: int = 2, **study: object) -> list[dict]:
+    """Each named schedule as a real-units :class:`sim.study.Study` (same model, cluster, pp x dp); result dicts."""
+    from sim.study import Study, run_study
+
+    studies = [Study(schedule=n, chunks=chunks if spec(n).multi_chunk else None, **study) for n in names]
+    return [run_study(s).to_dict() for s in studies]
+
+
+def format_real_comparison(rows: Sequence[dict]) -> str:
+    """Step time, throughput, MFU, exposed communication and peak memory per schedule."""
+    header = (f"{'schedule':<18} {'step s':>8} {'tokens/s':>10} {'MFU':>6} {'bubble':>7} {'exposed comm s':>14} "
+              f"{'peak mem GB':>11} {'overflow':>8}")
+    lines = [header, "-" * len(header)]
+    for d in rows:
+        peak = max(x["memory_bytes"] for x in d["devices"]) / 1e9
+        over = ",".join(str(x["rank"]) for x in d["devices"] if x["overflow"]) or "-"
+        lines.append(f"{d['schedule']:<18} {d['step_time']:>8.4f} {d['tokens_per_s']:>10,.0f} {d['mfu']:>6.1%} "
+                     f"{d['bubble_ratio']:>7.1%} {d['exposed_comm']:>14.4f} {peak:>11.2f} {over:>8}")
     return "\n".join(lines)

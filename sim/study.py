@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schedules import Stream, TaskGraph, load_graph, spec, validate
+from schedules import Kind, Stream, TaskGraph, load_graph, names, spec, validate
 from schedules.dp import add_data_parallel
 from schedules.errors import ScheduleError
-from sim.cluster import Cluster, read_toml, cluster_from_dict
+from sim.cluster import Cluster, cluster_from_dict, read_toml
 from sim.engine import SimResult, simulate
 from sim.memory import DeviceMemory, model_state_bytes
 from sim.parallel import ParallelConfig
@@ -68,8 +68,6 @@ def build_graph(study: Study) -> TaskGraph:
     if spec_adaptive(study.schedule):  # zb-auto plans with this model's pass times (a middle stage's)
         n = max(1, p.pp // 2)
         rate = study.cluster.spec.peak_flops * study.efficiency
-        from schedules import Kind
-
         options = {k: costs.pass_flops(kind, n, p.pp) / rate for k, kind in (("tf", Kind.F), ("tb", Kind.I), ("tw", Kind.W))}
     graph = validate(load_graph(study.schedule, pp=p.pp, microbatches=study.microbatches, chunks=study.chunks, **options))
     n_st = graph.schedule.num_stages
@@ -78,8 +76,6 @@ def build_graph(study: Study) -> TaskGraph:
 
 
 def spec_adaptive(name: str) -> bool:
-    from schedules import names
-
     return name in names() and spec(name).adaptive
 
 
@@ -90,7 +86,7 @@ def exposed_comm(result: SimResult) -> list[float]:
     max(0, last collective end - last other dependency end); collectives that
     end after the rank's last compute-stream task extend the step by the difference.
     """
-    tasks, start, end = result.graph.tasks, result.start, result.end
+    tasks, end = result.graph.tasks, result.end
     out = []
     for prog in result.graph.programs:
         wait, last_compute, last_coll = 0.0, 0.0, 0.0

@@ -8,8 +8,8 @@ import pytest
 
 from schedules import Kind, Stream, build, lower
 from schedules.dp import add_data_parallel
-from sim import simulate
 from sim import collectives as coll
+from sim import simulate
 from sim.cli import main
 from sim.cluster import Link, cluster_preset
 from sim.parallel import ParallelConfig
@@ -140,3 +140,13 @@ def test_result_figures_are_consistent():
     assert d["mfu"] == GPT6.model_flops_per_token() * d["tokens_per_step"] / (16 * 989e12 * d["step_time"])
     assert 0 < d["mfu"] < 0.6  # below the assumed matmul efficiency: bubble and communication
     assert [x["rank"] for x in d["devices"]] == list(range(8))
+
+
+def test_compare_in_real_units(capsys):
+    from analysis.cli import compare_main
+
+    assert compare_main(["--model", "gpt-6.2b", "--cluster", "dgx-h100:2", "--pp", "8", "--dp", "2", "--dp-mode", "ddp",
+                         "--microbatches", "16", "--schedules", "1f1b,zb-h1,interleaved-1f1b"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {ln.split()[0]: float(ln.split()[1]) for ln in lines if ln.split() and ln.split()[0] in ("1f1b", "zb-h1", "interleaved-1f1b")}
+    assert set(rows) == {"1f1b", "zb-h1", "interleaved-1f1b"} and rows["zb-h1"] < rows["1f1b"]
