@@ -57,6 +57,7 @@ def parser(prog: str) -> OneLineParser:
     r.add_argument("--recv-ahead", type=int, metavar="K", help="receives posted ahead per peer (default: all)")
     r.add_argument("--trace", metavar="FILE", help="write the merged trace of one step (.csv or .parquet)")
     r.add_argument("--trace-step", type=int, default=-1, metavar="K", help="step to trace (default -1: the last)")
+    r.add_argument("--plot", metavar="FILE", help="draw the traced step's timeline (.png, .svg or .pdf; rank 0)")
     r.add_argument("--save-params", metavar="FILE", help="rank 0 saves the final parameters (torch.save)")
     r.add_argument("--json", action="store_true", help="print exactly one JSON object at the end (rank 0)")
     r.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
@@ -84,6 +85,20 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     )
 
 
+def _checked(args: argparse.Namespace, world: int) -> RunConfig:
+    """Every check of the flags that needs no communication (run() checks the plan again)."""
+    from analysis.timeline import check_figure_path
+
+    config = config_from_args(args)
+    make_plan(config, world)
+    resolve_backend(config.backend)
+    if args.trace:
+        check_trace_path(args.trace)
+    if args.plot:
+        check_figure_path(args.plot)
+    return config
+
+
 def _print_step(quiet: bool):
     out = sys.stderr if quiet else sys.stdout
 
@@ -96,6 +111,10 @@ def _print_step(quiet: bool):
 def _report(result: RunResult, args: argparse.Namespace) -> None:
     if args.save_params:
         torch.save(result.parameters, args.save_params)
+    if args.plot:
+        from analysis.timeline import plot_timeline
+
+        plot_timeline(result.trace, args.plot)
     if args.json:
         print(json.dumps(result.to_json()))
         return
@@ -103,8 +122,9 @@ def _report(result: RunResult, args: argparse.Namespace) -> None:
     peak = ", ".join(f"rank {m['rank']}: {m['peak_activation_bytes'] / 2**20:.2f} MiB ({m['peak_activations_mb']:.2f} M_B)"
                      for m in result.memory)
     print(f"peak activations {peak}")
-    if result.trace_path:
-        print(f"wrote trace: {result.trace_path}")
+    for what, path in (("trace", result.trace_path), ("timeline", args.plot)):
+        if path:
+            print(f"wrote {what}: {path}")
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int:
@@ -113,11 +133,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int
     logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
                         format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
     try:
-        config = config_from_args(args)
-        make_plan(config, world)  # run() checks again; failing here keeps the message one line
-        resolve_backend(config.backend)
-        if args.trace:
-            check_trace_path(args.trace)
+        config = _checked(args, world)
     except ScheduleError as exc:
         fail(f"[rank {rank}] {exc}" if world > 1 else str(exc))
     result = run(config, trace_path=args.trace, on_step=_print_step(args.json))
@@ -144,10 +160,7 @@ def launch_main(argv: Sequence[str] | None = None, prog: str = "schedlab run") -
     try:
         config = config_from_args(args)
         nproc = known.nproc_per_node if known.nproc_per_node is not None else config.world_size
-        make_plan(config, nproc)
-        resolve_backend(config.backend)
-        if args.trace:
-            check_trace_path(args.trace)
+        _checked(args, nproc)
     except ScheduleError as exc:
         fail(str(exc))
     if _under_torchrun() or (nproc == 1 and known.nproc_per_node is None):

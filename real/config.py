@@ -157,6 +157,11 @@ class RunConfig:
     def traced_step(self) -> int:
         return self.trace_step % self.steps
 
+    @property
+    def metered_step(self) -> int:
+        """The step whose activation memory is measured: not the traced one (the hooks cost time) if possible."""
+        return 0 if self.traced_step != 0 or self.steps == 1 else 1
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["split"] = list(self.split) if self.split is not None else None

@@ -1,7 +1,9 @@
 """Data-parallel gradient sync, scheduled by gradient readiness.
 
-Parameters are grouped into buckets in reverse order (the last layers' gradients
-are ready first), each bucket capped at ``bucket_mb`` MiB. Every parameter's
+Each stage's parameters are grouped into buckets in reverse order (the last
+layers' gradients are ready first), each bucket capped at ``bucket_mb`` MiB;
+bucket k of stage s is traced as ``{s}ALLREDUCE_b{k}`` (the notation of the
+simulator's data-parallel pass). Every parameter's
 ``.grad`` is a view into its bucket's flat buffer, so autograd accumulates
 straight into what the collective sends (no copies). A
 ``register_post_accumulate_grad_hook`` on every parameter counts its
@@ -41,7 +43,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(eq=False)
 class _Bucket:
-    index: int
+    stage: int
+    index: int  # within the stage
     params: list[nn.Parameter]
     grad: torch.Tensor  # flat, padded to a multiple of the replica count
     data: torch.Tensor | None = None  # zero1: flat parameters, each parameter a view into it
@@ -71,7 +74,7 @@ class GradSync:
 
     def __init__(
         self,
-        params: Sequence[nn.Parameter],
+        stage_params: dict[int, Sequence[nn.Parameter]],
         *,
         group: dist.ProcessGroup,
         mode: str,
@@ -86,18 +89,20 @@ class GradSync:
         self._stamp, self._record = stamp, record
         self.works = Inflight(stamp)
         self._launched: list[tuple[_Bucket, dist.Work]] = []
-        self.buckets = [self._bucket(i, b) for i, b in enumerate(make_buckets(params, bucket_mb * 2**20))]
+        self.buckets = [self._bucket(s, k, b) for s, params in stage_params.items()
+                        for k, b in enumerate(make_buckets(params, bucket_mb * 2**20))]
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
-        for p in params:
-            p.register_post_accumulate_grad_hook(self._on_grad)
-        log.debug("dp %s: %d buckets over %d parameters", mode, len(self.buckets), len(params))
+        for b in self.buckets:
+            for p in b.params:
+                p.register_post_accumulate_grad_hook(self._on_grad)
+        log.debug("dp %s: %d buckets over %d parameters", mode, len(self.buckets), len(self._bucket_of))
 
-    def _bucket(self, index: int, params: list[nn.Parameter]) -> _Bucket:
+    def _bucket(self, stage: int, index: int, params: list[nn.Parameter]) -> _Bucket:
         n = sum(p.numel() for p in params)
         padded = -(-n // self.world) * self.world
         p0 = params[0]
         grad = torch.zeros(padded, dtype=p0.dtype, device=p0.device)
-        bucket = _Bucket(index, params, grad)
+        bucket = _Bucket(stage, index, params, grad)
         offset = 0
         if self.mode == "zero1":
             bucket.data = torch.zeros(padded, dtype=p0.dtype, device=p0.device)
@@ -115,11 +120,12 @@ class GradSync:
             bucket.shard.grad = bucket.shard_grad
         return bucket
 
-    def optimizer_params(self) -> list[torch.Tensor]:
-        """What the optimizer steps: the parameters, or (zero1) this replica's shards."""
-        if self.mode == "zero1":
-            return [b.shard for b in self.buckets]
-        return [p for b in self.buckets for p in b.params]
+    def optimizer_params(self) -> dict[int, list[torch.Tensor]]:
+        """What each stage's optimizer steps: its parameters, or (zero1) this replica's shards of them."""
+        out: dict[int, list[torch.Tensor]] = {}
+        for b in self.buckets:
+            out.setdefault(b.stage, []).extend([b.shard] if self.mode == "zero1" else b.params)
+        return out
 
     def begin_step(self) -> None:
         for b in self.buckets:
@@ -144,7 +150,8 @@ class GradSync:
             work = dist.reduce_scatter_tensor(bucket.shard_grad, bucket.grad, group=self.group, async_op=True)
         else:
             work = dist.all_reduce(bucket.grad, group=self.group, async_op=True)
-        row = self._record(("ALLREDUCE", bucket.index), start, None, bucket.grad.numel() * bucket.grad.element_size())
+        kind = "REDUCE_SCATTER" if self.mode == "zero1" else "ALLREDUCE"
+        row = self._record((kind, bucket.stage, bucket.index), start, None, bucket.grad.numel() * bucket.grad.element_size())
         self.works.add(work, row)
         self._launched.append((bucket, work))
 
@@ -156,7 +163,8 @@ class GradSync:
         for b in self.buckets:
             if not b.launched:
                 if self.mode != "sync":
-                    log.debug("bucket %d launched at the end: %d of %d parameters ready", b.index, b.ready, len(b.params))
+                    log.debug("stage %d bucket %d launched at the end: %d of %d parameters ready",
+                              b.stage, b.index, b.ready, len(b.params))
                 self._launch(b)
         self.works.drain()
         for b, _ in self._launched:
@@ -168,4 +176,8 @@ class GradSync:
         if self.mode != "zero1":
             return
         for b in self.buckets:
-            dist.all_gather_into_tensor(b.data, b.shard.clone(), group=self.group)
+            start = self._stamp()
+            work = dist.all_gather_into_tensor(b.data, b.shard.clone(), group=self.group, async_op=True)
+            self.works.add(work, self._record(("ALL_GATHER", b.stage, b.index), start, None,
+                                              b.data.numel() * b.data.element_size()))
+        self.works.drain()

@@ -1,7 +1,8 @@
 """Measurements of a real run: activation bytes held, task times, clock offsets between ranks.
 
-* :class:`ActivationMeter` counts (during the steps it is enabled for) the
-  bytes of the tensors autograd saves for backward (``torch.autograd.graph.saved_tensors_hooks``), per (stage,
+* :class:`ActivationMeter` counts (during the step it is enabled for: its
+  hooks cost time, so never the traced one when there is a choice) the bytes
+  of the tensors autograd saves for backward (``torch.autograd.graph.saved_tensors_hooks``), per (stage,
   microbatch), from the forward until its backward frees them. A tensor (by
   address and size) is counted once however many ops or stages save it;
   parameters and views of them are not activations.
@@ -28,7 +29,8 @@ class ActivationMeter:
     """Bytes held by tensors saved for backward: now, at the peak, and per key."""
 
     def __init__(self, params: Iterable[torch.Tensor]) -> None:
-        self._exclude = {p.untyped_storage().data_ptr() for p in params}
+        self._params = list(params)
+        self._exclude: set[int] = set()  # parameter storages, taken at begin(): ZeRO may move them
         self._owners: dict[tuple[int, int], set[Hashable]] = {}  # (address, bytes) -> keys that saved it
         self._size: dict[tuple[int, int], int] = {}
         self._keys: dict[Hashable, set[tuple[int, int]]] = {}
@@ -77,6 +79,8 @@ class ActivationMeter:
         if self._keys:
             raise RuntimeError(f"activations of {sorted(self._keys)} were never released")
         self.enabled, self.current, self.peak, self.first_bytes = enabled, 0, 0, {}
+        if enabled:
+            self._exclude = {p.untyped_storage().data_ptr() for p in self._params}
 
 
 @dataclass

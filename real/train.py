@@ -130,11 +130,15 @@ class _Trainer:
         params = [p for _, p in self.named]
         self.recorder = Recorder(mesh.device)
         self.meter = ActivationMeter(params)
+        by_stage = {s: [p for _, p in self.stages[s].global_parameters()] for s in sorted(self.stages)}
         self.sync = None
         if mesh.dp_group is not None:
-            self.sync = GradSync(params, group=mesh.dp_group, mode=cfg.dp_mode, bucket_mb=cfg.bucket_mb,
+            self.sync = GradSync(by_stage, group=mesh.dp_group, mode=cfg.dp_mode, bucket_mb=cfg.bucket_mb,
                                  accumulations=cfg.microbatches, stamp=self.recorder.stamp, record=self.recorder.add)
-        self.optimizer = make_optimizer(cfg.optimizer, self.sync.optimizer_params() if self.sync else params, cfg.lr)
+        # One optimizer per stage (element-wise optimizers: the same as one over all), so that with data
+        # parallelism each stage's update is traced as {s}OPTIM, as the simulator's data-parallel pass has it.
+        shares = self.sync.optimizer_params() if self.sync else by_stage
+        self.optimizers = {s: make_optimizer(cfg.optimizer, shares[s], cfg.lr) for s in sorted(self.stages)}
         self.executor = Executor(self.plan.graph, mesh.pp_rank, self.stages, comm=self._comm(), meter=self.meter,
                                  recorder=self.recorder, poll=self.sync.poll if self.sync else lambda: None)
         self.needs_data = 0 in self.stages or last in self.stages
@@ -160,14 +164,19 @@ class _Trainer:
         if self.sync is not None:
             self.sync.begin_step()
         else:
-            self.optimizer.zero_grad(set_to_none=True)
-        traced = step == self.plan.config.traced_step
-        self.recorder.begin(traced)
-        self.meter.begin(traced)
+            for opt in self.optimizers.values():
+                opt.zero_grad(set_to_none=True)
+        cfg = self.plan.config
+        self.recorder.begin(step == cfg.traced_step)
+        self.meter.begin(step == cfg.metered_step)
         loss = self.executor.run_step(self._batches(step))
         if self.sync is not None:
             self.sync.finish()
-        self.optimizer.step()
+        for s, opt in self.optimizers.items():
+            start = self.recorder.stamp()
+            opt.step()
+            if self.sync is not None:
+                self.recorder.add(("OPTIM", s, None), start, self.recorder.stamp(), 0)
         if self.sync is not None:
             self.sync.after_step()
         return loss
@@ -193,7 +202,9 @@ class _Trainer:
             times.append(now - t_prev)
             t_prev = now
             if step == cfg.traced_step:
-                rows, memory = self._trace_rows(offset), self._memory()
+                rows = self._trace_rows(offset)
+            if step == cfg.metered_step:
+                memory = self._memory()
             if on_step is not None and self.mesh.rank == 0:
                 on_step(step, loss, times[-1])
         return self._gather(losses, times, rows, memory, path)
@@ -208,13 +219,14 @@ class _Trainer:
                 row = (key, rank, tasks[key].stream.value, str(a), a.kind.value, a.stage,
                        -1 if a.microbatch is None else a.microbatch)
             else:
-                kind = "REDUCE_SCATTER" if self.plan.config.dp_mode == "zero1" else "ALLREDUCE"
-                row = (None, rank, "collective", kind, kind, -1, -1)
+                kind, stage, bucket = key
+                action = f"{stage}{kind}" + ("" if bucket is None else f"_b{bucket}")
+                row = (None, rank, "compute" if kind == "OPTIM" else "collective", action, kind, stage, -1)
             out.append((*row, start + offset, end + offset, nbytes))
         return out
 
     def _memory(self) -> dict[str, Any]:
-        """Activation bytes of the traced step (the same every step: the program does not change)."""
+        """Activation bytes of the metered step (the same every step: the program does not change)."""
         dev = self.mesh.device
         per_mb = sum(self.meter.first_bytes.get((s, 0), 0) for s in self.stages)
         return {

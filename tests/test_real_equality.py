@@ -114,7 +114,7 @@ def _assert_trace(label: str, cfg: RunConfig, trace) -> None:
     """One row per task of the graph (plus collectives), times aligned across ranks despite the skew."""
     graph = make_plan(cfg, cfg.world_size).graph
     assert trace.attrs["source"] == "real" and trace.attrs["schedule"] == cfg.schedule
-    tasks = trace[trace["stream"] != "collective"]
+    tasks = trace[(trace["stream"] != "collective") & (trace["kind"] != "OPTIM")]
     want = sorted((d * cfg.pp + t.rank, str(t.action)) for d in range(cfg.dp) for t in graph.tasks)
     assert sorted(zip(tasks["rank"], tasks["action"], strict=True)) == want, f"{label}: trace rows != task graph"
     assert (trace["end"] >= trace["start"]).all() and trace["start"].min() == 0.0
@@ -129,9 +129,14 @@ def _assert_trace(label: str, cfg: RunConfig, trace) -> None:
         send = by_key[(sender, f"{src_stage}{kind}{a.microbatch}")]
         assert r.end >= send.start - 2e-3, f"{label}: {r.action} ends before {send.action} starts"
     if cfg.dp > 1:
+        here = {s: sorted(rank for rank in trace["rank"].unique() if rank % cfg.pp == graph.schedule.stage_to_rank[s])
+                for s in range(graph.schedule.num_stages)}
+        optim = sorted(zip(trace.loc[trace["kind"] == "OPTIM", "rank"], trace.loc[trace["kind"] == "OPTIM", "action"],
+                           strict=True))
+        assert optim == sorted((r, f"{s}OPTIM") for s, ranks in here.items() for r in ranks), f"{label}: OPTIM rows"
         for rank, rows in trace.groupby("rank"):
             first_sync = rows.loc[rows["stream"] == "collective", "start"].min()
-            last_compute = rows.loc[rows["stream"] == "compute", "end"].max()
+            last_compute = rows.loc[rows["kind"].isin(["F", "I", "W", "B", "OVERLAP_F_B"]), "end"].max()
             # ddp/zero1 launch a bucket from inside the backward that completes it; sync only afterwards.
             overlapped = first_sync < last_compute
             assert overlapped == (cfg.dp_mode != "sync"), f"{label}: rank {rank} collective timing vs {cfg.dp_mode}"
@@ -160,11 +165,18 @@ def test_four_ranks_pp_x_dp_equal_plain_training(four, label):
     _assert_trace(label, FOUR[label], four[label]["trace"])
 
 
-def test_memory_is_reported_per_rank(two):
+def test_memory_is_reported_per_rank(two, four):
     mem = two["1f1b"]["memory"]
     assert [m["rank"] for m in mem] == [0, 1]
-    # 1F1B: pipeline rank r holds p - r microbatches at its peak.
+    # 1F1B: pipeline rank r holds p - r microbatches at its peak (parameters are not activations, also
+    # when ZeRO-1 has moved them into flat buckets).
     assert [round(m["peak_activations_mb"], 6) for m in mem] == [2.0, 1.0]
+    assert [round(m["peak_activations_mb"], 6) for m in four["1f1b pp4"]["memory"]] == [4.0, 3.0, 2.0, 1.0]
+    zero1 = four["interleaved-1f1b pp2 dp2 zero1"]["memory"]
+    assert zero1[0]["peak_activation_bytes"] == zero1[2]["peak_activation_bytes"]  # replicas hold the same
+    per_mb = {label: [m["activation_bytes_per_microbatch"] for m in two[label]["memory"]]
+              for label in ("gpipe dp2 sync", "1f1b dp2 zero1")}  # same model and microbatch size
+    assert per_mb["gpipe dp2 sync"] == per_mb["1f1b dp2 zero1"]
 
 
 def _worker(cfg_file: str, out_file: str) -> None:

@@ -124,8 +124,8 @@ def test_bucket_collective_starts_when_its_last_gradient_is_in(world_of_one, mod
     model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
     launched: list[tuple[int, int]] = []  # (bucket, backward passes done when launched)
     done = [0]
-    sync = GradSync(list(model.parameters()), group=world_of_one, mode=mode, bucket_mb=1e-6, accumulations=2,
-                    stamp=lambda: None, record=lambda key, *_: launched.append((key[1], done[0])))
+    sync = GradSync({0: list(model.parameters())}, group=world_of_one, mode=mode, bucket_mb=1e-6, accumulations=2,
+                    stamp=lambda: None, record=lambda key, *_: launched.append((key[2], done[0])))
     sync.begin_step()
     for _ in range(2):
         model(torch.randn(2, 4)).sum().backward()
