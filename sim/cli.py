@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from schedules import ScheduleError, load_graph, names, spec, validate, write_torch_csv
+from schedules import ScheduleError, load_graph, lower, names, spec, validate, write_torch_csv
 from schedules.interop import check_csv_path
 from sim.cluster import CLUSTER_PRESETS
 from sim.costs import UniformCosts
@@ -133,9 +133,15 @@ def real_main(args: argparse.Namespace) -> int:
     from sim.study import load_study, run_study
 
     try:
+        from analysis.timeline import check_figure_path
         from schedules.trace import check_trace_path
 
         trace_path = check_trace_path(args.trace) if args.trace else None
+        plot_path = check_figure_path(args.plot) if args.plot else None
+        exports = {comms: check_csv_path(path) for comms, path in ((False, args.export_csv), (True, args.export_csv_comms))
+                   if path}
+        if args.mem_limit is not None:
+            raise ScheduleError("--mem-limit is a unit-cost (M_B) option; in real units the memory is reported in bytes")
         study = load_study(args.config, _real_overrides(args))
         result = run_study(study)
     except ScheduleError as exc:
@@ -144,7 +150,18 @@ def real_main(args: argparse.Namespace) -> int:
         from schedules.trace import write_trace
 
         write_trace(result.sim.trace, trace_path)
+    if plot_path is not None:
+        from analysis.timeline import plot_timeline
+
+        plot_timeline(result.sim.trace, plot_path)
+    pipeline = result.sim.graph.schedule  # the pipeline schedule under the data-parallel tasks
+    for comms, path in exports.items():
+        write_torch_csv(lower(pipeline) if comms else pipeline, path, comms=comms)
     print(json.dumps(result.to_dict()) if args.json else result.format())
+    if not args.json:
+        for what, path in (("trace", trace_path), ("timeline", plot_path), *((f"torch CSV{' +comms' * c}", p) for c, p in exports.items())):
+            if path is not None:
+                print(f"wrote {what}: {path}")
     return 0
 
 

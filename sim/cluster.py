@@ -72,6 +72,11 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
     "H200": DeviceSpec(name="H200", peak_flops=989e12, memory_bytes=141 * GB, memory_bw=4.8e12),
     "A100": DeviceSpec(name="A100", peak_flops=312e12, memory_bytes=80 * GB, memory_bw=2.039e12),
     "CPU": DeviceSpec(name="CPU", peak_flops=2e12, memory_bytes=1000 * GB, memory_bw=0.3e12),
+    # One core of this project's CPU host (2 vCPU Xeon VM, 24 GiB), one training process per core:
+    # fp32 peak 2.0 GHz x 32 FLOP/cycle (one AVX-512 FMA unit: 16 lanes x 2) = 64 GFLOP/s, half the
+    # RAM each, ~10 GB/s memory bandwidth per core. Assumptions to be replaced by a measured profile
+    # (python -m real.profile) when validating against the real runtime.
+    "CPU-core": DeviceSpec(name="CPU-core", peak_flops=64e9, memory_bytes=12 * GB, memory_bw=10 * GB),
 }
 
 
@@ -101,6 +106,10 @@ _NVLINK4 = Link(alpha=3e-6, bandwidth=450 * GB)
 _NVLINK3 = Link(alpha=3e-6, bandwidth=300 * GB)
 _NDR = Link(alpha=5e-6, bandwidth=50 * GB)
 _HDR = Link(alpha=5e-6, bandwidth=25 * GB)
+# CPU host: gloo over TCP on loopback between processes of one host (assumed ~50 us, ~2 GB/s),
+# 10 Gb Ethernet between hosts (1.25 GB/s, ~50 us). Assumptions, to be calibrated by measurement.
+_LOOPBACK = Link(alpha=50e-6, bandwidth=2 * GB)
+_TEN_GBE = Link(alpha=50e-6, bandwidth=1.25 * GB)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +198,7 @@ _NODE_PRESETS: dict[str, tuple[DeviceSpec, int, Link, Link]] = {
     "dgx-h100": (DEVICE_PRESETS["H100"], 8, _NVLINK4, _NDR),
     "dgx-h200": (DEVICE_PRESETS["H200"], 8, _NVLINK4, _NDR),
     "dgx-a100": (DEVICE_PRESETS["A100"], 8, _NVLINK3, _HDR),
+    "cpu-host": (DEVICE_PRESETS["CPU-core"], 2, _LOOPBACK, _TEN_GBE),
 }
 CLUSTER_PRESETS = tuple(_NODE_PRESETS)
 
@@ -205,7 +215,8 @@ def cluster_preset(text: str) -> Cluster:
     if nodes < 1:
         raise ScheduleError(f"cluster {text!r}: the node count must be >= 1, got {nodes}")
     spec, per_node, intra, inter = _NODE_PRESETS[name]
-    devices = [Device(n, "trainer", "GPU", i) for n in range(nodes) for i in range(per_node)]
+    kind = "CPU" if spec.name.startswith("CPU") else "GPU"
+    devices = [Device(n, "trainer", kind, i) for n in range(nodes) for i in range(per_node)]
     pservers = [Device(nodes + j, "pserver", "CPU", 0) for j in range(ps)]  # one host per node of their own
     return Cluster(name=text.strip(), spec=spec, intra=intra, inter=inter, devices=tuple(devices),
                    pservers=tuple(pservers))

@@ -45,6 +45,14 @@ class TransformerConfig:
     vocab: int = 51200
     seq_len: int = 1024
     ffn: int = 0  # 0: 4 * hidden
+    # Llama-style variants (defaults give the GPT shape): grouped-query attention with ``kv_heads``
+    # key/value heads, a gated (SwiGLU) MLP of three h x f matrices, no biases, RMSNorm, rotary
+    # positions (no position table) and an LM head untied from the embedding.
+    kv_heads: int = 0  # 0: heads (multi-head attention)
+    gated_mlp: bool = False
+    bias: bool = True
+    tied_embeddings: bool = True
+    learned_positions: bool = True
 
     def __post_init__(self) -> None:
         for key in ("layers", "hidden", "heads", "vocab", "seq_len"):
@@ -53,32 +61,56 @@ class TransformerConfig:
                 raise ScheduleError(f"model {self.name!r}: {key} must be an integer >= 1, got {value!r}")
         if self.ffn == 0:
             object.__setattr__(self, "ffn", 4 * self.hidden)
+        if self.kv_heads == 0:
+            object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn < 1 or self.hidden % self.heads:
             raise ScheduleError(
                 f"model {self.name!r}: hidden {self.hidden} must be divisible by heads {self.heads} and ffn >= 1"
             )
+        if not 1 <= self.kv_heads <= self.heads or self.heads % self.kv_heads:
+            raise ScheduleError(
+                f"model {self.name!r}: kv_heads must divide heads {self.heads} (1..{self.heads}), got {self.kv_heads}"
+            )
+
+    @property
+    def kv_hidden(self) -> int:
+        """Width of the K and V projections: h * kv_heads / heads (h for multi-head attention)."""
+        return self.hidden * self.kv_heads // self.heads
+
+    @property
+    def layer_matrix_params(self) -> int:
+        """Weights of the layer's matmuls: Q and O h^2 each, K and V h*h_kv each, MLP 2hf (3hf gated)."""
+        h, f = self.hidden, self.ffn
+        return 2 * h * h + 2 * h * self.kv_hidden + (3 if self.gated_mlp else 2) * h * f
 
     # --- parameters -------------------------------------------------------------------------------
     @property
     def layer_params(self) -> int:
-        """Attention 4h^2 + 4h (weights, biases), MLP 2hf + f + h, two layer norms 4h."""
+        """GPT: attention 4h^2 + 4h (weights, biases), MLP 2hf + f + h, two layer norms 4h.
+
+        Llama: the matrices only, plus two RMSNorm weights 2h.
+        """
         h, f = self.hidden, self.ffn
-        return 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+        if not self.bias:
+            return self.layer_matrix_params + 2 * h
+        return self.layer_matrix_params + 2 * h + self.kv_hidden * 2 + f + h + 4 * h
 
     @property
     def embedding_params(self) -> int:
-        """Token embedding Vh plus learned positions sh (tied with the LM head, so counted once)."""
-        return self.vocab * self.hidden + self.seq_len * self.hidden
+        """Token embedding Vh, learned positions sh if any, an untied LM head Vh if untied."""
+        h = self.hidden
+        return self.vocab * h * (1 if self.tied_embeddings else 2) + (self.seq_len * h if self.learned_positions else 0)
 
     @property
     def params(self) -> int:
-        return self.layers * self.layer_params + self.embedding_params + 2 * self.hidden  # + final layer norm
+        final_norm = 2 * self.hidden if self.bias else self.hidden
+        return self.layers * self.layer_params + self.embedding_params + final_norm
 
     # --- FLOPs per token -----------------------------------------------------------------------------
     def layer_flops(self, kind: str) -> float:
         """FLOPs per token of one layer for pass ``kind``: 'F', 'I' or 'W' (see the module docstring)."""
-        h, f, s = self.hidden, self.ffn, self.seq_len
-        dense = 8 * h * h + 4 * h * f
+        h, s = self.hidden, self.seq_len
+        dense = 2 * self.layer_matrix_params  # 8h^2 + 4hf for the GPT shape
         return {"F": dense + 4 * s * h, "I": dense + 8 * s * h, "W": dense}[kind]
 
     def head_flops(self, kind: str) -> float:
@@ -123,6 +155,13 @@ MODEL_PRESETS: dict[str, TransformerConfig] = {
         TransformerConfig(name="gpt-6.2b", layers=30, hidden=4096, heads=32),
         TransformerConfig(name="gpt-14.6b", layers=46, hidden=5120, heads=40),
         TransformerConfig(name="gpt-28.3b", layers=62, hidden=6144, heads=48),
+        # Llama 3 (Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3): 8B has 32 layers, h 4096,
+        # FFN 14336, 32 heads, 8 KV heads; 70B has 80 layers, h 8192, FFN 28672, 64 heads, 8 KV heads;
+        # vocabulary 128,256, SwiGLU, RoPE, untied output. Sequence 8192 (their pre-training length).
+        # The activation formula above is the GPT one (Korthikanti et al.): an approximation here.
+        *(TransformerConfig(name=name, layers=n, hidden=h, heads=a, kv_heads=8, ffn=f, vocab=128256, seq_len=8192,
+                            gated_mlp=True, bias=False, tied_embeddings=False, learned_positions=False)
+          for name, n, h, a, f in (("llama-8b", 32, 4096, 32, 14336), ("llama-70b", 80, 8192, 64, 28672))),
     )
 }
 

@@ -86,3 +86,48 @@ def test_bad_real_input_is_one_line_exit_2(change, message, capsys):
     err = capsys.readouterr().err
     assert exc.value.code == 2
     assert message in err and err.count("\n") == 1
+
+
+def test_cpu_host_preset():
+    """This kind of host: two cores of 64 GFLOP/s (fp32, assumed) and 12 GB each, loopback links."""
+    c = cluster_preset("cpu-host")
+    assert [d.type for d in c.devices] == ["CPU", "CPU"]
+    assert (c.spec.peak_flops, c.spec.memory_bytes) == (64e9, 12e9)
+    assert (c.intra.bandwidth, c.inter.bandwidth) == (2e9, 1.25e9)
+    assert len(cluster_preset("cpu-host:3").devices) == 6
+
+
+def test_llama_presets_parameter_counts():
+    """Llama 3 8B and 70B (GQA, SwiGLU, untied head): 8.03B and 70.55B parameters, counted by hand.
+
+    8B: per layer 2h^2 + 2h*1024 + 3h*14336 + 2h = 218,112,000 with h=4096; x32 plus two 128256 x 4096
+    tables and the final norm: 8,030,261,248. F FLOPs per token and layer = 2 x the matrices + 4sh.
+    """
+    from sim.transformer import model_preset
+
+    m = model_preset("llama-8b")
+    h = 4096
+    layer = 2 * h * h + 2 * h * 1024 + 3 * h * 14336 + 2 * h
+    assert m.layer_params == layer == 218_112_000
+    assert m.params == 32 * layer + 2 * 128256 * h + h == 8_030_261_248
+    assert m.layer_flops("F") == 2 * (layer - 2 * h) + 4 * 8192 * h
+    assert model_preset("llama-70b").params == 70_553_706_496
+
+
+def test_real_units_plot_and_exports(tmp_path, capsys):
+    """--plot and --export-csv work in real units too (the pipeline part of the schedule)."""
+    png, csv = tmp_path / "t.png", tmp_path / "s.csv"
+    assert main([*_BASE, "--plot", str(png), "--export-csv", str(csv)]) == 0
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    rows = csv.read_text().splitlines()
+    assert len(rows) == 8 and rows[0].startswith("0F0,0F1,")
+    assert f"wrote timeline: {png}" in capsys.readouterr().out
+
+
+def test_llama_on_cpu_host_overflows(capsys):
+    """llama-70b cannot fit two 12 GB cores: the result flags the devices and says by how much."""
+    assert main(["--model", "llama-70b", "--cluster", "cpu-host", "--pp", "2", "--schedule", "1f1b",
+                 "--microbatches", "2", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert all(dev["overflow"] for dev in d["devices"])
+    assert d["devices"][0]["device"] == "node0/trainer/CPU:0"
