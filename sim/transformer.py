@@ -175,7 +175,8 @@ def model_preset(name: str) -> TransformerConfig:
 def model_from_dict(data: Mapping[str, Any]) -> TransformerConfig:
     if "preset" in data:
         return model_preset(str(data["preset"]))
-    known = {"name", "layers", "hidden", "heads", "vocab", "seq_len", "ffn"}
+    known = {"name", "layers", "hidden", "heads", "vocab", "seq_len", "ffn", "kv_heads", "gated_mlp", "bias",
+             "tied_embeddings", "learned_positions"}
     unknown = set(data) - known
     if unknown:
         raise ScheduleError(f"model: unknown key(s) {sorted(unknown)}; valid keys are {sorted(known)} or 'preset'")
