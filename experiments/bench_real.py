@@ -13,6 +13,10 @@ for all but the last microbatch) on the whole model. A repetition is one
 fresh run of ``warmup + steps`` steps; its figure is the median step time of
 the measured steps on rank 0; the table shows the median over repetitions,
 ours and torch's alternating. ratio = ours / torch (below 1: ours is faster).
+"same order": torch's multi-stage classes run their published per-rank
+order (``pipeline_order``); yes where its compute actions equal our
+schedule's programs action for action. The single-stage classes (GPipe,
+1F1B) run a hand-written loop instead: "-".
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ def _ours(cfg, mesh) -> list[float]:
     return run(cfg, mesh=mesh).step_times
 
 
-def _torch_pipeline(cfg, torch_class: str) -> list[float]:
+def _torch_pipeline(cfg, torch_class: str, orders: dict | None = None) -> list[float]:
     import torch
     import torch.distributed as dist
     from torch.distributed import pipelining
@@ -106,6 +110,11 @@ def _torch_pipeline(cfg, torch_class: str) -> list[float]:
     cls = getattr(pipelining, torch_class)
     single = torch_class in ("ScheduleGPipe", "Schedule1F1B")
     sched = cls(stages[0] if single else stages, cfg.microbatches, loss_fn=loss_fn)
+    if orders is not None and not single:  # the multi-stage classes execute their published order
+        compute = ("F", "I", "W", "B", "OVERLAP_F_B")
+        theirs = [[str(a) for a in sched.pipeline_order[r] if a is not None and a.computation_type.value in compute]
+                  for r in range(dist.get_world_size())]
+        orders[cfg.schedule] = theirs == [[str(a) for a in prog] for prog in plan.graph.schedule.programs]
     opt = make_optimizer(cfg.optimizer, [p for m in mods for p in m.parameters()], cfg.lr)
     holds_first, holds_last = 0 in plan.stages_of(rank), last in plan.stages_of(rank)
 
@@ -163,13 +172,14 @@ def _worker(a: argparse.Namespace) -> None:
     world = dist.get_world_size()
     pipe_mesh = Mesh.create(make_plan(_config(a, "gpipe", world, 1), world), "gloo", 300)
     results = {"pipeline": [], "data_parallel": None}
+    orders: dict[str, bool] = {}
     for name in [s for s in a.schedules.split(",") if s]:
         cfg = _config(a, name, world, 1)
         ours, theirs = [], []
         for _ in range(a.reps):
             ours.append(_median_of_reps(a, lambda cfg=cfg: _ours(cfg, pipe_mesh)))
-            theirs.append(_median_of_reps(a, lambda cfg=cfg, name=name: _torch_pipeline(cfg, PAIRS[name])))
-        results["pipeline"].append(_row(name, PAIRS[name], ours, theirs))
+            theirs.append(_median_of_reps(a, lambda cfg=cfg, name=name: _torch_pipeline(cfg, PAIRS[name], orders)))
+        results["pipeline"].append({**_row(name, PAIRS[name], ours, theirs), "same_order": orders.get(name)})
     cfg = _config(a, "1f1b", 1, world)  # at pp=1, 1F1B is F,B per microbatch: DDP's accumulation loop
     dp_mesh = Mesh.create(make_plan(cfg, world), "gloo", 300)
     ours, theirs = [], []
@@ -191,9 +201,11 @@ def _row(schedule: str, torch_name: str, ours: list[float], theirs: list[float])
 def _table(results: dict, a: argparse.Namespace) -> str:
     lines = [f"2 gloo processes, GPT {a.layers} blocks dim {a.dim} seq {a.seq}, batch {a.batch_size}, "
              f"{a.microbatches} microbatches; median of {a.reps} reps x {a.steps} steps",
-             f"{'schedule':<22}{'torch class':<32}{'ours (s)':>10}{'torch (s)':>11}{'ratio':>8}"]
+             f"{'schedule':<22}{'torch class':<32}{'ours (s)':>10}{'torch (s)':>11}{'ratio':>8}  same order"]
     for r in [*results["pipeline"], results["data_parallel"]]:
-        lines.append(f"{r['schedule']:<22}{r['torch_class']:<32}{r['ours']:>10.4f}{r['torch']:>11.4f}{r['ratio']:>8.3f}")
+        same = {True: "yes", False: "NO", None: "-"}[r.get("same_order")]
+        lines.append(f"{r['schedule']:<22}{r['torch_class']:<32}{r['ours']:>10.4f}{r['torch']:>11.4f}{r['ratio']:>8.3f}"
+                     f"  {same}")
     return "\n".join(lines)
 
 
