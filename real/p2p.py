@@ -25,7 +25,6 @@ sends) then guarantees that every wait is eventually satisfied.
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,8 +35,6 @@ import torch.distributed as dist
 from schedules import Kind, Task, TaskGraph
 
 __all__ = ["Inflight", "PipeComm", "matching_sends"]
-
-log = logging.getLogger(__name__)
 
 _MATCH = {Kind.RECV_F: Kind.SEND_F, Kind.RECV_B: Kind.SEND_B}
 
@@ -62,19 +59,20 @@ class Inflight:
         self._works: deque[tuple[dist.Work, list | None, object]] = deque()
 
     def add(self, work: dist.Work, row: list | None, keepalive: object = None) -> None:
+        """``keepalive``: what must outlive the work (a send's tensor)."""
         self._works.append((work, row, keepalive))
 
     def poll(self) -> None:
         while self._works and self._works[0][0].is_completed():
-            self._finish(*self._works.popleft())
+            self._finish(self._works.popleft()[1])
 
     def drain(self) -> None:
         while self._works:
-            work, row, keep = self._works.popleft()
+            work, row, _ = self._works.popleft()
             work.wait()
-            self._finish(work, row, keep)
+            self._finish(row)
 
-    def _finish(self, work: dist.Work, row: list | None, keep: object) -> None:
+    def _finish(self, row: list | None) -> None:
         if row is not None:
             row[2] = self._stamp()
 

@@ -191,6 +191,9 @@ class _Trainer:
     def train(self, path: Path | None, on_step: StepCallback | None) -> RunResult:
         cfg = self.plan.config
         offset = clock_offset() if self.mesh.distributed else 0.0
+        log.info("rank %d (pipeline rank %d, replica %d): stages %s, layers %s, clock offset to rank 0 %.6f s",
+                 self.mesh.rank, self.mesh.pp_rank, self.mesh.dp_rank, sorted(self.stages),
+                 [f"{self.plan.layers[s].start}..{self.plan.layers[s].stop - 1}" for s in sorted(self.stages)], offset)
         if self.mesh.distributed:
             dist.barrier()
         losses, times, rows, memory = [], [], [], {}
