@@ -179,16 +179,34 @@ def test_memory_is_reported_per_rank(two, four):
     assert per_mb["gpipe dp2 sync"] == per_mb["1f1b dp2 zero1"]
 
 
-def _worker(cfg_file: str, out_file: str) -> None:
+@pytest.mark.timeout(90)
+def test_a_rank_dying_mid_step_fails_the_launch_fast_with_its_error(tmp_path):
+    """Rank 1 raises in its first backward while rank 0 waits for that gradient: no hang, the error shows."""
+    cfg_file = tmp_path / "crash.json"
+    cfg_file.write_text(json.dumps({"1f1b": PP2["1f1b"].to_dict()}))
+    start = time.monotonic()
+    proc = torchrun(2, [__file__, str(cfg_file), str(tmp_path / "out.pt"), "crash"], timeout=60, capture=True)
+    assert proc.returncode != 0
+    assert "RuntimeError: injected failure on rank 1" in proc.stderr
+    assert time.monotonic() - start < 60
+
+
+def _worker(cfg_file: str, out_file: str, crash: str = "") -> None:
     """Runs under torchrun: every configuration of ``cfg_file`` in one process group."""
     from datetime import timedelta
 
     import torch.distributed as dist
 
     from real import Mesh, run
+    from real.executor import Executor
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
+    if crash and rank == 1:
+        def fail(*_args):
+            raise RuntimeError("injected failure on rank 1")
+
+        Executor._backward = fail
     if rank == 1:
         real_clock = time.perf_counter
         time.perf_counter = lambda: real_clock() + SKEW  # a host whose clock disagrees with rank 0's
@@ -211,4 +229,4 @@ def _worker(cfg_file: str, out_file: str) -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    _worker(*sys.argv[1:3])
+    _worker(*sys.argv[1:4])
