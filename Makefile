@@ -18,6 +18,7 @@ demo: $(STAMP)
 	$(BIN)/schedlab compare --pp 4 --microbatches 8 --chunks 2 --out out
 	$(BIN)/schedlab compare --model gpt-6.2b --cluster dgx-h100:2 --pp 8 --dp 2 --dp-mode ddp \
 		--microbatches 32 --chunks 2 --schedules 1f1b,zb-h1,interleaved-1f1b,zb-v
+	$(BIN)/schedlab report --out out/report
 
 # Real training: the GPT model with 1F1B on 2 CPU processes (torchrun, gloo); trace + timeline in out/.
 run: $(STAMP)

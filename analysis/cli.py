@@ -3,6 +3,8 @@
     schedlab simulate --schedule 1f1b --pp 4 --microbatches 8 [--json] [--plot F.png]
     schedlab compare  --pp 4 --microbatches 8 --chunks 2 --out out/
     schedlab run      --schedule 1f1b --pp 2 --microbatches 8 [--dp 2] [--trace F.csv] [--json]
+    schedlab report   --out out/report [--pp 4 --microbatches 8 --chunks 2] [--real TRACE.csv ...]
+    schedlab perfetto TRACE.csv [OUT.json]
     schedlab list
 """
 
@@ -25,6 +27,8 @@ commands:
   compare    simulate several schedules side by side; table + timeline PNGs
   run        train for real on torch.distributed (same flags as python -m real;
              starts torchrun with --nproc-per-node, default pp x dp)
+  report     write a Markdown report with figures (and sim vs real if --real traces)
+  perfetto   convert a trace (CSV/Parquet) to Chrome/Perfetto JSON
   list       list the registered schedules
 
 schedlab COMMAND --help shows a command's flags."""
@@ -98,6 +102,51 @@ def _real_compare(args, prog: str) -> int:
     return 0
 
 
+def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report") -> int:
+    p = OneLineParser(prog=prog, description="Simulate the schedules, compare them, and write a report with figures.")
+    p.add_argument("--out", default="out/report", metavar="DIR", help="report folder (default out/report)")
+    p.add_argument("--schedules", default="all", metavar="A,B,...", help="comma-separated names, or 'all' (default)")
+    p.add_argument("--pp", type=int, default=4, metavar="P")
+    p.add_argument("--microbatches", type=int, default=8, metavar="M")
+    p.add_argument("--chunks", type=int, default=2, metavar="V", help="stages per rank for multi-chunk schedules")
+    p.add_argument("--real", nargs="*", default=[], metavar="TRACE", help="real runs' traces to set against predictions")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_cost_args(p)
+    args = p.parse_args(argv)
+    from analysis.report import ReportConfig, write_report
+
+    chosen = () if args.schedules == "all" else tuple(s.strip() for s in args.schedules.split(",") if s.strip())
+    try:
+        cfg = ReportConfig(pp=args.pp, microbatches=args.microbatches, chunks=args.chunks, schedules=chosen,
+                           costs=costs_from_args(args), real_traces=tuple(Path(t) for t in args.real),
+                           progress=not args.no_progress and sys.stderr.isatty())
+        path = write_report(args.out, cfg)
+    except ScheduleError as exc:
+        fail(str(exc))
+    print(f"wrote report: {path}")
+    return 0
+
+
+def perfetto_main(argv: Sequence[str] | None = None, prog: str = "schedlab perfetto") -> int:
+    p = OneLineParser(prog=prog, description="Convert a schedlab trace to Chrome/Perfetto JSON.")
+    p.add_argument("trace", metavar="TRACE", help="a trace written by --trace (.csv or .parquet)")
+    p.add_argument("out", nargs="?", default=None, metavar="OUT.json", help="default: TRACE with .perfetto.json")
+    args = p.parse_args(argv)
+    from analysis.perfetto import write_chrome_trace
+    from schedules.trace import read_trace
+
+    src = Path(args.trace)
+    out = Path(args.out) if args.out else src.with_suffix(".perfetto.json")
+    try:
+        if not src.is_file():
+            raise ScheduleError(f"trace file {str(src)!r} not found")
+        path = write_chrome_trace(read_trace(src), out)
+    except ScheduleError as exc:
+        fail(str(exc))
+    print(f"wrote {path} (open it in the Perfetto UI or chrome://tracing)")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
@@ -114,8 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from real.cli import launch_main
 
         return launch_main(rest)
+    if cmd == "report":
+        return report_main(rest)
+    if cmd == "perfetto":
+        return perfetto_main(rest)
     if cmd == "list":
         from sim.cli import main as sim_main
 
         return sim_main(["--list"], prog="schedlab list")
-    fail(f"schedlab: unknown command {cmd!r}; valid: simulate, compare, list (see schedlab --help)")
+    fail(f"schedlab: unknown command {cmd!r}; valid: simulate, compare, run, report, perfetto, list (see schedlab --help)")

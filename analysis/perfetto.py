@@ -1,0 +1,78 @@
+"""Chrome trace / Perfetto export of any trace (simulated or measured).
+
+The Trace Event Format (the JSON the Perfetto UI and chrome://tracing open):
+one process per rank, one thread per stream (compute, send, recv,
+collective), a complete event ("ph": "X") per task with microsecond
+timestamps, and a flow arrow ("ph": "s" then "f") from each SEND to the RECV
+that takes its message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from schedules.errors import ScheduleError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["to_chrome_trace", "write_chrome_trace"]
+
+_STREAMS = ("compute", "send", "recv", "collective")
+_US = 1e6  # seconds -> microseconds (the format's unit)
+# A SEND of stage s is received by stage s+1 (activations) or s-1 (gradients), same microbatch.
+_PEER = {"SEND_F": ("RECV_F", 1), "SEND_B": ("RECV_B", -1)}
+
+
+def _tid(stream: str) -> int:
+    return _STREAMS.index(stream) if stream in _STREAMS else len(_STREAMS)
+
+
+def to_chrome_trace(trace: pd.DataFrame, *, time_scale: float = _US) -> dict[str, Any]:
+    """The trace as a Trace Event Format object; ``time_scale`` converts trace time to microseconds."""
+    events: list[dict[str, Any]] = []
+    for rank in sorted(int(r) for r in trace["rank"].unique()):
+        events.append({"ph": "M", "name": "process_name", "pid": rank, "tid": 0, "args": {"name": f"rank {rank}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "tid": 0, "args": {"sort_index": rank}})
+        for stream in sorted(set(trace.loc[trace["rank"] == rank, "stream"]), key=_tid):
+            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": _tid(stream), "args": {"name": stream}})
+    recv_at: dict[tuple[str, int, int], tuple[int, int, float]] = {}
+    for row in trace.itertuples(index=False):
+        if row.kind in ("RECV_F", "RECV_B"):
+            recv_at[(row.kind, int(row.stage), int(row.microbatch))] = (int(row.rank), _tid(row.stream), float(row.end))
+    flow = 0
+    for row in trace.itertuples(index=False):
+        ts, dur = float(row.start) * time_scale, max(0.0, float(row.end) - float(row.start)) * time_scale
+        args = {"stage": int(row.stage), "microbatch": int(row.microbatch)}
+        if row.bytes:
+            args["bytes"] = float(row.bytes)
+        events.append({"ph": "X", "name": str(row.action), "cat": str(row.kind), "pid": int(row.rank),
+                       "tid": _tid(row.stream), "ts": ts, "dur": dur, "args": args})
+        peer = _PEER.get(row.kind)
+        if peer is None:
+            continue
+        target = recv_at.get((peer[0], int(row.stage) + peer[1], int(row.microbatch)))
+        if target is None:
+            continue
+        flow += 1
+        events.append({"ph": "s", "id": flow, "name": "message", "cat": "p2p", "pid": int(row.rank),
+                       "tid": _tid(row.stream), "ts": ts})
+        events.append({"ph": "f", "bp": "e", "id": flow, "name": "message", "cat": "p2p", "pid": target[0],
+                       "tid": target[1], "ts": target[2] * time_scale})
+    meta = {k: v for k, v in trace.attrs.items() if isinstance(v, (str, int, float, bool, dict, list))}
+    return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta}
+
+
+def write_chrome_trace(trace: pd.DataFrame, path: str | os.PathLike, *, time_scale: float = _US) -> Path:
+    """Write the Chrome/Perfetto JSON (atomically); it opens in the Perfetto UI and in chrome://tracing."""
+    path = Path(path)
+    if path.suffix != ".json":
+        raise ScheduleError(f"chrome trace file {str(path)!r}: use a name ending in .json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(to_chrome_trace(trace, time_scale=time_scale), default=str))
+    os.replace(tmp, path)
+    return path

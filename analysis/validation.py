@@ -1,0 +1,80 @@
+"""Prediction against measurement: step time, bubble, per-kind durations, memory, ranking.
+
+Works on two traces of the same schedule (one ``source`` sim, one real) in
+the shared format; nothing here knows how either was produced.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from analysis.metrics import summarize
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["compare_pair", "kendall_tau", "kind_durations", "validation_summary"]
+
+
+def kind_durations(trace: pd.DataFrame) -> dict[str, float]:
+    """Median duration per compute kind (F, I, W, B, ...)."""
+    compute = trace[trace["stream"] == "compute"]
+    return {str(k): float((g["end"] - g["start"]).median()) for k, g in compute.groupby("kind")}
+
+
+def compare_pair(predicted: pd.DataFrame, measured: pd.DataFrame) -> dict[str, Any]:
+    """Step time and bubble ratio predicted vs measured, errors relative to the measurement (signed)."""
+    p, m = summarize(predicted), summarize(measured)
+    pk, mk = kind_durations(predicted), kind_durations(measured)
+    row: dict[str, Any] = {
+        "schedule": measured.attrs.get("schedule", predicted.attrs.get("schedule", "?")),
+        "predicted_step_time": p["makespan"],
+        "measured_step_time": m["makespan"],
+        "error": (p["makespan"] - m["makespan"]) / m["makespan"] if m["makespan"] > 0 else float("nan"),
+        "abs_error": abs(p["makespan"] - m["makespan"]),
+        "predicted_bubble": p["bubble_ratio"],
+        "measured_bubble": m["bubble_ratio"],
+        "bubble_error": p["bubble_ratio"] - m["bubble_ratio"],
+        "kinds": {k: {"predicted": pk.get(k), "measured": mk[k]} for k in mk},
+    }
+    for key in ("peak_activation_bytes", "peak_memory_bytes"):
+        if key in measured.attrs and key in predicted.attrs:
+            row[f"predicted_{key}"], row[f"measured_{key}"] = predicted.attrs[key], measured.attrs[key]
+    return row
+
+
+def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Kendall's tau-b between two rankings (ties counted as neither concordant nor discordant)."""
+    n = len(xs)
+    if n != len(ys):
+        raise ValueError(f"kendall_tau needs equal lengths, got {n} and {len(ys)}")
+    conc = disc = ties_x = ties_y = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            dx, dy = xs[i] - xs[j], ys[i] - ys[j]
+            if dx == 0 and dy == 0:
+                continue
+            if dx == 0:
+                ties_x += 1
+            elif dy == 0:
+                ties_y += 1
+            elif (dx > 0) == (dy > 0):
+                conc += 1
+            else:
+                disc += 1
+    denom = ((conc + disc + ties_x) * (conc + disc + ties_y)) ** 0.5
+    return (conc - disc) / denom if denom else 1.0
+
+
+def validation_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Mean absolute relative error of step time, worst case, and ranking agreement."""
+    errors = [abs(r["error"]) for r in rows]
+    return {
+        "schedules": [{k: r[k] for k in ("schedule", "predicted_step_time", "measured_step_time", "error")} for r in rows],
+        "mean_abs_error": statistics.fmean(errors) if errors else float("nan"),
+        "max_abs_error": max(errors, default=float("nan")),
+        "kendall_tau": kendall_tau([r["predicted_step_time"] for r in rows], [r["measured_step_time"] for r in rows])
+        if len(rows) > 1 else 1.0,
+    }

@@ -1,0 +1,100 @@
+"""Perfetto export, prediction-vs-measurement figures, Kendall tau, and the report."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from analysis.cli import main as schedlab
+from analysis.perfetto import to_chrome_trace, write_chrome_trace
+from analysis.report import ReportConfig, write_report
+from analysis.validation import compare_pair, kendall_tau, validation_summary
+from schedules import ScheduleError, build, lower
+from schedules.trace import write_trace
+from sim import UniformCosts, simulate
+
+
+def small_trace(tcomm=0.5, name="1f1b"):
+    return simulate(lower(build(name, pp=2, microbatches=2)), UniformCosts(tcomm=tcomm)).trace
+
+
+def test_chrome_trace_processes_threads_events_and_flows():
+    """Ranks are processes, streams threads, tasks complete events (us), each SEND flows to its RECV."""
+    t = small_trace()
+    ev = to_chrome_trace(t)["traceEvents"]
+    names = {(e["pid"], e["args"]["name"]) for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert names == {(0, "compute"), (0, "send"), (0, "recv"), (1, "compute"), (1, "send"), (1, "recv")}
+    x = [e for e in ev if e["ph"] == "X"]
+    assert len(x) == len(t)
+    b0 = next(e for e in x if e["name"] == "0B0")
+    assert (b0["ts"], b0["dur"], b0["pid"], b0["tid"]) == (5.0e6, 2.0e6, 0, 0)
+    starts = {e["id"]: e for e in ev if e["ph"] == "s"}
+    ends = {e["id"]: e for e in ev if e["ph"] == "f"}
+    assert len(starts) == len(ends) == 4  # two activations forward, two gradients back
+    first = starts[1], ends[1]  # 0SEND_F0 at t=1 -> 1RECV_F0 landing at t=1.5
+    assert (first[0]["pid"], first[0]["ts"], first[1]["pid"], first[1]["ts"]) == (0, 1.0e6, 1, 1.5e6)
+
+
+def test_write_chrome_trace(tmp_path):
+    path = write_chrome_trace(small_trace(), tmp_path / "t.json")
+    assert json.loads(path.read_text())["otherData"]["schedule"] == "1f1b"
+    with pytest.raises(ScheduleError, match=r"use a name ending in \.json"):
+        write_chrome_trace(small_trace(), tmp_path / "t.txt")
+
+
+def test_kendall_tau():
+    assert kendall_tau([1, 2, 3, 4], [10, 20, 30, 40]) == 1.0
+    assert kendall_tau([1, 2, 3, 4], [4, 3, 2, 1]) == -1.0
+    assert kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)
+
+
+def test_compare_pair_and_summary():
+    """A 'measurement' 10% slower than the prediction: error -1/11, bubbles compared too."""
+    pred = small_trace(0.0)
+    meas = pred.copy()
+    meas[["start", "end"]] *= 1.1
+    meas.attrs = {**pred.attrs, "source": "real"}
+    row = compare_pair(pred, meas)
+    assert row["error"] == pytest.approx(-1 / 11)
+    assert row["predicted_bubble"] == pytest.approx(row["measured_bubble"])
+    assert row["kinds"]["F"]["measured"] == pytest.approx(1.1)
+    s = validation_summary([row, {**row, "schedule": "x", "predicted_step_time": 1.0, "measured_step_time": 2.0, "error": -0.5}])
+    assert s["mean_abs_error"] == pytest.approx((1 / 11 + 0.5) / 2)
+
+
+def test_report_writes_markdown_and_figures(tmp_path):
+    """The report names the fastest schedule and links figures that exist; a real trace adds a section."""
+    real = small_trace(0.0, "zb-h1")
+    real[["start", "end"]] *= 1.25  # stands in for a measurement
+    real.attrs = {**real.attrs, "source": "real"}
+    real_path = write_trace(real, tmp_path / "real-zb-h1.csv")
+    cfg = ReportConfig(pp=2, microbatches=4, schedules=("gpipe", "1f1b", "zb-h1", "zb-v"), sweep=(2, 4, 8),
+                       real_traces=(real_path,), progress=False)
+    path = write_report(tmp_path / "rep", cfg)
+    md = path.read_text()
+    assert "**Fastest:** `zb-v`" in md
+    for line in md.splitlines():
+        if line.startswith("!["):
+            assert (path.parent / line.split("(")[-1].rstrip(")")).is_file()
+    assert "## Prediction against measurement" in md and "| zb-h1 |" in md and "-20.0%" in md
+    assert (tmp_path / "rep" / "traces" / "zb-v.csv").is_file()
+
+
+def test_report_cli_and_errors(tmp_path, capsys):
+    assert schedlab(["report", "--out", str(tmp_path / "r"), "--pp", "2", "--microbatches", "2",
+                     "--schedules", "gpipe,1f1b", "--no-progress"]) == 0
+    assert "wrote report:" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        schedlab(["report", "--out", str(tmp_path / "r2"), "--schedules", "nope"])
+    assert exc.value.code == 2 and "unknown schedule 'nope'" in capsys.readouterr().err
+    assert not (tmp_path / "r2").exists()
+
+
+def test_perfetto_cli(tmp_path, capsys):
+    src = write_trace(small_trace(), tmp_path / "t.csv")
+    assert schedlab(["perfetto", str(src)]) == 0
+    assert (tmp_path / "t.perfetto.json").is_file()
+    with pytest.raises(SystemExit):
+        schedlab(["perfetto", str(tmp_path / "missing.csv")])
+    assert "not found" in capsys.readouterr().err
