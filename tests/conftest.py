@@ -23,3 +23,15 @@ def chunk_choices(name: str, multi: tuple[int, ...] = (2, 3)) -> tuple[int, ...]
     if sp.fixed_chunks is not None:
         return (sp.fixed_chunks,)
     return multi if sp.multi_chunk else (1,)
+
+
+def run_sim(capsys, *argv: str) -> tuple[int, str, str]:
+    """``python -m sim ARGV`` in-process: (exit status, stdout, stderr)."""
+    from sim.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err

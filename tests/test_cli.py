@@ -8,22 +8,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_sim
 
 from analysis.cli import main as schedlab_main
 from schedules import names
 from schedules.trace import read_trace
-from sim.cli import main as sim_main
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_sim(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = sim_main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_gpipe_json_bubble_ratio(capsys):

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_sim
 
 import schedules
 from schedules import (
@@ -36,7 +37,6 @@ from schedules import (
     write_torch_csv,
 )
 from sim import UniformCosts, simulate
-from sim.cli import main as sim_main
 
 ROOT = Path(__file__).resolve().parents[1]
 _FIXTURE_NAME = "dualpipev_4rank_10mb.csv"
@@ -145,15 +145,6 @@ def asap_makespan(s: Schedule, tf: float = 1, tb: float = 1, tw: float = 1) -> f
             progressed = True
         assert progressed, "deadlock"
     return max(free)
-
-
-def run_sim(capsys, *argv: str) -> tuple[int, str, str]:
-    try:
-        code = sim_main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # ---------------------------------------------------------------- no torch needed

@@ -11,6 +11,7 @@ import itertools
 from pathlib import Path
 
 import pytest
+from conftest import run_sim
 
 from schedules import Kind, ScheduleError, build, lower, validate
 from schedules.zb_auto import MIN_MEM_LIMIT, makespan
@@ -184,22 +185,11 @@ def test_zb_auto_is_deterministic():
     assert a == b
 
 
-def run_cli(capsys, *argv):
-    from sim.cli import main
-
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_cli_zb_h1_issue_figure(capsys):
     """python -m sim --schedule zb-h1 --pp 4 --microbatches 8 --json: makespan 24 + 3."""
     import json
 
-    code, out, _ = run_cli(capsys, "--schedule", "zb-h1", "--pp", "4", "--microbatches", "8", "--json")
+    code, out, _ = run_sim(capsys, "--schedule", "zb-h1", "--pp", "4", "--microbatches", "8", "--json")
     d = json.loads(out)
     assert code == 0 and d["makespan"] == 27.0
     assert d["bubble_ratio"] == pytest.approx(1 - 96 / 108, abs=1e-12)
@@ -210,7 +200,7 @@ def test_cli_zb_auto_reads_times_and_limit(capsys):
     """--mem-limit and the pass times reach zb-auto: at 2p-1 with tb=2 it ties ZB-H2 (35) and holds 7 M_B."""
     import json
 
-    code, out, _ = run_cli(capsys, "--schedule", "zb-auto", "--pp", "4", "--microbatches", "8",
+    code, out, _ = run_sim(capsys, "--schedule", "zb-auto", "--pp", "4", "--microbatches", "8",
                            "--mem-limit", "7", "--tb", "2", "--json")
     d = json.loads(out)
     assert code == 0 and d["makespan"] == 35.0 and d["peak_activations"] <= 7.0
@@ -221,7 +211,7 @@ def test_cli_pair_overlap(capsys):
 
     outs = []
     for h in ("0", "1"):
-        _, out, _ = run_cli(capsys, "--schedule", "dualpipe-v", "--pp", "4", "--microbatches", "10",
+        _, out, _ = run_sim(capsys, "--schedule", "dualpipe-v", "--pp", "4", "--microbatches", "10",
                                "--pair-overlap", h, "--json")
         outs.append(json.loads(out)["makespan"])
     assert outs == [33.0, 26.0]
@@ -237,5 +227,5 @@ def test_cli_pair_overlap(capsys):
     (["--schedule", "dualpipe-v", "--pp", "4", "--microbatches", "6"], "dualpipe-v needs microbatches >= 2*pp = 8"),
 ])
 def test_cli_zero_bubble_errors(capsys, argv, message):
-    code, out, err = run_cli(capsys, *argv)
+    code, out, err = run_sim(capsys, *argv)
     assert code == 2 and out == "" and err.count("\n") == 1 and message in err
