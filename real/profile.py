@@ -1,30 +1,165 @@
-"""Time the passes of one stage: F, B, and B split into I and W, per microbatch.
+"""Profile this machine for the simulator: pass times per stage, messages, collectives, optimizer.
 
-The same functions the executor runs (:mod:`real.backward`), on the CPU with
-``time.perf_counter`` or on a GPU with CUDA events on the current stream.
-The medians are what a profiled cost model for the simulator needs
-(``tf``, ``tb`` = I, ``tw`` = W; B should be close to I + W).
+    torchrun --nproc-per-node 2 -m real.profile --model gpt --layers 6 --dim 128 --seq 64 \\
+             --microbatch-size 4 --stages 2,4 --out out/profile.json
+
+Every rank runs the same measurements at the same time, so the load on the
+machine is the one a pipeline run puts on it (on a CPU host with one core per
+rank, two ranks compete for memory bandwidth exactly as they do in a run).
+Each quantity is timed ``warmup`` times unrecorded, then ``reps`` times; the
+file keeps the median over all ranks' samples and the spread (10th and 90th
+percentile, n).
+
+Measured, with the same code the executor runs (:mod:`real.backward`):
+
+* per stage of each partition (``--stages``: stage counts, e.g. 2 for
+  gpipe/1f1b at pp=2 and 4 for two chunks per rank): F (the last stage
+  includes the loss), the full backward B, its split I and W (the first
+  stage has no input gradient: its I is empty and W is the whole backward,
+  as in the executor), and the optimizer step over the stage's parameters;
+* ``step_overhead``: the work of a step outside its pipeline program, timed
+  as the runtime does it: zero_grad of every stage and the all-reduce of the
+  loss (one float64) over all ranks;
+* ``task_overhead``: the executor's own cost per task (recorder stamps,
+  polls of outstanding sends, the bookkeeping dicts), timed by running the
+  executor loop's per-task steps around an empty body;
+* ``p2p``: one-way time of a message of n bytes between ranks 0 and 1,
+  fitted as alpha + n / beta (least squares over sizes around one
+  activation); ``send_cpu`` the time the sender's own core spends posting
+  one activation-sized isend (gloo copies and queues it on the caller);
+* ``collectives`` (``--dp`` > 1): all_reduce, reduce_scatter and all_gather
+  over each data-parallel group (ranks with equal ``rank % pp``), fitted as
+  alpha + n / beta with n the bytes of the full buffer.
+
+File schema (JSON, ``"schema": "schedlab.profile/1"``)::
+
+    {"schema", "machine": {host, cpus, torch, threads, world_size, backend, device},
+     "model": ModelConfig fields, "microbatch_size", "dtype": "float32",
+     "activation_bytes": bytes of one boundary message (microbatch x seq x dim x 4),
+     "reps", "warmup",
+     "partitions": [{"num_stages", "stages": [{"stage", "layers": [first, stop],
+                     "param_bytes", "F"|"B"|"I"|"W"|"OPTIM": {"median", "p10", "p90", "n"}}]}],
+     "step_overhead": {...stat}, "task_overhead": {...stat},
+     "p2p": {"alpha", "beta", "send_cpu": {...stat}, "sizes": [{"bytes", ...stat}]} | null,
+     "collectives": {"all_reduce"|"reduce_scatter"|"all_gather": {"alpha", "beta", "sizes": [...]}} | null}
+
+All times in seconds, beta in bytes per second. :class:`sim.profiled.ProfiledCosts` loads it.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import logging
+import os
+import platform
 import statistics
+import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from real.backward import backward_full, backward_input, backward_weight
-from real.config import ModelConfig
-from real.models import activation_shape, build_layers
+from real.config import MODEL_KINDS, OPTIMIZERS, ModelConfig, partition
+from real.data import make_batch
+from real.measure import Recorder
+from real.mesh import env_world
+from real.models import activation_shape, build_layers, loss_fn, make_optimizer
+from schedules import ScheduleError
 
-__all__ = ["StageProfile", "profile_stage"]
+__all__ = ["PROFILE_SCHEMA", "ProfileConfig", "StageProfile", "main", "profile", "profile_stage"]
+
+log = logging.getLogger(__name__)
+
+PROFILE_SCHEMA = "schedlab.profile/1"
+_PASSES = ("F", "B", "I", "W")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProfileConfig:
+    """What to profile: a model, the partitions (stage counts) and the microbatch size.
+
+    ``split`` fixes the layers per stage of a single partition (as ``--split``
+    of ``python -m real``); otherwise each partition is as even as possible,
+    exactly as the runtime splits it.
+    """
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    stages: tuple[int, ...] = (2,)
+    split: tuple[int, ...] | None = None
+    microbatch_size: int = 4
+    pp: int | None = None  # pipeline ranks, for the data-parallel groups (default: world size / dp)
+    dp: int = 1
+    optimizer: str = "adamw"
+    lr: float = 3e-3
+    reps: int = 10
+    warmup: int = 3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("microbatch_size", "dp", "reps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ScheduleError(f"profile: {name} must be an integer >= 1, got {value!r}")
+        if not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ScheduleError(f"profile: warmup must be an integer >= 0, got {self.warmup!r}")
+        if not self.stages or any(not isinstance(s, int) or s < 1 for s in self.stages):
+            raise ScheduleError(f"profile: stages must be stage counts >= 1, e.g. 2,4; got {self.stages!r}")
+        if self.split is not None and len(self.stages) != 1:
+            raise ScheduleError(f"profile: --split fixes one partition; give one stage count, not {self.stages}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ScheduleError(f"profile: unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+        for n in self.stages:
+            partition(self.model.num_layers, n, self.split)  # raises naming the bad split / too few layers
+
+
+# -- statistics ------------------------------------------------------------------------------------------------
+
+
+def _stat(samples: Sequence[float]) -> dict[str, float]:
+    """Median and spread (10th / 90th percentile) of samples."""
+    xs = sorted(samples)
+    q = statistics.quantiles(xs, n=10, method="inclusive") if len(xs) > 1 else [xs[0]] * 9
+    return {"median": statistics.median(xs), "p10": q[0], "p90": q[-1], "n": len(xs)}
+
+
+def _fit_alpha_beta(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float]:
+    """Least squares t = alpha + n / beta; alpha clipped at 0, beta = inf when time does not grow with n."""
+    mx, my = statistics.fmean(sizes), statistics.fmean(times)
+    sxx = sum((x - mx) ** 2 for x in sizes)
+    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, times, strict=True)) / sxx if sxx else 0.0
+    if slope <= 0:
+        return max(min(times), 0.0), float("inf")
+    return max(my - slope * mx, 0.0), 1.0 / slope
+
+
+def _gathered(samples: list[float]) -> list[float]:
+    """Every rank's samples (all ranks call this with the same count)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return samples
+    out: list[list[float] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, samples)
+    return [x for part in out for x in part]
+
+
+def _repeat(fn: Callable[[], float], warmup: int, reps: int) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    return [fn() for _ in range(reps)]
+
+
+# -- passes of one stage -----------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class StageProfile:
-    """Median seconds per microbatch of each pass of layers ``layers`` (a middle stage)."""
+    """Median seconds per microbatch of each pass of stage ``index`` (layers ``layers``)."""
 
     layers: range
     microbatch: int
@@ -38,6 +173,41 @@ class StageProfile:
         return {"layers": f"{self.layers.start}..{self.layers.stop - 1}", "microbatch": self.microbatch,
                 "device": self.device, "F": self.f, "B": self.b, "I": self.i, "W": self.w,
                 "I+W/B": (self.i + self.w) / self.b if self.b else float("nan")}
+
+
+class _StageBench:
+    """One stage built as the runtime builds it, fed as the executor feeds it."""
+
+    def __init__(self, model: ModelConfig, layers: range, microbatch: int, device: torch.device, seed: int,
+                 microbatches: int = 1) -> None:
+        self.stage = torch.nn.Sequential(*build_layers(model, seed, layers)).to(device)
+        self.params = list(self.stage.parameters())
+        self.first, self.last = layers.start == 0, layers.stop == model.num_layers
+        self.divisor = microbatches
+        self.shape = activation_shape(model, microbatch)
+        self.device = device
+        x, y = make_batch(model, seed, 0, microbatch)
+        self.tokens, self.targets = x.to(device), y.to(device)
+        self.grad = None if self.last else torch.randn(self.shape, device=device)
+
+    def _input(self) -> torch.Tensor | None:
+        return None if self.first else torch.randn(self.shape, device=self.device, requires_grad=True)
+
+    def _forward(self, inp: torch.Tensor | None) -> torch.Tensor:
+        out = self.stage(self.tokens if inp is None else inp)
+        return loss_fn(out, self.targets) / self.divisor if self.last else out
+
+    def one_rep(self, timed: Callable[[Callable[[], object]], float]) -> tuple[float, float, float, float]:
+        """(F, B, I, W) seconds: one forward timed with a full backward, one with the split backward."""
+        inp, out = self._input(), []
+        tf = timed(lambda: out.append(self._forward(inp)))
+        tb = timed(lambda: backward_full(out[0], self.grad))
+        inp2 = self._input()
+        out2 = self._forward(inp2)
+        work: list = []
+        ti = timed(lambda: work.append(backward_input(out2, self.grad, inp2, self.params)[1]))
+        tw = timed(lambda: backward_weight(work[0]))
+        return tf, tb, ti, tw
 
 
 def _timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
@@ -57,36 +227,301 @@ def _timer(device: torch.device) -> Callable[[Callable[[], object]], float]:
     return timed
 
 
-def _one_rep(stage: torch.nn.Module, params: list[torch.Tensor], shape: tuple[int, ...], grad: torch.Tensor,
-             timed: Callable[[Callable[[], object]], float]) -> tuple[float, float, float, float]:
-    """(F, B, I, W) seconds: one forward timed with a full backward, one with the split backward."""
-    x = torch.randn(shape, device=grad.device, requires_grad=True)
-    out: list[torch.Tensor] = []
-    tf = timed(lambda: out.append(stage(x)))
-    tb = timed(lambda: backward_full(out[0], grad))
-    x2 = torch.randn(shape, device=grad.device, requires_grad=True)
-    out2 = stage(x2)
-    work: list = []
-    ti = timed(lambda: work.append(backward_input(out2, grad, x2, params)[1]))
-    tw = timed(lambda: backward_weight(work[0]))
-    return tf, tb, ti, tw
+def _stage_samples(bench: _StageBench, timed: Callable, warmup: int, reps: int) -> dict[str, list[float]]:
+    times: dict[str, list[float]] = {k: [] for k in _PASSES}
+    for rep in range(warmup + reps):
+        sample = bench.one_rep(timed)
+        if rep >= warmup:
+            for k, v in zip(_PASSES, sample, strict=True):
+                times[k].append(v)
+    return times
 
 
 def profile_stage(model: ModelConfig, layers: range, microbatch: int, device: torch.device,
                   *, reps: int = 20, warmup: int = 3, seed: int = 0) -> StageProfile:
-    """F, B, I and W of a middle stage (its input is a hidden state that needs a gradient)."""
-    if layers.start < 1 or layers.stop > model.num_layers - 1:
-        raise ValueError(f"profile a middle stage: layers within 1..{model.num_layers - 2}, got {layers}")
-    stage = torch.nn.Sequential(*build_layers(model, seed, layers)).to(device)
-    params = list(stage.parameters())
-    shape = activation_shape(model, microbatch)
-    grad = torch.randn(shape, device=device)
-    timed = _timer(device)
-    times: dict[str, list[float]] = {"f": [], "b": [], "i": [], "w": []}
-    for rep in range(warmup + reps):
-        sample = _one_rep(stage, params, shape, grad, timed)
-        if rep >= warmup:
-            for k, v in zip("fbiw", sample, strict=True):
-                times[k].append(v)
-    med = {k: statistics.median(v) for k, v in times.items()}
+    """Median F, B, I and W of the stage holding ``layers`` (first, middle or last), on this process alone."""
+    if layers.start < 0 or layers.stop > model.num_layers or not len(layers):
+        raise ValueError(f"layers must lie within 0..{model.num_layers - 1}, got {layers}")
+    times = _stage_samples(_StageBench(model, layers, microbatch, device, seed), _timer(device), warmup, reps)
+    med = {k.lower(): statistics.median(v) for k, v in times.items()}
     return StageProfile(layers, microbatch, str(device), **med)
+
+
+def _optimizer_samples(bench: _StageBench, optimizer: str, lr: float, warmup: int, reps: int) -> list[float]:
+    backward_full(bench._forward(bench._input()), bench.grad)  # gradients exist, as after a step's backward
+    opt = make_optimizer(optimizer, bench.params, lr)
+    timed = _timer(bench.device)
+    return _repeat(lambda: timed(opt.step), warmup, reps)
+
+
+# -- the executor's own cost per task -----------------------------------------------------------------------------
+
+
+def _task_overhead_samples(device: torch.device, warmup: int, reps: int, tasks: int = 200) -> list[float]:
+    """Seconds per task of the executor loop around an empty body (stamps, record, polls, dict traffic).
+
+    Mirrors :meth:`real.executor.Executor.run_step`: per task two stamps, one
+    ``Recorder.add``, a parts() walk and dispatch, one poll of the data-parallel
+    sync and of the outstanding sends, and a put/pop of the value in a dict.
+    """
+    rec = Recorder(device)
+    rec.begin(True)
+    box: dict[int, int] = {}
+    table = {"F": lambda: None}
+
+    def loop() -> float:
+        t = time.perf_counter()
+        for i in range(tasks):
+            start = rec.stamp()
+            for _ in (0,):
+                table["F"]()
+            box[i] = i
+            box.pop(i)
+            (lambda: None)()
+            (lambda: None)()
+            rec.add(i, start, rec.stamp(), 0)
+        rec.begin(True)
+        return (time.perf_counter() - t) / tasks
+
+    return _repeat(loop, warmup, reps)
+
+
+# -- communication ------------------------------------------------------------------------------------------------
+
+
+def _p2p(activation_bytes: int, warmup: int, reps: int) -> dict[str, Any] | None:
+    """Ranks 0 and 1 ping-pong messages of a few sizes; one way = half the round trip."""
+    if not dist.is_initialized() or dist.get_world_size() < 2:
+        return None
+    rank = dist.get_rank()
+    sizes = sorted({max(4, activation_bytes // 4), activation_bytes, 4 * activation_bytes})
+    rows, fit_n, fit_t = [], [], []
+    for n in sizes:
+        buf = torch.zeros(n // 4, dtype=torch.float32)
+        samples = []
+        for rep in range(warmup + reps):
+            dist.barrier()
+            t = time.perf_counter()
+            if rank == 0:
+                dist.send(buf, dst=1)
+                dist.recv(buf, src=1)
+            elif rank == 1:
+                dist.recv(buf, src=0)
+                dist.send(buf, dst=0)
+            one_way = (time.perf_counter() - t) / 2
+            if rep >= warmup:
+                samples.append(one_way)
+        samples = _gathered(samples if rank == 0 else [])
+        rows.append({"bytes": n, **_stat(samples)})
+        fit_n.append(float(n))
+        fit_t.append(statistics.median(samples))
+    alpha, beta = _fit_alpha_beta(fit_n, fit_t)
+    # The sender's own core: posting one activation-sized isend (gloo copies it on the caller's thread).
+    buf = torch.zeros(activation_bytes // 4, dtype=torch.float32)
+    posts = []
+    for rep in range(warmup + reps):
+        dist.barrier()
+        if rank == 0:
+            t = time.perf_counter()
+            work = dist.isend(buf, dst=1)
+            posted = time.perf_counter() - t
+            work.wait()
+            if rep >= warmup:
+                posts.append(posted)
+        elif rank == 1:
+            dist.recv(buf, src=0)
+    posts = _gathered(posts)
+    return {"alpha": alpha, "beta": beta, "sizes": rows, "send_cpu": _stat(posts)}
+
+
+def _collectives(pp: int, dp: int, param_bytes: int, warmup: int, reps: int) -> dict[str, Any] | None:
+    """all_reduce, reduce_scatter and all_gather over this rank's data-parallel group, alpha + n / beta."""
+    if dp < 2:
+        return None
+    rank = dist.get_rank()
+    group = None
+    for i in range(pp):
+        g = dist.new_group([d * pp + i for d in range(dp)])
+        if rank % pp == i:
+            group = g
+    sizes = sorted({max(4 * dp, param_bytes // 4 // dp * dp), max(4 * dp, param_bytes // dp * dp)})
+    out: dict[str, Any] = {}
+    for op in ("all_reduce", "reduce_scatter", "all_gather"):
+        rows, fit_n, fit_t = [], [], []
+        for n in sizes:
+            full = torch.zeros(n // 4, dtype=torch.float32)
+            shard = torch.zeros(n // 4 // dp, dtype=torch.float32)
+
+            def call(op=op, full=full, shard=shard) -> float:
+                dist.barrier(group=group)
+                t = time.perf_counter()
+                if op == "all_reduce":
+                    dist.all_reduce(full, group=group)
+                elif op == "reduce_scatter":
+                    dist.reduce_scatter_tensor(shard, full, group=group)
+                else:
+                    dist.all_gather_into_tensor(full, shard, group=group)
+                return time.perf_counter() - t
+
+            samples = _gathered(_repeat(call, warmup, reps))
+            rows.append({"bytes": n, **_stat(samples)})
+            fit_n.append(float(n))
+            fit_t.append(statistics.median(samples))
+        alpha, beta = _fit_alpha_beta(fit_n, fit_t)
+        out[op] = {"alpha": alpha, "beta": beta, "sizes": rows}
+    return out
+
+
+def _step_overhead_samples(benches: Sequence[_StageBench], warmup: int, reps: int) -> list[float]:
+    """zero_grad of the stages plus the all-reduce of the step's loss, as :mod:`real.train` does per step."""
+    value = torch.zeros(1, dtype=torch.float64)
+    opts = [make_optimizer("sgd", b.params, 1e-3) for b in benches]
+
+    def once() -> float:
+        if dist.is_initialized():
+            dist.barrier()
+        t = time.perf_counter()
+        for opt in opts:
+            opt.zero_grad(set_to_none=True)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(value)
+        return time.perf_counter() - t
+
+    return _repeat(once, warmup, reps)
+
+
+# -- the whole profile --------------------------------------------------------------------------------------------
+
+
+def _machine(world: int, backend: str, device: torch.device) -> dict[str, Any]:
+    return {"host": platform.node(), "cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
+            "torch": torch.__version__, "threads": torch.get_num_threads(), "world_size": world,
+            "backend": backend, "device": device.type}
+
+
+def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str, Any]:
+    """Measure everything (every rank calls this at once); returns the cost file's dict on every rank."""
+    device = device or torch.device("cpu")
+    _, world, _ = env_world()
+    timed = _timer(device)
+    model, mb = cfg.model, cfg.microbatch_size
+    act_bytes = 4 * int(torch.Size(activation_shape(model, mb)).numel())  # float32 boundary tensor
+    partitions, benches = [], []
+    for n in cfg.stages:
+        stages = []
+        for s, layers in enumerate(partition(model.num_layers, n, cfg.split)):
+            bench = _StageBench(model, layers, mb, device, cfg.seed)
+            benches.append(bench)
+            times = _stage_samples(bench, timed, cfg.warmup, cfg.reps)
+            times["OPTIM"] = _optimizer_samples(bench, cfg.optimizer, cfg.lr, cfg.warmup, cfg.reps)
+            row = {"stage": s, "layers": [layers.start, layers.stop],
+                   "param_bytes": sum(p.numel() * p.element_size() for p in bench.params)}
+            row.update({k: _stat(_gathered(v)) for k, v in times.items()})
+            stages.append(row)
+            log.info("%d stages, stage %d (layers %s): %s", n, s, row["layers"],
+                     " ".join(f"{k}={row[k]['median'] * 1e3:.3f}ms" for k in (*_PASSES, "OPTIM")))
+        partitions.append({"num_stages": n, "stages": stages})
+    pp = cfg.pp or max(world // cfg.dp, 1)
+    if cfg.dp > 1 and pp * cfg.dp != world:
+        raise ScheduleError(f"profile: --dp {cfg.dp} x pp {pp} must equal the world size {world}")
+    max_params = max(s["param_bytes"] for p in partitions for s in p["stages"])
+    return {
+        "schema": PROFILE_SCHEMA,
+        "machine": _machine(world, dist.get_backend() if dist.is_initialized() else "none", device),
+        "model": model.to_dict(), "microbatch_size": mb, "dtype": "float32", "activation_bytes": act_bytes,
+        "optimizer": cfg.optimizer, "reps": cfg.reps, "warmup": cfg.warmup,
+        "partitions": partitions,
+        "step_overhead": _stat(_gathered(_step_overhead_samples(benches[: cfg.stages[0]], cfg.warmup, cfg.reps))),
+        "task_overhead": _stat(_gathered(_task_overhead_samples(device, cfg.warmup, cfg.reps))),
+        "p2p": _p2p(act_bytes, cfg.warmup, cfg.reps),
+        "collectives": _collectives(pp, cfg.dp, max_params, cfg.warmup, cfg.reps),
+    }
+
+
+# -- CLI ----------------------------------------------------------------------------------------------------------
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise ScheduleError(f"{flag} {text!r}: give integers separated by commas, e.g. 2,4") from None
+
+
+def _parser() -> argparse.ArgumentParser:
+    from sim.cli import OneLineParser
+
+    p = OneLineParser(prog="python -m real.profile", description="Profile this machine into a cost file for "
+                      "python -m sim --costs (run under torchrun; every rank measures at once).")
+    p.add_argument("--out", required=True, metavar="FILE.json", help="cost file to write (rank 0)")
+    p.add_argument("--stages", default="2", metavar="N,N", help="stage counts to profile, e.g. 2,4 (default 2)")
+    p.add_argument("--split", metavar="N,N,...", help="layers per stage of the one partition (default: even)")
+    p.add_argument("--microbatch-size", type=int, metavar="B", help="samples per microbatch (default 4)")
+    p.add_argument("--batch-size", type=int, metavar="B", help="with --microbatches: microbatch = B / (M x dp)")
+    p.add_argument("--microbatches", type=int, metavar="M")
+    p.add_argument("--pp", type=int, help="pipeline ranks, for the data-parallel groups (default world / dp)")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel replicas: collectives over each dp group")
+    p.add_argument("--reps", type=int, default=10, help="timed repetitions (default 10)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed repetitions first (default 3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--model", choices=MODEL_KINDS, default="gpt")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--dim", type=int, default=32)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--vocab", type=int, default=64)
+    p.add_argument("--seq", type=int, default=16)
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="collective timeout (default 300 s)")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> ProfileConfig:
+    model = ModelConfig(kind=args.model, layers=args.layers, dim=args.dim, heads=args.heads, vocab=args.vocab,
+                        seq=args.seq)
+    mb = args.microbatch_size
+    if mb is None and args.batch_size is not None:
+        if not args.microbatches:
+            raise ScheduleError("--batch-size needs --microbatches (microbatch = batch / (microbatches x dp))")
+        mb = args.batch_size // (args.microbatches * args.dp)
+    return ProfileConfig(model=model, stages=_ints(args.stages, "--stages"),
+                         split=_ints(args.split, "--split") if args.split else None, microbatch_size=mb or 4,
+                         pp=args.pp, dp=args.dp, optimizer=args.optimizer, lr=args.lr, reps=args.reps,
+                         warmup=args.warmup, seed=args.seed)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from sim.cli import fail
+
+    args = _parser().parse_args(argv)
+    rank, world, _ = env_world()
+    logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
+                        format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = config_from_args(args)
+        out = Path(args.out)
+        if out.suffix != ".json":
+            raise ScheduleError(f"--out {args.out!r}: the cost file is JSON; give a path ending in .json")
+    except ScheduleError as exc:
+        fail(f"[rank {rank}] {exc}" if world > 1 else str(exc))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+    try:
+        result = profile(cfg)
+    except ScheduleError as exc:
+        fail(f"[rank {rank}] {exc}")
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if rank == 0:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(".tmp-" + out.name)
+        tmp.write_text(json.dumps(result, indent=1))
+        os.replace(tmp, out)
+        sys.stdout.write(f"wrote cost file: {out}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
