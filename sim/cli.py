@@ -60,6 +60,8 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mw", type=float, default=0.0, help="fraction of M_B that W still holds after I (default 0)")
     g.add_argument("--pair-overlap", type=float, default=0.0, metavar="H",
                    help="fraction of the shorter pass hidden in an overlapped F+B pair (DualPipe); 0 = sum (default)")
+    g.add_argument("--costs", metavar="PROFILE.json",
+                   help="profiled costs in seconds from python -m real.profile (replaces the uniform costs)")
 
 
 def costs_from_args(args: argparse.Namespace) -> UniformCosts:
@@ -165,13 +167,20 @@ def real_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def _profiled_step_time(result: SimResult, costs: object) -> float | None:
+    from sim.profiled import ProfiledCosts, step_time
+
+    return step_time(result, costs) if isinstance(costs, ProfiledCosts) else None
+
+
 def format_table(result: SimResult) -> str:
     """A readable summary: the schedule's shape, then one line per rank."""
     d = result.to_dict()
     lines = [
         f"schedule {d['schedule']}: pp={d['pp']} microbatches={d['microbatches']} chunks={d['chunks']} "
         f"({d['stages']} stages)",
-        "costs: " + " ".join(f"{k}={v:g}" for k, v in d["costs"].items() if k != "model"),
+        "costs: " + " ".join(f"{k}={v:g}" if isinstance(v, int | float) else f"{k}={v}"
+                             for k, v in d["costs"].items() if k != "model"),
         f"makespan {d['makespan']:.6g}   bubble ratio {d['bubble_ratio']:.4f}   "
         f"peak activations {d['peak_activations']:.4g} M_B",
         "",
@@ -194,6 +203,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
             print(f"{n:<18} {'v>=2 chunks' if sp.multi_chunk else '1 stage/rank':<13} {sp.summary}")
         return 0
     if args.model or args.cluster or args.config:
+        if args.costs:
+            fail(f"{prog}: --costs (a profiled cost file) does not combine with --model/--cluster/--config")
         return real_main(args)
     needed = ("schedule",) if (args.schedule or "").startswith("csv:") else ("schedule", "pp", "microbatches")
     missing = [f"--{f}" for f in needed if getattr(args, f) is None]
@@ -211,9 +222,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
         costs = costs_from_args(args)
         graph = validate(load_graph(args.schedule, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks,
                                     **schedule_options(args)))
+        if args.costs:
+            from sim.profiled import load_profile
+
+            costs = load_profile(args.costs, graph.schedule.num_stages)
     except ScheduleError as exc:
         fail(str(exc))
     result = simulate(graph, costs, check=False)
+    step = _profiled_step_time(result, costs)
     if trace_path is not None:
         from schedules.trace import write_trace
 
@@ -225,9 +241,11 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
     for comms, path in exports.items():
         write_torch_csv(graph, path, comms=comms)
     if args.json:
-        print(json.dumps(result.to_dict()))
+        print(json.dumps(result.to_dict() if step is None else {**result.to_dict(), "step_time": step}))
     else:
         print(format_table(result))
+        if step is not None:
+            print(f"step time {step:.6g} s (makespan + optimizer steps + step overhead, as the runtime measures it)")
         for what, path in (("trace", trace_path), ("timeline", plot_path)):
             if path is not None:
                 print(f"wrote {what}: {path}")
