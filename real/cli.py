@@ -20,10 +20,11 @@ from collections.abc import Sequence
 
 import torch
 
-from real.config import BACKENDS, DP_MODES, MODEL_KINDS, OPTIMIZERS, ModelConfig, RunConfig, make_plan
+from real.checkpoint import CheckpointConfig
+from real.config import BACKENDS, DP_MODES, FAIL_MODES, MODEL_KINDS, OPTIMIZERS, ModelConfig, RunConfig, make_plan
 from real.launch import torchrun
 from real.mesh import env_world
-from real.train import RunResult, resolve_backend, run
+from real.train import RunResult, resolve_backend, resume_point, run
 from schedules import ScheduleError
 from schedules.trace import check_trace_path
 from sim.cli import OneLineParser, add_schedule_args, fail
@@ -34,7 +35,8 @@ __all__ = ["config_from_args", "launch_main", "main", "parser"]
 def parser(prog: str) -> OneLineParser:
     p = OneLineParser(prog=prog, description="Train a model with a pipeline schedule on torch.distributed.")
     add_schedule_args(p)
-    p.add_argument("--dp", type=int, default=1, metavar="D", help="data-parallel replicas (default 1)")
+    p.add_argument("--dp", type=_dp, default=1, metavar="D",
+                   help="data-parallel replicas, or auto: world size / pp (elastic runs; default 1)")
     p.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
     p.add_argument("--batch-size", type=int, default=32, metavar="B", help="global batch per step (default 32)")
     p.add_argument("--seed", type=int, default=0, help="fixes the model and the data (default 0)")
@@ -60,8 +62,38 @@ def parser(prog: str) -> OneLineParser:
     r.add_argument("--plot", metavar="FILE", help="draw the traced step's timeline (.png, .svg or .pdf; rank 0)")
     r.add_argument("--save-params", metavar="FILE", help="rank 0 saves the final parameters (torch.save)")
     r.add_argument("--json", action="store_true", help="print exactly one JSON object at the end (rank 0)")
+    f = p.add_argument_group("fault tolerance (see README: torchrun --max-restarts)")
+    f.add_argument("--checkpoint-dir", metavar="DIR", help="save DCP checkpoints here and resume from the newest")
+    f.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
+                   help="save every K steps (default 0: only resume)")
+    f.add_argument("--keep-last", type=int, default=2, metavar="N", help="complete checkpoints kept (default 2)")
+    f.add_argument("--async-checkpoint", action="store_true", help="save with dcp.async_save (one in flight)")
+    f.add_argument("--fail-at-step", type=int, metavar="S", help="inject a fault at step S (first attempt only)")
+    f.add_argument("--fail-rank", type=int, default=0, metavar="R", help="the rank that fails (default 0)")
+    f.add_argument("--fail-mode", choices=FAIL_MODES, default="kill", help="kill (SIGKILL) or hang (default kill)")
     r.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
     return p
+
+
+def _dp(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: give an integer or auto") from None
+
+
+def _resolve_dp(dp: int | str, pp: int, world: int | None) -> int:
+    """``--dp auto``: as many replicas as the launched processes hold pipelines (pp fixed)."""
+    if dp != "auto":
+        return dp
+    if world is None:
+        return 1
+    if world % pp:
+        raise ScheduleError(f"--dp auto: world size {world} is not a multiple of pp={pp}; "
+                            f"launch a multiple of {pp} processes")
+    return world // pp
 
 
 def _split(text: str | None) -> tuple[int, ...] | None:
@@ -73,15 +105,20 @@ def _split(text: str | None) -> tuple[int, ...] | None:
         raise ScheduleError(f"--split {text!r}: give layers per stage as integers, e.g. 2,2,1,1") from None
 
 
-def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """Flags -> RunConfig; ScheduleError names the bad value."""
+def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunConfig:
+    """Flags -> RunConfig (``world``: the launched processes, for ``--dp auto``); ScheduleError names the bad value."""
     model = ModelConfig(kind=args.model, layers=args.layers, dim=args.dim, heads=args.heads, vocab=args.vocab,
                         seq=args.seq)
+    checkpoint = None
+    if args.checkpoint_dir is not None:
+        checkpoint = CheckpointConfig(directory=args.checkpoint_dir, every=args.checkpoint_every,
+                                      keep_last=args.keep_last, async_save=args.async_checkpoint)
     return RunConfig(
-        schedule=args.schedule, pp=args.pp, dp=args.dp, microbatches=args.microbatches, chunks=args.chunks,
+        schedule=args.schedule, pp=args.pp, dp=_resolve_dp(args.dp, args.pp, world), microbatches=args.microbatches, chunks=args.chunks,
         batch_size=args.batch_size, steps=args.steps, seed=args.seed, model=model, split=_split(args.split),
         optimizer=args.optimizer, lr=args.lr, dp_mode=args.dp_mode, bucket_mb=args.bucket_mb,
         backend=args.backend, timeout_s=args.timeout, recv_ahead=args.recv_ahead, trace_step=args.trace_step,
+        checkpoint=checkpoint, fail_at_step=args.fail_at_step, fail_rank=args.fail_rank, fail_mode=args.fail_mode,
     )
 
 
@@ -89,9 +126,10 @@ def _checked(args: argparse.Namespace, world: int) -> RunConfig:
     """Every check of the flags that needs no communication (run() checks the plan again)."""
     from analysis.timeline import check_figure_path
 
-    config = config_from_args(args)
+    config = config_from_args(args, world)
     make_plan(config, world)
     resolve_backend(config.backend)
+    resume_point(config)
     if args.trace:
         check_trace_path(args.trace)
     if args.plot:
@@ -158,7 +196,7 @@ def launch_main(argv: Sequence[str] | None = None, prog: str = "schedlab run") -
         return 0
     args = parser(prog).parse_args(rest)
     try:
-        config = config_from_args(args)
+        config = config_from_args(args, known.nproc_per_node)
         nproc = known.nproc_per_node if known.nproc_per_node is not None else config.world_size
         _checked(args, nproc)
     except ScheduleError as exc:

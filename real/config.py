@@ -12,11 +12,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from real.checkpoint import CheckpointConfig
 from schedules import Kind, ScheduleError, TaskGraph, build, validate
 
 __all__ = [
     "BACKENDS",
     "DP_MODES",
+    "FAIL_MODES",
     "MODEL_KINDS",
     "OPTIMIZERS",
     "ModelConfig",
@@ -30,6 +32,7 @@ MODEL_KINDS = ("gpt", "mlp")
 DP_MODES = ("sync", "ddp", "zero1")
 OPTIMIZERS = ("sgd", "adamw")
 BACKENDS = ("gloo", "nccl")
+FAIL_MODES = ("kill", "hang")  # an injected fault: SIGKILL itself, or stop answering (sleep)
 # Kinds the executor runs. A schedule with anything else is refused before any communication.
 SUPPORTED_KINDS = frozenset({
     Kind.F, Kind.I, Kind.W, Kind.B, Kind.OVERLAP_F_B, Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B,
@@ -115,6 +118,10 @@ class RunConfig:
     timeout_s: float = 300.0
     recv_ahead: int | None = None
     trace_step: int = -1
+    checkpoint: CheckpointConfig | None = None
+    fail_at_step: int | None = None
+    fail_rank: int = 0
+    fail_mode: str = "kill"
 
     def __post_init__(self) -> None:
         owner = f"run of {self.schedule!r}"
@@ -137,12 +144,31 @@ class RunConfig:
                 f"{owner}: trace step {self.trace_step} is out of range for {self.steps} steps; "
                 f"valid: {-self.steps}..{self.steps - 1} (negative counts from the end)"
             )
+        self._check_faults(owner)
         per_replica = self.dp * self.microbatches
         if self.batch_size % per_replica:
             fits = (self.batch_size // per_replica or 1) * per_replica
             raise ScheduleError(
                 f"{owner}: batch size {self.batch_size} is not divisible by dp x microbatches = "
                 f"{self.dp} x {self.microbatches} = {per_replica}; use a multiple of {per_replica}, e.g. {fits}"
+            )
+
+    def _check_faults(self, owner: str) -> None:
+        _one_of(owner, "fail mode", self.fail_mode, FAIL_MODES)
+        if self.fail_at_step is not None and not 0 <= self.fail_at_step < self.steps:
+            raise ScheduleError(
+                f"{owner}: fail-at-step {self.fail_at_step} is out of range for {self.steps} steps; "
+                f"valid: 0..{self.steps - 1}"
+            )
+        if not isinstance(self.fail_rank, int) or not 0 <= self.fail_rank < self.world_size:
+            raise ScheduleError(
+                f"{owner}: fail-rank {self.fail_rank!r} is not a rank of pp x dp = {self.world_size} processes; "
+                f"valid: 0..{self.world_size - 1}"
+            )
+        if self.checkpoint is not None and self.dp_mode == "zero1" and self.dp > 1:
+            raise ScheduleError(
+                f"{owner}: checkpoints with dp mode zero1 are not supported (its optimizer state is sharded "
+                "over flat buckets); use --dp-mode ddp or sync"
             )
 
     @property
@@ -172,6 +198,8 @@ class RunConfig:
         """Inverse of :meth:`to_dict` (JSON round trip)."""
         d = dict(d)
         d["model"] = ModelConfig(**d.get("model", {}))
+        if d.get("checkpoint") is not None:
+            d["checkpoint"] = CheckpointConfig(**d["checkpoint"])
         if d.get("split") is not None:
             d["split"] = tuple(d["split"])
         return cls(**d)

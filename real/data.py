@@ -18,7 +18,7 @@ import torch
 
 from real.config import ModelConfig
 
-__all__ = ["NOISE", "make_batch", "microbatches"]
+__all__ = ["NOISE", "make_batch", "microbatches", "step_seed"]
 
 NOISE = 0.1  # fraction of gpt tokens drawn uniformly instead of from the rule
 
@@ -28,6 +28,11 @@ def _generator(*key: int) -> torch.Generator:
     for k in key:
         mixed = (mixed * 6_364_136_223_846_793_005 + k + 1_442_695_040_888_963_407) % (2**63 - 1)
     return torch.Generator().manual_seed(mixed)
+
+
+def step_seed(seed: int, step: int, rank: int) -> int:
+    """The seed of a rank's global RNG for ``step``: restarted or resized runs draw the same numbers."""
+    return int(_generator(seed, step, rank).initial_seed())
 
 
 def make_batch(cfg: ModelConfig, seed: int, step: int, batch: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -33,6 +33,21 @@ def env_world() -> tuple[int, int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
 
 
+def _attempt_store(rank: int, world: int, timeout: timedelta) -> dict:
+    """On a torchrun restart: the launcher's store, with keys prefixed by the attempt.
+
+    torchrun keeps one store across restarts, so without the prefix the new
+    group would read the dead attempt's addresses and fail to connect.
+    """
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    if attempt == 0 or "MASTER_ADDR" not in os.environ:
+        return {}
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                          is_master=not agent and rank == 0, timeout=timeout)
+    return {"store": dist.PrefixStore(f"schedlab/attempt{attempt}", store), "rank": rank, "world_size": world}
+
+
 @dataclass(eq=False)
 class Mesh:
     """This rank's place in the pp x dp grid and its process groups (None where a dimension is 1)."""
@@ -75,22 +90,23 @@ class Mesh:
         if device.type == "cuda":
             torch.cuda.set_device(device)
         owns = False
+        timeout = timedelta(seconds=timeout_s)  # also for the subgroups: new_group's own default is 30 min
         if world > 1 and not dist.is_initialized():
             spec = "cpu:gloo,cuda:nccl" if backend == "nccl" else "gloo"
-            dist.init_process_group(spec, timeout=timedelta(seconds=timeout_s))
+            dist.init_process_group(spec, timeout=timeout, **_attempt_store(rank, world, timeout))
             owns = True
         pp, dp = plan.config.pp, plan.config.dp
         p2p = dpg = None
         if pp > 1:
             for d in range(dp):
                 ranks = [d * pp + i for i in range(pp)]
-                pair = (dist.new_group(ranks), dist.new_group(ranks))
+                pair = (dist.new_group(ranks, timeout=timeout), dist.new_group(ranks, timeout=timeout))
                 if rank in ranks:
                     p2p = pair
         if dp > 1:
             for i in range(pp):
                 ranks = [d * pp + i for d in range(dp)]
-                group = dist.new_group(ranks)
+                group = dist.new_group(ranks, timeout=timeout)
                 if rank in ranks:
                     dpg = group
         log.debug("rank %d: pipeline rank %d of replica %d on %s", rank, rank % pp, rank // pp, device)

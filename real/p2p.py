@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from schedules import Kind, Task, TaskGraph
 
-__all__ = ["Inflight", "PipeComm", "matching_sends"]
+__all__ = ["Inflight", "PeerError", "PipeComm", "matching_sends"]
 
 _MATCH = {Kind.RECV_F: Kind.SEND_F, Kind.RECV_B: Kind.SEND_B}
 
@@ -81,6 +81,10 @@ class Inflight:
 class _Posted:
     buffer: torch.Tensor
     work: dist.Work
+
+
+class PeerError(RuntimeError):
+    """A peer did not answer within the process group's timeout (or its connection closed): names the peer."""
 
 
 class PipeComm:
@@ -156,7 +160,13 @@ class PipeComm:
         peer, index = self._where[task.id]
         self._post(peer, index + 1)
         posted = self._posted.pop(task.id)
-        posted.work.wait()  # on a GPU: makes the current stream wait for the transfer
+        try:
+            posted.work.wait()  # on a GPU: makes the current stream wait for the transfer
+        except RuntimeError as exc:  # the group's timeout passed, or the peer's connection closed
+            raise PeerError(
+                f"rank {self._global(self.pp_rank)}: no {task.action} from rank {self._global(peer)} "
+                f"(pipeline rank {peer}): the peer died or hangs ({str(exc).splitlines()[0]})"
+            ) from exc
         if self._stream is not None:
             posted.buffer.record_stream(torch.cuda.current_stream(self.device))
         self._open[peer] -= 1

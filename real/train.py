@@ -13,30 +13,34 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
+import re
+import signal
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
+from real import checkpoint as ckpt
 from real.config import Plan, RunConfig, make_plan
-from real.data import make_batch, microbatches
+from real.data import make_batch, microbatches, step_seed
 from real.dp import GradSync
 from real.executor import Executor, Stage
 from real.measure import ActivationMeter, Recorder, clock_offset
 from real.mesh import Mesh, env_world
 from real.models import activation_shape, build_layers, make_optimizer
-from real.p2p import PipeComm, matching_sends
+from real.p2p import PeerError, PipeComm, matching_sends
 from schedules import ScheduleError
 from schedules.trace import TRACE_COLUMNS, check_trace_path, make_trace, write_trace
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["RunResult", "param_digest", "resolve_backend", "run"]
+__all__ = ["RunResult", "param_digest", "resolve_backend", "restart_count", "resume_point", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +62,8 @@ class RunResult:
     memory: list[dict[str, Any]] | None = None
     param_norm: float | None = None
     param_sha256: str | None = None
+    start_step: int = 0
+    resumed_from: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         c = self.config
@@ -66,6 +72,7 @@ class RunResult:
             "microbatches": c.microbatches, "chunks": self.trace.attrs["params"]["chunks"] if self.trace is not None else c.chunks,
             "backend": self.backend, "dp_mode": c.dp_mode, "steps": c.steps,
             "losses": self.losses, "step_times": self.step_times, "trace": self.trace_path,
+            "start_step": self.start_step, "resumed_from": self.resumed_from, "restart_count": restart_count(),
             "param_norm": self.param_norm, "param_sha256": self.param_sha256, "memory": self.memory,
         }
 
@@ -89,6 +96,36 @@ def resolve_backend(backend: str | None) -> str:
     return backend
 
 
+def restart_count() -> int:
+    """How many times torchrun has restarted the group (0 on the first attempt, or without torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
+_COMM_FAILURE = re.compile(r"gloo|timed? ?out|connection|peer", re.IGNORECASE)
+_MUST_MATCH = ("batch_size", "seed", "optimizer")
+
+
+def resume_point(config: RunConfig) -> ckpt.Restored | None:
+    """The newest complete checkpoint to resume from (files only); ScheduleError if it belongs to another run.
+
+    The layout (pp, dp, schedule) may differ, the model, global batch, seed and optimizer may not.
+    """
+    if config.checkpoint is None:
+        return None
+    restored = ckpt.latest_complete(config.checkpoint.directory)
+    if restored is None:
+        return None
+    saved = restored.info.get("config", {})
+    mine = config.to_dict()
+    for key in ("model", *_MUST_MATCH):
+        if saved.get(key) != mine[key]:
+            raise ScheduleError(
+                f"checkpoint {restored.path} was written with {key} {saved.get(key)!r}, this run has "
+                f"{mine[key]!r}; use the same {key} to resume, or another --checkpoint-dir"
+            )
+    return restored
+
+
 def run(
     config: RunConfig,
     *,
@@ -101,10 +138,11 @@ def run(
     plan = make_plan(config, world)
     backend = resolve_backend(config.backend)
     path = check_trace_path(trace_path) if trace_path is not None else None
+    restored = resume_point(config)
     own = mesh is None
     mesh = mesh if mesh is not None else Mesh.create(plan, backend, config.timeout_s)
     try:
-        return _Trainer(plan, mesh, backend).train(path, on_step)
+        return _Trainer(plan, mesh, backend).train(path, on_step, restored)
     finally:
         if own:
             mesh.close()
@@ -160,7 +198,21 @@ class _Trainer:
         dev = self.mesh.device
         return [(x.to(dev), y.to(dev)) for x, y in microbatches(batch, cfg.dp, self.mesh.dp_rank, cfg.microbatches)]
 
+    def _inject_fault(self, step: int) -> None:
+        """``--fail-at-step``: on the first attempt only, the chosen rank dies (SIGKILL) or stops answering."""
+        cfg = self.plan.config
+        if step != cfg.fail_at_step or self.mesh.rank != cfg.fail_rank or restart_count() > 0:
+            return
+        log.warning("rank %d: injected fault (%s) at step %d", self.mesh.rank, cfg.fail_mode, step)
+        logging.shutdown()
+        if cfg.fail_mode == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        while True:
+            time.sleep(3600)
+
     def _step(self, step: int) -> torch.Tensor | None:
+        torch.manual_seed(step_seed(self.plan.config.seed, step, self.mesh.rank))
+        self._inject_fault(step)
         if self.sync is not None:
             self.sync.begin_step()
         else:
@@ -168,7 +220,7 @@ class _Trainer:
                 opt.zero_grad(set_to_none=True)
         cfg = self.plan.config
         self.recorder.begin(step == cfg.traced_step)
-        self.meter.begin(step == cfg.metered_step)
+        self.meter.begin(step == self.metered)
         loss = self.executor.run_step(self._batches(step))
         if self.sync is not None:
             self.sync.finish()
@@ -188,29 +240,66 @@ class _Trainer:
             dist.all_reduce(value)
         return float(value[0]) / self.plan.config.dp
 
-    def train(self, path: Path | None, on_step: StepCallback | None) -> RunResult:
+    def _load(self, restored: ckpt.Restored | None) -> tuple[int, list[float]]:
+        """(first step to run, losses of the steps before it) from ``restored``, loaded into this rank."""
+        if restored is None:
+            return 0, []
+        ckpt.load(restored, self.named, list(self.optimizers.values()), self.mesh.rank)
+        log.info("rank %d: resumed from %s (step %d)", self.mesh.rank, restored.path, restored.step)
+        return restored.step, [float(x) for x in restored.info["losses"]]
+
+    def _save(self, saver: ckpt.Checkpointer, steps_done: int, losses: list[float]) -> None:
         cfg = self.plan.config
+        state = ckpt.state_dict(self.named, list(self.optimizers.values()), self.mesh.rank)
+        saver.save(steps_done, state, {"losses": losses, "world_size": cfg.world_size, "pp": cfg.pp, "dp": cfg.dp,
+                                       "config": cfg.to_dict()})
+
+    def _guarded(self, step: int) -> float:
+        """One step and its global loss; a collective that fails (timeout, dead peer) names the group's ranks."""
+        try:
+            return self._global_loss(self._step(step))
+        except PeerError:
+            raise
+        except RuntimeError as exc:
+            if not self.mesh.distributed or not _COMM_FAILURE.search(str(exc)):
+                raise
+            peers = [r for r in range(self.mesh.world_size) if r != self.mesh.rank]
+            raise PeerError(f"rank {self.mesh.rank}: a collective of step {step} failed; a peer among ranks "
+                            f"{peers} died or hangs ({str(exc).splitlines()[0]})") from exc
+
+    def train(self, path: Path | None, on_step: StepCallback | None, restored: ckpt.Restored | None = None
+              ) -> RunResult:
+        cfg = self.plan.config
+        start, losses = self._load(restored)
+        self.metered = max(cfg.metered_step, start)  # a resumed run measures its first step
+        saver = ckpt.Checkpointer(cfg.checkpoint, self.mesh.rank, restart_count()) if cfg.checkpoint else None
         offset = clock_offset() if self.mesh.distributed else 0.0
         log.info("rank %d (pipeline rank %d, replica %d): stages %s, layers %s, clock offset to rank 0 %.6f s",
                  self.mesh.rank, self.mesh.pp_rank, self.mesh.dp_rank, sorted(self.stages),
                  [f"{self.plan.layers[s].start}..{self.plan.layers[s].stop - 1}" for s in sorted(self.stages)], offset)
         if self.mesh.distributed:
             dist.barrier()
-        losses, times, rows, memory = [], [], [], {}
+        times, rows, memory = [], [], {}
         t_prev = time.perf_counter()
-        for step in range(cfg.steps):
-            loss = self._global_loss(self._step(step))
+        for step in range(start, cfg.steps):
+            loss = self._guarded(step)
             now = time.perf_counter()
             losses.append(loss)
             times.append(now - t_prev)
             t_prev = now
             if step == cfg.traced_step:
                 rows = self._trace_rows(offset)
-            if step == cfg.metered_step:
+            if step == self.metered:
                 memory = self._memory()
             if on_step is not None and self.mesh.rank == 0:
                 on_step(step, loss, times[-1])
-        return self._gather(losses, times, rows, memory, path)
+            if saver is not None and saver.due(step + 1):
+                self._save(saver, step + 1, losses)
+                t_prev = time.perf_counter()
+        if saver is not None:
+            saver.wait()
+        result = self._gather(losses, times, rows, memory, path)
+        return replace(result, start_step=start, resumed_from=str(restored.path) if restored else None)
 
     def _trace_rows(self, offset: float) -> list[tuple]:
         """This rank's rows of the traced step on rank 0's clock: (task id or None, trace columns...)."""
