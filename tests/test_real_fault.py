@@ -1,0 +1,179 @@
+"""Fault tolerance of the real runtime: DCP checkpoints, torchrun restarts, elastic resize, dead-peer timeouts.
+
+* kill and restart: rank 1 is SIGKILLed at step 3 (checkpoints every 2 steps);
+  torchrun --max-restarts 1 restarts the group, which resumes from step 2 and
+  ends with parameters bit-equal to an uninterrupted run; the losses cover
+  every step once; a partial checkpoint directory (no COMPLETE marker) is
+  skipped.
+* elastic: 4 steps with dp=2, then the same checkpoint directory resumed
+  with one process (``--dp auto`` -> dp=1, same global batch) to step 6: the
+  losses equal plain single-process training's to float tolerance.
+* a hung peer: rank 1 stops answering; rank 0 exits within the timeout with
+  an error naming rank 1.
+* in-process: a truncated file or a missing marker makes a checkpoint
+  partial, the previous complete one is used; only the last N are kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from real import ModelConfig, RunConfig, param_digest, reference_run  # noqa: E402
+from real.checkpoint import MARKER, CheckpointConfig, Checkpointer, complete_checkpoints, latest_complete  # noqa: E402
+from real.checkpoint import load as load_checkpoint  # noqa: E402
+from real.checkpoint import state_dict as checkpoint_state  # noqa: E402
+from real.cli import main as real_main  # noqa: E402
+
+SMALL = ["--layers", "4", "--dim", "16", "--heads", "2", "--vocab", "32", "--seq", "8"]
+MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
+PP2 = ["--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--batch-size", "16", "--steps", "6", *SMALL,
+       "--json", "--timeout", "30"]
+LAUNCH_TIMEOUT = 100
+
+
+def _torchrun(nproc: int, args: list[str], *, restarts: int = 0, timeout: float = LAUNCH_TIMEOUT
+              ) -> subprocess.CompletedProcess:
+    """torchrun in its own session; on timeout the whole process group is killed and the test fails with stderr."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           f"--max-restarts={restarts}", "--monitor-interval=0.2", "-m", "real", *args]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            pytest.fail(f"torchrun hung; stderr so far:\n{proc.communicate()[1][-6000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _json(proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.timeout(LAUNCH_TIMEOUT * 2 + 20)
+def test_killed_rank_restarts_from_the_last_complete_checkpoint_bit_for_bit(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    decoy = ckpt / "step_000003"  # a save killed mid-write: files but no COMPLETE marker
+    decoy.mkdir(parents=True)
+    (decoy / "__0_0.distcp").write_bytes(b"partial")
+    plain = _json(_torchrun(2, PP2))
+    proc = _torchrun(2, [*PP2, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--keep-last", "2",
+                         "--fail-at-step", "3", "--fail-rank", "1"], restarts=1)
+    resumed = _json(proc)
+    assert "injected fault (kill) at step 3" in proc.stderr
+    assert resumed["restart_count"] == 1 and resumed["start_step"] == 2
+    assert resumed["resumed_from"] == str(ckpt / "step_000002"), "the partial step_000003 must be skipped"
+    assert resumed["param_sha256"] == plain["param_sha256"]
+    assert resumed["losses"] == plain["losses"]  # 6 losses: steps 0-1 restored, 2-5 run once by the restart
+    assert len(resumed["step_times"]) == 4
+    printed = [line.split()[1] for line in proc.stderr.splitlines() if line.startswith("step ")]
+    assert printed == ["0", "1", "2", "2", "3", "4", "5"]  # step 2 ran twice, is counted once
+    assert [c.path.name for c in complete_checkpoints(ckpt)] == ["step_000004", "step_000006"]  # keep-last 2
+
+
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
+def test_elastic_resume_with_fewer_replicas_keeps_the_global_batch_and_the_loss_curve(tmp_path, capsys):
+    """dp=2 (2 processes) for 4 steps, then dp=1 (1 process, --dp auto) from the same checkpoints to step 6."""
+    ckpt = str(tmp_path / "ckpt")
+    common = ["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--batch-size", "16", *SMALL,
+              "--optimizer", "sgd", "--lr", "0.1", "--checkpoint-dir", ckpt, "--checkpoint-every", "2", "--json"]
+    first = _json(_torchrun(2, [*common, "--dp", "2", "--steps", "4"]))
+    assert first["dp"] == 2 and len(first["losses"]) == 4
+    assert real_main([*common, "--dp", "auto", "--steps", "6"]) == 0  # one process: world size 1 -> dp 1
+    second = json.loads(capsys.readouterr().out)
+    assert second["dp"] == 1 and second["start_step"] == 4 and len(second["step_times"]) == 2
+    assert second["losses"][:4] == first["losses"]
+    cfg = RunConfig(schedule="gpipe", microbatches=2, batch_size=16, steps=6, model=MODEL, optimizer="sgd", lr=0.1)
+    ref_losses, ref_params = reference_run(cfg)
+    assert max(abs(a - b) for a, b in zip(second["losses"], ref_losses, strict=True)) <= 1e-5
+    assert second["param_norm"] == pytest.approx(param_digest(ref_params.values())[0], rel=1e-6)
+
+
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
+def test_a_hung_peer_is_named_after_the_timeout():
+    """Rank 1 stops answering at step 1 (torchrun cannot see it); rank 0 gives up after --timeout 5 s."""
+    start = time.monotonic()
+    proc = _torchrun(2, [*PP2, "--timeout", "5", "--fail-at-step", "1", "--fail-rank", "1", "--fail-mode", "hang"])
+    assert proc.returncode != 0
+    assert "PeerError: rank 0: no 0RECV_B0 from rank 1 (pipeline rank 1): the peer died or hangs" in proc.stderr, \
+        proc.stderr[-6000:]
+    assert time.monotonic() - start < 60
+
+
+def _params() -> list[tuple[str, torch.nn.Parameter]]:
+    torch.manual_seed(0)
+    return [("0.weight", torch.nn.Parameter(torch.randn(4, 3))), ("1.bias", torch.nn.Parameter(torch.randn(5)))]
+
+
+def test_partial_and_corrupt_checkpoints_are_skipped_and_only_the_last_n_kept(tmp_path):
+    named = _params()
+    opt = torch.optim.AdamW([p for _, p in named], lr=0.1)
+    saver = Checkpointer(CheckpointConfig(directory=str(tmp_path), every=1, keep_last=3), rank=0)
+    saved = {}
+    for step in range(1, 5):
+        sum(p.sum() for _, p in named).backward()
+        opt.step()
+        saved[step] = [p.detach().clone() for _, p in named]
+        saver.save(step, checkpoint_state(named, [opt], 0), {"losses": [0.0] * step})
+    assert [c.step for c in complete_checkpoints(tmp_path)] == [2, 3, 4]  # keep-last 3
+    data = next((tmp_path / "step_000004").glob("*.distcp"))
+    data.write_bytes(data.read_bytes()[:-10])  # truncated
+    (tmp_path / "step_000003" / MARKER).unlink()  # killed before the marker
+    restored = latest_complete(tmp_path)
+    assert restored is not None and restored.step == 2 and restored.info["losses"] == [0.0, 0.0]
+    fresh = [(n, torch.nn.Parameter(torch.zeros_like(p))) for n, p in named]
+    opt2 = torch.optim.AdamW([p for _, p in fresh], lr=0.1)
+    load_checkpoint(restored, fresh, [opt2], 0)
+    assert all(torch.equal(p, q) for (_, p), q in zip(fresh, saved[2], strict=True))
+    assert set(opt2.state[fresh[0][1]]) == {"step", "exp_avg", "exp_avg_sq"}
+    assert float(opt2.state[fresh[0][1]]["step"]) == 2.0
+
+
+def test_async_checkpoint_is_a_snapshot_and_completes_on_wait(tmp_path):
+    named = _params()
+    saver = Checkpointer(CheckpointConfig(directory=str(tmp_path), every=1, async_save=True), rank=0)
+    before = [p.detach().clone() for _, p in named]
+    saver.save(1, checkpoint_state(named, [], 0), {"losses": [1.0]})
+    with torch.no_grad():
+        for _, p in named:
+            p.add_(1.0)  # training goes on while the save is in flight
+    saver.wait()
+    restored = latest_complete(tmp_path)
+    assert restored is not None and restored.step == 1
+    fresh = [(n, torch.nn.Parameter(torch.zeros_like(p))) for n, p in named]
+    load_checkpoint(restored, fresh, [], 0)
+    assert all(torch.equal(p, q) for (_, p), q in zip(fresh, before, strict=True))
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--checkpoint-dir", "x", "--keep-last", "0"], "keep-last must be an integer >= 1, got 0"),
+    (["--fail-at-step", "9"], "fail-at-step 9 is out of range for 2 steps; valid: 0..1"),
+    (["--fail-rank", "3"], "fail-rank 3 is not a rank of pp x dp = 1 processes; valid: 0..0"),
+    (["--dp", "x"], "invalid value 'x': give an integer or auto"),
+])
+def test_bad_fault_flags_are_one_line_and_exit_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        real_main(["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--steps", "2", *argv])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and message in err, err
+
+
+def test_a_checkpoint_of_another_model_is_refused_before_training(tmp_path, capsys):
+    args = ["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--steps", "2", "--batch-size", "8", *SMALL,
+            "--checkpoint-dir", str(tmp_path), "--checkpoint-every", "2", "--json"]
+    assert real_main(args) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        real_main([*args, "--dim", "32"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "was written with model" in err and "another --checkpoint-dir" in err, err
