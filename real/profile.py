@@ -68,6 +68,7 @@ import torch.distributed as dist
 from real.backward import backward_full, backward_input, backward_weight
 from real.config import MODEL_KINDS, OPTIMIZERS, ModelConfig, partition
 from real.data import make_batch
+from real.data import microbatches as microbatches_of
 from real.measure import Recorder
 from real.mesh import env_world
 from real.models import activation_shape, build_layers, loss_fn, make_optimizer
@@ -94,6 +95,7 @@ class ProfileConfig:
     stages: tuple[int, ...] = (2,)
     split: tuple[int, ...] | None = None
     microbatch_size: int = 4
+    microbatches: int = 1  # per step: the batch the runtime makes each step is microbatch_size x this
     pp: int | None = None  # pipeline ranks, for the data-parallel groups (default: world size / dp)
     dp: int = 1
     optimizer: str = "adamw"
@@ -103,7 +105,7 @@ class ProfileConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("microbatch_size", "dp", "reps"):
+        for name in ("microbatch_size", "microbatches", "dp", "reps"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ScheduleError(f"profile: {name} must be an integer >= 1, got {value!r}")
@@ -372,8 +374,10 @@ def _collectives(pp: int, dp: int, param_bytes: int, warmup: int, reps: int) -> 
     return out
 
 
-def _step_overhead_samples(benches: Sequence[_StageBench], warmup: int, reps: int) -> list[float]:
-    """zero_grad of the stages plus the all-reduce of the step's loss, as :mod:`real.train` does per step."""
+def _step_overhead_samples(cfg: ProfileConfig, benches: Sequence[_StageBench], batch: int, microbatches: int,
+                           warmup: int, reps: int) -> list[float]:
+    """Per step outside the program, as :mod:`real.train` does it: zero_grad of the stages, the step's batch
+    made and cut into microbatches (ranks holding the first or last stage), the all-reduce of the loss."""
     value = torch.zeros(1, dtype=torch.float64)
     opts = [make_optimizer("sgd", b.params, 1e-3) for b in benches]
 
@@ -383,6 +387,7 @@ def _step_overhead_samples(benches: Sequence[_StageBench], warmup: int, reps: in
         t = time.perf_counter()
         for opt in opts:
             opt.zero_grad(set_to_none=True)
+        microbatches_of(make_batch(cfg.model, cfg.seed, 0, batch), 1, 0, microbatches)
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(value)
         return time.perf_counter() - t
@@ -406,21 +411,27 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
     timed = _timer(device)
     model, mb = cfg.model, cfg.microbatch_size
     act_bytes = 4 * int(torch.Size(activation_shape(model, mb)).numel())  # float32 boundary tensor
-    partitions, benches = [], []
-    for n in cfg.stages:
-        stages = []
-        for s, layers in enumerate(partition(model.num_layers, n, cfg.split)):
-            bench = _StageBench(model, layers, mb, device, cfg.seed)
-            benches.append(bench)
-            times = _stage_samples(bench, timed, cfg.warmup, cfg.reps)
-            times["OPTIM"] = _optimizer_samples(bench, cfg.optimizer, cfg.lr, cfg.warmup, cfg.reps)
-            row = {"stage": s, "layers": [layers.start, layers.stop],
-                   "param_bytes": sum(p.numel() * p.element_size() for p in bench.params)}
-            row.update({k: _stat(_gathered(v)) for k, v in times.items()})
-            stages.append(row)
-            log.info("%d stages, stage %d (layers %s): %s", n, s, row["layers"],
-                     " ".join(f"{k}={row[k]['median'] * 1e3:.3f}ms" for k in (*_PASSES, "OPTIM")))
-        partitions.append({"num_stages": n, "stages": stages})
+    layouts = [(n, s, layers) for n in cfg.stages for s, layers in enumerate(partition(model.num_layers, n, cfg.split))]
+    benches = [_StageBench(model, layers, mb, device, cfg.seed, cfg.microbatches) for _, _, layers in layouts]
+    # Round robin over the stages, one repetition each at a time: a load that comes and goes on a shared
+    # machine then shifts every stage's samples alike instead of one stage's.
+    samples: list[dict[str, list[float]]] = [{k: [] for k in _PASSES} for _ in benches]
+    for rep in range(cfg.warmup + cfg.reps):
+        for bench, times in zip(benches, samples, strict=True):
+            sample = bench.one_rep(timed)
+            if rep >= cfg.warmup:
+                for k, v in zip(_PASSES, sample, strict=True):
+                    times[k].append(v)
+    rows_of: dict[int, list[dict[str, Any]]] = {}
+    for (n, s, layers), bench, times in zip(layouts, benches, samples, strict=True):
+        times["OPTIM"] = _optimizer_samples(bench, cfg.optimizer, cfg.lr, cfg.warmup, cfg.reps)
+        row = {"stage": s, "layers": [layers.start, layers.stop],
+               "param_bytes": sum(p.numel() * p.element_size() for p in bench.params)}
+        row.update({k: _stat(_gathered(v)) for k, v in times.items()})
+        rows_of.setdefault(n, []).append(row)
+        log.info("%d stages, stage %d (layers %s): %s", n, s, row["layers"],
+                 " ".join(f"{k}={row[k]['median'] * 1e3:.3f}ms" for k in (*_PASSES, "OPTIM")))
+    partitions = [{"num_stages": n, "stages": rows} for n, rows in rows_of.items()]
     pp = cfg.pp or max(world // cfg.dp, 1)
     if cfg.dp > 1 and pp * cfg.dp != world:
         raise ScheduleError(f"profile: --dp {cfg.dp} x pp {pp} must equal the world size {world}")
@@ -431,7 +442,8 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
         "model": model.to_dict(), "microbatch_size": mb, "dtype": "float32", "activation_bytes": act_bytes,
         "optimizer": cfg.optimizer, "reps": cfg.reps, "warmup": cfg.warmup,
         "partitions": partitions,
-        "step_overhead": _stat(_gathered(_step_overhead_samples(benches[: cfg.stages[0]], cfg.warmup, cfg.reps))),
+        "step_overhead": _stat(_gathered(_step_overhead_samples(
+            cfg, benches[: cfg.stages[0]], mb * cfg.microbatches, cfg.microbatches, cfg.warmup, cfg.reps))),
         "task_overhead": _stat(_gathered(_task_overhead_samples(device, cfg.warmup, cfg.reps))),
         "p2p": _p2p(act_bytes, cfg.warmup, cfg.reps),
         "collectives": _collectives(pp, cfg.dp, max_params, cfg.warmup, cfg.reps),
@@ -487,6 +499,7 @@ def config_from_args(args: argparse.Namespace) -> ProfileConfig:
         mb = args.batch_size // (args.microbatches * args.dp)
     return ProfileConfig(model=model, stages=_ints(args.stages, "--stages"),
                          split=_ints(args.split, "--split") if args.split else None, microbatch_size=mb or 4,
+                         microbatches=args.microbatches or 1,
                          pp=args.pp, dp=args.dp, optimizer=args.optimizer, lr=args.lr, reps=args.reps,
                          warmup=args.warmup, seed=args.seed)
 

@@ -1,0 +1,156 @@
+"""How close is the simulator to the real runtime? Profile once, simulate, run for real, compare.
+
+    python experiments/validate_sim.py                   # table
+    python experiments/validate_sim.py --json            # exactly one JSON object
+    python experiments/validate_sim.py --schedules all --reps 2
+
+On 2 CPU ranks with gloo (torchrun): ``python -m real.profile`` measures the
+model's passes per stage (for every stage count the schedules need), the
+messages and the per-step work once; then for each schedule the simulator
+predicts the step time with :class:`sim.profiled.ProfiledCosts`
+(:func:`sim.profiled.step_time`: programs, optimizer steps, loss
+all-reduce), and ``python -m real`` trains it for ``warmup + steps`` steps,
+``reps`` times (schedules interleaved, so drift of a shared machine hits all
+alike). Measured = the median of the measured steps' times over all
+repetitions, as the runtime reports them (``step_times``). error =
+(predicted - measured) / measured. The traces of one step of each schedule
+and the cost file stay in ``--out`` for ``schedlab report --real ... --costs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+DEFAULT = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
+
+
+def _args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--schedules", default=",".join(DEFAULT), help="comma-separated, or 'all' (default: the five)")
+    p.add_argument("--pp", type=int, default=2, help="pipeline ranks = processes (default 2)")
+    p.add_argument("--microbatches", type=int, default=8, help="default 8")
+    p.add_argument("--batch-size", type=int, default=32, help="global batch (default 32: microbatch of 4)")
+    p.add_argument("--layers", type=int, default=6, help="GPT blocks (default 6)")
+    p.add_argument("--dim", type=int, default=128, help="hidden size (default 128)")
+    p.add_argument("--seq", type=int, default=64, help="sequence length (default 64)")
+    p.add_argument("--steps", type=int, default=8, help="measured steps per run (default 8)")
+    p.add_argument("--warmup", type=int, default=2, help="unmeasured first steps per run (default 2)")
+    p.add_argument("--reps", type=int, default=1, help="runs per schedule (default 1)")
+    p.add_argument("--profile-reps", type=int, default=15, help="timed repetitions of the profile (default 15)")
+    p.add_argument("--costs", metavar="PROFILE.json", help="use this cost file instead of profiling")
+    p.add_argument("--out", default="out/validate", help="cost file and traces go here (default out/validate)")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per torchrun (default 300)")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    return p.parse_args(argv)
+
+
+def _model_flags(a: argparse.Namespace) -> list[str]:
+    return ["--model", "gpt", "--layers", str(a.layers), "--dim", str(a.dim), "--heads", "4", "--vocab", "256",
+            "--seq", str(a.seq)]
+
+
+def _torchrun(nproc: int, target: list[str], timeout: float) -> str:
+    from real.launch import torchrun
+
+    done = torchrun(nproc, target, timeout=timeout, capture=True)
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or "").strip().splitlines()[-15:])
+        raise SystemExit(f"error: {' '.join(target[:3])} failed (exit {done.returncode}):\n{tail}")
+    return done.stdout
+
+
+def _graphs(a: argparse.Namespace, chosen: list[str]) -> dict:
+    from schedules import load_graph, validate
+
+    return {s: validate(load_graph(s, pp=a.pp, microbatches=a.microbatches)) for s in chosen}
+
+
+def _profile(a: argparse.Namespace, stage_counts: list[int], out: Path) -> Path:
+    path = out / "profile.json"
+    _torchrun(a.pp, ["-m", "real.profile", *_model_flags(a), "--batch-size", str(a.batch_size), "--microbatches",
+                     str(a.microbatches), "--stages", ",".join(map(str, stage_counts)), "--reps",
+                     str(a.profile_reps), "--out", str(path)], a.timeout)
+    return path
+
+
+def _run(a: argparse.Namespace, schedule: str, trace: Path | None) -> list[float]:
+    """The measured steps' times of one real run (rank 0's step_times after the warm-up)."""
+    flags = ["-m", "real", "--schedule", schedule, "--pp", str(a.pp), "--microbatches", str(a.microbatches),
+             "--batch-size", str(a.batch_size), "--steps", str(a.warmup + a.steps), "--backend", "gloo",
+             "--optimizer", "adamw", *_model_flags(a), "--json"]
+    if trace is not None:
+        flags += ["--trace", str(trace)]
+    result = json.loads(_torchrun(a.pp, flags, a.timeout).strip().splitlines()[-1])
+    if trace is not None:
+        trace.with_suffix(".json").write_text(json.dumps(result))
+    return result["step_times"][a.warmup:]
+
+
+def validate_all(a: argparse.Namespace) -> dict:
+    from analysis.validation import compare_pair, validation_summary
+    from schedules import names
+    from schedules.trace import read_trace
+    from sim import simulate
+    from sim.profiled import load_profile, step_time
+
+    load_start = os.getloadavg()[0]
+    chosen = list(names()) if a.schedules == "all" else [s for s in a.schedules.split(",") if s]
+    graphs = _graphs(a, chosen)
+    out = Path(a.out)
+    (out / "traces").mkdir(parents=True, exist_ok=True)
+    counts = sorted({g.schedule.num_stages for g in graphs.values()})
+    costs_path = Path(a.costs) if a.costs else _profile(a, counts, out)
+    print(f"profiled: {costs_path}", file=sys.stderr)
+    measured: dict[str, list[float]] = {s: [] for s in chosen}
+    for rep in range(a.reps):
+        for s in chosen:
+            trace = out / "traces" / f"{s}.csv" if rep == 0 else None
+            measured[s] += _run(a, s, trace)
+            print(f"rep {rep}: {s} median so far {statistics.median(measured[s]) * 1e3:.1f} ms", file=sys.stderr)
+    rows = []
+    for s in chosen:
+        costs = load_profile(costs_path, graphs[s].schedule.num_stages)
+        sim = simulate(graphs[s], costs, check=False)
+        row = compare_pair(sim.trace, read_trace(out / "traces" / f"{s}.csv"))
+        row.update(schedule=s, predicted_step_time=step_time(sim, costs),
+                   measured_step_time=statistics.median(measured[s]),
+                   predicted_makespan=sim.makespan, measured_spread=[min(measured[s]), max(measured[s])])
+        row["error"] = (row["predicted_step_time"] - row["measured_step_time"]) / row["measured_step_time"]
+        rows.append(row)
+    summary = validation_summary(rows)
+    for r, full in zip(summary["schedules"], rows, strict=True):
+        r.update(predicted_bubble=full["predicted_bubble"], measured_bubble=full["measured_bubble"],
+                 measured_min_max=full["measured_spread"])
+    summary["command"] = "python experiments/validate_sim.py " + " ".join(sys.argv[1:])
+    summary["setup"] = {k: getattr(a, k) for k in ("pp", "microbatches", "batch_size", "layers", "dim", "seq",
+                                                   "steps", "warmup", "reps")}
+    summary["costs"] = str(costs_path)
+    summary["load_average"] = {"start": load_start, "end": os.getloadavg()[0]}  # 1-minute, all processes
+    return summary
+
+
+def _table(summary: dict) -> str:
+    lines = [f"{'schedule':<18} {'predicted ms':>12} {'measured ms':>12} {'error':>8} {'bubble sim':>10} "
+             f"{'bubble real':>11}"]
+    for r in summary["schedules"]:
+        lines.append(f"{r['schedule']:<18} {r['predicted_step_time'] * 1e3:>12.1f} {r['measured_step_time'] * 1e3:>12.1f} "
+                     f"{r['error']:>+8.1%} {r['predicted_bubble']:>10.1%} {r['measured_bubble']:>11.1%}")
+    lines.append(f"mean |error| {summary['mean_abs_error']:.1%}   worst {summary['max_abs_error']:.1%}   "
+                 f"Kendall tau {summary['kendall_tau']:.2f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _args(argv)
+    summary = validate_all(a)
+    print(json.dumps(summary) if a.json else _table(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
