@@ -175,7 +175,7 @@ def load(restored: Restored, named: list[tuple[str, torch.nn.Parameter]], optimi
         del state[rng_key]
     else:
         state[rng_key] = torch.empty_like(state[rng_key])
-    dcp.load(state, checkpoint_id=str(restored.path))
+    dcp.load(state, checkpoint_id=str(restored.path), no_dist=not dist.is_initialized())
     if rng_key in state:
         torch.set_rng_state(state[rng_key])
 
@@ -188,6 +188,12 @@ class Checkpointer:
     rank: int
     attempt: int = 0
     _pending: tuple[Future, Path, Path, dict[str, Any]] | None = field(default=None, init=False)
+    _group: dist.ProcessGroup | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        # The background save runs its own collectives: on a group of its own, never interleaved with training's.
+        if self.config.async_save and dist.is_initialized():
+            self._group = dist.new_group(backend="gloo")
 
     @property
     def root(self) -> Path:
@@ -209,11 +215,17 @@ class Checkpointer:
         if dist.is_initialized():
             dist.barrier()
         if self.config.async_save:
-            future = dcp.async_save(state, checkpoint_id=str(tmp))
+            future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._group,
+                                    no_dist=not dist.is_initialized())
             self._pending = (future, tmp, final, info)
             return
-        dcp.save(state, checkpoint_id=str(tmp))
+        dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
         self._finalize(tmp, final, info)
+
+    def poll(self) -> None:
+        """Finalize the asynchronous save in flight if it is done (called between steps)."""
+        if self._pending is not None and self._pending[0].done():
+            self.wait()
 
     def wait(self) -> None:
         """Finish the asynchronous save in flight, if any."""

@@ -293,9 +293,11 @@ class _Trainer:
                 memory = self._memory()
             if on_step is not None and self.mesh.rank == 0:
                 on_step(step, loss, times[-1])
-            if saver is not None and saver.due(step + 1):
-                self._save(saver, step + 1, losses)
-                t_prev = time.perf_counter()
+            if saver is not None:
+                saver.poll()
+                if saver.due(step + 1):
+                    self._save(saver, step + 1, losses)
+                    t_prev = time.perf_counter()
         if saver is not None:
             saver.wait()
         result = self._gather(losses, times, rows, memory, path)
