@@ -24,6 +24,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 DEFAULT = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
@@ -45,6 +46,9 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--costs", metavar="PROFILE.json", help="use this cost file instead of profiling")
     p.add_argument("--out", default="out/validate", help="cost file and traces go here (default out/validate)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per torchrun (default 300)")
+    p.add_argument("--quiet-wait", type=float, default=60.0, metavar="S",
+                   help="before each torchrun wait up to S seconds for other processes to leave the cores idle "
+                   "(default 60; 0: never wait)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     return p.parse_args(argv)
 
@@ -54,8 +58,38 @@ def _model_flags(a: argparse.Namespace) -> list[str]:
             "--seq", str(a.seq)]
 
 
-def _torchrun(nproc: int, target: list[str], timeout: float) -> str:
+def _busy_fraction(window: float = 0.5) -> float:
+    """Fraction of all cores busy over ``window`` seconds (from /proc/stat; 0 where it cannot be read)."""
+    def sample() -> tuple[int, int]:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+    try:
+        t0, i0 = sample()
+        time.sleep(window)
+        t1, i1 = sample()
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return 1.0 - (i1 - i0) / max(t1 - t0, 1)
+
+
+def _wait_quiet(max_wait: float, threshold: float = 0.15) -> float:
+    """Wait (up to max_wait s) until other processes leave the cores idle; returns the seconds waited.
+
+    A shared machine: someone else's tests on the same cores slow the real
+    run (or the profile) 2-3x, and then no cost model can agree with it.
+    """
+    start = time.monotonic()
+    while time.monotonic() - start < max_wait and _busy_fraction() > threshold:
+        time.sleep(1.0)
+    return time.monotonic() - start
+
+
+def _torchrun(nproc: int, target: list[str], timeout: float, quiet_wait: float = 0.0) -> str:
     from real.launch import torchrun
+
+    waited = _wait_quiet(quiet_wait) if quiet_wait > 0 else 0.0
+    if waited > 1:
+        print(f"waited {waited:.0f} s for idle cores", file=sys.stderr)
 
     done = torchrun(nproc, target, timeout=timeout, capture=True)
     if done.returncode != 0:
@@ -74,7 +108,7 @@ def _profile(a: argparse.Namespace, stage_counts: list[int], out: Path) -> Path:
     path = out / "profile.json"
     _torchrun(a.pp, ["-m", "real.profile", *_model_flags(a), "--batch-size", str(a.batch_size), "--microbatches",
                      str(a.microbatches), "--stages", ",".join(map(str, stage_counts)), "--reps",
-                     str(a.profile_reps), "--out", str(path)], a.timeout)
+                     str(a.profile_reps), "--out", str(path)], a.timeout, a.quiet_wait)
     return path
 
 
@@ -85,7 +119,7 @@ def _run(a: argparse.Namespace, schedule: str, trace: Path | None) -> list[float
              "--optimizer", "adamw", *_model_flags(a), "--json"]
     if trace is not None:
         flags += ["--trace", str(trace)]
-    result = json.loads(_torchrun(a.pp, flags, a.timeout).strip().splitlines()[-1])
+    result = json.loads(_torchrun(a.pp, flags, a.timeout, a.quiet_wait).strip().splitlines()[-1])
     if trace is not None:
         trace.with_suffix(".json").write_text(json.dumps(result))
     return result["step_times"][a.warmup:]
