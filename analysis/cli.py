@@ -50,6 +50,8 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     g.add_argument("--dp-mode", default="none", metavar="MODE", help="none, sync, ddp, zero1, zero2, zero3, ps")
     g.add_argument("--microbatch-size", type=int, default=1, metavar="B", help="sequences per microbatch (default 1)")
     args = p.parse_args(argv)
+    if args.costs:
+        fail(f"{prog}: --costs (a profiled cost file) applies to simulate and report, not to compare")
     if args.model or args.cluster:
         return _real_compare(args, prog)
     from analysis.compare import comparison_table, format_comparison, simulate_many
@@ -119,6 +121,7 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
     try:
         cfg = ReportConfig(pp=args.pp, microbatches=args.microbatches, chunks=args.chunks, schedules=chosen,
                            costs=costs_from_args(args), real_traces=tuple(Path(t) for t in args.real),
+                           profile=Path(args.costs) if args.costs else None,
                            progress=not args.no_progress and sys.stderr.isatty())
         path = write_report(args.out, cfg)
     except ScheduleError as exc:

@@ -40,6 +40,7 @@ class ReportConfig:
     costs: UniformCosts = field(default_factory=UniformCosts)
     sweep: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)  # microbatch counts for the bubble curves
     real_traces: tuple[Path, ...] = ()
+    profile: Path | None = None  # a cost file (python -m real.profile): predictions for the real traces in seconds
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -48,6 +49,10 @@ class ReportConfig:
         for path in self.real_traces:
             if not Path(path).is_file():
                 raise ScheduleError(f"trace file {str(path)!r} not found")
+        if self.profile is not None:
+            from sim.profiled import load_profile
+
+            load_profile(self.profile)  # a missing or malformed file fails here, before anything is written
 
 
 def _savefig(fig, path: Path) -> Path:
@@ -187,20 +192,29 @@ def _real_section(cfg: ReportConfig, out: Path) -> list[str]:
     if not cfg.real_traces:
         return []
     from analysis.perfetto import write_chrome_trace
+    from sim.profiled import load_profile
 
-    rows, lines = [], ["## Prediction against measurement", ""]
+    where = (f"Predicted with the profiled costs of `{cfg.profile}` (seconds, measured on the machine by "
+             "`python -m real.profile`); simulated and measured timelines share one time axis."
+             if cfg.profile is not None else
+             "Predicted with the uniform costs above (unit-free), so only the shape and the bubble compare; "
+             "pass `--costs PROFILE.json` for predictions in seconds.")
+    rows, lines = [], ["## Prediction against measurement", "", where, ""]
     for path in cfg.real_traces:
         real = read_trace(path)
         if real.attrs.get("source") != "real":
             raise ScheduleError(f"trace {str(path)!r} is not a real run's trace (attrs source={real.attrs.get('source')!r})")
         params = real.attrs.get("params", {})
         name = str(real.attrs.get("schedule"))
-        predicted = simulate(lower(build(name, pp=int(params["pp"]), microbatches=int(params["microbatches"]),
-                                         chunks=int(params.get("chunks") or spec(name).default_chunks))), cfg.costs).trace
+        graph = lower(build(name, pp=int(params["pp"]), microbatches=int(params["microbatches"]),
+                            chunks=int(params.get("chunks") or spec(name).default_chunks)))
+        costs = cfg.costs if cfg.profile is None else load_profile(cfg.profile, graph.schedule.num_stages)
+        predicted = simulate(graph, costs).trace
         row = compare_pair(predicted, real)
         rows.append(row)
         stem = Path(path).stem
-        plot_timelines([predicted, real], out / f"sim-vs-real-{stem}.png", same_axis=False)
+        # Profiled predictions are in seconds like the measurement: one time axis shows the error directly.
+        plot_timelines([predicted, real], out / f"sim-vs-real-{stem}.png", same_axis=cfg.profile is not None)
         write_chrome_trace(real, out / f"{stem}.perfetto.json")
         lines += [f"![{name}: simulated (top) and measured (bottom)](sim-vs-real-{stem}.png)", ""]
     summary = validation_summary(rows)
@@ -209,9 +223,9 @@ def _real_section(cfg: ReportConfig, out: Path) -> list[str]:
         [(r["schedule"], f"{r['predicted_step_time']:.4g}", f"{r['measured_step_time']:.4g}", f"{r['error']:+.1%}",
           f"{r['predicted_bubble']:.1%}", f"{r['measured_bubble']:.1%}") for r in rows],
     )
-    return [*lines[:2], table, "",
+    return [*lines[:4], table, "",
             f"Mean absolute error {summary['mean_abs_error']:.1%}, worst {summary['max_abs_error']:.1%}, "
-            f"ranking agreement (Kendall tau) {summary['kendall_tau']:.2f}.", "", *lines[2:]]
+            f"ranking agreement (Kendall tau) {summary['kendall_tau']:.2f}.", "", *lines[4:]]
 
 
 def write_report(out: str | os.PathLike, cfg: ReportConfig) -> Path:

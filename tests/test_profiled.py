@@ -1,0 +1,170 @@
+"""The profiled cost model: a cost file in, exactly its durations out; the --costs flag; a real tiny profile."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from schedules import Kind, ScheduleError, build, load_graph, lower, validate
+from sim import simulate
+from sim.profiled import PROFILE_SCHEMA, ProfiledCosts, load_profile, step_time
+from tests.conftest import run_sim
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Two partitions; every number distinct so a mix-up of stage or kind shows.
+STAGES2 = [
+    {"stage": 0, "layers": [0, 3], "param_bytes": 1000, "F": {"median": 0.011}, "B": {"median": 0.021},
+     "I": {"median": 0.013}, "W": {"median": 0.017}, "OPTIM": {"median": 0.005}},
+    {"stage": 1, "layers": [3, 6], "param_bytes": 2000, "F": 0.031, "B": 0.041, "I": 0.033, "W": 0.037,
+     "OPTIM": 0.007},
+]
+STAGES4 = [
+    {"stage": s, "layers": [s, s + 1], "F": 0.001 * (s + 1), "B": 0.002 * (s + 1), "I": 0.0015 * (s + 1),
+     "W": 0.0007 * (s + 1), "OPTIM": 0.0001 * (s + 1)}
+    for s in range(4)
+]
+PROFILE = {
+    "schema": PROFILE_SCHEMA, "activation_bytes": 4096, "task_overhead": {"median": 0.0002},
+    "step_overhead": {"median": 0.003}, "p2p": {"alpha": 0.0001, "beta": 1e8},
+    "partitions": [{"num_stages": 2, "stages": STAGES2}, {"num_stages": 4, "stages": STAGES4}],
+}
+
+
+@pytest.fixture
+def profile_path(tmp_path: Path) -> Path:
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(PROFILE))
+    return path
+
+
+def _median(v) -> float:
+    return v["median"] if isinstance(v, dict) else v
+
+
+@pytest.mark.parametrize("schedule,stages", [("1f1b", STAGES2), ("zb-h1", STAGES2), ("interleaved-1f1b", STAGES4),
+                                             ("zb-v", STAGES4)])
+def test_durations_are_the_files(profile_path, schedule, stages):
+    graph = validate(load_graph(schedule, pp=2, microbatches=4))
+    costs = load_profile(profile_path, graph.schedule.num_stages)
+    got = costs.durations(graph)
+    for task, d in zip(graph.tasks, got, strict=True):
+        a = task.action
+        if a.kind in (Kind.F, Kind.B, Kind.I, Kind.W):
+            assert d == pytest.approx(_median(stages[a.stage][a.kind.value]) + 0.0002, rel=1e-12, abs=0)
+        elif a.kind in (Kind.SEND_F, Kind.SEND_B):
+            assert d == pytest.approx(0.0001 + 4096 / 1e8, rel=1e-12)  # alpha + n / beta
+            assert costs.bytes(task, graph) == 4096
+        else:
+            assert d == 0.0
+
+
+def test_step_time_adds_slowest_ranks_optimizer_and_overhead(profile_path):
+    graph = validate(load_graph("1f1b", pp=2, microbatches=4))
+    costs = load_profile(profile_path, 2)
+    result = simulate(graph, costs)
+    ends = [r.last_end + (0.005, 0.007)[r.rank] for r in result.ranks]
+    assert step_time(result, costs) == pytest.approx(max(ends) + 0.003, rel=1e-12)
+
+
+def test_uneven_stages_make_1f1b_slower_than_even(profile_path, tmp_path):
+    """Stage 1 three times slower than stage 0: the pipeline runs at stage 1's pace."""
+    costs = load_profile(profile_path, 2)
+    result = simulate(validate(lower(build("1f1b", pp=2, microbatches=8))), costs)
+    per_mb = _median(STAGES2[1]["F"]) + _median(STAGES2[1]["B"]) + 2 * 0.0002
+    assert result.makespan >= 8 * per_mb
+
+
+def test_optim_and_overlap_durations(profile_path):
+    costs = load_profile(profile_path, 4)
+    graph = validate(load_graph("dualpipe-v", pp=2, microbatches=4))
+    for task, d in zip(graph.tasks, costs.durations(graph), strict=True):
+        if task.action.sub_actions is not None:
+            parts = sum(_median(STAGES4[a.stage][a.kind.value]) for a in task.action.sub_actions)
+            assert d == pytest.approx(parts + 0.0002, rel=1e-12)
+
+
+def test_stage_count_mismatch_and_bad_files(profile_path, tmp_path):
+    with pytest.raises(ScheduleError, match="partitions of 2, 4 stages, not 3"):
+        load_profile(profile_path, 3)
+    costs = load_profile(profile_path, 2)
+    with pytest.raises(ScheduleError, match="profiles 2 stages but schedule 'zb-v' has 4"):
+        costs.check(load_graph("zb-v", pp=2, microbatches=4))
+    with pytest.raises(ScheduleError, match="not found"):
+        load_profile(tmp_path / "none.json")
+    bad = tmp_path / "bad.json"
+    for text, message in (("{", "not readable JSON"), ('{"schema": "x"}', "schema must be"),
+                          (json.dumps({**PROFILE, "partitions": []}), "non-empty list"),
+                          (json.dumps({**PROFILE, "partitions": [{"num_stages": 2, "stages": [{"F": 1}]}]}),
+                           "must list that many stages"),
+                          (json.dumps({**PROFILE, "partitions": [{"num_stages": 1, "stages": [{"F": "x"}]}]}),
+                           "F must be a number")):
+        bad.write_text(text)
+        with pytest.raises(ScheduleError, match=message):
+            load_profile(bad)
+    with pytest.raises(ScheduleError, match="p2p_beta must be a bandwidth"):
+        ProfiledCosts(stages=costs.stages, p2p_beta=0.0)
+
+
+def test_cli_costs(profile_path, capsys):
+    code, out, err = run_sim(capsys, "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--costs",
+                             str(profile_path), "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert d["costs"]["model"] == "profiled" and d["step_time"] > d["makespan"] > 0
+    code, out, err = run_sim(capsys, "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--costs",
+                             str(profile_path))
+    assert code == 0 and "step time" in out
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--pp", "3"], "profiles partitions of 2, 4 stages, not 3"),
+    (["--costs-file", "missing"], "not found"),
+    (["--costs-file", "malformed"], "not readable JSON"),
+    (["--model", "gpt-1.3b"], "does not combine"),
+])
+def test_cli_costs_errors_one_line_exit_2(profile_path, tmp_path, capsys, argv, message):
+    path = {"missing": tmp_path / "no.json", "malformed": tmp_path / "m.json"}
+    (tmp_path / "m.json").write_text("[1,")
+    args = {"--schedule": "1f1b", "--pp": "2", "--microbatches": "4", "--costs": str(profile_path)}
+    if argv[0] == "--costs-file":
+        args["--costs"] = str(path[argv[1]])
+    elif argv[0] != "--model":
+        args[argv[0]] = argv[1]
+    flat = [x for kv in args.items() for x in kv] + (argv if argv[0] == "--model" else [])
+    code, out, err = run_sim(capsys, *flat)
+    assert code == 2 and out == ""
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.timeout(90)
+def test_tiny_real_profile_loads_and_simulates(tmp_path):
+    """Two gloo processes profile a tiny model; the file loads and predicts a finite positive step time."""
+    from real.launch import torchrun
+
+    out = tmp_path / "p.json"
+    proc = torchrun(2, ["-m", "real.profile", "--layers", "2", "--dim", "16", "--seq", "8", "--stages", "2,4",
+                        "--microbatch-size", "2", "--reps", "3", "--warmup", "1", "--out", str(out)],
+                    timeout=75, capture=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["schema"] == PROFILE_SCHEMA and data["machine"]["world_size"] == 2
+    assert data["p2p"]["alpha"] >= 0 and data["p2p"]["beta"] > 0
+    for schedule in ("1f1b", "zb-v"):
+        graph = validate(load_graph(schedule, pp=2, microbatches=4))
+        costs = load_profile(out, graph.schedule.num_stages)
+        t = step_time(simulate(graph, costs), costs)
+        assert math.isfinite(t) and t > 0
+
+
+@pytest.mark.timeout(30)
+def test_profile_bad_flag_one_line_exit_2():
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "real.profile", "--out", "x.json", "--stages", "2,x"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=25)
+    assert proc.returncode == 2 and "--stages '2,x'" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
