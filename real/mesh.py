@@ -34,18 +34,21 @@ def env_world() -> tuple[int, int, int]:
 
 
 def _attempt_store(rank: int, world: int, timeout: timedelta) -> dict:
-    """On a torchrun restart: the launcher's store, with keys prefixed by the attempt.
+    """Under torchrun: the launcher's store, with keys prefixed by the attempt and the world size.
 
-    torchrun keeps one store across restarts, so without the prefix the new
-    group would read the dead attempt's addresses and fail to connect.
+    torchrun keeps one store across restarts, so without the prefix a
+    restarted group would read the dead attempt's addresses and fail to
+    connect. A restart after a membership change (``--nnodes MIN:MAX``) keeps
+    the restart count but changes the world size, hence both in the prefix.
     """
-    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    if attempt == 0 or "MASTER_ADDR" not in os.environ:
+    if "TORCHELASTIC_RESTART_COUNT" not in os.environ or "MASTER_ADDR" not in os.environ:
         return {}
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           is_master=not agent and rank == 0, timeout=timeout)
-    return {"store": dist.PrefixStore(f"schedlab/attempt{attempt}", store), "rank": rank, "world_size": world}
+    prefix = f"schedlab/attempt{attempt}/world{world}"
+    return {"store": dist.PrefixStore(prefix, store), "rank": rank, "world_size": world}
 
 
 @dataclass(eq=False)
