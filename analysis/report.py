@@ -195,7 +195,9 @@ def _real_section(cfg: ReportConfig, out: Path) -> list[str]:
     from sim.profiled import load_profile
 
     where = (f"Predicted with the profiled costs of `{cfg.profile}` (seconds, measured on the machine by "
-             "`python -m real.profile`); simulated and measured timelines share one time axis."
+             "`python -m real.profile`); simulated and measured timelines share one time axis. Span: first task "
+             "start to last task end of the traced step (the step time the runtime reports adds the optimizer "
+             "steps and the loss all-reduce; `experiments/validate_sim.py` compares those)."
              if cfg.profile is not None else
              "Predicted with the uniform costs above (unit-free), so only the shape and the bubble compare; "
              "pass `--costs PROFILE.json` for predictions in seconds.")
@@ -219,7 +221,7 @@ def _real_section(cfg: ReportConfig, out: Path) -> list[str]:
         lines += [f"![{name}: simulated (top) and measured (bottom)](sim-vs-real-{stem}.png)", ""]
     summary = validation_summary(rows)
     table = _markdown_table(
-        ["schedule", "predicted step", "measured step", "error", "predicted bubble", "measured bubble"],
+        ["schedule", "predicted span", "measured span (traced step)", "error", "predicted bubble", "measured bubble"],
         [(r["schedule"], f"{r['predicted_step_time']:.4g}", f"{r['measured_step_time']:.4g}", f"{r['error']:+.1%}",
           f"{r['predicted_bubble']:.1%}", f"{r['measured_bubble']:.1%}") for r in rows],
     )
