@@ -29,7 +29,10 @@ import logging
 import os
 import re
 import shutil
+import warnings
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +45,10 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from schedules import ScheduleError
 
-__all__ = ["MARKER", "CheckpointConfig", "Checkpointer", "Restored", "complete_checkpoints", "latest_complete"]
+__all__ = [
+    "MARKER", "CheckpointConfig", "Checkpointer", "Restored", "complete_checkpoints", "latest_complete", "load",
+    "state_dict",
+]
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +137,14 @@ def latest_complete(directory: str | Path) -> Restored | None:
     return found[-1] if found else None
 
 
+@contextmanager
+def _quiet_single_process() -> Iterator[None]:
+    """DCP warns that it assumes one process when no group exists: that is the intent here."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def _optim_key(name: str, key: str) -> str:
     return f"optim.{name}.{key}"
 
@@ -175,7 +189,8 @@ def load(restored: Restored, named: list[tuple[str, torch.nn.Parameter]], optimi
         del state[rng_key]
     else:
         state[rng_key] = torch.empty_like(state[rng_key])
-    dcp.load(state, checkpoint_id=str(restored.path), no_dist=not dist.is_initialized())
+    with _quiet_single_process():
+        dcp.load(state, checkpoint_id=str(restored.path), no_dist=not dist.is_initialized())
     if rng_key in state:
         torch.set_rng_state(state[rng_key])
 
@@ -215,11 +230,13 @@ class Checkpointer:
         if dist.is_initialized():
             dist.barrier()
         if self.config.async_save:
-            future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._group,
-                                    no_dist=not dist.is_initialized())
+            with _quiet_single_process():
+                future = dcp.async_save(state, checkpoint_id=str(tmp), process_group=self._group,
+                                        no_dist=not dist.is_initialized())
             self._pending = (future, tmp, final, info)
             return
-        dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
+        with _quiet_single_process():
+            dcp.save(state, checkpoint_id=str(tmp), no_dist=not dist.is_initialized())
         self._finalize(tmp, final, info)
 
     def poll(self) -> None:

@@ -24,7 +24,7 @@ from real.checkpoint import CheckpointConfig
 from real.config import BACKENDS, DP_MODES, FAIL_MODES, MODEL_KINDS, OPTIMIZERS, ModelConfig, RunConfig, make_plan
 from real.launch import torchrun
 from real.mesh import env_world
-from real.train import RunResult, resolve_backend, resume_point, run
+from real.train import RunResult, resolve_backend, restart_count, resume_point, run
 from schedules import ScheduleError
 from schedules.trace import check_trace_path
 from sim.cli import OneLineParser, add_schedule_args, fail
@@ -156,6 +156,8 @@ def _report(result: RunResult, args: argparse.Namespace) -> None:
     if args.json:
         print(json.dumps(result.to_json()))
         return
+    if result.resumed_from:
+        print(f"resumed from {result.resumed_from} at step {result.start_step} (restart {restart_count()})")
     print(f"param_norm {result.param_norm:.10g}  param_sha256 {result.param_sha256}")
     peak = ", ".join(f"rank {m['rank']}: {m['peak_activation_bytes'] / 2**20:.2f} MiB ({m['peak_activations_mb']:.2f} M_B)"
                      for m in result.memory)
