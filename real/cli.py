@@ -159,9 +159,11 @@ def _report(result: RunResult, args: argparse.Namespace) -> None:
     if result.resumed_from:
         print(f"resumed from {result.resumed_from} at step {result.start_step} (restart {restart_count()})")
     print(f"param_norm {result.param_norm:.10g}  param_sha256 {result.param_sha256}")
+    measured = [m for m in result.memory if m]  # none if the checkpoint was already at --steps
     peak = ", ".join(f"rank {m['rank']}: {m['peak_activation_bytes'] / 2**20:.2f} MiB ({m['peak_activations_mb']:.2f} M_B)"
-                     for m in result.memory)
-    print(f"peak activations {peak}")
+                     for m in measured)
+    if measured:
+        print(f"peak activations {peak}")
     for what, path in (("trace", result.trace_path), ("timeline", args.plot)):
         if path:
             print(f"wrote {what}: {path}")

@@ -272,6 +272,8 @@ class _Trainer:
         cfg = self.plan.config
         start, losses = self._load(restored)
         self.metered = max(cfg.metered_step, start)  # a resumed run measures its first step
+        if start >= cfg.steps:
+            log.warning("the checkpoint is at step %d, --steps is %d: nothing left to train", start, cfg.steps)
         saver = ckpt.Checkpointer(cfg.checkpoint, self.mesh.rank, restart_count()) if cfg.checkpoint else None
         offset = clock_offset() if self.mesh.distributed else 0.0
         log.info("rank %d (pipeline rank %d, replica %d): stages %s, layers %s, clock offset to rank 0 %.6f s",
