@@ -168,3 +168,26 @@ def test_profile_bad_flag_one_line_exit_2():
     proc = subprocess.run([sys.executable, "-m", "real.profile", "--out", "x.json", "--stages", "2,x"], cwd=ROOT,
                           capture_output=True, text=True, timeout=25)
     assert proc.returncode == 2 and "--stages '2,x'" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_report_predicts_real_traces_with_profiled_costs(profile_path, tmp_path, capsys):
+    """schedlab report --costs: the real trace is set against the profiled prediction, in seconds."""
+    from analysis.cli import main as schedlab
+    from schedules.trace import write_trace
+
+    graph = validate(load_graph("zb-h1", pp=2, microbatches=4))
+    costs = load_profile(profile_path, 2)
+    real = simulate(graph, costs).trace
+    real[["start", "end"]] *= 1.25  # stands in for a measurement 25% slower than predicted
+    real.attrs = {**real.attrs, "source": "real"}
+    trace = write_trace(real, tmp_path / "zb-h1.csv")
+    out = tmp_path / "rep"
+    assert schedlab(["report", "--out", str(out), "--pp", "2", "--microbatches", "4", "--schedules", "1f1b,zb-h1",
+                     "--no-progress", "--real", str(trace), "--costs", str(profile_path)]) == 0
+    md = (out / "report.md").read_text()
+    assert "profiled costs" in md and "| zb-h1 |" in md and "-20.0%" in md
+    assert (out / "sim-vs-real-zb-h1.png").is_file()
+    with pytest.raises(SystemExit) as exc:
+        schedlab(["report", "--out", str(tmp_path / "r2"), "--real", str(trace), "--costs", str(tmp_path / "no.json")])
+    assert exc.value.code == 2 and "not found" in capsys.readouterr().err
+    assert not (tmp_path / "r2").exists()
