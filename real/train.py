@@ -180,6 +180,7 @@ class _Trainer:
         self.executor = Executor(self.plan.graph, mesh.pp_rank, self.stages, comm=self._comm(), meter=self.meter,
                                  recorder=self.recorder, poll=self.sync.poll if self.sync else lambda: None)
         self.needs_data = 0 in self.stages or last in self.stages
+        self.metered = cfg.metered_step  # train() moves it to the first step a resumed run runs
 
     def _comm(self) -> PipeComm | None:
         if self.mesh.p2p_groups is None:
