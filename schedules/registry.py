@@ -11,7 +11,16 @@ from dataclasses import dataclass
 from schedules.errors import ScheduleError
 from schedules.ir import Schedule
 
-__all__ = ["PipelineParams", "ScheduleSpec", "build", "names", "register", "spec"]
+__all__ = ["PipelineParams", "ScheduleSpec", "build", "check_uniform_times", "names", "register", "spec"]
+
+
+def check_uniform_times(*, mw: float, **times: float) -> None:
+    """Pass and message times finite and >= 0, ``mw`` a fraction; the flag is named in the error."""
+    for flag, value in times.items():
+        if not 0 <= value < float("inf"):  # also catches NaN
+            raise ScheduleError(f"{flag} (--{flag}) must be a finite time >= 0, got {value!r}")
+    if not 0 <= mw <= 1:
+        raise ScheduleError(f"mw (--mw) must be a fraction of M_B in [0, 1], got {mw!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,12 +46,7 @@ class PipelineParams:
         for flag, value in (("pp", self.pp), ("microbatches", self.microbatches), ("chunks", self.chunks)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ScheduleError(f"{flag} must be an integer >= 1, got {value!r}")
-        for flag in ("tf", "tb", "tw", "tcomm"):
-            value = getattr(self, flag)
-            if not 0 <= value < float("inf"):
-                raise ScheduleError(f"{flag} (--{flag}) must be a finite time >= 0, got {value!r}")
-        if not 0 <= self.mw <= 1:
-            raise ScheduleError(f"mw (--mw) must be a fraction of M_B in [0, 1], got {self.mw!r}")
+        check_uniform_times(tf=self.tf, tb=self.tb, tw=self.tw, tcomm=self.tcomm, mw=self.mw)
         if self.mem_limit is not None and not self.mem_limit > 0:
             raise ScheduleError(f"mem_limit (--mem-limit) must be > 0 M_B, got {self.mem_limit!r}")
 

@@ -6,7 +6,7 @@ from schedules.errors import ScheduleError
 from schedules.graph import TaskGraph, lower, paused_gc
 from schedules.ir import COMPUTE_KINDS, Action, Kind, Schedule
 
-__all__ = ["check_schedule", "find_cycle", "validate"]
+__all__ = ["check_schedule", "find_cycle", "topological_order", "validate"]
 
 
 def check_schedule(schedule: Schedule) -> None:
@@ -99,21 +99,31 @@ def _check_order(schedule: Schedule, seen: dict) -> None:
             )
 
 
-def find_cycle(graph: TaskGraph) -> list[int] | None:
-    """Task ids of one cycle of waits (first == last), or None if the graph is acyclic."""
-    n = len(graph.tasks)
+def topological_order(graph: TaskGraph) -> tuple[list[int], list[int]]:
+    """Task ids in an order where each comes after its deps (Kahn), and each task's unmet deps.
+
+    The order covers every task exactly when the graph has no cycle; the tasks
+    left out (unmet deps > 0) are those waiting on a cycle.
+    """
     indeg = [len(t.deps) for t in graph.tasks]
     succ = graph.successors
-    ready = [i for i in range(n) if indeg[i] == 0]
-    done = 0
+    ready = [i for i, d in enumerate(indeg) if d == 0]
+    order: list[int] = []
     while ready:
         i = ready.pop()
-        done += 1
+        order.append(i)
         for j in succ[i]:
             indeg[j] -= 1
             if indeg[j] == 0:
                 ready.append(j)
-    if done == n:
+    return order, indeg
+
+
+def find_cycle(graph: TaskGraph) -> list[int] | None:
+    """Task ids of one cycle of waits (first == last), or None if the graph is acyclic."""
+    order, indeg = topological_order(graph)
+    n = len(graph.tasks)
+    if len(order) == n:
         return None
     # Every unfinished task waits on an unfinished task: walk those waits until one repeats.
     stuck = {i for i in range(n) if indeg[i] > 0}

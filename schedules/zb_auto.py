@@ -25,6 +25,7 @@ from schedules.errors import ScheduleError
 from schedules.graph import lower
 from schedules.ir import Action, Kind, Schedule
 from schedules.registry import PipelineParams, register
+from schedules.validate import topological_order
 from schedules.zero_bubble import zb_h1
 
 __all__ = ["greedy_zero_bubble", "makespan", "peak_memory", "zb_auto", "zb_h2"]
@@ -128,7 +129,10 @@ def makespan(schedule: Schedule, tf: float, tb: float, tw: float, tcomm: float) 
     v = schedule.chunks
     pass_time = {Kind.F: tf / v, Kind.I: tb / v, Kind.W: tw / v, Kind.B: (tb + tw) / v}
     end = [0.0] * len(graph.tasks)
-    for i in _topological(graph):
+    order, _ = topological_order(graph)
+    if len(order) != len(graph.tasks):
+        raise ScheduleError(f"schedule {graph.schedule.name!r} deadlocks (cycle of waits)")
+    for i in order:
         task = graph.tasks[i]
         a = task.action
         if a.is_compute:
@@ -139,23 +143,6 @@ def makespan(schedule: Schedule, tf: float, tb: float, tw: float, tcomm: float) 
             d = 0.0
         end[i] = max((end[j] for j in task.deps), default=0.0) + d
     return max(end, default=0.0)
-
-
-def _topological(graph) -> list[int]:
-    indeg = [len(t.deps) for t in graph.tasks]
-    succ = graph.successors
-    ready = [i for i, d in enumerate(indeg) if d == 0]
-    order = []
-    while ready:
-        i = ready.pop()
-        order.append(i)
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                ready.append(j)
-    if len(order) != len(indeg):
-        raise ScheduleError(f"schedule {graph.schedule.name!r} deadlocks (cycle of waits)")
-    return order
 
 
 def peak_memory(schedule: Schedule, mw: float) -> list[float]:

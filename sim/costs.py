@@ -7,13 +7,31 @@ schedules with: fixed pass times, a fixed message delay.
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from schedules import Action, Kind, ScheduleError, Task, TaskGraph
+from schedules.registry import check_uniform_times
 
-__all__ = ["CostModel", "UniformCosts"]
+__all__ = ["CostModel", "UniformCosts", "memoized_durations"]
+
+
+def memoized_durations(model: CostModel, graph: TaskGraph, key: Callable[[Task], Hashable]) -> list[float]:
+    """Every task's duration in task-id order, asking ``model.duration`` once per distinct ``key(task)``.
+
+    For a cost model's ``durations`` fast path: ``key`` must capture everything
+    the model's duration depends on.
+    """
+    memo: dict[Hashable, float] = {}
+    out = []
+    for task in graph.tasks:
+        k = key(task)
+        d = memo.get(k)
+        if d is None:
+            d = memo[k] = model.duration(task, graph)
+        out.append(d)
+    return out
 
 
 @runtime_checkable
@@ -64,12 +82,7 @@ class UniformCosts:
     pair_overlap: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("tf", "tb", "tw", "tcomm"):
-            value = getattr(self, name)
-            if not 0 <= value < math.inf:  # also catches NaN
-                raise ScheduleError(f"{name} (--{name}) must be a finite time >= 0, got {value!r}")
-        if not 0 <= self.mw <= 1:
-            raise ScheduleError(f"mw (--mw) must be a fraction of M_B in [0, 1], got {self.mw!r}")
+        check_uniform_times(tf=self.tf, tb=self.tb, tw=self.tw, tcomm=self.tcomm, mw=self.mw)
         if not 0 <= self.pair_overlap <= 1:
             raise ScheduleError(
                 f"pair_overlap (--pair-overlap) must be a fraction in [0, 1] of the shorter pass hidden, "
@@ -99,17 +112,8 @@ class UniformCosts:
         return 0.0
 
     def durations(self, graph: TaskGraph) -> list[float]:
-        """All tasks' durations at once (the engine's fast path): one lookup per task."""
-        memo: dict[tuple[Kind, ...], float] = {}
-        out = []
-        for task in graph.tasks:
-            action = task.action
-            key = (action.kind,) if action.sub_actions is None else tuple(a.kind for a in action.sub_actions)
-            d = memo.get(key)
-            if d is None:
-                d = memo[key] = self.duration(task, graph)
-            out.append(d)
-        return out
+        """All tasks' durations at once (the engine's fast path): a task's cost depends only on its kinds."""
+        return memoized_durations(self, graph, lambda t: (t.action.kind, *(a.kind for a in t.action.parts())))
 
     def bytes(self, task: Task, graph: TaskGraph) -> float:
         return 0.0

@@ -91,7 +91,7 @@ class FailureModel:
         """MTBF of the whole job: any device failing stops it."""
         return self.mtbf_device / self.devices
 
-    def arrivals(self, rng: random.Random) -> list[tuple[float, int]] | None:
+    def arrivals(self) -> list[tuple[float, int]] | None:
         """The trace, or None: then failures are drawn on the fly."""
         return list(self.trace) if self.trace is not None else None
 
@@ -230,7 +230,7 @@ def simulate_job(
 
 
 def _inject(env: simpy.Environment, proc: simpy.Process, failures: FailureModel, rng: random.Random):
-    trace = failures.arrivals(rng)
+    trace = failures.arrivals()
     rate = failures.devices / failures.mtbf_device
     i = 0
     while proc.is_alive:

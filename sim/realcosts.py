@@ -35,6 +35,7 @@ from schedules import Action, Kind, Stream, Task, TaskGraph
 from schedules.dp import DataParallelGraph
 from schedules.errors import ScheduleError
 from sim.cluster import Cluster
+from sim.costs import memoized_durations
 from sim.parallel import DPGroup, ParallelConfig
 from sim.transformer import TransformerConfig, partition_layers
 
@@ -151,16 +152,10 @@ class RealCosts:
         return 0.0
 
     def durations(self, graph: TaskGraph) -> list[float]:
-        memo: dict[tuple, float] = {}
-        out = []
-        for t in graph.tasks:
-            key = (t.rank, t.peer, t.action.kind, t.action.stage, t.action.bucket,
-                   None if t.action.sub_actions is None else tuple((p.kind, p.stage) for p in t.action.sub_actions))
-            d = memo.get(key)
-            if d is None:
-                d = memo[key] = self.duration(t, graph)
-            out.append(d)
-        return out
+        """A task's cost depends on where it runs and what it does, never on the microbatch."""
+        return memoized_durations(self, graph, lambda t: (
+            t.rank, t.peer, t.action.kind, t.action.stage, t.action.bucket,
+            None if t.action.sub_actions is None else tuple((p.kind, p.stage) for p in t.action.sub_actions)))
 
     def bytes(self, task: Task, graph: TaskGraph) -> float:
         a = task.action
