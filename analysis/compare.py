@@ -1,30 +1,17 @@
-"""Schedules side by side: simulate several, tabulate bubble, step time and memory, draw timelines."""
+"""Schedules side by side: tabulate the results of several simulations (bubble, step time, memory)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from analysis.theory import bubble_ratio as closed_form_bubble
-from schedules import build, spec, validate
-from sim import SimResult, UniformCosts, simulate
+from sim import SimResult
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["comparison_table", "format_comparison", "format_real_comparison", "real_comparison", "simulate_many"]
-
-
-def simulate_many(
-    names: Iterable[str], *, pp: int, microbatches: int, chunks: int = 2, costs: UniformCosts | None = None
-) -> list[SimResult]:
-    """Simulate each named schedule at the same shape; multi-chunk ones get ``chunks`` stages per rank."""
-    costs = costs or UniformCosts()
-    graphs = []
-    for name in names:  # build and validate all first: a bad name fails before any simulation
-        v = chunks if spec(name).multi_chunk else 1
-        graphs.append(validate(build(name, pp=pp, microbatches=microbatches, chunks=v)))
-    return [simulate(g, costs, check=False) for g in graphs]
+__all__ = ["comparison_table", "format_comparison", "format_units_comparison"]
 
 
 def comparison_table(results: Sequence[SimResult]) -> pd.DataFrame:
@@ -73,15 +60,7 @@ def format_comparison(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def real_comparison(names: Iterable[str], *, chunks: int = 2, **study: object) -> list[dict]:
-    """Each named schedule as a real-units :class:`sim.study.Study` (same model, cluster, pp x dp); result dicts."""
-    from sim.study import Study, run_study
-
-    studies = [Study(schedule=n, chunks=chunks if spec(n).multi_chunk else None, **study) for n in names]
-    return [run_study(s).to_dict() for s in studies]
-
-
-def format_real_comparison(rows: Sequence[dict]) -> str:
+def format_units_comparison(rows: Sequence[dict]) -> str:
     """Step time, throughput, MFU, exposed communication and peak memory per schedule."""
     header = (f"{'schedule':<18} {'step s':>8} {'tokens/s':>10} {'MFU':>6} {'bubble':>7} {'exposed comm s':>14} "
               f"{'peak mem GB':>11} {'overflow':>8}")

@@ -1,6 +1,11 @@
 """A self-contained report (Markdown + PNG figures) comparing schedules, and predictions with measurements.
 
-    python -m analysis report --out out/report [--pp 4 --microbatches 8 --chunks 2] [--real t1.csv ...]
+    schedlab report --out out/report [--pp 4 --microbatches 8 --chunks 2] [--real t1.csv ...]
+
+    >>> from sim.sweep import SweepConfig, run_sweep
+    >>> write_report("out/report", run_sweep(SweepConfig(pp=4, microbatches=8)))  # doctest: +SKIP
+
+The simulations come from :func:`sim.sweep.run_sweep`; this module only reads them.
 
 Sections: the comparison table at one shape, a recommendation, bubble ratio
 against the number of microbatches (with the closed forms where they exist),
@@ -13,46 +18,21 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analysis.compare import comparison_table, simulate_many
+from analysis.compare import comparison_table
 from analysis.theory import bubble_ratio as closed_form_bubble
 from analysis.timeline import plot_timeline, plot_timelines
 from analysis.validation import compare_pair, validation_summary
-from schedules import ScheduleError, build, lower, names, spec
-from schedules.trace import read_trace, write_trace
-from sim import SimResult, UniformCosts, simulate
+from schedules.trace import write_trace
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["ReportConfig", "write_report"]
+    from sim.sweep import Sweep, SweepConfig
 
-
-@dataclass(frozen=True, kw_only=True)
-class ReportConfig:
-    pp: int = 4
-    microbatches: int = 8
-    chunks: int = 2
-    schedules: tuple[str, ...] = ()  # empty: every registered schedule
-    costs: UniformCosts = field(default_factory=UniformCosts)
-    sweep: tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)  # microbatch counts for the bubble curves
-    real_traces: tuple[Path, ...] = ()
-    profile: Path | None = None  # a cost file (python -m real.profile): predictions for the real traces in seconds
-    progress: bool = True
-
-    def __post_init__(self) -> None:
-        for name in self.schedules:
-            spec(name)  # unknown names fail here, before anything is written
-        for path in self.real_traces:
-            if not Path(path).is_file():
-                raise ScheduleError(f"trace file {str(path)!r} not found")
-        if self.profile is not None:
-            from sim.profiled import load_profile
-
-            load_profile(self.profile)  # a missing or malformed file fails here, before anything is written
+__all__ = ["write_report"]
 
 
 def _savefig(fig, path: Path) -> Path:
@@ -62,32 +42,17 @@ def _savefig(fig, path: Path) -> Path:
     return path
 
 
-def _progress(items: Sequence, enabled: bool, desc: str) -> Iterable:
-    if not enabled:
-        return items
-    from tqdm import tqdm
-
-    return tqdm(items, desc=desc, unit="sim", leave=False)
-
-
-def _sweep(cfg: ReportConfig, chosen: Sequence[str]) -> dict[str, list[tuple[int, float, float | None]]]:
-    """(m, simulated bubble ratio, closed form or None) per schedule, for every m the schedule accepts."""
-    jobs = [(n, m) for n in chosen for m in cfg.sweep]
-    out: dict[str, list[tuple[int, float, float | None]]] = {n: [] for n in chosen}
-    c = cfg.costs
-    for name, m in _progress(jobs, cfg.progress, "bubble sweep"):
-        v = cfg.chunks if spec(name).multi_chunk else 1
-        try:
-            graph = lower(build(name, pp=cfg.pp, microbatches=m, chunks=v, tf=c.tf, tb=c.tb, tw=c.tw, tcomm=c.tcomm))
-        except ScheduleError:
-            continue  # a shape this schedule does not take (e.g. m not a multiple of p)
-        ratio = simulate(graph, c, check=False).bubble_ratio
-        closed = closed_form_bubble(name, cfg.pp, m, graph.schedule.chunks, c.tf, c.tb, c.tw) if c.tcomm == 0 else None
-        out[name].append((m, ratio, closed))
+def _with_closed_forms(sweep: Sweep) -> dict[str, list[tuple[int, float, float | None]]]:
+    """(m, simulated bubble ratio, closed form or None) per schedule."""
+    c = sweep.config.costs
+    out: dict[str, list[tuple[int, float, float | None]]] = {}
+    for name, rows in sweep.bubbles.items():
+        out[name] = [(m, ratio, closed_form_bubble(name, sweep.config.pp, m, v, c.tf, c.tb, c.tw) if c.tcomm == 0 else None)
+                     for m, v, ratio in rows]
     return out
 
 
-def _plot_bubbles(sweep: dict[str, list[tuple[int, float, float | None]]], cfg: ReportConfig, path: Path) -> Path:
+def _plot_bubbles(sweep: dict[str, list[tuple[int, float, float | None]]], cfg: SweepConfig, path: Path) -> Path:
     """One small panel per schedule on shared axes: simulated dots, closed-form line where one exists."""
     import matplotlib
 
@@ -187,61 +152,47 @@ def _recommend(table: pd.DataFrame, front: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _real_section(cfg: ReportConfig, out: Path) -> list[str]:
-    """Prediction against measurement for each real trace (simulated here at its own shape and costs)."""
-    if not cfg.real_traces:
+def _real_section(sweep: Sweep, out: Path) -> list[str]:
+    """Prediction against measurement for each real trace (simulated at its own shape and costs)."""
+    if not sweep.predictions:
         return []
     from analysis.perfetto import write_chrome_trace
-    from sim.profiled import load_profile
 
-    where = (f"Predicted with the profiled costs of `{cfg.profile}` (seconds, measured on the machine by "
+    profile = sweep.config.profile
+    where = (f"Predicted with the profiled costs of `{profile}` (seconds, measured on the machine by "
              "`python -m real.profile`); simulated and measured timelines share one time axis. Span: first task "
              "start to last task end of the traced step (the step time the runtime reports adds the optimizer "
              "steps and the loss all-reduce; `experiments/validate_sim.py` compares those)."
-             if cfg.profile is not None else
+             if profile is not None else
              "Predicted with the uniform costs above (unit-free), so only the shape and the bubble compare; "
              "pass `--costs PROFILE.json` for predictions in seconds.")
-    rows, lines = [], ["## Prediction against measurement", "", where, ""]
-    for path in cfg.real_traces:
-        real = read_trace(path)
-        if real.attrs.get("source") != "real":
-            raise ScheduleError(f"trace {str(path)!r} is not a real run's trace (attrs source={real.attrs.get('source')!r})")
-        params = real.attrs.get("params", {})
-        name = str(real.attrs.get("schedule"))
-        graph = lower(build(name, pp=int(params["pp"]), microbatches=int(params["microbatches"]),
-                            chunks=int(params.get("chunks") or spec(name).default_chunks)))
-        costs = cfg.costs if cfg.profile is None else load_profile(cfg.profile, graph.schedule.num_stages)
-        predicted = simulate(graph, costs).trace
-        row = compare_pair(predicted, real)
-        rows.append(row)
-        stem = Path(path).stem
+    rows, figures = [], []
+    for path, real, predicted in sweep.predictions:
+        rows.append(compare_pair(predicted, real))
+        stem, name = path.stem, str(real.attrs.get("schedule"))
         # Profiled predictions are in seconds like the measurement: one time axis shows the error directly.
-        plot_timelines([predicted, real], out / f"sim-vs-real-{stem}.png", same_axis=cfg.profile is not None)
+        plot_timelines([predicted, real], out / f"sim-vs-real-{stem}.png", same_axis=profile is not None)
         write_chrome_trace(real, out / f"{stem}.perfetto.json")
-        lines += [f"![{name}: simulated (top) and measured (bottom)](sim-vs-real-{stem}.png)", ""]
+        figures += [f"![{name}: simulated (top) and measured (bottom)](sim-vs-real-{stem}.png)", ""]
     summary = validation_summary(rows)
     table = _markdown_table(
         ["schedule", "predicted span", "measured span (traced step)", "error", "predicted bubble", "measured bubble"],
         [(r["schedule"], f"{r['predicted_step_time']:.4g}", f"{r['measured_step_time']:.4g}", f"{r['error']:+.1%}",
           f"{r['predicted_bubble']:.1%}", f"{r['measured_bubble']:.1%}") for r in rows],
     )
-    return [*lines[:4], table, "",
+    return ["## Prediction against measurement", "", where, "", table, "",
             f"Mean absolute error {summary['mean_abs_error']:.1%}, worst {summary['max_abs_error']:.1%}, "
-            f"ranking agreement (Kendall tau) {summary['kendall_tau']:.2f}.", "", *lines[4:]]
+            f"ranking agreement (Kendall tau) {summary['kendall_tau']:.2f}.", "", *figures]
 
 
-def write_report(out: str | os.PathLike, cfg: ReportConfig) -> Path:
-    """Simulate, plot and write ``out/report.md``; returns its path."""
-    out = Path(out)
-    chosen = list(cfg.schedules) or names(by_family=True)
-    results: list[SimResult] = simulate_many(chosen, pp=cfg.pp, microbatches=cfg.microbatches, chunks=cfg.chunks,
-                                             costs=cfg.costs)
+def write_report(out: str | os.PathLike, sweep: Sweep) -> Path:
+    """Plot what ``sweep`` simulated and write ``out/report.md``; returns its path."""
+    out, cfg, results = Path(out), sweep.config, sweep.results
     out.mkdir(parents=True, exist_ok=True)
     table = comparison_table(results)
     front = _pareto(table)
-    sweep = _sweep(cfg, chosen)
     plot_timelines([r.trace for r in results], out / "timelines.png")
-    _plot_bubbles(sweep, cfg, out / "bubble-vs-microbatches.png")
+    _plot_bubbles(_with_closed_forms(sweep), cfg, out / "bubble-vs-microbatches.png")
     _plot_pareto(table, front, out / "memory-vs-throughput.png")
     for r in results:
         write_trace(r.trace, out / "traces" / f"{r.schedule}.csv")
@@ -277,7 +228,7 @@ def write_report(out: str | os.PathLike, cfg: ReportConfig) -> Path:
         "",
         "![all schedules on one time axis](timelines.png)",
         "",
-        *_real_section(cfg, out),
+        *_real_section(sweep, out),
         "Per-task traces of every simulated schedule are in `traces/` (CSV, the shared trace format).",
         "",
     ]

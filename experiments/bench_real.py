@@ -29,6 +29,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from analysis.cli.train import add_model_args, model_from_args
+from real import ModelConfig
+
+MODEL = ModelConfig(kind="gpt", layers=6, dim=128, heads=4, vocab=256, seq=64)  # the benchmark's default model
+
 PAIRS = {  # our schedule -> torch's class for it
     "gpipe": "ScheduleGPipe",
     "1f1b": "Schedule1F1B",
@@ -47,18 +52,16 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="unmeasured first steps (default 2)")
     p.add_argument("--microbatches", type=int, default=8, help="default 8")
     p.add_argument("--batch-size", type=int, default=32, help="global batch (default 32)")
-    p.add_argument("--layers", type=int, default=6, help="GPT blocks (default 6)")
-    p.add_argument("--dim", type=int, default=128, help="hidden size (default 128)")
-    p.add_argument("--seq", type=int, default=64, help="sequence length (default 64)")
+    add_model_args(p, MODEL)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--worker", metavar="OUT", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def _config(a: argparse.Namespace, schedule: str, pp: int, dp: int):
-    from real import ModelConfig, RunConfig
+    from real import RunConfig
 
-    model = ModelConfig(kind="gpt", layers=a.layers, dim=a.dim, heads=4, vocab=256, seq=a.seq)
+    model = model_from_args(a)
     return RunConfig(schedule=schedule, pp=pp, dp=dp, microbatches=a.microbatches, batch_size=a.batch_size,
                      steps=a.warmup + a.steps, model=model, optimizer="adamw", lr=1e-3, backend="gloo")
 

@@ -28,6 +28,11 @@ import sys
 import time
 from pathlib import Path
 
+from analysis.cli.train import add_model_args, model_argv, model_from_args
+from real import ModelConfig
+
+MODEL = ModelConfig(kind="gpt", layers=6, dim=128, heads=4, vocab=256, seq=64)  # the validation's default model
+
 DEFAULT = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
 
 
@@ -37,9 +42,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--pp", type=int, default=2, help="pipeline ranks = processes (default 2)")
     p.add_argument("--microbatches", type=int, default=8, help="default 8")
     p.add_argument("--batch-size", type=int, default=32, help="global batch (default 32: microbatch of 4)")
-    p.add_argument("--layers", type=int, default=6, help="GPT blocks (default 6)")
-    p.add_argument("--dim", type=int, default=128, help="hidden size (default 128)")
-    p.add_argument("--seq", type=int, default=64, help="sequence length (default 64)")
+    add_model_args(p, MODEL)
     p.add_argument("--steps", type=int, default=8, help="measured steps per run (default 8)")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured first steps per run (default 2)")
     p.add_argument("--reps", type=int, default=1, help="runs per schedule (default 1)")
@@ -59,8 +62,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def _model_flags(a: argparse.Namespace) -> list[str]:
-    return ["--model", "gpt", "--layers", str(a.layers), "--dim", str(a.dim), "--heads", "4", "--vocab", "256",
-            "--seq", str(a.seq)]
+    return model_argv(model_from_args(a))
 
 
 def _busy_fraction(window: float = 0.5) -> float:

@@ -1,5 +1,5 @@
-import sys
+"""``python -m real``: the command line lives in :mod:`analysis.cli.train` (the one home of flags)."""
 
-from real.cli import main
+from analysis.cli.train import main
 
-sys.exit(main())
+raise SystemExit(main())

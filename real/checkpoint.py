@@ -43,7 +43,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from schedules import ScheduleError
+from schedules import CheckpointError
 
 __all__ = [
     "MARKER", "CheckpointConfig", "Checkpointer", "Restored", "complete_checkpoints", "latest_complete", "load",
@@ -67,14 +67,17 @@ class CheckpointConfig:
 
     def __post_init__(self) -> None:
         if not self.directory:
-            raise ScheduleError("checkpoint: give a directory, e.g. --checkpoint-dir out/ckpt")
+            raise CheckpointError("checkpoint: give a directory, e.g. out/ckpt", field="directory")
         if not isinstance(self.every, int) or self.every < 0:
-            raise ScheduleError(f"checkpoint: every must be an integer >= 0 steps (0: never save), got {self.every!r}")
+            raise CheckpointError(f"checkpoint: every must be an integer >= 0 steps (0: never save), got {self.every!r}",
+                                  field="every")
         if not isinstance(self.keep_last, int) or self.keep_last < 1:
-            raise ScheduleError(f"checkpoint: keep-last must be an integer >= 1, got {self.keep_last!r}")
+            raise CheckpointError(f"checkpoint: keep_last must be an integer >= 1, got {self.keep_last!r}",
+                                  field="keep_last")
         path = Path(self.directory)
         if path.exists() and not path.is_dir():
-            raise ScheduleError(f"checkpoint directory {self.directory!r} is a file; give a directory")
+            raise CheckpointError(f"checkpoint directory {self.directory!r} is a file; give a directory",
+                                  field="directory")
 
 
 @dataclass(frozen=True)

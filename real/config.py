@@ -13,7 +13,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from real.checkpoint import CheckpointConfig
-from schedules import Kind, ScheduleError, TaskGraph, build, validate
+from schedules import ConfigError, Kind, ScheduleError, TaskGraph, build, validate
+from schedules.dp import DP_MODES as SCHEDULE_DP_MODES
+from schedules.errors import check_choice, check_positive, check_positive_ints
+from schedules.partition import split_layers, stage_ranges
 
 __all__ = [
     "BACKENDS",
@@ -29,7 +32,10 @@ __all__ = [
 ]
 
 MODEL_KINDS = ("gpt", "mlp")
+# The data-parallel modes of schedules.dp that the runtime implements (real.dp).
 DP_MODES = ("sync", "ddp", "zero1")
+if not set(DP_MODES) <= set(SCHEDULE_DP_MODES):
+    raise ImportError(f"real.config.DP_MODES {DP_MODES} must be modes of schedules.dp {SCHEDULE_DP_MODES}")
 OPTIMIZERS = ("sgd", "adamw")
 BACKENDS = ("gloo", "nccl")
 FAIL_MODES = ("kill", "hang")  # an injected fault: SIGKILL itself, or stop answering (sleep)
@@ -37,17 +43,6 @@ FAIL_MODES = ("kill", "hang")  # an injected fault: SIGKILL itself, or stop answ
 SUPPORTED_KINDS = frozenset({
     Kind.F, Kind.I, Kind.W, Kind.B, Kind.OVERLAP_F_B, Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B,
 })
-
-
-def _positive_ints(owner: str, **values: Any) -> None:
-    for name, value in values.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ScheduleError(f"{owner}: {name} must be an integer >= 1, got {value!r}")
-
-
-def _one_of(owner: str, name: str, value: Any, valid: tuple[str, ...]) -> None:
-    if value not in valid:
-        raise ScheduleError(f"{owner}: unknown {name} {value!r}; valid: {', '.join(valid)}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,14 +65,14 @@ class ModelConfig:
     seq: int = 16
 
     def __post_init__(self) -> None:
-        _one_of("model", "kind", self.kind, MODEL_KINDS)
-        _positive_ints("model", layers=self.layers, dim=self.dim, heads=self.heads, vocab=self.vocab, seq=self.seq)
+        check_choice("model", "kind", self.kind, MODEL_KINDS)
+        check_positive_ints("model", layers=self.layers, dim=self.dim, heads=self.heads, vocab=self.vocab, seq=self.seq)
         if self.vocab < 2:
-            raise ScheduleError(f"model: vocab must be >= 2 (tokens or classes), got {self.vocab}")
+            raise ConfigError(f"model: vocab must be >= 2 (tokens or classes), got {self.vocab}", field="vocab")
         if self.kind == "gpt" and self.dim % self.heads:
-            raise ScheduleError(
+            raise ConfigError(
                 f"model: dim {self.dim} is not divisible by heads {self.heads}; "
-                f"use a dim that is a multiple of {self.heads}"
+                f"use a dim that is a multiple of {self.heads}", field="dim"
             )
 
     @property
@@ -125,50 +120,47 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         owner = f"run of {self.schedule!r}"
-        _positive_ints(owner, pp=self.pp, dp=self.dp, microbatches=self.microbatches,
+        check_positive_ints(owner, pp=self.pp, dp=self.dp, microbatches=self.microbatches,
                        batch_size=self.batch_size, steps=self.steps)
-        _one_of(owner, "optimizer", self.optimizer, OPTIMIZERS)
-        _one_of(owner, "dp mode", self.dp_mode, DP_MODES)
+        check_choice(owner, "optimizer", self.optimizer, OPTIMIZERS)
+        check_choice(owner, "dp_mode", self.dp_mode, DP_MODES)
         if self.backend is not None:
-            _one_of(owner, "backend", self.backend, BACKENDS)
-        if not 0 < self.lr < float("inf"):
-            raise ScheduleError(f"{owner}: lr must be a finite number > 0, got {self.lr!r}")
-        if not 0 < self.bucket_mb < float("inf"):
-            raise ScheduleError(f"{owner}: bucket size must be > 0 MiB, got {self.bucket_mb!r}")
-        if not 0 < self.timeout_s < float("inf"):
-            raise ScheduleError(f"{owner}: timeout must be > 0 seconds, got {self.timeout_s!r}")
+            check_choice(owner, "backend", self.backend, BACKENDS)
+        check_positive(owner, "lr", self.lr)
+        check_positive(owner, "bucket_mb", self.bucket_mb, " MiB")
+        check_positive(owner, "timeout_s", self.timeout_s, " seconds")
         if self.recv_ahead is not None:
-            _positive_ints(owner, recv_ahead=self.recv_ahead)
+            check_positive_ints(owner, recv_ahead=self.recv_ahead)
         if not -self.steps <= self.trace_step < self.steps:
-            raise ScheduleError(
-                f"{owner}: trace step {self.trace_step} is out of range for {self.steps} steps; "
-                f"valid: {-self.steps}..{self.steps - 1} (negative counts from the end)"
+            raise ConfigError(
+                f"{owner}: trace_step {self.trace_step} is out of range for {self.steps} steps; "
+                f"valid: {-self.steps}..{self.steps - 1} (negative counts from the end)", field="trace_step"
             )
         self._check_faults(owner)
         per_replica = self.dp * self.microbatches
         if self.batch_size % per_replica:
             fits = (self.batch_size // per_replica or 1) * per_replica
-            raise ScheduleError(
+            raise ConfigError(
                 f"{owner}: batch size {self.batch_size} is not divisible by dp x microbatches = "
-                f"{self.dp} x {self.microbatches} = {per_replica}; use a multiple of {per_replica}, e.g. {fits}"
-            )
+                f"{self.dp} x {self.microbatches} = {per_replica}; use a multiple of {per_replica}, e.g. {fits}",
+                field="batch_size")
 
     def _check_faults(self, owner: str) -> None:
-        _one_of(owner, "fail mode", self.fail_mode, FAIL_MODES)
+        check_choice(owner, "fail_mode", self.fail_mode, FAIL_MODES)
         if self.fail_at_step is not None and not 0 <= self.fail_at_step < self.steps:
-            raise ScheduleError(
-                f"{owner}: fail-at-step {self.fail_at_step} is out of range for {self.steps} steps; "
-                f"valid: 0..{self.steps - 1}"
+            raise ConfigError(
+                f"{owner}: fail_at_step {self.fail_at_step} is out of range for {self.steps} steps; "
+                f"valid: 0..{self.steps - 1}", field="fail_at_step"
             )
         if not isinstance(self.fail_rank, int) or not 0 <= self.fail_rank < self.world_size:
-            raise ScheduleError(
-                f"{owner}: fail-rank {self.fail_rank!r} is not a rank of pp x dp = {self.world_size} processes; "
-                f"valid: 0..{self.world_size - 1}"
+            raise ConfigError(
+                f"{owner}: fail_rank {self.fail_rank!r} is not a rank of pp x dp = {self.world_size} processes; "
+                f"valid: 0..{self.world_size - 1}", field="fail_rank"
             )
         if self.checkpoint is not None and self.dp_mode == "zero1" and self.dp > 1:
-            raise ScheduleError(
+            raise ConfigError(
                 f"{owner}: checkpoints with dp mode zero1 are not supported (its optimizer state is sharded "
-                "over flat buckets); use --dp-mode ddp or sync"
+                "over flat buckets); use dp_mode ddp or sync", field="dp_mode"
             )
 
     @property
@@ -206,31 +198,10 @@ class RunConfig:
 
 
 def partition(num_layers: int, num_stages: int, split: tuple[int, ...] | None = None) -> tuple[range, ...]:
-    """Contiguous layer ranges, one per stage: ``split`` layers each, or as even as possible.
-
-    With an even split the first ``num_layers % num_stages`` stages get one
-    layer more.
-    """
-    if num_stages > num_layers:
-        raise ScheduleError(
-            f"the model has {num_layers} layers (input layer, blocks, head), too few for {num_stages} stages; "
-            f"use --layers {num_stages - 2} or more, or fewer stages"
-        )
-    if split is None:
-        base, extra = divmod(num_layers, num_stages)
-        sizes = [base + (1 if s < extra else 0) for s in range(num_stages)]
-    else:
-        sizes = list(split)
-        if len(sizes) != num_stages or sum(sizes) != num_layers or min(sizes) < 1:
-            raise ScheduleError(
-                f"split {','.join(map(str, sizes))} must give each of the {num_stages} stages >= 1 layer "
-                f"and sum to the model's {num_layers} layers (input layer, blocks, head)"
-            )
-    ranges, start = [], 0
-    for n in sizes:
-        ranges.append(range(start, start + n))
-        start += n
-    return tuple(ranges)
+    """Contiguous layer ranges, one per stage: ``split`` layers each, or as even as possible
+    (:func:`schedules.partition.split_layers`; the first ``num_layers % num_stages`` stages get one layer more)."""
+    return stage_ranges(split_layers(num_layers, num_stages, split, layers="layers (input layer, blocks, head)",
+                                     fix=f"use layers {max(num_stages - 2, 1)} or more, or fewer stages"))
 
 
 @dataclass(frozen=True, eq=False)
@@ -264,10 +235,10 @@ def make_plan(config: RunConfig, world_size: int) -> Plan:
     """Check everything that needs no communication; raise ScheduleError naming the bad value."""
     graph = validate(build(config.schedule, pp=config.pp, microbatches=config.microbatches, chunks=config.chunks))
     if world_size != config.world_size:
-        raise ScheduleError(
+        raise ConfigError(
             f"world size {world_size} (processes launched) does not equal pp x dp = "
             f"{config.pp} x {config.dp} = {config.world_size}; launch {config.world_size} processes "
-            f"(torchrun --nproc-per-node {config.world_size}) or change --pp/--dp"
+            "or change pp/dp"
         )
     for task in graph.tasks:
         for part in task.action.parts():

@@ -48,37 +48,32 @@ All times in seconds, beta in bytes per second. :class:`sim.profiled.ProfiledCos
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import os
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from real.backward import backward_full, backward_input, backward_weight
-from real.config import MODEL_KINDS, OPTIMIZERS, ModelConfig, partition
+from real.config import OPTIMIZERS, ModelConfig, partition
 from real.data import make_batch
 from real.data import microbatches as microbatches_of
 from real.measure import Recorder
 from real.mesh import env_world
 from real.models import activation_shape, build_layers, loss_fn, make_optimizer
-from schedules import ScheduleError
+from schedules.errors import ConfigError, check_choice, check_positive_ints, quote
+from schedules.formats import PROFILE_SCHEMA
 
-__all__ = ["PROFILE_SCHEMA", "ProfileConfig", "StageProfile", "main", "profile", "profile_stage"]
+__all__ = ["PROFILE_SCHEMA", "ProfileConfig", "StageProfile", "profile", "profile_stage"]
 
 log = logging.getLogger(__name__)
 
-PROFILE_SCHEMA = "schedlab.profile/1"
 _PASSES = ("F", "B", "I", "W")
 
 
@@ -105,18 +100,17 @@ class ProfileConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("microbatch_size", "microbatches", "dp", "reps"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ScheduleError(f"profile: {name} must be an integer >= 1, got {value!r}")
-        if not isinstance(self.warmup, int) or self.warmup < 0:
-            raise ScheduleError(f"profile: warmup must be an integer >= 0, got {self.warmup!r}")
+        check_positive_ints("profile", microbatch_size=self.microbatch_size, microbatches=self.microbatches,
+                            dp=self.dp, reps=self.reps)
+        if not isinstance(self.warmup, int) or isinstance(self.warmup, bool) or self.warmup < 0:
+            raise ConfigError(f"profile: warmup must be an integer >= 0, got {quote(self.warmup)}", field="warmup")
         if not self.stages or any(not isinstance(s, int) or s < 1 for s in self.stages):
-            raise ScheduleError(f"profile: stages must be stage counts >= 1, e.g. 2,4; got {self.stages!r}")
+            raise ConfigError(f"profile: stages must be stage counts >= 1, e.g. 2,4; got {quote(self.stages)}",
+                              field="stages")
         if self.split is not None and len(self.stages) != 1:
-            raise ScheduleError(f"profile: --split fixes one partition; give one stage count, not {self.stages}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ScheduleError(f"profile: unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+            raise ConfigError(f"profile: split fixes one partition; give one stage count, not {self.stages}",
+                              field="split")
+        check_choice("profile", "optimizer", self.optimizer, OPTIMIZERS)
         for n in self.stages:
             partition(self.model.num_layers, n, self.split)  # raises naming the bad split / too few layers
 
@@ -434,7 +428,7 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
     partitions = [{"num_stages": n, "stages": rows} for n, rows in rows_of.items()]
     pp = cfg.pp or max(world // cfg.dp, 1)
     if cfg.dp > 1 and pp * cfg.dp != world:
-        raise ScheduleError(f"profile: --dp {cfg.dp} x pp {pp} must equal the world size {world}")
+        raise ConfigError(f"profile: dp {cfg.dp} x pp {pp} must equal the world size {world}", field="dp")
     max_params = max(s["param_bytes"] for p in partitions for s in p["stages"])
     return {
         "schema": PROFILE_SCHEMA,
@@ -450,91 +444,7 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
     }
 
 
-# -- CLI ----------------------------------------------------------------------------------------------------------
+if __name__ == "__main__":  # python -m real.profile: the command line is analysis.cli.profile
+    from analysis.cli.profile import main
 
-
-def _ints(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise ScheduleError(f"{flag} {text!r}: give integers separated by commas, e.g. 2,4") from None
-
-
-def _parser() -> argparse.ArgumentParser:
-    from sim.cli import OneLineParser
-
-    p = OneLineParser(prog="python -m real.profile", description="Profile this machine into a cost file for "
-                      "python -m sim --costs (run under torchrun; every rank measures at once).")
-    p.add_argument("--out", required=True, metavar="FILE.json", help="cost file to write (rank 0)")
-    p.add_argument("--stages", default="2", metavar="N,N", help="stage counts to profile, e.g. 2,4 (default 2)")
-    p.add_argument("--split", metavar="N,N,...", help="layers per stage of the one partition (default: even)")
-    p.add_argument("--microbatch-size", type=int, metavar="B", help="samples per microbatch (default 4)")
-    p.add_argument("--batch-size", type=int, metavar="B", help="with --microbatches: microbatch = B / (M x dp)")
-    p.add_argument("--microbatches", type=int, metavar="M")
-    p.add_argument("--pp", type=int, help="pipeline ranks, for the data-parallel groups (default world / dp)")
-    p.add_argument("--dp", type=int, default=1, help="data-parallel replicas: collectives over each dp group")
-    p.add_argument("--reps", type=int, default=10, help="timed repetitions (default 10)")
-    p.add_argument("--warmup", type=int, default=3, help="untimed repetitions first (default 3)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--model", choices=MODEL_KINDS, default="gpt")
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--dim", type=int, default=32)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--vocab", type=int, default=64)
-    p.add_argument("--seq", type=int, default=16)
-    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="collective timeout (default 300 s)")
-    p.add_argument("-v", "--verbose", action="count", default=0)
-    return p
-
-
-def config_from_args(args: argparse.Namespace) -> ProfileConfig:
-    model = ModelConfig(kind=args.model, layers=args.layers, dim=args.dim, heads=args.heads, vocab=args.vocab,
-                        seq=args.seq)
-    mb = args.microbatch_size
-    if mb is None and args.batch_size is not None:
-        if not args.microbatches:
-            raise ScheduleError("--batch-size needs --microbatches (microbatch = batch / (microbatches x dp))")
-        mb = args.batch_size // (args.microbatches * args.dp)
-    return ProfileConfig(model=model, stages=_ints(args.stages, "--stages"),
-                         split=_ints(args.split, "--split") if args.split else None, microbatch_size=mb or 4,
-                         microbatches=args.microbatches or 1,
-                         pp=args.pp, dp=args.dp, optimizer=args.optimizer, lr=args.lr, reps=args.reps,
-                         warmup=args.warmup, seed=args.seed)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from sim.cli import fail
-
-    args = _parser().parse_args(argv)
-    rank, world, _ = env_world()
-    logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
-                        format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = config_from_args(args)
-        out = Path(args.out)
-        if out.suffix != ".json":
-            raise ScheduleError(f"--out {args.out!r}: the cost file is JSON; give a path ending in .json")
-    except ScheduleError as exc:
-        fail(f"[rank {rank}] {exc}" if world > 1 else str(exc))
-    if world > 1 and not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
-    try:
-        result = profile(cfg)
-    except ScheduleError as exc:
-        fail(f"[rank {rank}] {exc}")
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    if rank == 0:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(".tmp-" + out.name)
-        tmp.write_text(json.dumps(result, indent=1))
-        os.replace(tmp, out)
-        sys.stdout.write(f"wrote cost file: {out}\n")
-    return 0
-
-
-if __name__ == "__main__":
     raise SystemExit(main())

@@ -34,7 +34,7 @@ from real.measure import ActivationMeter, Recorder, clock_offset
 from real.mesh import Mesh, env_world
 from real.models import activation_shape, build_layers, make_optimizer
 from real.p2p import PeerError, PipeComm, matching_sends
-from schedules import ScheduleError
+from schedules import CheckpointError, ConfigError
 from schedules.trace import TRACE_COLUMNS, check_trace_path, make_trace, write_trace
 
 if TYPE_CHECKING:
@@ -92,7 +92,7 @@ def resolve_backend(backend: str | None) -> str:
     if backend is None:
         return "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl" and not torch.cuda.is_available():
-        raise ScheduleError("backend nccl needs CUDA GPUs and none is available here; use --backend gloo")
+        raise ConfigError("backend nccl needs CUDA GPUs and none is available here; use backend gloo", field="backend")
     return backend
 
 
@@ -106,7 +106,7 @@ _MUST_MATCH = ("batch_size", "seed", "optimizer")
 
 
 def resume_point(config: RunConfig) -> ckpt.Restored | None:
-    """The newest complete checkpoint to resume from (files only); ScheduleError if it belongs to another run.
+    """The newest complete checkpoint to resume from (files only); SchedlabError if it belongs to another run.
 
     The layout (pp, dp, schedule) may differ, the model, global batch, seed and optimizer may not.
     """
@@ -119,9 +119,9 @@ def resume_point(config: RunConfig) -> ckpt.Restored | None:
     mine = config.to_dict()
     for key in ("model", *_MUST_MATCH):
         if saved.get(key) != mine[key]:
-            raise ScheduleError(
+            raise CheckpointError(
                 f"checkpoint {restored.path} was written with {key} {saved.get(key)!r}, this run has "
-                f"{mine[key]!r}; use the same {key} to resume, or another --checkpoint-dir"
+                f"{mine[key]!r}; use the same {key} to resume, or another checkpoint directory", field="directory"
             )
     return restored
 
@@ -133,7 +133,7 @@ def run(
     mesh: Mesh | None = None,
     on_step: StepCallback | None = None,
 ) -> RunResult:
-    """Train on this rank; every bad input raises ScheduleError before any communication."""
+    """Train on this rank; every bad input raises SchedlabError before any communication."""
     _, world, _ = env_world()
     plan = make_plan(config, world)
     backend = resolve_backend(config.backend)

@@ -2,28 +2,43 @@
 
     >>> from schedules import build, validate
     >>> graph = validate(build("1f1b", pp=4, microbatches=8))
+
+In flow order: ``ir`` (Action, Kind, Schedule) -> ``registry`` and the
+generators (``flush``, ``looped``, ``zero_bubble``, ``zb_auto``) -> ``check``
+(a schedule's work) -> ``lower`` (SEND/RECV and dependencies, a ``graph``) ->
+``validate`` (deadlocks) -> ``dp`` (data-parallel collectives). ``load``
+resolves any schedule reference; ``torch_csv`` and ``torch_interop`` speak
+torch.distributed.pipelining's formats; ``trace`` is the shared trace format.
 """
 
 from schedules import flush, looped, zb_auto, zero_bubble  # noqa: F401  (registers the generators)
-from schedules.errors import ScheduleError
-from schedules.graph import Stream, Task, TaskGraph, graph_from_programs, insert_comms, lower
-from schedules.interop import (
-    from_torch,
-    load_graph,
-    load_schedule,
-    read_torch_csv,
-    read_torch_csv_graph,
-    torch_schedule_names,
-    write_torch_csv,
+from schedules.check import check_schedule
+from schedules.errors import (
+    CheckpointError,
+    ClusterError,
+    ConfigError,
+    CostFileError,
+    SchedlabError,
+    ScheduleError,
 )
+from schedules.graph import Stream, Task, TaskGraph, find_cycle, topological_order
 from schedules.ir import Action, Kind, Schedule
-from schedules.registry import PipelineParams, build, names, register, spec
-from schedules.validate import check_schedule, find_cycle, validate
+from schedules.load import load_graph, load_schedule
+from schedules.lower import graph_from_programs, insert_comms, lower
+from schedules.registry import PipelineParams, build, make_schedule, names, register, spec
+from schedules.torch_csv import read_torch_csv, read_torch_csv_graph, write_torch_csv
+from schedules.torch_interop import from_torch, torch_schedule_names
+from schedules.validate import validate
 
 __all__ = [
     "Action",
+    "CheckpointError",
+    "ClusterError",
+    "ConfigError",
+    "CostFileError",
     "Kind",
     "PipelineParams",
+    "SchedlabError",
     "Schedule",
     "ScheduleError",
     "Stream",
@@ -38,11 +53,13 @@ __all__ = [
     "load_graph",
     "load_schedule",
     "lower",
+    "make_schedule",
     "names",
     "read_torch_csv",
     "read_torch_csv_graph",
     "register",
     "spec",
+    "topological_order",
     "torch_schedule_names",
     "validate",
     "write_torch_csv",

@@ -38,8 +38,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from schedules.errors import ScheduleError
-from schedules.graph import Stream, Task, TaskGraph, paused_gc
+from schedules.graph import Stream, Task, TaskGraph
 from schedules.ir import Action, Kind
+from schedules.util import paused_gc
 
 __all__ = ["DP_MODES", "DPPlan", "DataParallelGraph", "add_data_parallel"]
 

@@ -7,21 +7,9 @@ have bubble ratio (p-1)/(m+p-1); they differ in activation memory.
 from __future__ import annotations
 
 from schedules.ir import Action, Kind, Schedule
-from schedules.registry import PipelineParams, register
+from schedules.registry import PipelineParams, make_schedule, register
 
 __all__ = ["gpipe", "one_f_one_b"]
-
-
-def _single_stage_schedule(name: str, params: PipelineParams, programs: list[list[Action]]) -> Schedule:
-    return Schedule(
-        name=name,
-        num_ranks=params.pp,
-        num_stages=params.pp,
-        num_microbatches=params.microbatches,
-        stage_to_rank=tuple(range(params.pp)),
-        programs=tuple(tuple(p) for p in programs),
-        params={"pp": params.pp, "microbatches": params.microbatches, "chunks": 1},
-    )
 
 
 @register("gpipe")
@@ -32,7 +20,7 @@ def gpipe(params: PipelineParams) -> Schedule:
         [Action(Kind.F, r, mb) for mb in range(m)] + [Action(Kind.B, r, mb) for mb in range(m)]
         for r in range(params.pp)
     ]
-    return _single_stage_schedule("gpipe", params, programs)
+    return make_schedule("gpipe", params, programs)
 
 
 @register("1f1b")
@@ -47,4 +35,4 @@ def one_f_one_b(params: PipelineParams) -> Schedule:
             prog += [Action(Kind.F, r, warmup + i), Action(Kind.B, r, i)]
         prog += [Action(Kind.B, r, mb) for mb in range(m - warmup, m)]
         programs.append(prog)
-    return _single_stage_schedule("1f1b", params, programs)
+    return make_schedule("1f1b", params, programs)

@@ -6,24 +6,20 @@ so every microbatch loops through the ranks v times.
 
 from __future__ import annotations
 
-from schedules.errors import ScheduleError
+from schedules.errors import check_multiple_of_pp
 from schedules.ir import Action, Kind, Schedule
-from schedules.registry import PipelineParams, register
+from schedules.registry import PipelineParams, make_schedule, register
 
-__all__ = ["interleaved_1f1b", "looped_bfs"]
+__all__ = ["interleaved_1f1b", "looped_bfs", "looped_placement"]
+
+
+def looped_placement(pp: int, chunks: int) -> tuple[int, ...]:
+    """Stage -> rank on the looped placement: stage s on rank s mod p."""
+    return tuple(s % pp for s in range(pp * chunks))
 
 
 def _looped_schedule(name: str, params: PipelineParams, programs: list[list[Action]]) -> Schedule:
-    p, v = params.pp, params.chunks
-    return Schedule(
-        name=name,
-        num_ranks=p,
-        num_stages=p * v,
-        num_microbatches=params.microbatches,
-        stage_to_rank=tuple(s % p for s in range(p * v)),
-        programs=tuple(tuple(prog) for prog in programs),
-        params={"pp": p, "microbatches": params.microbatches, "chunks": v},
-    )
+    return make_schedule(name, params, programs, looped_placement(params.pp, params.chunks))
 
 
 @register("interleaved-1f1b", multi_chunk=True)
@@ -36,11 +32,7 @@ def interleaved_1f1b(params: PipelineParams) -> Schedule:
     figure. Bubble time with uniform costs is (p-1)(t_f+t_b+t_w)/v.
     """
     p, m, v = params.pp, params.microbatches, params.chunks
-    if m % p != 0:
-        raise ScheduleError(
-            f"interleaved-1f1b needs microbatches to be a multiple of pp={p}, got {m}; try "
-            + (f"{m - m % p} or {m - m % p + p}" if m > p else f"{p}")
-        )
+    check_multiple_of_pp("interleaved-1f1b", p, m)
     total = m * v  # chunk passes per rank in each direction
 
     def work(k: int, backward: bool) -> tuple[int, int]:

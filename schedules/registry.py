@@ -5,27 +5,29 @@ A generator is a pure function ``(PipelineParams) -> Schedule``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
-from schedules.errors import ScheduleError
-from schedules.ir import Schedule
+from schedules.errors import ScheduleError, check_fraction, check_positive_ints, quote
+from schedules.ir import Action, Schedule
 
-__all__ = ["PipelineParams", "ScheduleSpec", "build", "check_uniform_times", "names", "register", "spec"]
+__all__ = [
+    "PipelineParams", "ScheduleSpec", "build", "check_uniform_times", "make_schedule", "names", "register", "spec",
+]
 
 
 def check_uniform_times(*, mw: float, **times: float) -> None:
-    """Pass and message times finite and >= 0, ``mw`` a fraction; the flag is named in the error."""
-    for flag, value in times.items():
-        if not 0 <= value < float("inf"):  # also catches NaN
-            raise ScheduleError(f"{flag} (--{flag}) must be a finite time >= 0, got {value!r}")
-    if not 0 <= mw <= 1:
-        raise ScheduleError(f"mw (--mw) must be a fraction of M_B in [0, 1], got {mw!r}")
+    """Pass and message times finite and >= 0, ``mw`` a fraction; the error names the field."""
+    for name, value in times.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < float("inf"):
+            raise ScheduleError(f"{name} must be a finite time >= 0, got {quote(value)}", field=name)
+    check_fraction("uniform costs", "mw", mw, "a fraction of M_B", error=ScheduleError)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PipelineParams:
-    """Shape of a pipeline: p ranks, m microbatches, v chunks (stages) per rank.
+    """Shape of a pipeline: p ranks, m microbatches, v chunks (stages) per rank (None: the schedule's default).
 
     Schedules that adapt to pass times or memory (zb-auto) also read the
     uniform pass times ``tf, tb, tw, tcomm`` (per microbatch through a rank's
@@ -34,7 +36,7 @@ class PipelineParams:
 
     pp: int
     microbatches: int
-    chunks: int = 1
+    chunks: int | None = None
     tf: float = 1.0
     tb: float = 1.0
     tw: float = 1.0
@@ -43,19 +45,42 @@ class PipelineParams:
     mem_limit: float | None = None
 
     def __post_init__(self) -> None:
-        for flag, value in (("pp", self.pp), ("microbatches", self.microbatches), ("chunks", self.chunks)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ScheduleError(f"{flag} must be an integer >= 1, got {value!r}")
+        check_positive_ints("pipeline", ScheduleError, pp=self.pp, microbatches=self.microbatches)
+        if self.chunks is not None:
+            check_positive_ints("pipeline", ScheduleError, chunks=self.chunks)
         check_uniform_times(tf=self.tf, tb=self.tb, tw=self.tw, tcomm=self.tcomm, mw=self.mw)
         if self.mem_limit is not None and not self.mem_limit > 0:
-            raise ScheduleError(f"mem_limit (--mem-limit) must be > 0 M_B, got {self.mem_limit!r}")
+            raise ScheduleError(f"mem_limit must be > 0 M_B, got {quote(self.mem_limit)}", field="mem_limit")
 
     @property
     def num_stages(self) -> int:
-        return self.pp * self.chunks
+        return self.pp * (self.chunks or 1)
 
 
 Generator = Callable[[PipelineParams], Schedule]
+
+
+def make_schedule(
+    name: str,
+    params: PipelineParams,
+    programs: Iterable[Iterable[Action]],
+    placement: Sequence[int] | None = None,
+    **extra: object,
+) -> Schedule:
+    """The Schedule a generator returns: ``placement[s]`` is stage s's rank (default: stage r on rank r).
+
+    ``params`` records pp, microbatches, the chunks the placement implies, and ``extra``.
+    """
+    placement = tuple(range(params.pp)) if placement is None else tuple(placement)
+    return Schedule(
+        name=name,
+        num_ranks=params.pp,
+        num_stages=len(placement),
+        num_microbatches=params.microbatches,
+        stage_to_rank=placement,
+        programs=tuple(tuple(p) for p in programs),
+        params={"pp": params.pp, "microbatches": params.microbatches, "chunks": len(placement) // params.pp, **extra},
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,34 +140,13 @@ def spec(name: str) -> ScheduleSpec:
         raise ScheduleError(f"unknown schedule {name!r}; valid: {', '.join(names())}") from None
 
 
-def build(
-    name: str,
-    *,
-    pp: int,
-    microbatches: int,
-    chunks: int | None = None,
-    mem_limit: float | None = None,
-    tf: float = 1.0,
-    tb: float = 1.0,
-    tw: float = 1.0,
-    tcomm: float = 0.0,
-    mw: float = 0.0,
-) -> Schedule:
-    """Build a registered schedule; bad names and impossible parameters raise ScheduleError.
-
-    The pass times and ``mem_limit`` matter only to adaptive schedules (zb-auto).
-    """
-    sp = spec(name)
-    if chunks is None:
-        chunks = sp.default_chunks
+def _check_chunks(sp: ScheduleSpec, chunks: object) -> None:
+    name = sp.name
     if sp.fixed_chunks is not None and chunks != sp.fixed_chunks:
         raise ScheduleError(
             f"schedule {name!r} places exactly {sp.fixed_chunks} stages per rank (chunks={sp.fixed_chunks}), "
             f"got chunks={chunks}"
         )
-    if mem_limit is not None and not sp.adaptive:
-        adaptive = ", ".join(n for n in names() if _REGISTRY[n].adaptive)
-        raise ScheduleError(f"--mem-limit applies only to adaptive schedules ({adaptive}), not to {name!r}")
     if sp.multi_chunk and isinstance(chunks, int) and chunks < 2:
         raise ScheduleError(
             f"schedule {name!r} needs chunks (v) >= 2 stages per rank, got {chunks}; "
@@ -153,7 +157,26 @@ def build(
             f"schedule {name!r} runs one stage per rank (chunks=1), got chunks={chunks}; "
             "multi-chunk schedules: " + ", ".join(n for n in names() if _REGISTRY[n].multi_chunk)
         )
-    params = PipelineParams(
-        pp=pp, microbatches=microbatches, chunks=chunks, tf=tf, tb=tb, tw=tw, tcomm=tcomm, mw=mw, mem_limit=mem_limit
-    )
-    return sp.fn(params)
+
+
+def build(name: str, params: PipelineParams | None = None, /, **fields: Any) -> Schedule:
+    """Build a registered schedule: ``build("1f1b", params)`` or ``build("1f1b", pp=4, microbatches=8)``.
+
+    The keywords are :class:`PipelineParams`' fields. Bad names and impossible
+    parameters raise ScheduleError. The pass times and ``mem_limit`` matter
+    only to adaptive schedules (zb-auto).
+    """
+    sp = spec(name)
+    if params is None:
+        given = fields.get("chunks")
+        _check_chunks(sp, sp.default_chunks if given is None else given)  # the schedule's own message first
+        params = PipelineParams(**fields)
+    elif fields:
+        raise TypeError(f"build() takes a PipelineParams or its fields as keywords, not both (got {sorted(fields)})")
+    chunks = sp.default_chunks if params.chunks is None else params.chunks
+    _check_chunks(sp, chunks)
+    if params.mem_limit is not None and not sp.adaptive:
+        adaptive = ", ".join(n for n in names() if _REGISTRY[n].adaptive)
+        raise ScheduleError(f"mem_limit applies only to adaptive schedules ({adaptive}), not to {name!r}",
+                            field="mem_limit")
+    return sp.fn(replace(params, chunks=chunks))

@@ -22,10 +22,10 @@ from collections import deque
 from dataclasses import dataclass
 
 from schedules.errors import ScheduleError
-from schedules.graph import lower
+from schedules.graph import topological_order
 from schedules.ir import Action, Kind, Schedule
-from schedules.registry import PipelineParams, register
-from schedules.validate import topological_order
+from schedules.lower import lower
+from schedules.registry import PipelineParams, make_schedule, register
 from schedules.zero_bubble import zb_h1
 
 __all__ = ["greedy_zero_bubble", "makespan", "peak_memory", "zb_auto", "zb_h2"]
@@ -162,17 +162,6 @@ def peak_memory(schedule: Schedule, mw: float) -> list[float]:
     return peaks
 
 
-def _single_stage(name: str, params: PipelineParams, programs: list[list[Action]], extra: dict) -> Schedule:
-    p = params.pp
-    return Schedule(
-        name=name,
-        num_ranks=p,
-        num_stages=p,
-        num_microbatches=params.microbatches,
-        stage_to_rank=tuple(range(p)),
-        programs=tuple(tuple(x) for x in programs),
-        params={"pp": p, "microbatches": params.microbatches, "chunks": 1, **extra},
-    )
 
 
 @register("zb-h2")
@@ -185,7 +174,7 @@ def zb_h2(params: PipelineParams) -> Schedule:
     """
     p, m = params.pp, params.microbatches
     progs = greedy_zero_bubble(p, m, 1.0, 1.0, 1.0, 0.0, 0.0, 2 * p - 1, _Policy(True, True, extra=p - 1))
-    return _single_stage("zb-h2", params, progs, {})
+    return make_schedule("zb-h2", params, progs)
 
 
 @register("zb-auto", adaptive=True)
@@ -195,8 +184,8 @@ def zb_auto(params: PipelineParams) -> Schedule:
     limit = float(p) if params.mem_limit is None else params.mem_limit
     if limit < MIN_MEM_LIMIT:
         raise ScheduleError(
-            f"zb-auto: --mem-limit {limit:g} M_B is below the minimum {MIN_MEM_LIMIT:g} M_B that any schedule "
-            "needs (a rank holds one microbatch's activations from its F to its I)"
+            f"zb-auto: mem_limit {limit:g} M_B is below the minimum {MIN_MEM_LIMIT:g} M_B that any schedule "
+            "needs (a rank holds one microbatch's activations from its F to its I)", field="mem_limit"
         )
     t = (params.tf, params.tb, params.tw, params.tcomm)
     candidates: list[tuple[str, list[list[Action]]]] = []
@@ -209,7 +198,7 @@ def zb_auto(params: PipelineParams) -> Schedule:
         candidates.append((handcrafted.name, [list(x) for x in handcrafted.programs]))
     best: tuple[float, int, str, Schedule] | None = None
     for index, (origin, progs) in enumerate(candidates):
-        sched = _single_stage("zb-auto", params, progs, {"mem_limit": limit})
+        sched = make_schedule("zb-auto", params, progs, mem_limit=limit)
         if max(peak_memory(sched, params.mw)) > limit + 1e-9:
             continue
         span = makespan(sched, *t)

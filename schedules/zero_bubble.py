@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
-from schedules.errors import ScheduleError
+from schedules.errors import ScheduleError, check_multiple_of_pp
 from schedules.ir import Action, Kind, Schedule
-from schedules.registry import PipelineParams, register
+from schedules.looped import looped_placement
+from schedules.registry import PipelineParams, make_schedule, register
 
 __all__ = ["dualpipe_v", "interleaved_zb", "v_placement", "zb_h1", "zb_v"]
 
@@ -22,18 +23,6 @@ __all__ = ["dualpipe_v", "interleaved_zb", "v_placement", "zb_h1", "zb_v"]
 def v_placement(pp: int) -> tuple[int, ...]:
     """Stage -> rank for two chunks per rank in a V: rank r holds stages r and 2p-1-r."""
     return tuple(s if s < pp else 2 * pp - 1 - s for s in range(2 * pp))
-
-
-def _schedule(name: str, params: PipelineParams, placement: tuple[int, ...], programs: list[list[Action]]) -> Schedule:
-    return Schedule(
-        name=name,
-        num_ranks=params.pp,
-        num_stages=len(placement),
-        num_microbatches=params.microbatches,
-        stage_to_rank=placement,
-        programs=tuple(tuple(p) for p in programs),
-        params={"pp": params.pp, "microbatches": params.microbatches, "chunks": params.chunks},
-    )
 
 
 class _Counters:
@@ -89,20 +78,16 @@ def zb_h1(params: PipelineParams) -> Schedule:
     """
     p, m = params.pp, params.microbatches
     programs = [_zb1p_rank(p, m, 1, r) for r in range(p)]
-    return _schedule("zb-h1", params, tuple(range(p)), programs)
+    return make_schedule("zb-h1", params, programs)
 
 
 @register("interleaved-zb", multi_chunk=True)
 def interleaved_zb(params: PipelineParams) -> Schedule:
     """ZB1P on the looped placement (torch's ScheduleInterleavedZeroBubble): interleaved 1F1B with I/W."""
     p, m, v = params.pp, params.microbatches, params.chunks
-    if m % p != 0:
-        raise ScheduleError(
-            f"interleaved-zb needs microbatches to be a multiple of pp={p}, got {m}; try "
-            + (f"{m - m % p} or {m - m % p + p}" if m > p else f"{p}")
-        )
+    check_multiple_of_pp("interleaved-zb", p, m)
     programs = [_zb1p_rank(p, m, v, r) for r in range(p)]
-    return _schedule("interleaved-zb", params, tuple(s % p for s in range(p * v)), programs)
+    return make_schedule("interleaved-zb", params, programs, looped_placement(p, v))
 
 
 def _zbv_rank(p: int, m: int, rank: int) -> list[Action]:
@@ -147,7 +132,7 @@ def zb_v(params: PipelineParams) -> Schedule:
     """ZB-V (Qi et al. 2024): V placement with I/W split; zero bubble at p M_B when tf=tb=tw and m >= 2p-1."""
     p = params.pp
     programs = [_zbv_rank(p, params.microbatches, r) for r in range(p)]
-    return _schedule("zb-v", params, v_placement(p), programs)
+    return make_schedule("zb-v", params, programs, v_placement(p))
 
 
 class _DualPipeVRank:
@@ -229,5 +214,5 @@ def dualpipe_v(params: PipelineParams) -> Schedule:
     if m < 2 * p:
         raise ScheduleError(f"dualpipe-v needs microbatches >= 2*pp = {2 * p} (one per stage), got {m}")
     programs = [_dualpipev_rank(p, m, r) for r in range(p)]
-    return _schedule("dualpipe-v", params, v_placement(p), programs)
+    return make_schedule("dualpipe-v", params, programs, v_placement(p))
 

@@ -1,5 +1,5 @@
-import sys
+"""``python -m sim``: the command line lives in :mod:`analysis.cli.simulate` (the one home of flags)."""
 
-from sim.cli import main
+from analysis.cli.simulate import main
 
-sys.exit(main())
+raise SystemExit(main())

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schedules.errors import ScheduleError
+from schedules.errors import ClusterError
 
 __all__ = [
     "CLUSTER_PRESETS",
@@ -58,7 +58,7 @@ class DeviceSpec:
         for key in ("peak_flops", "memory_bytes", "memory_bw"):
             value = getattr(self, key)
             if not 0 < value < float("inf"):
-                raise ScheduleError(f"device {self.name!r}: {key} must be a finite number > 0, got {value!r}")
+                raise ClusterError(f"device {self.name!r}: {key} must be a finite number > 0, got {value!r}")
 
 
 # Vendor figures (dense, without sparsity):
@@ -89,9 +89,9 @@ class Link:
 
     def __post_init__(self) -> None:
         if not 0 <= self.alpha < float("inf"):
-            raise ScheduleError(f"link latency (alpha) must be a finite time >= 0 s, got {self.alpha!r}")
+            raise ClusterError(f"link latency (alpha) must be a finite time >= 0 s, got {self.alpha!r}")
         if not 0 < self.bandwidth < float("inf"):
-            raise ScheduleError(f"link bandwidth must be a finite number > 0 bytes/s, got {self.bandwidth!r}")
+            raise ClusterError(f"link bandwidth must be a finite number > 0 bytes/s, got {self.bandwidth!r}")
 
     def time(self, nbytes: float) -> float:
         """Point-to-point: alpha + n / B (the alpha-beta model, Hockney 1994)."""
@@ -132,14 +132,14 @@ def parse_placement(text: str) -> list[Device]:
     """``node1/trainer/GPU:0-3`` -> four devices; a missing node means node0."""
     m = _PLACEMENT_RE.match(text.strip())
     if m is None:
-        raise ScheduleError(
+        raise ClusterError(
             f"malformed placement {text!r}: expected [nodeN]/JOB/TYPE:I or :I-J with JOB trainer or pserver, "
             "e.g. '/trainer/GPU:0-7', 'node1/trainer/GPU:0-3', '/pserver/CPU:0'"
         )
     node, job, typ, lo, hi = m.groups()
     first, last = int(lo), int(hi if hi is not None else lo)
     if last < first:
-        raise ScheduleError(f"malformed placement {text!r}: range {first}-{last} is empty; write the low index first")
+        raise ClusterError(f"malformed placement {text!r}: range {first}-{last} is empty; write the low index first")
     return [Device(int(node or 0), job, typ, i) for i in range(first, last + 1)]
 
 
@@ -159,12 +159,12 @@ class Cluster:
         object.__setattr__(self, "devices", tuple(sorted(self.devices, key=lambda d: (d.node, d.index))))
         object.__setattr__(self, "pservers", tuple(sorted(self.pservers, key=lambda d: (d.node, d.index))))
         if not self.devices:
-            raise ScheduleError(f"cluster {self.name!r} has no trainer devices; add e.g. '/trainer/GPU:0-7'")
+            raise ClusterError(f"cluster {self.name!r} has no trainer devices; add e.g. '/trainer/GPU:0-7'")
         for group in (self.devices, self.pservers):
             seen = set()
             for d in group:
                 if (d.node, d.index) in seen:
-                    raise ScheduleError(f"cluster {self.name!r}: device {d} is listed twice")
+                    raise ClusterError(f"cluster {self.name!r}: device {d} is listed twice")
                 seen.add((d.node, d.index))
 
     @property
@@ -207,13 +207,13 @@ def cluster_preset(text: str) -> Cluster:
     """``dgx-h100:2`` = two DGX H100 nodes; ``dgx-h100:2+ps4`` adds four CPU parameter servers."""
     m = re.match(r"^([a-z0-9-]+)(?::(\d+))?(?:\+ps(\d+))?$", text.strip())
     if m is None or m.group(1) not in _NODE_PRESETS:
-        raise ScheduleError(
+        raise ClusterError(
             f"unknown cluster {text!r}: valid presets are {', '.join(CLUSTER_PRESETS)}, written NAME[:NODES][+psK] "
             "(e.g. 'dgx-h100:2', 'dgx-a100:4+ps2'), or a TOML file via --config"
         )
     name, nodes, ps = m.group(1), int(m.group(2) or 1), int(m.group(3) or 0)
     if nodes < 1:
-        raise ScheduleError(f"cluster {text!r}: the node count must be >= 1, got {nodes}")
+        raise ClusterError(f"cluster {text!r}: the node count must be >= 1, got {nodes}")
     spec, per_node, intra, inter = _NODE_PRESETS[name]
     kind = "CPU" if spec.name.startswith("CPU") else "GPU"
     devices = [Device(n, "trainer", kind, i) for n in range(nodes) for i in range(per_node)]
@@ -227,16 +227,16 @@ def cluster_from_dict(data: Mapping[str, Any], *, name: str = "custom") -> Clust
     if "preset" in data:
         extra = set(data) - {"preset"}
         if extra:
-            raise ScheduleError(f"cluster {name!r}: 'preset' excludes other keys, got {sorted(extra)}")
+            raise ClusterError(f"cluster {name!r}: 'preset' excludes other keys, got {sorted(extra)}")
         return cluster_preset(str(data["preset"]))
     known = {"name", "device", "devices", "intra_GBps", "inter_GBps", "intra_alpha_s", "inter_alpha_s", "pserver_device"}
     unknown = set(data) - known
     if unknown:
-        raise ScheduleError(f"cluster {name!r}: unknown key(s) {sorted(unknown)}; valid keys are {sorted(known)}")
+        raise ClusterError(f"cluster {name!r}: unknown key(s) {sorted(unknown)}; valid keys are {sorted(known)}")
     spec = _device_spec(data.get("device", "H100"), name)
     placements = data.get("devices")
     if not isinstance(placements, Sequence) or isinstance(placements, str) or not placements:
-        raise ScheduleError(f"cluster {name!r}: 'devices' must be a list of placements, e.g. ['/trainer/GPU:0-7']")
+        raise ClusterError(f"cluster {name!r}: 'devices' must be a list of placements, e.g. ['/trainer/GPU:0-7']")
     parsed = [d for p in placements for d in parse_placement(str(p))]
     intra = Link(alpha=float(data.get("intra_alpha_s", 3e-6)), bandwidth=float(data.get("intra_GBps", 450)) * GB)
     inter = Link(alpha=float(data.get("inter_alpha_s", 5e-6)), bandwidth=float(data.get("inter_GBps", 50)) * GB)
@@ -257,9 +257,9 @@ def _device_spec(value: Any, cluster: str) -> DeviceSpec:
             return DeviceSpec(name=str(value.get("name", "custom")), peak_flops=float(value["peak_TFLOPs"]) * 1e12,
                               memory_bytes=float(value["memory_GB"]) * GB, memory_bw=float(value["memory_GBps"]) * GB)
         except KeyError as exc:
-            raise ScheduleError(f"cluster {cluster!r}: device table lacks {exc}; give peak_TFLOPs, memory_GB, memory_GBps") from None
+            raise ClusterError(f"cluster {cluster!r}: device table lacks {exc}; give peak_TFLOPs, memory_GB, memory_GBps") from None
     if value not in DEVICE_PRESETS:
-        raise ScheduleError(f"cluster {cluster!r}: unknown device {value!r}; valid: {', '.join(DEVICE_PRESETS)} or a table")
+        raise ClusterError(f"cluster {cluster!r}: unknown device {value!r}; valid: {', '.join(DEVICE_PRESETS)} or a table")
     return DEVICE_PRESETS[value]
 
 
@@ -274,6 +274,6 @@ def read_toml(path: str | Path) -> dict[str, Any]:
         with open(path, "rb") as fh:
             return tomllib.load(fh)
     except FileNotFoundError:
-        raise ScheduleError(f"config file {str(path)!r} not found; give an existing .toml file") from None
+        raise ClusterError(f"config file {str(path)!r} not found; give an existing .toml file") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ScheduleError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+        raise ClusterError(f"config file {str(path)!r} is not valid TOML: {exc}") from None

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from schedules import Action, Kind, ScheduleError, Task, TaskGraph
+from schedules.errors import check_fraction
 from schedules.registry import check_uniform_times
 
 __all__ = ["CostModel", "UniformCosts", "memoized_durations"]
@@ -83,11 +84,8 @@ class UniformCosts:
 
     def __post_init__(self) -> None:
         check_uniform_times(tf=self.tf, tb=self.tb, tw=self.tw, tcomm=self.tcomm, mw=self.mw)
-        if not 0 <= self.pair_overlap <= 1:
-            raise ScheduleError(
-                f"pair_overlap (--pair-overlap) must be a fraction in [0, 1] of the shorter pass hidden, "
-                f"got {self.pair_overlap!r}"
-            )
+        check_fraction("uniform costs", "pair_overlap", self.pair_overlap, "a fraction of the shorter pass hidden",
+                       error=ScheduleError)
 
     def _pass(self, kind: Kind) -> float:
         if kind is Kind.F:

@@ -17,6 +17,7 @@ for bit.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -24,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from schedules import Stream, TaskGraph, validate
-from schedules.graph import paused_gc
 from schedules.trace import make_trace
+from schedules.util import paused_gc
 from sim.costs import CostModel
 
 if TYPE_CHECKING:
@@ -166,6 +167,33 @@ def _simulate(graph: TaskGraph, costs: CostModel) -> SimResult:
     )
 
 
+def _counters(graph: TaskGraph, end: list[float]) -> tuple[Callable[[int, float, list[int]], None], list[int]]:
+    """The two engines' shared dependency counting: ``finish(i, now, ready)`` ends task i and appends the
+    successors it frees to ``ready``; the second value is the tasks ready at time 0, highest id first (a
+    stack pops the lowest first)."""
+    succ = graph.successors
+    waiting = [len(t.deps) for t in graph.tasks]
+
+    def finish(i: int, now: float, ready: list[int]) -> None:
+        end[i] = now
+        for j in succ[i]:
+            waiting[j] -= 1
+            if waiting[j] == 0:
+                ready.append(j)
+
+    return finish, [i for i in range(len(waiting) - 1, -1, -1) if waiting[i] == 0]
+
+
+def _drain(env: simpy.Environment, release: Callable[[list[int], float], None], ready: list[int],
+           end: list[float]) -> None:
+    """Release the tasks ready at 0, run the clock out, and refuse a graph some of whose tasks never ran."""
+    release(ready, 0.0)
+    env.run()
+    unfinished = sum(1 for e in end if e != e)  # NaN: never ran
+    if unfinished:
+        raise RuntimeError(f"simulation stalled with {unfinished} tasks never run; validate the graph first")
+
+
 def _run_engine(graph: TaskGraph, dur: list[float], start: list[float], end: list[float]) -> None:
     """Dependency counters on a SimPy clock, one SimPy event per distinct end time.
 
@@ -174,8 +202,7 @@ def _run_engine(graph: TaskGraph, dur: list[float], start: list[float], end: lis
     are closures over plain lists: this loop is the simulator's hot path.
     """
     env = simpy.Environment(initial_time=0.0)
-    succ = graph.successors
-    waiting = [len(t.deps) for t in graph.tasks]
+    finish, initial = _counters(graph, end)
     ending: dict[float, list[int]] = {}  # end time -> tasks running until then
     timeout = env.timeout
 
@@ -194,30 +221,20 @@ def _run_engine(graph: TaskGraph, dur: list[float], start: list[float], end: lis
                 else:
                     batch.append(i)
                 continue
-            end[i] = now
-            for j in reversed(succ[i]):
-                waiting[j] -= 1
-                if waiting[j] == 0:
-                    stack.append(j)
+            more: list[int] = []
+            finish(i, now, more)
+            stack.extend(reversed(more))
 
     def on_end(event: simpy.Event) -> None:
         now = event.value
-        ready = []
+        ready: list[int] = []
         for i in ending.pop(now):
-            end[i] = now
-            for j in succ[i]:
-                waiting[j] -= 1
-                if waiting[j] == 0:
-                    ready.append(j)
+            finish(i, now, ready)
         if ready:
             ready.reverse()
             release(ready, now)
 
-    release([i for i in range(len(waiting) - 1, -1, -1) if waiting[i] == 0], 0.0)
-    env.run()
-    unfinished = sum(1 for e in end if e != e)  # NaN: never ran
-    if unfinished:
-        raise RuntimeError(f"simulation stalled with {unfinished} tasks never run; validate the graph first")
+    _drain(env, release, initial, end)
 
 
 def _run_engine_links(
@@ -233,8 +250,7 @@ def _run_engine_links(
     time, then task order), so each link is a FIFO queue.
     """
     env = simpy.Environment(initial_time=0.0)
-    succ = graph.successors
-    waiting = [len(t.deps) for t in graph.tasks]
+    finish, initial = _counters(graph, end)
     free_at: dict[int, float] = {}
     events: dict[float, list[tuple[bool, int]]] = {}  # time -> [(is_end, task)]
 
@@ -245,13 +261,6 @@ def _run_engine_links(
             env.timeout(t - env.now, t).callbacks.append(on_event)
         else:
             batch.append(item)
-
-    def finish(i: int, now: float, ready: list[int]) -> None:
-        end[i] = now
-        for j in succ[i]:
-            waiting[j] -= 1
-            if waiting[j] == 0:
-                ready.append(j)
 
     def acquire(i: int, now: float, ready: list[int]) -> None:
         s = now
@@ -288,11 +297,7 @@ def _run_engine_links(
             ready.reverse()
             release(ready, now)
 
-    release([i for i in range(len(waiting) - 1, -1, -1) if waiting[i] == 0], 0.0)
-    env.run()
-    unfinished = sum(1 for e in end if e != e)
-    if unfinished:
-        raise RuntimeError(f"simulation stalled with {unfinished} tasks never run; validate the graph first")
+    _drain(env, release, initial, end)
 
 
 def _rank_stats(graph: TaskGraph, costs: CostModel, start: list[float], end: list[float]) -> tuple[RankStats, ...]:

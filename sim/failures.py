@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from schedules.errors import ScheduleError
+from schedules.errors import ConfigError
 
 __all__ = [
     "CheckpointPolicy",
@@ -75,16 +75,16 @@ class FailureModel:
 
     def __post_init__(self) -> None:
         if self.devices < 1:
-            raise ScheduleError(f"devices must be >= 1, got {self.devices}")
+            raise ConfigError(f"devices must be >= 1, got {self.devices}")
         if not self.mtbf_device > 0:
-            raise ScheduleError(f"mtbf_device must be > 0 seconds, got {self.mtbf_device!r}")
+            raise ConfigError(f"mtbf_device must be > 0 seconds, got {self.mtbf_device!r}")
         if self.trace is not None:
             times = [t for t, _ in self.trace]
             if times != sorted(times) or any(t < 0 for t in times):
-                raise ScheduleError("failure trace must list (time >= 0, device) in increasing time")
+                raise ConfigError("failure trace must list (time >= 0, device) in increasing time")
             bad = [d for _, d in self.trace if not 0 <= d < self.devices]
             if bad:
-                raise ScheduleError(f"failure trace names device {bad[0]}; valid devices are 0..{self.devices - 1}")
+                raise ConfigError(f"failure trace names device {bad[0]}; valid devices are 0..{self.devices - 1}")
 
     @property
     def job_mtbf(self) -> float:
@@ -113,12 +113,12 @@ class CheckpointPolicy:
 
     def __post_init__(self) -> None:
         if self.every_steps < 1:
-            raise ScheduleError(f"checkpoint interval must be >= 1 step, got {self.every_steps}")
+            raise ConfigError(f"checkpoint interval must be >= 1 step, got {self.every_steps}")
         for name in ("cost", "restart"):
             if not getattr(self, name) >= 0:
-                raise ScheduleError(f"{name} must be >= 0 seconds, got {getattr(self, name)!r}")
+                raise ConfigError(f"{name} must be >= 0 seconds, got {getattr(self, name)!r}")
         if self.blocking is not None and not 0 <= self.blocking <= self.cost:
-            raise ScheduleError(f"blocking part must be in [0, cost={self.cost}], got {self.blocking!r}")
+            raise ConfigError(f"blocking part must be in [0, cost={self.cost}], got {self.blocking!r}")
 
     @property
     def blocking_cost(self) -> float:
@@ -213,7 +213,7 @@ def simulate_job(
 ) -> GoodputResult:
     """One run of the job under failures; deterministic for a given seed."""
     if steps < 1 or not step_time > 0:
-        raise ScheduleError(f"need steps >= 1 and step_time > 0, got {steps} and {step_time!r}")
+        raise ConfigError(f"need steps >= 1 and step_time > 0, got {steps} and {step_time!r}")
     env = simpy.Environment(initial_time=0.0)
     job = _Job(env, steps, step_time, policy)
     proc = env.process(job.run())
@@ -311,7 +311,7 @@ def simulate_elastic(
     restarts and checkpoints are left out here (``simulate_job`` has them).
     """
     if dp < 1 or devices_per_replica < 1 or steps < 1:
-        raise ScheduleError(f"need dp, devices_per_replica and steps >= 1, got {dp}, {devices_per_replica}, {steps}")
+        raise ConfigError(f"need dp, devices_per_replica and steps >= 1, got {dp}, {devices_per_replica}, {steps}")
     rng = random.Random(seed)
     rate = devices_per_replica / mtbf_device  # failures per second of one replica
 

@@ -11,11 +11,10 @@ activations are split over tp devices; its own collectives are not simulated.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from schedules.dp import DP_MODES
-from schedules.errors import ScheduleError
+from schedules.errors import ClusterError, check_choice, check_positive, check_positive_ints
 from sim import collectives as coll
 from sim.cluster import Cluster, Link
 
@@ -35,18 +34,11 @@ class ParallelConfig:
     collective: str = "auto"
 
     def __post_init__(self) -> None:
-        for key in ("pp", "dp", "tp"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ScheduleError(f"{key} (--{key}) must be an integer >= 1, got {value!r}")
-        if self.dp_mode not in DP_MODES:
-            raise ScheduleError(f"unknown dp mode {self.dp_mode!r} (--dp-mode); valid modes: {', '.join(DP_MODES)}")
-        if self.order not in ("dp-inner", "pp-inner"):
-            raise ScheduleError(f"unknown rank order {self.order!r} (--order); valid: dp-inner, pp-inner")
-        if self.collective not in coll.ALGORITHMS:
-            raise ScheduleError(f"unknown collective algorithm {self.collective!r}; valid: {', '.join(coll.ALGORITHMS)}")
-        if not 0 < self.bucket_mb < math.inf:
-            raise ScheduleError(f"bucket_mb (--bucket-mb) must be a finite size > 0 MiB, got {self.bucket_mb!r}")
+        check_positive_ints("parallel", pp=self.pp, dp=self.dp, tp=self.tp)
+        check_choice("parallel", "dp_mode", self.dp_mode, DP_MODES)
+        check_choice("parallel", "order", self.order, ("dp-inner", "pp-inner"))
+        check_choice("parallel", "collective", self.collective, coll.ALGORITHMS)
+        check_positive("parallel", "bucket_mb", self.bucket_mb, " MiB")
 
     @property
     def world(self) -> int:
@@ -64,12 +56,12 @@ class ParallelConfig:
 
     def check_fits(self, cluster: Cluster) -> None:
         if self.world > cluster.num_devices:
-            raise ScheduleError(
+            raise ClusterError(
                 f"pp*dp*tp = {self.pp}*{self.dp}*{self.tp} = {self.world} devices do not fit cluster "
                 f"{cluster.name!r} with {cluster.num_devices}; use fewer ranks or a larger cluster"
             )
         if self.dp_mode == "ps" and not cluster.pservers:
-            raise ScheduleError(
+            raise ClusterError(
                 f"dp mode 'ps' needs parameter servers, cluster {cluster.name!r} has none; "
                 "add '/pserver/CPU:0' devices or use a preset like 'dgx-h100:2+ps2'"
             )

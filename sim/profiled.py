@@ -41,7 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from schedules import Action, Kind, ScheduleError, Task, TaskGraph
+from schedules import Action, Kind, Task, TaskGraph
+from schedules.errors import CostFileError
+from schedules.formats import PROFILE_SCHEMA
 from sim.costs import UniformCosts
 
 if TYPE_CHECKING:
@@ -49,7 +51,6 @@ if TYPE_CHECKING:
 
 __all__ = ["PROFILE_SCHEMA", "ProfiledCosts", "StageCosts", "load_profile", "step_time"]
 
-PROFILE_SCHEMA = "schedlab.profile/1"  # the same string as real.profile.PROFILE_SCHEMA (sim does not import torch)
 _PASS_KINDS = (Kind.F, Kind.B, Kind.I, Kind.W)
 _COLLECTIVES = {Kind.ALLREDUCE: "all_reduce", Kind.REDUCE_SCATTER: "reduce_scatter", Kind.ALL_GATHER: "all_gather"}
 
@@ -57,7 +58,7 @@ _COLLECTIVES = {Kind.ALLREDUCE: "all_reduce", Kind.REDUCE_SCATTER: "reduce_scatt
 def _finite(owner: str, **values: float) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
-            raise ScheduleError(f"{owner}: {name} must be a finite number of seconds >= 0, got {value!r}")
+            raise CostFileError(f"{owner}: {name} must be a finite number of seconds >= 0, got {value!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,21 +95,21 @@ class ProfiledCosts:
 
     def __post_init__(self) -> None:
         if not self.stages:
-            raise ScheduleError("profiled costs need at least one stage")
+            raise CostFileError("profiled costs need at least one stage")
         _finite("profiled costs", activation_bytes=self.activation_bytes, p2p_alpha=self.p2p_alpha,
                 task_overhead=self.task_overhead, step_overhead=self.step_overhead)
         for name, beta in (("p2p_beta", self.p2p_beta), *((f"{op} beta", b) for op, _, b in self.collectives)):
             if not beta > 0:  # also NaN
-                raise ScheduleError(f"profiled costs: {name} must be a bandwidth > 0 bytes/s, got {beta!r}")
+                raise CostFileError(f"profiled costs: {name} must be a bandwidth > 0 bytes/s, got {beta!r}")
 
     def check(self, graph: TaskGraph) -> None:
         """The graph's stages are the profiled partition's."""
         n = graph.schedule.num_stages
         if n != len(self.stages):
-            raise ScheduleError(
+            raise CostFileError(
                 f"the cost file{' ' + repr(self.source) if self.source else ''} profiles {len(self.stages)} stages "
-                f"but schedule {graph.schedule.name!r} has {n}; profile that partition (python -m real.profile "
-                f"--stages {n})"
+                f"but schedule {graph.schedule.name!r} has {n}; profile that partition "
+                f"(real.profile, stages={n})"
             )
 
     def _pass(self, action: Action) -> float:
@@ -133,7 +134,7 @@ class ProfiledCosts:
             for name, alpha, beta in self.collectives:
                 if name == op:
                     return alpha + self.stages[action.stage].param_bytes / beta
-            raise ScheduleError(f"the cost file has no {op} timing; profile with --dp > 1 for data-parallel graphs")
+            raise CostFileError(f"the cost file has no {op} timing; profile with dp > 1 (real.profile) for data-parallel graphs")
         return 0.0
 
     def durations(self, graph: TaskGraph) -> list[float]:
@@ -173,44 +174,44 @@ def _median(d: dict[str, Any], key: str, where: str) -> float:
     if isinstance(value, dict):
         value = value.get("median")
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ScheduleError(f"{where}: {key} must be a number or {{\"median\": number}}, got {value!r}")
+        raise CostFileError(f"{where}: {key} must be a number or {{\"median\": number}}, got {value!r}")
     return float(value)
 
 
 def load_profile(path: str | Path, num_stages: int | None = None) -> ProfiledCosts:
     """The cost model of the partition with ``num_stages`` stages (None: the file's only or first partition).
 
-    Raises ScheduleError, one line naming the file and what is wrong, for a
+    Raises CostFileError, one line naming the file and what is wrong, for a
     missing or malformed file or a stage count the file does not have.
     """
     p = Path(path)
     try:
         data = json.loads(p.read_text())
     except FileNotFoundError:
-        raise ScheduleError(f"cost file {str(p)!r} not found; write one with python -m real.profile") from None
+        raise CostFileError(f"cost file {str(p)!r} not found; write one with the profiler (real.profile)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ScheduleError(f"cost file {str(p)!r} is not readable JSON: {str(exc).splitlines()[0]}") from None
+        raise CostFileError(f"cost file {str(p)!r} is not readable JSON: {str(exc).splitlines()[0]}") from None
     where = f"cost file {str(p)!r}"
     if not isinstance(data, dict) or data.get("schema") != PROFILE_SCHEMA:
         got = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise ScheduleError(f"{where}: schema must be {PROFILE_SCHEMA!r}, got {got!r}")
+        raise CostFileError(f"{where}: schema must be {PROFILE_SCHEMA!r}, got {got!r}")
     parts = data.get("partitions")
     if not isinstance(parts, list) or not parts or not all(isinstance(q, dict) for q in parts):
-        raise ScheduleError(f"{where}: 'partitions' must be a non-empty list of objects")
+        raise CostFileError(f"{where}: 'partitions' must be a non-empty list of objects")
     counts = [q.get("num_stages") for q in parts]
     if num_stages is None:
         chosen = parts[0]
     else:
         matching = [q for q in parts if q.get("num_stages") == num_stages]
         if not matching:
-            raise ScheduleError(
+            raise CostFileError(
                 f"{where} profiles partitions of {', '.join(map(str, counts))} stages, not {num_stages}; "
-                f"profile it with python -m real.profile --stages {num_stages}"
+                f"profile that many stages with the profiler (real.profile, stages={num_stages})"
             )
         chosen = matching[0]
     rows = chosen.get("stages")
     if not isinstance(rows, list) or not rows or len(rows) != chosen.get("num_stages"):
-        raise ScheduleError(f"{where}: partition of {chosen.get('num_stages')} stages must list that many stages")
+        raise CostFileError(f"{where}: partition of {chosen.get('num_stages')} stages must list that many stages")
     try:
         stages = tuple(
             StageCosts(f=_median(r, "F", where), b=_median(r, "B", where), i=_median(r, "I", where),
@@ -232,4 +233,4 @@ def load_profile(path: str | Path, num_stages: int | None = None) -> ProfiledCos
             source=str(p),
         )
     except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise ScheduleError(f"{where}: malformed ({type(exc).__name__}: {exc})") from None
+        raise CostFileError(f"{where}: malformed ({type(exc).__name__}: {exc})") from None

@@ -4,8 +4,10 @@
     >>> from sim.cluster import cluster_preset
     >>> from sim.parallel import ParallelConfig
     >>> from sim.transformer import model_preset
-    >>> s = Study(model=model_preset("gpt-6.2b"), cluster=cluster_preset("dgx-h100:2"),
-    ...           parallel=ParallelConfig(pp=8, dp=2, dp_mode="ddp"), schedule="1f1b", microbatches=32)
+    >>> from sim.transformer_costs import TransformerCosts
+    >>> costs = TransformerCosts(model=model_preset("gpt-6.2b"), cluster=cluster_preset("dgx-h100:2"),
+    ...                          parallel=ParallelConfig(pp=8, dp=2, dp_mode="ddp"))
+    >>> s = Study(schedule="1f1b", microbatches=32, costs=costs)
     >>> r = run_study(s)  # doctest: +SKIP
 
 One pipeline replica is simulated (its pp ranks); the dp replicas are
@@ -22,57 +24,66 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schedules import Kind, Stream, TaskGraph, load_graph, names, spec, validate
+from schedules import Kind, PipelineParams, Stream, TaskGraph, load_graph, names, spec, validate
 from schedules.dp import add_data_parallel
-from schedules.errors import ScheduleError
-from sim.cluster import Cluster, cluster_from_dict, read_toml
+from schedules.errors import ConfigError, check_positive_ints
+from sim.cluster import GB, Cluster, cluster_from_dict, read_toml
 from sim.engine import SimResult, simulate
 from sim.memory import DeviceMemory, model_state_bytes
 from sim.parallel import ParallelConfig
-from sim.realcosts import RealCosts
 from sim.transformer import TransformerConfig, model_from_dict
+from sim.transformer_costs import TransformerCosts
 
 __all__ = ["Study", "StudyResult", "exposed_comm", "load_study", "run_study", "study_from_dict"]
 
-GB = 1e9
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Study:
-    model: TransformerConfig
-    cluster: Cluster
-    parallel: ParallelConfig
+    """A schedule on a cluster: the pipeline's shape and the cost model it runs under.
+
+    ``costs`` holds the model, the cluster and the parallel layout
+    (``costs.parallel.pp`` is the pipeline's rank count); ``chunks`` None takes
+    the schedule's default.
+    """
+
     schedule: str
     microbatches: int
-    microbatch_size: int = 1
+    costs: TransformerCosts
     chunks: int | None = None
-    efficiency: float = 0.6
-    pair_overlap: float = 0.0
-    layers_per_stage: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.microbatches, int) or self.microbatches < 1:
-            raise ScheduleError(f"microbatches (--microbatches) must be an integer >= 1, got {self.microbatches!r}")
-        self.costs()  # validates the cost parameters and that the ranks fit the cluster
+        check_positive_ints("study", microbatches=self.microbatches)
 
-    def costs(self) -> RealCosts:
-        return RealCosts(model=self.model, cluster=self.cluster, parallel=self.parallel,
-                         microbatch_size=self.microbatch_size, efficiency=self.efficiency,
-                         pair_overlap=self.pair_overlap, layers_per_stage=self.layers_per_stage)
+    @property
+    def model(self) -> TransformerConfig:
+        return self.costs.model
+
+    @property
+    def cluster(self) -> Cluster:
+        return self.costs.cluster
+
+    @property
+    def parallel(self) -> ParallelConfig:
+        return self.costs.parallel
+
+    def pipeline(self) -> PipelineParams:
+        """The schedule's parameters; an adaptive one (zb-auto) plans with this model's pass times (a middle stage's)."""
+        p, times = self.parallel, {}
+        if spec_adaptive(self.schedule):
+            n = max(1, p.pp // 2)
+            rate = self.cluster.spec.peak_flops * self.costs.efficiency
+            times = {k: self.costs.pass_flops(kind, n, p.pp) / rate for k, kind in (("tf", Kind.F), ("tb", Kind.I), ("tw", Kind.W))}
+        return PipelineParams(pp=p.pp, microbatches=self.microbatches, chunks=self.chunks, **times)
 
 
 def build_graph(study: Study) -> TaskGraph:
     """Build and validate the schedule, check the layer split, add the DP collectives."""
-    costs, p = study.costs(), study.parallel
-    options: dict[str, Any] = {}
-    if spec_adaptive(study.schedule):  # zb-auto plans with this model's pass times (a middle stage's)
-        n = max(1, p.pp // 2)
-        rate = study.cluster.spec.peak_flops * study.efficiency
-        options = {k: costs.pass_flops(kind, n, p.pp) / rate for k, kind in (("tf", Kind.F), ("tb", Kind.I), ("tw", Kind.W))}
-    graph = validate(load_graph(study.schedule, pp=p.pp, microbatches=study.microbatches, chunks=study.chunks, **options))
+    pipe, costs = study.pipeline(), study.costs
+    options = {k: getattr(pipe, k) for k in ("tf", "tb", "tw")} if spec_adaptive(study.schedule) else {}
+    graph = validate(load_graph(study.schedule, pp=pipe.pp, microbatches=pipe.microbatches, chunks=pipe.chunks,
+                                **options))
     n_st = graph.schedule.num_stages
     costs.stage_layers(n_st)  # raises if the model cannot be split into this many stages
-    return validate(add_data_parallel(graph, p.dp_mode, costs.buckets(n_st)))
+    return validate(add_data_parallel(graph, study.parallel.dp_mode, costs.buckets(n_st)))
 
 
 def spec_adaptive(name: str) -> bool:
@@ -118,7 +129,7 @@ class StudyResult:
     @property
     def tokens_per_step(self) -> int:
         s = self.study
-        return s.microbatches * s.microbatch_size * s.model.seq_len * s.parallel.dp
+        return s.microbatches * s.costs.microbatch_size * s.model.seq_len * s.parallel.dp
 
     @property
     def model_flops_per_step(self) -> float:
@@ -130,7 +141,7 @@ class StudyResult:
         return self.model_flops_per_step / (s.parallel.world * s.cluster.spec.peak_flops * self.step_time)
 
     def devices(self) -> list[DeviceMemory]:
-        s, costs, graph = self.study, self.study.costs(), self.sim.graph
+        s, costs, graph = self.study, self.study.costs, self.sim.graph
         n_st, p = graph.schedule.num_stages, s.parallel
         out = []
         for stats in self.sim.ranks:
@@ -144,9 +155,9 @@ class StudyResult:
 
     def assumptions(self) -> list[str]:
         s, p = self.study, self.study.parallel
-        group = s.costs().group(0)
+        group = s.costs.group(0)
         return [
-            f"matmuls reach {s.efficiency:.0%} of dense peak ({s.cluster.spec.peak_flops / 1e12:g} TFLOP/s per {s.cluster.spec.name})",
+            f"matmuls reach {s.costs.efficiency:.0%} of dense peak ({s.cluster.spec.peak_flops / 1e12:g} TFLOP/s per {s.cluster.spec.name})",
             "FLOPs per Narayanan et al. 2021 (no recomputation); MFU counts model FLOPs (F+I+W of all layers and LM head)",
             "activations per Korthikanti et al. 2022, 16-bit, no sequence parallelism; model states per ZeRO (16 bytes/param)",
             f"one pipeline replica simulated; dp={p.dp} replicas symmetric; collectives {group.algorithm} "
@@ -166,7 +177,7 @@ class StudyResult:
             "exposed_comm": max(exposed, default=0.0),
             "exposed_comm_per_rank": exposed,
             "devices": [d.to_dict() for d in self.devices()],
-            "layers_per_stage": list(self.study.costs().stage_layers(self.sim.graph.schedule.num_stages)),
+            "layers_per_stage": list(self.study.costs.stage_layers(self.sim.graph.schedule.num_stages)),
             "cluster": self.study.cluster.describe(),
             "transformer": self.study.model.describe(),
             "assumptions": self.assumptions(),
@@ -177,7 +188,7 @@ class StudyResult:
         p = s.parallel
         lines = [
             f"schedule {d['schedule']}: pp={p.pp} dp={p.dp} tp={p.tp} dp-mode={p.dp_mode} microbatches={d['microbatches']} "
-            f"x {s.microbatch_size} seq, chunks={d['chunks']} ({d['stages']} stages)",
+            f"x {s.costs.microbatch_size} seq, chunks={d['chunks']} ({d['stages']} stages)",
             f"model {s.model.name} ({s.model.params / 1e9:.2f}B params, layers per stage "
             f"{','.join(map(str, d['layers_per_stage']))}) on {s.cluster.name} ({s.cluster.num_devices} x {s.cluster.spec.name})",
             f"step time {d['step_time']:.4f} s   tokens/s {d['tokens_per_s']:,.0f}   MFU {d['mfu']:.1%}   "
@@ -196,10 +207,12 @@ class StudyResult:
 
 def run_study(study: Study) -> StudyResult:
     graph = build_graph(study)
-    return StudyResult(study, simulate(graph, study.costs(), check=False))
+    return StudyResult(study, simulate(graph, study.costs, check=False))
 
 
-_RUN_KEYS = {"schedule", "microbatches", "microbatch_size", "chunks", "efficiency", "pair_overlap", "layers_per_stage"}
+_STUDY_KEYS = {"schedule", "microbatches", "chunks"}
+_COST_KEYS = {"microbatch_size", "efficiency", "pair_overlap", "layers_per_stage"}
+_RUN_KEYS = _STUDY_KEYS | _COST_KEYS
 _PARALLEL_KEYS = {"pp", "dp", "tp", "dp_mode", "order", "bucket_mb", "collective"}
 
 
@@ -207,22 +220,24 @@ def study_from_dict(data: Mapping[str, Any]) -> Study:
     """Tables ``model``, ``cluster``, ``parallel``, ``run`` (see the README)."""
     unknown = set(data) - {"model", "cluster", "parallel", "run"}
     if unknown:
-        raise ScheduleError(f"config: unknown table(s) {sorted(unknown)}; valid: model, cluster, parallel, run")
+        raise ConfigError(f"config: unknown table(s) {sorted(unknown)}; valid: model, cluster, parallel, run")
     for table, keys in (("parallel", _PARALLEL_KEYS), ("run", _RUN_KEYS)):
         bad = set(data.get(table, {})) - keys
         if bad:
-            raise ScheduleError(f"config [{table}]: unknown key(s) {sorted(bad)}; valid: {sorted(keys)}")
+            raise ConfigError(f"config [{table}]: unknown key(s) {sorted(bad)}; valid: {sorted(keys)}")
     missing = [k for k, table in (("model", "model"), ("cluster", "cluster")) if not data.get(table)]
     run = dict(data.get("run", {}))
     missing += [k for k in ("schedule", "microbatches") if k not in run]
     if "pp" not in data.get("parallel", {}):
         missing.append("pp")
     if missing:
-        raise ScheduleError(f"config: missing {', '.join(missing)}; give them in the TOML file or as flags (--{missing[0].replace('_', '-')})")
+        raise ConfigError(f"config: missing {', '.join(missing)}; give them in the TOML file or as options",
+                          field=missing[0])
     if run.get("layers_per_stage") is not None:
         run["layers_per_stage"] = tuple(run["layers_per_stage"])
-    return Study(model=model_from_dict(data["model"]), cluster=cluster_from_dict(data["cluster"]),
-                 parallel=ParallelConfig(**data["parallel"]), **run)
+    costs = TransformerCosts(model=model_from_dict(data["model"]), cluster=cluster_from_dict(data["cluster"]),
+                             parallel=ParallelConfig(**data["parallel"]), **{k: run[k] for k in _COST_KEYS if k in run})
+    return Study(costs=costs, **{k: run[k] for k in _STUDY_KEYS if k in run})
 
 
 def load_study(path: str | Path, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> Study:

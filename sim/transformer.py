@@ -29,7 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from schedules.errors import ScheduleError
+from schedules.errors import ConfigError, check_positive_ints
+from schedules.partition import split_layers
 
 __all__ = ["MODEL_PRESETS", "TransformerConfig", "model_from_dict", "model_preset", "partition_layers"]
 
@@ -55,20 +56,18 @@ class TransformerConfig:
     learned_positions: bool = True
 
     def __post_init__(self) -> None:
-        for key in ("layers", "hidden", "heads", "vocab", "seq_len"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ScheduleError(f"model {self.name!r}: {key} must be an integer >= 1, got {value!r}")
+        check_positive_ints(f"model {self.name!r}", layers=self.layers, hidden=self.hidden, heads=self.heads,
+                            vocab=self.vocab, seq_len=self.seq_len)
         if self.ffn == 0:
             object.__setattr__(self, "ffn", 4 * self.hidden)
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.ffn < 1 or self.hidden % self.heads:
-            raise ScheduleError(
+            raise ConfigError(
                 f"model {self.name!r}: hidden {self.hidden} must be divisible by heads {self.heads} and ffn >= 1"
             )
         if not 1 <= self.kv_heads <= self.heads or self.heads % self.kv_heads:
-            raise ScheduleError(
+            raise ConfigError(
                 f"model {self.name!r}: kv_heads must divide heads {self.heads} (1..{self.heads}), got {self.kv_heads}"
             )
 
@@ -168,7 +167,7 @@ MODEL_PRESETS: dict[str, TransformerConfig] = {
 
 def model_preset(name: str) -> TransformerConfig:
     if name not in MODEL_PRESETS:
-        raise ScheduleError(f"unknown model {name!r}; valid presets: {', '.join(MODEL_PRESETS)} (or a [model] table)")
+        raise ConfigError(f"unknown model {name!r}; valid presets: {', '.join(MODEL_PRESETS)} (or a [model] table)")
     return MODEL_PRESETS[name]
 
 
@@ -179,27 +178,13 @@ def model_from_dict(data: Mapping[str, Any]) -> TransformerConfig:
              "tied_embeddings", "learned_positions"}
     unknown = set(data) - known
     if unknown:
-        raise ScheduleError(f"model: unknown key(s) {sorted(unknown)}; valid keys are {sorted(known)} or 'preset'")
+        raise ConfigError(f"model: unknown key(s) {sorted(unknown)}; valid keys are {sorted(known)} or 'preset'")
     missing = {"layers", "hidden", "heads"} - set(data)
     if missing:
-        raise ScheduleError(f"model: missing key(s) {sorted(missing)}; give layers, hidden and heads or a 'preset'")
+        raise ConfigError(f"model: missing key(s) {sorted(missing)}; give layers, hidden and heads or a 'preset'")
     return TransformerConfig(name=str(data.get("name", "custom")), **{k: data[k] for k in known - {"name"} if k in data})
 
 
 def partition_layers(layers: int, stages: int, explicit: Sequence[int] | None = None) -> tuple[int, ...]:
-    """Layers per stage: as even as possible, the extra layers on the first stages.
-
-    The last stage also runs the LM head (about one layer's FLOPs for these
-    shapes), so it is the one that gets fewer layers first. ``explicit`` overrides.
-    """
-    if explicit is not None:
-        split = tuple(int(x) for x in explicit)
-        if len(split) != stages or sum(split) != layers or min(split) < 0:
-            raise ScheduleError(
-                f"layers_per_stage {list(split)} must give {stages} stage(s) counts >= 0 summing to {layers} layers"
-            )
-        return split
-    if stages > layers:
-        raise ScheduleError(f"{stages} stages but the model has {layers} layers; use at most {layers} stages")
-    base, extra = divmod(layers, stages)
-    return tuple(base + (1 if s < extra else 0) for s in range(stages))
+    """Layers per stage (:func:`schedules.partition.split_layers`); an explicit split may leave a stage empty."""
+    return split_layers(layers, stages, explicit, min_per_stage=0, field="layers_per_stage")

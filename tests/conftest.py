@@ -27,7 +27,7 @@ def chunk_choices(name: str, multi: tuple[int, ...] = (2, 3)) -> tuple[int, ...]
 
 def run_sim(capsys, *argv: str) -> tuple[int, str, str]:
     """``python -m sim ARGV`` in-process: (exit status, stdout, stderr)."""
-    from sim.cli import main
+    from analysis.cli.simulate import main
 
     try:
         code = main(list(argv))

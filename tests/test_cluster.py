@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from schedules import ScheduleError
-from sim.cli import main
+from analysis.cli.simulate import main
+from schedules import ClusterError
 from sim.cluster import Device, cluster_preset, load_cluster, parse_placement
 
 
@@ -32,7 +32,7 @@ def test_placements_parse(text, devices):
 
 @pytest.mark.parametrize("text", ["trainer/GPU:0", "/trainer/GPU", "/worker/GPU:0", "/trainer/GPU:3-1", "node/trainer/GPU:0"])
 def test_malformed_placement_is_one_line_error(text):
-    with pytest.raises(ScheduleError, match="malformed placement") as err:
+    with pytest.raises(ClusterError, match="malformed placement") as err:
         parse_placement(text)
     assert "\n" not in str(err.value)
 
@@ -72,7 +72,7 @@ _BASE = ["--model", "gpt-6.2b", "--cluster", "dgx-h100:2", "--pp", "8", "--sched
     (["--dp", "2", "--dp-mode", "ps"], "dp mode 'ps' needs parameter servers"),
     (["--config", "/nonexistent/x.toml"], "config file '/nonexistent/x.toml' not found"),
     (["--pp", "32", "--cluster", "dgx-h100:4"], "32 stages but the model has 30 layers"),
-    (["--efficiency", "2"], "efficiency (--efficiency) must be a fraction"),
+    (["--efficiency", "2"], "efficiency must be a fraction of peak in (0, 1], got 2.0 (flag --efficiency)"),
 ])
 def test_bad_real_input_is_one_line_exit_2(change, message, capsys):
     argv = list(_BASE)

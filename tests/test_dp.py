@@ -12,6 +12,7 @@ from sim.memory import model_state_bytes
 from sim.parallel import ParallelConfig
 from sim.study import Study, run_study
 from sim.transformer import model_preset
+from sim.transformer_costs import TransformerCosts
 
 GPT6 = model_preset("gpt-6.2b")
 
@@ -75,8 +76,8 @@ def test_bad_pass_input():
 
 
 def _study(mode, *, cluster="dgx-h100:2", order="dp-inner", schedule="1f1b", microbatches=8, dp=2, pp=8):
-    return Study(model=GPT6, cluster=cluster_preset(cluster), schedule=schedule, microbatches=microbatches,
-                 parallel=ParallelConfig(pp=pp, dp=dp, dp_mode=mode, order=order))
+    return Study(schedule=schedule, microbatches=microbatches, costs=TransformerCosts(
+        model=GPT6, cluster=cluster_preset(cluster), parallel=ParallelConfig(pp=pp, dp=dp, dp_mode=mode, order=order)))
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
@@ -90,7 +91,7 @@ def test_ddp_exposes_less_communication_than_sync(schedule):
 @pytest.mark.parametrize("mode", ["none", "sync", "ddp", "zero1", "zero2", "zero3", "ps"])
 def test_model_state_memory_per_device_equals_zero_formula(mode):
     r = run_study(_study(mode, cluster="dgx-h100:2+ps2", microbatches=4))
-    costs, n = r.study.costs(), 2
+    costs, n = r.study.costs, 2
     for dev in r.devices():
         psi = costs.stage_params(dev.rank, 8)
         expected = {"none": 16 * psi, "sync": 16 * psi, "ddp": 16 * psi, "zero1": 4 * psi + 12 * psi / n,
@@ -104,7 +105,7 @@ def test_model_state_memory_per_device_equals_zero_formula(mode):
 @pytest.mark.parametrize("servers", [1, 4])
 def test_parameter_server_transfers_follow_max_of_worker_and_server_load(servers):
     r = run_study(_study("ps", cluster=f"dgx-h100:2+ps{servers}", microbatches=4, dp=4, pp=4))
-    costs, graph = r.study.costs(), r.sim.graph
+    costs, graph = r.study.costs, r.sim.graph
     link = r.study.cluster.inter
     for t in graph.tasks:
         if t.stream is Stream.COLLECTIVE:

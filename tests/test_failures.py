@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from schedules import ScheduleError
+from schedules import ConfigError
 from sim.failures import (
     CheckpointPolicy,
     FailureModel,
@@ -125,5 +125,5 @@ def test_elastic_without_failures_is_plain_training():
     (lambda: CheckpointPolicy(every_steps=1, cost=1, restart=1, blocking=2), "blocking part must be in [0, cost=1]"),
 ])
 def test_bad_input(make, message):
-    with pytest.raises(ScheduleError, match=message.replace("[", r"\[").replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")):
         make()

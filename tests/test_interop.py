@@ -378,7 +378,7 @@ def test_torch_placements(ts):
                           "many microbatches as stages, but got 4 microbatches and 8 stages."),
     (("ZBVZeroBubble", 2, 4, 3), "torch:ZBVZeroBubble rejects pp=2, microbatches=4, chunks=3: ZBV requires exactly 2 "
                                  "stages per rank, but got 3."),
-    (("GPipe", 0, 4), "pp must be an integer >= 1, got 0"),
+    (("GPipe", 0, 4), "pipeline: pp must be an integer >= 1, got 0"),
 ])
 def test_from_torch_errors(ts, args, message):
     with pytest.raises(ScheduleError) as info:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from schedules import Kind, ScheduleError, build, load_graph, lower, validate
+from schedules import CostFileError, Kind, build, load_graph, lower, validate
 from sim import simulate
 from sim.profiled import PROFILE_SCHEMA, ProfiledCosts, load_profile, step_time
 from tests.conftest import run_sim
@@ -89,12 +89,12 @@ def test_optim_and_overlap_durations(profile_path):
 
 
 def test_stage_count_mismatch_and_bad_files(profile_path, tmp_path):
-    with pytest.raises(ScheduleError, match="partitions of 2, 4 stages, not 3"):
+    with pytest.raises(CostFileError, match="partitions of 2, 4 stages, not 3"):
         load_profile(profile_path, 3)
     costs = load_profile(profile_path, 2)
-    with pytest.raises(ScheduleError, match="profiles 2 stages but schedule 'zb-v' has 4"):
+    with pytest.raises(CostFileError, match="profiles 2 stages but schedule 'zb-v' has 4"):
         costs.check(load_graph("zb-v", pp=2, microbatches=4))
-    with pytest.raises(ScheduleError, match="not found"):
+    with pytest.raises(CostFileError, match="not found"):
         load_profile(tmp_path / "none.json")
     bad = tmp_path / "bad.json"
     for text, message in (("{", "not readable JSON"), ('{"schema": "x"}', "schema must be"),
@@ -104,9 +104,9 @@ def test_stage_count_mismatch_and_bad_files(profile_path, tmp_path):
                           (json.dumps({**PROFILE, "partitions": [{"num_stages": 1, "stages": [{"F": "x"}]}]}),
                            "F must be a number")):
         bad.write_text(text)
-        with pytest.raises(ScheduleError, match=message):
+        with pytest.raises(CostFileError, match=message):
             load_profile(bad)
-    with pytest.raises(ScheduleError, match="p2p_beta must be a bandwidth"):
+    with pytest.raises(CostFileError, match="p2p_beta must be a bandwidth"):
         ProfiledCosts(stages=costs.stages, p2p_beta=0.0)
 
 
@@ -167,7 +167,7 @@ def test_profile_bad_flag_one_line_exit_2():
 
     proc = subprocess.run([sys.executable, "-m", "real.profile", "--out", "x.json", "--stages", "2,x"], cwd=ROOT,
                           capture_output=True, text=True, timeout=25)
-    assert proc.returncode == 2 and "--stages '2,x'" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert proc.returncode == 2 and "--stages: invalid value '2,x'" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 def test_report_predicts_real_traces_with_profiled_costs(profile_path, tmp_path, capsys):

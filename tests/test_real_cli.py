@@ -22,8 +22,8 @@ import torch.distributed as dist  # noqa: E402
 
 from analysis import plot_timeline, read_trace, summarize  # noqa: E402
 from analysis.cli import main as schedlab  # noqa: E402
+from analysis.cli.train import main as real_main  # noqa: E402
 from real import ModelConfig, RunConfig, param_digest, reference_run  # noqa: E402
-from real.cli import main as real_main  # noqa: E402
 from real.launch import torchrun  # noqa: E402
 
 SMALL = ["--layers", "4", "--dim", "16", "--heads", "2", "--vocab", "32", "--seq", "8"]
@@ -100,12 +100,12 @@ def test_every_rank_rejects_bad_input_on_its_own_before_communicating(monkeypatc
     (["--schedule", "interleaved-1f1b", "--pp", "2", "--microbatches", "3", "--batch-size", "6"],
      "interleaved-1f1b needs microbatches to be a multiple of pp=2, got 3"),
     (["--schedule", "interleaved-1f1b", "--pp", "1", "--chunks", "8", "--microbatches", "2"],
-     "the model has 6 layers (input layer, blocks, head), too few for 8 stages; use --layers 6 or more"),
-    (["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--split", "2,x"], "--split '2,x'"),
+     "8 stages but the model has 6 layers (input layer, blocks, head); use layers 6 or more, or fewer stages (flag --layers)"),
+    (["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--split", "2,x"], "argument --split: invalid value '2,x'"),
     (["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--trace", "t.txt"], "use a name ending in .csv"),
     (["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--dim", "15"], "dim 15 is not divisible by heads 2"),
     (["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--steps", "2", "--trace-step", "2"],
-     "trace step 2 is out of range for 2 steps"),
+     "trace_step 2 is out of range for 2 steps; valid: -2..1 (negative counts from the end) (flag --trace-step)"),
 ])
 def test_bad_input_is_one_line_and_exit_2(capsys, argv, message):
     with pytest.raises(SystemExit) as exc:
@@ -121,7 +121,7 @@ def test_nccl_without_cuda_is_refused(capsys):
     with pytest.raises(SystemExit) as exc:
         real_main(["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--backend", "nccl"])
     assert exc.value.code == 2
-    assert "backend nccl needs CUDA GPUs and none is available here; use --backend gloo" in capsys.readouterr().err
+    assert "backend nccl needs CUDA GPUs and none is available here; use backend gloo (flag --backend)" in capsys.readouterr().err
 
 
 def test_schedlab_run_in_one_process_prints_losses_and_writes_the_trace(capsys, tmp_path):

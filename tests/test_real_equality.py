@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 import schedules  # noqa: E402
 from real import ModelConfig, RunConfig, make_plan, reference_run  # noqa: E402
 from real.launch import torchrun  # noqa: E402
-from schedules import ScheduleError  # noqa: E402
+from schedules import SchedlabError  # noqa: E402
 
 TOL = 1e-5
 LAUNCH_TIMEOUT = 150  # seconds for a whole launch; a hang fails the test, never stalls CI
@@ -46,7 +46,7 @@ def _pp2_configs() -> tuple[dict[str, RunConfig], dict[str, str]]:
             cfg = _config(name, pp=2, microbatches=m)
             try:
                 make_plan(cfg, 2)
-            except ScheduleError as exc:
+            except SchedlabError as exc:
                 reason = str(exc)
                 continue
             runs[name] = cfg

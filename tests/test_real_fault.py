@@ -27,11 +27,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from analysis.cli.train import main as real_main  # noqa: E402
 from real import ModelConfig, RunConfig, param_digest, reference_run  # noqa: E402
 from real.checkpoint import MARKER, CheckpointConfig, Checkpointer, complete_checkpoints, latest_complete  # noqa: E402
 from real.checkpoint import load as load_checkpoint  # noqa: E402
 from real.checkpoint import state_dict as checkpoint_state  # noqa: E402
-from real.cli import main as real_main  # noqa: E402
 
 SMALL = ["--layers", "4", "--dim", "16", "--heads", "2", "--vocab", "32", "--seq", "8"]
 MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
@@ -156,9 +156,9 @@ def test_async_checkpoint_is_a_snapshot_and_completes_on_wait(tmp_path):
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    (["--checkpoint-dir", "x", "--keep-last", "0"], "keep-last must be an integer >= 1, got 0"),
-    (["--fail-at-step", "9"], "fail-at-step 9 is out of range for 2 steps; valid: 0..1"),
-    (["--fail-rank", "3"], "fail-rank 3 is not a rank of pp x dp = 1 processes; valid: 0..0"),
+    (["--checkpoint-dir", "x", "--keep-last", "0"], "keep_last must be an integer >= 1, got 0 (flag --keep-last)"),
+    (["--fail-at-step", "9"], "fail_at_step 9 is out of range for 2 steps; valid: 0..1 (flag --fail-at-step)"),
+    (["--fail-rank", "3"], "fail_rank 3 is not a rank of pp x dp = 1 processes; valid: 0..0 (flag --fail-rank)"),
     (["--dp", "x"], "invalid value 'x': give an integer or auto"),
 ])
 def test_bad_fault_flags_are_one_line_and_exit_2(capsys, argv, message):
@@ -176,4 +176,4 @@ def test_a_checkpoint_of_another_model_is_refused_before_training(tmp_path, caps
     with pytest.raises(SystemExit) as exc:
         real_main([*args, "--dim", "32"])
     err = capsys.readouterr().err
-    assert exc.value.code == 2 and "was written with model" in err and "another --checkpoint-dir" in err, err
+    assert exc.value.code == 2 and "was written with model" in err and "another checkpoint directory (flag --checkpoint-dir)" in err, err

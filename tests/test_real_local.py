@@ -18,7 +18,7 @@ from real.backward import backward_full, backward_input, backward_weight  # noqa
 from real.data import make_batch, microbatches  # noqa: E402
 from real.dp import GradSync, make_buckets  # noqa: E402
 from real.models import build_layers, build_model, loss_fn  # noqa: E402
-from schedules import ScheduleError  # noqa: E402
+from schedules import ConfigError  # noqa: E402
 from schedules.trace import TRACE_COLUMNS  # noqa: E402
 
 MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
@@ -144,7 +144,7 @@ def test_bucket_collective_starts_when_its_last_gradient_is_in(world_of_one, mod
 def test_partition_even_and_explicit():
     assert partition(6, 4) == (range(0, 2), range(2, 4), range(4, 5), range(5, 6))
     assert partition(6, 2, (1, 5)) == (range(0, 1), range(1, 6))
-    with pytest.raises(ScheduleError, match="split 3,2 must give each of the 2 stages >= 1 layer and sum to the model's 6"):
+    with pytest.raises(ConfigError, match="split 3,2 must give each of the 2 stages >= 1 layer and sum to the model's 6"):
         partition(6, 2, (3, 2))
 
 
@@ -177,5 +177,5 @@ def test_layers_built_alone_equal_the_whole_model():
     (dict(lr=0.0), "lr must be a finite number > 0, got 0.0"),
 ])
 def test_config_errors_name_the_value(kw, message):
-    with pytest.raises(ScheduleError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         _cfg("gpipe", **kw)

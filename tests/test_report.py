@@ -8,11 +8,12 @@ import pytest
 
 from analysis.cli import main as schedlab
 from analysis.perfetto import to_chrome_trace, write_chrome_trace
-from analysis.report import ReportConfig, write_report
+from analysis.report import write_report
 from analysis.validation import compare_pair, kendall_tau, validation_summary
 from schedules import ScheduleError, build, lower
 from schedules.trace import write_trace
 from sim import UniformCosts, simulate
+from sim.sweep import SweepConfig, run_sweep
 
 
 def small_trace(tcomm=0.5, name="1f1b"):
@@ -69,9 +70,9 @@ def test_report_writes_markdown_and_figures(tmp_path):
     real[["start", "end"]] *= 1.25  # stands in for a measurement
     real.attrs = {**real.attrs, "source": "real"}
     real_path = write_trace(real, tmp_path / "real-zb-h1.csv")
-    cfg = ReportConfig(pp=2, microbatches=4, schedules=("gpipe", "1f1b", "zb-h1", "zb-v"), sweep=(2, 4, 8),
-                       real_traces=(real_path,), progress=False)
-    path = write_report(tmp_path / "rep", cfg)
+    cfg = SweepConfig(pp=2, microbatches=4, schedules=("gpipe", "1f1b", "zb-h1", "zb-v"), sweep=(2, 4, 8),
+                      real_traces=(real_path,))
+    path = write_report(tmp_path / "rep", run_sweep(cfg))
     md = path.read_text()
     assert "**Fastest:** `zb-v`" in md
     for line in md.splitlines():

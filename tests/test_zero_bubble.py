@@ -175,7 +175,7 @@ def test_zb_auto_refuses_a_limit_below_the_minimum():
 
 
 def test_mem_limit_only_for_adaptive_schedules():
-    with pytest.raises(ScheduleError, match=r"--mem-limit applies only to adaptive schedules \(zb-auto\), not to '1f1b'"):
+    with pytest.raises(ScheduleError, match=r"mem_limit applies only to adaptive schedules \(zb-auto\), not to '1f1b'"):
         build("1f1b", pp=4, microbatches=8, mem_limit=4)
 
 
@@ -219,11 +219,11 @@ def test_cli_pair_overlap(capsys):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--schedule", "zb-auto", "--pp", "4", "--microbatches", "8", "--mem-limit", "0.5"],
-     "zb-auto: --mem-limit 0.5 M_B is below the minimum 1 M_B"),
+     "zb-auto: mem_limit 0.5 M_B is below the minimum 1 M_B"),
     (["--schedule", "1f1b", "--pp", "4", "--microbatches", "8", "--mem-limit", "3"],
-     "--mem-limit applies only to adaptive schedules (zb-auto), not to '1f1b'"),
+     "mem_limit applies only to adaptive schedules (zb-auto), not to '1f1b' (flag --mem-limit)"),
     (["--schedule", "dualpipe-v", "--pp", "4", "--microbatches", "10", "--pair-overlap", "2"],
-     "pair_overlap (--pair-overlap) must be a fraction in [0, 1]"),
+     "uniform costs: pair_overlap must be a fraction of the shorter pass hidden in [0, 1], got 2.0 (flag --pair-overlap)"),
     (["--schedule", "dualpipe-v", "--pp", "4", "--microbatches", "6"], "dualpipe-v needs microbatches >= 2*pp = 8"),
 ])
 def test_cli_zero_bubble_errors(capsys, argv, message):

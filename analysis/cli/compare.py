@@ -1,12 +1,4 @@
-"""The ``schedlab`` command: one entry point over the sim and analysis CLIs.
-
-    schedlab simulate --schedule 1f1b --pp 4 --microbatches 8 [--json] [--plot F.png]
-    schedlab compare  --pp 4 --microbatches 8 --chunks 2 --out out/
-    schedlab run      --schedule 1f1b --pp 2 --microbatches 8 [--dp 2] [--trace F.csv] [--json]
-    schedlab report   --out out/report [--pp 4 --microbatches 8 --chunks 2] [--real TRACE.csv ...]
-    schedlab perfetto TRACE.csv [OUT.json]
-    schedlab list
-"""
+"""``schedlab compare``, ``schedlab report`` and ``schedlab perfetto``: schedules side by side, reports, traces."""
 
 from __future__ import annotations
 
@@ -15,23 +7,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from schedules import ScheduleError, names
-from sim.cli import OneLineParser, add_cost_args, costs_from_args, fail
+from analysis.cli.common import OneLineParser, add_cost_args, errors_to_exit, fail, name_list, uniform_costs
+from schedules import ScheduleError
 
-__all__ = ["compare_main", "main"]
-
-_USAGE = """usage: schedlab COMMAND [flags]
-
-commands:
-  simulate   simulate one schedule (same flags as python -m sim)
-  compare    simulate several schedules side by side; table + timeline PNGs
-  run        train for real on torch.distributed (same flags as python -m real;
-             starts torchrun with --nproc-per-node, default pp x dp)
-  report     write a Markdown report with figures (and sim vs real if --real traces)
-  perfetto   convert a trace (CSV/Parquet) to Chrome/Perfetto JSON
-  list       list the registered schedules
-
-schedlab COMMAND --help shows a command's flags."""
+__all__ = ["compare_main", "perfetto_main", "report_main"]
 
 
 def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compare") -> int:
@@ -43,7 +22,7 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     add_cost_args(p)
     p.add_argument("--out", default="out", metavar="DIR", help="where the PNGs and the CSV table go (default out/)")
     p.add_argument("--json", action="store_true", help="print the table as one JSON object")
-    g = p.add_argument_group("real units (with --model and --cluster: a seconds/bytes table, no timelines)")
+    g = p.add_argument_group("physical units (with --model and --cluster: a seconds/bytes table, no timelines)")
     g.add_argument("--model", metavar="NAME", help="transformer preset, e.g. gpt-6.2b")
     g.add_argument("--cluster", metavar="NAME[:NODES]", help="cluster preset, e.g. dgx-h100:2")
     g.add_argument("--dp", type=int, default=1, help="data-parallel replicas (default 1)")
@@ -52,16 +31,16 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     args = p.parse_args(argv)
     if args.costs:
         fail(f"{prog}: --costs (a profiled cost file) applies to simulate and report, not to compare")
+    chosen = name_list(args.schedules)
     if args.model or args.cluster:
-        return _real_compare(args, prog)
-    from analysis.compare import comparison_table, format_comparison, simulate_many
+        return _units_compare(args, chosen, p, prog)
+    from analysis.compare import comparison_table, format_comparison
     from analysis.timeline import plot_timeline, plot_timelines
+    from sim.sweep import simulate_many
 
-    chosen = names(by_family=True) if args.schedules == "all" else [s.strip() for s in args.schedules.split(",") if s.strip()]
-    try:
-        results = simulate_many(chosen, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks, costs=costs_from_args(args))
-    except ScheduleError as exc:
-        fail(str(exc))
+    with errors_to_exit(p):
+        results = simulate_many(chosen, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks,
+                                costs=uniform_costs(args))
     table = comparison_table(results)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -78,29 +57,28 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     return 0
 
 
-def _real_compare(args, prog: str) -> int:
-    from analysis.compare import format_real_comparison, real_comparison
+def _units_compare(args, chosen: list[str], parser: OneLineParser, prog: str) -> int:
+    from analysis.compare import format_units_comparison
     from sim.cluster import cluster_preset
     from sim.parallel import ParallelConfig
+    from sim.sweep import units_comparison
     from sim.transformer import model_preset
+    from sim.transformer_costs import TransformerCosts
 
     if not (args.model and args.cluster):
-        fail(f"{prog}: real units need both --model and --cluster (see --help)")
-    chosen = names(by_family=True) if args.schedules == "all" else [s.strip() for s in args.schedules.split(",") if s.strip()]
-    try:
-        rows = real_comparison(chosen, chunks=args.chunks, model=model_preset(args.model),
-                               cluster=cluster_preset(args.cluster), microbatches=args.microbatches,
-                               microbatch_size=args.microbatch_size,
-                               parallel=ParallelConfig(pp=args.pp, dp=args.dp, dp_mode=args.dp_mode))
-    except ScheduleError as exc:
-        fail(str(exc))
+        fail(f"{prog}: physical units need both --model and --cluster (see --help)")
+    with errors_to_exit(parser):
+        costs = TransformerCosts(model=model_preset(args.model), cluster=cluster_preset(args.cluster),
+                                 parallel=ParallelConfig(pp=args.pp, dp=args.dp, dp_mode=args.dp_mode),
+                                 microbatch_size=args.microbatch_size)
+        rows = units_comparison(chosen, chunks=args.chunks, microbatches=args.microbatches, costs=costs)
     if args.json:
         print(json.dumps({"schedules": rows}))
         return 0
     first = rows[0]["costs"] if rows else {}
     print(f"\n{args.model} on {args.cluster}: pp={args.pp} dp={args.dp} dp-mode={args.dp_mode} "
           f"microbatches={args.microbatches} x {args.microbatch_size} seq, efficiency {first.get('efficiency', 0):g}")
-    print(format_real_comparison(rows))
+    print(format_units_comparison(rows))
     return 0
 
 
@@ -115,17 +93,22 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_cost_args(p)
     args = p.parse_args(argv)
-    from analysis.report import ReportConfig, write_report
+    from analysis.report import write_report
+    from sim.sweep import SweepConfig, run_sweep
 
-    chosen = () if args.schedules == "all" else tuple(s.strip() for s in args.schedules.split(",") if s.strip())
-    try:
-        cfg = ReportConfig(pp=args.pp, microbatches=args.microbatches, chunks=args.chunks, schedules=chosen,
-                           costs=costs_from_args(args), real_traces=tuple(Path(t) for t in args.real),
-                           profile=Path(args.costs) if args.costs else None,
-                           progress=not args.no_progress and sys.stderr.isatty())
-        path = write_report(args.out, cfg)
-    except ScheduleError as exc:
-        fail(str(exc))
+    chosen = () if args.schedules == "all" else tuple(name_list(args.schedules))
+    progress = None
+    if not args.no_progress and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        def progress(jobs):
+            return tqdm(jobs, desc="bubble sweep", unit="sim", leave=False)
+
+    with errors_to_exit(p):
+        cfg = SweepConfig(pp=args.pp, microbatches=args.microbatches, chunks=args.chunks, schedules=chosen,
+                          costs=uniform_costs(args), real_traces=tuple(Path(t) for t in args.real),
+                          profile=Path(args.costs) if args.costs else None)
+        path = write_report(args.out, run_sweep(cfg, progress))
     print(f"wrote report: {path}")
     return 0
 
@@ -140,38 +123,9 @@ def perfetto_main(argv: Sequence[str] | None = None, prog: str = "schedlab perfe
 
     src = Path(args.trace)
     out = Path(args.out) if args.out else src.with_suffix(".perfetto.json")
-    try:
+    with errors_to_exit(p):
         if not src.is_file():
             raise ScheduleError(f"trace file {str(src)!r} not found")
         path = write_chrome_trace(read_trace(src), out)
-    except ScheduleError as exc:
-        fail(str(exc))
     print(f"wrote {path} (open it in the Perfetto UI or chrome://tracing)")
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print(_USAGE)
-        return 0 if argv else 2
-    cmd, rest = argv[0], argv[1:]
-    if cmd == "simulate":
-        from sim.cli import main as sim_main
-
-        return sim_main(rest, prog="schedlab simulate")
-    if cmd == "compare":
-        return compare_main(rest)
-    if cmd == "run":
-        from real.cli import launch_main
-
-        return launch_main(rest)
-    if cmd == "report":
-        return report_main(rest)
-    if cmd == "perfetto":
-        return perfetto_main(rest)
-    if cmd == "list":
-        from sim.cli import main as sim_main
-
-        return sim_main(["--list"], prog="schedlab list")
-    fail(f"schedlab: unknown command {cmd!r}; valid: simulate, compare, run, report, perfetto, list (see schedlab --help)")

@@ -4,8 +4,8 @@
              --trace out/real.csv
     schedlab run --schedule 1f1b --pp 2 --microbatches 8      # starts torchrun with pp x dp processes
 
-The CLI only parses flags into a :class:`real.RunConfig` and calls
-:func:`real.run`. Bad input is one line on stderr (on every rank) and exit
+The flags are parsed into a :class:`real.RunConfig` and :func:`real.run`
+runs it. Bad input is one line on stderr (on every rank) and exit
 status 2, before any communication.
 """
 
@@ -20,16 +20,40 @@ from collections.abc import Sequence
 
 import torch
 
+from analysis.cli.common import OneLineParser, add_schedule_args, errors_to_exit, int_list
+from analysis.timeline import check_figure_path, plot_timeline
 from real.checkpoint import CheckpointConfig
 from real.config import BACKENDS, DP_MODES, FAIL_MODES, MODEL_KINDS, OPTIMIZERS, ModelConfig, RunConfig, make_plan
 from real.launch import torchrun
 from real.mesh import env_world
 from real.train import RunResult, resolve_backend, restart_count, resume_point, run
-from schedules import ScheduleError
+from schedules import ConfigError
 from schedules.trace import check_trace_path
-from sim.cli import OneLineParser, add_schedule_args, fail
 
-__all__ = ["config_from_args", "launch_main", "main", "parser"]
+__all__ = ["add_model_args", "config_from_args", "launch_main", "main", "model_argv", "model_from_args", "parser"]
+
+MODEL_FLAGS = ("layers", "dim", "heads", "vocab", "seq")
+
+
+def add_model_args(p: argparse.ArgumentParser, defaults: ModelConfig | None = None) -> None:
+    """The built-in model's flags (``python -m real``, ``python -m real.profile``, the experiments)."""
+    d = defaults or ModelConfig()
+    m = p.add_argument_group("model")
+    m.add_argument("--model", choices=MODEL_KINDS, default=d.kind, help=f"gpt decoder or mlp (default {d.kind})")
+    m.add_argument("--layers", type=int, default=d.layers, help=f"decoder blocks / hidden layers (default {d.layers})")
+    m.add_argument("--dim", type=int, default=d.dim, help=f"hidden size (default {d.dim})")
+    m.add_argument("--heads", type=int, default=d.heads, help=f"attention heads (default {d.heads})")
+    m.add_argument("--vocab", type=int, default=d.vocab, help=f"vocabulary (gpt) or classes (mlp) (default {d.vocab})")
+    m.add_argument("--seq", type=int, default=d.seq, help=f"sequence length (gpt; default {d.seq})")
+
+
+def model_from_args(args: argparse.Namespace) -> ModelConfig:
+    return ModelConfig(kind=args.model, **{k: getattr(args, k) for k in MODEL_FLAGS})
+
+
+def model_argv(model: ModelConfig) -> list[str]:
+    """The flags that give ``model`` (for a command started with torchrun)."""
+    return ["--model", model.kind, *(x for k in MODEL_FLAGS for x in (f"--{k}", str(getattr(model, k))))]
 
 
 def parser(prog: str) -> OneLineParser:
@@ -40,14 +64,8 @@ def parser(prog: str) -> OneLineParser:
     p.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
     p.add_argument("--batch-size", type=int, default=32, metavar="B", help="global batch per step (default 32)")
     p.add_argument("--seed", type=int, default=0, help="fixes the model and the data (default 0)")
-    m = p.add_argument_group("model")
-    m.add_argument("--model", choices=MODEL_KINDS, default="gpt", help="gpt decoder or mlp (default gpt)")
-    m.add_argument("--layers", type=int, default=4, help="decoder blocks / hidden layers (default 4)")
-    m.add_argument("--dim", type=int, default=32, help="hidden size (default 32)")
-    m.add_argument("--heads", type=int, default=2, help="attention heads (default 2)")
-    m.add_argument("--vocab", type=int, default=64, help="vocabulary (gpt) or classes (mlp) (default 64)")
-    m.add_argument("--seq", type=int, default=16, help="sequence length (gpt; default 16)")
-    m.add_argument("--split", metavar="N,N,...", help="layers per stage, e.g. 2,2,1,1 (default: even)")
+    add_model_args(p)
+    p.add_argument("--split", type=int_list, metavar="N,N,...", help="layers per stage, e.g. 2,2,1,1 (default: even)")
     o = p.add_argument_group("training")
     o.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
     o.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
@@ -91,31 +109,21 @@ def _resolve_dp(dp: int | str, pp: int, world: int | None) -> int:
     if world is None:
         return 1
     if world % pp:
-        raise ScheduleError(f"--dp auto: world size {world} is not a multiple of pp={pp}; "
-                            f"launch a multiple of {pp} processes")
+        raise ConfigError(f"dp auto: world size {world} is not a multiple of pp={pp}; "
+                          f"launch a multiple of {pp} processes", field="dp")
     return world // pp
 
 
-def _split(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise ScheduleError(f"--split {text!r}: give layers per stage as integers, e.g. 2,2,1,1") from None
-
-
 def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunConfig:
-    """Flags -> RunConfig (``world``: the launched processes, for ``--dp auto``); ScheduleError names the bad value."""
-    model = ModelConfig(kind=args.model, layers=args.layers, dim=args.dim, heads=args.heads, vocab=args.vocab,
-                        seq=args.seq)
+    """Flags -> RunConfig (``world``: the launched processes, for ``--dp auto``); a SchedlabError names the bad value."""
+    model = model_from_args(args)
     checkpoint = None
     if args.checkpoint_dir is not None:
         checkpoint = CheckpointConfig(directory=args.checkpoint_dir, every=args.checkpoint_every,
                                       keep_last=args.keep_last, async_save=args.async_checkpoint)
     return RunConfig(
         schedule=args.schedule, pp=args.pp, dp=_resolve_dp(args.dp, args.pp, world), microbatches=args.microbatches, chunks=args.chunks,
-        batch_size=args.batch_size, steps=args.steps, seed=args.seed, model=model, split=_split(args.split),
+        batch_size=args.batch_size, steps=args.steps, seed=args.seed, model=model, split=args.split,
         optimizer=args.optimizer, lr=args.lr, dp_mode=args.dp_mode, bucket_mb=args.bucket_mb,
         backend=args.backend, timeout_s=args.timeout, recv_ahead=args.recv_ahead, trace_step=args.trace_step,
         checkpoint=checkpoint, fail_at_step=args.fail_at_step, fail_rank=args.fail_rank, fail_mode=args.fail_mode,
@@ -124,8 +132,6 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
 
 def _checked(args: argparse.Namespace, world: int) -> RunConfig:
     """Every check of the flags that needs no communication (run() checks the plan again)."""
-    from analysis.timeline import check_figure_path
-
     config = config_from_args(args, world)
     make_plan(config, world)
     resolve_backend(config.backend)
@@ -150,8 +156,6 @@ def _report(result: RunResult, args: argparse.Namespace) -> None:
     if args.save_params:
         torch.save(result.parameters, args.save_params)
     if args.plot:
-        from analysis.timeline import plot_timeline
-
         plot_timeline(result.trace, args.plot)
     if args.json:
         print(json.dumps(result.to_json()))
@@ -170,14 +174,13 @@ def _report(result: RunResult, args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int:
-    args = parser(prog).parse_args(argv)
+    p = parser(prog)
+    args = p.parse_args(argv)
     rank, world, _ = env_world()
     logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
                         format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
-    try:
+    with errors_to_exit(p, f"[rank {rank}] " if world > 1 else ""):
         config = _checked(args, world)
-    except ScheduleError as exc:
-        fail(f"[rank {rank}] {exc}" if world > 1 else str(exc))
     result = run(config, trace_path=args.trace, on_step=_print_step(args.json))
     if rank == 0:
         _report(result, args)
@@ -198,13 +201,12 @@ def launch_main(argv: Sequence[str] | None = None, prog: str = "schedlab run") -
         parser(prog).print_help()
         print("\n  --nproc-per-node N    processes to start with torchrun (default pp x dp)")
         return 0
-    args = parser(prog).parse_args(rest)
-    try:
+    p = parser(prog)
+    args = p.parse_args(rest)
+    with errors_to_exit(p):
         config = config_from_args(args, known.nproc_per_node)
         nproc = known.nproc_per_node if known.nproc_per_node is not None else config.world_size
         _checked(args, nproc)
-    except ScheduleError as exc:
-        fail(str(exc))
     if _under_torchrun() or (nproc == 1 and known.nproc_per_node is None):
         return main(rest, prog=prog)
     return torchrun(nproc, ["-m", "real", *rest]).returncode

@@ -33,13 +33,13 @@ from typing import Any
 
 from schedules import Action, Kind, Stream, Task, TaskGraph
 from schedules.dp import DataParallelGraph
-from schedules.errors import ScheduleError
+from schedules.errors import check_fraction, check_positive_ints
 from sim.cluster import Cluster
 from sim.costs import memoized_durations
 from sim.parallel import DPGroup, ParallelConfig
 from sim.transformer import TransformerConfig, partition_layers
 
-__all__ = ["ADAM_BYTES_PER_PARAM", "RealCosts"]
+__all__ = ["ADAM_BYTES_PER_PARAM", "TransformerCosts"]
 
 ADAM_BYTES_PER_PARAM = 28  # see the module docstring
 _PORTS = ("intra-out", "intra-in", "inter-out", "inter-in")
@@ -51,7 +51,7 @@ def _split(layers: int, stages: int, explicit: tuple[int, ...] | None) -> tuple[
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RealCosts:
+class TransformerCosts:
     """Durations in seconds, bytes moved, activations in bytes, and port use for contention."""
 
     model: TransformerConfig
@@ -63,12 +63,9 @@ class RealCosts:
     layers_per_stage: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.microbatch_size, int) or self.microbatch_size < 1:
-            raise ScheduleError(f"microbatch size (--microbatch-size) must be an integer >= 1, got {self.microbatch_size!r}")
-        if not 0 < self.efficiency <= 1:
-            raise ScheduleError(f"efficiency (--efficiency) must be a fraction of peak in (0, 1], got {self.efficiency!r}")
-        if not 0 <= self.pair_overlap <= 1:
-            raise ScheduleError(f"pair_overlap (--pair-overlap) must be in [0, 1], got {self.pair_overlap!r}")
+        check_positive_ints("costs", microbatch_size=self.microbatch_size)
+        check_fraction("costs", "efficiency", self.efficiency, "a fraction of peak", open_low=True)
+        check_fraction("costs", "pair_overlap", self.pair_overlap)
         self.parallel.check_fits(self.cluster)
 
     # --- per-stage figures ---------------------------------------------------------------------------

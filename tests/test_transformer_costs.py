@@ -6,23 +6,23 @@ import math
 
 import pytest
 
+from analysis.cli.simulate import main
 from schedules import Kind, Stream, build, lower
 from schedules.dp import add_data_parallel
 from sim import collectives as coll
 from sim import simulate
-from sim.cli import main
 from sim.cluster import Link, cluster_preset
 from sim.parallel import ParallelConfig
-from sim.realcosts import RealCosts
 from sim.study import Study, run_study
 from sim.transformer import model_preset, partition_layers
+from sim.transformer_costs import TransformerCosts
 
 H100 = cluster_preset("dgx-h100:2")
 GPT6 = model_preset("gpt-6.2b")
 
 
-def _costs(pp=8, dp=1, mode="none", cluster=H100, **kw) -> RealCosts:
-    return RealCosts(model=GPT6, cluster=cluster, parallel=ParallelConfig(pp=pp, dp=dp, dp_mode=mode), **kw)
+def _costs(pp=8, dp=1, mode="none", cluster=H100, **kw) -> TransformerCosts:
+    return TransformerCosts(model=GPT6, cluster=cluster, parallel=ParallelConfig(pp=pp, dp=dp, dp_mode=mode), **kw)
 
 
 def test_flops_of_a_preset_equal_hand_computed_values():
@@ -77,7 +77,7 @@ def test_collective_formulas():
 def test_dp_collective_task_costs_equal_their_formula():
     # dp-inner: the dp pair of each stage is on one node -> ring over NVLink; pp-inner -> over the NICs.
     for order, link in (("dp-inner", H100.intra), ("pp-inner", H100.inter)):
-        c = RealCosts(model=GPT6, cluster=H100, parallel=ParallelConfig(pp=8, dp=2, dp_mode="ddp", order=order))
+        c = TransformerCosts(model=GPT6, cluster=H100, parallel=ParallelConfig(pp=8, dp=2, dp_mode="ddp", order=order))
         graph = add_data_parallel(lower(build("1f1b", pp=8, microbatches=8)), "ddp", c.buckets(8))
         dur = c.durations(graph)
         ar = [t for t in graph.tasks if t.action.kind is Kind.ALLREDUCE and t.rank == 3]
@@ -106,11 +106,11 @@ def test_two_concurrent_transfers_on_one_link_take_longer_than_one():
     assert res.start[a] == res.start[b] - one  # released together, the second waits for the port
     assert res.end[b] - res.start[a] == pytest.approx(2 * one)
 
-    class NoContention(RealCosts):
+    class NoContention(TransformerCosts):
         __slots__ = ()
 
         def network(self, graph, dur):
-            lag, links = RealCosts.network(self, graph, dur)
+            lag, links = TransformerCosts.network(self, graph, dur)
             return lag, [()] * len(links)
 
     free = simulate(graph, NoContention(model=GPT6, cluster=H100, parallel=c.parallel))
@@ -119,8 +119,8 @@ def test_two_concurrent_transfers_on_one_link_take_longer_than_one():
 
 
 def test_too_large_model_is_flagged_with_the_device(capsys):
-    big = Study(model=model_preset("gpt-28.3b"), cluster=cluster_preset("dgx-h100:1"),
-                parallel=ParallelConfig(pp=2), schedule="1f1b", microbatches=4)
+    big = Study(schedule="1f1b", microbatches=4, costs=TransformerCosts(
+        model=model_preset("gpt-28.3b"), cluster=cluster_preset("dgx-h100:1"), parallel=ParallelConfig(pp=2)))
     devices = run_study(big).devices()
     assert all(d.overflow for d in devices) and devices[0].device == "node0/trainer/GPU:0"
     assert devices[0].model_state_bytes > 80e9
@@ -131,8 +131,8 @@ def test_too_large_model_is_flagged_with_the_device(capsys):
 
 
 def test_result_figures_are_consistent():
-    s = Study(model=GPT6, cluster=H100, parallel=ParallelConfig(pp=8, dp=2, dp_mode="ddp"),
-              schedule="1f1b", microbatches=16)
+    s = Study(schedule="1f1b", microbatches=16,
+              costs=TransformerCosts(model=GPT6, cluster=H100, parallel=ParallelConfig(pp=8, dp=2, dp_mode="ddp")))
     r = run_study(s)
     d = r.to_dict()
     assert d["tokens_per_step"] == 16 * 1024 * 2
@@ -143,7 +143,7 @@ def test_result_figures_are_consistent():
 
 
 def test_compare_in_real_units(capsys):
-    from analysis.cli import compare_main
+    from analysis.cli.compare import compare_main
 
     assert compare_main(["--model", "gpt-6.2b", "--cluster", "dgx-h100:2", "--pp", "8", "--dp", "2", "--dp-mode", "ddp",
                          "--microbatches", "16", "--schedules", "1f1b,zb-h1,interleaved-1f1b"]) == 0

@@ -1,0 +1,161 @@
+"""What every schedlab command shares: the parser, errors as one line, and the flag groups.
+
+This package is the only code that names command-line flags. Library code
+raises :class:`schedules.SchedlabError` naming a *field*; :func:`errors_to_exit`
+prints it as one line with the flag that sets that field, and exits with 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+from schedules import SchedlabError, names, spec
+from schedules.errors import quote
+
+__all__ = [
+    "OneLineParser",
+    "add_cost_args",
+    "add_schedule_args",
+    "errors_to_exit",
+    "fail",
+    "flag_of",
+    "int_list",
+    "name_list",
+    "positive_int",
+]
+
+# Fields whose flag is not "--" + the field with dashes.
+FLAG_ALIASES: Mapping[str, str] = {
+    "timeout_s": "--timeout",
+    "async_save": "--async-checkpoint",
+    "every": "--checkpoint-every",
+    "directory": "--checkpoint-dir",
+    "layers_per_stage": "--split",
+    "seq_len": "--seq-len",
+    "kind": "--model",
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag in one line with exit status 2, no usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{self.prog}: {message} (see --help)")
+
+    def flags(self) -> set[str]:
+        return {opt for action in self._actions for opt in action.option_strings}
+
+
+def fail(message: str) -> NoReturn:
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def flag_of(field: str | None, parser: OneLineParser | None) -> str | None:
+    """The flag of ``parser`` that sets ``field``, if it has one."""
+    if field is None or parser is None:
+        return None
+    flags = parser.flags()
+    for flag in (FLAG_ALIASES.get(field), "--" + field.replace("_", "-")):
+        if flag in flags:
+            return flag
+    return None
+
+
+@contextmanager
+def errors_to_exit(parser: OneLineParser | None = None, prefix: str = "") -> Iterator[None]:
+    """Turn a SchedlabError into one line on stderr and exit status 2, naming the flag of its field."""
+    try:
+        yield
+    except SchedlabError as exc:
+        fail(prefix + with_flag(str(exc), exc.field, parser))
+
+
+def with_flag(message: str, field: str | None, parser: OneLineParser | None) -> str:
+    """``message`` with the flag that sets its field added, unless it names the flag already."""
+    flag = flag_of(field, parser)
+    if flag is None or flag in message:
+        return message
+    return f"{message} (flag {flag})"
+
+
+# -- value parsers (argparse types) -----------------------------------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {quote(text)}: give an integer >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {value}: give an integer >= 1")
+    return value
+
+
+def int_list(text: str) -> tuple[int, ...]:
+    """``2,2,1,1`` -> (2, 2, 1, 1); an argparse type."""
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {quote(text)}: give integers separated by commas, "
+                                         "e.g. 2,4") from None
+
+
+def name_list(text: str, all_names: Sequence[str] | None = None) -> list[str]:
+    """``a,b`` -> [a, b]; ``all`` -> ``all_names`` (default: every registered schedule, by family)."""
+    if text == "all":
+        return list(all_names if all_names is not None else names(by_family=True))
+    chosen = [s.strip() for s in text.split(",") if s.strip()]
+    if not chosen:
+        fail(f"no names in {quote(text)}: give comma-separated names, or all")
+    return chosen
+
+
+# -- flag groups -------------------------------------------------------------------------------------------------
+
+
+def add_schedule_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
+    p.add_argument("--schedule", required=required, metavar="NAME",
+                   help="a schedule name (" + ", ".join(names()) + "), torch:CLASS for torch.distributed.pipelining's "
+                   "own order (e.g. torch:ZBVZeroBubble; needs torch), or csv:FILE for a torch CSV schedule "
+                   "(one row per rank; its SEND/RECV, if any, are kept)")
+    p.add_argument("--pp", type=int, required=required, metavar="P", help="pipeline ranks (csv: from the file)")
+    p.add_argument("--microbatches", type=int, required=required, metavar="M",
+                   help="microbatches per step (csv: from the file)")
+    p.add_argument("--chunks", type=int, default=None, metavar="V", help="stages per rank (multi-chunk schedules; default 2)")
+
+
+def add_cost_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("uniform costs (time per microbatch through one rank's whole share)")
+    g.add_argument("--tf", type=float, default=1.0, help="forward (default 1)")
+    g.add_argument("--tb", type=float, default=1.0, help="input-gradient backward; B costs tb+tw (default 1)")
+    g.add_argument("--tw", type=float, default=1.0, help="weight-gradient backward (default 1)")
+    g.add_argument("--tcomm", type=float, default=0.0, help="delay of each cross-rank message (default 0)")
+    g.add_argument("--mw", type=float, default=0.0, help="fraction of M_B that W still holds after I (default 0)")
+    g.add_argument("--pair-overlap", type=float, default=0.0, metavar="H",
+                   help="fraction of the shorter pass hidden in an overlapped F+B pair (DualPipe); 0 = sum (default)")
+    g.add_argument("--costs", metavar="PROFILE.json",
+                   help="profiled costs in seconds from python -m real.profile (replaces the uniform costs)")
+
+
+def uniform_costs(args: argparse.Namespace) -> Any:
+    from sim import UniformCosts
+
+    return UniformCosts(tf=args.tf, tb=args.tb, tw=args.tw, tcomm=args.tcomm, mw=args.mw, pair_overlap=args.pair_overlap)
+
+
+def schedule_options(args: argparse.Namespace) -> dict[str, Any]:
+    """What an adaptive schedule (zb-auto) reads: the pass times and --mem-limit; nothing for the others."""
+    options: dict[str, Any] = {}
+    if args.schedule in names() and spec(args.schedule).adaptive:
+        options = {"tf": args.tf, "tb": args.tb, "tw": args.tw, "tcomm": args.tcomm, "mw": args.mw}
+    if getattr(args, "mem_limit", None) is not None:
+        if args.schedule not in names():
+            fail(f"--mem-limit applies only to registered adaptive schedules, not to {args.schedule!r}")
+        options["mem_limit"] = args.mem_limit
+    return options

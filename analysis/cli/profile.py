@@ -1,0 +1,92 @@
+"""``python -m real.profile`` (under torchrun): profile this machine into a cost file for ``python -m sim --costs``.
+
+    torchrun --nproc-per-node 2 -m real.profile --model gpt --layers 6 --dim 128 --seq 64 \\
+             --microbatch-size 4 --stages 2,4 --out out/profile.json
+
+What is measured and the file's schema: :mod:`real.profile`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from datetime import timedelta
+from pathlib import Path
+
+import torch.distributed as dist
+
+from analysis.cli.common import OneLineParser, errors_to_exit, fail, int_list
+from analysis.cli.train import add_model_args, model_from_args
+from real.config import OPTIMIZERS
+from real.mesh import env_world
+from real.profile import ProfileConfig, profile
+from schedules import ConfigError
+
+__all__ = ["config_from_args", "main"]
+
+
+def _parser() -> OneLineParser:
+    p = OneLineParser(prog="python -m real.profile", description="Profile this machine into a cost file for "
+                      "python -m sim --costs (run under torchrun; every rank measures at once).")
+    p.add_argument("--out", required=True, metavar="FILE.json", help="cost file to write (rank 0)")
+    p.add_argument("--stages", type=int_list, default=(2,), metavar="N,N", help="stage counts to profile, e.g. 2,4 (default 2)")
+    p.add_argument("--split", type=int_list, metavar="N,N,...", help="layers per stage of the one partition (default: even)")
+    p.add_argument("--microbatch-size", type=int, metavar="B", help="samples per microbatch (default 4)")
+    p.add_argument("--batch-size", type=int, metavar="B", help="with --microbatches: microbatch = B / (M x dp)")
+    p.add_argument("--microbatches", type=int, metavar="M")
+    p.add_argument("--pp", type=int, help="pipeline ranks, for the data-parallel groups (default world / dp)")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel replicas: collectives over each dp group")
+    p.add_argument("--reps", type=int, default=10, help="timed repetitions (default 10)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed repetitions first (default 3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    p.add_argument("--lr", type=float, default=3e-3)
+    add_model_args(p)
+    p.add_argument("--timeout", type=float, default=300.0, metavar="S", help="collective timeout (default 300 s)")
+    p.add_argument("-v", "--verbose", action="count", default=0)
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> ProfileConfig:
+    mb = args.microbatch_size
+    if mb is None and args.batch_size is not None:
+        if not args.microbatches:
+            raise ConfigError("batch_size needs microbatches (microbatch = batch / (microbatches x dp))",
+                              field="microbatches")
+        mb = args.batch_size // (args.microbatches * args.dp)
+    return ProfileConfig(model=model_from_args(args), stages=args.stages, split=args.split, microbatch_size=mb or 4,
+                         microbatches=args.microbatches or 1, pp=args.pp, dp=args.dp, optimizer=args.optimizer,
+                         lr=args.lr, reps=args.reps, warmup=args.warmup, seed=args.seed)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    rank, world, _ = env_world()
+    logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
+                        format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
+    prefix = f"[rank {rank}] " if world > 1 else ""
+    out = Path(args.out)
+    if out.suffix != ".json":
+        fail(f"{prefix}--out {args.out!r}: the cost file is JSON; give a path ending in .json")
+    with errors_to_exit(parser, prefix):
+        cfg = config_from_args(args)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+    try:
+        with errors_to_exit(parser, f"[rank {rank}] "):
+            result = profile(cfg)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    if rank == 0:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(".tmp-" + out.name)
+        tmp.write_text(json.dumps(result, indent=1))
+        os.replace(tmp, out)
+        sys.stdout.write(f"wrote cost file: {out}\n")
+    return 0

@@ -1,0 +1,195 @@
+"""``python -m sim`` / ``schedlab simulate``: simulate one schedule with uniform costs, or in physical units.
+
+With ``--model``/``--cluster``/``--config`` the schedule runs on a cluster in
+seconds and bytes, with data parallelism (``--dp``, ``--dp-mode``): see :mod:`sim.study`.
+
+The flags are parsed into the same objects a script would build, and the
+same functions run: load_graph (build or import, lower) -> validate ->
+simulate. ``--schedule`` takes a registered name, ``torch:<ClassName>`` (torch's
+own order, needs torch) or ``csv:<FILE>`` (a torch CSV; pp and microbatches
+come from the file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+
+from analysis.cli.common import (
+    OneLineParser,
+    add_cost_args,
+    add_schedule_args,
+    errors_to_exit,
+    fail,
+    schedule_options,
+    uniform_costs,
+)
+from analysis.timeline import check_figure_path, plot_timeline
+from schedules import load_graph, lower, names, spec, validate, write_torch_csv
+from schedules.torch_csv import check_csv_path
+from schedules.trace import check_trace_path, write_trace
+from sim import SimResult, simulate
+from sim.cluster import CLUSTER_PRESETS
+from sim.transformer import MODEL_PRESETS
+
+__all__ = ["add_units_args", "format_table", "main", "units_overrides"]
+
+
+def _parser(prog: str) -> OneLineParser:
+    p = OneLineParser(prog=prog, description="Simulate a pipeline schedule and report bubble, step time and activation memory.")
+    add_schedule_args(p, required=False)
+    p.add_argument("--mem-limit", type=float, default=None, metavar="M_B",
+                   help="activation memory limit per rank in M_B, for zb-auto (default pp)")
+    add_cost_args(p)
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object instead of a table")
+    p.add_argument("--trace", metavar="FILE", help="write the per-task trace (.csv or .parquet)")
+    p.add_argument("--plot", metavar="FILE", help="write a Gantt chart (.png, .svg or .pdf)")
+    p.add_argument("--export-csv", metavar="FILE",
+                   help="write the schedule as a torch CSV, compute actions only (torch's _load_csv format "
+                   "'compute_only')")
+    p.add_argument("--export-csv-comms", metavar="FILE",
+                   help="write the schedule as a torch CSV with the SEND/RECV simulated here (torch's _load_csv "
+                   "format 'compute_comms')")
+    p.add_argument("--list", action="store_true", help="list the registered schedules and exit")
+    add_units_args(p)
+    return p
+
+
+def add_units_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("physical units (any of --model, --cluster, --config switches to seconds and bytes)")
+    g.add_argument("--model", metavar="NAME", help="transformer preset: " + ", ".join(MODEL_PRESETS))
+    g.add_argument("--cluster", metavar="NAME[:NODES][+psK]", help="cluster preset: " + ", ".join(CLUSTER_PRESETS))
+    g.add_argument("--config", metavar="FILE.toml", help="tables [model], [cluster], [parallel], [run]; flags override")
+    g.add_argument("--dp", type=int, default=None, help="data-parallel replicas (default 1)")
+    g.add_argument("--tp", type=int, default=None, help="tensor-parallel divisor (default 1)")
+    g.add_argument("--dp-mode", default=None, metavar="MODE", help="none, sync, ddp, zero1, zero2, zero3 (fsdp), ps")
+    g.add_argument("--microbatch-size", type=int, default=None, metavar="B", help="sequences per microbatch (default 1)")
+    g.add_argument("--bucket-mb", type=float, default=None, metavar="MIB", help="gradient bucket size (default 25)")
+    g.add_argument("--collective", default=None, metavar="ALG", help="auto, ring, tree, hierarchical (default auto)")
+    g.add_argument("--order", default=None, metavar="ORDER", help="rank order dp-inner (default) or pp-inner")
+    g.add_argument("--efficiency", type=float, default=None, help="fraction of dense peak the matmuls reach (default 0.6)")
+
+
+def units_overrides(args: argparse.Namespace) -> dict[str, dict]:
+    """The flags given, as TOML tables (None = not given, so the file's value stays)."""
+    tables: dict[str, dict] = {"model": {}, "cluster": {}, "parallel": {}, "run": {}}
+    if args.model:
+        tables["model"] = {"preset": args.model}
+    if args.cluster:
+        tables["cluster"] = {"preset": args.cluster}
+    for table, keys in (("parallel", ("pp", "dp", "tp", "dp_mode", "bucket_mb", "collective", "order")),
+                        ("run", ("schedule", "microbatches", "microbatch_size", "chunks", "efficiency"))):
+        tables[table].update({k: getattr(args, k) for k in keys if getattr(args, k) is not None})
+    if args.pair_overlap:
+        tables["run"]["pair_overlap"] = args.pair_overlap
+    return {k: v for k, v in tables.items() if v}
+
+
+def _outputs(args: argparse.Namespace) -> tuple:
+    """Every output path checked before anything runs: (trace, plot, {comms: csv path})."""
+    trace_path = check_trace_path(args.trace) if args.trace else None
+    plot_path = check_figure_path(args.plot) if args.plot else None
+    exports = {comms: check_csv_path(path) for comms, path in ((False, args.export_csv), (True, args.export_csv_comms))
+               if path}
+    return trace_path, plot_path, exports
+
+
+def _write_outputs(trace, trace_path, plot_path) -> None:
+    if trace_path is not None:
+        write_trace(trace, trace_path)
+    if plot_path is not None:
+        plot_timeline(trace, plot_path)
+
+
+def units_main(args: argparse.Namespace, parser: OneLineParser) -> int:
+    """The physical-units path: a Study from --config and flags, simulated, printed."""
+    from sim.study import load_study, run_study
+
+    if args.mem_limit is not None:
+        fail("--mem-limit is a unit-cost (M_B) option; in physical units the memory is reported in bytes")
+    with errors_to_exit(parser):
+        trace_path, plot_path, exports = _outputs(args)
+        study = load_study(args.config, units_overrides(args))
+        result = run_study(study)
+    _write_outputs(result.sim.trace, trace_path, plot_path)
+    pipeline = result.sim.graph.schedule  # the pipeline schedule under the data-parallel tasks
+    for comms, path in exports.items():
+        write_torch_csv(lower(pipeline) if comms else pipeline, path, comms=comms)
+    print(json.dumps(result.to_dict()) if args.json else result.format())
+    if not args.json:
+        for what, path in (("trace", trace_path), ("timeline", plot_path), *((f"torch CSV{' +comms' * c}", p) for c, p in exports.items())):
+            if path is not None:
+                print(f"wrote {what}: {path}")
+    return 0
+
+
+def format_table(result: SimResult) -> str:
+    """A readable summary: the schedule's shape, then one line per rank."""
+    d = result.to_dict()
+    lines = [
+        f"schedule {d['schedule']}: pp={d['pp']} microbatches={d['microbatches']} chunks={d['chunks']} "
+        f"({d['stages']} stages)",
+        "costs: " + " ".join(f"{k}={v:g}" if isinstance(v, int | float) else f"{k}={v}"
+                             for k, v in d["costs"].items() if k != "model"),
+        f"makespan {d['makespan']:.6g}   bubble ratio {d['bubble_ratio']:.4f}   "
+        f"peak activations {d['peak_activations']:.4g} M_B",
+        "",
+        f"{'rank':>4}  {'busy':>10}  {'idle':>10}  {'first_start':>11}  {'last_end':>10}  {'peak_act(M_B)':>13}",
+    ]
+    for r in d["ranks"]:
+        idle = d["makespan"] - r["busy"]
+        lines.append(
+            f"{r['rank']:>4}  {r['busy']:>10.6g}  {idle:>10.6g}  {r['first_start']:>11.6g}  "
+            f"{r['last_end']:>10.6g}  {r['peak_activations']:>13.4g}"
+        )
+    return "\n".join(lines)
+
+
+def _list() -> int:
+    for n in names():
+        sp = spec(n)
+        print(f"{n:<18} {'v>=2 chunks' if sp.multi_chunk else '1 stage/rank':<13} {sp.summary}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
+    parser = _parser(prog)
+    args = parser.parse_args(argv)
+    if args.list:
+        return _list()
+    if args.model or args.cluster or args.config:
+        if args.costs:
+            fail(f"{prog}: --costs (a profiled cost file) does not combine with --model/--cluster/--config")
+        return units_main(args, parser)
+    needed = ("schedule",) if (args.schedule or "").startswith("csv:") else ("schedule", "pp", "microbatches")
+    missing = [f"--{f}" for f in needed if getattr(args, f) is None]
+    if missing:
+        fail(f"{prog}: the following arguments are required: {', '.join(missing)} (see --help)")
+    with errors_to_exit(parser):
+        trace_path, plot_path, exports = _outputs(args)  # every input is checked before anything runs or is written
+        costs = uniform_costs(args)
+        graph = validate(load_graph(args.schedule, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks,
+                                    **schedule_options(args)))
+        step_time = None
+        if args.costs:
+            from sim.profiled import load_profile, step_time
+
+            costs = load_profile(args.costs, graph.schedule.num_stages)
+    result = simulate(graph, costs, check=False)
+    step = step_time(result, costs) if step_time is not None else None
+    _write_outputs(result.trace, trace_path, plot_path)
+    for comms, path in exports.items():
+        write_torch_csv(graph, path, comms=comms)
+    if args.json:
+        print(json.dumps(result.to_dict() if step is None else {**result.to_dict(), "step_time": step}))
+        return 0
+    print(format_table(result))
+    if step is not None:
+        print(f"step time {step:.6g} s (makespan + optimizer steps + step overhead, as the runtime measures it)")
+    for what, path in (("trace", trace_path), ("timeline", plot_path)):
+        if path is not None:
+            print(f"wrote {what}: {path}")
+    for comms, path in exports.items():
+        print(f"wrote torch CSV ({'compute+comms' if comms else 'compute only'}): {path}")
+    return 0

@@ -1,0 +1,81 @@
+"""One name for any schedule: a registered name, ``torch:<ClassName>`` or ``csv:<PATH>``.
+
+:func:`load_schedule` resolves the reference to a :class:`Schedule`;
+:func:`load_graph` to a lowered :class:`TaskGraph` (a csv: file keeps its own
+SEND/RECV placement if it has any).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from schedules.errors import ScheduleError
+from schedules.graph import TaskGraph
+from schedules.ir import Schedule
+from schedules.lower import lower
+from schedules.registry import build, names
+from schedules.torch_csv import read_torch_csv, read_torch_csv_graph
+from schedules.torch_interop import from_torch
+
+__all__ = ["load_graph", "load_schedule"]
+
+
+def _split_ref(ref: str) -> tuple[str, str]:
+    for prefix in ("torch:", "csv:"):
+        if ref.startswith(prefix):
+            rest = ref[len(prefix):]
+            if not rest:
+                what = "a class name, e.g. torch:ZBVZeroBubble" if prefix == "torch:" else "a file, e.g. csv:run.csv"
+                raise ScheduleError(f"schedule {ref!r}: {prefix} needs {what}")
+            return prefix[:-1], rest
+    return "name", ref
+
+
+def _need(ref: str, **values: int | None) -> None:
+    missing = [k for k, v in values.items() if v is None]
+    if missing:
+        raise ScheduleError(f"schedule {ref!r} needs {' and '.join(missing)}; only csv: files carry their own")
+
+
+def _check_chunks(ref: str, schedule: Schedule, chunks: int | None) -> None:
+    if chunks is not None and chunks != schedule.chunks:
+        raise ScheduleError(f"schedule {ref!r} has {schedule.chunks} stage(s) per rank "
+                            f"({schedule.num_stages} stages on {schedule.num_ranks} ranks) but chunks={chunks} "
+                            f"was given; use {schedule.chunks} or leave it out")
+
+
+def load_schedule(
+    ref: str, *, pp: int | None = None, microbatches: int | None = None, chunks: int | None = None, **options: Any
+) -> Schedule:
+    """Resolve ``ref``: a registered name, ``torch:<ClassName>`` or ``csv:<PATH>``.
+
+    Registered names and torch classes need ``pp`` and ``microbatches``; a csv:
+    file carries its own, and any given must agree with it. ``options`` (e.g.
+    pass times for adaptive schedules) go to :func:`schedules.build`.
+    """
+    kind, rest = _split_ref(ref)
+    if kind == "csv":
+        schedule = read_torch_csv(rest, pp=pp, microbatches=microbatches)
+        _check_chunks(ref, schedule, chunks)
+        return schedule
+    _need(ref, pp=pp, microbatches=microbatches)
+    if kind == "torch":
+        return from_torch(rest, pp, microbatches, chunks)
+    try:
+        return build(rest, pp=pp, microbatches=microbatches, chunks=chunks, **options)
+    except ScheduleError as exc:
+        if rest in names():
+            raise
+        raise ScheduleError(f"{exc}; or torch:<ClassName>, csv:<FILE>") from None
+
+
+def load_graph(
+    ref: str, *, pp: int | None = None, microbatches: int | None = None, chunks: int | None = None, **options: Any
+) -> TaskGraph:
+    """Like :func:`load_schedule`, lowered; a csv: file keeps its own SEND/RECV if it has any."""
+    kind, rest = _split_ref(ref)
+    if kind != "csv":
+        return lower(load_schedule(ref, pp=pp, microbatches=microbatches, chunks=chunks, **options))
+    graph = read_torch_csv_graph(rest, pp=pp, microbatches=microbatches)
+    _check_chunks(ref, graph.schedule, chunks)
+    return graph

@@ -1,0 +1,207 @@
+"""Lowering: a Schedule becomes a TaskGraph with communication and dependencies.
+
+The TaskGraph is the one object both the simulator and the real runtime
+consume. Every task has a rank, a stream and the tasks it waits for:
+
+* compute tasks (F, I, W, B, OVERLAP_F_B) run on the rank's ``compute``
+  stream in program order: each waits for the previous compute task;
+* data dependencies: F(s, mb) needs F(s-1, mb); a backward (I or B) of
+  (s, mb) needs F(s, mb) and the input gradient of stage s+1 (from its I or
+  B); W(s, mb) needs I(s, mb). Across ranks the value travels as a
+  SEND task on the producer's ``send`` stream and a RECV task on the
+  consumer's ``recv`` stream;
+* a SEND or RECV is posted when its rank's program reaches it, so it also
+  waits for the compute task before it in program order. A RECV placed after
+  its consumer thus shows up as a cycle, as it would hang a real run.
+
+Communication tasks are asynchronous (isend/irecv): they do not wait for
+each other. The simulator puts a message's flight time on the SEND.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from schedules.check import check_schedule
+from schedules.errors import ScheduleError
+from schedules.graph import STREAM_OF, Stream, Task, TaskGraph
+from schedules.ir import Action, Kind, Schedule
+from schedules.util import paused_gc
+
+__all__ = ["graph_from_programs", "insert_comms", "lower"]
+
+
+def insert_comms(schedule: Schedule) -> list[list[Action]]:
+    """Per-rank programs with SEND/RECV placed around the compute that needs them.
+
+    A RECV goes right before the compute that consumes it, a SEND right after
+    the compute that produces it (torch's ``_add_send_recv`` does the same).
+    """
+    s2r = schedule.stage_to_rank
+    last = schedule.num_stages - 1
+    out: list[list[Action]] = []
+    for rank, prog in enumerate(schedule.programs):
+        lowered: list[Action] = []
+        for action in prog:
+            recvs: list[Action] = []
+            sends: list[Action] = []
+            for a in action.parts():
+                s, mb = a.stage, a.microbatch
+                if a.kind is Kind.F:
+                    if s > 0 and s2r[s - 1] != rank:
+                        recvs.append(Action(Kind.RECV_F, s, mb))
+                    if s < last and s2r[s + 1] != rank:
+                        sends.append(Action(Kind.SEND_F, s, mb))
+                elif a.kind in (Kind.I, Kind.B):
+                    if s < last and s2r[s + 1] != rank:
+                        recvs.append(Action(Kind.RECV_B, s, mb))
+                    if s > 0 and s2r[s - 1] != rank:
+                        sends.append(Action(Kind.SEND_B, s, mb))
+            lowered += recvs
+            lowered.append(action)
+            lowered += sends
+        out.append(lowered)
+    return out
+
+
+def lower(schedule: Schedule) -> TaskGraph:
+    """Check the schedule's work, add SEND/RECV and build the task graph.
+
+    Raises ScheduleError for missing or duplicate work, misplaced stages and
+    backward-before-forward. Deadlocks are found by :func:`schedules.validate`.
+    """
+    check_schedule(schedule)
+    return graph_from_programs(schedule, insert_comms(schedule))
+
+
+def graph_from_programs(schedule: Schedule, programs: Sequence[Iterable[Action]]) -> TaskGraph:
+    """Build the task graph from per-rank programs that already include SEND/RECV.
+
+    ``schedule`` gives the placement and the microbatch count; its own
+    programs are not used. Unmatched or misplaced communication raises
+    ScheduleError naming the rank and the action.
+    """
+    with paused_gc():
+        return _GraphBuilder(schedule, programs).build()
+
+
+class _GraphBuilder:
+    def __init__(self, schedule: Schedule, programs: Sequence[Iterable[Action]]) -> None:
+        if len(programs) != schedule.num_ranks:
+            raise ScheduleError(
+                f"schedule {schedule.name!r}: got programs for {len(programs)} ranks, "
+                f"the schedule has {schedule.num_ranks}; give one program per rank"
+            )
+        self.schedule = schedule
+        self.programs = [list(p) for p in programs]
+        self.where: dict[tuple[Kind, int, int | None], tuple[int, int]] = {}  # work -> (task id, rank)
+
+    def _err(self, rank: int, action: Action, why: str) -> ScheduleError:
+        return ScheduleError(f"schedule {self.schedule.name!r}, rank {rank}, action {action}: {why}")
+
+    def build(self) -> TaskGraph:
+        ids: list[list[int]] = []
+        flat: list[tuple[int, int, Action]] = []  # (rank, position, action) in id order
+        for rank, prog in enumerate(self.programs):
+            row = []
+            for pos, action in enumerate(prog):
+                tid = len(flat)
+                flat.append((rank, pos, action))
+                row.append(tid)
+                for a in action.parts():
+                    key = (a.kind, a.stage, a.microbatch)
+                    if key in self.where:
+                        other = self.where[key][1]
+                        raise self._err(rank, a, f"appears twice (also on rank {other}); each runs once")
+                    self.where[key] = (tid, rank)
+            ids.append(row)
+
+        tasks: list[Task] = []
+        for rank, prog in enumerate(self.programs):
+            prev_compute: int | None = None
+            for pos, action in enumerate(prog):
+                tid = ids[rank][pos]
+                if action.is_compute:
+                    deps = self._compute_deps(rank, action, tid)
+                    stream, peer = Stream.COMPUTE, None
+                elif action.is_comm:
+                    deps, peer = self._comm_deps(rank, action, tid, pos)
+                    stream = STREAM_OF[action.kind]
+                else:
+                    raise self._err(rank, action, "is not a pipeline compute or send/recv action")
+                if prev_compute is not None and prev_compute not in deps:
+                    deps = (prev_compute, *deps)
+                tasks.append(Task(tid, rank, stream, action, deps, peer))
+                if action.is_compute:
+                    prev_compute = tid
+        return TaskGraph(self.schedule, tuple(tasks), tuple(tuple(r) for r in ids))
+
+    def _lookup(self, kind: Kind, stage: int, mb: int | None) -> tuple[int, int] | None:
+        return self.where.get((kind, stage, mb))
+
+    def _producer(self, kinds: tuple[Kind, ...], stage: int, mb: int | None) -> tuple[int, int] | None:
+        for k in kinds:
+            hit = self._lookup(k, stage, mb)
+            if hit is not None:
+                return hit
+        return None
+
+    def _compute_deps(self, rank: int, action: Action, tid: int) -> tuple[int, ...]:
+        s2r, last = self.schedule.stage_to_rank, self.schedule.num_stages - 1
+        deps: list[int] = []
+
+        def need(found: tuple[int, int] | None, what: str, a: Action) -> None:
+            if found is None:
+                raise self._err(rank, a, f"needs {what}, which no rank runs")
+            if found[0] != tid and found[0] not in deps:
+                deps.append(found[0])
+
+        for a in action.parts():
+            s, mb = a.stage, a.microbatch
+            if a.kind is Kind.F and s > 0:
+                if s2r[s - 1] == rank:
+                    need(self._lookup(Kind.F, s - 1, mb), f"{s - 1}F{mb}", a)
+                else:
+                    need(self._lookup(Kind.RECV_F, s, mb), f"{s}RECV_F{mb} on rank {rank}", a)
+            elif a.kind in (Kind.I, Kind.B):
+                need(self._lookup(Kind.F, s, mb), f"{s}F{mb}", a)
+                if s < last:
+                    if s2r[s + 1] == rank:
+                        need(self._producer((Kind.I, Kind.B), s + 1, mb), f"the backward of stage {s + 1}", a)
+                    else:
+                        need(self._lookup(Kind.RECV_B, s, mb), f"{s}RECV_B{mb} on rank {rank}", a)
+            elif a.kind is Kind.W:
+                need(self._lookup(Kind.I, s, mb), f"{s}I{mb}", a)
+        return tuple(deps)
+
+    def _comm_deps(self, rank: int, action: Action, tid: int, pos: int) -> tuple[tuple[int, ...], int]:
+        s, mb, kind = action.stage, action.microbatch, action.kind
+        s2r, n = self.schedule.stage_to_rank, self.schedule.num_stages
+        if not 0 <= s < n:
+            raise self._err(rank, action, f"names stage {s}; valid stages are 0..{n - 1}")
+        if s2r[s] != rank:
+            raise self._err(rank, action, f"stage {s} lives on rank {s2r[s]}, not on rank {rank}")
+        nxt = {Kind.SEND_F: s + 1, Kind.RECV_F: s - 1, Kind.SEND_B: s - 1, Kind.RECV_B: s + 1}[kind]
+        if not 0 <= nxt < n:
+            side = "first" if nxt < 0 else "last"
+            raise self._err(rank, action, f"has no peer: stage {s} is the {side} stage")
+        if s2r[nxt] == rank:
+            raise self._err(rank, action, f"has no peer: stage {nxt} is on the same rank, no message is needed")
+        peer = s2r[nxt]
+        if kind in (Kind.SEND_F, Kind.SEND_B):
+            kinds = (Kind.F,) if kind is Kind.SEND_F else (Kind.I, Kind.B)
+            prod = self._producer(kinds, s, mb)
+            match = self._lookup(Kind.RECV_F if kind is Kind.SEND_F else Kind.RECV_B, nxt, mb)
+            if prod is None:
+                raise self._err(rank, action, "sends a value that no action on this rank produces")
+            if prod[0] > tid:
+                raise self._err(rank, action, "comes before the action that produces the value it sends")
+            if match is None:
+                counterpart = f"{nxt}{'RECV_F' if kind is Kind.SEND_F else 'RECV_B'}{mb}"
+                raise self._err(rank, action, f"is unmatched: rank {peer} has no {counterpart}")
+            return (prod[0],), peer
+        send_kind = Kind.SEND_F if kind is Kind.RECV_F else Kind.SEND_B
+        match = self._lookup(send_kind, nxt, mb)
+        if match is None:
+            raise self._err(rank, action, f"is unmatched: rank {peer} has no {nxt}{send_kind.value}{mb}")
+        return (match[0],), peer

@@ -1,0 +1,144 @@
+"""Many simulations at once: schedules side by side, bubble against microbatches, predictions for real traces.
+
+The analysis package reads what these return (tables, plots, reports); it
+does not simulate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from schedules import PipelineParams, ScheduleError, build, lower, names, spec, validate
+from schedules.trace import read_trace
+from sim.costs import CostModel, UniformCosts
+from sim.engine import SimResult, simulate
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "Sweep", "SweepConfig", "bubble_sweep", "predict_for_trace", "run_sweep", "simulate_many", "units_comparison",
+]
+
+SWEEP_MICROBATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+
+
+def _chunks_for(name: str, chunks: int) -> int:
+    """``chunks`` for multi-chunk schedules, 1 for the others."""
+    return chunks if spec(name).multi_chunk else 1
+
+
+def simulate_many(
+    names: Iterable[str], *, pp: int, microbatches: int, chunks: int = 2, costs: UniformCosts | None = None
+) -> list[SimResult]:
+    """Simulate each named schedule at the same shape; multi-chunk ones get ``chunks`` stages per rank."""
+    costs = costs or UniformCosts()
+    graphs = []
+    for name in names:  # build and validate all first: a bad name fails before any simulation
+        graphs.append(validate(build(name, pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks))))
+    return [simulate(g, costs, check=False) for g in graphs]
+
+
+def bubble_sweep(
+    names: Iterable[str], *, pp: int, chunks: int = 2, costs: UniformCosts | None = None,
+    microbatches: Sequence[int] = SWEEP_MICROBATCHES, progress: Any = None,
+) -> dict[str, list[tuple[int, int, float]]]:
+    """(m, chunks, simulated bubble ratio) per schedule, for every m in ``microbatches`` the schedule accepts.
+
+    ``progress``: an optional wrapper over the job list (e.g. tqdm).
+    """
+    c = costs or UniformCosts()
+    names = list(names)
+    jobs = [(n, m) for n in names for m in microbatches]
+    out: dict[str, list[tuple[int, int, float]]] = {n: [] for n in names}
+    for name, m in (progress(jobs) if progress else jobs):
+        params = PipelineParams(pp=pp, microbatches=m, chunks=_chunks_for(name, chunks),
+                                tf=c.tf, tb=c.tb, tw=c.tw, tcomm=c.tcomm)
+        try:
+            graph = lower(build(name, params))
+        except ScheduleError:
+            continue  # a shape this schedule does not take (e.g. m not a multiple of p)
+        out[name].append((m, graph.schedule.chunks, simulate(graph, c, check=False).bubble_ratio))
+    return out
+
+
+def units_comparison(names: Iterable[str], *, chunks: int = 2, microbatches: int, costs: Any) -> list[dict[str, Any]]:
+    """Each named schedule as a physical-units study on the same :class:`TransformerCosts`; result dicts."""
+    from sim.study import Study, run_study
+
+    studies = [Study(schedule=n, microbatches=microbatches, chunks=chunks if spec(n).multi_chunk else None,
+                     costs=costs) for n in names]
+    return [run_study(s).to_dict() for s in studies]
+
+
+def predict_for_trace(attrs: Mapping[str, Any], costs: CostModel | None = None,
+                      profile: str | Path | None = None) -> SimResult:
+    """Simulate the schedule a trace ran (its ``attrs``: schedule, params) with ``costs``, or a cost file's."""
+    name, params = str(attrs.get("schedule")), attrs.get("params", {})
+    try:
+        pp, m = int(params["pp"]), int(params["microbatches"])
+    except (KeyError, TypeError, ValueError):
+        raise ScheduleError(f"trace of {name!r} does not record its pp and microbatches (attrs params={params!r})") from None
+    graph = lower(build(name, pp=pp, microbatches=m, chunks=int(params.get("chunks") or spec(name).default_chunks)))
+    if profile is not None:
+        from sim.profiled import load_profile
+
+        costs = load_profile(profile, graph.schedule.num_stages)
+    return simulate(graph, costs or UniformCosts())
+
+
+@dataclass(frozen=True, kw_only=True)
+class SweepConfig:
+    """What a report simulates: the schedules at one shape, a bubble sweep over m, and predictions for real traces.
+
+    ``profile``: a cost file (real.profile) to predict the real traces in
+    seconds; without it they are predicted with ``costs``.
+    """
+
+    pp: int = 4
+    microbatches: int = 8
+    chunks: int = 2
+    schedules: tuple[str, ...] = ()  # empty: every registered schedule
+    costs: UniformCosts = field(default_factory=UniformCosts)
+    sweep: tuple[int, ...] = SWEEP_MICROBATCHES
+    real_traces: tuple[Path, ...] = ()
+    profile: Path | None = None
+
+    def __post_init__(self) -> None:
+        for name in self.schedules:
+            spec(name)  # unknown names fail here, before anything runs
+        for path in self.real_traces:
+            if not Path(path).is_file():
+                raise ScheduleError(f"trace file {str(path)!r} not found")
+        if self.profile is not None:
+            from sim.profiled import load_profile
+
+            load_profile(self.profile)  # a missing or malformed file fails here, before anything runs
+
+
+@dataclass(frozen=True, eq=False)
+class Sweep:
+    """What :func:`run_sweep` simulated; :func:`analysis.report.write_report` turns it into a report."""
+
+    config: SweepConfig
+    results: tuple[SimResult, ...]  # one per schedule at the config's shape
+    bubbles: Mapping[str, list[tuple[int, int, float]]]  # schedule -> (m, chunks, bubble ratio)
+    predictions: tuple[tuple[Path, pd.DataFrame, pd.DataFrame], ...]  # (path, measured, predicted)
+
+
+def run_sweep(cfg: SweepConfig, progress: Callable[[Sequence], Iterable] | None = None) -> Sweep:
+    chosen = list(cfg.schedules) or names(by_family=True)
+    results = simulate_many(chosen, pp=cfg.pp, microbatches=cfg.microbatches, chunks=cfg.chunks, costs=cfg.costs)
+    bubbles = bubble_sweep(chosen, pp=cfg.pp, chunks=cfg.chunks, costs=cfg.costs, microbatches=cfg.sweep,
+                           progress=progress)
+    predictions = []
+    for path in cfg.real_traces:
+        real = read_trace(path)
+        if real.attrs.get("source") != "real":
+            raise ScheduleError(f"trace {str(path)!r} is not a real run's trace (attrs source={real.attrs.get('source')!r})")
+        predicted = predict_for_trace(real.attrs, cfg.costs if cfg.profile is None else None, cfg.profile).trace
+        predictions.append((Path(path), real, predicted))
+    return Sweep(cfg, tuple(results), bubbles, tuple(predictions))
