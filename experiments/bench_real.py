@@ -62,7 +62,7 @@ def _config(a: argparse.Namespace, schedule: str, pp: int, dp: int):
     from real import RunConfig
 
     model = model_from_args(a)
-    return RunConfig(schedule=schedule, pp=pp, dp=dp, microbatches=a.microbatches, batch_size=a.batch_size,
+    return RunConfig.of(schedule=schedule, pp=pp, dp=dp, microbatches=a.microbatches, batch_size=a.batch_size,
                      steps=a.warmup + a.steps, model=model, optimizer="adamw", lr=1e-3, backend="gloo")
 
 
@@ -82,7 +82,7 @@ def _timed_steps(cfg, step_fn) -> list[float]:
     dist.barrier()
     times, prev = [], time.perf_counter()
     for step in range(cfg.steps):
-        _loss_allreduce(step_fn(step), cfg.dp)
+        _loss_allreduce(step_fn(step), cfg.layout.dp)
         now = time.perf_counter()
         times.append(now - prev)
         prev = now
@@ -107,28 +107,28 @@ def _torch_pipeline(cfg, torch_class: str, orders: dict | None = None) -> list[f
 
     plan = make_plan(cfg, dist.get_world_size())
     rank, last = dist.get_rank(), plan.num_stages - 1
-    mods = [Stage(s, plan.layers[s].start, build_layers(cfg.model, cfg.seed, plan.layers[s]), is_last=s == last)
+    mods = [Stage(s, plan.layers[s].start, build_layers(cfg.data.model, cfg.data.seed, plan.layers[s]), is_last=s == last)
             for s in plan.stages_of(rank)]
     stages = [pipelining.PipelineStage(m, m.index, plan.num_stages, torch.device("cpu")) for m in mods]
     cls = getattr(pipelining, torch_class)
     single = torch_class in ("ScheduleGPipe", "Schedule1F1B")
-    sched = cls(stages[0] if single else stages, cfg.microbatches, loss_fn=loss_fn)
+    sched = cls(stages[0] if single else stages, cfg.layout.microbatches, loss_fn=loss_fn)
     if orders is not None and not single:  # the multi-stage classes execute their published order
         compute = ("F", "I", "W", "B", "OVERLAP_F_B")
         theirs = [[str(a) for a in sched.pipeline_order[r] if a is not None and a.computation_type.value in compute]
                   for r in range(dist.get_world_size())]
         orders[cfg.schedule] = theirs == [[str(a) for a in prog] for prog in plan.graph.schedule.programs]
-    opt = make_optimizer(cfg.optimizer, [p for m in mods for p in m.parameters()], cfg.lr)
+    opt = make_optimizer(cfg.optim.optimizer, [p for m in mods for p in m.parameters()], cfg.optim.lr)
     holds_first, holds_last = 0 in plan.stages_of(rank), last in plan.stages_of(rank)
 
     def step(k: int):
-        x, y = make_batch(cfg.model, cfg.seed, k, cfg.batch_size)
+        x, y = make_batch(cfg.data.model, cfg.data.seed, k, cfg.data.batch_size)
         opt.zero_grad(set_to_none=True)
         losses: list = []
         args = (x,) if holds_first else ()
         sched.step(*args, target=y if holds_last else None, losses=losses, return_outputs=False)
         opt.step()
-        return sum(float(v) for v in losses) / cfg.microbatches if holds_last else None
+        return sum(float(v) for v in losses) / cfg.layout.microbatches if holds_last else None
 
     return _timed_steps(cfg, step)
 
@@ -142,18 +142,18 @@ def _torch_ddp(cfg) -> list[float]:
     from real.data import make_batch, microbatches
     from real.models import build_model, loss_fn, make_optimizer
 
-    model = DistributedDataParallel(build_model(cfg.model, cfg.seed))
-    opt = make_optimizer(cfg.optimizer, model.parameters(), cfg.lr)
+    model = DistributedDataParallel(build_model(cfg.data.model, cfg.data.seed))
+    opt = make_optimizer(cfg.optim.optimizer, model.parameters(), cfg.optim.lr)
     rank = dist.get_rank()
 
     def step(k: int):
         opt.zero_grad(set_to_none=True)
         total = 0.0
-        mbs = microbatches(make_batch(cfg.model, cfg.seed, k, cfg.batch_size), cfg.dp, rank, cfg.microbatches)
+        mbs = microbatches(make_batch(cfg.data.model, cfg.data.seed, k, cfg.data.batch_size), cfg.layout.dp, rank, cfg.layout.microbatches)
         for j, (x, y) in enumerate(mbs):
             ctx = model.no_sync() if j < len(mbs) - 1 else contextlib.nullcontext()
             with ctx:
-                loss = loss_fn(model(x), y) / cfg.microbatches
+                loss = loss_fn(model(x), y) / cfg.layout.microbatches
                 loss.backward()
             total += loss.item()
         opt.step()

@@ -33,7 +33,7 @@ MODELS = {  # per device: big enough that a GPU is busy, small enough for a CPU 
 
 def _train_one(device: str) -> bool:
     backend = "nccl" if device == "cuda" else "gloo"
-    cfg = RunConfig(schedule="1f1b", pp=1, microbatches=4, batch_size=32, steps=10, model=MODELS[device],
+    cfg = RunConfig.of(schedule="1f1b", pp=1, microbatches=4, batch_size=32, steps=10, model=MODELS[device],
                     backend=backend)
     result = run(cfg)
     mem = result.memory[0]
@@ -65,7 +65,7 @@ def _two_gpus() -> bool:
         print(f"pp=2 NCCL run FAILED:\n{proc.stderr[-4000:]}")
         return False
     got = json.loads(proc.stdout)
-    cfg = RunConfig(schedule="1f1b", pp=2, microbatches=4, steps=4, batch_size=16, optimizer="sgd", lr=0.1,
+    cfg = RunConfig.of(schedule="1f1b", pp=2, microbatches=4, steps=4, batch_size=16, optimizer="sgd", lr=0.1,
                     model=ModelConfig(kind="gpt", layers=4, dim=64, heads=4, vocab=128, seq=32))
     ref, _ = reference_run(cfg)
     worst = max(abs(a - b) for a, b in zip(got["losses"], ref, strict=True))

@@ -3,7 +3,7 @@
     torchrun --nproc-per-node 2 -m real --schedule 1f1b --pp 2 --microbatches 8 --trace out/real.csv
 
     >>> from real import ModelConfig, RunConfig, run
-    >>> result = run(RunConfig(schedule="gpipe", microbatches=4, steps=3))   # one process: plain training
+    >>> result = run(RunConfig.of(schedule="gpipe", microbatches=4, steps=3))   # one process: plain training
     >>> result.losses, result.trace                                          # trace: rank 0 only
 """
 

@@ -24,9 +24,15 @@ __all__ = [
     "FAIL_MODES",
     "MODEL_KINDS",
     "OPTIMIZERS",
+    "DataConfig",
+    "FaultConfig",
+    "Layout",
     "ModelConfig",
+    "OptimConfig",
     "Plan",
     "RunConfig",
+    "RuntimeConfig",
+    "SyncConfig",
     "make_plan",
     "partition",
 ]
@@ -85,14 +91,10 @@ class ModelConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RunConfig:
-    """One training run: schedule and layout, data, optimizer, data-parallel sync and outputs.
+class Layout:
+    """Which schedule, on how many pipeline ranks and data-parallel replicas, in how many microbatches.
 
-    ``batch_size`` is the global batch of one step over all ``dp`` replicas;
-    each replica splits its share into ``microbatches`` equal microbatches.
     ``split`` gives the layers of each stage (None: as even as possible).
-    ``recv_ahead`` bounds the receives posted ahead per peer (None: all of a
-    step at its start).
     """
 
     schedule: str
@@ -100,80 +102,169 @@ class RunConfig:
     dp: int = 1
     microbatches: int = 1
     chunks: int | None = None
-    batch_size: int = 32
-    steps: int = 10
-    seed: int = 0
-    model: ModelConfig = field(default_factory=ModelConfig)
     split: tuple[int, ...] | None = None
-    optimizer: str = "adamw"
-    lr: float = 3e-3
-    dp_mode: str = "ddp"
-    bucket_mb: float = 25.0
-    backend: str | None = None
-    timeout_s: float = 300.0
-    recv_ahead: int | None = None
-    trace_step: int = -1
-    checkpoint: CheckpointConfig | None = None
-    fail_at_step: int | None = None
-    fail_rank: int = 0
-    fail_mode: str = "kill"
 
     def __post_init__(self) -> None:
-        owner = f"run of {self.schedule!r}"
-        check_positive_ints(owner, pp=self.pp, dp=self.dp, microbatches=self.microbatches,
-                       batch_size=self.batch_size, steps=self.steps)
-        check_choice(owner, "optimizer", self.optimizer, OPTIMIZERS)
-        check_choice(owner, "dp_mode", self.dp_mode, DP_MODES)
-        if self.backend is not None:
-            check_choice(owner, "backend", self.backend, BACKENDS)
-        check_positive(owner, "lr", self.lr)
-        check_positive(owner, "bucket_mb", self.bucket_mb, " MiB")
-        check_positive(owner, "timeout_s", self.timeout_s, " seconds")
-        if self.recv_ahead is not None:
-            check_positive_ints(owner, recv_ahead=self.recv_ahead)
-        if not -self.steps <= self.trace_step < self.steps:
-            raise ConfigError(
-                f"{owner}: trace_step {self.trace_step} is out of range for {self.steps} steps; "
-                f"valid: {-self.steps}..{self.steps - 1} (negative counts from the end)", field="trace_step"
-            )
-        self._check_faults(owner)
-        per_replica = self.dp * self.microbatches
-        if self.batch_size % per_replica:
-            fits = (self.batch_size // per_replica or 1) * per_replica
-            raise ConfigError(
-                f"{owner}: batch size {self.batch_size} is not divisible by dp x microbatches = "
-                f"{self.dp} x {self.microbatches} = {per_replica}; use a multiple of {per_replica}, e.g. {fits}",
-                field="batch_size")
-
-    def _check_faults(self, owner: str) -> None:
-        check_choice(owner, "fail_mode", self.fail_mode, FAIL_MODES)
-        if self.fail_at_step is not None and not 0 <= self.fail_at_step < self.steps:
-            raise ConfigError(
-                f"{owner}: fail_at_step {self.fail_at_step} is out of range for {self.steps} steps; "
-                f"valid: 0..{self.steps - 1}", field="fail_at_step"
-            )
-        if not isinstance(self.fail_rank, int) or not 0 <= self.fail_rank < self.world_size:
-            raise ConfigError(
-                f"{owner}: fail_rank {self.fail_rank!r} is not a rank of pp x dp = {self.world_size} processes; "
-                f"valid: 0..{self.world_size - 1}", field="fail_rank"
-            )
-        if self.checkpoint is not None and self.dp_mode == "zero1" and self.dp > 1:
-            raise ConfigError(
-                f"{owner}: checkpoints with dp mode zero1 are not supported (its optimizer state is sharded "
-                "over flat buckets); use dp_mode ddp or sync", field="dp_mode"
-            )
+        check_positive_ints(f"run of {self.schedule!r}", pp=self.pp, dp=self.dp, microbatches=self.microbatches)
 
     @property
     def world_size(self) -> int:
         return self.pp * self.dp
 
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataConfig:
+    """The model and its data: ``batch_size`` is the global batch of one step over all replicas."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    batch_size: int = 32
+    seed: int = 0  # fixes the model's initial weights and the data
+
+    def __post_init__(self) -> None:
+        check_positive_ints("data", batch_size=self.batch_size)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OptimConfig:
+    optimizer: str = "adamw"
+    lr: float = 3e-3
+
+    def __post_init__(self) -> None:
+        check_choice("optimizer config", "optimizer", self.optimizer, OPTIMIZERS)
+        check_positive("optimizer config", "lr", self.lr)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SyncConfig:
+    """Data-parallel gradient synchronization: a mode of :data:`DP_MODES` and the bucket cap."""
+
+    dp_mode: str = "ddp"
+    bucket_mb: float = 25.0
+
+    def __post_init__(self) -> None:
+        check_choice("data-parallel sync", "dp_mode", self.dp_mode, DP_MODES)
+        check_positive("data-parallel sync", "bucket_mb", self.bucket_mb, " MiB")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RuntimeConfig:
+    """How the run executes and what it records.
+
+    ``recv_ahead`` bounds the receives posted ahead per peer (None: all of a
+    step at its start); ``trace_step`` is the step traced (negative counts from the end).
+    """
+
+    backend: str | None = None
+    timeout_s: float = 300.0
+    recv_ahead: int | None = None
+    trace_step: int = -1
+
+    def __post_init__(self) -> None:
+        if self.backend is not None:
+            check_choice("runtime", "backend", self.backend, BACKENDS)
+        check_positive("runtime", "timeout_s", self.timeout_s, " seconds")
+        if self.recv_ahead is not None:
+            check_positive_ints("runtime", recv_ahead=self.recv_ahead)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FaultConfig:
+    """An injected fault, for testing recovery: rank ``fail_rank`` dies (kill) or hangs at ``fail_at_step``."""
+
+    fail_at_step: int | None = None
+    fail_rank: int = 0
+    fail_mode: str = "kill"
+
+    def __post_init__(self) -> None:
+        check_choice("fault injection", "fail_mode", self.fail_mode, FAIL_MODES)
+
+
+_PARTS = {"layout": Layout, "data": DataConfig, "optim": OptimConfig, "sync": SyncConfig,
+          "runtime": RuntimeConfig, "faults": FaultConfig}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunConfig:
+    """One training run, one config per concern; the checks that span concerns live here.
+
+    Each replica splits its share of the global batch into ``layout.microbatches``
+    equal microbatches. :meth:`of` builds one from the fields of all concerns
+    as flat keywords (what a script or a test writes).
+    """
+
+    layout: Layout
+    steps: int = 10
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+    checkpoint: CheckpointConfig | None = None
+    faults: FaultConfig = field(default_factory=FaultConfig)
+
+    def __post_init__(self) -> None:
+        owner = f"run of {self.layout.schedule!r}"
+        check_positive_ints(owner, steps=self.steps)
+        trace_step = self.runtime.trace_step
+        if not -self.steps <= trace_step < self.steps:
+            raise ConfigError(
+                f"{owner}: trace_step {trace_step} is out of range for {self.steps} steps; "
+                f"valid: {-self.steps}..{self.steps - 1} (negative counts from the end)", field="trace_step"
+            )
+        self._check_faults(owner)
+        per_replica = self.layout.dp * self.layout.microbatches
+        if self.data.batch_size % per_replica:
+            fits = (self.data.batch_size // per_replica or 1) * per_replica
+            raise ConfigError(
+                f"{owner}: batch size {self.data.batch_size} is not divisible by dp x microbatches = "
+                f"{self.layout.dp} x {self.layout.microbatches} = {per_replica}; use a multiple of {per_replica}, "
+                f"e.g. {fits}", field="batch_size")
+
+    def _check_faults(self, owner: str) -> None:
+        f = self.faults
+        if f.fail_at_step is not None and not 0 <= f.fail_at_step < self.steps:
+            raise ConfigError(
+                f"{owner}: fail_at_step {f.fail_at_step} is out of range for {self.steps} steps; "
+                f"valid: 0..{self.steps - 1}", field="fail_at_step"
+            )
+        if not isinstance(f.fail_rank, int) or not 0 <= f.fail_rank < self.world_size:
+            raise ConfigError(
+                f"{owner}: fail_rank {f.fail_rank!r} is not a rank of pp x dp = {self.world_size} processes; "
+                f"valid: 0..{self.world_size - 1}", field="fail_rank"
+            )
+        if self.checkpoint is not None and self.sync.dp_mode == "zero1" and self.layout.dp > 1:
+            raise ConfigError(
+                f"{owner}: checkpoints with dp mode zero1 are not supported (its optimizer state is sharded "
+                "over flat buckets); use dp_mode ddp or sync", field="dp_mode"
+            )
+
+    @classmethod
+    def of(cls, *, steps: int = 10, checkpoint: CheckpointConfig | None = None, **fields: Any) -> RunConfig:
+        """``RunConfig.of(schedule="1f1b", pp=2, microbatches=4, lr=0.1)``: each field to its concern."""
+        parts: dict[str, dict[str, Any]] = {name: {} for name in _PARTS}
+        for key, value in fields.items():
+            owner = next((n for n, c in _PARTS.items() if key in c.__dataclass_fields__), None)
+            if owner is None:
+                valid = sorted(k for c in _PARTS.values() for k in c.__dataclass_fields__)
+                raise TypeError(f"RunConfig.of(): unknown field {key!r}; valid: {', '.join(valid)}")
+            parts[owner][key] = value
+        built = {name: _PARTS[name](**kw) for name, kw in parts.items() if kw or name == "layout"}
+        return cls(steps=steps, checkpoint=checkpoint, **built)
+
+    @property
+    def schedule(self) -> str:
+        return self.layout.schedule
+
+    @property
+    def world_size(self) -> int:
+        return self.layout.world_size
+
     @property
     def microbatch_size(self) -> int:
-        return self.batch_size // (self.dp * self.microbatches)
+        return self.data.batch_size // (self.layout.dp * self.layout.microbatches)
 
     @property
     def traced_step(self) -> int:
-        return self.trace_step % self.steps
+        return self.runtime.trace_step % self.steps
 
     @property
     def metered_step(self) -> int:
@@ -181,20 +272,23 @@ class RunConfig:
         return 0 if self.traced_step != 0 or self.steps == 1 else 1
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["split"] = list(self.split) if self.split is not None else None
-        return d
+        """Nested: one table per concern (JSON-ready)."""
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
         """Inverse of :meth:`to_dict` (JSON round trip)."""
         d = dict(d)
-        d["model"] = ModelConfig(**d.get("model", {}))
-        if d.get("checkpoint") is not None:
-            d["checkpoint"] = CheckpointConfig(**d["checkpoint"])
-        if d.get("split") is not None:
-            d["split"] = tuple(d["split"])
-        return cls(**d)
+        layout = dict(d.pop("layout"))
+        if layout.get("split") is not None:
+            layout["split"] = tuple(layout["split"])
+        data = dict(d.pop("data", {}))
+        data["model"] = ModelConfig(**data.get("model", {}))
+        checkpoint = d.pop("checkpoint", None)
+        return cls(layout=Layout(**layout), data=DataConfig(**data),
+                   checkpoint=CheckpointConfig(**checkpoint) if checkpoint is not None else None,
+                   **{k: _PARTS[k](**v) for k, v in d.items() if k in _PARTS},
+                   **{k: v for k, v in d.items() if k not in _PARTS})
 
 
 def partition(num_layers: int, num_stages: int, split: tuple[int, ...] | None = None) -> tuple[range, ...]:
@@ -222,10 +316,10 @@ class Plan:
 
     def coords(self, rank: int) -> tuple[int, int]:
         """(dp replica, pipeline rank) of a global rank."""
-        return divmod(rank, self.config.pp)
+        return divmod(rank, self.config.layout.pp)
 
     def global_rank(self, dp_rank: int, pp_rank: int) -> int:
-        return dp_rank * self.config.pp + pp_rank
+        return dp_rank * self.config.layout.pp + pp_rank
 
     def stages_of(self, pp_rank: int) -> tuple[int, ...]:
         return self.graph.schedule.stages_of(pp_rank)
@@ -233,11 +327,12 @@ class Plan:
 
 def make_plan(config: RunConfig, world_size: int) -> Plan:
     """Check everything that needs no communication; raise ScheduleError naming the bad value."""
-    graph = validate(build(config.schedule, pp=config.pp, microbatches=config.microbatches, chunks=config.chunks))
+    lay = config.layout
+    graph = validate(build(lay.schedule, pp=lay.pp, microbatches=lay.microbatches, chunks=lay.chunks))
     if world_size != config.world_size:
         raise ConfigError(
             f"world size {world_size} (processes launched) does not equal pp x dp = "
-            f"{config.pp} x {config.dp} = {config.world_size}; launch {config.world_size} processes "
+            f"{config.layout.pp} x {config.layout.dp} = {config.world_size}; launch {config.world_size} processes "
             "or change pp/dp"
         )
     for task in graph.tasks:
@@ -247,5 +342,5 @@ def make_plan(config: RunConfig, world_size: int) -> Plan:
                     f"schedule {config.schedule!r}, rank {task.rank}, action {part}: the runtime does not run "
                     f"{part.kind.value} actions; it runs " + ", ".join(sorted(k.value for k in SUPPORTED_KINDS))
                 )
-    layers = partition(config.model.num_layers, graph.schedule.num_stages, config.split)
+    layers = partition(config.data.model.num_layers, graph.schedule.num_stages, config.layout.split)
     return Plan(config=config, graph=graph, layers=layers)

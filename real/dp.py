@@ -35,6 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from real.p2p import Inflight
+from schedules import Action, Kind
 
 __all__ = ["GradSync", "make_buckets"]
 
@@ -150,8 +151,9 @@ class GradSync:
             work = dist.reduce_scatter_tensor(bucket.shard_grad, bucket.grad, group=self.group, async_op=True)
         else:
             work = dist.all_reduce(bucket.grad, group=self.group, async_op=True)
-        kind = "REDUCE_SCATTER" if self.mode == "zero1" else "ALLREDUCE"
-        row = self._record((kind, bucket.stage, bucket.index), start, None, bucket.grad.numel() * bucket.grad.element_size())
+        kind = Kind.REDUCE_SCATTER if self.mode == "zero1" else Kind.ALLREDUCE
+        row = self._record(Action(kind, bucket.stage, bucket=bucket.index), start, None,
+                           bucket.grad.numel() * bucket.grad.element_size())
         self.works.add(work, row)
         self._launched.append((bucket, work))
 
@@ -178,6 +180,6 @@ class GradSync:
         for b in self.buckets:
             start = self._stamp()
             work = dist.all_gather_into_tensor(b.data, b.shard.clone(), group=self.group, async_op=True)
-            self.works.add(work, self._record(("ALL_GATHER", b.stage, b.index), start, None,
+            self.works.add(work, self._record(Action(Kind.ALL_GATHER, b.stage, bucket=b.index), start, None,
                                               b.data.numel() * b.data.element_size()))
         self.works.drain()

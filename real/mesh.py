@@ -98,7 +98,7 @@ class Mesh:
             spec = "cpu:gloo,cuda:nccl" if backend == "nccl" else "gloo"
             dist.init_process_group(spec, timeout=timeout, **_attempt_store(rank, world, timeout))
             owns = True
-        pp, dp = plan.config.pp, plan.config.dp
+        pp, dp = plan.config.layout.pp, plan.config.layout.dp
         p2p = dpg = None
         if pp > 1:
             for d in range(dp):

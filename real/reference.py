@@ -24,13 +24,13 @@ def reference_run(config: RunConfig) -> tuple[list[float], dict[str, torch.Tenso
     global batch (the ones every layout of ``config`` runs), each loss divided
     by their number.
     """
-    model = build_model(config.model, config.seed)
-    opt = make_optimizer(config.optimizer, model.parameters(), config.lr)
-    n = config.dp * config.microbatches
-    size = config.batch_size // n
+    model = build_model(config.data.model, config.data.seed)
+    opt = make_optimizer(config.optim.optimizer, model.parameters(), config.optim.lr)
+    n = config.layout.dp * config.layout.microbatches
+    size = config.data.batch_size // n
     losses = []
     for step in range(config.steps):
-        inputs, targets = make_batch(config.model, config.seed, step, config.batch_size)
+        inputs, targets = make_batch(config.data.model, config.data.seed, step, config.data.batch_size)
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for j in range(n):

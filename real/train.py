@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -34,8 +34,8 @@ from real.measure import ActivationMeter, Recorder, clock_offset
 from real.mesh import Mesh, env_world
 from real.models import activation_shape, build_layers, make_optimizer
 from real.p2p import PeerError, PipeComm, matching_sends
-from schedules import CheckpointError, ConfigError
-from schedules.trace import TRACE_COLUMNS, check_trace_path, make_trace, write_trace
+from schedules import Action, CheckpointError, ConfigError, Kind, Stream
+from schedules.trace import check_trace_path, make_trace, write_trace
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -45,6 +45,18 @@ __all__ = ["RunResult", "param_digest", "resolve_backend", "restart_count", "res
 log = logging.getLogger(__name__)
 
 StepCallback = Callable[[int, float, float], None]  # (step, loss, seconds)
+
+
+class _Row(NamedTuple):
+    """One traced task on one rank: its graph task id (None for runtime-added OPTIM/collectives) and times."""
+
+    task: int | None
+    rank: int
+    stream: str
+    action: Action
+    start: float
+    end: float
+    bytes: float
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,11 +78,12 @@ class RunResult:
     resumed_from: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        c = self.config
+        c, lay = self.config, self.config.layout
         return {
-            "schedule": c.schedule, "world_size": c.world_size, "pp": c.pp, "dp": c.dp,
-            "microbatches": c.microbatches, "chunks": self.trace.attrs["params"]["chunks"] if self.trace is not None else c.chunks,
-            "backend": self.backend, "dp_mode": c.dp_mode, "steps": c.steps,
+            "schedule": c.schedule, "world_size": c.world_size, "pp": lay.pp, "dp": lay.dp,
+            "microbatches": lay.microbatches,
+            "chunks": self.trace.attrs["params"]["chunks"] if self.trace is not None else lay.chunks,
+            "backend": self.backend, "dp_mode": c.sync.dp_mode, "steps": c.steps,
             "losses": self.losses, "step_times": self.step_times, "trace": self.trace_path,
             "start_step": self.start_step, "resumed_from": self.resumed_from, "restart_count": restart_count(),
             "param_norm": self.param_norm, "param_sha256": self.param_sha256, "memory": self.memory,
@@ -102,7 +115,7 @@ def restart_count() -> int:
 
 
 _COMM_FAILURE = re.compile(r"gloo|timed? ?out|connection|peer", re.IGNORECASE)
-_MUST_MATCH = ("batch_size", "seed", "optimizer")
+_MUST_MATCH = (("data", "model"), ("data", "batch_size"), ("data", "seed"), ("optim", "optimizer"))
 
 
 def resume_point(config: RunConfig) -> ckpt.Restored | None:
@@ -117,11 +130,12 @@ def resume_point(config: RunConfig) -> ckpt.Restored | None:
         return None
     saved = restored.info.get("config", {})
     mine = config.to_dict()
-    for key in ("model", *_MUST_MATCH):
-        if saved.get(key) != mine[key]:
+    for part, key in _MUST_MATCH:
+        theirs = saved.get(part, {}).get(key) if isinstance(saved.get(part), dict) else None
+        if theirs != mine[part][key]:
             raise CheckpointError(
-                f"checkpoint {restored.path} was written with {key} {saved.get(key)!r}, this run has "
-                f"{mine[key]!r}; use the same {key} to resume, or another checkpoint directory", field="directory"
+                f"checkpoint {restored.path} was written with {key} {theirs!r}, this run has "
+                f"{mine[part][key]!r}; use the same {key} to resume, or another checkpoint directory", field="directory"
             )
     return restored
 
@@ -136,11 +150,11 @@ def run(
     """Train on this rank; every bad input raises SchedlabError before any communication."""
     _, world, _ = env_world()
     plan = make_plan(config, world)
-    backend = resolve_backend(config.backend)
+    backend = resolve_backend(config.runtime.backend)
     path = check_trace_path(trace_path) if trace_path is not None else None
     restored = resume_point(config)
     own = mesh is None
-    mesh = mesh if mesh is not None else Mesh.create(plan, backend, config.timeout_s)
+    mesh = mesh if mesh is not None else Mesh.create(plan, backend, config.runtime.timeout_s)
     try:
         return _Trainer(plan, mesh, backend).train(path, on_step, restored)
     finally:
@@ -160,7 +174,7 @@ class _Trainer:
         here = self.plan.stages_of(mesh.pp_rank)
         last = self.plan.num_stages - 1
         self.stages = {
-            s: Stage(s, self.plan.layers[s].start, build_layers(cfg.model, cfg.seed, self.plan.layers[s]),
+            s: Stage(s, self.plan.layers[s].start, build_layers(cfg.data.model, cfg.data.seed, self.plan.layers[s]),
                      is_last=s == last).to(mesh.device)
             for s in here
         }
@@ -171,12 +185,12 @@ class _Trainer:
         by_stage = {s: [p for _, p in self.stages[s].global_parameters()] for s in sorted(self.stages)}
         self.sync = None
         if mesh.dp_group is not None:
-            self.sync = GradSync(by_stage, group=mesh.dp_group, mode=cfg.dp_mode, bucket_mb=cfg.bucket_mb,
-                                 accumulations=cfg.microbatches, stamp=self.recorder.stamp, record=self.recorder.add)
+            self.sync = GradSync(by_stage, group=mesh.dp_group, mode=cfg.sync.dp_mode, bucket_mb=cfg.sync.bucket_mb,
+                                 accumulations=cfg.layout.microbatches, stamp=self.recorder.stamp, record=self.recorder.add)
         # One optimizer per stage (element-wise optimizers: the same as one over all), so that with data
         # parallelism each stage's update is traced as {s}OPTIM, as the simulator's data-parallel pass has it.
         shares = self.sync.optimizer_params() if self.sync else by_stage
-        self.optimizers = {s: make_optimizer(cfg.optimizer, shares[s], cfg.lr) for s in sorted(self.stages)}
+        self.optimizers = {s: make_optimizer(cfg.optim.optimizer, shares[s], cfg.optim.lr) for s in sorted(self.stages)}
         self.executor = Executor(self.plan.graph, mesh.pp_rank, self.stages, comm=self._comm(), meter=self.meter,
                                  recorder=self.recorder, poll=self.sync.poll if self.sync else lambda: None)
         self.needs_data = 0 in self.stages or last in self.stages
@@ -187,32 +201,32 @@ class _Trainer:
             return None
         cfg = self.plan.config
         return PipeComm(self.plan.graph, self.mesh.pp_rank, global_rank=self.mesh.global_rank,
-                        groups=self.mesh.p2p_groups, shape=activation_shape(cfg.model, cfg.microbatch_size),
-                        dtype=torch.float32, device=self.mesh.device, recv_ahead=cfg.recv_ahead,
+                        groups=self.mesh.p2p_groups, shape=activation_shape(cfg.data.model, cfg.microbatch_size),
+                        dtype=torch.float32, device=self.mesh.device, recv_ahead=cfg.runtime.recv_ahead,
                         stamp=self.recorder.stamp)
 
     def _batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         cfg = self.plan.config
         if not self.needs_data:
             return []
-        batch = make_batch(cfg.model, cfg.seed, step, cfg.batch_size)
+        batch = make_batch(cfg.data.model, cfg.data.seed, step, cfg.data.batch_size)
         dev = self.mesh.device
-        return [(x.to(dev), y.to(dev)) for x, y in microbatches(batch, cfg.dp, self.mesh.dp_rank, cfg.microbatches)]
+        return [(x.to(dev), y.to(dev)) for x, y in microbatches(batch, cfg.layout.dp, self.mesh.dp_rank, cfg.layout.microbatches)]
 
     def _inject_fault(self, step: int) -> None:
         """``--fail-at-step``: on the first attempt only, the chosen rank dies (SIGKILL) or stops answering."""
         cfg = self.plan.config
-        if step != cfg.fail_at_step or self.mesh.rank != cfg.fail_rank or restart_count() > 0:
+        if step != cfg.faults.fail_at_step or self.mesh.rank != cfg.faults.fail_rank or restart_count() > 0:
             return
-        log.warning("rank %d: injected fault (%s) at step %d", self.mesh.rank, cfg.fail_mode, step)
+        log.warning("rank %d: injected fault (%s) at step %d", self.mesh.rank, cfg.faults.fail_mode, step)
         logging.shutdown()
-        if cfg.fail_mode == "kill":
+        if cfg.faults.fail_mode == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         while True:
             time.sleep(3600)
 
     def _step(self, step: int) -> torch.Tensor | None:
-        torch.manual_seed(step_seed(self.plan.config.seed, step, self.mesh.rank))
+        torch.manual_seed(step_seed(self.plan.config.data.seed, step, self.mesh.rank))
         self._inject_fault(step)
         if self.sync is not None:
             self.sync.begin_step()
@@ -229,7 +243,7 @@ class _Trainer:
             start = self.recorder.stamp()
             opt.step()
             if self.sync is not None:
-                self.recorder.add(("OPTIM", s, None), start, self.recorder.stamp(), 0)
+                self.recorder.add(Action(Kind.OPTIM, s), start, self.recorder.stamp(), 0)
         if self.sync is not None:
             self.sync.after_step()
         return loss
@@ -239,7 +253,7 @@ class _Trainer:
         value = torch.tensor([0.0 if loss is None else float(loss)], dtype=torch.float64)
         if self.mesh.distributed:
             dist.all_reduce(value)
-        return float(value[0]) / self.plan.config.dp
+        return float(value[0]) / self.plan.config.layout.dp
 
     def _load(self, restored: ckpt.Restored | None) -> tuple[int, list[float]]:
         """(first step to run, losses of the steps before it) from ``restored``, loaded into this rank."""
@@ -252,7 +266,7 @@ class _Trainer:
     def _save(self, saver: ckpt.Checkpointer, steps_done: int, losses: list[float]) -> None:
         cfg = self.plan.config
         state = ckpt.state_dict(self.named, list(self.optimizers.values()), self.mesh.rank)
-        saver.save(steps_done, state, {"losses": losses, "world_size": cfg.world_size, "pp": cfg.pp, "dp": cfg.dp,
+        saver.save(steps_done, state, {"losses": losses, "world_size": cfg.world_size, "pp": cfg.layout.pp, "dp": cfg.layout.dp,
                                        "config": cfg.to_dict()})
 
     def _guarded(self, step: int) -> float:
@@ -274,7 +288,7 @@ class _Trainer:
         start, losses = self._load(restored)
         self.metered = max(cfg.metered_step, start)  # a resumed run measures its first step
         if start >= cfg.steps:
-            log.warning("the checkpoint is at step %d, --steps is %d: nothing left to train", start, cfg.steps)
+            log.warning("the checkpoint is at step %d, steps is %d: nothing left to train", start, cfg.steps)
         saver = ckpt.Checkpointer(cfg.checkpoint, self.mesh.rank, restart_count()) if cfg.checkpoint else None
         offset = clock_offset() if self.mesh.distributed else 0.0
         log.info("rank %d (pipeline rank %d, replica %d): stages %s, layers %s, clock offset to rank 0 %.6f s",
@@ -306,20 +320,21 @@ class _Trainer:
         result = self._gather(losses, times, rows, memory, path)
         return replace(result, start_step=start, resumed_from=str(restored.path) if restored else None)
 
-    def _trace_rows(self, offset: float) -> list[tuple]:
-        """This rank's rows of the traced step on rank 0's clock: (task id or None, trace columns...)."""
+    def _trace_rows(self, offset: float) -> list[_Row]:
+        """This rank's rows of the traced step on rank 0's clock.
+
+        The recorder holds a task id (a task of the graph) or an Action the
+        runtime adds itself (OPTIM, and the data-parallel collectives).
+        """
         tasks, rank = self.plan.graph.tasks, self.mesh.rank
         out = []
         for key, start, end, nbytes in self.recorder.resolve():
             if isinstance(key, int):
-                a = tasks[key].action
-                row = (key, rank, tasks[key].stream.value, str(a), a.kind.value, a.stage,
-                       -1 if a.microbatch is None else a.microbatch)
+                task, action, stream = key, tasks[key].action, tasks[key].stream
             else:
-                kind, stage, bucket = key
-                action = f"{stage}{kind}" + ("" if bucket is None else f"_b{bucket}")
-                row = (None, rank, "compute" if kind == "OPTIM" else "collective", action, kind, stage, -1)
-            out.append((*row, start + offset, end + offset, nbytes))
+                task, action = None, key
+                stream = Stream.COMPUTE if action.kind is Kind.OPTIM else Stream.COLLECTIVE
+            out.append(_Row(task, rank, stream.value, action, start + offset, end + offset, nbytes))
         return out
 
     def _memory(self) -> dict[str, Any]:
@@ -333,7 +348,7 @@ class _Trainer:
             "max_memory_allocated": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
         }
 
-    def _gather(self, losses: list[float], times: list[float], rows: list[tuple], memory: dict[str, Any],
+    def _gather(self, losses: list[float], times: list[float], rows: list[_Row], memory: dict[str, Any],
                 path: Path | None) -> RunResult:
         params = [(name, p.detach().cpu().clone()) for name, p in self.named] if self.mesh.dp_rank == 0 else []
         mine = (rows, memory, params)
@@ -352,34 +367,41 @@ class _Trainer:
         return RunResult(self.plan.config, 0, self.backend, losses, times, trace, str(path) if path else None,
                          dict(named), [m for _, m, _ in parts], norm, sha)
 
-    def _make_trace(self, rows: list[tuple], memory: list[dict[str, Any]]) -> pd.DataFrame:
+    def _make_trace(self, rows: list[_Row], memory: list[dict[str, Any]]) -> pd.DataFrame:
         cfg, sched = self.plan.config, self.plan.graph.schedule
         rows = _bound_send_ends(rows, self.plan)
-        t0 = min((r[7] for r in rows), default=0.0)
-        cols = {n: [r[i + 1] for r in rows] for i, n in enumerate(TRACE_COLUMNS)}
-        cols["start"] = [t - t0 for t in cols["start"]]
-        cols["end"] = [t - t0 for t in cols["end"]]
+        t0 = min((r.start for r in rows), default=0.0)
+        cols = {
+            "rank": [r.rank for r in rows],
+            "stream": [r.stream for r in rows],
+            "action": [str(r.action) for r in rows],
+            "kind": [r.action.kind.value for r in rows],
+            "stage": [r.action.stage for r in rows],
+            "microbatch": [-1 if r.action.microbatch is None else r.action.microbatch for r in rows],
+            "start": [r.start - t0 for r in rows],
+            "end": [r.end - t0 for r in rows],
+            "bytes": [r.bytes for r in rows],
+        }
         meta = {
             "source": "real", "schedule": sched.name, "params": dict(sched.params),
-            "dp": cfg.dp, "world_size": cfg.world_size, "backend": self.backend, "device": self.mesh.device.type,
-            "dp_mode": cfg.dp_mode, "model": cfg.model.to_dict(), "batch_size": cfg.batch_size,
+            "dp": cfg.layout.dp, "world_size": cfg.world_size, "backend": self.backend, "device": self.mesh.device.type,
+            "dp_mode": cfg.sync.dp_mode, "model": cfg.data.model.to_dict(), "batch_size": cfg.data.batch_size,
             "microbatch_size": cfg.microbatch_size, "step": cfg.traced_step, "steps": cfg.steps,
             "layers_per_stage": [len(r) for r in self.plan.layers], "memory": memory,
         }
         return make_trace(cols, meta)
 
 
-def _bound_send_ends(rows: list[tuple], plan: Plan) -> list[tuple]:
+def _bound_send_ends(rows: list[_Row], plan: Plan) -> list[_Row]:
     """A SEND ends no later than its receiver has the value (gloo shows a send's completion only on wait)."""
-    graph, pp = plan.graph, plan.config.pp
-    recv_end = {(r[1], r[0]): r[8] for r in rows if r[0] is not None and r[2] == "recv"}
+    graph, pp = plan.graph, plan.config.layout.pp
+    recv_end = {(r.rank, r.task): r.end for r in rows if r.task is not None and r.stream == "recv"}
     send_of = {s: r for r, s in matching_sends(graph).items()}
     out = []
     for r in rows:
-        if r[0] is not None and r[2] == "send":
-            recv = send_of[r[0]]
-            peer = (r[1] // pp) * pp + graph.tasks[recv].rank
-            end = min(r[8], recv_end.get((peer, recv), r[8]))
-            r = (*r[:8], max(end, r[7]), r[9])
+        if r.task is not None and r.stream == "send":
+            recv = send_of[r.task]
+            peer = (r.rank // pp) * pp + graph.tasks[recv].rank
+            r = r._replace(end=max(min(r.end, recv_end.get((peer, recv), r.end)), r.start))
         out.append(r)
     return out

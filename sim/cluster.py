@@ -209,7 +209,7 @@ def cluster_preset(text: str) -> Cluster:
     if m is None or m.group(1) not in _NODE_PRESETS:
         raise ClusterError(
             f"unknown cluster {text!r}: valid presets are {', '.join(CLUSTER_PRESETS)}, written NAME[:NODES][+psK] "
-            "(e.g. 'dgx-h100:2', 'dgx-a100:4+ps2'), or a TOML file via --config"
+            "(e.g. 'dgx-h100:2', 'dgx-a100:4+ps2'), or a [cluster] table in a TOML config", field="cluster"
         )
     name, nodes, ps = m.group(1), int(m.group(2) or 1), int(m.group(3) or 0)
     if nodes < 1:

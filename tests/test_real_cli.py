@@ -46,7 +46,7 @@ def test_schedlab_run_starts_torchrun_and_trains_1f1b(tmp_path):
             pytest.fail(f"schedlab run hung; stderr so far:\n{proc.communicate()[1][-4000:]}")
     assert proc.returncode == 0, err[-6000:]
     result = json.loads(out)  # stdout is exactly one JSON object
-    cfg = RunConfig(schedule="1f1b", pp=2, microbatches=4, steps=4, batch_size=16, model=SMALL_MODEL,
+    cfg = RunConfig.of(schedule="1f1b", pp=2, microbatches=4, steps=4, batch_size=16, model=SMALL_MODEL,
                     optimizer="sgd", lr=0.1)
     ref_losses, ref_params = reference_run(cfg)
     assert result["schedule"] == "1f1b" and result["world_size"] == 2 and result["trace"] == str(trace)

@@ -34,7 +34,7 @@ MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
 
 def _config(schedule: str, **kw) -> RunConfig:
     base = dict(schedule=schedule, batch_size=16, steps=3, model=MODEL, optimizer="sgd", lr=0.1, timeout_s=60)
-    return RunConfig(**{**base, **kw})
+    return RunConfig.of(**{**base, **kw})
 
 
 def _pp2_configs() -> tuple[dict[str, RunConfig], dict[str, str]]:
@@ -115,7 +115,7 @@ def _assert_trace(label: str, cfg: RunConfig, trace) -> None:
     graph = make_plan(cfg, cfg.world_size).graph
     assert trace.attrs["source"] == "real" and trace.attrs["schedule"] == cfg.schedule
     tasks = trace[(trace["stream"] != "collective") & (trace["kind"] != "OPTIM")]
-    want = sorted((d * cfg.pp + t.rank, str(t.action)) for d in range(cfg.dp) for t in graph.tasks)
+    want = sorted((d * cfg.layout.pp + t.rank, str(t.action)) for d in range(cfg.layout.dp) for t in graph.tasks)
     assert sorted(zip(tasks["rank"], tasks["action"], strict=True)) == want, f"{label}: trace rows != task graph"
     assert (trace["end"] >= trace["start"]).all() and trace["start"].min() == 0.0
     assert trace["end"].max() < 30.0, f"{label}: trace spans {trace['end'].max():.1f}s: clocks not aligned"
@@ -125,11 +125,11 @@ def _assert_trace(label: str, cfg: RunConfig, trace) -> None:
         a = schedules.Action.parse(r.action)
         src_stage = a.stage - 1 if a.kind is schedules.Kind.RECV_F else a.stage + 1
         kind = "SEND_F" if a.kind is schedules.Kind.RECV_F else "SEND_B"
-        sender = (r.rank // cfg.pp) * cfg.pp + graph.schedule.stage_to_rank[src_stage]
+        sender = (r.rank // cfg.layout.pp) * cfg.layout.pp + graph.schedule.stage_to_rank[src_stage]
         send = by_key[(sender, f"{src_stage}{kind}{a.microbatch}")]
         assert r.end >= send.start - 2e-3, f"{label}: {r.action} ends before {send.action} starts"
-    if cfg.dp > 1:
-        here = {s: sorted(rank for rank in trace["rank"].unique() if rank % cfg.pp == graph.schedule.stage_to_rank[s])
+    if cfg.layout.dp > 1:
+        here = {s: sorted(rank for rank in trace["rank"].unique() if rank % cfg.layout.pp == graph.schedule.stage_to_rank[s])
                 for s in range(graph.schedule.num_stages)}
         optim = sorted(zip(trace.loc[trace["kind"] == "OPTIM", "rank"], trace.loc[trace["kind"] == "OPTIM", "action"],
                            strict=True))
@@ -139,7 +139,7 @@ def _assert_trace(label: str, cfg: RunConfig, trace) -> None:
             last_compute = rows.loc[rows["kind"].isin(["F", "I", "W", "B", "OVERLAP_F_B"]), "end"].max()
             # ddp/zero1 launch a bucket from inside the backward that completes it; sync only afterwards.
             overlapped = first_sync < last_compute
-            assert overlapped == (cfg.dp_mode != "sync"), f"{label}: rank {rank} collective timing vs {cfg.dp_mode}"
+            assert overlapped == (cfg.sync.dp_mode != "sync"), f"{label}: rank {rank} collective timing vs {cfg.sync.dp_mode}"
 
 
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
@@ -216,9 +216,9 @@ def _worker(cfg_file: str, out_file: str, crash: str = "") -> None:
         cfg = RunConfig.from_dict(d)
         if cfg.world_size != world:
             continue
-        key = (cfg.pp, cfg.dp)
+        key = (cfg.layout.pp, cfg.layout.dp)
         if key not in meshes:
-            meshes[key] = Mesh.create(make_plan(cfg, world), "gloo", cfg.timeout_s)
+            meshes[key] = Mesh.create(make_plan(cfg, world), "gloo", cfg.runtime.timeout_s)
         r = run(cfg, mesh=meshes[key])
         if rank == 0:
             results[label] = {"losses": r.losses, "params": r.parameters, "trace": r.trace, "memory": r.memory}

@@ -93,7 +93,7 @@ def test_elastic_resume_with_fewer_replicas_keeps_the_global_batch_and_the_loss_
     second = json.loads(capsys.readouterr().out)
     assert second["dp"] == 1 and second["start_step"] == 4 and len(second["step_times"]) == 2
     assert second["losses"][:4] == first["losses"]
-    cfg = RunConfig(schedule="gpipe", microbatches=2, batch_size=16, steps=6, model=MODEL, optimizer="sgd", lr=0.1)
+    cfg = RunConfig.of(schedule="gpipe", microbatches=2, batch_size=16, steps=6, model=MODEL, optimizer="sgd", lr=0.1)
     ref_losses, ref_params = reference_run(cfg)
     assert max(abs(a - b) for a, b in zip(second["losses"], ref_losses, strict=True)) <= 1e-5
     assert second["param_norm"] == pytest.approx(param_digest(ref_params.values())[0], rel=1e-6)

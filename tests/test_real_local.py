@@ -25,7 +25,7 @@ MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
 
 
 def _cfg(schedule: str, **kw) -> RunConfig:
-    return RunConfig(**{**dict(schedule=schedule, microbatches=4, batch_size=16, steps=3, model=MODEL,
+    return RunConfig.of(**{**dict(schedule=schedule, microbatches=4, batch_size=16, steps=3, model=MODEL,
                                optimizer="sgd", lr=0.1), **kw})
 
 
@@ -127,7 +127,7 @@ def test_bucket_collective_starts_when_its_last_gradient_is_in(world_of_one, mod
     launched: list[tuple[int, int]] = []  # (bucket, backward passes done when launched)
     done = [0]
     sync = GradSync({0: list(model.parameters())}, group=world_of_one, mode=mode, bucket_mb=1e-6, accumulations=2,
-                    stamp=lambda: None, record=lambda key, *_: launched.append((key[2], done[0])))
+                    stamp=lambda: None, record=lambda key, *_: launched.append((key.bucket, done[0])))
     sync.begin_step()
     for _ in range(2):
         model(torch.randn(2, 4)).sum().backward()

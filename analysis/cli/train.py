@@ -23,7 +23,22 @@ import torch
 from analysis.cli.common import OneLineParser, add_schedule_args, errors_to_exit, int_list
 from analysis.timeline import check_figure_path, plot_timeline
 from real.checkpoint import CheckpointConfig
-from real.config import BACKENDS, DP_MODES, FAIL_MODES, MODEL_KINDS, OPTIMIZERS, ModelConfig, RunConfig, make_plan
+from real.config import (
+    BACKENDS,
+    DP_MODES,
+    FAIL_MODES,
+    MODEL_KINDS,
+    OPTIMIZERS,
+    DataConfig,
+    FaultConfig,
+    Layout,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+    RuntimeConfig,
+    SyncConfig,
+    make_plan,
+)
 from real.launch import torchrun
 from real.mesh import env_world
 from real.train import RunResult, resolve_backend, restart_count, resume_point, run
@@ -122,11 +137,16 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
         checkpoint = CheckpointConfig(directory=args.checkpoint_dir, every=args.checkpoint_every,
                                       keep_last=args.keep_last, async_save=args.async_checkpoint)
     return RunConfig(
-        schedule=args.schedule, pp=args.pp, dp=_resolve_dp(args.dp, args.pp, world), microbatches=args.microbatches, chunks=args.chunks,
-        batch_size=args.batch_size, steps=args.steps, seed=args.seed, model=model, split=args.split,
-        optimizer=args.optimizer, lr=args.lr, dp_mode=args.dp_mode, bucket_mb=args.bucket_mb,
-        backend=args.backend, timeout_s=args.timeout, recv_ahead=args.recv_ahead, trace_step=args.trace_step,
-        checkpoint=checkpoint, fail_at_step=args.fail_at_step, fail_rank=args.fail_rank, fail_mode=args.fail_mode,
+        layout=Layout(schedule=args.schedule, pp=args.pp, dp=_resolve_dp(args.dp, args.pp, world),
+                      microbatches=args.microbatches, chunks=args.chunks, split=args.split),
+        steps=args.steps,
+        data=DataConfig(model=model, batch_size=args.batch_size, seed=args.seed),
+        optim=OptimConfig(optimizer=args.optimizer, lr=args.lr),
+        sync=SyncConfig(dp_mode=args.dp_mode, bucket_mb=args.bucket_mb),
+        runtime=RuntimeConfig(backend=args.backend, timeout_s=args.timeout, recv_ahead=args.recv_ahead,
+                              trace_step=args.trace_step),
+        checkpoint=checkpoint,
+        faults=FaultConfig(fail_at_step=args.fail_at_step, fail_rank=args.fail_rank, fail_mode=args.fail_mode),
     )
 
 
@@ -134,7 +154,7 @@ def _checked(args: argparse.Namespace, world: int) -> RunConfig:
     """Every check of the flags that needs no communication (run() checks the plan again)."""
     config = config_from_args(args, world)
     make_plan(config, world)
-    resolve_backend(config.backend)
+    resolve_backend(config.runtime.backend)
     resume_point(config)
     if args.trace:
         check_trace_path(args.trace)
