@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from analysis.theory import bubble_ratio as closed_form_bubble
 from sim import SimResult
+from sim.cluster import GB
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -66,7 +67,7 @@ def format_units_comparison(rows: Sequence[dict]) -> str:
               f"{'peak mem GB':>11} {'overflow':>8}")
     lines = [header, "-" * len(header)]
     for d in rows:
-        peak = max(x["memory_bytes"] for x in d["devices"]) / 1e9
+        peak = max(x["memory_bytes"] for x in d["devices"]) / GB
         over = ",".join(str(x["rank"]) for x in d["devices"] if x["overflow"]) or "-"
         lines.append(f"{d['schedule']:<18} {d['step_time']:>8.4f} {d['tokens_per_s']:>10,.0f} {d['mfu']:>6.1%} "
                      f"{d['bubble_ratio']:>7.1%} {d['exposed_comm']:>14.4f} {peak:>11.2f} {over:>8}")

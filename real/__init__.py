@@ -2,21 +2,39 @@
 
     torchrun --nproc-per-node 2 -m real --schedule 1f1b --pp 2 --microbatches 8 --trace out/real.csv
 
-    >>> from real import ModelConfig, RunConfig, run
-    >>> result = run(RunConfig.of(schedule="gpipe", microbatches=4, steps=3))   # one process: plain training
-    >>> result.losses, result.trace                                          # trace: rank 0 only
+    >>> from real import Layout, RunConfig, run
+    >>> result = run(RunConfig(layout=Layout(schedule="gpipe", microbatches=4), steps=3))  # one process
+    >>> result.losses, result.trace                                                     # trace: rank 0 only
 """
 
-from real.config import ModelConfig, Plan, RunConfig, make_plan, partition
+from real.config import (
+    DataConfig,
+    FaultConfig,
+    Layout,
+    ModelConfig,
+    OptimConfig,
+    Plan,
+    RunConfig,
+    RuntimeConfig,
+    SyncConfig,
+    make_plan,
+    partition,
+)
 from real.mesh import Mesh
 from real.reference import reference_run
 from real.train import RunResult, param_digest, run
 
 __all__ = [
+    "DataConfig",
+    "FaultConfig",
+    "Layout",
     "Mesh",
     "ModelConfig",
+    "OptimConfig",
     "Plan",
     "RunConfig",
+    "RuntimeConfig",
+    "SyncConfig",
     "RunResult",
     "make_plan",
     "param_digest",

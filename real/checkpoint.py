@@ -44,6 +44,7 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from schedules import CheckpointError
+from schedules.errors import check_positive_ints
 
 __all__ = [
     "MARKER", "CheckpointConfig", "Checkpointer", "Restored", "complete_checkpoints", "latest_complete", "load",
@@ -71,9 +72,7 @@ class CheckpointConfig:
         if not isinstance(self.every, int) or self.every < 0:
             raise CheckpointError(f"checkpoint: every must be an integer >= 0 steps (0: never save), got {self.every!r}",
                                   field="every")
-        if not isinstance(self.keep_last, int) or self.keep_last < 1:
-            raise CheckpointError(f"checkpoint: keep_last must be an integer >= 1, got {self.keep_last!r}",
-                                  field="keep_last")
+        check_positive_ints("checkpoint", CheckpointError, keep_last=self.keep_last)
         path = Path(self.directory)
         if path.exists() and not path.is_dir():
             raise CheckpointError(f"checkpoint directory {self.directory!r} is a file; give a directory",

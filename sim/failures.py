@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from schedules.errors import ConfigError
+from schedules.errors import ConfigError, check_positive, check_positive_ints
 
 __all__ = [
     "CheckpointPolicy",
@@ -74,8 +74,7 @@ class FailureModel:
     trace: tuple[tuple[float, int], ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.devices < 1:
-            raise ConfigError(f"devices must be >= 1, got {self.devices}")
+        check_positive_ints("failure model", devices=self.devices)
         if not self.mtbf_device > 0:
             raise ConfigError(f"mtbf_device must be > 0 seconds, got {self.mtbf_device!r}")
         if self.trace is not None:
@@ -112,8 +111,7 @@ class CheckpointPolicy:
     blocking: float | None = None
 
     def __post_init__(self) -> None:
-        if self.every_steps < 1:
-            raise ConfigError(f"checkpoint interval must be >= 1 step, got {self.every_steps}")
+        check_positive_ints("checkpoint policy", every_steps=self.every_steps)
         for name in ("cost", "restart"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"{name} must be >= 0 seconds, got {getattr(self, name)!r}")
@@ -212,8 +210,8 @@ def simulate_job(
     steps: int, step_time: float, failures: FailureModel, policy: CheckpointPolicy, *, seed: int = 0
 ) -> GoodputResult:
     """One run of the job under failures; deterministic for a given seed."""
-    if steps < 1 or not step_time > 0:
-        raise ConfigError(f"need steps >= 1 and step_time > 0, got {steps} and {step_time!r}")
+    check_positive_ints("job", steps=steps)
+    check_positive("job", "step_time", step_time, " seconds")
     env = simpy.Environment(initial_time=0.0)
     job = _Job(env, steps, step_time, policy)
     proc = env.process(job.run())
@@ -310,8 +308,7 @@ def simulate_elastic(
     at a checkpoint followed by a restart (no work lost). Failures during
     restarts and checkpoints are left out here (``simulate_job`` has them).
     """
-    if dp < 1 or devices_per_replica < 1 or steps < 1:
-        raise ConfigError(f"need dp, devices_per_replica and steps >= 1, got {dp}, {devices_per_replica}, {steps}")
+    check_positive_ints("elastic job", dp=dp, devices_per_replica=devices_per_replica, steps=steps)
     rng = random.Random(seed)
     rate = devices_per_replica / mtbf_device  # failures per second of one replica
 

@@ -117,11 +117,11 @@ def test_elastic_without_failures_is_plain_training():
 
 
 @pytest.mark.parametrize(("make", "message"), [
-    (lambda: FailureModel(devices=0), "devices must be >= 1, got 0"),
+    (lambda: FailureModel(devices=0), "failure model: devices must be an integer >= 1, got 0"),
     (lambda: FailureModel(devices=2, mtbf_device=0), "mtbf_device must be > 0 seconds"),
     (lambda: FailureModel(devices=2, trace=((3.0, 0), (1.0, 1))), "increasing time"),
     (lambda: FailureModel(devices=2, trace=((1.0, 5),)), "names device 5; valid devices are 0..1"),
-    (lambda: CheckpointPolicy(every_steps=0, cost=1, restart=1), "checkpoint interval must be >= 1 step, got 0"),
+    (lambda: CheckpointPolicy(every_steps=0, cost=1, restart=1), "checkpoint policy: every_steps must be an integer >= 1, got 0"),
     (lambda: CheckpointPolicy(every_steps=1, cost=1, restart=1, blocking=2), "blocking part must be in [0, cost=1]"),
 ])
 def test_bad_input(make, message):

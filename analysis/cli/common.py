@@ -25,7 +25,6 @@ __all__ = [
     "flag_of",
     "int_list",
     "name_list",
-    "positive_int",
 ]
 
 # Fields whose flag is not "--" + the field with dashes.
@@ -84,17 +83,6 @@ def with_flag(message: str, field: str | None, parser: OneLineParser | None) -> 
 
 
 # -- value parsers (argparse types) -----------------------------------------------------------------------------
-
-
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {quote(text)}: give an integer >= 1") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {value}: give an integer >= 1")
-    return value
 
 
 def int_list(text: str) -> tuple[int, ...]:
