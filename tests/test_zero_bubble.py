@@ -38,10 +38,18 @@ def test_zb_h1_bubble_is_p_minus_1_times_tf_plus_tb_minus_tw(tf, tb, tw):
         assert span_bubble(r) == pytest.approx((p - 1) * (tf + tb - tw))
 
 
-def test_zb_h1_needs_w_no_longer_than_f():
-    """Outside its condition the formula undercounts: tf=0.5, tw=2 leaves more idle than (p-1)(tf+tb-tw)."""
-    r = sim("zb-h1", 2, 5, UniformCosts(tf=0.5, tb=2.0, tw=2.0))
-    assert span_bubble(r) == 2.0 and (2 - 1) * (0.5 + 2.0 - 2.0) == 0.5
+@pytest.mark.parametrize(("tf", "tb", "tw"), [t for t in itertools.product(TIMES, TIMES, TIMES) if t[2] > t[0]])
+def test_zb_h1_needs_w_no_longer_than_f(tf, tb, tw):
+    """Outside its condition the formula undercounts: a W fills only tf of each gap, so the bubble is (p-1) tb.
+
+    In general (p-1)(tf+tb-min(tf, tw)); e.g. tf=0.5, tb=tw=2, p=2: 1*(0.5+2.0-0.5) = 2.0 where
+    (p-1)(tf+tb-tw) = 1*(0.5+2.0-2.0) = 0.5.
+    """
+    c = UniformCosts(tf=tf, tb=tb, tw=tw)
+    for p, m in [(2, 2), (2, 5), (3, 5), (4, 8), (5, 12)]:
+        bubble = span_bubble(sim("zb-h1", p, m, c))
+        assert bubble == (p - 1) * tb  # multiples of 0.5: exact
+        assert bubble > (p - 1) * (tf + tb - tw)  # what the formula would say: less, by (p-1)(tw-tf)
 
 
 @pytest.mark.parametrize("mw", [0.0, 0.25, 0.5, 1.0])
