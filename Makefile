@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.schedlab-installed
 # The torch release the project is tested with (CPU build). GPU users: see README.
 TORCH  := torch==2.13.0
 
-.PHONY: demo run test bench lint clean
+.PHONY: demo run test test-fast bench lint clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# The single-process tests only (no torchrun launches or subprocesses, none of the few slowest): under 90 s.
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
 
 bench: $(STAMP)
 	$(BIN)/python experiments/bench_sim.py

@@ -27,9 +27,11 @@ from real.launch import torchrun  # noqa: E402
 from schedules import SchedlabError  # noqa: E402
 
 TOL = 1e-5
-LAUNCH_TIMEOUT = 150  # seconds for a whole launch; a hang fails the test, never stalls CI
+LAUNCH_TIMEOUT = 40  # seconds for a whole launch (measured 8.6-9.5 s on 2, 12.6-13.9 s on 4 processes); a hang fails the test
 SKEW = 1000.0  # seconds rank 1's clock runs ahead in the worker
 MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
+# Every test here runs on a torchrun launch (a module fixture, set up within the first test's timeout).
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(LAUNCH_TIMEOUT + 10)]
 
 
 def _config(schedule: str, **kw) -> RunConfig:
@@ -142,7 +144,6 @@ def _assert_trace(label: str, cfg: RunConfig, trace) -> None:
             assert overlapped == (cfg.sync.dp_mode != "sync"), f"{label}: rank {rank} collective timing vs {cfg.sync.dp_mode}"
 
 
-@pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
 @pytest.mark.parametrize("name", schedules.names())
 def test_every_schedule_on_two_ranks_equals_plain_training(two, name):
     if name in SKIPPED:
@@ -151,20 +152,19 @@ def test_every_schedule_on_two_ranks_equals_plain_training(two, name):
     _assert_trace(name, PP2[name], two[name]["trace"])
 
 
-@pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
 @pytest.mark.parametrize("label", list(EXTRA2))
 def test_two_rank_variants_equal_plain_training(two, label):
     _assert_equal_to_reference(label, EXTRA2[label], two[label])
     _assert_trace(label, EXTRA2[label], two[label]["trace"])
 
 
-@pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
 @pytest.mark.parametrize("label", list(FOUR))
 def test_four_ranks_pp_x_dp_equal_plain_training(four, label):
     _assert_equal_to_reference(label, FOUR[label], four[label])
     _assert_trace(label, FOUR[label], four[label]["trace"])
 
 
+@pytest.mark.timeout(2 * LAUNCH_TIMEOUT + 10)  # run alone it sets up both launches (17 s); above their 2 timeouts
 def test_memory_is_reported_per_rank(two, four):
     mem = two["1f1b"]["memory"]
     assert [m["rank"] for m in mem] == [0, 1]
@@ -179,13 +179,13 @@ def test_memory_is_reported_per_rank(two, four):
     assert per_mb["gpipe dp2 sync"] == per_mb["1f1b dp2 zero1"]
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(20)  # measured 6-7 s
 def test_a_rank_dying_mid_step_fails_the_launch_fast_with_its_error(tmp_path):
     """Rank 1 raises in its first backward while rank 0 waits for that gradient: no hang, the error shows."""
     cfg_file = tmp_path / "crash.json"
     cfg_file.write_text(json.dumps({"1f1b": PP2["1f1b"].to_dict()}))
     start = time.monotonic()
-    proc = torchrun(2, [__file__, str(cfg_file), str(tmp_path / "out.pt"), "crash"], timeout=60, capture=True)
+    proc = torchrun(2, [__file__, str(cfg_file), str(tmp_path / "out.pt"), "crash"], timeout=15, capture=True)
     assert proc.returncode != 0
     assert "RuntimeError: injected failure on rank 1" in proc.stderr
     assert time.monotonic() - start < 60

@@ -10,6 +10,8 @@
   losses equal plain single-process training's to float tolerance.
 * a hung peer: rank 1 stops answering; rank 0 exits within the timeout with
   an error naming rank 1.
+* a hung launch: at the launcher's timeout every worker is stopped and its
+  output so far is kept (what these tests rely on to fail, not hang).
 * in-process: a truncated file or a missing marker makes a checkpoint
   partial, the previous complete one is used; only the last N are kept.
 """
@@ -17,11 +19,9 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -32,27 +32,23 @@ from real import ModelConfig, RunConfig, param_digest, reference_run  # noqa: E4
 from real.checkpoint import MARKER, CheckpointConfig, Checkpointer, complete_checkpoints, latest_complete  # noqa: E402
 from real.checkpoint import load as load_checkpoint  # noqa: E402
 from real.checkpoint import state_dict as checkpoint_state  # noqa: E402
+from real.launch import KILL_GRACE, torchrun  # noqa: E402
 
 SMALL = ["--layers", "4", "--dim", "16", "--heads", "2", "--vocab", "32", "--seq", "8"]
 MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
 PP2 = ["--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--batch-size", "16", "--steps", "6", *SMALL,
        "--json", "--timeout", "30"]
-LAUNCH_TIMEOUT = 100
+LAUNCH_TIMEOUT = 25  # seconds per torchrun launch (measured 5-12 s); a hang fails the test before its hard timeout
 
 
 def _torchrun(nproc: int, args: list[str], *, restarts: int = 0, timeout: float = LAUNCH_TIMEOUT
               ) -> subprocess.CompletedProcess:
-    """torchrun in its own session; on timeout the whole process group is killed and the test fails with stderr."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           f"--max-restarts={restarts}", "--monitor-interval=0.2", "-m", "real", *args]
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}) as proc:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            pytest.fail(f"torchrun hung; stderr so far:\n{proc.communicate()[1][-6000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    """``python -m real ARGS`` under torchrun; on timeout (process group killed) the test fails with stderr."""
+    try:
+        return torchrun(nproc, ["-m", "real", *args], timeout=timeout, capture=True, env={"OMP_NUM_THREADS": "1"},
+                        launcher_args=[f"--max-restarts={restarts}", "--monitor-interval=0.2"])
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"torchrun hung; stderr so far:\n{(exc.stderr or '')[-6000:]}")
 
 
 def _json(proc: subprocess.CompletedProcess) -> dict:
@@ -60,7 +56,8 @@ def _json(proc: subprocess.CompletedProcess) -> dict:
     return json.loads(proc.stdout)
 
 
-@pytest.mark.timeout(LAUNCH_TIMEOUT * 2 + 20)
+@pytest.mark.slow
+@pytest.mark.timeout(LAUNCH_TIMEOUT * 2 + 5)  # measured 15.4-15.7 s (two launches)
 def test_killed_rank_restarts_from_the_last_complete_checkpoint_bit_for_bit(tmp_path):
     ckpt = tmp_path / "ckpt"
     decoy = ckpt / "step_000003"  # a save killed mid-write: files but no COMPLETE marker
@@ -81,7 +78,8 @@ def test_killed_rank_restarts_from_the_last_complete_checkpoint_bit_for_bit(tmp_
     assert [c.path.name for c in complete_checkpoints(ckpt)] == ["step_000004", "step_000006"]  # keep-last 2
 
 
-@pytest.mark.timeout(LAUNCH_TIMEOUT + 60)
+@pytest.mark.slow
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 5)  # measured 6.1-6.9 s (one launch + one in-process run)
 def test_elastic_resume_with_fewer_replicas_keeps_the_global_batch_and_the_loss_curve(tmp_path, capsys):
     """dp=2 (2 processes) for 4 steps, then dp=1 (1 process, --dp auto) from the same checkpoints to step 6."""
     ckpt = str(tmp_path / "ckpt")
@@ -99,7 +97,8 @@ def test_elastic_resume_with_fewer_replicas_keeps_the_global_batch_and_the_loss_
     assert second["param_norm"] == pytest.approx(param_digest(ref_params.values())[0], rel=1e-6)
 
 
-@pytest.mark.timeout(LAUNCH_TIMEOUT + 20)
+@pytest.mark.slow
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 10)  # measured 10.9-11.8 s (includes the 5 s peer timeout)
 def test_a_hung_peer_is_named_after_the_timeout():
     """Rank 1 stops answering at step 1 (torchrun cannot see it); rank 0 gives up after --timeout 5 s."""
     start = time.monotonic()
@@ -108,6 +107,41 @@ def test_a_hung_peer_is_named_after_the_timeout():
     assert "PeerError: rank 0: no 0RECV_B0 from rank 1 (pipeline rank 1): the peer died or hangs" in proc.stderr, \
         proc.stderr[-6000:]
     assert time.monotonic() - start < 60
+
+
+HANG = """
+import os, sys, time
+from pathlib import Path
+Path(sys.argv[1], os.environ["RANK"]).write_text(str(os.getpid()))
+print("rank", os.environ["RANK"], "started", file=sys.stderr, flush=True)
+time.sleep(300)
+"""
+
+
+def _gone(pid: int) -> bool:
+    """No such process (or only a zombie left for its new parent to reap)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(30)  # measured 9-10 s: the 8 s launch timeout, then torchrun stops its workers
+def test_launch_timeout_stops_hung_workers_and_keeps_their_output(tmp_path):
+    """The launcher's timeout (what _torchrun relies on): every worker is stopped, its stderr so far is kept."""
+    script = tmp_path / "hang.py"
+    script.write_text(HANG)
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired) as info:
+        torchrun(2, [str(script), str(tmp_path)], timeout=8, capture=True, launcher_args=["--max-restarts=1"])
+    assert time.monotonic() - start < 8 + KILL_GRACE + 2
+    assert "rank 0 started" in info.value.stderr and "rank 1 started" in info.value.stderr, info.value.stderr
+    pids = [int((tmp_path / str(rank)).read_text()) for rank in (0, 1)]
+    deadline = time.monotonic() + 5
+    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(pid) for pid in pids), f"workers {pids} outlived the launch"
 
 
 def _params() -> list[tuple[str, torch.nn.Parameter]]:
