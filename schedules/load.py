@@ -13,7 +13,7 @@ from schedules.errors import ScheduleError
 from schedules.graph import TaskGraph
 from schedules.ir import Schedule
 from schedules.lower import lower
-from schedules.registry import build, names
+from schedules.registry import PipelineParams, build, names
 from schedules.torch_csv import read_torch_csv, read_torch_csv_graph
 from schedules.torch_interop import from_torch
 
@@ -31,6 +31,13 @@ def _split_ref(ref: str) -> tuple[str, str]:
     return "name", ref
 
 
+def _options_of(params: PipelineParams) -> dict[str, Any]:
+    """The fields of ``params`` beyond the shape that differ from the defaults (what an adaptive schedule reads)."""
+    default = PipelineParams(pp=params.pp, microbatches=params.microbatches)
+    return {k: getattr(params, k) for k in ("tf", "tb", "tw", "tcomm", "mw", "mem_limit")
+            if getattr(params, k) != getattr(default, k)}
+
+
 def _need(ref: str, **values: int | None) -> None:
     missing = [k for k, v in values.items() if v is None]
     if missing:
@@ -45,14 +52,19 @@ def _check_chunks(ref: str, schedule: Schedule, chunks: int | None) -> None:
 
 
 def load_schedule(
-    ref: str, *, pp: int | None = None, microbatches: int | None = None, chunks: int | None = None, **options: Any
+    ref: str, params: PipelineParams | None = None, /, *, pp: int | None = None, microbatches: int | None = None,
+    chunks: int | None = None, **options: Any
 ) -> Schedule:
     """Resolve ``ref``: a registered name, ``torch:<ClassName>`` or ``csv:<PATH>``.
 
-    Registered names and torch classes need ``pp`` and ``microbatches``; a csv:
-    file carries its own, and any given must agree with it. ``options`` (e.g.
-    pass times for adaptive schedules) go to :func:`schedules.build`.
+    The shape comes as a :class:`PipelineParams` or as keywords. Registered
+    names and torch classes need ``pp`` and ``microbatches``; a csv: file
+    carries its own, and any given must agree with it. ``options`` (e.g. pass
+    times for adaptive schedules) go to :func:`schedules.build`.
     """
+    if params is not None:
+        return load_schedule(ref, pp=params.pp, microbatches=params.microbatches, chunks=params.chunks,
+                             **_options_of(params))
     kind, rest = _split_ref(ref)
     if kind == "csv":
         schedule = read_torch_csv(rest, pp=pp, microbatches=microbatches)
@@ -70,9 +82,13 @@ def load_schedule(
 
 
 def load_graph(
-    ref: str, *, pp: int | None = None, microbatches: int | None = None, chunks: int | None = None, **options: Any
+    ref: str, params: PipelineParams | None = None, /, *, pp: int | None = None, microbatches: int | None = None,
+    chunks: int | None = None, **options: Any
 ) -> TaskGraph:
     """Like :func:`load_schedule`, lowered; a csv: file keeps its own SEND/RECV if it has any."""
+    if params is not None:
+        return load_graph(ref, pp=params.pp, microbatches=params.microbatches, chunks=params.chunks,
+                          **_options_of(params))
     kind, rest = _split_ref(ref)
     if kind != "csv":
         return lower(load_schedule(ref, pp=pp, microbatches=microbatches, chunks=chunks, **options))

@@ -77,10 +77,8 @@ class Study:
 
 def build_graph(study: Study) -> TaskGraph:
     """Build and validate the schedule, check the layer split, add the DP collectives."""
-    pipe, costs = study.pipeline(), study.costs
-    options = {k: getattr(pipe, k) for k in ("tf", "tb", "tw")} if spec_adaptive(study.schedule) else {}
-    graph = validate(load_graph(study.schedule, pp=pipe.pp, microbatches=pipe.microbatches, chunks=pipe.chunks,
-                                **options))
+    costs = study.costs
+    graph = validate(load_graph(study.schedule, study.pipeline()))
     n_st = graph.schedule.num_stages
     costs.stage_layers(n_st)  # raises if the model cannot be split into this many stages
     return validate(add_data_parallel(graph, study.parallel.dp_mode, costs.buckets(n_st)))
