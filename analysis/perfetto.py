@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from schedules.errors import ScheduleError
+from schedules.util import atomic_write, check_output_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -68,11 +68,6 @@ def to_chrome_trace(trace: pd.DataFrame, *, time_scale: float = _US) -> dict[str
 
 def write_chrome_trace(trace: pd.DataFrame, path: str | os.PathLike, *, time_scale: float = _US) -> Path:
     """Write the Chrome/Perfetto JSON (atomically); it opens in the Perfetto UI and in chrome://tracing."""
-    path = Path(path)
-    if path.suffix != ".json":
-        raise ScheduleError(f"chrome trace file {str(path)!r}: use a name ending in .json")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(to_chrome_trace(trace, time_scale=time_scale), default=str))
-    os.replace(tmp, path)
-    return path
+    path = check_output_file(path, "chrome trace file", (".json",))
+    text = json.dumps(to_chrome_trace(trace, time_scale=time_scale), default=str)
+    return atomic_write(path, lambda tmp: tmp.write_text(text), "chrome trace file")

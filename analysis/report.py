@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -25,7 +27,9 @@ from analysis.compare import comparison_table
 from analysis.theory import bubble_ratio as closed_form_bubble
 from analysis.timeline import plot_timeline, plot_timelines
 from analysis.validation import compare_pair, validation_summary
+from schedules.errors import OutputError
 from schedules.trace import write_trace
+from schedules.util import check_output_dir
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -36,9 +40,7 @@ __all__ = ["write_report"]
 
 
 def _savefig(fig, path: Path) -> Path:
-    tmp = path.with_name(".tmp-" + path.name)
-    fig.savefig(tmp, dpi=110, format="png")
-    os.replace(tmp, path)
+    fig.savefig(path, dpi=110, format="png")  # into the staging folder: write_report moves it in
     return path
 
 
@@ -186,9 +188,31 @@ def _real_section(sweep: Sweep, out: Path) -> list[str]:
 
 
 def write_report(out: str | os.PathLike, sweep: Sweep) -> Path:
-    """Plot what ``sweep`` simulated and write ``out/report.md``; returns its path."""
-    out, cfg, results = Path(out), sweep.config, sweep.results
-    out.mkdir(parents=True, exist_ok=True)
+    """Plot what ``sweep`` simulated and write ``out/report.md``; returns its path.
+
+    Everything is written into a staging folder beside ``out`` first and moved
+    in at the end, ``report.md`` last: a failure leaves no figures without a report.
+    """
+    final = check_output_dir(out, "report folder")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        _write_report(stage, sweep)
+        final.mkdir(parents=True, exist_ok=True)
+        for item in sorted(stage.rglob("*"), key=lambda q: (q.name == "report.md", len(q.parts))):
+            if item.is_file():
+                target = final / item.relative_to(stage)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(item, target)
+    except OSError as exc:
+        raise OutputError(f"cannot write report folder {str(final)!r}: {exc.strerror or exc}") from None
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return final / "report.md"
+
+
+def _write_report(out: Path, sweep: Sweep) -> None:
+    cfg, results = sweep.config, sweep.results
     table = comparison_table(results)
     front = _pareto(table)
     plot_timelines([r.trace for r in results], out / "timelines.png")
@@ -234,8 +258,4 @@ def write_report(out: str | os.PathLike, sweep: Sweep) -> Path:
     ]
     for r in results:
         plot_timeline(r.trace, out / f"timeline-{r.schedule}.png")
-    path = out / "report.md"
-    tmp = out / ".report.md.tmp"
-    tmp.write_text("\n".join(md))
-    os.replace(tmp, path)
-    return path
+    (out / "report.md").write_text("\n".join(md))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from schedules.errors import ScheduleError
+from schedules.util import atomic_write, check_output_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -41,10 +42,7 @@ _FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
 
 def check_figure_path(path: str | os.PathLike) -> Path:
     """Reject a figure name matplotlib cannot write, before any work is done."""
-    path = Path(path)
-    if path.suffix.lower() not in _FIGURE_SUFFIXES:
-        raise ScheduleError(f"figure file {str(path)!r}: use a name ending in {', '.join(_FIGURE_SUFFIXES)}")
-    return path
+    return check_output_file(path, "figure file", _FIGURE_SUFFIXES)
 
 
 def _lighten(color: str, amount: float) -> tuple[float, float, float]:
@@ -138,12 +136,11 @@ def plot_timelines(traces: Sequence[pd.DataFrame], path: str | os.PathLike, *, s
     axes[-1, 0].set_xlabel("time", fontsize=9)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     _legend(fig, sorted(kinds))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(".tmp-" + path.name)
-    fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".").lower())
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    try:
+        return atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".").lower()),
+                            "figure file")
+    finally:
+        plt.close(fig)
 
 
 def plot_timeline(trace: pd.DataFrame, path: str | os.PathLike) -> Path:

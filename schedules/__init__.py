@@ -18,6 +18,7 @@ from schedules.errors import (
     ClusterError,
     ConfigError,
     CostFileError,
+    OutputError,
     SchedlabError,
     ScheduleError,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "ConfigError",
     "CostFileError",
     "Kind",
+    "OutputError",
     "PipelineParams",
     "SchedlabError",
     "Schedule",

@@ -10,7 +10,8 @@ the command line (:mod:`analysis.cli`) adds the flag that sets that field.
     ├── ConfigError          a configuration field: model, run, parallel layout, profile
     │   └── ClusterError     a cluster preset, placement or hardware figure
     ├── CostFileError        a cost file written by real.profile
-    └── CheckpointError      a checkpoint directory or its contents
+    ├── CheckpointError      a checkpoint directory or its contents
+    └── OutputError          an output path that cannot be written
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ __all__ = [
     "ClusterError",
     "ConfigError",
     "CostFileError",
+    "OutputError",
     "SchedlabError",
     "ScheduleError",
     "check_choice",
@@ -63,6 +65,10 @@ class CostFileError(SchedlabError):
 
 class CheckpointError(SchedlabError):
     """A checkpoint directory that cannot be used, or a checkpoint that does not match the run."""
+
+
+class OutputError(SchedlabError):
+    """An output path that cannot be written: a directory, a missing or read-only folder, a full disk."""
 
 
 def quote(value: Any) -> str:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import csv
 import os
 import re
-import tempfile
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +32,7 @@ from schedules.errors import ScheduleError
 from schedules.graph import TaskGraph
 from schedules.ir import Action, Kind, Schedule
 from schedules.lower import graph_from_programs, lower
+from schedules.util import atomic_write, check_output_file
 
 __all__ = [
     "TORCH_SKIPPED_KINDS",
@@ -61,12 +61,7 @@ _VALID_CELLS = (
 
 def check_csv_path(path: str | os.PathLike) -> Path:
     """Reject a CSV output name :func:`write_torch_csv` cannot write, before any work is done."""
-    p = Path(path)
-    if p.suffix.lower() != ".csv":
-        raise ScheduleError(f"torch CSV file {str(p)!r}: use a name ending in .csv")
-    if p.is_dir():
-        raise ScheduleError(f"torch CSV file {str(p)!r} is a directory; give a file name ending in .csv")
-    return p
+    return check_output_file(path, "torch CSV file", (".csv",))
 
 
 def _rows(target: Schedule | TaskGraph, comms: bool) -> list[list[Action]]:
@@ -102,16 +97,7 @@ def write_torch_csv(target: Schedule | TaskGraph, path: str | os.PathLike, comms
     """
     p = check_csv_path(path)
     text = torch_csv_text(target, comms)  # everything is computed before the file is touched
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=p.name + ".", suffix=".tmp", dir=p.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            fh.write(text)
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return p
+    return atomic_write(p, lambda tmp: tmp.write_text(text, encoding="utf-8", newline=""), "torch CSV file")
 
 
 # ---------------------------------------------------------------- reading

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schedules.errors import ScheduleError
+from schedules.util import atomic_write, check_output_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -55,31 +56,28 @@ def make_trace(columns: dict[str, Any], meta: dict[str, Any]) -> pd.DataFrame:
 
 def check_trace_path(path: str | os.PathLike) -> Path:
     """Reject a trace file name that :func:`write_trace` cannot write, before any work is done."""
-    path = Path(path)
-    if path.suffix not in (".csv", ".parquet"):
-        raise ScheduleError(f"trace file {str(path)!r}: use a name ending in .csv or .parquet")
-    return path
+    return check_output_file(path, "trace file", (".csv", ".parquet"))
 
 
 def write_trace(df: pd.DataFrame, path: str | os.PathLike) -> Path:
     """Write a trace as CSV (metadata in a header line) or Parquet (by suffix); atomic."""
     path = check_trace_path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
     meta = json.dumps(df.attrs, sort_keys=True, default=str)
-    if path.suffix == ".csv":
-        with open(tmp, "w", encoding="utf-8", newline="") as fh:
-            fh.write(_HEADER + meta + "\n")
-            df.to_csv(fh, index=False, columns=list(TRACE_COLUMNS))
-    else:
+
+    def write(tmp: Path) -> None:
+        if path.suffix == ".csv":
+            with open(tmp, "w", encoding="utf-8", newline="") as fh:
+                fh.write(_HEADER + meta + "\n")
+                df.to_csv(fh, index=False, columns=list(TRACE_COLUMNS))
+            return
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         table = pa.Table.from_pandas(df[list(TRACE_COLUMNS)], preserve_index=False)
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"schedlab": meta.encode()})
         pq.write_table(table, tmp)
-    os.replace(tmp, path)  # nothing half-written under the real name
-    return path
+
+    return atomic_write(path, write, "trace file")  # nothing half-written under the real name
 
 
 def read_trace(path: str | os.PathLike) -> pd.DataFrame:

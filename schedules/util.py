@@ -1,12 +1,17 @@
-"""Small helpers with no schedule knowledge."""
+"""Small helpers with no schedule knowledge: a paused collector, and output files checked early, written whole."""
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
-__all__ = ["paused_gc"]
+from schedules.errors import OutputError
+
+__all__ = ["atomic_write", "check_output_dir", "check_output_file", "paused_gc"]
 
 
 @contextmanager
@@ -24,3 +29,76 @@ def paused_gc() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _writable_folder(folder: Path, what: str, target: Path) -> None:
+    """``folder`` exists as a writable directory, or can be made under its nearest existing ancestor."""
+    probe = folder
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise OutputError(f"{what} {str(target)!r}: {str(probe)!r} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise OutputError(f"{what} {str(target)!r}: folder {str(probe)!r} is not writable")
+    if probe == folder:
+        try:  # catches what access() does not: a read-only file system
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except OSError as exc:
+            raise OutputError(f"{what} {str(target)!r}: cannot write in {str(folder)!r} ({exc.strerror})") from None
+
+
+def check_output_file(path: str | os.PathLike, what: str, suffixes: Sequence[str] = ()) -> Path:
+    """Check an output file before any work: its suffix, not a directory, its folder writable or creatable."""
+    p = Path(path)
+    names = " or ".join(suffixes) if len(suffixes) == 2 else ", ".join(suffixes)
+    if suffixes and p.suffix.lower() not in suffixes:
+        raise OutputError(f"{what} {str(p)!r}: use a name ending in {names}")
+    if p.is_dir():
+        raise OutputError(f"{what} {str(p)!r} is a directory; give a file name" + (f" ending in {names}" * bool(names)))
+    _writable_folder(p.parent if str(p.parent) else Path("."), what, p)
+    return p
+
+
+def check_output_dir(path: str | os.PathLike, what: str) -> Path:
+    """Check an output folder before any work: not a file, and writable or creatable."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise OutputError(f"{what} {str(p)!r} is a file; give a folder")
+    _writable_folder(p, what, p)
+    return p
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], object], what: str = "output file") -> Path:
+    """Write ``path`` whole or not at all: ``write(tmp)`` fills a temporary file beside it, then it is renamed.
+
+    The file gets the mode a plain ``open`` would give (0666 less the umask).
+    A failure removes the temporary file and raises :class:`OutputError`.
+    """
+    p = Path(path)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    except OSError as exc:
+        raise OutputError(f"cannot write {what} {str(p)!r}: {exc.strerror}") from None
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        write(tmp)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, p)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(f"cannot write {what} {str(p)!r}: {exc.strerror or exc}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return p

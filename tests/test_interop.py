@@ -22,6 +22,7 @@ import schedules
 from schedules import (
     Action,
     Kind,
+    OutputError,
     Schedule,
     ScheduleError,
     build,
@@ -196,10 +197,10 @@ def test_write_is_atomic_and_checks_the_name_first(tmp_path):
     write_torch_csv(s, target)  # replaces the whole file
     assert target.read_text() == "0F0,0F1,0B0,0B1\n1F0,1F1,1B0,1B1\n"
     assert sorted(p.name for p in target.parent.iterdir()) == ["s.csv"]  # no temp file left
-    with pytest.raises(ScheduleError, match=r"^torch CSV file '.*s\.txt': use a name ending in \.csv$"):
+    with pytest.raises(OutputError, match=r"^torch CSV file '.*s\.txt': use a name ending in \.csv$"):
         write_torch_csv(s, tmp_path / "s.txt")
     (tmp_path / "d.csv").mkdir()
-    with pytest.raises(ScheduleError, match=r"'.*d\.csv' is a directory; give a file name ending in \.csv$"):
+    with pytest.raises(OutputError, match=r"'.*d\.csv' is a directory; give a file name ending in \.csv$"):
         write_torch_csv(s, tmp_path / "d.csv")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.csv", "sub"]
 

@@ -10,7 +10,7 @@ from analysis.cli import main as schedlab
 from analysis.perfetto import to_chrome_trace, write_chrome_trace
 from analysis.report import write_report
 from analysis.validation import compare_pair, kendall_tau, validation_summary
-from schedules import ScheduleError, build, lower
+from schedules import OutputError, ScheduleError, build, lower
 from schedules.trace import write_trace
 from sim import UniformCosts, simulate
 from sim.sweep import SweepConfig, run_sweep
@@ -40,7 +40,7 @@ def test_chrome_trace_processes_threads_events_and_flows():
 def test_write_chrome_trace(tmp_path):
     path = write_chrome_trace(small_trace(), tmp_path / "t.json")
     assert json.loads(path.read_text())["otherData"]["schedule"] == "1f1b"
-    with pytest.raises(ScheduleError, match=r"use a name ending in \.json"):
+    with pytest.raises(OutputError, match=r"use a name ending in \.json"):
         write_chrome_trace(small_trace(), tmp_path / "t.txt")
 
 
