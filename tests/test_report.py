@@ -10,7 +10,7 @@ from analysis.cli import main as schedlab
 from analysis.perfetto import to_chrome_trace, write_chrome_trace
 from analysis.report import write_report
 from analysis.validation import compare_pair, kendall_tau, validation_summary
-from schedules import OutputError, ScheduleError, build, lower
+from schedules import OutputError, build, lower
 from schedules.trace import write_trace
 from sim import UniformCosts, simulate
 from sim.sweep import SweepConfig, run_sweep
