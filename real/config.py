@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from real.checkpoint import CheckpointConfig
-from schedules import ConfigError, Kind, ScheduleError, TaskGraph, build, validate
+from schedules import ConfigError, Kind, ScheduleError, TaskGraph, load_graph, validate
 from schedules.dp import DP_MODES as SCHEDULE_DP_MODES
 from schedules.errors import check_choice, check_positive, check_positive_ints
 from schedules.partition import split_layers, stage_ranges
@@ -327,8 +327,8 @@ class Plan:
 
 def make_plan(config: RunConfig, world_size: int) -> Plan:
     """Check everything that needs no communication; raise ScheduleError naming the bad value."""
-    lay = config.layout
-    graph = validate(build(lay.schedule, pp=lay.pp, microbatches=lay.microbatches, chunks=lay.chunks))
+    lay = config.layout  # a registered name, torch:CLASS or csv:FILE
+    graph = validate(load_graph(lay.schedule, pp=lay.pp, microbatches=lay.microbatches, chunks=lay.chunks))
     if world_size != config.world_size:
         raise ConfigError(
             f"world size {world_size} (processes launched) does not equal pp x dp = "

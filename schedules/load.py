@@ -13,7 +13,7 @@ from schedules.errors import ScheduleError
 from schedules.graph import TaskGraph
 from schedules.ir import Schedule
 from schedules.lower import lower
-from schedules.registry import PipelineParams, build, names
+from schedules.registry import PipelineParams, build, lookup
 from schedules.torch_csv import read_torch_csv, read_torch_csv_graph
 from schedules.torch_interop import from_torch
 
@@ -76,7 +76,7 @@ def load_schedule(
     try:
         return build(rest, pp=pp, microbatches=microbatches, chunks=chunks, **options)
     except ScheduleError as exc:
-        if rest in names():
+        if lookup(rest) is not None:
             raise
         raise ScheduleError(f"{exc}; or torch:<ClassName>, csv:<FILE>") from None
 

@@ -5,6 +5,7 @@ A generator is a pure function ``(PipelineParams) -> Schedule``.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -13,7 +14,8 @@ from schedules.errors import ScheduleError, check_fraction, check_positive_ints,
 from schedules.ir import Action, Schedule
 
 __all__ = [
-    "PipelineParams", "ScheduleSpec", "build", "check_uniform_times", "make_schedule", "names", "register", "spec",
+    "PipelineParams", "ScheduleSpec", "build", "check_uniform_times", "lookup", "make_schedule", "names", "register",
+    "spec",
 ]
 
 
@@ -133,11 +135,21 @@ def names(*, by_family: bool = False) -> list[str]:
     return list(_REGISTRY) if by_family else sorted(_REGISTRY)
 
 
+def lookup(name: str) -> ScheduleSpec | None:
+    """The registered schedule called ``name`` (case-insensitive), or None."""
+    if not isinstance(name, str):
+        return None
+    return _REGISTRY.get(name) or _REGISTRY.get(name.lower())
+
+
 def spec(name: str) -> ScheduleSpec:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ScheduleError(f"unknown schedule {name!r}; valid: {', '.join(names())}") from None
+    """The registered schedule called ``name`` (case-insensitive); an unknown name suggests the closest."""
+    found = lookup(name)
+    if found is not None:
+        return found
+    close = difflib.get_close_matches(str(name).lower(), names(), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ScheduleError(f"unknown schedule {quote(name)}{hint}; valid: {', '.join(names())}", field="schedule")
 
 
 def _check_chunks(sp: ScheduleSpec, chunks: object) -> None:

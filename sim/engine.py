@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from schedules import Stream, TaskGraph, validate
+from schedules import ScheduleError, Stream, TaskGraph, validate
 from schedules.trace import make_trace
 from schedules.util import paused_gc
 from sim.costs import CostModel
@@ -148,15 +148,19 @@ def _simulate(graph: TaskGraph, costs: CostModel) -> SimResult:
         dur = [float(duration(t, graph)) for t in tasks]
     if not all(0.0 <= d < math.inf for d in dur):  # also catches NaN
         t, d = next((t, d) for t, d in zip(tasks, dur, strict=True) if not 0.0 <= d < math.inf)
-        raise ValueError(f"cost model gave task {t.action} on rank {t.rank} duration {d}; need a finite time >= 0")
+        raise ScheduleError(f"schedule {graph.schedule.name!r}: the cost model gives task {t.action} on rank {t.rank} "
+                            f"duration {d}; need a finite time >= 0 (are the pass times so large that they overflow?)")
     start = [math.nan] * n
     end = [math.nan] * n
-    network = getattr(costs, "network", None)  # optional: delays and shared links (real-units models)
+    network = getattr(costs, "network", None)  # optional: delays and shared links (physical-units models)
     if network is None:
         _run_engine(graph, dur, start, end)
     else:
         lag, links = network(graph, dur)
         _run_engine_links(graph, dur, lag, links, start, end)
+    if n and not math.isfinite(max(end)):
+        raise ScheduleError(f"schedule {graph.schedule.name!r}: the simulated step overflows to {max(end)} "
+                            "(finite pass times whose sum exceeds the largest float); use smaller times")
     return SimResult(
         graph=graph,
         costs=costs.describe(),

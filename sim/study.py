@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schedules import Kind, PipelineParams, Stream, TaskGraph, load_graph, names, spec, validate
+from schedules import Kind, PipelineParams, Stream, TaskGraph, load_graph, validate
 from schedules.dp import add_data_parallel
 from schedules.errors import ConfigError, check_positive_ints
+from schedules.registry import lookup
 from sim.cluster import GB, Cluster, cluster_from_dict, read_toml
 from sim.engine import SimResult, simulate
 from sim.memory import DeviceMemory, model_state_bytes
@@ -85,7 +86,8 @@ def build_graph(study: Study) -> TaskGraph:
 
 
 def spec_adaptive(name: str) -> bool:
-    return name in names() and spec(name).adaptive
+    found = lookup(name)
+    return found is not None and found.adaptive
 
 
 def exposed_comm(result: SimResult) -> list[float]:

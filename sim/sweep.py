@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
-    "Sweep", "SweepConfig", "bubble_sweep", "predict_for_trace", "run_sweep", "simulate_many", "units_comparison",
+    "Sweep", "SweepConfig", "applicable", "bubble_sweep", "predict_for_trace", "run_sweep", "simulate_many", "units_comparison",
 ]
 
 SWEEP_MICROBATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -32,14 +32,34 @@ def _chunks_for(name: str, chunks: int) -> int:
 
 
 def simulate_many(
-    names: Iterable[str], *, pp: int, microbatches: int, chunks: int = 2, costs: UniformCosts | None = None
+    names: Iterable[str], *, pp: int, microbatches: int, chunks: int = 2, costs: UniformCosts | None = None,
+    profile: str | Path | None = None,
 ) -> list[SimResult]:
-    """Simulate each named schedule at the same shape; multi-chunk ones get ``chunks`` stages per rank."""
-    costs = costs or UniformCosts()
+    """Simulate each named schedule at the same shape; multi-chunk ones get ``chunks`` stages per rank.
+
+    ``profile``: a cost file (real.profile); each schedule gets its partition's measured costs.
+    """
     graphs = []
     for name in names:  # build and validate all first: a bad name fails before any simulation
         graphs.append(validate(build(name, pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks))))
-    return [simulate(g, costs, check=False) for g in graphs]
+    if profile is None:
+        return [simulate(g, costs or UniformCosts(), check=False) for g in graphs]
+    from sim.profiled import load_profile
+
+    return [simulate(g, load_profile(profile, g.schedule.num_stages), check=False) for g in graphs]
+
+
+def applicable(names: Iterable[str], *, pp: int, microbatches: int, chunks: int = 2) -> tuple[list[str], dict[str, str]]:
+    """The schedules that take this shape, and why each other one does not."""
+    ok, skipped = [], {}
+    for name in names:
+        try:
+            build(name, pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks))
+        except ScheduleError as exc:
+            skipped[name] = str(exc)
+        else:
+            ok.append(name)
+    return ok, skipped
 
 
 def bubble_sweep(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from analysis.cli.common import fail
+from analysis.cli.common import fail, guarded
 
 __all__ = ["main"]
 
@@ -37,6 +37,7 @@ commands:
 schedlab COMMAND --help shows a command's flags."""
 
 
+@guarded
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):

@@ -8,23 +8,34 @@ prints it as one line with the flag that sets that field, and exits with 2.
 from __future__ import annotations
 
 import argparse
+import errno
+import functools
+import json
+import os
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-from schedules import SchedlabError, names, spec
+from schedules import SchedlabError, names
 from schedules.errors import quote
+from schedules.registry import lookup
 
 __all__ = [
     "OneLineParser",
     "add_cost_args",
     "add_schedule_args",
+    "check_cost_flags",
     "errors_to_exit",
     "fail",
     "flag_of",
+    "given",
+    "guarded",
     "int_list",
     "name_list",
+    "print_json",
+    "refuse",
+    "uniform_costs",
 ]
 
 # Fields whose flag is not "--" + the field with dashes.
@@ -52,6 +63,48 @@ class OneLineParser(argparse.ArgumentParser):
 def fail(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def print_json(obj: Any) -> None:
+    """Exactly one JSON object that a strict parser takes: a non-finite number is an error, never NaN/Infinity."""
+    try:
+        text = json.dumps(obj, allow_nan=False)
+    except ValueError:
+        fail("the result holds a non-finite number (inf or nan); nothing printed. Are the pass times too large?")
+    print(text)
+
+
+def _stdout_to_devnull() -> None:
+    """Send what is left of stdout nowhere, so the interpreter's own flush at exit cannot fail again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    finally:
+        os.close(devnull)
+
+
+def guarded(main: Callable[..., int]) -> Callable[..., int]:
+    """A command's entry point: a closed pipe ends it quietly (exit 1), a full disk with one line (exit 2)."""
+
+    @functools.wraps(main)
+    def run(*args: Any, **kwargs: Any) -> int:
+        try:
+            code = main(*args, **kwargs)
+            sys.stdout.flush()
+            return code
+        except BrokenPipeError:
+            _stdout_to_devnull()
+            return 1
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
+                raise
+            _stdout_to_devnull()
+            print(f"error: cannot write the output: {exc.strerror}", file=sys.stderr)
+            return 2
+
+    return run
 
 
 def flag_of(field: str | None, parser: OneLineParser | None) -> str | None:
@@ -120,30 +173,57 @@ def add_schedule_args(p: argparse.ArgumentParser, *, required: bool = True) -> N
 
 def add_cost_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("uniform costs (time per microbatch through one rank's whole share)")
-    g.add_argument("--tf", type=float, default=1.0, help="forward (default 1)")
-    g.add_argument("--tb", type=float, default=1.0, help="input-gradient backward; B costs tb+tw (default 1)")
-    g.add_argument("--tw", type=float, default=1.0, help="weight-gradient backward (default 1)")
-    g.add_argument("--tcomm", type=float, default=0.0, help="delay of each cross-rank message (default 0)")
-    g.add_argument("--mw", type=float, default=0.0, help="fraction of M_B that W still holds after I (default 0)")
-    g.add_argument("--pair-overlap", type=float, default=0.0, metavar="H",
+    g.add_argument("--tf", type=float, help="forward (default 1)")
+    g.add_argument("--tb", type=float, help="input-gradient backward; B costs tb+tw (default 1)")
+    g.add_argument("--tw", type=float, help="weight-gradient backward (default 1)")
+    g.add_argument("--tcomm", type=float, help="delay of each cross-rank message (default 0)")
+    g.add_argument("--mw", type=float, help="fraction of M_B that W still holds after I (default 0)")
+    g.add_argument("--pair-overlap", type=float, metavar="H",
                    help="fraction of the shorter pass hidden in an overlapped F+B pair (DualPipe); 0 = sum (default)")
     g.add_argument("--costs", metavar="PROFILE.json",
                    help="profiled costs in seconds from python -m real.profile (replaces the uniform costs)")
 
 
+UNIFORM_DEFAULTS: Mapping[str, float] = {"tf": 1.0, "tb": 1.0, "tw": 1.0, "tcomm": 0.0, "mw": 0.0, "pair_overlap": 0.0}
+
+
+def given(args: argparse.Namespace, *fields: str) -> list[str]:
+    """The flags among ``fields`` that the user gave (their value is not None)."""
+    return ["--" + f.replace("_", "-") for f in fields if getattr(args, f, None) is not None]
+
+
+def refuse(flags: list[str], why: str) -> None:
+    """A flag that would have no effect is an error, never silently ignored."""
+    if flags:
+        fail(f"{', '.join(flags)} {'has' if len(flags) == 1 else 'have'} no effect {why}")
+
+
+def uniform(args: argparse.Namespace, name: str) -> float:
+    value = getattr(args, name)
+    return UNIFORM_DEFAULTS[name] if value is None else value
+
+
 def uniform_costs(args: argparse.Namespace) -> Any:
     from sim import UniformCosts
 
-    return UniformCosts(tf=args.tf, tb=args.tb, tw=args.tw, tcomm=args.tcomm, mw=args.mw, pair_overlap=args.pair_overlap)
+    return UniformCosts(**{k: uniform(args, k) for k in UNIFORM_DEFAULTS})
+
+
+def check_cost_flags(args: argparse.Namespace) -> None:
+    """--costs replaces the uniform pass times: giving both is an error."""
+    if getattr(args, "costs", None):
+        refuse(given(args, "tf", "tb", "tw", "tcomm", "mw", "pair_overlap"),
+               "with --costs (the cost file gives every time; leave them out)")
 
 
 def schedule_options(args: argparse.Namespace) -> dict[str, Any]:
     """What an adaptive schedule (zb-auto) reads: the pass times and --mem-limit; nothing for the others."""
     options: dict[str, Any] = {}
-    if args.schedule in names() and spec(args.schedule).adaptive:
-        options = {"tf": args.tf, "tb": args.tb, "tw": args.tw, "tcomm": args.tcomm, "mw": args.mw}
+    found = lookup(args.schedule)
+    if found is not None and found.adaptive:
+        options = {k: uniform(args, k) for k in ("tf", "tb", "tw", "tcomm", "mw")}
     if getattr(args, "mem_limit", None) is not None:
-        if args.schedule not in names():
+        if found is None:
             fail(f"--mem-limit applies only to registered adaptive schedules, not to {args.schedule!r}")
         options["mem_limit"] = args.mem_limit
     return options

@@ -7,15 +7,30 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from analysis.cli.common import OneLineParser, add_cost_args, errors_to_exit, fail, name_list, uniform_costs
+from analysis.cli.common import (
+    OneLineParser,
+    add_cost_args,
+    check_cost_flags,
+    errors_to_exit,
+    fail,
+    given,
+    guarded,
+    name_list,
+    print_json,
+    refuse,
+    uniform_costs,
+)
 from schedules import ScheduleError
+from schedules.util import atomic_write, check_output_dir, check_output_file
 
 __all__ = ["compare_main", "perfetto_main", "report_main"]
 
 
+@guarded
 def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compare") -> int:
     p = OneLineParser(prog=prog, description="Simulate schedules at one shape; print a comparison table and write timelines.")
-    p.add_argument("--schedules", default="all", metavar="A,B,...", help="comma-separated names, or 'all' (default)")
+    p.add_argument("--schedules", default="all", metavar="A,B,...",
+                   help="comma-separated names, or 'all' (default: every schedule that takes this shape)")
     p.add_argument("--pp", type=int, default=4, metavar="P", help="pipeline ranks (default 4)")
     p.add_argument("--microbatches", type=int, default=8, metavar="M", help="microbatches (default 8)")
     p.add_argument("--chunks", type=int, default=2, metavar="V", help="stages per rank for multi-chunk schedules (default 2)")
@@ -25,35 +40,40 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     g = p.add_argument_group("physical units (with --model and --cluster: a seconds/bytes table, no timelines)")
     g.add_argument("--model", metavar="NAME", help="transformer preset, e.g. gpt-6.2b")
     g.add_argument("--cluster", metavar="NAME[:NODES]", help="cluster preset, e.g. dgx-h100:2")
-    g.add_argument("--dp", type=int, default=1, help="data-parallel replicas (default 1)")
-    g.add_argument("--dp-mode", default="none", metavar="MODE", help="none, sync, ddp, zero1, zero2, zero3, ps")
-    g.add_argument("--microbatch-size", type=int, default=1, metavar="B", help="sequences per microbatch (default 1)")
+    g.add_argument("--dp", type=int, help="data-parallel replicas (default 1)")
+    g.add_argument("--dp-mode", metavar="MODE", help="none, sync, ddp, zero1, zero2, zero3, ps (default none)")
+    g.add_argument("--microbatch-size", type=int, metavar="B", help="sequences per microbatch (default 1)")
     args = p.parse_args(argv)
-    if args.costs:
-        fail(f"{prog}: --costs (a profiled cost file) applies to simulate and report, not to compare")
+    check_cost_flags(args)
     chosen = name_list(args.schedules)
     if args.model or args.cluster:
         return _units_compare(args, chosen, p, prog)
+    refuse(given(args, "dp", "dp_mode", "microbatch_size"), "without physical units: add --model and --cluster")
     from analysis.compare import comparison_table, format_comparison
     from analysis.timeline import plot_timeline, plot_timelines
-    from sim.sweep import simulate_many
+    from sim.sweep import applicable, simulate_many
 
+    skipped: dict[str, str] = {}
+    if args.schedules == "all":  # every schedule that takes the shape; the others are listed, not fatal
+        chosen, skipped = applicable(chosen, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks)
     with errors_to_exit(p):
+        out = check_output_dir(args.out, "output folder")
         results = simulate_many(chosen, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks,
-                                costs=uniform_costs(args))
-    table = comparison_table(results)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    written = [plot_timelines([r.trace for r in results], out / "timelines.png")]
-    written += [plot_timeline(r.trace, out / f"timeline-{r.schedule}.png") for r in results]
-    table.to_csv(out / "comparison.csv", index=False)
-    written.append(out / "comparison.csv")
+                                costs=uniform_costs(args), profile=args.costs)
+        table = comparison_table(results)
+        written = [plot_timelines([r.trace for r in results], out / "timelines.png")] if results else []
+        written += [plot_timeline(r.trace, out / f"timeline-{r.schedule}.png") for r in results]
+        written.append(atomic_write(out / "comparison.csv", lambda tmp: table.to_csv(tmp, index=False),
+                                    "comparison table"))
     if args.json:
-        print(json.dumps({"schedules": json.loads(table.to_json(orient="records")), "files": [str(w) for w in written]}))
-    else:
-        print(format_comparison(table))
-        print(f"\nwrote {len(written)} files under {out}/: timelines.png (all schedules, one time axis), "
-              "timeline-<schedule>.png, comparison.csv")
+        print_json({"schedules": json.loads(table.to_json(orient="records")), "skipped": skipped,
+                    "files": [str(w) for w in written]})
+        return 0
+    print(format_comparison(table))
+    for name, why in skipped.items():
+        print(f"skipped {name}: {why}")
+    print(f"\nwrote {len(written)} files under {out}/: timelines.png (all schedules, one time axis), "
+          "timeline-<schedule>.png, comparison.csv")
     return 0
 
 
@@ -67,13 +87,18 @@ def _units_compare(args, chosen: list[str], parser: OneLineParser, prog: str) ->
 
     if not (args.model and args.cluster):
         fail(f"{prog}: physical units need both --model and --cluster (see --help)")
+    if args.costs:
+        fail(f"{prog}: --costs (a profiled cost file) does not combine with --model/--cluster")
+    refuse(given(args, "tf", "tb", "tw", "tcomm", "mw", "pair_overlap"),
+           "in physical units (--model/--cluster): the pass times come from the model and the cluster")
+    args.dp, args.dp_mode, args.microbatch_size = args.dp or 1, args.dp_mode or "none", args.microbatch_size or 1
     with errors_to_exit(parser):
         costs = TransformerCosts(model=model_preset(args.model), cluster=cluster_preset(args.cluster),
                                  parallel=ParallelConfig(pp=args.pp, dp=args.dp, dp_mode=args.dp_mode),
                                  microbatch_size=args.microbatch_size)
         rows = units_comparison(chosen, chunks=args.chunks, microbatches=args.microbatches, costs=costs)
     if args.json:
-        print(json.dumps({"schedules": rows}))
+        print_json({"schedules": rows})
         return 0
     first = rows[0]["costs"] if rows else {}
     print(f"\n{args.model} on {args.cluster}: pp={args.pp} dp={args.dp} dp-mode={args.dp_mode} "
@@ -82,6 +107,7 @@ def _units_compare(args, chosen: list[str], parser: OneLineParser, prog: str) ->
     return 0
 
 
+@guarded
 def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report") -> int:
     p = OneLineParser(prog=prog, description="Simulate the schedules, compare them, and write a report with figures.")
     p.add_argument("--out", default="out/report", metavar="DIR", help="report folder (default out/report)")
@@ -93,6 +119,7 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_cost_args(p)
     args = p.parse_args(argv)
+    check_cost_flags(args)
     from analysis.report import write_report
     from sim.sweep import SweepConfig, run_sweep
 
@@ -105,6 +132,7 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
             return tqdm(jobs, desc="bubble sweep", unit="sim", leave=False)
 
     with errors_to_exit(p):
+        check_output_dir(args.out, "report folder")
         cfg = SweepConfig(pp=args.pp, microbatches=args.microbatches, chunks=args.chunks, schedules=chosen,
                           costs=uniform_costs(args), real_traces=tuple(Path(t) for t in args.real),
                           profile=Path(args.costs) if args.costs else None)
@@ -113,6 +141,7 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
     return 0
 
 
+@guarded
 def perfetto_main(argv: Sequence[str] | None = None, prog: str = "schedlab perfetto") -> int:
     p = OneLineParser(prog=prog, description="Convert a schedlab trace to Chrome/Perfetto JSON.")
     p.add_argument("trace", metavar="TRACE", help="a trace written by --trace (.csv or .parquet)")
@@ -126,6 +155,7 @@ def perfetto_main(argv: Sequence[str] | None = None, prog: str = "schedlab perfe
     with errors_to_exit(p):
         if not src.is_file():
             raise ScheduleError(f"trace file {str(src)!r} not found")
+        check_output_file(out, "chrome trace file", (".json",))
         path = write_chrome_trace(read_trace(src), out)
     print(f"wrote {path} (open it in the Perfetto UI or chrome://tracing)")
     return 0

@@ -11,20 +11,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from collections.abc import Sequence
 from datetime import timedelta
-from pathlib import Path
 
 import torch.distributed as dist
 
-from analysis.cli.common import OneLineParser, errors_to_exit, fail, int_list
+from analysis.cli.common import OneLineParser, errors_to_exit, guarded, int_list
 from analysis.cli.train import add_model_args, model_from_args
 from real.config import OPTIMIZERS
 from real.mesh import env_world
 from real.profile import ProfileConfig, profile
 from schedules import ConfigError
+from schedules.util import atomic_write, check_output_file
 
 __all__ = ["config_from_args", "main"]
 
@@ -63,6 +62,7 @@ def config_from_args(args: argparse.Namespace) -> ProfileConfig:
                          lr=args.lr, reps=args.reps, warmup=args.warmup, seed=args.seed)
 
 
+@guarded
 def main(argv: Sequence[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -70,10 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
                         format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
     prefix = f"[rank {rank}] " if world > 1 else ""
-    out = Path(args.out)
-    if out.suffix != ".json":
-        fail(f"{prefix}--out {args.out!r}: the cost file is JSON; give a path ending in .json")
     with errors_to_exit(parser, prefix):
+        out = check_output_file(args.out, "cost file", (".json",))
         cfg = config_from_args(args)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
@@ -84,9 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if dist.is_initialized():
             dist.destroy_process_group()
     if rank == 0:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(".tmp-" + out.name)
-        tmp.write_text(json.dumps(result, indent=1))
-        os.replace(tmp, out)
+        with errors_to_exit(parser, prefix):
+            atomic_write(out, lambda tmp: tmp.write_text(json.dumps(result, indent=1, allow_nan=False)), "cost file")
         sys.stdout.write(f"wrote cost file: {out}\n")
     return 0

@@ -13,15 +13,19 @@ come from the file).
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 
 from analysis.cli.common import (
     OneLineParser,
     add_cost_args,
     add_schedule_args,
+    check_cost_flags,
     errors_to_exit,
     fail,
+    given,
+    guarded,
+    print_json,
+    refuse,
     schedule_options,
     uniform_costs,
 )
@@ -81,7 +85,7 @@ def units_overrides(args: argparse.Namespace) -> dict[str, dict]:
     for table, keys in (("parallel", ("pp", "dp", "tp", "dp_mode", "bucket_mb", "collective", "order")),
                         ("run", ("schedule", "microbatches", "microbatch_size", "chunks", "efficiency"))):
         tables[table].update({k: getattr(args, k) for k in keys if getattr(args, k) is not None})
-    if args.pair_overlap:
+    if args.pair_overlap is not None:
         tables["run"]["pair_overlap"] = args.pair_overlap
     return {k: v for k, v in tables.items() if v}
 
@@ -108,15 +112,20 @@ def units_main(args: argparse.Namespace, parser: OneLineParser) -> int:
 
     if args.mem_limit is not None:
         fail("--mem-limit is a unit-cost (M_B) option; in physical units the memory is reported in bytes")
+    refuse(given(args, "tf", "tb", "tw", "tcomm", "mw"),
+           "in physical units (--model/--cluster/--config): the pass times come from the model and the cluster")
     with errors_to_exit(parser):
         trace_path, plot_path, exports = _outputs(args)
         study = load_study(args.config, units_overrides(args))
         result = run_study(study)
-    _write_outputs(result.sim.trace, trace_path, plot_path)
-    pipeline = result.sim.graph.schedule  # the pipeline schedule under the data-parallel tasks
-    for comms, path in exports.items():
-        write_torch_csv(lower(pipeline) if comms else pipeline, path, comms=comms)
-    print(json.dumps(result.to_dict()) if args.json else result.format())
+        _write_outputs(result.sim.trace, trace_path, plot_path)
+        pipeline = result.sim.graph.schedule  # the pipeline schedule under the data-parallel tasks
+        for comms, path in exports.items():
+            write_torch_csv(lower(pipeline) if comms else pipeline, path, comms=comms)
+    if args.json:
+        print_json(result.to_dict())
+    else:
+        print(result.format())
     if not args.json:
         for what, path in (("trace", trace_path), ("timeline", plot_path), *((f"torch CSV{' +comms' * c}", p) for c, p in exports.items())):
             if path is not None:
@@ -153,6 +162,10 @@ def _list() -> int:
     return 0
 
 
+UNITS_ONLY = ("dp", "tp", "dp_mode", "microbatch_size", "bucket_mb", "collective", "order", "efficiency")
+
+
+@guarded
 def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
     parser = _parser(prog)
     args = parser.parse_args(argv)
@@ -162,6 +175,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
         if args.costs:
             fail(f"{prog}: --costs (a profiled cost file) does not combine with --model/--cluster/--config")
         return units_main(args, parser)
+    refuse(given(args, *UNITS_ONLY), "without physical units: add --model and --cluster (or --config)")
+    check_cost_flags(args)
     needed = ("schedule",) if (args.schedule or "").startswith("csv:") else ("schedule", "pp", "microbatches")
     missing = [f"--{f}" for f in needed if getattr(args, f) is None]
     if missing:
@@ -176,13 +191,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
             from sim.profiled import load_profile, step_time
 
             costs = load_profile(args.costs, graph.schedule.num_stages)
-    result = simulate(graph, costs, check=False)
-    step = step_time(result, costs) if step_time is not None else None
-    _write_outputs(result.trace, trace_path, plot_path)
-    for comms, path in exports.items():
-        write_torch_csv(graph, path, comms=comms)
+        result = simulate(graph, costs, check=False)
+        step = step_time(result, costs) if step_time is not None else None
+        _write_outputs(result.trace, trace_path, plot_path)
+        for comms, path in exports.items():
+            write_torch_csv(graph, path, comms=comms)
     if args.json:
-        print(json.dumps(result.to_dict() if step is None else {**result.to_dict(), "step_time": step}))
+        print_json(result.to_dict() if step is None else {**result.to_dict(), "step_time": step})
         return 0
     print(format_table(result))
     if step is not None:

@@ -12,7 +12,6 @@ status 2, before any communication.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -20,7 +19,15 @@ from collections.abc import Sequence
 
 import torch
 
-from analysis.cli.common import OneLineParser, add_schedule_args, errors_to_exit, int_list
+from analysis.cli.common import (
+    OneLineParser,
+    add_schedule_args,
+    errors_to_exit,
+    fail,
+    guarded,
+    int_list,
+    print_json,
+)
 from analysis.timeline import check_figure_path, plot_timeline
 from real.checkpoint import CheckpointConfig
 from real.config import (
@@ -44,6 +51,7 @@ from real.mesh import env_world
 from real.train import RunResult, resolve_backend, restart_count, resume_point, run
 from schedules import ConfigError
 from schedules.trace import check_trace_path
+from schedules.util import atomic_write, check_output_dir, check_output_file
 
 __all__ = ["add_model_args", "config_from_args", "launch_main", "main", "model_argv", "model_from_args", "parser"]
 
@@ -73,7 +81,8 @@ def model_argv(model: ModelConfig) -> list[str]:
 
 def parser(prog: str) -> OneLineParser:
     p = OneLineParser(prog=prog, description="Train a model with a pipeline schedule on torch.distributed.")
-    add_schedule_args(p)
+    add_schedule_args(p, required=False)
+    p.set_defaults(prog=prog)
     p.add_argument("--dp", type=_dp, default=1, metavar="D",
                    help="data-parallel replicas, or auto: world size / pp (elastic runs; default 1)")
     p.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
@@ -129,8 +138,27 @@ def _resolve_dp(dp: int | str, pp: int, world: int | None) -> int:
     return world // pp
 
 
+def _shape_from_file(args: argparse.Namespace) -> None:
+    """--pp and --microbatches: required, except that a csv: schedule file carries its own."""
+    if args.schedule is None:
+        fail(f"{args.prog}: the following arguments are required: --schedule (see --help)")
+    if args.schedule.startswith("csv:") and (args.pp is None or args.microbatches is None):
+        from schedules import read_torch_csv
+
+        schedule = read_torch_csv(args.schedule[len("csv:"):])
+        args.pp = args.pp if args.pp is not None else schedule.num_ranks
+        args.microbatches = args.microbatches if args.microbatches is not None else schedule.num_microbatches
+    missing = [f"--{k}" for k in ("pp", "microbatches") if getattr(args, k) is None]
+    if missing:
+        fail(f"{args.prog}: the following arguments are required: {', '.join(missing)} (see --help)")
+
+
 def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunConfig:
-    """Flags -> RunConfig (``world``: the launched processes, for ``--dp auto``); a SchedlabError names the bad value."""
+    """Flags -> RunConfig (``world``: the launched processes, for ``--dp auto``); a SchedlabError names the bad value.
+
+    A ``csv:FILE`` schedule gives pp and microbatches when the flags leave them out.
+    """
+    _shape_from_file(args)
     model = model_from_args(args)
     checkpoint = None
     if args.checkpoint_dir is not None:
@@ -160,6 +188,10 @@ def _checked(args: argparse.Namespace, world: int) -> RunConfig:
         check_trace_path(args.trace)
     if args.plot:
         check_figure_path(args.plot)
+    if args.save_params:
+        check_output_file(args.save_params, "parameter file")
+    if args.checkpoint_dir:
+        check_output_dir(args.checkpoint_dir, "checkpoint directory")
     return config
 
 
@@ -174,11 +206,11 @@ def _print_step(quiet: bool):
 
 def _report(result: RunResult, args: argparse.Namespace) -> None:
     if args.save_params:
-        torch.save(result.parameters, args.save_params)
+        atomic_write(args.save_params, lambda tmp: torch.save(result.parameters, tmp), "parameter file")
     if args.plot:
         plot_timeline(result.trace, args.plot)
     if args.json:
-        print(json.dumps(result.to_json()))
+        print_json(result.to_json())
         return
     if result.resumed_from:
         print(f"resumed from {result.resumed_from} at step {result.start_step} (restart {restart_count()})")
@@ -193,6 +225,7 @@ def _report(result: RunResult, args: argparse.Namespace) -> None:
             print(f"wrote {what}: {path}")
 
 
+@guarded
 def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int:
     p = parser(prog)
     args = p.parse_args(argv)
@@ -201,9 +234,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int
                         format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
     with errors_to_exit(p, f"[rank {rank}] " if world > 1 else ""):
         config = _checked(args, world)
-    result = run(config, trace_path=args.trace, on_step=_print_step(args.json))
-    if rank == 0:
-        _report(result, args)
+        result = run(config, trace_path=args.trace, on_step=_print_step(args.json))
+        if rank == 0:
+            _report(result, args)
     return 0
 
 
@@ -211,6 +244,7 @@ def _under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
 
 
+@guarded
 def launch_main(argv: Sequence[str] | None = None, prog: str = "schedlab run") -> int:
     """``schedlab run``: check the flags, then start torchrun with ``--nproc-per-node`` (default pp x dp)."""
     argv = list(sys.argv[1:] if argv is None else argv)
