@@ -19,7 +19,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-from schedules.errors import ScheduleError
+from schedules.errors import ScheduleError, quote
 
 __all__ = ["BACKWARD_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "Action", "Kind", "Schedule"]
 
@@ -103,29 +103,29 @@ class Action:
             kind = s[close + 1 :] if close > 0 else ""
             if close < 0 or kind != Kind.OVERLAP_F_B.value:
                 raise ScheduleError(
-                    f"invalid action {text!r}: a bracketed action must be "
+                    f"invalid action {quote(text)}: a bracketed action must be "
                     "'(<action>;<action>)OVERLAP_F_B', e.g. '(0F7;7B3)OVERLAP_F_B'"
                 )
             subs = tuple(Action.parse(p) for p in s[1:close].split(";"))
             kinds = sorted(a.kind.value for a in subs)
             if kinds not in (["B", "F"], ["F", "I"]):
                 raise ScheduleError(
-                    f"invalid action {text!r}: OVERLAP_F_B pairs one forward with one "
+                    f"invalid action {quote(text)}: OVERLAP_F_B pairs one forward with one "
                     "backward (B or I), e.g. '(0F7;7B3)OVERLAP_F_B'"
                 )
             return Action(Kind.OVERLAP_F_B, -1, None, subs)
         m = _ACTION_RE.match(s)
         if m is None:
             raise ScheduleError(
-                f"invalid action {text!r}: expected <stage><kind><microbatch> with kind one of "
+                f"invalid action {quote(text)}: expected <stage><kind><microbatch> with kind one of "
                 "F, I, W, B, SEND_F, RECV_F, SEND_B, RECV_B, e.g. '2F0', '1I3', '0SEND_F1'"
             )
         stage, kind, mb, bucket = m.groups()
         if not mb and kind not in _NO_MICROBATCH:
-            raise ScheduleError(f"invalid action {text!r}: {kind} needs a microbatch index, e.g. '{stage}{kind}0'")
+            raise ScheduleError(f"invalid action {quote(text)}: {kind} needs a microbatch index, e.g. '{stage}{kind}0'")
         if bucket is not None and kind not in _NO_MICROBATCH:
             raise ScheduleError(
-                f"invalid action {text!r}: only collectives and OPTIM take a bucket suffix, e.g. '{stage}ALLREDUCE_b0'"
+                f"invalid action {quote(text)}: only collectives and OPTIM take a bucket suffix, e.g. '{stage}ALLREDUCE_b0'"
             )
         return Action(Kind(kind), int(stage), int(mb) if mb else None, bucket=int(bucket) if bucket else None)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedules.errors import ScheduleError
+from schedules.errors import ScheduleError, quote
 from schedules.graph import TaskGraph
 from schedules.ir import Schedule
 from schedules.lower import lower
@@ -26,7 +26,7 @@ def _split_ref(ref: str) -> tuple[str, str]:
             rest = ref[len(prefix):]
             if not rest:
                 what = "a class name, e.g. torch:ZBVZeroBubble" if prefix == "torch:" else "a file, e.g. csv:run.csv"
-                raise ScheduleError(f"schedule {ref!r}: {prefix} needs {what}")
+                raise ScheduleError(f"schedule {quote(ref)}: {prefix} needs {what}")
             return prefix[:-1], rest
     return "name", ref
 
@@ -41,12 +41,12 @@ def _options_of(params: PipelineParams) -> dict[str, Any]:
 def _need(ref: str, **values: int | None) -> None:
     missing = [k for k, v in values.items() if v is None]
     if missing:
-        raise ScheduleError(f"schedule {ref!r} needs {' and '.join(missing)}; only csv: files carry their own")
+        raise ScheduleError(f"schedule {quote(ref)} needs {' and '.join(missing)}; only csv: files carry their own")
 
 
 def _check_chunks(ref: str, schedule: Schedule, chunks: int | None) -> None:
     if chunks is not None and chunks != schedule.chunks:
-        raise ScheduleError(f"schedule {ref!r} has {schedule.chunks} stage(s) per rank "
+        raise ScheduleError(f"schedule {quote(ref)} has {schedule.chunks} stage(s) per rank "
                             f"({schedule.num_stages} stages on {schedule.num_ranks} ranks) but chunks={chunks} "
                             f"was given; use {schedule.chunks} or leave it out")
 

@@ -61,6 +61,22 @@ class PipelineParams:
 
 Generator = Callable[[PipelineParams], Schedule]
 
+# The largest task graph built: about 0.6 KB and 10 us to lower and validate per task on this project's
+# 2-core machine (experiments/bench_sim.py), so 4M tasks is ~2.5 GB and under a minute; beyond that a
+# typo (--microbatches 10000000) would grow memory for minutes before printing anything.
+MAX_TASKS = 4_000_000
+TASKS_PER_PASS = 7  # upper bound per (stage, microbatch): F, I, W and four messages
+
+
+def check_size(name: str, pp: int, chunks: int, microbatches: int) -> None:
+    """Refuse a shape whose task graph would not fit in memory or time, before building anything."""
+    estimate = TASKS_PER_PASS * pp * chunks * microbatches
+    if estimate > MAX_TASKS:
+        raise ScheduleError(
+            f"schedule {name!r} at pp={pp}, chunks={chunks}, microbatches={microbatches} would have about "
+            f"{estimate:,} tasks, above the limit of {MAX_TASKS:,} (about 2.5 GB); use fewer microbatches or ranks"
+        )
+
 
 def make_schedule(
     name: str,
@@ -187,6 +203,7 @@ def build(name: str, params: PipelineParams | None = None, /, **fields: Any) -> 
         raise TypeError(f"build() takes a PipelineParams or its fields as keywords, not both (got {sorted(fields)})")
     chunks = sp.default_chunks if params.chunks is None else params.chunks
     _check_chunks(sp, chunks)
+    check_size(sp.name, params.pp, chunks, params.microbatches)
     if params.mem_limit is not None and not sp.adaptive:
         adaptive = ", ".join(n for n in names() if _REGISTRY[n].adaptive)
         raise ScheduleError(f"mem_limit applies only to adaptive schedules ({adaptive}), not to {name!r}",

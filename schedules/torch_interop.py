@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from schedules.errors import ScheduleError
+from schedules.errors import ScheduleError, quote
 from schedules.ir import Action, Schedule
-from schedules.registry import PipelineParams
+from schedules.registry import PipelineParams, check_size
 from schedules.torch_csv import SKIPPED_CELL
 
 __all__ = ["TORCH_VERSION", "from_torch", "torch_schedule_names"]
@@ -65,11 +65,11 @@ def _resolve_class(ts: Any, class_name: str) -> tuple[str, type]:
     try:
         cls = ts.get_schedule_class(class_name)  # case-insensitive, as torch resolves names
     except ValueError:
-        raise ScheduleError(f"unknown torch schedule class {class_name!r}; valid: {valid}") from None
+        raise ScheduleError(f"unknown torch schedule class {quote(class_name)}; valid: {valid}") from None
     for name, c in concrete.items():
         if c is cls:
             return name, cls
-    raise ScheduleError(f"torch class {class_name!r} is a base class without a schedule of its own; valid: {valid}")
+    raise ScheduleError(f"torch class {quote(class_name)} is a base class without a schedule of its own; valid: {valid}")
 
 
 def _mock_stages(ts: Any, cls: type, name: str, pp: int, chunks: int | None) -> tuple[Any, int]:
@@ -128,6 +128,7 @@ def from_torch(class_name: str, pp: int, microbatches: int, chunks: int | None =
     name, cls = _resolve_class(ts, class_name)
     PipelineParams(pp=pp, microbatches=microbatches)
     stages, v = _mock_stages(ts, cls, name, pp, chunks)
+    check_size(f"torch:{name}", pp, v, microbatches)
     try:
         instance = cls(stages, microbatches)
     except Exception as exc:  # torch's checks raise ValueError/AssertionError; report any failure the same way
