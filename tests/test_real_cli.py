@@ -135,3 +135,44 @@ def test_schedlab_run_in_one_process_prints_losses_and_writes_the_trace(capsys, 
     assert out[-1] == f"wrote trace: {trace}"
     df = read_trace(trace)
     assert sorted(df["action"]) == sorted(["0F0", "0F1", "0I0", "0I1", "0W0", "0W1"])
+
+
+# -- what --help advertises works for training: csv:FILE and torch:CLASS; outputs checked before training ----------
+
+
+def test_a_csv_schedule_trains_with_pp_and_microbatches_from_the_file(capsys, tmp_path):
+    """zb-h1 at pp=1 exported as torch's CSV, then trained from the file with neither --pp nor --microbatches."""
+    from schedules import build, write_torch_csv
+
+    path = write_torch_csv(build("zb-h1", pp=1, microbatches=4), tmp_path / "zbh1.csv")
+    assert real_main(["--schedule", f"csv:{path}", "--steps", "2", "--batch-size", "16", *SMALL, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert (got["pp"], got["microbatches"], got["schedule"]) == (1, 4, f"csv:{path}")
+    cfg = RunConfig.of(schedule="zb-h1", pp=1, microbatches=4, steps=2, batch_size=16, model=SMALL_MODEL)
+    assert got["losses"] == pytest.approx(reference_run(cfg)[0], abs=1e-5)
+
+
+def test_a_torch_schedule_class_trains(capsys):
+    assert real_main(["--schedule", "torch:GPipe", "--pp", "1", "--microbatches", "2", "--steps", "2", *SMALL,
+                      "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["schedule"] == "torch:GPipe"
+
+
+def test_bad_outputs_and_shapes_are_refused_before_training(capsys, tmp_path):
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "afile").write_text("x")
+    base = ["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--steps", "2", *SMALL]
+    for argv, message in [
+        ([*base, "--save-params", str(tmp_path / "adir")], "parameter file"),
+        ([*base, "--checkpoint-dir", str(tmp_path / "afile")], "is a file; give a directory"),
+        ([*base, "--trace", str(tmp_path / "afile" / "t.csv")], "is a file, not a folder"),
+        ([*base, "--plot", str(tmp_path / "adir")], "use a name ending in .png, .svg, .pdf"),
+        (["--schedule", f"csv:{tmp_path / 'missing.csv'}", "--steps", "2"], "not found"),
+        (["--schedule", "torch:GPipe", "--steps", "2"], "the following arguments are required: --pp, --microbatches"),
+        (["--pp", "1", "--microbatches", "2"], "the following arguments are required: --schedule"),
+    ]:
+        with pytest.raises(SystemExit) as exc:
+            real_main(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and err.count("\n") == 1 and message in err, (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile"]
