@@ -194,8 +194,11 @@ def write_report(out: str | os.PathLike, sweep: Sweep) -> Path:
     in at the end, ``report.md`` last: a failure leaves no figures without a report.
     """
     final = check_output_dir(out, "report folder")
-    final.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    except OSError as exc:
+        raise OutputError(f"cannot write report folder {str(final)!r}: {exc.strerror or exc}") from None
     try:
         _write_report(stage, sweep)
         final.mkdir(parents=True, exist_ok=True)

@@ -42,12 +42,11 @@ def _writable_folder(folder: Path, what: str, target: Path) -> None:
         raise OutputError(f"{what} {str(target)!r}: {str(probe)!r} is a file, not a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
         raise OutputError(f"{what} {str(target)!r}: folder {str(probe)!r} is not writable")
-    if probe == folder:
-        try:  # catches what access() does not: a read-only file system
-            with tempfile.TemporaryFile(dir=folder):
-                pass
-        except OSError as exc:
-            raise OutputError(f"{what} {str(target)!r}: cannot write in {str(folder)!r} ({exc.strerror})") from None
+    try:  # catches what access() does not: a read-only or virtual file system (/proc, /sys), a full quota
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        raise OutputError(f"{what} {str(target)!r}: cannot write in {str(probe)!r} ({exc.strerror})") from None
 
 
 def check_output_file(path: str | os.PathLike, what: str, suffixes: Sequence[str] = ()) -> Path:

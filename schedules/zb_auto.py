@@ -188,6 +188,9 @@ def zb_auto(params: PipelineParams) -> Schedule:
             "needs (a rank holds one microbatch's activations from its F to its I)", field="mem_limit"
         )
     t = (params.tf, params.tb, params.tw, params.tcomm)
+    if not math.isfinite(sum(t) * 2 * (m + p)):
+        raise ScheduleError(f"zb-auto: pass times tf={params.tf:g}, tb={params.tb:g}, tw={params.tw:g}, "
+                            f"tcomm={params.tcomm:g} are so large that a step of them overflows; use smaller times")
     candidates: list[tuple[str, list[list[Action]]]] = []
     for fills in (True, False):
         for per_rank in (False, True):

@@ -40,9 +40,11 @@ schedlab COMMAND --help shows a command's flags."""
 @guarded
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
+    if not argv:
+        fail("schedlab: give a command: simulate, compare, run, report, perfetto, list (see schedlab --help)")
+    if argv[0] in ("-h", "--help"):
         print(_USAGE)
-        return 0 if argv else 2
+        return 0
     cmd, rest = argv[0], argv[1:]
     if cmd in ("simulate", "list"):
         from analysis.cli.simulate import main as sim_main
