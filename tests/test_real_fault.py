@@ -13,7 +13,8 @@
 * a hung launch: at the launcher's timeout every worker is stopped and its
   output so far is kept (what these tests rely on to fail, not hang).
 * in-process: a truncated file or a missing marker makes a checkpoint
-  partial, the previous complete one is used; only the last N are kept.
+  partial, the previous complete one is used; only the last N are kept
+  (more corruptions: test_checkpoint_integrity.py).
 """
 
 from __future__ import annotations
@@ -76,6 +77,8 @@ def test_killed_rank_restarts_from_the_last_complete_checkpoint_bit_for_bit(tmp_
     printed = [line.split()[1] for line in proc.stderr.splitlines() if line.startswith("step ")]
     assert printed == ["0", "1", "2", "2", "3", "4", "5"]  # step 2 ran twice, is counted once
     assert [c.path.name for c in complete_checkpoints(ckpt)] == ["step_000004", "step_000006"]  # keep-last 2
+    warned = [line.split()[1] for line in proc.stderr.splitlines() if f"skipping checkpoint {decoy}: no COMPLETE" in line]
+    assert sorted(warned) == ["0]", "0]", "1]", "1]"], proc.stderr[-6000:]  # once per rank and attempt
 
 
 @pytest.mark.slow
@@ -149,16 +152,25 @@ def _params() -> list[tuple[str, torch.nn.Parameter]]:
     return [("0.weight", torch.nn.Parameter(torch.randn(4, 3))), ("1.bias", torch.nn.Parameter(torch.randn(5)))]
 
 
-def test_partial_and_corrupt_checkpoints_are_skipped_and_only_the_last_n_kept(tmp_path):
+def save_steps(directory: Path, steps: int, keep_last: int) -> tuple[list, torch.optim.Optimizer, dict[int, list]]:
+    """In one process: train ``_params()`` with AdamW and checkpoint after each of ``steps`` steps.
+
+    (parameters, optimizer, {step: the parameters saved at that step}); ``losses`` of step k: k zeros.
+    """
     named = _params()
     opt = torch.optim.AdamW([p for _, p in named], lr=0.1)
-    saver = Checkpointer(CheckpointConfig(directory=str(tmp_path), every=1, keep_last=3), rank=0)
+    saver = Checkpointer(CheckpointConfig(directory=str(directory), every=1, keep_last=keep_last), rank=0)
     saved = {}
-    for step in range(1, 5):
+    for step in range(1, steps + 1):
         sum(p.sum() for _, p in named).backward()
         opt.step()
         saved[step] = [p.detach().clone() for _, p in named]
         saver.save(step, checkpoint_state(named, [opt], 0), {"losses": [0.0] * step})
+    return named, opt, saved
+
+
+def test_partial_and_corrupt_checkpoints_are_skipped_and_only_the_last_n_kept(tmp_path):
+    named, _, saved = save_steps(tmp_path, 4, keep_last=3)
     assert [c.step for c in complete_checkpoints(tmp_path)] == [2, 3, 4]  # keep-last 3
     data = next((tmp_path / "step_000004").glob("*.distcp"))
     data.write_bytes(data.read_bytes()[:-10])  # truncated
