@@ -312,11 +312,15 @@ class Checkpointer:
         return self.config.every > 0 and steps_done % self.config.every == 0
 
     def save(self, steps_done: int, state: dict[str, Any], info: dict[str, Any]) -> None:
-        """Write the state before step ``steps_done``; ``info`` (JSON) goes into the COMPLETE marker."""
+        """Write the state before step ``steps_done``; ``info`` (JSON) goes into the COMPLETE marker.
+
+        ``info`` is copied now: an asynchronous save records what a synchronous one at this step would,
+        however the caller's lists (the losses) grow while it is in flight.
+        """
         self.wait()
         tmp = self.root / f".tmp-step_{steps_done:06d}-a{self.attempt}"
         final = _step_dir(self.root, steps_done)
-        info = {**info, "step": steps_done}
+        info = json.loads(json.dumps({**info, "step": steps_done}))
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             if tmp.exists():

@@ -4,7 +4,8 @@
   warning naming the file, the previous checkpoint is used;
 * a .metadata DCP cannot read, a garbled or old-style COMPLETE -> skipped alike;
 * every checkpoint corrupt -> training starts at step 0, as with an empty directory;
-* each warning is logged once per process (rank), however often the directory is scanned.
+* each warning is logged once per process (rank), however often the directory is scanned;
+* an asynchronous save records what a synchronous one records (the losses as of the save call).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from analysis.cli.train import main as real_main  # noqa: E402
-from real.checkpoint import MARKER, complete_checkpoints, latest_complete  # noqa: E402
+from real.checkpoint import MARKER, CheckpointConfig, Checkpointer, complete_checkpoints, latest_complete  # noqa: E402
 from real.checkpoint import load as load_checkpoint  # noqa: E402
+from real.checkpoint import state_dict as checkpoint_state  # noqa: E402
 from schedules import CheckpointError  # noqa: E402
-from tests.test_real_fault import SMALL, save_steps  # noqa: E402
+from tests.test_real_fault import SMALL, _params, save_steps  # noqa: E402
 
 LOGGER = "real.checkpoint"
 
@@ -148,3 +150,18 @@ def test_a_checkpoint_garbled_before_its_marker_fails_to_load_in_one_line(tmp_pa
     assert message.startswith(f"checkpoint {ckpt} cannot be loaded (rank 0: UnpicklingError: ")
     assert message.endswith("; remove it to resume from the one before"), message
     assert "\n" not in message and "weights_only" not in message and info.value.field == "directory"
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_a_save_records_the_losses_as_of_the_call(tmp_path, async_save):
+    """Training goes on (the losses grow) while an asynchronous save is in flight: COMPLETE holds N losses at step N."""
+    named = _params()
+    saver = Checkpointer(CheckpointConfig(directory=str(tmp_path), every=2, async_save=async_save), rank=0)
+    losses = [3.5, 3.25]
+    saver.save(2, checkpoint_state(named, [], 0), {"losses": losses})
+    losses.append(3.0)  # step 2 runs while the save of step 2's start is in flight
+    saver.wait()
+    (restored,) = complete_checkpoints(tmp_path)
+    assert restored.step == 2 and restored.info["losses"] == [3.5, 3.25]
+    assert set(restored.info["files"]) == {".metadata", "__0_0.distcp"}
+    assert all(set(f) == {"bytes", "crc32"} for f in restored.info["files"].values())

@@ -5,6 +5,8 @@
   ends with parameters bit-equal to an uninterrupted run; the losses cover
   every step once; a partial checkpoint directory (no COMPLETE marker) is
   skipped.
+* the same with ``--async-checkpoint`` (killed at step 5: resumes from step 2
+  or 4): every COMPLETE holds N losses at step N, the restart ends bit-equal.
 * elastic: 4 steps with dp=2, then the same checkpoint directory resumed
   with one process (``--dp auto`` -> dp=1, same global batch) to step 6: the
   losses equal plain single-process training's to float tolerance.
@@ -57,14 +59,23 @@ def _json(proc: subprocess.CompletedProcess) -> dict:
     return json.loads(proc.stdout)
 
 
+def _steps_printed(stderr: str) -> list[int]:
+    return [int(line.split()[1]) for line in stderr.splitlines() if line.startswith("step ")]
+
+
+@pytest.fixture(scope="module")
+def plain() -> dict:
+    """PP2 run uninterrupted (one launch, shared by the kill tests)."""
+    return _json(_torchrun(2, PP2))
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(LAUNCH_TIMEOUT * 2 + 5)  # measured 15.4-15.7 s (two launches)
-def test_killed_rank_restarts_from_the_last_complete_checkpoint_bit_for_bit(tmp_path):
+@pytest.mark.timeout(LAUNCH_TIMEOUT * 2 + 5)  # measured 8.5-12.4 s, + 5.6-9.6 s if it sets up `plain` (two launches)
+def test_killed_rank_restarts_from_the_last_complete_checkpoint_bit_for_bit(tmp_path, plain):
     ckpt = tmp_path / "ckpt"
     decoy = ckpt / "step_000003"  # a save killed mid-write: files but no COMPLETE marker
     decoy.mkdir(parents=True)
     (decoy / "__0_0.distcp").write_bytes(b"partial")
-    plain = _json(_torchrun(2, PP2))
     proc = _torchrun(2, [*PP2, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--keep-last", "2",
                          "--fail-at-step", "3", "--fail-rank", "1"], restarts=1)
     resumed = _json(proc)
@@ -74,11 +85,34 @@ def test_killed_rank_restarts_from_the_last_complete_checkpoint_bit_for_bit(tmp_
     assert resumed["param_sha256"] == plain["param_sha256"]
     assert resumed["losses"] == plain["losses"]  # 6 losses: steps 0-1 restored, 2-5 run once by the restart
     assert len(resumed["step_times"]) == 4
-    printed = [line.split()[1] for line in proc.stderr.splitlines() if line.startswith("step ")]
-    assert printed == ["0", "1", "2", "2", "3", "4", "5"]  # step 2 ran twice, is counted once
-    assert [c.path.name for c in complete_checkpoints(ckpt)] == ["step_000004", "step_000006"]  # keep-last 2
+    assert _steps_printed(proc.stderr) == [0, 1, 2, 2, 3, 4, 5]  # step 2 ran twice, is counted once
+    kept = complete_checkpoints(ckpt)
+    assert [c.path.name for c in kept] == ["step_000004", "step_000006"]  # keep-last 2
+    assert all(c.info["losses"] == plain["losses"][:c.step] for c in kept)  # N losses at step N
     warned = [line.split()[1] for line in proc.stderr.splitlines() if f"skipping checkpoint {decoy}: no COMPLETE" in line]
     assert sorted(warned) == ["0]", "0]", "1]", "1]"], proc.stderr[-6000:]  # once per rank and attempt
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LAUNCH_TIMEOUT * 2 + 5)  # measured 8.7-12.0 s, + 5.6-9.6 s if it sets up `plain` (two launches)
+def test_killed_rank_restarts_from_an_async_checkpoint_bit_for_bit(tmp_path, plain):
+    """As above with --async-checkpoint; killed at step 5, so the save of step 2 has finished (the save of
+    step 4 waits for it) and the save of step 4 may or may not have: the restart resumes from step 2 or 4."""
+    ckpt = tmp_path / "ckpt"
+    proc = _torchrun(2, [*PP2, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--keep-last", "2",
+                         "--async-checkpoint", "--fail-at-step", "5", "--fail-rank", "1"], restarts=1)
+    resumed = _json(proc)
+    assert "injected fault (kill) at step 5" in proc.stderr
+    start = resumed["start_step"]
+    assert resumed["restart_count"] == 1 and start in (2, 4), start
+    assert resumed["resumed_from"] == str(ckpt / f"step_{start:06d}")
+    assert resumed["param_sha256"] == plain["param_sha256"]
+    assert resumed["losses"] == plain["losses"] and len(resumed["losses"]) == 6
+    assert len(resumed["step_times"]) == 6 - start
+    assert _steps_printed(proc.stderr) == [0, 1, 2, 3, 4, *range(start, 6)]
+    kept = complete_checkpoints(ckpt)
+    assert [c.path.name for c in kept] == ["step_000004", "step_000006"]
+    assert all(c.info["losses"] == plain["losses"][:c.step] for c in kept)  # N losses at step N, as a sync save
 
 
 @pytest.mark.slow
