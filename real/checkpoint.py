@@ -5,14 +5,17 @@ Layout of ``--checkpoint-dir``::
     step_000004/            one complete checkpoint: the state before step 4 runs
         .metadata           DCP's index (written last by DCP's coordinator)
         __0_0.distcp ...    DCP's data files, one per writing rank
-        COMPLETE            JSON, written last of all (atomically): step, layout, losses, file sizes
+        COMPLETE            JSON, written last of all (atomically): step, layout, losses, each file's size and CRC-32
     .tmp-step_000006-a0/    a checkpoint being written (attempt 0); never read
 
 A checkpoint is written into a temporary directory; once DCP has finished on
 every rank, rank 0 renames it to ``step_NNNNNN`` and then writes ``COMPLETE``
 (through a temporary file and ``os.replace``). ``COMPLETE`` lists every file
-with its size, so a directory without it (killed mid-write) or with a file
-of another size (truncated) is skipped and the previous complete one is used.
+with its size and checksum. A checkpoint is used only if it verifies: a
+directory without the marker (killed mid-write), a file of another size
+(truncated), another checksum (its bytes changed) or a ``.metadata`` that
+cannot be read is skipped, with one warning per rank naming the file, and the
+previous complete one is used; with none left, training starts at step 0.
 
 The state is keyed by the whole model's parameter names (``model.3.qkv.weight``,
 ``optim.3.qkv.weight.exp_avg``), replicated over data-parallel replicas: DCP
@@ -30,6 +33,7 @@ import os
 import re
 import shutil
 import warnings
+import zlib
 from collections.abc import Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -41,10 +45,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
 from schedules import CheckpointError
-from schedules.errors import check_positive_ints
+from schedules.errors import MAX_QUOTE, check_positive_ints
 
 __all__ = [
     "MARKER", "CheckpointConfig", "Checkpointer", "Restored", "complete_checkpoints", "latest_complete", "load",
@@ -54,7 +59,10 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MARKER = "COMPLETE"
+METADATA = ".metadata"
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
+_CHUNK = 1 << 20  # bytes read at a time for a checksum
+_warned: set[str] = set()  # warnings this process has logged: each once per rank, however often a directory is scanned
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,48 +103,121 @@ def _step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:06d}"
 
 
-def _files(path: Path) -> dict[str, int]:
-    return {p.name: p.stat().st_size for p in sorted(path.iterdir()) if p.is_file() and p.name != MARKER}
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
 
 
-def _check(path: Path) -> dict[str, Any]:
-    """The COMPLETE record of ``path``; ValueError saying what is wrong if the checkpoint is partial or corrupt."""
+def _crc32(path: Path) -> str:
+    """The CRC-32 of the file's bytes (read in chunks), as 8 hex digits."""
+    crc = 0
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return f"{crc:08x}"
+
+
+def _files(path: Path) -> dict[str, dict[str, Any]]:
+    """Every file of the checkpoint but the marker: its size and CRC-32, for COMPLETE."""
+    return {p.name: {"bytes": p.stat().st_size, "crc32": _crc32(p)}
+            for p in sorted(path.iterdir()) if p.is_file() and p.name != MARKER}
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: first sentence`` of an exception: none of torch's advice (such as ``weights_only=False``) follows."""
+    lines = str(exc).strip().splitlines()
+    first = repr(lines[0].split(". ")[0])[1:-1] if lines else ""  # repr: a garbled file's bytes stay printable
+    if len(first) > MAX_QUOTE:
+        first = first[: MAX_QUOTE - 3] + "..."
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _read_metadata(path: Path) -> Metadata:
+    """DCP's index of the checkpoint at ``path``; ValueError naming the file if it cannot be read."""
+    try:
+        return FileSystemReader(str(path)).read_metadata()
+    except Exception as exc:  # a garbled pickle raises any of a dozen types; none may escape as a traceback
+        raise ValueError(f"file {METADATA} cannot be read ({_one_line(exc)})") from None
+
+
+def _record(path: Path) -> dict[str, Any]:
+    """The COMPLETE record of ``path``; ValueError if it is missing or malformed."""
     marker = path / MARKER
     if not marker.is_file():
-        raise ValueError("no COMPLETE marker (written last): the save did not finish")
+        raise ValueError(f"no {MARKER} marker (written last): the save did not finish")
     try:
         info = json.loads(marker.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"unreadable COMPLETE marker: {exc}") from None
-    have = _files(path)
-    for name, size in info.get("files", {}).items():
-        if have.get(name) != size:
-            raise ValueError(f"file {name} has {have.get(name, 'no')} bytes, {size} were written")
-    if ".metadata" not in have:
-        raise ValueError("no DCP .metadata file")
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"unreadable {MARKER} marker ({_one_line(exc)})") from None
+    files = info.get("files") if isinstance(info, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(f, dict) and {"bytes", "crc32"} <= f.keys()
+                                               for f in files.values()):
+        raise ValueError(f"its {MARKER} marker lists no checksum per file (written by an older schedlab?); "
+                         "it cannot be verified")
+    if info.get("step") != int(_STEP_DIR.match(path.name)[1]):
+        raise ValueError(f"its {MARKER} marker is of step {info.get('step')!r}, not of this directory's")
+    if METADATA not in files:
+        raise ValueError(f"no DCP {METADATA} file")
     return info
 
 
-def complete_checkpoints(directory: str | Path) -> list[Restored]:
-    """Every complete checkpoint under ``directory``, oldest first; partial or corrupt ones are logged and skipped."""
-    root = Path(directory)
+def _check_sizes(path: Path, info: dict[str, Any]) -> None:
+    for name, rec in info["files"].items():
+        file = path / name
+        size = file.stat().st_size if file.is_file() else None
+        if size != rec["bytes"]:
+            raise ValueError(f"file {name} has {'no' if size is None else size} bytes, {rec['bytes']} were written")
+
+
+def _check(path: Path) -> dict[str, Any]:
+    """The COMPLETE record of ``path`` once every file verifies; ValueError naming what is wrong otherwise."""
+    info = _record(path)
+    _check_sizes(path, info)
+    for name, rec in info["files"].items():
+        crc = _crc32(path / name)
+        if crc != rec["crc32"]:
+            raise ValueError(f"file {name} has CRC-32 {crc}, {rec['crc32']} was written: its bytes changed")
+    _read_metadata(path)
+    return info
+
+
+def _step_dirs(root: Path) -> list[Path]:
+    """The ``step_NNNNNN`` directories under ``root``, oldest first."""
     if not root.is_dir():
         return []
-    found = []
-    for path in sorted(root.iterdir()):
-        if not (path.is_dir() and _STEP_DIR.match(path.name)):
-            continue
-        try:
-            found.append(Restored(path, _check(path)))
-        except ValueError as exc:
-            log.warning("skipping checkpoint %s: %s", path, exc)
-    return sorted(found, key=lambda r: r.step)
+    dirs = [p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name)]
+    return sorted(dirs, key=lambda p: int(_STEP_DIR.match(p.name)[1]))
+
+
+def _verified(path: Path) -> Restored | None:
+    """``path`` as a Restored if it verifies; None (and one warning per rank naming the problem) if not."""
+    try:
+        return Restored(path, _check(path))
+    except (OSError, ValueError) as exc:
+        _warn_once(f"skipping checkpoint {path}: {exc}")
+        return None
+
+
+def complete_checkpoints(directory: str | Path) -> list[Restored]:
+    """Every complete checkpoint under ``directory`` that verifies, oldest first; the others are logged and skipped."""
+    return [r for r in map(_verified, _step_dirs(Path(directory))) if r is not None]
 
 
 def latest_complete(directory: str | Path) -> Restored | None:
-    """The newest complete checkpoint, or None. Reads files only: every rank decides alike, before any communication."""
-    found = complete_checkpoints(directory)
-    return found[-1] if found else None
+    """The newest checkpoint that verifies, or None. Reads files only: every rank decides alike, before any communication.
+
+    Checksums are computed newest first, and only until one checkpoint verifies.
+    """
+    dirs = _step_dirs(Path(directory))
+    for path in reversed(dirs):
+        restored = _verified(path)
+        if restored is not None:
+            return restored
+    if dirs:
+        _warn_once(f"checkpoint directory {directory}: none of its {len(dirs)} checkpoints verifies; "
+                   "training starts at step 0")
+    return None
 
 
 @contextmanager
@@ -168,7 +249,7 @@ def state_dict(named: list[tuple[str, torch.nn.Parameter]], optimizers: list[tor
 def _allocate_optimizer_state(named: list[tuple[str, torch.nn.Parameter]], optimizers: list[torch.optim.Optimizer],
                               path: Path) -> None:
     """Create empty optimizer state of the saved shapes and dtypes, for DCP to load into."""
-    meta = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    meta = _read_metadata(path).state_dict_metadata
     owned = {id(p) for opt in optimizers for g in opt.param_groups for p in g["params"]}
     for name, p in named:
         if id(p) not in owned:
@@ -182,17 +263,28 @@ def _allocate_optimizer_state(named: list[tuple[str, torch.nn.Parameter]], optim
 
 def load(restored: Restored, named: list[tuple[str, torch.nn.Parameter]], optimizers: list[torch.optim.Optimizer],
          rank: int) -> None:
-    """Load ``restored`` into the parameters and optimizers of this rank (every rank calls it)."""
-    _allocate_optimizer_state(named, optimizers, restored.path)
-    state = state_dict(named, optimizers, rank)
-    meta = FileSystemReader(str(restored.path)).read_metadata().state_dict_metadata
-    rng_key = f"rng.rank{rank}"
-    if rng_key not in meta:  # a rank the saving run did not have (dp grew): the step reseeds it anyway
-        del state[rng_key]
-    else:
-        state[rng_key] = torch.empty_like(state[rng_key])
-    with _quiet_single_process():
-        dcp.load(state, checkpoint_id=str(restored.path), no_dist=not dist.is_initialized())
+    """Load ``restored`` into the parameters and optimizers of this rank (every rank calls it).
+
+    CheckpointError if it cannot be read after all (it verified when it was chosen: it changed since).
+    """
+    try:
+        _allocate_optimizer_state(named, optimizers, restored.path)
+        state = state_dict(named, optimizers, rank)
+        meta = _read_metadata(restored.path).state_dict_metadata
+        rng_key = f"rng.rank{rank}"
+        if rng_key not in meta:  # a rank the saving run did not have (dp grew): the step reseeds it anyway
+            del state[rng_key]
+        else:
+            state[rng_key] = torch.empty_like(state[rng_key])
+        with _quiet_single_process():
+            dcp.load(state, checkpoint_id=str(restored.path), no_dist=not dist.is_initialized())
+    except ValueError as exc:
+        raise CheckpointError(f"checkpoint {restored.path}: {exc}; remove it to resume from the one before",
+                              field="directory") from None
+    except CheckpointException as exc:  # DCP gathers every rank's failure: each rank raises the same error
+        rank_failed, (cause, _) = next(iter(sorted(exc.failures.items())))
+        raise CheckpointError(f"checkpoint {restored.path} cannot be loaded (rank {rank_failed}: {_one_line(cause)}); "
+                              "remove it to resume from the one before", field="directory") from None
     if rng_key in state:
         torch.set_rng_state(state[rng_key])
 
@@ -220,11 +312,15 @@ class Checkpointer:
         return self.config.every > 0 and steps_done % self.config.every == 0
 
     def save(self, steps_done: int, state: dict[str, Any], info: dict[str, Any]) -> None:
-        """Write the state before step ``steps_done``; ``info`` (JSON) goes into the COMPLETE marker."""
+        """Write the state before step ``steps_done``; ``info`` (JSON) goes into the COMPLETE marker.
+
+        ``info`` is copied now: an asynchronous save records what a synchronous one at this step would,
+        however the caller's lists (the losses) grow while it is in flight.
+        """
         self.wait()
         tmp = self.root / f".tmp-step_{steps_done:06d}-a{self.attempt}"
         final = _step_dir(self.root, steps_done)
-        info = {**info, "step": steps_done}
+        info = json.loads(json.dumps({**info, "step": steps_done}))
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
             if tmp.exists():
@@ -270,7 +366,16 @@ class Checkpointer:
         self._prune()
 
     def _prune(self) -> None:
-        done = complete_checkpoints(self.root)
+        """Keep the last ``keep_last`` checkpoints with a marker and the right sizes (no checksums: they were
+        just written; a checkpoint is verified when it is chosen), and drop the temporaries they supersede."""
+        done = []
+        for path in _step_dirs(self.root):
+            try:
+                info = _record(path)
+                _check_sizes(path, info)
+            except (OSError, ValueError):
+                continue
+            done.append(Restored(path, info))
         for old in done[: max(0, len(done) - self.config.keep_last)]:
             shutil.rmtree(old.path, ignore_errors=True)
         newest = done[-1].step if done else -1

@@ -7,12 +7,15 @@ builds only its stages' layers (identical to the whole model's, see
 sync, optimizer), and rank 0 gathers the losses, the parameters (norm and
 SHA-256), the activation memory of every rank and the trace of one step,
 merged into the simulator's trace format with times aligned to rank 0's clock.
+A step whose loss is not finite stops every rank at that step with a
+ConfigError (the loss is all-reduced, so all ranks see the same value).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import re
 import signal
@@ -20,7 +23,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -300,6 +303,8 @@ class _Trainer:
         t_prev = time.perf_counter()
         for step in range(start, cfg.steps):
             loss = self._guarded(step)
+            if not math.isfinite(loss):
+                self._diverged(step, loss, saver)
             now = time.perf_counter()
             losses.append(loss)
             times.append(now - t_prev)
@@ -319,6 +324,17 @@ class _Trainer:
             saver.wait()
         result = self._gather(losses, times, rows, memory, path)
         return replace(result, start_step=start, resumed_from=str(restored.path) if restored else None)
+
+    def _diverged(self, step: int, loss: float, saver: ckpt.Checkpointer | None) -> NoReturn:
+        """Stop at a non-finite loss (every rank at the same step: the loss is all-reduced); ConfigError naming it.
+
+        An asynchronous save in flight is finished first, as a synchronous one would have been.
+        """
+        if saver is not None:
+            saver.wait()
+        optim = self.plan.config.optim
+        raise ConfigError(f"step {step}: the loss is {loss}; training diverged with {optim.optimizer} at lr "
+                          f"{optim.lr:g}: try a smaller lr", field="lr")
 
     def _trace_rows(self, offset: float) -> list[_Row]:
         """This rank's rows of the traced step on rank 0's clock.

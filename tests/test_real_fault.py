@@ -5,6 +5,10 @@
   ends with parameters bit-equal to an uninterrupted run; the losses cover
   every step once; a partial checkpoint directory (no COMPLETE marker) is
   skipped.
+* the same with ``--async-checkpoint`` (killed at step 5: resumes from step 2
+  or 4): every COMPLETE holds N losses at step N, the restart ends bit-equal.
+* a diverging run (lr 1e6): both ranks stop at the same step with one error
+  naming it (neither waits for the other).
 * elastic: 4 steps with dp=2, then the same checkpoint directory resumed
   with one process (``--dp auto`` -> dp=1, same global batch) to step 6: the
   losses equal plain single-process training's to float tolerance.
@@ -13,12 +17,15 @@
 * a hung launch: at the launcher's timeout every worker is stopped and its
   output so far is kept (what these tests rely on to fail, not hang).
 * in-process: a truncated file or a missing marker makes a checkpoint
-  partial, the previous complete one is used; only the last N are kept.
+  partial, the previous complete one is used; only the last N are kept; a
+  non-finite loss raises ConfigError naming the step (more checkpoint
+  corruptions: test_checkpoint_integrity.py).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import time
 from pathlib import Path
@@ -28,11 +35,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from analysis.cli.train import main as real_main  # noqa: E402
-from real import ModelConfig, RunConfig, param_digest, reference_run  # noqa: E402
+from real import ModelConfig, RunConfig, param_digest, reference_run, run  # noqa: E402
 from real.checkpoint import MARKER, CheckpointConfig, Checkpointer, complete_checkpoints, latest_complete  # noqa: E402
 from real.checkpoint import load as load_checkpoint  # noqa: E402
 from real.checkpoint import state_dict as checkpoint_state  # noqa: E402
 from real.launch import KILL_GRACE, torchrun  # noqa: E402
+from real.train import _Trainer  # noqa: E402
+from schedules import ConfigError  # noqa: E402
 
 SMALL = ["--layers", "4", "--dim", "16", "--heads", "2", "--vocab", "32", "--seq", "8"]
 MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
@@ -41,12 +50,12 @@ PP2 = ["--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--batch-size",
 LAUNCH_TIMEOUT = 25  # seconds per torchrun launch (measured 5-12 s); a hang fails the test before its hard timeout
 
 
-def _torchrun(nproc: int, args: list[str], *, restarts: int = 0, timeout: float = LAUNCH_TIMEOUT
-              ) -> subprocess.CompletedProcess:
+def _torchrun(nproc: int, args: list[str], *, restarts: int = 0, timeout: float = LAUNCH_TIMEOUT,
+              monitor: float = 0.2) -> subprocess.CompletedProcess:
     """``python -m real ARGS`` under torchrun; on timeout (process group killed) the test fails with stderr."""
     try:
         return torchrun(nproc, ["-m", "real", *args], timeout=timeout, capture=True, env={"OMP_NUM_THREADS": "1"},
-                        launcher_args=[f"--max-restarts={restarts}", "--monitor-interval=0.2"])
+                        launcher_args=[f"--max-restarts={restarts}", f"--monitor-interval={monitor}"])
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"torchrun hung; stderr so far:\n{(exc.stderr or '')[-6000:]}")
 
@@ -56,14 +65,23 @@ def _json(proc: subprocess.CompletedProcess) -> dict:
     return json.loads(proc.stdout)
 
 
+def _steps_printed(stderr: str) -> list[int]:
+    return [int(line.split()[1]) for line in stderr.splitlines() if line.startswith("step ")]
+
+
+@pytest.fixture(scope="module")
+def plain() -> dict:
+    """PP2 run uninterrupted (one launch, shared by the kill tests)."""
+    return _json(_torchrun(2, PP2))
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(LAUNCH_TIMEOUT * 2 + 5)  # measured 15.4-15.7 s (two launches)
-def test_killed_rank_restarts_from_the_last_complete_checkpoint_bit_for_bit(tmp_path):
+@pytest.mark.timeout(LAUNCH_TIMEOUT * 2 + 5)  # measured 8.5-14.5 s, + 5.6-9.9 s if it sets up `plain` (two launches)
+def test_killed_rank_restarts_from_the_last_complete_checkpoint_bit_for_bit(tmp_path, plain):
     ckpt = tmp_path / "ckpt"
     decoy = ckpt / "step_000003"  # a save killed mid-write: files but no COMPLETE marker
     decoy.mkdir(parents=True)
     (decoy / "__0_0.distcp").write_bytes(b"partial")
-    plain = _json(_torchrun(2, PP2))
     proc = _torchrun(2, [*PP2, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--keep-last", "2",
                          "--fail-at-step", "3", "--fail-rank", "1"], restarts=1)
     resumed = _json(proc)
@@ -73,9 +91,51 @@ def test_killed_rank_restarts_from_the_last_complete_checkpoint_bit_for_bit(tmp_
     assert resumed["param_sha256"] == plain["param_sha256"]
     assert resumed["losses"] == plain["losses"]  # 6 losses: steps 0-1 restored, 2-5 run once by the restart
     assert len(resumed["step_times"]) == 4
-    printed = [line.split()[1] for line in proc.stderr.splitlines() if line.startswith("step ")]
-    assert printed == ["0", "1", "2", "2", "3", "4", "5"]  # step 2 ran twice, is counted once
-    assert [c.path.name for c in complete_checkpoints(ckpt)] == ["step_000004", "step_000006"]  # keep-last 2
+    assert _steps_printed(proc.stderr) == [0, 1, 2, 2, 3, 4, 5]  # step 2 ran twice, is counted once
+    kept = complete_checkpoints(ckpt)
+    assert [c.path.name for c in kept] == ["step_000004", "step_000006"]  # keep-last 2
+    assert all(c.info["losses"] == plain["losses"][:c.step] for c in kept)  # N losses at step N
+    warned = [line.split()[1] for line in proc.stderr.splitlines() if f"skipping checkpoint {decoy}: no COMPLETE" in line]
+    assert sorted(warned) == ["0]", "0]", "1]", "1]"], proc.stderr[-6000:]  # once per rank and attempt
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LAUNCH_TIMEOUT * 2 + 5)  # measured 8.7-17.8 s, + 5.6-9.9 s if it sets up `plain` (two launches)
+def test_killed_rank_restarts_from_an_async_checkpoint_bit_for_bit(tmp_path, plain):
+    """As above with --async-checkpoint; killed at step 5, so the save of step 2 has finished (the save of
+    step 4 waits for it) and the save of step 4 may or may not have: the restart resumes from step 2 or 4."""
+    ckpt = tmp_path / "ckpt"
+    proc = _torchrun(2, [*PP2, "--checkpoint-dir", str(ckpt), "--checkpoint-every", "2", "--keep-last", "2",
+                         "--async-checkpoint", "--fail-at-step", "5", "--fail-rank", "1"], restarts=1)
+    resumed = _json(proc)
+    assert "injected fault (kill) at step 5" in proc.stderr
+    start = resumed["start_step"]
+    assert resumed["restart_count"] == 1 and start in (2, 4), start
+    assert resumed["resumed_from"] == str(ckpt / f"step_{start:06d}")
+    assert resumed["param_sha256"] == plain["param_sha256"]
+    assert resumed["losses"] == plain["losses"] and len(resumed["losses"]) == 6
+    assert len(resumed["step_times"]) == 6 - start
+    assert _steps_printed(proc.stderr) == [0, 1, 2, 3, 4, *range(start, 6)]
+    kept = complete_checkpoints(ckpt)
+    assert [c.path.name for c in kept] == ["step_000004", "step_000006"]
+    assert all(c.info["losses"] == plain["losses"][:c.step] for c in kept)  # N losses at step N, as a sync save
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 5)  # measured 5.7-8.3 s; 13.8-19.9 s at load average 5 on 2 cores
+def test_a_diverging_run_stops_every_rank_at_the_same_step(tmp_path):
+    """SGD at lr 1e6: the all-reduced loss turns non-finite on both ranks at once; each raises, none hangs."""
+    # monitor 2 s: torchrun stops the group once a rank has exited; the other must have raised by then
+    proc = _torchrun(2, [*PP2, "--optimizer", "sgd", "--lr", "1e6", "--checkpoint-dir", str(tmp_path),
+                         "--checkpoint-every", "1", "--async-checkpoint"], monitor=2.0)
+    assert proc.returncode != 0
+    errors = sorted(line for line in proc.stderr.splitlines() if "ConfigError: step " in line)  # "[rankR]: ..."
+    assert [e[:8] for e in errors] == ["[rank0]:", "[rank1]:"], proc.stderr[-6000:]  # every rank raised
+    step = int(errors[0].split("ConfigError: step ")[1].split(":")[0])
+    message = f"ConfigError: step {step}: the loss is nan; training diverged with sgd at lr 1e+06: try a smaller lr"
+    assert all(e.endswith(message) for e in errors), errors  # at the same step
+    assert all(s < step for s in _steps_printed(proc.stderr)) and "loss nan" not in proc.stderr
+    assert [c.step for c in complete_checkpoints(tmp_path)][-1] == step  # the last save (async) was finished
 
 
 @pytest.mark.slow
@@ -149,16 +209,25 @@ def _params() -> list[tuple[str, torch.nn.Parameter]]:
     return [("0.weight", torch.nn.Parameter(torch.randn(4, 3))), ("1.bias", torch.nn.Parameter(torch.randn(5)))]
 
 
-def test_partial_and_corrupt_checkpoints_are_skipped_and_only_the_last_n_kept(tmp_path):
+def save_steps(directory: Path, steps: int, keep_last: int) -> tuple[list, torch.optim.Optimizer, dict[int, list]]:
+    """In one process: train ``_params()`` with AdamW and checkpoint after each of ``steps`` steps.
+
+    (parameters, optimizer, {step: the parameters saved at that step}); ``losses`` of step k: k zeros.
+    """
     named = _params()
     opt = torch.optim.AdamW([p for _, p in named], lr=0.1)
-    saver = Checkpointer(CheckpointConfig(directory=str(tmp_path), every=1, keep_last=3), rank=0)
+    saver = Checkpointer(CheckpointConfig(directory=str(directory), every=1, keep_last=keep_last), rank=0)
     saved = {}
-    for step in range(1, 5):
+    for step in range(1, steps + 1):
         sum(p.sum() for _, p in named).backward()
         opt.step()
         saved[step] = [p.detach().clone() for _, p in named]
         saver.save(step, checkpoint_state(named, [opt], 0), {"losses": [0.0] * step})
+    return named, opt, saved
+
+
+def test_partial_and_corrupt_checkpoints_are_skipped_and_only_the_last_n_kept(tmp_path):
+    named, _, saved = save_steps(tmp_path, 4, keep_last=3)
     assert [c.step for c in complete_checkpoints(tmp_path)] == [2, 3, 4]  # keep-last 3
     data = next((tmp_path / "step_000004").glob("*.distcp"))
     data.write_bytes(data.read_bytes()[:-10])  # truncated
@@ -211,3 +280,47 @@ def test_a_checkpoint_of_another_model_is_refused_before_training(tmp_path, caps
         real_main([*args, "--dim", "32"])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "was written with model" in err and "another checkpoint directory (flag --checkpoint-dir)" in err, err
+
+
+def _tiny(**kw) -> RunConfig:
+    return RunConfig.of(**{**dict(schedule="gpipe", microbatches=2, batch_size=8, steps=6, model=MODEL), **kw})
+
+
+def _loss_at(step: int, value: float):
+    """A patch of _Trainer._step: the loss of ``step`` is ``value``."""
+    original = _Trainer._step
+
+    def patched(self, s):
+        loss = original(self, s)
+        return torch.tensor(value) if s == step else loss
+    return patched
+
+
+@pytest.mark.parametrize(("config", "patch", "message"), [
+    pytest.param(_tiny(), (3, float("nan")),
+                 "step 3: the loss is nan; training diverged with adamw at lr 0.003: try a smaller lr", id="nan"),
+    pytest.param(_tiny(), (1, float("inf")),
+                 "step 1: the loss is inf; training diverged with adamw at lr 0.003: try a smaller lr", id="inf"),
+    pytest.param(_tiny(optimizer="sgd", lr=1e6), None,
+                 "step 2: the loss is nan; training diverged with sgd at lr 1e+06: try a smaller lr", id="sgd-lr-1e6"),
+])
+def test_a_non_finite_loss_stops_the_run_naming_the_step(monkeypatch, config, patch, message):
+    if patch is not None:
+        monkeypatch.setattr(_Trainer, "_step", _loss_at(*patch))
+    seen = []
+    with pytest.raises(ConfigError) as info:
+        run(config, on_step=lambda step, loss, _: seen.append((step, loss)))
+    assert str(info.value) == message and info.value.field == "lr"
+    failed = int(message.split()[1][:-1])
+    assert [s for s, _ in seen] == list(range(failed)) and all(math.isfinite(x) for _, x in seen)
+
+
+def test_a_non_finite_loss_is_never_checkpointed(tmp_path, monkeypatch):
+    """Saves before the failing step are complete (async one included); none after it, none with a NaN."""
+    monkeypatch.setattr(_Trainer, "_step", _loss_at(3, float("nan")))
+    config = _tiny(checkpoint=CheckpointConfig(directory=str(tmp_path), every=1, keep_last=9, async_save=True))
+    with pytest.raises(ConfigError, match=r"^step 3: the loss is nan; "):
+        run(config)
+    kept = complete_checkpoints(tmp_path)
+    assert [c.step for c in kept] == [1, 2, 3]
+    assert all(len(c.info["losses"]) == c.step and all(map(math.isfinite, c.info["losses"])) for c in kept)
