@@ -129,11 +129,14 @@ def test_a_diverging_run_stops_every_rank_at_the_same_step(tmp_path):
     proc = _torchrun(2, [*PP2, "--optimizer", "sgd", "--lr", "1e6", "--checkpoint-dir", str(tmp_path),
                          "--checkpoint-every", "1", "--async-checkpoint"], monitor=2.0)
     assert proc.returncode != 0
-    errors = sorted(line for line in proc.stderr.splitlines() if "ConfigError: step " in line)  # "[rankR]: ..."
-    assert [e[:8] for e in errors] == ["[rank0]:", "[rank1]:"], proc.stderr[-6000:]  # every rank raised
-    step = int(errors[0].split("ConfigError: step ")[1].split(":")[0])
-    message = f"ConfigError: step {step}: the loss is nan; training diverged with sgd at lr 1e+06: try a smaller lr"
+    # One line per rank from the CLI ("error: [rank R] step N: ..."), no traceback from our code.
+    errors = sorted(line for line in proc.stderr.splitlines() if line.startswith("error: [rank "))
+    assert [e[:15] for e in errors] == ["error: [rank 0]", "error: [rank 1]"], proc.stderr[-6000:]  # every rank
+    step = int(errors[0].split("] step ")[1].split(":")[0])
+    message = (f"step {step}: the loss is nan; training diverged with sgd at lr 1e+06: try a smaller lr "
+               "(flag --lr)")
     assert all(e.endswith(message) for e in errors), errors  # at the same step
+    assert "analysis/cli" not in proc.stderr and "real/train.py" not in proc.stderr
     assert all(s < step for s in _steps_printed(proc.stderr)) and "loss nan" not in proc.stderr
     assert [c.step for c in complete_checkpoints(tmp_path)][-1] == step  # the last save (async) was finished
 
