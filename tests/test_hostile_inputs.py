@@ -129,3 +129,31 @@ def test_layer_counts_are_never_truncated():
     study = study_from_dict({**_BASE, "model": {**_SHAPE, "layers": 6}, "run": {**_BASE["run"], "layers_per_stage": [3, 3]}})
     assert study.costs.stage_layers(2) == (3, 3)
 
+
+# ---------------------------------------------------------------- tp divides what it splits
+
+@pytest.mark.parametrize(("model", "cluster", "tp", "message"), [
+    ({"preset": "gpt-6.2b"}, "dgx-h100:2", 3,
+     "parallel: tp=3 must divide the model's heads (32), hidden (4096), ffn (16384) and the devices per node "
+     "(8 on cluster 'dgx-h100:2'; a tensor-parallel group sits inside a node); valid tp: 1, 2, 4, 8"),
+    ({"preset": "gpt-6.2b"}, "dgx-h100:2", 16, "valid tp: 1, 2, 4, 8"),  # 16 devices, but a node has 8
+    ({"preset": "llama-8b"}, "dgx-h100:2", 16, "heads (32), kv_heads (8), hidden (4096), ffn (14336)"),
+    ({"layers": 4, "hidden": 96, "heads": 6}, "dgx-h100:1", 4, "heads (6), hidden (96), ffn (384) and the devices per "
+                                                               "node (8 on cluster 'dgx-h100:1'"),
+    ({"layers": 4, "hidden": 96, "heads": 6}, "dgx-h100:1", 4, "valid tp: 1, 2"),
+    ({"layers": 4, "hidden": 256, "heads": 4, "ffn": 1000}, "dgx-h100:1", 8, "ffn (1000)"),
+    ({"preset": "gpt-tiny"}, "cpu-host:2", 4, "devices per node (2 on cluster 'cpu-host:2'"),
+])
+def test_tp_must_divide_heads_hidden_and_node(model, cluster, tp, message):
+    data = {**_BASE, "model": model, "cluster": {"preset": cluster}, "parallel": {"pp": 1, "tp": tp}}
+    with pytest.raises(ConfigError, match=re.escape(message)) as err:
+        study_from_dict(data)
+    one_line(err)
+    assert err.value.field == "tp"
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_tp_that_divides_is_accepted(tp):
+    study = study_from_dict({**_BASE, "model": {"preset": "gpt-6.2b"}, "cluster": {"preset": "dgx-h100:2"},
+                             "parallel": {"pp": 2, "tp": tp}})
+    assert study.parallel.tp == tp
