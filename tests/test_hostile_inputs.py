@@ -11,7 +11,10 @@ import re
 
 import pytest
 
-from schedules.errors import ConfigError, SchedlabError
+from schedules import build, lower
+from schedules.errors import ConfigError, SchedlabError, ScheduleError
+from schedules.trace import read_trace, write_trace
+from sim import UniformCosts, simulate
 from sim.study import load_study, study_from_dict
 
 
@@ -157,3 +160,122 @@ def test_tp_that_divides_is_accepted(tp):
     study = study_from_dict({**_BASE, "model": {"preset": "gpt-6.2b"}, "cluster": {"preset": "dgx-h100:2"},
                              "parallel": {"pp": 2, "tp": tp}})
     assert study.parallel.tp == tp
+
+
+# ---------------------------------------------------------------- trace files (schedlab perfetto, report --real)
+
+@pytest.fixture(scope="module")
+def trace():
+    """1F1B at p=2, m=2 with t_comm=0.5: 16 rows; line 1 the metadata, line 2 the column names."""
+    return simulate(lower(build("1f1b", pp=2, microbatches=2)), UniformCosts(tcomm=0.5)).trace
+
+
+def _good_csv(trace, tmp_path) -> list[str]:
+    lines = write_trace(trace, tmp_path / "good.csv").read_text().splitlines(keepends=True)
+    assert lines[3] == "0,send,0SEND_F0,SEND_F,0,0,1.0,1.5,0.0\n"  # line 4, which the cases below spoil
+    return lines
+
+
+def _spoil(lines: list[str], line: int, old: str, new: str) -> str:
+    assert old in lines[line - 1]
+    return "".join([*lines[: line - 1], lines[line - 1].replace(old, new, 1), *lines[line:]])
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda ls: b"\x89PNG\r\n\x1a\n\xff\xfe binary", "line 1: not UTF-8 text (byte 0x89): binary data? a trace is a "
+                                                        "CSV (or .parquet) file"),
+    (lambda ls: "".join(ls[:5]).encode() + b"\xff\xfe", "line 6: not UTF-8 text (byte 0xff)"),
+    (lambda ls: "".join(ls).replace("0F1", "0F\x001", 1), "line 5: a NUL byte (binary data)"),
+    (lambda ls: _spoil(ls, 4, ",1.0,1.5,", ",soon,1.5,"), "line 4: start must be a finite number, got 'soon'"),
+    (lambda ls: _spoil(ls, 4, ",1.0,1.5,", ",,1.5,"), "line 4: start must be a finite number, got ''"),
+    (lambda ls: _spoil(ls, 4, ",1.0,1.5,", ",nan,1.5,"), "line 4: start must be a finite number, got 'nan'"),
+    (lambda ls: _spoil(ls, 4, ",1.0,1.5,", ",1.0,inf,"), "line 4: end must be a finite number, got 'inf'"),
+    (lambda ls: _spoil(ls, 4, ",1.0,1.5,", ",1.5,1.0,"), "line 4: end 1.0 is before start 1.5; a task ends at or after "
+                                                        "its start"),
+    (lambda ls: _spoil(ls, 4, "0,send", "0.5,send"), "line 4: rank must be an integer >= 0, got '0.5'"),
+    (lambda ls: _spoil(ls, 4, "0,send", "-1,send"), "line 4: rank must be an integer >= 0, got '-1'"),
+    (lambda ls: _spoil(ls, 4, ",SEND_F,0,0,", ",SEND_F,x,0,"), "line 4: stage must be an integer >= -1 (-1: none), "
+                                                              "got 'x'"),
+    (lambda ls: _spoil(ls, 4, ",1.5,0.0", ",1.5,-8"), "line 4: bytes must be a finite number >= 0, got '-8'"),
+    (lambda ls: _spoil(ls, 4, ",SEND_F,", ",,"), "line 4: kind must be a non-empty string, got ''"),
+    (lambda ls: "".join(ls)[: len("".join(ls)) // 2], "line 7: 2 of 9 fields, it ends before action, kind, stage, "
+                                                      "microbatch, start, end, bytes; is the file cut short?"),
+    (lambda ls: "".join(ls).rstrip("\n")[:-6], "line 18: 8 of 9 fields, it ends before bytes; is the file cut "
+                                               "short?"),
+    (lambda ls: "".join(ls)[:30], "line 1: the '# schedlab-trace' header is not valid JSON"),
+    (lambda ls: "# schedlab-trace {source: sim}\n" + "".join(ls[1:]), "line 1: the '# schedlab-trace' header is not "
+                                                                     "valid JSON (Expecting property name enclosed in "
+                                                                     "double quotes at character 2)"),
+    (lambda ls: "# schedlab-trace [1, 2]\n" + "".join(ls[1:]), "line 1: the '# schedlab-trace' header must be a JSON "
+                                                             "object of metadata, got [1, 2]"),
+    (lambda ls: "".join(ls).replace(",bytes\n", "\n", 1), "line 2 (the column names): lacks columns ['bytes']; a trace "
+                                                          "has ['rank', 'stream', 'action', 'kind', 'stage', "
+                                                          "'microbatch', 'start', 'end', 'bytes']"),
+    (lambda ls: "".join(ls[2:]), "line 1 (the column names): lacks columns ['rank', 'stream'"),
+    (lambda ls: _spoil(ls, 4, ",0.0\n", ",0.0,7\n"), "line 4: 10 fields, but the column names are 9"),
+    (lambda ls: _spoil(ls, 4, "0SEND_F0", '"0SEND_F0'), "line 4: not CSV from this line on (unexpected end of data; a quote left open?)"),
+    (lambda ls: "", "has no column names; a trace has a line rank,stream,action,kind,stage,microbatch,start,end,bytes"),
+    (lambda ls: ls[0], "has no column names"),
+])
+def test_bad_csv_trace(trace, tmp_path, make, message):
+    content = make(_good_csv(trace, tmp_path))
+    path = tmp_path / "bad.csv"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(ScheduleError, match=re.escape(f"trace {str(path)!r}") + ".*" + re.escape(message)) as err:
+        read_trace(path)
+    one_line(err)
+
+
+def _parquet(trace, path, change=None, meta=b'{"source": "sim"}'):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    df = trace.copy()
+    if change is not None:
+        df = change(df)
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    pq.write_table(table.replace_schema_metadata({b"schedlab": meta}), path)
+
+
+def _set(column, row, value, dtype=None):
+    def change(df):
+        if dtype is not None:
+            df[column] = df[column].astype(dtype)
+        df.loc[row, column] = value
+        return df
+    return change
+
+
+@pytest.mark.parametrize(("write", "message"), [
+    (lambda t, p: p.write_bytes(b"PAR1 not really"), "is not a readable Parquet file: Parquet magic bytes not found"),
+    (lambda t, p: (_parquet(t, p), p.write_bytes(p.read_bytes()[:200])), "is not a readable Parquet file"),
+    (lambda t, p: _parquet(t, p, lambda df: df.drop(columns=["end"])), "its column names: lacks columns ['end']"),
+    (lambda t, p: _parquet(t, p, _set("start", 3, "soon", str)), "row 4: start must be a finite number, got 'soon'"),
+    (lambda t, p: _parquet(t, p, _set("end", 2, -1.0)), "row 3: end -1.0 is before start 1.0"),
+    (lambda t, p: _parquet(t, p, _set("rank", 1, 1.5, float)), "row 2: rank must be an integer >= 0, got 1.5"),
+    (lambda t, p: _parquet(t, p, meta=b"{oops"), "its 'schedlab' metadata is not valid JSON"),
+])
+def test_bad_parquet_trace(trace, tmp_path, write, message):
+    path = tmp_path / "bad.parquet"
+    write(trace, path)
+    with pytest.raises(ScheduleError, match=re.escape(message)) as err:
+        read_trace(path)
+    one_line(err)
+
+
+def test_missing_trace_and_a_directory(tmp_path):
+    for path, message in ((tmp_path / "none.csv", "not found"), (tmp_path, "is a directory")):
+        with pytest.raises(ScheduleError, match=message) as err:
+            read_trace(path)
+        one_line(err)
+
+
+def test_good_traces_still_read(trace, tmp_path):
+    """A BOM, blank lines, integral floats in integer columns and the columns in another order are all fine."""
+    lines = _good_csv(trace, tmp_path)
+    text = "\ufeff" + lines[0] + "end,start,rank,stream,action,kind,stage,microbatch,bytes\n" + "\n".join(
+        ",".join([(f := line.rstrip("\n").split(","))[7], f[6], f[0] + ".0", *f[1:6], f[8]]) for line in lines[2:]) + "\n\n"
+    path = tmp_path / "odd.csv"
+    path.write_text(text, encoding="utf-8")
+    back = read_trace(path)
+    assert back[list(trace.columns)].equals(trace) and back.attrs == trace.attrs
