@@ -279,3 +279,44 @@ def test_good_traces_still_read(trace, tmp_path):
     path.write_text(text, encoding="utf-8")
     back = read_trace(path)
     assert back[list(trace.columns)].equals(trace) and back.attrs == trace.attrs
+
+
+# ---------------------------------------------------------------- torch CSV schedule files (csv:PATH)
+
+def _torch_csv() -> str:
+    from schedules.torch_csv import torch_csv_text
+
+    return torch_csv_text(build("1f1b", pp=2, microbatches=2))  # 0F0,0F1,0B0,0B1 / 1F0,1B0,1F1,1B1
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"\x89PNG\r\n\x1a\n\x00\x00", "line 1: not UTF-8 text (byte 0x89): binary data? a torch CSV is text, one row of "
+                                   "actions per rank"),
+    (_torch_csv().encode("utf-16"), "line 1: not UTF-8 text (byte 0xff)"),
+    (_torch_csv().replace("1F0", "1F0\xe9").encode("latin-1"), "line 2: not UTF-8 text (byte 0xe9)"),
+    (_torch_csv().replace("1B1", "1B\x001").encode(), "line 2: a NUL byte (binary data)"),
+    (_torch_csv().replace("0F0", "Z" * 500).encode(), "row 1 (rank 0), cell 1 '" + "Z" * 76 + "...: invalid action '"),
+    (b"\xef\xbb\xbf\xef\xbb\xbf" + _torch_csv().encode(), r"cell 1 '\ufeff0F0': invalid action"),  # one BOM only
+    (b"", "is empty; expected one row of actions per rank"),
+])
+def test_bad_torch_csv(tmp_path, content, message):
+    from schedules.torch_csv import read_torch_csv, read_torch_csv_graph
+
+    path = tmp_path / "bad.csv"
+    path.write_bytes(content)
+    for read in (read_torch_csv, read_torch_csv_graph):
+        with pytest.raises(ScheduleError, match=re.escape(f"torch CSV {str(path)!r}") + ".*" + re.escape(message)) as err:
+            read(path)
+        assert "Z" * 80 not in one_line(err)  # a long cell is quoted, cut to 80 characters
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_torch_csv_with_a_byte_order_mark_reads(tmp_path, newline):
+    """Excel and Windows editors start a UTF-8 file with a BOM; the file is the same schedule."""
+    from schedules.torch_csv import read_torch_csv, read_torch_csv_graph
+
+    plain, bom = tmp_path / "plain.csv", tmp_path / "bom.csv"
+    plain.write_text(_torch_csv())
+    bom.write_bytes(b"\xef\xbb\xbf" + _torch_csv().replace("\n", newline).encode())
+    assert read_torch_csv(bom).programs == read_torch_csv(plain).programs
+    assert [t.action for t in read_torch_csv_graph(bom).tasks] == [t.action for t in read_torch_csv_graph(plain).tasks]
