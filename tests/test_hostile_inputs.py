@@ -12,7 +12,7 @@ import re
 import pytest
 
 from schedules import build, lower
-from schedules.errors import ConfigError, SchedlabError, ScheduleError
+from schedules.errors import ConfigError, CostFileError, SchedlabError, ScheduleError
 from schedules.trace import read_trace, write_trace
 from sim import UniformCosts, simulate
 from sim.study import load_study, study_from_dict
@@ -320,3 +320,129 @@ def test_torch_csv_with_a_byte_order_mark_reads(tmp_path, newline):
     bom.write_bytes(b"\xef\xbb\xbf" + _torch_csv().replace("\n", newline).encode())
     assert read_torch_csv(bom).programs == read_torch_csv(plain).programs
     assert [t.action for t in read_torch_csv_graph(bom).tasks] == [t.action for t in read_torch_csv_graph(plain).tasks]
+
+
+# ---------------------------------------------------------------- cost files (schedlab.profile/1)
+
+def _profile(**changes) -> dict:
+    """Two partitions (2 and 4 stages), every time distinct; ``changes`` replace top-level keys."""
+    stages = lambda n: [{"stage": s, "param_bytes": 100 * (s + 1), "F": 0.01 * (s + 1), "B": 0.02 * (s + 1),  # noqa: E731
+                         "I": 0.012 * (s + 1), "W": 0.008 * (s + 1), "OPTIM": {"median": 0.001}} for s in range(n)]
+    return {"schema": "schedlab.profile/1", "activation_bytes": 4096, "p2p": {"alpha": 1e-4, "beta": 1e8},
+            "task_overhead": {"median": 2e-4}, "partitions": [{"num_stages": 2, "stages": stages(2)},
+                                                              {"num_stages": 4, "stages": stages(4)}], **changes}
+
+
+def _with_stage_rows(rows: list, num_stages: int = 2) -> dict:
+    return _profile(partitions=[{"num_stages": num_stages, "stages": rows}])
+
+
+def _row(stage: object = 0, **changes) -> dict:
+    return {"F": 0.01, "B": 0.02, "I": 0.012, "W": 0.008, **({} if stage is None else {"stage": stage}), **changes}
+
+
+@pytest.mark.parametrize(("profile", "message"), [
+    (_with_stage_rows([_row(None), _row(1)]), 'partitions[0].stages[0] has no "stage" field; give each stage its '
+                                              "index, 0..1"),
+    (_with_stage_rows([_row("0"), _row(1)]), "partitions[0].stages[0].stage must be an integer in 0..1, got '0'"),
+    (_with_stage_rows([_row(0), _row(1.0)]), "partitions[0].stages[1].stage must be an integer in 0..1, got 1.0"),
+    (_with_stage_rows([_row(True), _row(0)]), "partitions[0].stages[0].stage must be an integer in 0..1, got True"),
+    (_with_stage_rows([_row(0), _row(2)]), "partitions[0].stages[1].stage must be an integer in 0..1, got 2"),
+    (_with_stage_rows([_row(-1), _row(0)]), "partitions[0].stages[0].stage must be an integer in 0..1, got -1"),
+    (_with_stage_rows([_row(1), _row(1)]), "partitions[0].stages[0] and [1] are both stage 1; list each of 0..1 once"),
+    (_with_stage_rows([_row(0), "fast"]), "partitions[0].stages[1] must be an object of a stage's timings, got 'fast'"),
+    (_with_stage_rows([_row(0)]), "partition of 2 stages must list that many stages"),
+    (_profile(partitions=[{"num_stages": 1, "stages": [_row(0)]}, {"num_stages": 1, "stages": [_row(0, F=9.0)]}]),
+     "partitions[0] and partitions[1] both profile 1 stages; keep one of them"),
+    (_profile(partitions=[{"num_stages": "2", "stages": [_row(0), _row(1)]}]),
+     "partitions[0].num_stages must be an integer >= 1, got '2'"),
+    (_with_stage_rows([_row(0, F=float("nan")), _row(1)]), "partitions[0].stages[0].F must be a finite time >= 0 s, "
+                                                           "got nan"),
+    (_with_stage_rows([_row(0), _row(1, W={"median": -1})]), "partitions[0].stages[1].W must be a finite time >= 0 s"),
+    (_with_stage_rows([_row(0), _row(1, B="slow")]), "partitions[0].stages[1].B must be a number or {\"median\": "
+                                                     "number}, got 'slow'"),
+    (_with_stage_rows([_row(0, param_bytes="1k"), _row(1)]), "partitions[0].stages[0].param_bytes must be a finite "
+                                                             "number >= 0, got '1k'"),
+    (_profile(p2p="fast"), "p2p must be an object {\"alpha\": s, \"beta\": bytes/s}, got 'fast'"),
+    (_profile(p2p={"alpha": 1e-4}), "p2p.beta must be a bandwidth > 0 bytes/s, got None"),
+    (_profile(p2p={"alpha": 1e-4, "beta": 0}), "p2p.beta must be a bandwidth > 0 bytes/s, got 0"),
+    (_profile(p2p={"alpha": "1us", "beta": 1e8}), "p2p.alpha must be a finite number >= 0, got '1us'"),
+    (_profile(activation_bytes="4k"), "activation_bytes must be a finite number >= 0, got '4k'"),
+    (_profile(collectives=[1]), "collectives must be an object of op -> {alpha, beta} or null, got [1]"),
+    (_profile(collectives={"all_reduce": {"alpha": 0}}), "collectives.all_reduce.beta must be a bandwidth > 0"),
+])
+def test_bad_cost_file(tmp_path, profile, message):
+    import json
+
+    from sim.profiled import load_profile
+
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(profile))
+    num_stages = profile["partitions"][0]["num_stages"]
+    with pytest.raises(CostFileError, match=re.escape(f"cost file {str(path)!r}: {message}")) as err:
+        load_profile(path, num_stages if isinstance(num_stages, int) else None)
+    one_line(err)
+
+
+def test_cost_file_stages_are_taken_by_their_stage_field(tmp_path):
+    """Listed 3, 1, 0, 2: stage s still costs its own row's times."""
+    import json
+
+    from schedules import load_graph, validate
+    from sim.profiled import load_profile
+
+    data = _profile()
+    rows = data["partitions"][1]["stages"]
+    data["partitions"][1]["stages"] = [rows[3], rows[1], rows[0], rows[2]]
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(data))
+    costs = load_profile(path, 4)
+    assert [s.f for s in costs.stages] == pytest.approx([0.01, 0.02, 0.03, 0.04], rel=1e-12)
+    assert [s.param_bytes for s in costs.stages] == [100, 200, 300, 400]
+    graph = validate(load_graph("interleaved-1f1b", pp=2, microbatches=4))
+    for task, d in zip(graph.tasks, costs.durations(graph), strict=True):
+        if task.action.kind.value == "F":
+            assert d == pytest.approx(0.01 * (task.action.stage + 1) + 2e-4, rel=1e-12)
+
+
+@pytest.mark.parametrize("p2p", ["null", "absent"])
+def test_cost_file_without_p2p_refuses_messages(tmp_path, p2p):
+    """A one-process profile has no p2p timing: a graph with messages (1F1B, p=2, m=4: 4 + 4 sends) is refused, not
+    given free messages."""
+    import json
+
+    from schedules import load_graph, validate
+    from sim import simulate
+    from sim.profiled import load_profile
+
+    data = _profile(p2p=None)
+    if p2p == "absent":
+        del data["p2p"]
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(data))
+    costs = load_profile(path, 2)  # the file loads: the graph decides
+    graph = validate(load_graph("1f1b", pp=2, microbatches=4))
+    message = (f"the cost file {str(path)!r} has no p2p timing (p2p is missing or null: profiled by one process) but "
+               "schedule '1f1b' sends 8 messages between ranks; profile with 2 or more processes (real.profile)")
+    for run in (lambda: costs.check(graph), lambda: simulate(graph, costs)):
+        with pytest.raises(CostFileError, match=re.escape(message)) as err:
+            run()
+        one_line(err)
+    one_rank = validate(load_graph("interleaved-1f1b", pp=1, microbatches=2, chunks=2))  # two stages, no messages
+    assert simulate(one_rank, costs).makespan > 0
+
+
+@pytest.mark.xfail(strict=True, raises=CostFileError, reason="analysis/cli/simulate.py runs simulate() after its errors_to_exit block, so "
+                                       "ProfiledCosts.check's refusal escapes as a traceback; the CLI's owner: move "
+                                       "simulate() into the block (or call costs.check(graph) there), then drop this mark")
+def test_cli_simulate_costs_without_p2p_is_one_line_exit_2(tmp_path, capsys):
+    import json
+
+    from analysis.cli import main as schedlab
+
+    path = tmp_path / "costs.json"
+    path.write_text(json.dumps(_profile(p2p=None)))
+    with pytest.raises(SystemExit) as exc:
+        schedlab(["simulate", "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--costs", str(path)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "has no p2p timing" in err and len(err.strip().splitlines()) == 1
