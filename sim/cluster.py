@@ -396,7 +396,7 @@ def read_toml(path: str | Path) -> dict[str, Any]:
     except IsADirectoryError:
         raise ClusterError(f"config file {str(path)!r} is a directory; give a .toml file") from None
     except UnicodeDecodeError as exc:
-        raise ClusterError(f"config file {str(path)!r} is not UTF-8 text (byte {exc.start}); give a .toml file") from None
+        raise ClusterError(f"config file {str(path)!r} is not UTF-8 text (at byte {exc.start}); give a .toml file") from None
     except tomllib.TOMLDecodeError as exc:
         raise ClusterError(f"config file {str(path)!r} is not valid TOML: {str(exc).splitlines()[0]}") from None
 

@@ -104,7 +104,7 @@ def test_toml_field_of_the_wrong_type(tmp_path, table, key, value, message):
 
 @pytest.mark.parametrize(("text", "message"), [
     ("[run]\nschedule = \"1f1b\"\n[model\n", "config file '{path}' is not valid TOML: "),
-    ("\udcff", "config file '{path}' is not UTF-8 text (byte 0)"),
+    ("\udcff", "config file '{path}' is not UTF-8 text (at byte 0)"),
     ("pp = 2\n", "config: unknown table(s) ['pp']; valid: model, cluster, parallel, run (every key goes in one of them)"),
     ("run = 5\n", "config: run must be a table ([run] and its keys), got 5"),
     ("{base}[cluster]\ndevices = [\"/trainer/GPU:0-7\"]\n[cluster.device]\npeak_TFLOPs = \"lots\"\n",
