@@ -268,11 +268,8 @@ def study_from_dict(data: Mapping[str, Any]) -> Study:
     if missing:
         raise ConfigError(f"config: missing {', '.join(missing)}; give them in the TOML file or as options",
                           field=missing[0])
-    costs = {k: run[k] for k in _COST_KEYS if k in run}
-    if "layers_per_stage" in costs:
-        costs["layers_per_stage"] = tuple(costs["layers_per_stage"])
     costs = TransformerCosts(model=model_from_dict(data["model"]), cluster=cluster_from_dict(data["cluster"]),
-                             parallel=ParallelConfig(**parallel), **costs)
+                             parallel=ParallelConfig(**parallel), **{k: run[k] for k in _COST_KEYS if k in run})
     return Study(costs=costs, **{k: run[k] for k in _STUDY_KEYS if k in run})
 
 
