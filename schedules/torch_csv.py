@@ -22,13 +22,14 @@ Facts about torch (2.13.0) this module relies on, from
 from __future__ import annotations
 
 import csv
+import io
 import os
 import re
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from schedules.errors import ScheduleError
+from schedules.errors import ScheduleError, quote
 from schedules.graph import TaskGraph
 from schedules.ir import Action, Kind, Schedule
 from schedules.lower import graph_from_programs, lower
@@ -104,15 +105,31 @@ def write_torch_csv(target: Schedule | TaskGraph, path: str | os.PathLike, comms
 
 
 def _read_rows(path: Path) -> list[list[str]]:
+    """The file's rows of cells; UTF-8 with or without a byte-order mark (as Excel writes it)."""
+    where = f"torch CSV {str(path)!r}"
     try:
-        with open(path, encoding="utf-8", newline="") as fh:
-            return list(csv.reader(fh))
+        raw = path.read_bytes()
     except FileNotFoundError:
-        raise ScheduleError(f"torch CSV {str(path)!r} not found; give an existing file (csv:PATH)") from None
+        raise ScheduleError(f"{where} not found; give an existing file (csv:PATH)") from None
     except IsADirectoryError:
-        raise ScheduleError(f"torch CSV {str(path)!r} is a directory; give a file (csv:PATH)") from None
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise ScheduleError(f"torch CSV {str(path)!r} is not a text CSV file: {exc}") from None
+        raise ScheduleError(f"{where} is a directory; give a file (csv:PATH)") from None
+    except OSError as exc:
+        raise ScheduleError(f"{where} cannot be read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ScheduleError(f"{where}, line {line}: not UTF-8 text (byte {raw[exc.start]:#04x}): binary data? "
+                            "a torch CSV is text, one row of actions per rank") from None
+    if "\0" in text:
+        line = text.count("\n", 0, text.index("\0")) + 1
+        raise ScheduleError(f"{where}, line {line}: a NUL byte (binary data); a torch CSV is text, one row of "
+                            "actions per rank")
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        return list(reader)
+    except csv.Error as exc:
+        raise ScheduleError(f"{where}, line {reader.line_num}: not CSV ({exc})") from None
 
 
 def _parse_cell(path: Path, rank: int, col: int, text: str) -> Action | None:
@@ -120,11 +137,12 @@ def _parse_cell(path: Path, rank: int, col: int, text: str) -> Action | None:
     cell = text.strip()
     if not cell or SKIPPED_CELL.match(cell):
         return None
-    where = f"torch CSV {str(path)!r}, row {rank + 1} (rank {rank}), cell {col + 1} {cell!r}"
+    where = f"torch CSV {str(path)!r}, row {rank + 1} (rank {rank}), cell {col + 1} {quote(cell)}"
     try:
         action = Action.parse(cell)
     except ScheduleError as exc:
-        raise ScheduleError(f"{where}: {exc}; an empty cell and {'/'.join(TORCH_SKIPPED_KINDS)} are skipped") from None
+        detail = str(exc).replace(repr(cell), quote(cell))  # the cell, cut to a readable length
+        raise ScheduleError(f"{where}: {detail}; an empty cell and {'/'.join(TORCH_SKIPPED_KINDS)} are skipped") from None
     if action.kind not in _TORCH_KINDS:
         raise ScheduleError(f"{where}: {action.kind.value} is not a pipeline action torch's CSV holds; {_VALID_CELLS}")
     return action

@@ -20,16 +20,26 @@ Metadata (``source`` sim/real, ``schedule``, ``params``, ``costs``, ...) lives
 in ``DataFrame.attrs``. On disk a trace is CSV whose first line is
 ``# schedlab-trace {json metadata}``, or Parquet with the metadata in the
 file's key-value metadata.
+
+:func:`read_trace` checks every row: a file that is not text, a header line
+that is not JSON, a missing column, a row cut short, a value of the wrong
+kind, or a task that ends before it starts is one ScheduleError naming the
+file, the line (CSV) or row (Parquet) and the field.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
+import math
 import os
+import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from schedules.errors import ScheduleError
+from schedules.errors import ScheduleError, quote
 from schedules.util import atomic_write, check_output_file
 
 if TYPE_CHECKING:
@@ -81,28 +91,182 @@ def write_trace(df: pd.DataFrame, path: str | os.PathLike) -> Path:
 
 
 def read_trace(path: str | os.PathLike) -> pd.DataFrame:
-    """Read a trace written by :func:`write_trace` (or a plain CSV with the same columns)."""
+    """Read a trace written by :func:`write_trace` (or a plain CSV with the same columns).
+
+    Raises ScheduleError, one line naming the file, the line (CSV) or row
+    (Parquet) and the field, for a file that is not a trace (see the module doc).
+    """
+    path = Path(path)
+    where = f"trace {str(path)!r}"
+    if not path.exists():
+        raise ScheduleError(f"{where} not found; give an existing .csv or .parquet trace")
+    if path.is_dir():
+        raise ScheduleError(f"{where} is a directory; give a .csv or .parquet trace file")
+    if path.suffix == ".parquet":
+        meta, df, locate = _read_parquet(path, where)
+    else:
+        meta, df, locate = _read_csv(path, where)
+    return make_trace(_checked_columns(where, df, locate), meta)
+
+
+#: ``locate(i)``: where data row i is, e.g. "line 7" or "row 5" (i = -1: the column names), and, for a CSV
+#: row, its fields as the file has them.
+_Locate = Callable[[int], tuple[str, list[str] | None]]
+
+
+def _read_csv(path: Path, where: str) -> tuple[dict[str, Any], pd.DataFrame, _Locate]:
+    """A CSV trace, as pandas reads it. Line numbers count from the file's first line, the header included."""
     import pandas as pd
 
-    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ScheduleError(f"{where} cannot be read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ScheduleError(f"{where}, line {line}: not UTF-8 text (byte {raw[exc.start]:#04x}): binary data? "
+                            "a trace is a CSV (or .parquet) file") from None
+    if "\0" in text:
+        line = text.count("\n", 0, text.index("\0")) + 1
+        raise ScheduleError(f"{where}, line {line}: a NUL byte (binary data); a trace is a CSV (or .parquet) file")
     meta: dict[str, Any] = {}
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
+    skip = 0
+    if text.startswith(_HEADER):
+        first = io.StringIO(text, newline="").readline()
+        meta, skip = _metadata(first[len(_HEADER):], f"{where}, line 1: the {_HEADER.strip()!r} header"), len(first)
+    body, offset = text[skip:], 1 if skip else 0
 
+    def locate(i: int) -> tuple[str, list[str] | None]:
+        """Data row i (-1: the column names), counted as pandas counts them: blank lines skipped."""
+        reader = csv.reader(io.StringIO(body, newline=""))
+        n = -2
+        try:
+            for row in reader:
+                n += bool(row)
+                if row and n == i:
+                    return f"line {offset + reader.line_num}" + (" (the column names)" if i < 0 else ""), row
+        except csv.Error:
+            pass
+        return f"line {offset + reader.line_num}", None
+
+    try:
+        # As before: pandas' C parser, numbers inferred. keep_default_na=False: "NA" or "" in a text column
+        # stays text (and is refused below as empty if it is), a gap in a number column is still NaN.
+        df = pd.read_csv(io.StringIO(body), dtype=dict.fromkeys(("stream", "action", "kind"), str),
+                         keep_default_na=False)
+    except pd.errors.EmptyDataError:
+        raise ScheduleError(f"{where} has no column names; a trace has a line {','.join(TRACE_COLUMNS)}, then one "
+                            "row per task") from None
+    except (pd.errors.ParserError, csv.Error, ValueError) as exc:
+        raise ScheduleError(_unparsed(where, body, offset, exc)) from None
+    return meta, df, locate
+
+
+def _unparsed(where: str, body: str, offset: int, exc: Exception) -> str:
+    """Why pandas could not read the CSV: the first row with more fields than the column names, or bad quoting."""
+    reader = csv.reader(io.StringIO(body, newline=""), strict=True)
+    width, start = 0, 1  # start: the first line of the row being read (a quoted field can span lines)
+    try:
+        for row in reader:
+            width = width or len(row)
+            if len(row) > width:
+                return f"{where}, line {offset + reader.line_num}: {len(row)} fields, but the column names are {width}"
+            start = reader.line_num + 1
+    except csv.Error as err:
+        return f"{where}, line {offset + start}: not CSV from this line on ({err}; a quote left open?)"
+    return f"{where}: not CSV ({str(exc).splitlines()[0]})"
+
+
+def _read_parquet(path: Path, where: str) -> tuple[dict[str, Any], pd.DataFrame, _Locate]:
+    """A Parquet trace; rows count from 1, the first row of data."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
         table = pq.read_table(path)
-        raw = (table.schema.metadata or {}).get(b"schedlab")
-        meta = json.loads(raw) if raw else {}
-        df = table.to_pandas()
-    else:
-        with open(path, encoding="utf-8") as fh:
-            first = fh.readline()
-        skip = 0
-        if first.startswith(_HEADER):
-            meta, skip = json.loads(first[len(_HEADER):]), 1
-        df = pd.read_csv(path, skiprows=skip, dtype={"action": str, "kind": str, "stream": str})
+    except (pa.ArrowException, OSError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        first = re.sub(r"^Could not open Parquet input source '.*?': ", "", first)  # it names the file again
+        raise ScheduleError(f"{where} is not a readable Parquet file: {first}") from None
+    raw = (table.schema.metadata or {}).get(b"schedlab")
+    meta = _metadata(raw.decode("utf-8", "replace"), f"{where}: its 'schedlab' metadata") if raw else {}
+    return meta, table.to_pandas(), lambda i: (f"row {i + 1}" if i >= 0 else "its column names", None)
+
+
+def _metadata(text: str, what: str) -> dict[str, Any]:
+    try:
+        meta = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ScheduleError(f"{what} is not valid JSON ({exc.msg} at character {exc.pos + 1}); "
+                            "write it with write_trace or remove that line") from None
+    if not isinstance(meta, dict):
+        raise ScheduleError(f"{what} must be a JSON object of metadata, got {quote(meta)}")
+    return meta
+
+
+# column -> (an integer?, what a value must be, least value); the other columns are non-empty strings
+_NUMBERS: dict[str, tuple[bool, str, float]] = {
+    "rank": (True, "an integer >= 0", 0), "stage": (True, "an integer >= -1 (-1: none)", -1),
+    "microbatch": (True, "an integer >= -1 (-1: none)", -1),
+    "start": (False, "a finite number", -math.inf), "end": (False, "a finite number", -math.inf),
+    "bytes": (False, "a finite number >= 0", 0),
+}
+
+
+def _checked_columns(where: str, df: pd.DataFrame, locate: _Locate) -> dict[str, Any]:
+    """The trace's columns, every value checked (vectorized); errors name the file, the row and the field."""
+    import numpy as np
+    import pandas as pd
+
     missing = [c for c in TRACE_COLUMNS if c not in df.columns]
     if missing:
-        raise ScheduleError(f"trace {str(path)!r} lacks columns {missing}; a trace has {list(TRACE_COLUMNS)}")
-    df = df[list(TRACE_COLUMNS)].astype(_DTYPES)
-    df.attrs.update(meta)
-    return df
+        raise ScheduleError(f"{where}, {locate(-1)[0]}: lacks columns {missing}; a trace has {list(TRACE_COLUMNS)}")
+
+    names = list(df.columns)
+
+    def fail(c: str, what: str, bad: np.ndarray) -> None:
+        i = int(np.argmax(bad))
+        at, fields = locate(i)
+        if fields is not None and len(fields) < len(names):
+            raise ScheduleError(f"{where}, {at}: {len(fields)} of {len(names)} fields, it ends before "
+                                f"{', '.join(map(str, names[len(fields):]))}; is the file cut short?")
+        value = fields[names.index(c)] if fields is not None else df[c].iloc[i]  # a CSV cell as the file has it
+        value = value.item() if isinstance(value, np.generic) else value
+        raise ScheduleError(f"{where}, {at}: {c} must be {what}, got {quote(value)}")
+
+    out: dict[str, Any] = {}
+    for c in TRACE_COLUMNS:
+        column = df[c]
+        if c not in _NUMBERS:
+            if pd.api.types.is_string_dtype(column.dtype) and column.dtype != object:
+                empty = (column.isna() | (column.str.strip() == "")).to_numpy()
+            else:  # e.g. a Parquet column of numbers
+                empty = column.map(lambda v: not isinstance(v, str) or not v.strip()).to_numpy(dtype=bool)
+            if empty.any():
+                fail(c, "a non-empty string", empty)
+            out[c] = column
+            continue
+        integer, what, least = _NUMBERS[c]
+        if column.dtype == bool:  # True is not a rank
+            number = pd.Series(np.nan, index=column.index)
+        elif pd.api.types.is_numeric_dtype(column.dtype):
+            number = column
+        else:  # text in a number column (or a gap): what is a number, the rest NaN
+            number = pd.to_numeric(column, errors="coerce")
+        values = number.to_numpy(dtype=float, na_value=np.nan)
+        with np.errstate(invalid="ignore"):
+            bad = ~np.isfinite(values) | (values < least)
+            if integer:
+                bad |= values != np.floor(values)
+        if bad.any():
+            fail(c, what, bad)
+        out[c] = number
+    early = out["end"].to_numpy(dtype=float) < out["start"].to_numpy(dtype=float)
+    if early.any():
+        i = int(np.argmax(early))
+        end, start = float(out["end"].iloc[i]), float(out["start"].iloc[i])
+        raise ScheduleError(f"{where}, {locate(i)[0]}: end {end!r} is before start {start!r}; "
+                            "a task ends at or after its start")
+    return out

@@ -19,14 +19,23 @@ transfer is limited only by the two endpoint ports.
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schedules.errors import ClusterError
+from schedules.errors import (
+    ClusterError,
+    ConfigError,
+    check_choice,
+    check_fraction,
+    check_positive,
+    check_positive_ints,
+    quote,
+)
 
 __all__ = [
     "CLUSTER_PRESETS",
@@ -34,9 +43,19 @@ __all__ = [
     "Cluster",
     "Device",
     "DeviceSpec",
+    "KeyCheck",
     "Link",
+    "check_table",
     "cluster_from_dict",
     "cluster_preset",
+    "key_choice",
+    "key_flag",
+    "key_fraction",
+    "key_layer_counts",
+    "key_positive",
+    "key_positive_int",
+    "key_seconds",
+    "key_string",
     "load_cluster",
     "parse_placement",
     "read_toml",
@@ -222,44 +241,142 @@ def cluster_preset(text: str) -> Cluster:
                    pservers=tuple(pservers))
 
 
+# ---------------------------------------------------------------- TOML tables: every key known and of its kind
+
+#: One key's check: ``check(owner, key, value, error)`` raises ``error`` (one line naming owner, key and value).
+KeyCheck = Callable[[str, str, Any, type[ConfigError]], None]
+
+
+def check_table(table: str, data: Any, schema: Mapping[str, KeyCheck], *,
+                error: type[ConfigError] = ConfigError) -> None:
+    """``data`` a TOML table whose keys are all in ``schema``, each value passing its key's check.
+
+    The errors name the table as ``config [TABLE]``, the key (as ``field``)
+    and the value, and say what would be valid.
+    """
+    owner = f"config [{table}]"
+    if not isinstance(data, Mapping):
+        raise error(f"config: [{table}] must be a table of keys, got {quote(data)}")
+    unknown = sorted(map(str, set(data) - set(schema)))
+    if unknown:
+        raise error(f"{owner}: unknown key(s) {quote(unknown)}; valid: {', '.join(sorted(schema))}")
+    for key, value in data.items():
+        schema[key](owner, key, value, error)
+
+
+def key_positive_int(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
+    """An integer >= 1 (not a float such as 2.5 or 2.0, not a bool)."""
+    check_positive_ints(owner, error, **{key: value})
+
+
+def key_positive(unit: str = "") -> KeyCheck:
+    """A finite number > 0 (``unit`` follows it in the message, e.g. `` MiB``)."""
+    def check(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
+        check_positive(owner, key, value, unit, error)
+    return check
+
+
+def key_fraction(what: str = "a fraction", *, open_low: bool = False) -> KeyCheck:
+    """A number in [0, 1] (``open_low``: in (0, 1])."""
+    def check(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
+        check_fraction(owner, key, value, what, open_low=open_low, error=error)
+    return check
+
+
+def key_choice(valid: Collection[str]) -> KeyCheck:
+    """One of ``valid``."""
+    def check(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
+        check_choice(owner, key, value, tuple(valid), error)  # a tuple: an unhashable value is just not in it
+    return check
+
+
+def key_string(what: str) -> KeyCheck:
+    """A non-empty string; ``what`` says what it names, e.g. ``a schedule name``."""
+    def check(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
+        if not isinstance(value, str) or not value.strip():
+            raise error(f"{owner}: {key} must be {what} (a string), got {quote(value)}", field=key)
+    return check
+
+
+def key_flag(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
+    """true or false (not 1, not "yes")."""
+    if not isinstance(value, bool):
+        raise error(f"{owner}: {key} must be true or false, got {quote(value)}", field=key)
+
+
+def key_seconds(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
+    """A finite time >= 0 s."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise error(f"{owner}: {key} must be a finite number >= 0 s, got {quote(value)}", field=key)
+
+
+def key_layer_counts(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
+    """A list of whole layer counts >= 0, one per stage (never truncated: 6.2 and "12,12" are refused)."""
+    ok = isinstance(value, Sequence) and not isinstance(value, str | bytes) and all(
+        isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in value)
+    if not ok:
+        raise error(f"{owner}: {key} must be a list of whole layer counts >= 0, one per stage, e.g. [12, 12], "
+                    f"got {quote(value)}", field=key)
+
+
+def _checked_below(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
+    """A key whose value :func:`cluster_from_dict` checks itself (devices; a device preset or table)."""
+
+
+_DEVICE_TABLE: dict[str, KeyCheck] = {
+    "name": key_string("the device's name"), "peak_TFLOPs": key_positive(" TFLOP/s"),
+    "memory_GB": key_positive(" GB"), "memory_GBps": key_positive(" GB/s"),
+}
+_CLUSTER_TABLE: dict[str, KeyCheck] = {
+    "name": key_string("the cluster's name"), "device": _checked_below, "pserver_device": _checked_below,
+    "devices": _checked_below, "intra_GBps": key_positive(" GB/s"), "inter_GBps": key_positive(" GB/s"),
+    "intra_alpha_s": key_seconds, "inter_alpha_s": key_seconds,
+}
+
+
 def cluster_from_dict(data: Mapping[str, Any], *, name: str = "custom") -> Cluster:
     """Build a cluster from a TOML table; see ``--config`` in the README for the keys."""
-    if "preset" in data:
+    owner = "config [cluster]"
+    if isinstance(data, Mapping) and "preset" in data:
         extra = set(data) - {"preset"}
         if extra:
-            raise ClusterError(f"cluster {name!r}: 'preset' excludes other keys, got {sorted(extra)}")
-        return cluster_preset(str(data["preset"]))
-    known = {"name", "device", "devices", "intra_GBps", "inter_GBps", "intra_alpha_s", "inter_alpha_s", "pserver_device"}
-    unknown = set(data) - known
-    if unknown:
-        raise ClusterError(f"cluster {name!r}: unknown key(s) {sorted(unknown)}; valid keys are {sorted(known)}")
-    spec = _device_spec(data.get("device", "H100"), name)
+            raise ClusterError(f"{owner}: 'preset' excludes other keys, got {quote(sorted(extra))}")
+        key_string("a cluster preset such as 'dgx-h100:2'")(owner, "preset", data["preset"], ClusterError)
+        return cluster_preset(data["preset"])
+    check_table("cluster", data, _CLUSTER_TABLE, error=ClusterError)
+    spec = _device_spec(data.get("device", "H100"), "device")
     placements = data.get("devices")
-    if not isinstance(placements, Sequence) or isinstance(placements, str) or not placements:
-        raise ClusterError(f"cluster {name!r}: 'devices' must be a list of placements, e.g. ['/trainer/GPU:0-7']")
-    parsed = [d for p in placements for d in parse_placement(str(p))]
-    intra = Link(alpha=float(data.get("intra_alpha_s", 3e-6)), bandwidth=float(data.get("intra_GBps", 450)) * GB)
-    inter = Link(alpha=float(data.get("inter_alpha_s", 5e-6)), bandwidth=float(data.get("inter_GBps", 50)) * GB)
+    if (not isinstance(placements, Sequence) or isinstance(placements, str) or not placements
+            or not all(isinstance(p, str) for p in placements)):
+        raise ClusterError(f"{owner}: devices must be a non-empty list of placements (strings), "
+                           f"e.g. ['/trainer/GPU:0-7'], got {quote(placements)}", field="devices")
+    parsed = [d for p in placements for d in parse_placement(p)]
+    intra = Link(alpha=data.get("intra_alpha_s", 3e-6), bandwidth=data.get("intra_GBps", 450) * GB)
+    inter = Link(alpha=data.get("inter_alpha_s", 5e-6), bandwidth=data.get("inter_GBps", 50) * GB)
     return Cluster(
-        name=str(data.get("name", name)),
+        name=data.get("name", name),
         spec=spec,
         intra=intra,
         inter=inter,
         devices=tuple(d for d in parsed if d.job == "trainer"),
-        pserver_spec=_device_spec(data.get("pserver_device", "CPU"), name),
+        pserver_spec=_device_spec(data.get("pserver_device", "CPU"), "pserver_device"),
         pservers=tuple(d for d in parsed if d.job == "pserver"),
     )
 
 
-def _device_spec(value: Any, cluster: str) -> DeviceSpec:
+def _device_spec(value: Any, key: str) -> DeviceSpec:
+    """A device preset's name, or a table of its figures (``[cluster.device]``)."""
     if isinstance(value, Mapping):
-        try:
-            return DeviceSpec(name=str(value.get("name", "custom")), peak_flops=float(value["peak_TFLOPs"]) * 1e12,
-                              memory_bytes=float(value["memory_GB"]) * GB, memory_bw=float(value["memory_GBps"]) * GB)
-        except KeyError as exc:
-            raise ClusterError(f"cluster {cluster!r}: device table lacks {exc}; give peak_TFLOPs, memory_GB, memory_GBps") from None
-    if value not in DEVICE_PRESETS:
-        raise ClusterError(f"cluster {cluster!r}: unknown device {value!r}; valid: {', '.join(DEVICE_PRESETS)} or a table")
+        check_table(f"cluster.{key}", value, _DEVICE_TABLE, error=ClusterError)
+        missing = sorted({"peak_TFLOPs", "memory_GB", "memory_GBps"} - set(value))
+        if missing:
+            raise ClusterError(f"config [cluster.{key}]: missing key(s) {missing}; give peak_TFLOPs, memory_GB "
+                               "and memory_GBps", field=key)
+        return DeviceSpec(name=value.get("name", "custom"), peak_flops=value["peak_TFLOPs"] * 1e12,
+                          memory_bytes=value["memory_GB"] * GB, memory_bw=value["memory_GBps"] * GB)
+    if not isinstance(value, str) or value not in DEVICE_PRESETS:
+        raise ClusterError(f"config [cluster]: unknown {key.replace('_', ' ')} {quote(value)}; "
+                           f"valid: {', '.join(DEVICE_PRESETS)} or a table", field=key)
     return DEVICE_PRESETS[value]
 
 
@@ -270,10 +387,16 @@ def load_cluster(path: str | Path) -> Cluster:
 
 
 def read_toml(path: str | Path) -> dict[str, Any]:
+    """A TOML file's tables; a missing, binary or malformed file raises one line naming it."""
     try:
         with open(path, "rb") as fh:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise ClusterError(f"config file {str(path)!r} not found; give an existing .toml file") from None
+    except IsADirectoryError:
+        raise ClusterError(f"config file {str(path)!r} is a directory; give a .toml file") from None
+    except UnicodeDecodeError as exc:
+        raise ClusterError(f"config file {str(path)!r} is not UTF-8 text (at byte {exc.start}); give a .toml file") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ClusterError(f"config file {str(path)!r} is not valid TOML: {exc}") from None
+        raise ClusterError(f"config file {str(path)!r} is not valid TOML: {str(exc).splitlines()[0]}") from None
+

@@ -7,14 +7,19 @@ pipeline replica on consecutive devices: device = (d * pp + r) * tp + t.
 
 Tensor parallelism is a divisor only: a rank's FLOPs, parameters and
 activations are split over tp devices; its own collectives are not simulated.
+tp must still divide what it splits (heads, hidden size, ...: see
+:meth:`ParallelConfig.check_tp`) and the devices of every node, so that a
+tensor-parallel group, tp consecutive devices, sits inside one node.
 """
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from dataclasses import dataclass
 
 from schedules.dp import DP_MODES
-from schedules.errors import ClusterError, check_choice, check_positive, check_positive_ints
+from schedules.errors import ClusterError, ConfigError, check_choice, check_positive, check_positive_ints
 from sim import collectives as coll
 from sim.cluster import Cluster, Link
 
@@ -65,6 +70,25 @@ class ParallelConfig:
                 f"dp mode 'ps' needs parameter servers, cluster {cluster.name!r} has none; "
                 "add '/pserver/CPU:0' devices or use a preset like 'dgx-h100:2+ps2'"
             )
+
+    def check_tp(self, cluster: Cluster, **sizes: int) -> None:
+        """tp divides every one of ``sizes`` (e.g. the model's heads, hidden) and each node's device count.
+
+        A tensor-parallel group is tp consecutive devices (tensor rank innermost), so it sits inside one
+        node exactly when tp divides the device count of every node. The error lists the tp that would do.
+        """
+        per_node = Counter(d.node for d in cluster.devices)
+        counts = {**sizes, "devices per node": math.gcd(*per_node.values())}
+        if all(n % self.tp == 0 for n in counts.values()):
+            return
+        common = math.gcd(*counts.values())
+        valid = [t for t in range(1, common + 1) if common % t == 0]
+        what = ", ".join(f"{k} ({v})" for k, v in sizes.items())
+        nodes = sorted(set(per_node.values()))
+        raise ConfigError(
+            f"parallel: tp={self.tp} must divide the model's {what} and the devices per node "
+            f"({'/'.join(map(str, nodes))} on cluster {cluster.name!r}; a tensor-parallel group sits inside a node); "
+            f"valid tp: {', '.join(map(str, valid))}", field="tp")
 
     def group(self, cluster: Cluster, r: int) -> DPGroup:
         """The dp group of pipeline rank r (its tensor rank 0; the others are symmetric)."""

@@ -16,7 +16,9 @@ the last) cost what they cost. The formulas:
 * SEND_F / SEND_B: alpha + n / beta, the one-way time of an n-byte message
   (n = ``activation_bytes``, one float32 boundary tensor) fitted from a
   ping-pong over sizes around n; the flight time sits on the send, as in
-  :class:`sim.costs.UniformCosts`; RECV costs nothing (it waits);
+  :class:`sim.costs.UniformCosts`; RECV costs nothing (it waits). A file
+  without ``p2p`` (profiled by one process) cannot time messages, so a graph
+  that sends any is refused rather than given free messages;
 * OPTIM of stage s (data-parallel graphs): the measured optimizer step over
   stage s's parameters;
 * ALLREDUCE / REDUCE_SCATTER / ALL_GATHER of stage s: alpha + n / beta of
@@ -42,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schedules import Action, Kind, Task, TaskGraph
-from schedules.errors import CostFileError
+from schedules.errors import CostFileError, quote
 from schedules.formats import PROFILE_SCHEMA
 from sim.costs import UniformCosts
 
@@ -92,6 +94,7 @@ class ProfiledCosts:
     step_overhead: float = 0.0
     collectives: tuple[tuple[str, float, float], ...] = ()  # (op, alpha, beta)
     source: str = ""
+    p2p_measured: bool = True  # False: the file has no p2p section, so a graph with messages is refused
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -103,14 +106,22 @@ class ProfiledCosts:
                 raise CostFileError(f"profiled costs: {name} must be a bandwidth > 0 bytes/s, got {beta!r}")
 
     def check(self, graph: TaskGraph) -> None:
-        """The graph's stages are the profiled partition's."""
+        """The graph's stages are the profiled partition's; its messages, if any, have a p2p timing."""
         n = graph.schedule.num_stages
+        the_file = f"the cost file{' ' + repr(self.source) if self.source else ''}"
         if n != len(self.stages):
             raise CostFileError(
-                f"the cost file{' ' + repr(self.source) if self.source else ''} profiles {len(self.stages)} stages "
+                f"{the_file} profiles {len(self.stages)} stages "
                 f"but schedule {graph.schedule.name!r} has {n}; profile that partition "
                 f"(real.profile, stages={n})"
             )
+        if not self.p2p_measured:
+            sends = sum(t.action.kind in (Kind.SEND_F, Kind.SEND_B) for t in graph.tasks)
+            if sends:
+                raise CostFileError(
+                    f"{the_file} has no p2p timing (p2p is missing or null: profiled by one process) but schedule "
+                    f"{graph.schedule.name!r} sends {sends} messages between ranks; profile with 2 or more "
+                    "processes (real.profile)")
 
     def _pass(self, action: Action) -> float:
         return self.stages[action.stage].of(action.kind)
@@ -169,20 +180,83 @@ def step_time(result: SimResult, costs: ProfiledCosts) -> float:
     return max(ends, default=0.0) - min(result.start, default=0.0) + costs.step_overhead
 
 
-def _median(d: dict[str, Any], key: str, where: str) -> float:
+def _median(d: dict[str, Any], key: str, where: str, path: str = "") -> float:
     value = d.get(key)
     if isinstance(value, dict):
         value = value.get("median")
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise CostFileError(f"{where}: {key} must be a number or {{\"median\": number}}, got {value!r}")
+        raise CostFileError(f"{where}: {path}{key} must be a number or {{\"median\": number}}, got {quote(value)}")
+    return _number(value, where, path + key, what="a finite time >= 0 s")
+
+
+def _number(value: Any, where: str, name: str, *, bandwidth: bool = False, what: str = "") -> float:
+    """A finite number >= 0 (``bandwidth``: > 0 bytes/s, inf allowed: the profiler's "size does not matter")."""
+    ok = not isinstance(value, bool) and isinstance(value, int | float) and (
+        0 < value <= math.inf if bandwidth else 0 <= value < math.inf)
+    if not ok:
+        what = what or ("a bandwidth > 0 bytes/s" if bandwidth else "a finite number >= 0")
+        raise CostFileError(f"{where}: {name} must be {what}, got {quote(value)}")
     return float(value)
+
+
+def _alpha_beta(section: Any, where: str, name: str) -> tuple[float, float]:
+    """A fitted ``{"alpha": s, "beta": bytes/s, ...}``."""
+    if not isinstance(section, dict):
+        raise CostFileError(f"{where}: {name} must be an object {{\"alpha\": s, \"beta\": bytes/s}}, got "
+                            f"{quote(section)}")
+    return (_number(section.get("alpha"), where, f"{name}.alpha"),
+            _number(section.get("beta"), where, f"{name}.beta", bandwidth=True))
+
+
+def _partition(parts: list[dict[str, Any]], num_stages: int | None, where: str) -> tuple[int, list[int]]:
+    """The chosen partition's index and, for stage 0, 1, ..., the index of its row (by each row's "stage" field)."""
+    seen: dict[int, int] = {}
+    for k, q in enumerate(parts):
+        n = q.get("num_stages")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise CostFileError(f"{where}: partitions[{k}].num_stages must be an integer >= 1, got {quote(n)}")
+        if n in seen:
+            raise CostFileError(f"{where}: partitions[{seen[n]}] and partitions[{k}] both profile {n} stages; "
+                                "keep one of them")
+        seen[n] = k
+    if num_stages is None:
+        c = 0
+    elif num_stages in seen:
+        c = seen[num_stages]
+    else:
+        raise CostFileError(
+            f"{where} profiles partitions of {', '.join(map(str, seen))} stages, not {num_stages}; "
+            f"profile that many stages with the profiler (real.profile, stages={num_stages})"
+        )
+    n, rows = parts[c]["num_stages"], parts[c].get("stages")
+    if not isinstance(rows, list) or len(rows) != n:
+        raise CostFileError(f"{where}: partition of {n} stages must list that many stages")
+    at: dict[int, int] = {}
+    for j, r in enumerate(rows):
+        field = f"partitions[{c}].stages[{j}]"
+        if not isinstance(r, dict):
+            raise CostFileError(f"{where}: {field} must be an object of a stage's timings, got {quote(r)}")
+        if "stage" not in r:
+            raise CostFileError(f"{where}: {field} has no \"stage\" field; give each stage its index, 0..{n - 1}")
+        s = r["stage"]
+        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < n:
+            raise CostFileError(f"{where}: {field}.stage must be an integer in 0..{n - 1}, got {quote(s)}")
+        if s in at:
+            raise CostFileError(f"{where}: partitions[{c}].stages[{at[s]}] and [{j}] are both stage {s}; "
+                                f"list each of 0..{n - 1} once")
+        at[s] = j
+    return c, [at[s] for s in range(n)]
 
 
 def load_profile(path: str | Path, num_stages: int | None = None) -> ProfiledCosts:
     """The cost model of the partition with ``num_stages`` stages (None: the file's only or first partition).
 
-    Raises CostFileError, one line naming the file and what is wrong, for a
-    missing or malformed file or a stage count the file does not have.
+    A partition's stages are taken in the order of their ``"stage"`` fields,
+    not of the list. Raises CostFileError, one line naming the file and the
+    field, for a missing or malformed file, a stage count the file does not
+    have, two partitions of one stage count, or a stage index that is missing,
+    not an integer, out of 0..n-1 or listed twice. A file without ``p2p`` loads;
+    :meth:`ProfiledCosts.check` refuses it for a graph that sends messages.
     """
     p = Path(path)
     try:
@@ -198,39 +272,28 @@ def load_profile(path: str | Path, num_stages: int | None = None) -> ProfiledCos
     parts = data.get("partitions")
     if not isinstance(parts, list) or not parts or not all(isinstance(q, dict) for q in parts):
         raise CostFileError(f"{where}: 'partitions' must be a non-empty list of objects")
-    counts = [q.get("num_stages") for q in parts]
-    if num_stages is None:
-        chosen = parts[0]
-    else:
-        matching = [q for q in parts if q.get("num_stages") == num_stages]
-        if not matching:
-            raise CostFileError(
-                f"{where} profiles partitions of {', '.join(map(str, counts))} stages, not {num_stages}; "
-                f"profile that many stages with the profiler (real.profile, stages={num_stages})"
-            )
-        chosen = matching[0]
-    rows = chosen.get("stages")
-    if not isinstance(rows, list) or not rows or len(rows) != chosen.get("num_stages"):
-        raise CostFileError(f"{where}: partition of {chosen.get('num_stages')} stages must list that many stages")
-    try:
-        stages = tuple(
-            StageCosts(f=_median(r, "F", where), b=_median(r, "B", where), i=_median(r, "I", where),
-                       w=_median(r, "W", where),
-                       optim=_median(r, "OPTIM", where) if "OPTIM" in r else 0.0,
-                       param_bytes=float(r.get("param_bytes", 0.0)))
-            for r in rows
-        )
-        p2p = data.get("p2p") or {}
-        colls = data.get("collectives") or {}
-        return ProfiledCosts(
-            stages=stages,
-            activation_bytes=float(data.get("activation_bytes", 0.0)),
-            p2p_alpha=float(p2p.get("alpha", 0.0)),
-            p2p_beta=float(p2p.get("beta", math.inf)),
-            task_overhead=_median(data, "task_overhead", where) if "task_overhead" in data else 0.0,
-            step_overhead=_median(data, "step_overhead", where) if "step_overhead" in data else 0.0,
-            collectives=tuple((op, float(c["alpha"]), float(c["beta"])) for op, c in colls.items()),
-            source=str(p),
-        )
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:
-        raise CostFileError(f"{where}: malformed ({type(exc).__name__}: {exc})") from None
+    c, order = _partition(parts, num_stages, where)
+    stages = []
+    for j in order:  # stage order, whatever the list order
+        r, path = parts[c]["stages"][j], f"partitions[{c}].stages[{j}]."
+        stages.append(StageCosts(
+            f=_median(r, "F", where, path), b=_median(r, "B", where, path), i=_median(r, "I", where, path),
+            w=_median(r, "W", where, path), optim=_median(r, "OPTIM", where, path) if "OPTIM" in r else 0.0,
+            param_bytes=_number(r.get("param_bytes", 0.0), where, path + "param_bytes")))
+    p2p = data.get("p2p")  # None (or absent): one process, no messages measured
+    alpha, beta = _alpha_beta(p2p, where, "p2p") if p2p is not None else (0.0, math.inf)
+    colls = data.get("collectives") or {}
+    if not isinstance(colls, dict):
+        raise CostFileError(f"{where}: collectives must be an object of op -> {{alpha, beta}} or null, "
+                            f"got {quote(colls)}")
+    return ProfiledCosts(
+        stages=tuple(stages),
+        activation_bytes=_number(data.get("activation_bytes", 0.0), where, "activation_bytes"),
+        p2p_alpha=alpha,
+        p2p_beta=beta,
+        task_overhead=_median(data, "task_overhead", where) if "task_overhead" in data else 0.0,
+        step_overhead=_median(data, "step_overhead", where) if "step_overhead" in data else 0.0,
+        collectives=tuple((op, *_alpha_beta(v, where, f"collectives.{op}")) for op, v in colls.items()),
+        source=str(p),
+        p2p_measured=p2p is not None,
+    )

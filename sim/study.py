@@ -25,10 +25,24 @@ from pathlib import Path
 from typing import Any
 
 from schedules import Kind, PipelineParams, Stream, TaskGraph, load_graph, validate
-from schedules.dp import add_data_parallel
-from schedules.errors import ConfigError, check_positive_ints
+from schedules.dp import DP_MODES, add_data_parallel
+from schedules.errors import ConfigError, check_positive_ints, quote
 from schedules.registry import lookup
-from sim.cluster import GB, Cluster, cluster_from_dict, read_toml
+from sim import collectives as coll
+from sim.cluster import (
+    GB,
+    Cluster,
+    KeyCheck,
+    check_table,
+    cluster_from_dict,
+    key_choice,
+    key_fraction,
+    key_layer_counts,
+    key_positive,
+    key_positive_int,
+    key_string,
+    read_toml,
+)
 from sim.engine import SimResult, simulate
 from sim.memory import DeviceMemory, model_state_bytes
 from sim.parallel import ParallelConfig
@@ -52,7 +66,12 @@ class Study:
     chunks: int | None = None
 
     def __post_init__(self) -> None:
+        if not isinstance(self.schedule, str):
+            raise ConfigError(f"study: schedule must be a schedule name (a string), got {quote(self.schedule)}",
+                              field="schedule")
         check_positive_ints("study", microbatches=self.microbatches)
+        if self.chunks is not None:
+            check_positive_ints("study", chunks=self.chunks)
 
     @property
     def model(self) -> TransformerConfig:
@@ -210,40 +229,57 @@ def run_study(study: Study) -> StudyResult:
     return StudyResult(study, simulate(graph, study.costs, check=False))
 
 
-_STUDY_KEYS = {"schedule", "microbatches", "chunks"}
-_COST_KEYS = {"microbatch_size", "efficiency", "pair_overlap", "layers_per_stage"}
-_RUN_KEYS = _STUDY_KEYS | _COST_KEYS
-_PARALLEL_KEYS = {"pp", "dp", "tp", "dp_mode", "order", "bucket_mb", "collective"}
+_STUDY_KEYS = ("schedule", "microbatches", "chunks")
+_COST_KEYS = ("microbatch_size", "efficiency", "pair_overlap", "layers_per_stage")
+#: The [run] and [parallel] tables: their keys and their kinds ([model]: sim.transformer.MODEL_TABLE,
+#: [cluster]: sim.cluster.cluster_from_dict).
+RUN_TABLE: dict[str, KeyCheck] = {
+    "schedule": key_string("a schedule name, torch:CLASS or csv:FILE"),
+    "microbatches": key_positive_int, "chunks": key_positive_int, "microbatch_size": key_positive_int,
+    "efficiency": key_fraction("a fraction of peak", open_low=True), "pair_overlap": key_fraction(),
+    "layers_per_stage": key_layer_counts,
+}
+PARALLEL_TABLE: dict[str, KeyCheck] = {
+    "pp": key_positive_int, "dp": key_positive_int, "tp": key_positive_int,
+    "dp_mode": key_choice(DP_MODES), "order": key_choice(("dp-inner", "pp-inner")),
+    "bucket_mb": key_positive(" MiB"), "collective": key_choice(coll.ALGORITHMS),
+}
+_TABLES = ("model", "cluster", "parallel", "run")
+
+
+def _check_tables(data: Mapping[str, Any]) -> None:
+    unknown = sorted(map(str, set(data) - set(_TABLES)))
+    if unknown:
+        raise ConfigError(f"config: unknown table(s) {quote(unknown)}; valid: {', '.join(_TABLES)} "
+                          "(every key goes in one of them)")
+    for table, value in data.items():
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"config: {table} must be a table ([{table}] and its keys), got {quote(value)}")
 
 
 def study_from_dict(data: Mapping[str, Any]) -> Study:
-    """Tables ``model``, ``cluster``, ``parallel``, ``run`` (see the README)."""
-    unknown = set(data) - {"model", "cluster", "parallel", "run"}
-    if unknown:
-        raise ConfigError(f"config: unknown table(s) {sorted(unknown)}; valid: model, cluster, parallel, run")
-    for table, keys in (("parallel", _PARALLEL_KEYS), ("run", _RUN_KEYS)):
-        bad = set(data.get(table, {})) - keys
-        if bad:
-            raise ConfigError(f"config [{table}]: unknown key(s) {sorted(bad)}; valid: {sorted(keys)}")
+    """Tables ``model``, ``cluster``, ``parallel``, ``run`` (see the README); every key's kind is checked."""
+    _check_tables(data)
+    run, parallel = data.get("run", {}), data.get("parallel", {})
+    check_table("run", run, RUN_TABLE)
+    check_table("parallel", parallel, PARALLEL_TABLE)
     missing = [k for k, table in (("model", "model"), ("cluster", "cluster")) if not data.get(table)]
-    run = dict(data.get("run", {}))
     missing += [k for k in ("schedule", "microbatches") if k not in run]
-    if "pp" not in data.get("parallel", {}):
+    if "pp" not in parallel:
         missing.append("pp")
     if missing:
         raise ConfigError(f"config: missing {', '.join(missing)}; give them in the TOML file or as options",
                           field=missing[0])
-    if run.get("layers_per_stage") is not None:
-        run["layers_per_stage"] = tuple(run["layers_per_stage"])
     costs = TransformerCosts(model=model_from_dict(data["model"]), cluster=cluster_from_dict(data["cluster"]),
-                             parallel=ParallelConfig(**data["parallel"]), **{k: run[k] for k in _COST_KEYS if k in run})
+                             parallel=ParallelConfig(**parallel), **{k: run[k] for k in _COST_KEYS if k in run})
     return Study(costs=costs, **{k: run[k] for k in _STUDY_KEYS if k in run})
 
 
 def load_study(path: str | Path, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> Study:
     """A TOML file's study, with ``overrides`` (table -> key -> value, e.g. from flags) on top."""
     data = read_toml(path) if path is not None else {}
-    merged = {k: dict(v) for k, v in data.items() if isinstance(v, Mapping)}
+    _check_tables(data)
+    merged = {k: dict(v) for k, v in data.items()}
     for table, values in (overrides or {}).items():
         if table in ("model", "cluster") and values:
             merged[table] = dict(values)

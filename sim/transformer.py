@@ -29,8 +29,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from schedules.errors import ConfigError, check_positive_ints
+from schedules.errors import ConfigError, check_positive_ints, quote
 from schedules.partition import split_layers
+from sim.cluster import KeyCheck, check_table, key_flag, key_positive_int, key_string
 
 __all__ = ["MODEL_PRESETS", "TransformerConfig", "model_from_dict", "model_preset", "partition_layers"]
 
@@ -56,16 +57,18 @@ class TransformerConfig:
     learned_positions: bool = True
 
     def __post_init__(self) -> None:
-        check_positive_ints(f"model {self.name!r}", layers=self.layers, hidden=self.hidden, heads=self.heads,
+        owner = f"model {self.name!r}"
+        check_positive_ints(owner, layers=self.layers, hidden=self.hidden, heads=self.heads,
                             vocab=self.vocab, seq_len=self.seq_len)
-        if self.ffn == 0:
-            object.__setattr__(self, "ffn", 4 * self.hidden)
-        if self.kv_heads == 0:
-            object.__setattr__(self, "kv_heads", self.heads)
-        if self.ffn < 1 or self.hidden % self.heads:
-            raise ConfigError(
-                f"model {self.name!r}: hidden {self.hidden} must be divisible by heads {self.heads} and ffn >= 1"
-            )
+        for key, default in (("ffn", 4 * self.hidden), ("kv_heads", self.heads)):
+            if type(getattr(self, key)) is int and getattr(self, key) == 0:  # 0 (not 0.0, not False): the default
+                object.__setattr__(self, key, default)
+        check_positive_ints(owner, ffn=self.ffn, kv_heads=self.kv_heads)
+        for key in ("gated_mlp", "bias", "tied_embeddings", "learned_positions"):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"{owner}: {key} must be true or false, got {quote(getattr(self, key))}", field=key)
+        if self.hidden % self.heads:
+            raise ConfigError(f"{owner}: hidden {self.hidden} must be divisible by heads {self.heads}", field="hidden")
         if not 1 <= self.kv_heads <= self.heads or self.heads % self.kv_heads:
             raise ConfigError(
                 f"model {self.name!r}: kv_heads must divide heads {self.heads} (1..{self.heads}), got {self.kv_heads}"
@@ -171,18 +174,31 @@ def model_preset(name: str) -> TransformerConfig:
     return MODEL_PRESETS[name]
 
 
+def _key_size(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
+    """ffn and kv_heads: an integer >= 1, or 0 for the default (4 * hidden; heads)."""
+    if not (type(value) is int and value == 0):
+        key_positive_int(owner, key, value, error)
+
+
+#: The [model] table: its keys and their kinds (``preset`` alone, or the shape).
+MODEL_TABLE: dict[str, KeyCheck] = {
+    "preset": key_string("a model preset such as 'gpt-6.2b'"), "name": key_string("the model's name"),
+    **dict.fromkeys(("layers", "hidden", "heads", "vocab", "seq_len"), key_positive_int),
+    "ffn": _key_size, "kv_heads": _key_size,
+    **dict.fromkeys(("gated_mlp", "bias", "tied_embeddings", "learned_positions"), key_flag),
+}
+
+
 def model_from_dict(data: Mapping[str, Any]) -> TransformerConfig:
+    """A [model] table: a ``preset``, or the shape (layers, hidden, heads and optional keys)."""
+    check_table("model", data, MODEL_TABLE)
     if "preset" in data:
-        return model_preset(str(data["preset"]))
-    known = {"name", "layers", "hidden", "heads", "vocab", "seq_len", "ffn", "kv_heads", "gated_mlp", "bias",
-             "tied_embeddings", "learned_positions"}
-    unknown = set(data) - known
-    if unknown:
-        raise ConfigError(f"model: unknown key(s) {sorted(unknown)}; valid keys are {sorted(known)} or 'preset'")
+        return model_preset(data["preset"])
     missing = {"layers", "hidden", "heads"} - set(data)
     if missing:
-        raise ConfigError(f"model: missing key(s) {sorted(missing)}; give layers, hidden and heads or a 'preset'")
-    return TransformerConfig(name=str(data.get("name", "custom")), **{k: data[k] for k in known - {"name"} if k in data})
+        raise ConfigError(f"config [model]: missing key(s) {sorted(missing)}; give layers, hidden and heads "
+                          "or a preset", field=sorted(missing)[0])
+    return TransformerConfig(**{"name": "custom", **data})
 
 
 def partition_layers(layers: int, stages: int, explicit: Sequence[int] | None = None) -> tuple[int, ...]:

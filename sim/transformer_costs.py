@@ -27,13 +27,14 @@ sum of their times, not the max.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 from schedules import Action, Kind, Stream, Task, TaskGraph
 from schedules.dp import DataParallelGraph
-from schedules.errors import check_fraction, check_positive_ints
+from schedules.errors import ConfigError, check_fraction, check_positive_ints, quote
 from sim.cluster import Cluster
 from sim.costs import memoized_durations
 from sim.parallel import DPGroup, ParallelConfig
@@ -66,7 +67,16 @@ class TransformerCosts:
         check_positive_ints("costs", microbatch_size=self.microbatch_size)
         check_fraction("costs", "efficiency", self.efficiency, "a fraction of peak", open_low=True)
         check_fraction("costs", "pair_overlap", self.pair_overlap)
+        if self.layers_per_stage is not None:
+            if isinstance(self.layers_per_stage, str) or not isinstance(self.layers_per_stage, Sequence):
+                raise ConfigError(f"costs: layers_per_stage must be a list of layer counts, one per stage, "
+                                  f"got {quote(self.layers_per_stage)}", field="layers_per_stage")
+            object.__setattr__(self, "layers_per_stage", tuple(self.layers_per_stage))  # hashable, for _split
         self.parallel.check_fits(self.cluster)
+        m = self.model
+        # What tp splits: the attention heads (and the K/V heads), the hidden size, the MLP's width.
+        kv = {"kv_heads": m.kv_heads} if m.kv_heads != m.heads else {}
+        self.parallel.check_tp(self.cluster, heads=m.heads, **kv, hidden=m.hidden, ffn=m.ffn)
 
     # --- per-stage figures ---------------------------------------------------------------------------
     def stage_layers(self, num_stages: int) -> tuple[int, ...]:

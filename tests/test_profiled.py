@@ -123,7 +123,7 @@ def test_stage_count_mismatch_and_bad_files(profile_path, tmp_path):
                           (json.dumps({**PROFILE, "partitions": []}), "non-empty list"),
                           (json.dumps({**PROFILE, "partitions": [{"num_stages": 2, "stages": [{"F": 1}]}]}),
                            "must list that many stages"),
-                          (json.dumps({**PROFILE, "partitions": [{"num_stages": 1, "stages": [{"F": "x"}]}]}),
+                          (json.dumps({**PROFILE, "partitions": [{"num_stages": 1, "stages": [{"stage": 0, "F": "x"}]}]}),
                            "F must be a number")):
         bad.write_text(text)
         with pytest.raises(CostFileError, match=message):
