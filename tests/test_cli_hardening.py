@@ -184,3 +184,9 @@ def test_compare_takes_a_cost_file(capsys, tmp_path, costs):
     assert code == 0
     # The fixture's 1F1B at pp=2, m=4 (tests/test_profiled.py works it out by hand): 0.32228192 s.
     assert rows["1f1b"]["makespan"] == pytest.approx(0.32228192, rel=1e-12)
+
+
+@pytest.mark.parametrize("value", ["-inf", "-1e-12", "-1", "-.5", "-NaN"])
+def test_negative_and_non_finite_numbers_reach_the_value_check(capsys, value):
+    """argparse alone would read -inf or -1e-12 as a flag ("expected one argument")."""
+    _one_line_error(*_run(capsys, ["simulate", *SIM, "--tf", value]), "tf must be a finite time >= 0, got ")

@@ -12,6 +12,7 @@ import errno
 import functools
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -50,8 +51,18 @@ FLAG_ALIASES: Mapping[str, str] = {
 }
 
 
+# What argparse takes as a negative number rather than a flag: also -1e-12, -inf, -nan (its own rule
+# knows only -1 and -1.5), so that `--tf -inf` reaches the value check instead of "expected one argument".
+_NEGATIVE_NUMBER = re.compile(r"^-(?:\d+\.?\d*(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|inf(?:inity)?|nan)$",
+                              re.IGNORECASE)
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse that reports a bad flag in one line with exit status 2, no usage dump."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = _NEGATIVE_NUMBER
 
     def error(self, message: str) -> NoReturn:
         fail(f"{self.prog}: {message} (see --help)")
