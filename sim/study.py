@@ -192,7 +192,9 @@ class StudyResult:
         eff = s.costs.gemm_efficiency
         peak = f"{s.cluster.spec.peak_flops / 1e12:g} TFLOP/s per {s.cluster.spec.name}"
         if eff is None:
-            compute = f"matmuls reach {s.costs.matmul_efficiency:.0%} of dense peak ({peak}), other operations not timed"
+            why = "efficiency given" if s.costs.efficiency is not None else f"no calibration for {s.cluster.spec.name}"
+            compute = (f"matmuls reach {s.costs.matmul_efficiency:.0%} of dense peak ({peak}; a constant: {why}), "
+                       "other operations not timed")
         else:
             compute = (f"each operation max(FLOPs / (peak x e), bytes / HBM): GEMM e = {eff.peak_fraction:g} x F / "
                        f"(F + {eff.half_flops:.3g}) ({peak}, {s.cluster.spec.memory_bw / 1e12:g} TB/s; {eff.source})")
@@ -204,8 +206,9 @@ class StudyResult:
             f"activations per Korthikanti et al. 2022, 16-bit, tp={p.tp}{sp}, recompute {s.costs.recompute}; "
             "model states per ZeRO (16 bytes/param)",
             f"one pipeline replica simulated; dp={p.dp} replicas symmetric; collectives {group.algorithm} "
-            f"(alpha-beta), {p.bucket_mb:g} MiB buckets; tp={p.tp}: 2 collectives per layer in F and in the "
-            "backward, on NVLink, not overlapped",
+            f"(alpha-beta), {p.bucket_mb:g} MiB buckets; "
+            + (f"tp={p.tp}: 2 collectives per layer in F and in the backward, on NVLink, not overlapped"
+               if p.tp > 1 else "no tensor parallelism"),
             f"links: FIFO per port, each transfer holds its ports; rank order {p.order}; network core non-blocking",
         ]
 
