@@ -39,7 +39,7 @@ from sim import gpu_model
 from sim.cluster import cluster_preset
 from sim.engine import simulate
 from sim.parallel import ParallelConfig
-from sim.study import Study, build_graph, run_study
+from sim.study import Study, StudyResult, build_graph, run_study
 from sim.transformer import model_preset
 from sim.transformer_costs import TransformerCosts
 
@@ -131,7 +131,8 @@ def fit(modes: tuple[str, ...] = ("full",)) -> gpu_model.GemmEfficiency:
         total = 0.0
         for c, mode, graph in graphs:
             published = c.time_full if mode == "full" else c.time_seqsel
-            total += (max(simulate(graph, study(c, mode).costs, check=False).end) / published - 1) ** 2
+            st = study(c, mode)
+            total += (StudyResult(st, simulate(graph, st.costs, check=False)).step_time / published - 1) ** 2
         return total
 
     saved = gpu_model.CALIBRATED["A100"]

@@ -144,7 +144,15 @@ class StudyResult:
 
     @property
     def step_time(self) -> float:
-        return max(self.sim.end, default=0.0)
+        """The makespan; without data-parallel tasks (dp mode none) the graph has no OPTIM, so each rank's
+        optimizer step (memory-bound, :meth:`TransformerCosts.optim_time`) follows its last task, as in training."""
+        end = max(self.sim.end, default=0.0)
+        graph = self.sim.graph
+        if any(t.action.kind is Kind.OPTIM for t in graph.tasks):
+            return end
+        n_st, costs = graph.schedule.num_stages, self.study.costs
+        return max([end] + [r.last_end + sum(costs.optim_time(s, n_st) for s in graph.schedule.stages_of(r.rank))
+                            for r in self.sim.ranks])
 
     @property
     def tokens_per_step(self) -> int:
@@ -210,6 +218,8 @@ class StudyResult:
             + (f"tp={p.tp}: 2 collectives per layer in F and in the backward, on NVLink, not overlapped"
                if p.tp > 1 else "no tensor parallelism"),
             f"links: FIFO per port, each transfer holds its ports; rank order {p.order}; network core non-blocking",
+            "optimizer step: 28 bytes per parameter at HBM bandwidth"
+            + (", after each rank's last pass (dp mode none adds no OPTIM task)" if p.dp_mode == "none" else ""),
         ]
 
     def to_dict(self) -> dict[str, Any]:

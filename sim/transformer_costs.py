@@ -226,6 +226,10 @@ class TransformerCosts:
             return sum(times) - self.pair_overlap * min(times)
         return times[0]
 
+    def optim_time(self, stage: int, n_st: int) -> float:
+        """Seconds of one stage's optimizer step on its rank (see the module docstring)."""
+        return self._optim(stage, n_st)
+
     def _optim(self, stage: int, n_st: int) -> float:
         shard = self.parallel.dp if self.parallel.dp_mode in ("zero1", "zero2", "zero3", "fsdp") else 1
         return ADAM_BYTES_PER_PARAM * self.stage_params(stage, n_st) / shard / self.cluster.spec.memory_bw
