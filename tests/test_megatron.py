@@ -188,3 +188,40 @@ def test_published_table_5_and_memory():
     assert sum(abs(r["error"]) for r in times) / 8 <= 0.05
     assert all(abs(r["error"]) < 0.05 for r in memory)
     assert not math.isnan(sum(r["mfu"] for r in times))
+
+
+def test_optimizer_step_counts_without_data_parallel_tasks():
+    """dp mode none adds no OPTIM task: each rank's Adam step (28 bytes/param at HBM speed) ends the step."""
+    costs = _costs(M22, pp=1, b=4, recompute="full", cluster="dgx-a100:1")
+    r = run_study(Study(schedule="1f1b", microbatches=1, costs=costs))
+    optim = 28 * costs.stage_params(0, 1) / 2.039e12
+    assert optim == pytest.approx(28 * M22.params / 8 / 2.039e12, rel=1e-3)  # ~38 ms for 22B / 8 shards
+    assert r.step_time == pytest.approx(r.sim.ranks[0].last_end + optim)
+    ddp = TransformerCosts(model=M22, cluster=cluster_preset("dgx-a100:1"),
+                           parallel=ParallelConfig(pp=1, tp=8, dp_mode="ddp"), microbatch_size=4, recompute="full")
+    with_task = run_study(Study(schedule="1f1b", microbatches=1, costs=ddp))
+    assert with_task.step_time == pytest.approx(r.step_time)  # the OPTIM task costs the same
+
+
+def test_compare_takes_tp_sp_and_recompute(capsys):
+    from analysis.cli import main
+
+    argv = ["compare", "--model", "megatron-22b", "--cluster", "dgx-a100:2", "--tp", "8", "--pp", "2",
+            "--microbatches", "4", "--schedules", "1f1b", "--json"]
+    assert main([*argv, "--recompute", "full"]) == 0
+    full = json.loads(capsys.readouterr().out)["schedules"][0]
+    assert main([*argv, "--recompute", "selective", "--sp"]) == 0
+    sel = json.loads(capsys.readouterr().out)["schedules"][0]
+    assert sel["step_time"] < full["step_time"]
+    assert (full["costs"]["recompute"], sel["costs"]["recompute"], sel["costs"]["sp"]) == ("full", "selective", True)
+
+
+@pytest.mark.slow
+def test_published_json_is_one_object(capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import published
+
+    assert published.main(["--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert len(d["iteration_times"]) == 8 and d["mean_abs_error"] <= 0.05
+    assert d["calibration"]["peak_fraction"] == CALIBRATED["A100"].peak_fraction
