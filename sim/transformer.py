@@ -14,13 +14,17 @@ twice the forward: the input-gradient pass (I) repeats every matmul once for
 dX and the attention matmuls once more (both operands need a gradient, no
 weights): 8h^2 + 4hf + 8sh; the weight-gradient pass (W) repeats only the
 weight matmuls: 8h^2 + 4hf. The LM head (last stage) adds 2hV per token to F,
-I and W; the embedding lookup costs no FLOPs. No activation recomputation.
+I and W; the embedding lookup costs no FLOPs. Activation recomputation adds to
+I the layer's forward (full) or the attention core's 4sh (selective):
+:meth:`TransformerConfig.recompute_flops`.
 
-Activation bytes per layer for one microbatch of b sequences, 16-bit, no
-tensor or sequence parallelism (Korthikanti et al. 2022, "Reducing Activation
-Recomputation in Large Transformer Models", eq. 1): sbh(34 + 5as/h). Of the 34
-sbh, the inputs of the four weight matmuls (QKV 2, out-proj 2, fc1 2, fc2 8:
-14 sbh, with f = 4h) are what the W pass still needs after I.
+Activation bytes per layer for one microbatch of b sequences, 16-bit
+(Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models", eq. 1 and Table 2): sbh(34 + 5as/h) without parallelism;
+with t-way tensor, sequence parallelism and recomputation see
+:meth:`TransformerConfig.layer_activation_bytes`. Of the 34 sbh, the inputs of
+the four weight matmuls (QKV 2, out-proj 2, fc1 2, fc2 8: 14 sbh, with f = 4h)
+are what the W pass still needs after I.
 """
 
 from __future__ import annotations
