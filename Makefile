@@ -18,6 +18,8 @@ demo: $(STAMP)
 	$(BIN)/schedlab compare --pp 4 --microbatches 8 --chunks 2 --out out
 	$(BIN)/schedlab compare --model gpt-6.2b --cluster dgx-h100:2 --pp 8 --dp 2 --dp-mode ddp \
 		--microbatches 32 --chunks 2 --schedules 1f1b,zb-h1,interleaved-1f1b,zb-v
+	for r in none full "selective --sp"; do $(BIN)/schedlab compare --model gpt3-175b --cluster dgx-a100:8 --tp 8 \
+		--pp 8 --microbatches 64 --chunks 3 --schedules 1f1b,interleaved-1f1b --recompute $$r || exit 1; done
 	$(BIN)/schedlab report --out out/report
 
 # Real training: the GPT model with 1F1B on 2 CPU processes (torchrun, gloo); trace + timeline in out/.

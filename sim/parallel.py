@@ -5,9 +5,11 @@ pipeline) with ``order = "dp-inner"``: device = (r * dp + d) * tp + t for
 pipeline rank r, replica d, tensor rank t. ``order = "pp-inner"`` puts a whole
 pipeline replica on consecutive devices: device = (d * pp + r) * tp + t.
 
-Tensor parallelism is a divisor only: a rank's FLOPs, parameters and
-activations are split over tp devices; its own collectives are not simulated.
-tp must still divide what it splits (heads, hidden size, ...: see
+Tensor parallelism (Megatron-style) splits a rank's FLOPs and parameters
+over tp devices; its activations per Korthikanti et al. 2022 (the LayerNorm and
+dropout ones split too only with sequence parallelism, ``sp``); its
+collectives, two per layer in the forward and two in the backward, are timed
+inside the passes (:mod:`sim.gpu_model`), not overlapped. tp must still divide what it splits (heads, hidden size, ...: see
 :meth:`ParallelConfig.check_tp`) and the devices of every node, so that a
 tensor-parallel group, tp consecutive devices, sits inside one node.
 """
@@ -37,9 +39,12 @@ class ParallelConfig:
     order: str = "dp-inner"
     bucket_mb: float = 25.0  # PyTorch DDP's default bucket_cap_mb (MiB)
     collective: str = "auto"
+    sp: bool = False  # sequence parallelism in the tensor-parallel group (Korthikanti et al. 2022)
 
     def __post_init__(self) -> None:
         check_positive_ints("parallel", pp=self.pp, dp=self.dp, tp=self.tp)
+        if not isinstance(self.sp, bool):
+            raise ConfigError(f"parallel: sp must be true or false, got {self.sp!r}", field="sp")
         check_choice("parallel", "dp_mode", self.dp_mode, DP_MODES)
         check_choice("parallel", "order", self.order, ("dp-inner", "pp-inner"))
         check_choice("parallel", "collective", self.collective, coll.ALGORITHMS)

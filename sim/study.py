@@ -36,6 +36,7 @@ from sim.cluster import (
     check_table,
     cluster_from_dict,
     key_choice,
+    key_flag,
     key_fraction,
     key_layer_counts,
     key_positive,
@@ -44,6 +45,7 @@ from sim.cluster import (
     read_toml,
 )
 from sim.engine import SimResult, simulate
+from sim.gpu_model import RECOMPUTE_MODES
 from sim.memory import DeviceMemory, model_state_bytes
 from sim.parallel import ParallelConfig
 from sim.transformer import TransformerConfig, model_from_dict
@@ -90,8 +92,7 @@ class Study:
         p, times = self.parallel, {}
         if spec_adaptive(self.schedule):
             n = max(1, p.pp // 2)
-            rate = self.cluster.spec.peak_flops * self.costs.efficiency
-            times = {k: self.costs.pass_flops(kind, n, p.pp) / rate for k, kind in (("tf", Kind.F), ("tb", Kind.I), ("tw", Kind.W))}
+            times = {k: self.costs.pass_time(kind, n, p.pp) for k, kind in (("tf", Kind.F), ("tb", Kind.I), ("tw", Kind.W))}
         return PipelineParams(pp=p.pp, microbatches=self.microbatches, chunks=self.chunks, **times)
 
 
@@ -143,7 +144,15 @@ class StudyResult:
 
     @property
     def step_time(self) -> float:
-        return max(self.sim.end, default=0.0)
+        """The makespan; without data-parallel tasks (dp mode none) the graph has no OPTIM, so each rank's
+        optimizer step (memory-bound, :meth:`TransformerCosts.optim_time`) follows its last task, as in training."""
+        end = max(self.sim.end, default=0.0)
+        graph = self.sim.graph
+        if any(t.action.kind is Kind.OPTIM for t in graph.tasks):
+            return end
+        n_st, costs = graph.schedule.num_stages, self.study.costs
+        return max([end] + [r.last_end + sum(costs.optim_time(s, n_st) for s in graph.schedule.stages_of(r.rank))
+                            for r in self.sim.ranks])
 
     @property
     def tokens_per_step(self) -> int:
@@ -158,6 +167,19 @@ class StudyResult:
     def mfu(self) -> float:
         s = self.study
         return self.model_flops_per_step / (s.parallel.world * s.cluster.spec.peak_flops * self.step_time)
+
+    @property
+    def hardware_flops_per_step(self) -> float:
+        """Model FLOPs plus what recomputation adds (every layer's recomputed forward work)."""
+        m = self.study.model
+        extra = m.layers * m.recompute_flops(self.study.costs.recompute) * self.tokens_per_step
+        return self.model_flops_per_step + extra
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs utilisation: as MFU, recomputation included (Korthikanti et al. 2022)."""
+        s = self.study
+        return self.hardware_flops_per_step / (s.parallel.world * s.cluster.spec.peak_flops * self.step_time)
 
     def devices(self) -> list[DeviceMemory]:
         s, costs, graph = self.study, self.study.costs, self.sim.graph
@@ -175,13 +197,29 @@ class StudyResult:
     def assumptions(self) -> list[str]:
         s, p = self.study, self.study.parallel
         group = s.costs.group(0)
+        eff = s.costs.gemm_efficiency
+        peak = f"{s.cluster.spec.peak_flops / 1e12:g} TFLOP/s per {s.cluster.spec.name}"
+        if eff is None:
+            why = "efficiency given" if s.costs.efficiency is not None else f"no calibration for {s.cluster.spec.name}"
+            compute = (f"matmuls reach {s.costs.matmul_efficiency:.0%} of dense peak ({peak}; a constant: {why}), "
+                       "other operations not timed")
+        else:
+            compute = (f"each operation max(FLOPs / (peak x e), bytes / HBM): GEMM e = {eff.peak_fraction:g} x F / "
+                       f"(F + {eff.half_flops:.3g}) ({peak}, {s.cluster.spec.memory_bw / 1e12:g} TB/s; {eff.source})")
+        sp = " + sequence parallelism" if p.sp else ""
         return [
-            f"matmuls reach {s.costs.efficiency:.0%} of dense peak ({s.cluster.spec.peak_flops / 1e12:g} TFLOP/s per {s.cluster.spec.name})",
-            "FLOPs per Narayanan et al. 2021 (no recomputation); MFU counts model FLOPs (F+I+W of all layers and LM head)",
-            "activations per Korthikanti et al. 2022, 16-bit, no sequence parallelism; model states per ZeRO (16 bytes/param)",
+            compute,
+            f"FLOPs per Narayanan et al. 2021; recompute {s.costs.recompute}; MFU counts model FLOPs (F+I+W of all "
+            "layers and LM head), HFU adds the recomputed FLOPs",
+            f"activations per Korthikanti et al. 2022, 16-bit, tp={p.tp}{sp}, recompute {s.costs.recompute}; "
+            "model states per ZeRO (16 bytes/param)",
             f"one pipeline replica simulated; dp={p.dp} replicas symmetric; collectives {group.algorithm} "
-            f"(alpha-beta), {p.bucket_mb:g} MiB buckets; tp={p.tp} divides FLOPs/params, its own comm not modelled",
+            f"(alpha-beta), {p.bucket_mb:g} MiB buckets; "
+            + (f"tp={p.tp}: 2 collectives per layer in F and in the backward, on NVLink, not overlapped"
+               if p.tp > 1 else "no tensor parallelism"),
             f"links: FIFO per port, each transfer holds its ports; rank order {p.order}; network core non-blocking",
+            "optimizer step: 28 bytes per parameter at HBM bandwidth"
+            + (", after each rank's last pass (dp mode none adds no OPTIM task)" if p.dp_mode == "none" else ""),
         ]
 
     def to_dict(self) -> dict[str, Any]:
@@ -193,6 +231,8 @@ class StudyResult:
             "tokens_per_s": self.tokens_per_step / self.step_time,
             "model_flops_per_step": self.model_flops_per_step,
             "mfu": self.mfu,
+            "hardware_flops_per_step": self.hardware_flops_per_step,
+            "hfu": self.hfu,
             "exposed_comm": max(exposed, default=0.0),
             "exposed_comm_per_rank": exposed,
             "devices": [d.to_dict() for d in self.devices()],
@@ -210,7 +250,7 @@ class StudyResult:
             f"x {s.costs.microbatch_size} seq, chunks={d['chunks']} ({d['stages']} stages)",
             f"model {s.model.name} ({s.model.params / 1e9:.2f}B params, layers per stage "
             f"{','.join(map(str, d['layers_per_stage']))}) on {s.cluster.name} ({s.cluster.num_devices} x {s.cluster.spec.name})",
-            f"step time {d['step_time']:.4f} s   tokens/s {d['tokens_per_s']:,.0f}   MFU {d['mfu']:.1%}   "
+            f"step time {d['step_time']:.4f} s   tokens/s {d['tokens_per_s']:,.0f}   MFU {d['mfu']:.1%}   HFU {d['hfu']:.1%}   "
             f"exposed comm {d['exposed_comm']:.4f} s   bubble {d['bubble_ratio']:.1%}",
             "",
             f"{'rank':>4}  {'device':<22} {'memory GB':>10} {'states GB':>10} {'act GB':>8} {'capacity GB':>11}  overflow",
@@ -230,19 +270,19 @@ def run_study(study: Study) -> StudyResult:
 
 
 _STUDY_KEYS = ("schedule", "microbatches", "chunks")
-_COST_KEYS = ("microbatch_size", "efficiency", "pair_overlap", "layers_per_stage")
+_COST_KEYS = ("microbatch_size", "efficiency", "pair_overlap", "layers_per_stage", "recompute")
 #: The [run] and [parallel] tables: their keys and their kinds ([model]: sim.transformer.MODEL_TABLE,
 #: [cluster]: sim.cluster.cluster_from_dict).
 RUN_TABLE: dict[str, KeyCheck] = {
     "schedule": key_string("a schedule name, torch:CLASS or csv:FILE"),
     "microbatches": key_positive_int, "chunks": key_positive_int, "microbatch_size": key_positive_int,
     "efficiency": key_fraction("a fraction of peak", open_low=True), "pair_overlap": key_fraction(),
-    "layers_per_stage": key_layer_counts,
+    "layers_per_stage": key_layer_counts, "recompute": key_choice(RECOMPUTE_MODES),
 }
 PARALLEL_TABLE: dict[str, KeyCheck] = {
     "pp": key_positive_int, "dp": key_positive_int, "tp": key_positive_int,
     "dp_mode": key_choice(DP_MODES), "order": key_choice(("dp-inner", "pp-inner")),
-    "bucket_mb": key_positive(" MiB"), "collective": key_choice(coll.ALGORITHMS),
+    "bucket_mb": key_positive(" MiB"), "collective": key_choice(coll.ALGORITHMS), "sp": key_flag,
 }
 _TABLES = ("model", "cluster", "parallel", "run")
 
@@ -281,8 +321,8 @@ def load_study(path: str | Path, overrides: Mapping[str, Mapping[str, Any]] | No
     _check_tables(data)
     merged = {k: dict(v) for k, v in data.items()}
     for table, values in (overrides or {}).items():
-        if table in ("model", "cluster") and values:
-            merged[table] = dict(values)
+        if values and (table == "cluster" or (table == "model" and "preset" in values)):
+            merged[table] = dict(values)  # a new model or cluster; a model key alone (seq_len) goes on top
         else:
             merged.setdefault(table, {}).update(values)
     return study_from_dict(merged)

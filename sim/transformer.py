@@ -14,17 +14,22 @@ twice the forward: the input-gradient pass (I) repeats every matmul once for
 dX and the attention matmuls once more (both operands need a gradient, no
 weights): 8h^2 + 4hf + 8sh; the weight-gradient pass (W) repeats only the
 weight matmuls: 8h^2 + 4hf. The LM head (last stage) adds 2hV per token to F,
-I and W; the embedding lookup costs no FLOPs. No activation recomputation.
+I and W; the embedding lookup costs no FLOPs. Activation recomputation adds to
+I the layer's forward (full) or the attention core's 4sh (selective):
+:meth:`TransformerConfig.recompute_flops`.
 
-Activation bytes per layer for one microbatch of b sequences, 16-bit, no
-tensor or sequence parallelism (Korthikanti et al. 2022, "Reducing Activation
-Recomputation in Large Transformer Models", eq. 1): sbh(34 + 5as/h). Of the 34
-sbh, the inputs of the four weight matmuls (QKV 2, out-proj 2, fc1 2, fc2 8:
-14 sbh, with f = 4h) are what the W pass still needs after I.
+Activation bytes per layer for one microbatch of b sequences, 16-bit
+(Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+Transformer Models", eq. 1 and Table 2): sbh(34 + 5as/h) without parallelism;
+with t-way tensor, sequence parallelism and recomputation see
+:meth:`TransformerConfig.layer_activation_bytes`. Of the 34 sbh, the inputs of
+the four weight matmuls (QKV 2, out-proj 2, fc1 2, fc2 8: 14 sbh, with f = 4h)
+are what the W pass still needs after I.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -124,14 +129,44 @@ class TransformerConfig:
         per_layer = sum(self.layer_flops(k) for k in "FIW")
         return self.layers * per_layer + 3 * self.head_flops("F")
 
-    # --- activation bytes per microbatch of ``b`` sequences ------------------------------------------
-    def layer_activation_bytes(self, b: int) -> float:
-        s, h, a = self.seq_len, self.hidden, self.heads
-        return s * b * h * (34 + 5 * a * s / h)
+    def recompute_flops(self, mode: str) -> float:
+        """FLOPs per token of one layer that recomputation adds to the backward (I) pass.
 
-    def w_held_fraction(self) -> float:
-        """Fraction of a layer's activations the W pass still holds after I: 14 sbh of sbh(34 + 5as/h)."""
-        return 14 / (34 + 5 * self.heads * self.seq_len / self.hidden)
+        full: the whole forward again; selective: the attention core's two matmuls,
+        QK^T and the weighted sum over V, 4sh (Korthikanti et al. 2022, sec. 5).
+        """
+        if mode == "full":
+            return self.layer_flops("F")
+        if mode == "selective":
+            return 4.0 * self.seq_len * self.hidden
+        return 0.0
+
+    # --- activation bytes per microbatch of ``b`` sequences ------------------------------------------
+    def layer_activation_bytes(self, b: int, tp: int = 1, sp: bool = False, recompute: str = "none") -> float:
+        """Bytes one layer keeps for its backward on one of ``tp`` shards (Korthikanti et al. 2022, Table 2).
+
+        none: sbh(10 + 24/t + 5as/(ht)), with sequence parallelism sbh(34/t + 5as/(ht));
+        selective (the 5as/h attention core recomputed): sbh(10 + 24/t), with SP sbh(34/t);
+        full (only the layer input kept): 2sbh, with SP 2sbh/t (the input is split over the sequence).
+        With tp = 1: sbh(34 + 5as/h), eq. 1.
+        """
+        s, h, a, t = self.seq_len, self.hidden, self.heads, tp
+        sbh = s * b * h
+        if recompute == "full":
+            return 2 * sbh / (t if sp else 1)
+        core = 0.0 if recompute == "selective" else 5 * a * s / (h * t)
+        return sbh * ((34 / t if sp else 10 + 24 / t) + core)
+
+    def w_held_fraction(self, recompute: str = "none") -> float:
+        """Fraction of a layer's activations the W pass still holds after I: 14 sbh of sbh(34 + 5as/h).
+
+        With recomputation the held part is the same 14 sbh of less (selective: of 34 sbh); with full
+        recomputation W needs the recomputed inputs, so the layer input is held until W.
+        """
+        if recompute == "full":
+            return 1.0
+        core = 0.0 if recompute == "selective" else 5 * self.heads * self.seq_len / self.hidden
+        return 14 / (34 + core)
 
     def head_activation_bytes(self, b: int) -> float:
         """The last stage's logits in fp32 for the loss: 4sbV."""
@@ -163,7 +198,15 @@ MODEL_PRESETS: dict[str, TransformerConfig] = {
         # The activation formula above is the GPT one (Korthikanti et al.): an approximation here.
         *(TransformerConfig(name=name, layers=n, hidden=h, heads=a, kv_heads=8, ffn=f, vocab=128256, seq_len=8192,
                             gated_mlp=True, bias=False, tied_embeddings=False, learned_positions=False)
-          for name, n, h, a, f in (("llama-8b", 32, 4096, 32, 14336), ("llama-70b", 80, 8192, 64, 28672))),
+          for name, n, h, a, f in (("llama-8b", 32, 4096, 32, 14336), ("llama-70b", 80, 8192, 64, 28672),
+                                   # 405B (same Table 3): 126 layers, h 16384, FFN 53248, 128 heads, 8 KV heads
+                                   ("llama3-405b", 126, 16384, 128, 53248))),
+        # Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", Table 3:
+        # 22B 48 layers h 6144 64 heads; GPT-3 175B 96, 12288, 96; MT-NLG 530B 105, 20480, 128;
+        # 1T 128, 25600, 160; sequence 2048, vocabulary 51200 (GPT-2's, padded).
+        *(TransformerConfig(name=name, layers=n, hidden=h, heads=a, seq_len=2048)
+          for name, n, h, a in (("megatron-22b", 48, 6144, 64), ("gpt3-175b", 96, 12288, 96),
+                                ("mt-nlg-530b", 105, 20480, 128), ("megatron-1t", 128, 25600, 160))),
     )
 }
 
@@ -192,8 +235,10 @@ MODEL_TABLE: dict[str, KeyCheck] = {
 def model_from_dict(data: Mapping[str, Any]) -> TransformerConfig:
     """A [model] table: a ``preset``, or the shape (layers, hidden, heads and optional keys)."""
     check_table("model", data, MODEL_TABLE)
-    if "preset" in data:
-        return model_preset(data["preset"])
+    if "preset" in data:  # a preset, with any shape keys given beside it on top (e.g. seq_len)
+        base = model_preset(data["preset"])
+        extra = {k: v for k, v in data.items() if k != "preset"}
+        return dataclasses.replace(base, **extra) if extra else base
     missing = {"layers", "hidden", "heads"} - set(data)
     if missing:
         raise ConfigError(f"config [model]: missing key(s) {sorted(missing)}; give layers, hidden and heads "

@@ -1,10 +1,21 @@
 """The analytic cost model in real units: seconds from FLOPs and bytes, links with FIFO contention.
 
-* Compute: a pass of stage s takes FLOPs / (tp * peak * efficiency), with the
-  FLOPs of stage s's own layers (``partition_layers``) for one microbatch of
-  ``microbatch_size`` sequences (:mod:`sim.transformer`); the last stage adds
-  the LM head. ``efficiency`` is the fraction of dense peak that the matmuls
-  reach: an assumption (default 0.6), printed with every result.
+* Compute: a pass of stage s covers stage s's own layers (``partition_layers``)
+  for one microbatch of ``microbatch_size`` sequences on one tensor shard;
+  stage 0 adds the embedding, the last stage the LM head and the loss.
+  With ``efficiency`` None (the default) each layer is a list of operations
+  timed by :mod:`sim.gpu_model`: GEMMs by FLOPs at the device's calibrated,
+  size-dependent efficiency, the rest by the bytes they move at HBM bandwidth
+  (``gpu_model.CALIBRATED``; a device without a calibration falls back to
+  0.6). A number ``efficiency`` overrides: FLOPs / (tp * peak * efficiency),
+  the matmuls only.
+* Tensor parallelism: two all-reduces of the 2sbh-byte activation per layer in
+  F and two in I (a reduce-scatter plus an all-gather each with ``parallel.sp``),
+  over the node's NVLink, added to the pass (not overlapped).
+* Recomputation (``recompute``): ``full`` re-runs each layer's forward (and its
+  TP collectives) inside I; ``selective`` the attention core (QK^T, softmax,
+  dropout, the product with V). Activations per Korthikanti et al. 2022
+  (:meth:`TransformerConfig.layer_activation_bytes`).
 * An overlapped pair (OVERLAP_F_B) costs the sum of its passes less
   ``pair_overlap`` times the shorter one, as in UniformCosts.
 * OPTIM (Adam, mixed precision) is memory-bound: per parameter it reads the
@@ -21,7 +32,8 @@ Contention: every device has four ports (NVLink out/in, NIC out/in) and each
 parameter server two (NIC out/in). A transfer holds all ports it crosses for
 its whole duration; a port serves transfers one at a time in the order they
 became ready (a FIFO queue per port). So two transfers on one port take the
-sum of their times, not the max.
+sum of their times, not the max. (Tensor-parallel collectives sit inside the
+passes and hold no port.)
 """
 
 from __future__ import annotations
@@ -34,15 +46,17 @@ from typing import Any
 
 from schedules import Action, Kind, Stream, Task, TaskGraph
 from schedules.dp import DataParallelGraph
-from schedules.errors import ConfigError, check_fraction, check_positive_ints, quote
+from schedules.errors import ConfigError, check_choice, check_fraction, check_positive_ints, quote
 from sim.cluster import Cluster
 from sim.costs import memoized_durations
+from sim.gpu_model import CALIBRATED, RECOMPUTE_MODES, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
 from sim.parallel import DPGroup, ParallelConfig
 from sim.transformer import TransformerConfig, partition_layers
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "TransformerCosts"]
 
 ADAM_BYTES_PER_PARAM = 28  # see the module docstring
+FALLBACK_EFFICIENCY = 0.6  # a device without a calibration: the matmuls' assumed fraction of peak
 _PORTS = ("intra-out", "intra-in", "inter-out", "inter-in")
 
 
@@ -59,13 +73,16 @@ class TransformerCosts:
     cluster: Cluster
     parallel: ParallelConfig
     microbatch_size: int = 1
-    efficiency: float = 0.6
+    efficiency: float | None = None  # None: the device's calibrated GEMM efficiency model (module docstring)
     pair_overlap: float = 0.0
     layers_per_stage: tuple[int, ...] | None = None
+    recompute: str = "none"
 
     def __post_init__(self) -> None:
         check_positive_ints("costs", microbatch_size=self.microbatch_size)
-        check_fraction("costs", "efficiency", self.efficiency, "a fraction of peak", open_low=True)
+        if self.efficiency is not None:
+            check_fraction("costs", "efficiency", self.efficiency, "a fraction of peak", open_low=True)
+        check_choice("costs", "recompute", self.recompute, RECOMPUTE_MODES)
         check_fraction("costs", "pair_overlap", self.pair_overlap)
         if self.layers_per_stage is not None:
             if isinstance(self.layers_per_stage, str) or not isinstance(self.layers_per_stage, Sequence):
@@ -103,29 +120,115 @@ class TransformerCosts:
         return [len(self.bucket_sizes(s, num_stages)) for s in range(num_stages)]
 
     def pass_flops(self, kind: Kind, stage: int, num_stages: int) -> float:
-        """FLOPs of one microbatch's pass on one tensor shard. B = I + W."""
+        """Hardware FLOPs of one microbatch's pass on one tensor shard (I includes recomputation). B = I + W."""
         if kind is Kind.B:
             return self.pass_flops(Kind.I, stage, num_stages) + self.pass_flops(Kind.W, stage, num_stages)
         m, k = self.model, kind.value
-        per_token = self.stage_layers(num_stages)[stage] * m.layer_flops(k)
+        per_layer = m.layer_flops(k) + (m.recompute_flops(self.recompute) if kind is Kind.I else 0.0)
+        per_token = self.stage_layers(num_stages)[stage] * per_layer
         if stage == num_stages - 1:
             per_token += m.head_flops(k)
         return per_token * m.seq_len * self.microbatch_size / self.parallel.tp
 
-    def stage_activations(self, stage: int, num_stages: int) -> float:
-        m, b = self.model, self.microbatch_size
-        held = self.stage_layers(num_stages)[stage] * m.layer_activation_bytes(b)
+    # --- seconds of a pass -----------------------------------------------------------------------------
+    @property
+    def gemm_efficiency(self) -> GemmEfficiency | None:
+        """The operation-level model's GEMM efficiency; None when a constant ``efficiency`` applies."""
+        if self.efficiency is not None:
+            return None
+        return CALIBRATED.get(self.cluster.spec.name)
+
+    @property
+    def matmul_efficiency(self) -> float:
+        """The constant fraction of peak in use (an override, or the fallback of an uncalibrated device)."""
+        return self.efficiency if self.efficiency is not None else FALLBACK_EFFICIENCY
+
+    def layer_costs(self) -> LayerCosts:
+        m, p = self.model, self.parallel
+        ops = layer_ops(hidden=m.hidden, heads=m.heads, kv_hidden=m.kv_hidden, ffn=m.ffn, gated=m.gated_mlp,
+                        seq_len=m.seq_len, b=self.microbatch_size, tp=p.tp, sp=p.sp)
+        return LayerCosts(ops=tuple(ops), spec=self.cluster.spec,
+                          efficiency=self.gemm_efficiency or GemmEfficiency(peak_fraction=self.matmul_efficiency,
+                                                                            half_flops=0.0),
+                          link=self.cluster.intra, tp=p.tp, sp=p.sp, activation_bytes=self.tp_bytes())
+
+    def tp_bytes(self) -> float:
+        """Bytes of one tensor-parallel collective's full buffer: the 16-bit activation, 2sbh."""
+        return self.model.boundary_bytes(self.microbatch_size)
+
+    def tp_comm(self, kind: Kind, stage: int, num_stages: int) -> float:
+        """Seconds of the pass's tensor-parallel collectives: 2 per layer in F and in I (+2 in I if full
+        recomputation, +2 all-gathers with SP otherwise); the embedding's one in F (stage 0) and the LM
+        head's input gradient in I (last stage)."""
+        p = self.parallel
+        if p.tp <= 1 or kind is Kind.W:
+            return 0.0
+        if kind is Kind.B:
+            return self.tp_comm(Kind.I, stage, num_stages)
+        one = tp_collective(self.tp_bytes(), p.tp, self.cluster.intra, p.sp)
+        per_layer = 2 + (2 if kind is Kind.I and self.recompute == "full" else 0)
+        if kind is Kind.I and p.sp and self.recompute != "full":
+            # SP keeps only its shard of the inputs of QKV and fc1 and gathers them again for the weight
+            # gradients: two more all-gathers, half a collective pair each (Korthikanti et al. 2022, sec. 4.2.2)
+            per_layer += 1
+        count = self.stage_layers(num_stages)[stage] * per_layer
+        if kind is Kind.F and stage == 0:
+            count += 1
+        if kind is Kind.I and stage == num_stages - 1:
+            count += 1
+        return count * one
+
+    def _edge_ops(self, stage: int, num_stages: int) -> list[Op]:
+        """Forward operations outside the layers: the embedding (stage 0); final norm, LM head, loss (last)."""
+        m, p, b = self.model, self.parallel, self.microbatch_size
+        tokens = m.seq_len * b
+        rep = tokens / p.tp if p.sp else tokens
+        ops = []
+        if stage == 0:
+            ops.append(Op("embedding", 0.0, 4.0 * tokens * m.hidden + 5.0 * rep * m.hidden, False))
         if stage == num_stages - 1:
-            held += m.head_activation_bytes(b)
-        return held / self.parallel.tp
+            v = m.vocab / p.tp
+            ops += [Op("final-norm", 0.0, 4.0 * rep * m.hidden, False),
+                    Op("lm-head", 2.0 * tokens * m.hidden * v, 2.0 * (tokens * m.hidden + m.hidden * v + tokens * v),
+                       True, weight=True),
+                    Op("cross-entropy", 0.0, 10.0 * tokens * v, False)]  # 16-bit logits in, fp32 softmax out
+        return ops
+
+    def pass_time(self, kind: Kind, stage: int, num_stages: int) -> float:
+        """Seconds of one microbatch's pass of ``stage`` on one tensor shard: compute plus TP collectives."""
+        comm = self.tp_comm(kind, stage, num_stages)
+        if self.gemm_efficiency is None:
+            return self.pass_flops(kind, stage, num_stages) / (self.cluster.spec.peak_flops * self.matmul_efficiency) + comm
+        if kind is Kind.B:
+            return self.pass_time(Kind.I, stage, num_stages) + self.pass_time(Kind.W, stage, num_stages)
+        lc, n = self.layer_costs(), self.stage_layers(num_stages)[stage]
+        spec, eff = self.cluster.spec, self.gemm_efficiency
+        edge = [op.time(spec, eff) for op in self._edge_ops(stage, num_stages)]
+        edge_w = [op.time(spec, eff) for op in self._edge_ops(stage, num_stages) if op.weight]
+        if kind is Kind.F:
+            return n * lc.forward() + sum(edge) + comm
+        if kind is Kind.I:
+            return n * (lc.input_grad() + lc.recompute(self.recompute)) + 2 * sum(edge) - sum(edge_w) + comm
+        return n * lc.weight_grad() + sum(edge_w)
+
+    def stage_activations(self, stage: int, num_stages: int) -> float:
+        """Bytes a microbatch's pass of ``stage`` keeps per tensor shard; the last stage adds its fp32 logits."""
+        m, b, p = self.model, self.microbatch_size, self.parallel
+        held = self.stage_layers(num_stages)[stage] * m.layer_activation_bytes(b, p.tp, p.sp, self.recompute)
+        if stage == num_stages - 1:
+            held += m.head_activation_bytes(b) / p.tp
+        return held
 
     # --- the CostModel protocol ---------------------------------------------------------------------------
     def _compute(self, action: Action, n_st: int) -> float:
-        rate = self.cluster.spec.peak_flops * self.efficiency
-        times = [self.pass_flops(a.kind, a.stage, n_st) / rate for a in action.parts()]
+        times = [self.pass_time(a.kind, a.stage, n_st) for a in action.parts()]
         if action.sub_actions is not None:
             return sum(times) - self.pair_overlap * min(times)
         return times[0]
+
+    def optim_time(self, stage: int, n_st: int) -> float:
+        """Seconds of one stage's optimizer step on its rank (see the module docstring)."""
+        return self._optim(stage, n_st)
 
     def _optim(self, stage: int, n_st: int) -> float:
         shard = self.parallel.dp if self.parallel.dp_mode in ("zero1", "zero2", "zero3", "fsdp") else 1
@@ -174,7 +277,7 @@ class TransformerCosts:
 
     def activations(self, action: Action, graph: TaskGraph) -> tuple[float, float]:
         """Bytes held from the start / freed at the end of a pass (W keeps ``w_held_fraction`` after I)."""
-        n_st, mw = graph.schedule.num_stages, self.model.w_held_fraction()
+        n_st, mw = graph.schedule.num_stages, self.model.w_held_fraction(self.recompute)
         held = freed = 0.0
         for a in action.parts():
             if a.kind not in (Kind.F, Kind.B, Kind.I, Kind.W):
@@ -230,6 +333,9 @@ class TransformerCosts:
             "pp": p.pp, "dp": p.dp, "tp": p.tp, "dp_mode": p.dp_mode, "order": p.order,
             "bucket_mb": p.bucket_mb, "collective": p.collective,
             "microbatch_size": self.microbatch_size,
-            "efficiency": self.efficiency,
+            "efficiency": self.matmul_efficiency if self.gemm_efficiency is None else "calibrated",
+            "gemm_efficiency": None if (e := self.gemm_efficiency) is None else {
+                "peak_fraction": e.peak_fraction, "half_flops": e.half_flops, "source": e.source},
+            "sp": p.sp, "recompute": self.recompute,
             "pair_overlap": self.pair_overlap,
         }

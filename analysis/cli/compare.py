@@ -43,12 +43,16 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     g.add_argument("--dp", type=int, help="data-parallel replicas (default 1)")
     g.add_argument("--dp-mode", metavar="MODE", help="none, sync, ddp, zero1, zero2, zero3, ps (default none)")
     g.add_argument("--microbatch-size", type=int, metavar="B", help="sequences per microbatch (default 1)")
+    g.add_argument("--tp", type=int, help="tensor-parallel ranks per pipeline rank, inside a node (default 1)")
+    g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism in the tensor-parallel group")
+    g.add_argument("--recompute", metavar="MODE", help="activation recomputation: none (default), selective, full")
     args = p.parse_args(argv)
     check_cost_flags(args)
     chosen = name_list(args.schedules)
     if args.model or args.cluster:
         return _units_compare(args, chosen, p, prog)
-    refuse(given(args, "dp", "dp_mode", "microbatch_size"), "without physical units: add --model and --cluster")
+    refuse(given(args, "dp", "dp_mode", "microbatch_size", "tp", "sp", "recompute"),
+           "without physical units: add --model and --cluster")
     from analysis.compare import comparison_table, format_comparison
     from analysis.timeline import plot_timeline, plot_timelines
     from sim.sweep import applicable, simulate_many
@@ -92,17 +96,22 @@ def _units_compare(args, chosen: list[str], parser: OneLineParser, prog: str) ->
     refuse(given(args, "tf", "tb", "tw", "tcomm", "mw", "pair_overlap"),
            "in physical units (--model/--cluster): the pass times come from the model and the cluster")
     args.dp, args.dp_mode, args.microbatch_size = args.dp or 1, args.dp_mode or "none", args.microbatch_size or 1
+    args.tp, args.sp, args.recompute = args.tp or 1, bool(args.sp), args.recompute or "none"
     with errors_to_exit(parser):
         costs = TransformerCosts(model=model_preset(args.model), cluster=cluster_preset(args.cluster),
-                                 parallel=ParallelConfig(pp=args.pp, dp=args.dp, dp_mode=args.dp_mode),
-                                 microbatch_size=args.microbatch_size)
+                                 parallel=ParallelConfig(pp=args.pp, dp=args.dp, tp=args.tp, sp=args.sp,
+                                                         dp_mode=args.dp_mode),
+                                 microbatch_size=args.microbatch_size, recompute=args.recompute)
         rows = units_comparison(chosen, chunks=args.chunks, microbatches=args.microbatches, costs=costs)
     if args.json:
         print_json({"schedules": rows})
         return 0
     first = rows[0]["costs"] if rows else {}
-    print(f"\n{args.model} on {args.cluster}: pp={args.pp} dp={args.dp} dp-mode={args.dp_mode} "
-          f"microbatches={args.microbatches} x {args.microbatch_size} seq, efficiency {first.get('efficiency', 0):g}")
+    eff = first.get("efficiency", 0)
+    eff = f"{eff:g}" if isinstance(eff, int | float) else f"{eff} (GPU operation model)"
+    tp = f" tp={args.tp}{' +sp' if args.sp else ''} recompute={args.recompute}" if args.tp > 1 or args.recompute != "none" else ""
+    print(f"\n{args.model} on {args.cluster}: pp={args.pp} dp={args.dp}{tp} dp-mode={args.dp_mode} "
+          f"microbatches={args.microbatches} x {args.microbatch_size} seq, efficiency {eff}")
     print(format_units_comparison(rows))
     return 0
 

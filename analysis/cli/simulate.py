@@ -72,7 +72,14 @@ def add_units_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bucket-mb", type=float, default=None, metavar="MIB", help="gradient bucket size (default 25)")
     g.add_argument("--collective", default=None, metavar="ALG", help="auto, ring, tree, hierarchical (default auto)")
     g.add_argument("--order", default=None, metavar="ORDER", help="rank order dp-inner (default) or pp-inner")
-    g.add_argument("--efficiency", type=float, default=None, help="fraction of dense peak the matmuls reach (default 0.6)")
+    g.add_argument("--efficiency", type=float, default=None,
+                   help="fraction of dense peak the matmuls reach, a constant that overrides the device's calibrated "
+                   "efficiency model (default: calibrated where the device has one, else 0.6)")
+    g.add_argument("--sp", action="store_true", default=None,
+                   help="sequence parallelism in the tensor-parallel group (Korthikanti et al. 2022)")
+    g.add_argument("--recompute", default=None, metavar="MODE",
+                   help="activation recomputation: none (default), selective (attention core), full (whole layers)")
+    g.add_argument("--seq-len", type=int, default=None, metavar="S", help="sequence length (default: the model's)")
 
 
 def units_overrides(args: argparse.Namespace) -> dict[str, dict]:
@@ -80,10 +87,12 @@ def units_overrides(args: argparse.Namespace) -> dict[str, dict]:
     tables: dict[str, dict] = {"model": {}, "cluster": {}, "parallel": {}, "run": {}}
     if args.model:
         tables["model"] = {"preset": args.model}
+    if args.seq_len is not None:
+        tables["model"]["seq_len"] = args.seq_len
     if args.cluster:
         tables["cluster"] = {"preset": args.cluster}
-    for table, keys in (("parallel", ("pp", "dp", "tp", "dp_mode", "bucket_mb", "collective", "order")),
-                        ("run", ("schedule", "microbatches", "microbatch_size", "chunks", "efficiency"))):
+    for table, keys in (("parallel", ("pp", "dp", "tp", "dp_mode", "bucket_mb", "collective", "order", "sp")),
+                        ("run", ("schedule", "microbatches", "microbatch_size", "chunks", "efficiency", "recompute"))):
         tables[table].update({k: getattr(args, k) for k in keys if getattr(args, k) is not None})
     if args.pair_overlap is not None:
         tables["run"]["pair_overlap"] = args.pair_overlap
@@ -162,7 +171,8 @@ def _list() -> int:
     return 0
 
 
-UNITS_ONLY = ("dp", "tp", "dp_mode", "microbatch_size", "bucket_mb", "collective", "order", "efficiency")
+UNITS_ONLY = ("dp", "tp", "dp_mode", "microbatch_size", "bucket_mb", "collective", "order", "efficiency", "sp",
+              "recompute", "seq_len")
 
 
 @guarded
