@@ -196,8 +196,13 @@ def _cases(d: Path) -> list[Case]:
                     ("--pair-overlap", "0.3")):
         add("ignored flags", [*SIM, "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--costs", costs, flag, v])
     for flag, v in (("--dp", "2"), ("--tp", "2"), ("--dp-mode", "ddp"), ("--collective", "ring"),
-                    ("--microbatch-size", "2"), ("--bucket-mb", "10"), ("--order", "pp-inner"), ("--efficiency", "0.5")):
+                    ("--microbatch-size", "2"), ("--bucket-mb", "10"), ("--order", "pp-inner"), ("--efficiency", "0.5"),
+                    ("--recompute", "full"), ("--seq-len", "4096")):
         add("ignored flags", [*SIM, *SHAPE, flag, v])
+    add("ignored flags", [*SIM, *SHAPE, "--sp"])
+    add("ignored flags", [*SIM, "--model", "gpt3-175b", "--cluster", "dgx-a100:8", "--pp", "8", "--schedule", "1f1b",
+                          "--microbatches", "8", "--sp"])  # sequence parallelism with tp=1 would do nothing
+    add("ignored flags", [*SCHEDLAB, "compare", "--recompute", "full", "--out", out])
     for flag, v in (("--tf", "2"), ("--tcomm", "0.1")):
         add("ignored flags", [*SIM, "--model", "gpt-6.2b", "--cluster", "dgx-h100", "--pp", "8", "--schedule", "1f1b",
                               "--microbatches", "8", flag, v])
@@ -255,10 +260,17 @@ def _cases(d: Path) -> list[Case]:
                   ["--model", "gpt-6.2b", "--cluster", "dgx-h100", "--pp", "8", "--microbatch-size", "0"],
                   ["--model", "gpt-6.2b", "--cluster", "dgx-h100", "--pp", "8", "--collective", "carrier-pigeon"],
                   ["--model", "gpt-6.2b", "--cluster", "dgx-h100", "--pp", "8", "--mem-limit", "4"],
-                  ["--model", "gpt-6.2b", "--cluster", "dgx-h100", "--pp", "8", "--costs", costs]):
+                  ["--model", "gpt-6.2b", "--cluster", "dgx-h100", "--pp", "8", "--costs", costs],
+                  ["--model", "gpt3-175b", "--cluster", "dgx-a100:8", "--pp", "8", "--tp", "8", "--recompute", "most"],
+                  ["--model", "gpt3-175b", "--cluster", "dgx-a100:8", "--pp", "8", "--tp", "8", "--seq-len", "0"],
+                  ["--model", "gpt3-175b", "--cluster", "dgx-a100:8", "--pp", "8", "--tp", "8", "--seq-len", "1.5"],
+                  ["--model", "gpt3-175b", "--cluster", "dgx-a100:8", "--pp", "8", "--tp", "16"]):
         add("physical units", [*SIM, *units, *extra])
     add("physical units", [*SIM, *units, "--model", "gpt-6.2b", "--cluster", "dgx-h100", "--pp", "4", "--tp", "2",
                            "--json"], "ok")
+    add("physical units", [*SIM, "--model", "gpt3-175b", "--cluster", "dgx-a100:8", "--tp", "8", "--pp", "8",
+                           "--schedule", "interleaved-1f1b", "--chunks", "3", "--microbatches", "64", "--recompute",
+                           "selective", "--sp", "--json"], "ok")
     add("physical units", [*SCHEDLAB, "compare", "--model", "gpt-6.2b", "--pp", "8"])
 
     # -- cost files ----------------------------------------------------------------------------------------------

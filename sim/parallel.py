@@ -45,6 +45,9 @@ class ParallelConfig:
         check_positive_ints("parallel", pp=self.pp, dp=self.dp, tp=self.tp)
         if not isinstance(self.sp, bool):
             raise ConfigError(f"parallel: sp must be true or false, got {self.sp!r}", field="sp")
+        if self.sp and self.tp == 1:  # nothing to split the sequence over: the setting would have no effect
+            raise ConfigError("parallel: sequence parallelism splits across the tensor-parallel group, so it needs "
+                              "tp > 1; give tp > 1 or leave sp out", field="sp")
         check_choice("parallel", "dp_mode", self.dp_mode, DP_MODES)
         check_choice("parallel", "order", self.order, ("dp-inner", "pp-inner"))
         check_choice("parallel", "collective", self.collective, coll.ALGORITHMS)

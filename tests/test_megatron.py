@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from schedules import Kind
+from schedules import ConfigError, Kind
 from sim import collectives as coll
 from sim.cluster import cluster_preset
 from sim.gpu_model import CALIBRATED, GemmEfficiency, Op, layer_ops
@@ -225,3 +225,10 @@ def test_published_json_is_one_object(capsys):
     d = json.loads(capsys.readouterr().out)
     assert len(d["iteration_times"]) == 8 and d["mean_abs_error"] <= 0.05
     assert d["calibration"]["peak_fraction"] == CALIBRATED["A100"].peak_fraction
+
+
+def test_sequence_parallelism_without_tensor_parallelism_is_refused():
+    """With tp=1 there is nothing to split the sequence over: --sp would silently do nothing."""
+    with pytest.raises(ConfigError, match=r"needs tp > 1; give tp > 1 or leave sp out") as err:
+        ParallelConfig(pp=8, tp=1, sp=True)
+    assert err.value.field == "sp"
