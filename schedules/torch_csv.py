@@ -33,7 +33,7 @@ from schedules.errors import ScheduleError, quote
 from schedules.graph import TaskGraph
 from schedules.ir import Action, Kind, Schedule
 from schedules.lower import graph_from_programs, lower
-from schedules.util import atomic_write, check_output_file
+from schedules.util import atomic_write, check_output_file, read_text_file
 
 __all__ = [
     "TORCH_SKIPPED_KINDS",
@@ -107,24 +107,11 @@ def write_torch_csv(target: Schedule | TaskGraph, path: str | os.PathLike, comms
 def _read_rows(path: Path) -> list[list[str]]:
     """The file's rows of cells; UTF-8 with or without a byte-order mark (as Excel writes it)."""
     where = f"torch CSV {str(path)!r}"
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ScheduleError(f"{where} not found; give an existing file (csv:PATH)") from None
-    except IsADirectoryError:
-        raise ScheduleError(f"{where} is a directory; give a file (csv:PATH)") from None
-    except OSError as exc:
-        raise ScheduleError(f"{where} cannot be read: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ScheduleError(f"{where}, line {line}: not UTF-8 text (byte {raw[exc.start]:#04x}): binary data? "
-                            "a torch CSV is text, one row of actions per rank") from None
-    if "\0" in text:
-        line = text.count("\n", 0, text.index("\0")) + 1
-        raise ScheduleError(f"{where}, line {line}: a NUL byte (binary data); a torch CSV is text, one row of "
-                            "actions per rank")
+    if not path.exists():
+        raise ScheduleError(f"{where} not found; give an existing file (csv:PATH)")
+    if path.is_dir():
+        raise ScheduleError(f"{where} is a directory; give a file (csv:PATH)")
+    text = read_text_file(path, where, "a torch CSV is text, one row of actions per rank")
     reader = csv.reader(io.StringIO(text, newline=""))
     try:
         return list(reader)

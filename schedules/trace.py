@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schedules.errors import ScheduleError, quote
-from schedules.util import atomic_write, check_output_file
+from schedules.util import atomic_write, check_output_file, read_text_file
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -118,19 +118,7 @@ def _read_csv(path: Path, where: str) -> tuple[dict[str, Any], pd.DataFrame, _Lo
     """A CSV trace, as pandas reads it. Line numbers count from the file's first line, the header included."""
     import pandas as pd
 
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ScheduleError(f"{where} cannot be read: {exc.strerror or exc}") from None
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = raw[: exc.start].count(b"\n") + 1
-        raise ScheduleError(f"{where}, line {line}: not UTF-8 text (byte {raw[exc.start]:#04x}): binary data? "
-                            "a trace is a CSV (or .parquet) file") from None
-    if "\0" in text:
-        line = text.count("\n", 0, text.index("\0")) + 1
-        raise ScheduleError(f"{where}, line {line}: a NUL byte (binary data); a trace is a CSV (or .parquet) file")
+    text = read_text_file(path, where, "a trace is a CSV (or .parquet) file")
     meta: dict[str, Any] = {}
     skip = 0
     if text.startswith(_HEADER):

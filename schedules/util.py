@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from schedules.errors import OutputError
+from schedules.errors import OutputError, ScheduleError
 
-__all__ = ["atomic_write", "check_output_dir", "check_output_file", "paused_gc"]
+__all__ = ["atomic_write", "check_output_dir", "check_output_file", "paused_gc", "read_text_file"]
 
 
 @contextmanager
@@ -68,6 +68,27 @@ def check_output_dir(path: str | os.PathLike, what: str) -> Path:
         raise OutputError(f"{what} {str(p)!r} is a file; give a folder")
     _writable_folder(p, what, p)
     return p
+
+
+def read_text_file(path: Path, where: str, what: str) -> str:
+    """A text file's contents, UTF-8 with or without a byte-order mark; binary data raises one ScheduleError.
+
+    ``where`` names the file in the message, ``what`` says what the file should be (e.g. "a trace is a CSV file").
+    """
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ScheduleError(f"{where} cannot be read: {exc.strerror or exc}") from None
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ScheduleError(f"{where}, line {line}: not UTF-8 text (byte {raw[exc.start]:#04x}): binary data? "
+                            f"{what}") from None
+    if "\0" in text:
+        line = text.count("\n", 0, text.index("\0")) + 1
+        raise ScheduleError(f"{where}, line {line}: a NUL byte (binary data); {what}")
+    return text
 
 
 def _umask() -> int:

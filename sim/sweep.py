@@ -15,6 +15,8 @@ from schedules import PipelineParams, ScheduleError, build, lower, names, spec, 
 from schedules.trace import read_trace
 from sim.costs import CostModel, UniformCosts
 from sim.engine import SimResult, simulate
+from sim.profiled import load_profile
+from sim.study import Study, run_study
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -44,8 +46,6 @@ def simulate_many(
         graphs.append(validate(build(name, pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks))))
     if profile is None:
         return [simulate(g, costs or UniformCosts(), check=False) for g in graphs]
-    from sim.profiled import load_profile
-
     return [simulate(g, load_profile(profile, g.schedule.num_stages), check=False) for g in graphs]
 
 
@@ -87,8 +87,6 @@ def bubble_sweep(
 
 def units_comparison(names: Iterable[str], *, chunks: int = 2, microbatches: int, costs: Any) -> list[dict[str, Any]]:
     """Each named schedule as a physical-units study on the same :class:`TransformerCosts`; result dicts."""
-    from sim.study import Study, run_study
-
     studies = [Study(schedule=n, microbatches=microbatches, chunks=chunks if spec(n).multi_chunk else None,
                      costs=costs) for n in names]
     return [run_study(s).to_dict() for s in studies]
@@ -104,8 +102,6 @@ def predict_for_trace(attrs: Mapping[str, Any], costs: CostModel | None = None,
         raise ScheduleError(f"trace of {name!r} does not record its pp and microbatches (attrs params={params!r})") from None
     graph = lower(build(name, pp=pp, microbatches=m, chunks=int(params.get("chunks") or spec(name).default_chunks)))
     if profile is not None:
-        from sim.profiled import load_profile
-
         costs = load_profile(profile, graph.schedule.num_stages)
     return simulate(graph, costs or UniformCosts())
 
@@ -134,8 +130,6 @@ class SweepConfig:
             if not Path(path).is_file():
                 raise ScheduleError(f"trace file {str(path)!r} not found")
         if self.profile is not None:
-            from sim.profiled import load_profile
-
             load_profile(self.profile)  # a missing or malformed file fails here, before anything runs
 
 

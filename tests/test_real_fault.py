@@ -176,7 +176,8 @@ HANG = """
 import os, sys, time
 from pathlib import Path
 Path(sys.argv[1], os.environ["RANK"]).write_text(str(os.getpid()))
-print("rank", os.environ["RANK"], "started", file=sys.stderr, flush=True)
+sys.stderr.write(f"rank {os.environ['RANK']} started\\n")  # one write: the ranks share stderr
+sys.stderr.flush()
 time.sleep(300)
 """
 

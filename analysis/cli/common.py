@@ -72,7 +72,10 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def fail(message: str) -> NoReturn:
-    print(f"error: {message}", file=sys.stderr)
+    # One write for the whole line: under PYTHONUNBUFFERED print() writes the text and the newline apart,
+    # and the ranks of one torchrun share a stderr pipe, so their lines would interleave.
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
     raise SystemExit(2)
 
 
@@ -112,7 +115,7 @@ def guarded(main: Callable[..., int]) -> Callable[..., int]:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
                 raise
             _stdout_to_devnull()
-            print(f"error: cannot write the output: {exc.strerror}", file=sys.stderr)
+            sys.stderr.write(f"error: cannot write the output: {exc.strerror}\n")
             return 2
 
     return run

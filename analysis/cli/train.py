@@ -179,11 +179,11 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
 
 
 def _checked(args: argparse.Namespace, world: int) -> RunConfig:
-    """Every check of the flags that needs no communication (run() checks the plan again)."""
+    """Every check of the flags that needs no communication and no checkpoint read (run() checks the plan
+    again and picks the checkpoint to resume from)."""
     config = config_from_args(args, world)
     make_plan(config, world)
     resolve_backend(config.runtime.backend)
-    resume_point(config)
     if args.trace:
         check_trace_path(args.trace)
     if args.plot:
@@ -260,7 +260,8 @@ def launch_main(argv: Sequence[str] | None = None, prog: str = "schedlab run") -
     with errors_to_exit(p):
         config = config_from_args(args, known.nproc_per_node)
         nproc = known.nproc_per_node if known.nproc_per_node is not None else config.world_size
-        _checked(args, nproc)
     if _under_torchrun() or (nproc == 1 and known.nproc_per_node is None):
-        return main(rest, prog=prog)
+        return main(rest, prog=prog)  # checks everything itself
+    with errors_to_exit(p):  # refuse here, before any process starts: the same checks every rank makes
+        resume_point(_checked(args, nproc))
     return torchrun(nproc, ["-m", "real", *rest]).returncode
