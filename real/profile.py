@@ -40,7 +40,7 @@ File schema (JSON, ``"schema": "schedlab.profile/1"``)::
      "partitions": [{"num_stages", "stages": [{"stage", "layers": [first, stop],
                      "param_bytes", "F"|"B"|"I"|"W"|"OPTIM": {"median", "p10", "p90", "n"}}]}],
      "step_overhead": {...stat}, "task_overhead": {...stat},
-     "p2p": {"alpha", "beta", "send_cpu": {...stat}, "sizes": [{"bytes", ...stat}]} | null,
+     "p2p": {"alpha", "beta" (null: inf), "send_cpu": {...stat}, "sizes": [{"bytes", ...stat}]} | null,
      "collectives": {"all_reduce"|"reduce_scatter"|"all_gather": {"alpha", "beta", "sizes": [...]}} | null}
 
 All times in seconds, beta in bytes per second. :class:`sim.profiled.ProfiledCosts` loads it.
@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import logging
 import os
+import math
 import platform
 import statistics
 import time
@@ -133,6 +134,11 @@ def _fit_alpha_beta(sizes: Sequence[float], times: Sequence[float]) -> tuple[flo
     if slope <= 0:
         return max(min(times), 0.0), float("inf")
     return max(my - slope * mx, 0.0), 1.0 / slope
+
+
+def _json_bandwidth(beta: float) -> float | None:
+    """A fitted bandwidth as the cost file stores it: ``null`` for inf ("size does not matter"; JSON has no inf)."""
+    return None if math.isinf(beta) else beta
 
 
 def _gathered(samples: list[float]) -> list[float]:
@@ -327,7 +333,7 @@ def _p2p(activation_bytes: int, warmup: int, reps: int) -> dict[str, Any] | None
         elif rank == 1:
             dist.recv(buf, src=0)
     posts = _gathered(posts)
-    return {"alpha": alpha, "beta": beta, "sizes": rows, "send_cpu": _stat(posts)}
+    return {"alpha": alpha, "beta": _json_bandwidth(beta), "sizes": rows, "send_cpu": _stat(posts)}
 
 
 def _collectives(pp: int, dp: int, param_bytes: int, warmup: int, reps: int) -> dict[str, Any] | None:
@@ -364,7 +370,7 @@ def _collectives(pp: int, dp: int, param_bytes: int, warmup: int, reps: int) -> 
             fit_n.append(float(n))
             fit_t.append(statistics.median(samples))
         alpha, beta = _fit_alpha_beta(fit_n, fit_t)
-        out[op] = {"alpha": alpha, "beta": beta, "sizes": rows}
+        out[op] = {"alpha": alpha, "beta": _json_bandwidth(beta), "sizes": rows}
     return out
 
 

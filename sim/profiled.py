@@ -164,7 +164,8 @@ class ProfiledCosts:
         return {
             "model": "profiled", "source": self.source, "stages": len(self.stages),
             "task_overhead": self.task_overhead, "step_overhead": self.step_overhead,
-            "p2p_alpha": self.p2p_alpha, "p2p_beta": self.p2p_beta, "activation_bytes": self.activation_bytes,
+            "p2p_alpha": self.p2p_alpha, "p2p_beta": None if math.isinf(self.p2p_beta) else self.p2p_beta,
+            "activation_bytes": self.activation_bytes,
         }
 
 
@@ -204,8 +205,12 @@ def _alpha_beta(section: Any, where: str, name: str) -> tuple[float, float]:
     if not isinstance(section, dict):
         raise CostFileError(f"{where}: {name} must be an object {{\"alpha\": s, \"beta\": bytes/s}}, got "
                             f"{quote(section)}")
+    if "beta" not in section:
+        raise CostFileError(f"{where}: {name}.beta is missing: give a bandwidth > 0 bytes/s, or null for "
+                            "\"size does not matter\"")
+    beta = section["beta"]  # null: the profiler's "size does not matter" (JSON has no inf)
     return (_number(section.get("alpha"), where, f"{name}.alpha"),
-            _number(section.get("beta"), where, f"{name}.beta", bandwidth=True))
+            math.inf if beta is None else _number(beta, where, f"{name}.beta", bandwidth=True))
 
 
 def _partition(parts: list[dict[str, Any]], num_stages: int | None, where: str) -> tuple[int, list[int]]:

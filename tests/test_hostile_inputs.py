@@ -364,12 +364,12 @@ def _row(stage: object = 0, **changes) -> dict:
     (_with_stage_rows([_row(0, param_bytes="1k"), _row(1)]), "partitions[0].stages[0].param_bytes must be a finite "
                                                              "number >= 0, got '1k'"),
     (_profile(p2p="fast"), "p2p must be an object {\"alpha\": s, \"beta\": bytes/s}, got 'fast'"),
-    (_profile(p2p={"alpha": 1e-4}), "p2p.beta must be a bandwidth > 0 bytes/s, got None"),
+    (_profile(p2p={"alpha": 1e-4}), "p2p.beta is missing: give a bandwidth > 0 bytes/s, or null"),
     (_profile(p2p={"alpha": 1e-4, "beta": 0}), "p2p.beta must be a bandwidth > 0 bytes/s, got 0"),
     (_profile(p2p={"alpha": "1us", "beta": 1e8}), "p2p.alpha must be a finite number >= 0, got '1us'"),
     (_profile(activation_bytes="4k"), "activation_bytes must be a finite number >= 0, got '4k'"),
     (_profile(collectives=[1]), "collectives must be an object of op -> {alpha, beta} or null, got [1]"),
-    (_profile(collectives={"all_reduce": {"alpha": 0}}), "collectives.all_reduce.beta must be a bandwidth > 0"),
+    (_profile(collectives={"all_reduce": {"alpha": 0}}), "collectives.all_reduce.beta is missing: give a bandwidth > 0"),
 ])
 def test_bad_cost_file(tmp_path, profile, message):
     import json
