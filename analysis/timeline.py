@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from schedules.errors import ScheduleError
+from schedules.trace import median_step
 from schedules.util import atomic_write, check_output_file
 
 if TYPE_CHECKING:
@@ -53,7 +54,8 @@ def _lighten(color: str, amount: float) -> tuple[float, float, float]:
 
 
 def draw_timeline(ax: Axes, trace: pd.DataFrame, *, title: str | None = None, xmax: float | None = None) -> None:
-    """Draw one trace's compute tasks on ``ax``: rank 0 on top."""
+    """Draw one trace's compute tasks on ``ax``: rank 0 on top (of several steps, the median one)."""
+    trace = median_step(trace)
     compute = trace[trace["stream"] == "compute"]
     ranks = sorted(trace["rank"].unique())
     n_ranks = max(ranks) + 1 if ranks else 1

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from analysis.metrics import summarize
+from schedules.trace import median_step
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -26,6 +27,7 @@ def kind_durations(trace: pd.DataFrame) -> dict[str, float]:
 
 def compare_pair(predicted: pd.DataFrame, measured: pd.DataFrame) -> dict[str, Any]:
     """Step time and bubble ratio predicted vs measured, errors relative to the measurement (signed)."""
+    measured = median_step(measured)
     p, m = summarize(predicted), summarize(measured)
     pk, mk = kind_durations(predicted), kind_durations(measured)
     row: dict[str, Any] = {

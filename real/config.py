@@ -151,15 +151,18 @@ class RuntimeConfig:
     """How the run executes and what it records.
 
     ``recv_ahead`` bounds the receives posted ahead per peer (None: all of a
-    step at its start); ``trace_step`` is the step traced (negative counts from the end).
+    step at its start); ``trace_step`` is the step traced (negative counts from the end), and with
+    ``trace_steps`` = n the n steps that end with it (every measured step of a run, for calibration).
     """
 
     backend: str | None = None
     timeout_s: float = 300.0
     recv_ahead: int | None = None
     trace_step: int = -1
+    trace_steps: int = 1
 
     def __post_init__(self) -> None:
+        check_positive_ints("runtime", trace_steps=self.trace_steps)
         if self.backend is not None:
             check_choice("runtime", "backend", self.backend, BACKENDS)
         check_positive("runtime", "timeout_s", self.timeout_s, " seconds")
@@ -209,6 +212,11 @@ class RunConfig:
             raise ConfigError(
                 f"{owner}: trace_step {trace_step} is out of range for {self.steps} steps; "
                 f"valid: {-self.steps}..{self.steps - 1} (negative counts from the end)", field="trace_step"
+            )
+        if self.runtime.trace_steps > self.traced_step + 1:
+            raise ConfigError(
+                f"{owner}: trace_steps {self.runtime.trace_steps} reaches before step 0 (the steps traced end "
+                f"with step {self.traced_step}); valid: 1..{self.traced_step + 1}", field="trace_steps"
             )
         self._check_faults(owner)
         per_replica = self.layout.dp * self.layout.microbatches
@@ -267,9 +275,15 @@ class RunConfig:
         return self.runtime.trace_step % self.steps
 
     @property
+    def traced_steps(self) -> range:
+        """The steps traced: ``trace_steps`` of them, ending with :attr:`traced_step`."""
+        return range(self.traced_step - self.runtime.trace_steps + 1, self.traced_step + 1)
+
+    @property
     def metered_step(self) -> int:
-        """The step whose activation memory is measured: not the traced one (the hooks cost time) if possible."""
-        return 0 if self.traced_step != 0 or self.steps == 1 else 1
+        """The step whose activation memory is measured: not a traced one (the hooks cost time) if possible."""
+        first = self.traced_steps.start
+        return 0 if first != 0 else (self.traced_step + 1) % self.steps
 
     def to_dict(self) -> dict[str, Any]:
         """Nested: one table per concern (JSON-ready)."""

@@ -53,6 +53,7 @@ StepCallback = Callable[[int, float, float], None]  # (step, loss, seconds)
 class _Row(NamedTuple):
     """One traced task on one rank: its graph task id (None for runtime-added OPTIM/collectives) and times."""
 
+    step: int
     task: int | None
     rank: int
     stream: str
@@ -237,7 +238,7 @@ class _Trainer:
             for opt in self.optimizers.values():
                 opt.zero_grad(set_to_none=True)
         cfg = self.plan.config
-        self.recorder.begin(step == cfg.traced_step)
+        self.recorder.begin(step in cfg.traced_steps)
         self.meter.begin(step == self.metered)
         loss = self.executor.run_step(self._batches(step))
         if self.sync is not None:
@@ -299,7 +300,7 @@ class _Trainer:
                  [f"{self.plan.layers[s].start}..{self.plan.layers[s].stop - 1}" for s in sorted(self.stages)], offset)
         if self.mesh.distributed:
             dist.barrier()
-        times, rows, memory = [], [], {}
+        times, rows, memory, traced_times = [], [], {}, {}
         t_prev = time.perf_counter()
         for step in range(start, cfg.steps):
             loss = self._guarded(step)
@@ -309,8 +310,9 @@ class _Trainer:
             losses.append(loss)
             times.append(now - t_prev)
             t_prev = now
-            if step == cfg.traced_step:
-                rows = self._trace_rows(offset)
+            if step in cfg.traced_steps:
+                rows += self._trace_rows(step, offset)
+                traced_times[step] = times[-1]
             if step == self.metered:
                 memory = self._memory()
             if on_step is not None and self.mesh.rank == 0:
@@ -322,7 +324,7 @@ class _Trainer:
                     t_prev = time.perf_counter()
         if saver is not None:
             saver.wait()
-        result = self._gather(losses, times, rows, memory, path)
+        result = self._gather(losses, times, rows, memory, path, traced_times)
         return replace(result, start_step=start, resumed_from=str(restored.path) if restored else None)
 
     def _diverged(self, step: int, loss: float, saver: ckpt.Checkpointer | None) -> NoReturn:
@@ -336,8 +338,8 @@ class _Trainer:
         raise ConfigError(f"step {step}: the loss is {loss}; training diverged with {optim.optimizer} at lr "
                           f"{optim.lr:g}: try a smaller lr", field="lr")
 
-    def _trace_rows(self, offset: float) -> list[_Row]:
-        """This rank's rows of the traced step on rank 0's clock.
+    def _trace_rows(self, step: int, offset: float) -> list[_Row]:
+        """This rank's rows of a traced step on rank 0's clock.
 
         The recorder holds a task id (a task of the graph) or an Action the
         runtime adds itself (OPTIM, and the data-parallel collectives).
@@ -350,7 +352,7 @@ class _Trainer:
             else:
                 task, action = None, key
                 stream = Stream.COMPUTE if action.kind is Kind.OPTIM else Stream.COLLECTIVE
-            out.append(_Row(task, rank, stream.value, action, start + offset, end + offset, nbytes))
+            out.append(_Row(step, task, rank, stream.value, action, start + offset, end + offset, nbytes))
         return out
 
     def _memory(self) -> dict[str, Any]:
@@ -365,7 +367,7 @@ class _Trainer:
         }
 
     def _gather(self, losses: list[float], times: list[float], rows: list[_Row], memory: dict[str, Any],
-                path: Path | None) -> RunResult:
+                path: Path | None, traced_times: dict[int, float]) -> RunResult:
         params = [(name, p.detach().cpu().clone()) for name, p in self.named] if self.mesh.dp_rank == 0 else []
         mine = (rows, memory, params)
         parts = [mine]
@@ -377,13 +379,14 @@ class _Trainer:
             return base
         named = sorted((np for _, _, ps in parts for np in ps), key=lambda np: int(np[0].split(".", 1)[0]))
         norm, sha = param_digest(t for _, t in named)
-        trace = self._make_trace([r for rs, _, _ in parts for r in rs], [m for _, m, _ in parts])
+        trace = self._make_trace([r for rs, _, _ in parts for r in rs], [m for _, m, _ in parts], traced_times)
         if path is not None:
             write_trace(trace, path)
         return RunResult(self.plan.config, 0, self.backend, losses, times, trace, str(path) if path else None,
                          dict(named), [m for _, m, _ in parts], norm, sha)
 
-    def _make_trace(self, rows: list[_Row], memory: list[dict[str, Any]]) -> pd.DataFrame:
+    def _make_trace(self, rows: list[_Row], memory: list[dict[str, Any]], traced_times: dict[int, float]
+                    ) -> pd.DataFrame:
         cfg, sched = self.plan.config, self.plan.graph.schedule
         rows = _bound_send_ends(rows, self.plan)
         t0 = min((r.start for r in rows), default=0.0)
@@ -397,12 +400,16 @@ class _Trainer:
             "start": [r.start - t0 for r in rows],
             "end": [r.end - t0 for r in rows],
             "bytes": [r.bytes for r in rows],
+            "step": [r.step for r in rows],
         }
         meta = {
             "source": "real", "schedule": sched.name, "params": dict(sched.params),
             "dp": cfg.layout.dp, "world_size": cfg.world_size, "backend": self.backend, "device": self.mesh.device.type,
             "dp_mode": cfg.sync.dp_mode, "model": cfg.data.model.to_dict(), "batch_size": cfg.data.batch_size,
             "microbatch_size": cfg.microbatch_size, "step": cfg.traced_step, "steps": cfg.steps,
+            # rank 0's wall time of each traced step (its end to the previous step's end): programs, optimizer,
+            # the loss all-reduce; what sim.profiled.from_trace calls the step time.
+            "step_times": {str(k): v for k, v in sorted(traced_times.items())},
             "layers_per_stage": [len(r) for r in self.plan.layers], "memory": memory,
         }
         return make_trace(cols, meta)
@@ -411,13 +418,13 @@ class _Trainer:
 def _bound_send_ends(rows: list[_Row], plan: Plan) -> list[_Row]:
     """A SEND ends no later than its receiver has the value (gloo shows a send's completion only on wait)."""
     graph, pp = plan.graph, plan.config.layout.pp
-    recv_end = {(r.rank, r.task): r.end for r in rows if r.task is not None and r.stream == "recv"}
+    recv_end = {(r.step, r.rank, r.task): r.end for r in rows if r.task is not None and r.stream == "recv"}
     send_of = {s: r for r, s in matching_sends(graph).items()}
     out = []
     for r in rows:
         if r.task is not None and r.stream == "send":
             recv = send_of[r.task]
             peer = (r.rank // pp) * pp + graph.tasks[recv].rank
-            r = r._replace(end=max(min(r.end, recv_end.get((peer, recv), r.end)), r.start))
+            r = r._replace(end=max(min(r.end, recv_end.get((r.step, peer, recv), r.end)), r.start))
         out.append(r)
     return out

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schedules import PipelineParams, ScheduleError, build, lower, names, spec, validate
-from schedules.trace import read_trace
+from schedules.trace import median_step, read_trace
 from sim.costs import CostModel, UniformCosts
 from sim.engine import SimResult, simulate
 from sim.profiled import load_profile
@@ -150,7 +150,7 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[Sequence], Iterable] | None 
                            progress=progress)
     predictions = []
     for path in cfg.real_traces:
-        real = read_trace(path)
+        real = median_step(read_trace(path))
         if real.attrs.get("source") != "real":
             raise ScheduleError(f"trace {str(path)!r} is not a real run's trace (attrs source={real.attrs.get('source')!r})")
         predicted = predict_for_trace(real.attrs, cfg.costs if cfg.profile is None else None, cfg.profile).trace

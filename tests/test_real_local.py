@@ -46,8 +46,9 @@ def test_every_schedule_on_one_rank_equals_plain_training(name):
 def test_trace_schema_memory_and_metrics():
     result = run(_cfg("gpipe", steps=2, trace_step=0))
     df = result.trace
-    assert tuple(df.columns) == TRACE_COLUMNS
+    assert tuple(df.columns) == (*TRACE_COLUMNS, "step") and set(df["step"]) == {0}
     assert df.attrs["source"] == "real" and df.attrs["step"] == 0 and df.attrs["params"]["microbatches"] == 4
+    assert df.attrs["step_times"] == {"0": result.step_times[0]}
     assert list(df["action"]) == ["0F0", "0F1", "0F2", "0F3", "0B0", "0B1", "0B2", "0B3"]
     assert (df["start"].diff().dropna() >= 0).all() and (df["end"] >= df["start"]).all()
     assert summarize(df)["makespan"] > 0
@@ -55,6 +56,26 @@ def test_trace_schema_memory_and_metrics():
     assert mem["peak_activations_mb"] == 4.0  # GPipe holds every microbatch at its peak
     assert mem["peak_activation_bytes"] == 4 * mem["activation_bytes_per_microbatch"] > 0
     assert run(_cfg("1f1b", steps=1)).memory[0]["peak_activations_mb"] == 1.0
+
+
+def test_every_measured_step_is_traced(tmp_path):
+    """trace_steps=3 of 4 steps: steps 1..3, each with the whole program and its wall time; the file keeps them,
+    and median_step picks the step of median wall time, its times from 0."""
+    from schedules.trace import median_step, read_trace, trace_steps
+
+    result = run(_cfg("1f1b", steps=4, trace_steps=3), trace_path=tmp_path / "t.csv")
+    df = read_trace(tmp_path / "t.csv")
+    parts = trace_steps(df)
+    assert list(parts) == [1, 2, 3]
+    program = sorted(parts[1]["action"])
+    assert all(sorted(p["action"]) == program for p in parts.values())
+    assert df.attrs["step_times"] == {str(k): result.step_times[k] for k in (1, 2, 3)}
+    assert all(parts[k]["start"].min() >= parts[k - 1]["end"].max() for k in (2, 3))  # in order on one clock
+    walls = sorted((result.step_times[k], k) for k in (1, 2, 3))
+    one = median_step(df)
+    assert one.attrs["step"] == walls[1][1] and set(one["step"]) == {walls[1][1]} and one["start"].min() == 0.0
+    with pytest.raises(ConfigError, match=r"trace_steps 5 reaches before step 0 .* valid: 1\.\.4"):
+        _cfg("1f1b", steps=4, trace_steps=5)
 
 
 def _stage_grads(layers: nn.Module, inp, tgt, grad, split: bool):

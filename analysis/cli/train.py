@@ -99,8 +99,10 @@ def parser(prog: str) -> OneLineParser:
     r.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, gloo otherwise")
     r.add_argument("--timeout", type=float, default=300.0, metavar="S", help="collective timeout (default 300 s)")
     r.add_argument("--recv-ahead", type=int, metavar="K", help="receives posted ahead per peer (default: all)")
-    r.add_argument("--trace", metavar="FILE", help="write the merged trace of one step (.csv or .parquet)")
+    r.add_argument("--trace", metavar="FILE", help="write the merged trace of the traced steps (.csv or .parquet)")
     r.add_argument("--trace-step", type=int, default=-1, metavar="K", help="step to trace (default -1: the last)")
+    r.add_argument("--trace-steps", type=int, default=1, metavar="N",
+                   help="trace N steps ending with --trace-step (default 1; a `step` column tells them apart)")
     r.add_argument("--plot", metavar="FILE", help="draw the traced step's timeline (.png, .svg or .pdf; rank 0)")
     r.add_argument("--save-params", metavar="FILE", help="rank 0 saves the final parameters (torch.save)")
     r.add_argument("--json", action="store_true", help="print exactly one JSON object at the end (rank 0)")
@@ -172,7 +174,7 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
         optim=OptimConfig(optimizer=args.optimizer, lr=args.lr),
         sync=SyncConfig(dp_mode=args.dp_mode, bucket_mb=args.bucket_mb),
         runtime=RuntimeConfig(backend=args.backend, timeout_s=args.timeout, recv_ahead=args.recv_ahead,
-                              trace_step=args.trace_step),
+                              trace_step=args.trace_step, trace_steps=args.trace_steps),
         checkpoint=checkpoint,
         faults=FaultConfig(fail_at_step=args.fail_at_step, fail_rank=args.fail_rank, fail_mode=args.fail_mode),
     )
