@@ -47,15 +47,23 @@ def compare_pair(predicted: pd.DataFrame, measured: pd.DataFrame) -> dict[str, A
     return row
 
 
-def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Kendall's tau-b between two rankings (ties counted as neither concordant nor discordant)."""
+def kendall_tau(xs: Sequence[float], ys: Sequence[float],
+                y_spread: Sequence[tuple[float, float]] | None = None) -> float:
+    """Kendall's tau-b between two rankings (ties counted as neither concordant nor discordant).
+
+    ``y_spread``: an interval (e.g. p10-p90 over rounds) around each y; a pair
+    whose intervals overlap is a tie in y (their measured difference lies within
+    their combined spread, so the measurement cannot order them).
+    """
     n = len(xs)
-    if n != len(ys):
+    if n != len(ys) or (y_spread is not None and len(y_spread) != n):
         raise ValueError(f"kendall_tau needs equal lengths, got {n} and {len(ys)}")
     conc = disc = ties_x = ties_y = 0
     for i in range(n):
         for j in range(i + 1, n):
             dx, dy = xs[i] - xs[j], ys[i] - ys[j]
+            if y_spread is not None and y_spread[i][0] <= y_spread[j][1] and y_spread[j][0] <= y_spread[i][1]:
+                dy = 0
             if dx == 0 and dy == 0:
                 continue
             if dx == 0:

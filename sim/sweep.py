@@ -15,7 +15,7 @@ from schedules import PipelineParams, ScheduleError, build, lower, names, spec, 
 from schedules.trace import median_step, read_trace
 from sim.costs import CostModel, UniformCosts
 from sim.engine import SimResult, simulate
-from sim.profiled import load_profile
+from sim.profiled import load_costs
 from sim.study import Study, run_study
 
 if TYPE_CHECKING:
@@ -35,18 +35,19 @@ def _chunks_for(name: str, chunks: int) -> int:
 
 def simulate_many(
     names: Iterable[str], *, pp: int, microbatches: int, chunks: int = 2, costs: UniformCosts | None = None,
-    profile: str | Path | None = None,
+    profile: str | Path | None = None, costs_profile: str | Path | None = None,
 ) -> list[SimResult]:
     """Simulate each named schedule at the same shape; multi-chunk ones get ``chunks`` stages per rank.
 
-    ``profile``: a cost file (real.profile); each schedule gets its partition's measured costs.
+    ``profile``: a cost file (real.profile) or a real trace (:func:`sim.profiled.load_costs`, scaled with
+    ``costs_profile``); each schedule gets its partition's measured costs.
     """
     graphs = []
     for name in names:  # build and validate all first: a bad name fails before any simulation
         graphs.append(validate(build(name, pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks))))
     if profile is None:
         return [simulate(g, costs or UniformCosts(), check=False) for g in graphs]
-    return [simulate(g, load_profile(profile, g.schedule.num_stages), check=False) for g in graphs]
+    return [simulate(g, load_costs(profile, g.schedule.num_stages, costs_profile), check=False) for g in graphs]
 
 
 def applicable(names: Iterable[str], *, pp: int, microbatches: int, chunks: int = 2) -> tuple[list[str], dict[str, str]]:
@@ -102,7 +103,7 @@ def predict_for_trace(attrs: Mapping[str, Any], costs: CostModel | None = None,
         raise ScheduleError(f"trace of {name!r} does not record its pp and microbatches (attrs params={params!r})") from None
     graph = lower(build(name, pp=pp, microbatches=m, chunks=int(params.get("chunks") or spec(name).default_chunks)))
     if profile is not None:
-        costs = load_profile(profile, graph.schedule.num_stages)
+        costs = load_costs(profile, graph.schedule.num_stages)
     return simulate(graph, costs or UniformCosts())
 
 
@@ -130,7 +131,7 @@ class SweepConfig:
             if not Path(path).is_file():
                 raise ScheduleError(f"trace file {str(path)!r} not found")
         if self.profile is not None:
-            load_profile(self.profile)  # a missing or malformed file fails here, before anything runs
+            load_costs(self.profile)  # a missing or malformed file fails here, before anything runs
 
 
 @dataclass(frozen=True, eq=False)

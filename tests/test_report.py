@@ -99,3 +99,13 @@ def test_perfetto_cli(tmp_path, capsys):
     with pytest.raises(SystemExit):
         schedlab(["perfetto", str(tmp_path / "missing.csv")])
     assert "not found" in capsys.readouterr().err
+
+
+def test_kendall_tau_counts_overlapping_spreads_as_ties():
+    # Without spreads: 2 of 3 pairs concordant, 1 discordant -> 1/3. The discordant pair (x 2 vs 3, y 21 vs 20)
+    # has overlapping p10-p90 intervals, so it is a tie in y: tau_b = (2 - 0) / sqrt(3 * 2).
+    xs, ys = [1, 2, 3], [10, 21, 20]
+    spread = [(9, 11), (19, 23), (18, 22)]
+    assert kendall_tau(xs, ys) == pytest.approx(1 / 3)
+    assert kendall_tau(xs, ys, spread) == pytest.approx(2 / 6 ** 0.5)
+    assert kendall_tau(xs, ys, [(10, 10), (21, 21), (20, 20)]) == pytest.approx(1 / 3)  # no overlap: as before

@@ -63,7 +63,7 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     with errors_to_exit(p):
         out = check_output_dir(args.out, "output folder")
         results = simulate_many(chosen, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks,
-                                costs=uniform_costs(args), profile=args.costs)
+                                costs=uniform_costs(args), profile=args.costs, costs_profile=args.costs_profile)
         table = comparison_table(results)
         written = [plot_timelines([r.trace for r in results], out / "timelines.png")] if results else []
         written += [plot_timeline(r.trace, out / f"timeline-{r.schedule}.png") for r in results]

@@ -198,9 +198,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
                                     **schedule_options(args)))
         step_time = None
         if args.costs:
-            from sim.profiled import load_profile, step_time
+            from sim.profiled import load_costs, step_time
 
-            costs = load_profile(args.costs, graph.schedule.num_stages)
+            costs = load_costs(args.costs, graph.schedule.num_stages, args.costs_profile)
         result = simulate(graph, costs, check=False)
         step = step_time(result, costs) if step_time is not None else None
         _write_outputs(result.trace, trace_path, plot_path)
