@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from analysis.compare import comparison_table
 from analysis.theory import bubble_ratio as closed_form_bubble
 from analysis.timeline import plot_timeline, plot_timelines
-from analysis.validation import compare_pair, validation_summary
+from analysis.validation import compare_pair, plot_validation, validation_summary
 from schedules.errors import OutputError
 from schedules.trace import write_trace
 from schedules.util import check_output_dir
@@ -187,7 +187,7 @@ def _real_section(sweep: Sweep, out: Path) -> list[str]:
             f"ranking agreement (Kendall tau) {summary['kendall_tau']:.2f}.", "", *figures]
 
 
-def write_report(out: str | os.PathLike, sweep: Sweep) -> Path:
+def write_report(out: str | os.PathLike, sweep: Sweep, validation: dict[str, Any] | None = None) -> Path:
     """Plot what ``sweep`` simulated and write ``out/report.md``; returns its path.
 
     Everything is written into a staging folder beside ``out`` first and moved
@@ -200,7 +200,7 @@ def write_report(out: str | os.PathLike, sweep: Sweep) -> Path:
     except OSError as exc:
         raise OutputError(f"cannot write report folder {str(final)!r}: {exc.strerror or exc}") from None
     try:
-        _write_report(stage, sweep)
+        _write_report(stage, sweep, validation)
         final.mkdir(parents=True, exist_ok=True)
         for item in sorted(stage.rglob("*"), key=lambda q: (q.name == "report.md", len(q.parts))):
             if item.is_file():
@@ -214,7 +214,34 @@ def write_report(out: str | os.PathLike, sweep: Sweep) -> Path:
     return final / "report.md"
 
 
-def _write_report(out: Path, sweep: Sweep) -> None:
+def _validation_section(data: dict[str, Any] | None, out: Path) -> list[str]:
+    """Predicted against measured (experiments/validate_sim.py): the plot, the table, the mechanisms."""
+    if data is None:
+        return []
+    plot_validation(data, out / "validation.png")
+    rows = data["schedules"]
+    md = ["## The simulator against real runs", "",
+          f"Calibrated from {data.get('calibrated_from', {}).get('schedule', '?')} "
+          f"(m={data.get('calibrated_from', {}).get('microbatches', '?')}); measured step time = median over "
+          "rounds of each round's median, spread = p10-p90 of the round medians.", "",
+          "![predicted against measured](validation.png)", "",
+          _markdown_table(["schedule", "m", "predicted ms", "measured ms", "spread ms", "error", "profile error",
+                           "replay error"],
+                          [(r["schedule"], r["microbatches"], f"{r['predicted_step_time'] * 1e3:.1f}",
+                            f"{r['measured_step_time'] * 1e3:.1f}",
+                            f"{r['measured_spread'][0] * 1e3:.1f}-{r['measured_spread'][1] * 1e3:.1f}",
+                            f"{r['error']:+.1%}",
+                            f"{r['profile_error']:+.1%}" if r.get("profile_error") is not None else "-",
+                            f"{r['replay_error']:+.1%}" if r.get("replay_error") is not None else "-")
+                           for r in rows]), ""]
+    mech = data.get("mechanisms")
+    if mech:
+        md += ["Mean |error| with every mechanism, and with each switched off in turn:", "",
+               _markdown_table(["model", "mean abs error"], [(k, f"{v:.1%}") for k, v in mech.items()]), ""]
+    return md
+
+
+def _write_report(out: Path, sweep: Sweep, validation: dict[str, Any] | None = None) -> None:
     cfg, results = sweep.config, sweep.results
     table = comparison_table(results)
     front = _pareto(table)
@@ -256,6 +283,7 @@ def _write_report(out: Path, sweep: Sweep) -> None:
         "![all schedules on one time axis](timelines.png)",
         "",
         *_real_section(sweep, out),
+        *_validation_section(validation, out),
         "Per-task traces of every simulated schedule are in `traces/` (CSV, the shared trace format).",
         "",
     ]

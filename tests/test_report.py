@@ -109,3 +109,35 @@ def test_kendall_tau_counts_overlapping_spreads_as_ties():
     assert kendall_tau(xs, ys) == pytest.approx(1 / 3)
     assert kendall_tau(xs, ys, spread) == pytest.approx(2 / 6 ** 0.5)
     assert kendall_tau(xs, ys, [(10, 10), (21, 21), (20, 20)]) == pytest.approx(1 / 3)  # no overlap: as before
+
+
+VALIDATION = {
+    "schedules": [
+        {"schedule": "1f1b", "microbatches": 4, "predicted_step_time": 0.100, "measured_step_time": 0.104,
+         "measured_spread": [0.102, 0.107], "error": -0.0385, "profile_error": -0.1, "replay_error": -0.004},
+        {"schedule": "zb-v", "microbatches": 4, "predicted_step_time": 0.090, "measured_step_time": 0.088,
+         "measured_spread": [0.086, 0.091], "error": 0.0227, "profile_error": 0.05, "replay_error": 0.01},
+    ],
+    "mean_abs_error": 0.0306, "kendall_tau_b": 1.0, "calibrated_from": {"schedule": "1f1b", "microbatches": 4},
+    "mechanisms": {"all": 0.0306, "without send_cpu": 0.05},
+}
+
+
+def test_report_with_validation(tmp_path, capsys):
+    path = tmp_path / "v.json"
+    path.write_text(json.dumps(VALIDATION))
+    assert schedlab(["report", "--out", str(tmp_path / "r"), "--pp", "2", "--microbatches", "2",
+                     "--schedules", "gpipe,1f1b", "--no-progress", "--validation", str(path)]) == 0
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert (tmp_path / "r" / "validation.png").stat().st_size > 0
+    assert "| 1f1b | 4 | 100.0 | 104.0 | 102.0-107.0 | -3.9% | -10.0% | -0.4% |" in md
+    assert "| without send_cpu | 5.0% |" in md
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schedules": [{"schedule": "x"}]}))
+    for target, message in ((bad, "schedules[0] lacks microbatches, predicted_step_time"),
+                            (tmp_path / "none.json", "not found; write one with experiments/validate_sim.py")):
+        with pytest.raises(SystemExit) as exc:
+            schedlab(["report", "--out", str(tmp_path / "r3"), "--validation", str(target)])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and message in err and "(flag --validation)" in err
+        assert not (tmp_path / "r3").exists()
