@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 import statistics
-from pathlib import Path
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from analysis.metrics import summarize
@@ -111,7 +111,7 @@ def load_validation(path: str | os.PathLike) -> dict[str, Any]:
         raise ConfigError(f"{where} is not JSON: {exc}", field="validation") from None
     rows = data.get("schedules") if isinstance(data, dict) else None
     if not isinstance(rows, list) or not rows:
-        raise ConfigError(f"{where} has no \"schedules\" list; write it with experiments/validate_sim.py --json",
+        raise ConfigError(f"{where} has no \"schedules\" list; experiments/validate_sim.py writes one",
                           field="validation")
     for i, r in enumerate(rows):
         lacking = [k for k in _ROW_KEYS if not isinstance(r, dict) or k not in r]

@@ -401,9 +401,9 @@ def _frames(trace: Any) -> list[Any]:
         where = f"trace {str(t)!r}" if not isinstance(t, pd.DataFrame) else "trace"
         if df.attrs.get("source") != "real":
             raise CostFileError(f"{where} is not a real run's trace (source {df.attrs.get('source')!r}); "
-                                "calibrate from a trace written by schedlab run --trace")
+                                "calibrate from the trace file of a real run (schedlab run)")
         if not df.attrs.get("step_times"):
-            raise CostFileError(f"{where} has no step_times; write it with this version's schedlab run --trace")
+            raise CostFileError(f"{where} has no step_times; record it again with this version of schedlab run")
     return frames
 
 
