@@ -404,6 +404,12 @@ def _frames(trace: Any) -> list[Any]:
                                 "calibrate from the trace file of a real run (schedlab run)")
         if not df.attrs.get("step_times"):
             raise CostFileError(f"{where} has no step_times; record it again with this version of schedlab run")
+    layouts = {(str(df.attrs.get("schedule")), json.dumps(df.attrs.get("params"), sort_keys=True),
+                json.dumps(df.attrs.get("model"), sort_keys=True), df.attrs.get("microbatch_size")) for df in frames}
+    if len(layouts) > 1:
+        raise CostFileError(f"the traces to calibrate from ran {len(layouts)} different configurations "
+                            f"({', '.join(sorted(s for s, *_ in layouts))}); calibrate from runs of one "
+                            "schedule, shape, model and microbatch size")
     return frames
 
 

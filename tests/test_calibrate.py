@@ -221,3 +221,15 @@ def test_protocol_rejects_bad_input_before_running():
         measure_interleaved([one], rounds=0)
     with pytest.raises(ConfigError, match="no configurations to measure"):
         measure_interleaved([])
+
+
+def test_traces_of_different_runs_do_not_mix(recorded):
+    other = recorded.copy()
+    other.attrs.update(recorded.attrs)
+    other.attrs["params"] = {"pp": 2, "microbatches": 8, "chunks": 1}
+    with pytest.raises(CostFileError, match="ran 2 different configurations"):
+        trace_fit([recorded, other])
+    sim_trace = recorded.copy()
+    sim_trace.attrs.update(recorded.attrs, source="sim")
+    with pytest.raises(CostFileError, match="is not a real run's trace"):
+        trace_fit(sim_trace)
