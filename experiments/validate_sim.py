@@ -7,7 +7,9 @@
 The protocol, on 2 CPU ranks with gloo:
 
 1. ``python -m real.profile`` measures the passes of every stage count the grid
-   needs (2 and 4 stages at pp=2), once.
+   needs (2 and 4 stages at pp=2), once; and, for the data-parallel pair (pp=1,
+   dp=2, ddp against sync with 1 MiB buckets), the whole model and the
+   collectives over both ranks.
 2. Every configuration of the grid runs for real, interleaved in rounds
    (A B C ... A B C ..., ``--rounds``, default 5) inside one process group
    (:func:`real.measure.measure_interleaved`), ``--steps`` measured steps each
@@ -19,7 +21,8 @@ The protocol, on 2 CPU ranks with gloo:
    with :func:`sim.profiled.from_trace`, and predicts every configuration
    (other stage counts and the I/W passes scaled from the profile by the
    trace's in-run/profiled ratio). The profile alone is the second
-   calibration source, reported beside it.
+   calibration source, reported beside it. The data-parallel pair is
+   predicted from its own profile, its passes scaled by the same ratios.
 4. Replay: each traced step of each pipeline configuration is simulated with
    its own task durations (:func:`sim.replay.replay`); replay error = the
    median over steps of (predicted span - measured span) / measured span.
@@ -55,6 +58,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v at m = 4, 16")
     p.add_argument("--schedules", help="comma-separated pipeline schedules (default: every one the runtime has)")
     p.add_argument("--microbatches", help="comma-separated counts (default 4,8,16; --quick 4,16)")
+    p.add_argument("--no-dp", action="store_true", help="leave out the pp=1, dp=2 ddp/sync pair")
     p.add_argument("--calibrate-from", default="1f1b", metavar="SCHEDULE", help="default 1f1b")
     p.add_argument("--microbatch-size", type=int, default=2, help="samples per microbatch (default 2)")
     add_model_args(p, MODEL)
@@ -83,12 +87,14 @@ def _grid(a: argparse.Namespace) -> tuple[list[str], list[int]]:
     return scheds, ms
 
 
-def _profile(a: argparse.Namespace, out: Path, stages: str) -> Path:
+def _profile(a: argparse.Namespace, out: Path, stages: str, dp: int = 1) -> Path:
     from real.launch import torchrun
 
-    path = out / "profile.json"
+    path = out / ("profile.json" if dp == 1 else f"profile-dp{dp}.json")
     flags = ["-m", "real.profile", *model_argv(model_from_args(a)), "--microbatch-size", str(a.microbatch_size),
              "--stages", stages, "--reps", str(a.profile_reps), "--out", str(path)]
+    if dp > 1:
+        flags += ["--dp", str(dp), "--pp", "1"]
     done = torchrun(2, flags, timeout=600, capture=True)
     if done.returncode != 0:
         tail = "\n".join((done.stderr or "").strip().splitlines()[-12:])
@@ -96,11 +102,30 @@ def _profile(a: argparse.Namespace, out: Path, stages: str) -> Path:
     return path
 
 
-def _config(a: argparse.Namespace, schedule: str, m: int):
+BUCKET_MB = 1.0  # the data-parallel pair's gradient buckets: several per model, so ddp has something to overlap
+
+
+def _config(a: argparse.Namespace, schedule: str, m: int, *, dp_mode: str | None = None):
     from real import RunConfig
 
-    return RunConfig.of(schedule=schedule, pp=2, microbatches=m, batch_size=a.microbatch_size * m,
-                        model=model_from_args(a), optimizer="adamw", backend="gloo")
+    if dp_mode is None:
+        return RunConfig.of(schedule=schedule, pp=2, microbatches=m, batch_size=a.microbatch_size * m,
+                            model=model_from_args(a), optimizer="adamw", backend="gloo")
+    return RunConfig.of(schedule=schedule, pp=1, dp=2, microbatches=m, batch_size=a.microbatch_size * m * 2,
+                        model=model_from_args(a), optimizer="adamw", backend="gloo", dp_mode=dp_mode,
+                        bucket_mb=BUCKET_MB)
+
+
+def _dp_graph(a: argparse.Namespace, mode: str, m: int):
+    """The simulator's data-parallel graph of the pair, with as many buckets as the runtime makes."""
+    from real.dp import make_buckets
+    from real.models import build_model
+    from schedules import build, lower, validate
+    from schedules.dp import add_data_parallel
+
+    params = list(build_model(model_from_args(a), 0).parameters())
+    buckets = len(make_buckets(params, BUCKET_MB * 2**20))
+    return validate(add_data_parallel(lower(build("gpipe", pp=1, microbatches=m)), mode, [buckets]))
 
 
 def _predict(graph, costs) -> float:
@@ -113,7 +138,7 @@ def _predict(graph, costs) -> float:
 def validate_all(a: argparse.Namespace) -> dict:
     from analysis.validation import kendall_tau
     from real.measure import measure_interleaved
-    from schedules import load_graph, validate
+    from schedules import Kind, load_graph, validate
     from sim.profiled import from_trace, load_profile, trace_fit
     from sim.replay import replay
 
@@ -124,12 +149,16 @@ def validate_all(a: argparse.Namespace) -> dict:
     out = Path(a.out)
     (out / "traces").mkdir(parents=True, exist_ok=True)
     pp_cfgs = [(s, m, _config(a, s, m)) for m in ms for s in scheds]
+    dp_cfgs = [] if a.no_dp else [(f"dp2-{mode}", ms[0], _config(a, "gpipe", ms[0], dp_mode=mode))
+                                  for mode in ("ddp", "sync")]
     graphs = {(s, m): validate(load_graph(s, pp=2, microbatches=m)) for s, m, _ in pp_cfgs}
-    stage_counts = sorted({g.schedule.num_stages for g in graphs.values()})
+    graphs.update({(s, m): _dp_graph(a, s[4:], m) for s, m, _ in dp_cfgs})
+    stage_counts = sorted({graphs[(s, m)].schedule.num_stages for s, m, _ in pp_cfgs})
     profile = Path(a.costs) if a.costs else _profile(a, out, ",".join(map(str, stage_counts)))
-    print(f"profiled ({time.monotonic() - t_start:.0f} s); measuring {len(pp_cfgs)} configurations "
+    dp_profile = _profile(a, out, "1", dp=2) if dp_cfgs else None
+    everything = pp_cfgs + dp_cfgs
+    print(f"profiled ({time.monotonic() - t_start:.0f} s); measuring {len(everything)} configurations "
           f"x {a.rounds} rounds", file=sys.stderr)
-    everything = pp_cfgs
     measured = measure_interleaved([c for _, _, c in everything], rounds=a.rounds, steps=a.steps, warmup=a.warmup,
                                    trace_dir=str(out / "traces"), attempts=a.attempts, max_foreign=a.max_foreign,
                                    timeout=a.timeout)
@@ -144,12 +173,33 @@ def validate_all(a: argparse.Namespace) -> dict:
 
     ablations = {"send_cpu": {"send_cpu": 0.0}, "task_overhead": {"task_overhead": 0.0},
                  "step_overhead": {"step_overhead": 0.0}}
+    def dp_costs(**off: float):
+        """The data-parallel pair's profile, each pass scaled by the calibration trace's in-run/profiled ratio."""
+        base, own = load_profile(profile, fit.num_stages), load_profile(dp_profile, 1)
+        scaled = from_trace(cal_traces, profile, num_stages=fit.num_stages, fit=fit)
+        ratio = {k: sum(scaled.stages[s].of(k) for s in range(fit.num_stages))
+                 / sum(base.stages[s].of(k) for s in range(fit.num_stages)) for k in (Kind.F, Kind.B)}
+        st = own.stages[0]
+        c = replace(own, stages=(replace(st, f=st.f * ratio[Kind.F], b=st.b * ratio[Kind.B]),),
+                    send_cpu=fit.send_cpu, task_overhead=fit.task_overhead)
+        return replace(c, **off) if off else c
+
     rows = []
     for (s, m), r in by_key.items():
         row = {"schedule": s, "microbatches": m, "measured_step_time": r.step_time,
                "measured_spread": list(r.spread), "round_medians": list(r.round_medians),
                "foreign_cores": max(r.foreign_cores)}
         g = graphs[(s, m)]
+        if s.startswith("dp2-"):
+            row["predicted_step_time"] = _predict(g, dp_costs())
+            row["profile_predicted_step_time"] = _predict(g, load_profile(dp_profile, 1))
+            row["without"] = {k: _predict(g, dp_costs(**v)) for k, v in ablations.items()}
+            row["replay_error"] = None
+            meas = row["measured_step_time"]
+            row["error"] = (row["predicted_step_time"] - meas) / meas
+            row["profile_error"] = (row["profile_predicted_step_time"] - meas) / meas
+            rows.append(row)
+            continue
         n = g.schedule.num_stages
         row["predicted_step_time"] = _predict(g, trace_costs(n))
         row["profile_predicted_step_time"] = _predict(g, load_profile(profile, n))
@@ -180,12 +230,12 @@ def validate_all(a: argparse.Namespace) -> dict:
         "profile_kendall_tau_b": kendall_tau([x["profile_predicted_step_time"] for x in rows],
                                              [x["measured_step_time"] for x in rows],
                                              [tuple(x["measured_spread"]) for x in rows]),
-        "max_abs_replay_error": max(abs(x["replay_error"]) for x in pipe_rows),
+        "max_abs_replay_error": max(abs(x["replay_error"]) for x in pipe_rows if x["replay_error"] is not None),
         "mechanisms": mechanisms,
         "calibrated_from": {"schedule": a.calibrate_from, "microbatches": cal_m, "traces": cal_traces,
                             "fit": {k: v for k, v in vars(fit).items() if k != "passes"},
                             "passes": {f"{s}{k}": v for (s, k), v in fit.passes.items()}},
-        "grid": {"schedules": scheds, "microbatches": ms, "pp": 2,
+        "grid": {"schedules": scheds, "microbatches": ms, "pp": 2, "dp_pair": [x[0] for x in dp_cfgs],
                  "microbatch_size": a.microbatch_size, "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
                  "model": model_from_args(a).to_dict()},
         "profile": str(profile),
@@ -200,7 +250,7 @@ def _table(summary: dict) -> str:
              f"{'profile err':>11} {'replay':>7}"]
     for r in summary["schedules"]:
         lo, hi = r["measured_spread"]
-        rep = f"{r['replay_error']:>+7.1%}"
+        rep = f"{r['replay_error']:>+7.1%}" if r["replay_error"] is not None else f"{'-':>7}"
         lines.append(f"{r['schedule']:<18} {r['microbatches']:>3} {r['predicted_step_time'] * 1e3:>12.1f} "
                      f"{r['measured_step_time'] * 1e3:>12.1f} {lo * 1e3:>7.1f}-{hi * 1e3:<7.1f} {r['error']:>+7.1%} "
                      f"{r['profile_error']:>+11.1%} {rep}")

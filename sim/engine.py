@@ -153,10 +153,11 @@ def _simulate(graph: TaskGraph, costs: CostModel) -> SimResult:
     start = [math.nan] * n
     end = [math.nan] * n
     network = getattr(costs, "network", None)  # optional: delays and shared links (physical-units models)
-    if network is None:
+    hooks = network(graph, dur) if network is not None else None  # None: nothing for this graph
+    if hooks is None:
         _run_engine(graph, dur, start, end)
     else:
-        lag, links = network(graph, dur)
+        lag, links = hooks
         _run_engine_links(graph, dur, lag, links, start, end)
     if n and not math.isfinite(max(end)):
         raise ScheduleError(f"schedule {graph.schedule.name!r}: the simulated step overflows to {max(end)} "

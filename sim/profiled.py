@@ -22,8 +22,11 @@ the last) cost what they cost. The formulas:
 * OPTIM of stage s (data-parallel graphs): the measured optimizer step over
   stage s's parameters;
 * ALLREDUCE / REDUCE_SCATTER / ALL_GATHER of stage s: alpha + n / beta of
-  that collective over the data-parallel group, n = the stage's parameter
-  bytes (fitted on the full buffer's bytes, so the ring's 2(d-1)/d is inside beta);
+  that collective over the data-parallel group, n = one bucket's bytes (the
+  stage's parameter bytes / its bucket count; fitted on the full buffer's
+  bytes, so the ring's 2(d-1)/d is inside beta). A bucket becomes ready where
+  the data-parallel pass says (part-way through the last backward, for ddp),
+  and a rank's collectives run one at a time (gloo's one communication thread);
 * a step, as the runtime times it (:func:`step_time`): every pipeline rank
   runs its program, then its stages' optimizer steps, then all ranks
   all-reduce the loss. So step time = max over ranks of (the rank's last
@@ -170,9 +173,24 @@ class ProfiledCosts:
             op = _COLLECTIVES[action.kind]
             for name, alpha, beta in self.collectives:
                 if name == op:
-                    return alpha + self.stages[action.stage].param_bytes / beta
+                    return alpha + self._bucket_bytes(action.stage, graph) / beta
             raise CostFileError(f"the cost file has no {op} timing; profile with dp > 1 (real.profile) for data-parallel graphs")
         return 0.0
+
+    def _bucket_bytes(self, stage: int, graph: TaskGraph) -> float:
+        plan = getattr(graph, "plan", None)
+        return self.stages[stage].param_bytes / (plan.buckets[stage] if plan is not None else 1)
+
+    def network(self, graph: TaskGraph, dur: list[float]) -> tuple[list[float], list[tuple[int, ...]]] | None:
+        """Data-parallel graphs: each bucket's ready delay, and one link per rank for its collectives."""
+        plan = getattr(graph, "plan", None)
+        if plan is None:
+            return None
+        lag = [0.0] * len(graph.tasks)
+        for c, (anchor, frac) in plan.ready.items():
+            lag[c] = frac * dur[anchor]
+        links = [(t.rank,) if t.stream is Stream.COLLECTIVE else () for t in graph.tasks]
+        return lag, links
 
     def durations(self, graph: TaskGraph) -> list[float]:
         self.check(graph)
@@ -188,6 +206,8 @@ class ProfiledCosts:
     def bytes(self, task: Task, graph: TaskGraph) -> float:
         if task.action.kind in (Kind.SEND_F, Kind.SEND_B):
             return self.activation_bytes
+        if task.action.kind in _COLLECTIVES:
+            return self._bucket_bytes(task.action.stage, graph)
         return 0.0
 
     def activations(self, action: Action, graph: TaskGraph) -> tuple[float, float]:

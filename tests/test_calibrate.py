@@ -233,3 +233,19 @@ def test_traces_of_different_runs_do_not_mix(recorded):
     sim_trace.attrs.update(recorded.attrs, source="sim")
     with pytest.raises(CostFileError, match="is not a real run's trace"):
         trace_fit(sim_trace)
+
+
+@pytest.mark.parametrize("mode,makespan", [
+    # F 0-1, B 1-3; ddp: bucket 0 ready half-way through B (2.0) and all-reduced 2.0-2.6, bucket 1 at B's end
+    # 3.0-3.6 (one link per rank), OPTIM 3.6-3.85. sync: both buckets after B, 3.0-3.6-4.2, OPTIM 4.2-4.45.
+    ("ddp", 3.85), ("sync", 4.45)])
+def test_data_parallel_buckets_overlap_as_the_runtime_does(mode, makespan):
+    from schedules import build, lower
+    from schedules.dp import add_data_parallel
+
+    graph = validate(add_data_parallel(lower(build("gpipe", pp=1, microbatches=1)), mode, [2]))
+    costs = ProfiledCosts(stages=(StageCosts(f=1.0, b=2.0, i=1.0, w=1.0, optim=0.25, param_bytes=1000),),
+                          collectives=(("all_reduce", 0.1, 1000.0),))
+    result = simulate(graph, costs)
+    assert result.makespan == pytest.approx(makespan)
+    assert sorted(b for b in result.bytes_moved if b) == [500.0, 500.0]
