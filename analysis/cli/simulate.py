@@ -45,6 +45,9 @@ def _parser(prog: str) -> OneLineParser:
     add_schedule_args(p, required=False)
     p.add_argument("--mem-limit", type=float, default=None, metavar="M_B",
                    help="activation memory limit per rank in M_B, for zb-auto (default pp)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="seconds zb-auto's exact refinement may search after its heuristic (default 10; 0: the "
+                   "heuristic alone, reproducible bit for bit)")
     add_cost_args(p)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object instead of a table")
     p.add_argument("--trace", metavar="FILE", help="write the per-task trace (.csv or .parquet)")
@@ -121,6 +124,8 @@ def units_main(args: argparse.Namespace, parser: OneLineParser) -> int:
 
     if args.mem_limit is not None:
         fail("--mem-limit is a unit-cost (M_B) option; in physical units the memory is reported in bytes")
+    if args.time_limit is not None:
+        fail("--time-limit applies to zb-auto, a unit-cost (M_B) schedule; leave it out in physical units")
     refuse(given(args, "tf", "tb", "tw", "tcomm", "mw"),
            "in physical units (--model/--cluster/--config): the pass times come from the model and the cluster")
     with errors_to_exit(parser):
@@ -150,7 +155,7 @@ def format_table(result: SimResult) -> str:
         f"({d['stages']} stages)",
         "costs: " + " ".join(f"{k}={v:g}" if isinstance(v, int | float) else f"{k}={v}"
                              for k, v in d["costs"].items() if k != "model"),
-        f"makespan {d['makespan']:.6g}   bubble ratio {d['bubble_ratio']:.4f}   "
+        f"makespan {d['makespan']:.6g}   bubble ratio {d['bubble_ratio']:.4f}   span bubble {d['span_bubble']:.4%}   "
         f"peak activations {d['peak_activations']:.4g} M_B",
         "",
         f"{'rank':>4}  {'busy':>10}  {'idle':>10}  {'first_start':>11}  {'last_end':>10}  {'peak_act(M_B)':>13}",
