@@ -31,6 +31,7 @@ from analysis.cli.common import (
 )
 from analysis.timeline import check_figure_path, plot_timeline
 from schedules import load_graph, lower, names, spec, validate, write_torch_csv
+from schedules.recompute import recompute_full
 from schedules.torch_csv import check_csv_path
 from schedules.trace import check_trace_path, write_trace
 from sim import SimResult, simulate
@@ -81,7 +82,8 @@ def add_units_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sp", action="store_true", default=None,
                    help="sequence parallelism in the tensor-parallel group (Korthikanti et al. 2022)")
     g.add_argument("--recompute", default=None, metavar="MODE",
-                   help="activation recomputation: none (default), selective (attention core), full (whole layers)")
+                   help="activation recomputation: none (default), selective (attention core), full (whole layers); "
+                   "without physical units, full puts an R (a recomputed forward) right before every backward")
     g.add_argument("--seq-len", type=int, default=None, metavar="S", help="sequence length (default: the model's)")
 
 
@@ -177,7 +179,7 @@ def _list() -> int:
 
 
 UNITS_ONLY = ("dp", "tp", "dp_mode", "microbatch_size", "bucket_mb", "collective", "order", "efficiency", "sp",
-              "recompute", "seq_len")
+              "seq_len")
 
 
 @guarded
@@ -192,6 +194,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
         return units_main(args, parser)
     refuse(given(args, *UNITS_ONLY), "without physical units: add --model and --cluster (or --config)")
     check_cost_flags(args)
+    if args.recompute not in (None, "none", "full"):
+        fail(f"--recompute {args.recompute!r} without physical units: valid are none and full (an R before every "
+             "backward); selective recomputes part of a layer, which needs --model and --cluster")
     needed = ("schedule",) if (args.schedule or "").startswith("csv:") else ("schedule", "pp", "microbatches")
     missing = [f"--{f}" for f in needed if getattr(args, f) is None]
     if missing:
@@ -201,6 +206,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
         costs = uniform_costs(args)
         graph = validate(load_graph(args.schedule, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks,
                                     **schedule_options(args)))
+        if args.recompute == "full":
+            graph = validate(lower(recompute_full(graph.schedule)))
         step_time = None
         if args.costs:
             from sim.profiled import load_profile, step_time
