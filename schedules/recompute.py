@@ -78,7 +78,7 @@ def _move_earlier(current: Schedule, rank: int, index: int, r_time: float, mem_l
         gap = starts[pos] - ends[pos - 1]
         if gap + 1e-12 < r_time:
             continue
-        trial = prog[:pos] + [r] + prog[pos:index] + prog[index + 1:]
+        trial = [*prog[:pos], r, *prog[pos:index], *prog[index + 1:]]
         programs = list(current.programs)
         programs[rank] = tuple(trial)
         cand = Schedule(current.name, current.num_ranks, current.num_stages, current.num_microbatches,

@@ -47,8 +47,8 @@ from typing import Any
 from schedules import Action, Kind, Stream, Task, TaskGraph
 from schedules.dp import DataParallelGraph
 from schedules.errors import ConfigError, check_choice, check_fraction, check_positive_ints, quote
-from sim.cluster import Cluster
 from schedules.timing import action_held_freed
+from sim.cluster import Cluster
 from sim.costs import memoized_durations, recomputed_in
 from sim.gpu_model import CALIBRATED, RECOMPUTE_MODES, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
 from sim.parallel import DPGroup, ParallelConfig

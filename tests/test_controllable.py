@@ -20,7 +20,7 @@ def run(name, p, m):
 @pytest.mark.parametrize("p", [2, 3, 4, 6, 8, 12, 16])
 def test_peak_memory_is_the_published_fraction_of_1f1b(p):
     m = 4 * p
-    assert [x.peak_activations for x in run("1f1b", p, m).ranks][0] == p
+    assert run("1f1b", p, m).ranks[0].peak_activations == p
     assert run("v-half", p, m).peak_activations == (p + 2) // 2
     assert run("v-min", p, m).peak_activations == (p + 4) // 3
 

@@ -16,7 +16,7 @@ from schedules.timing import evaluate
 from sim import UniformCosts, simulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-from zb_table5 import TABLE5, zb2p  # noqa: E402
+from zb_table5 import TABLE5, zb2p
 
 
 def row(model, p, m):
