@@ -28,6 +28,15 @@ __all__ = [
 SWEEP_MICROBATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 
+# Comparisons and sweeps build zb-auto many times: they take its heuristic alone (reproducible, well under a
+# second) rather than 10 s of exact search per build; `schedlab simulate --schedule zb-auto` searches.
+SWEEP_TIME_LIMIT = 0.0
+
+
+def _quick(name: str) -> dict[str, float]:
+    return {"time_limit": SWEEP_TIME_LIMIT} if spec(name).adaptive else {}
+
+
 def _chunks_for(name: str, chunks: int) -> int:
     """``chunks`` for multi-chunk schedules, 1 for the others."""
     return chunks if spec(name).multi_chunk else 1
@@ -44,7 +53,8 @@ def simulate_many(
     """
     graphs = []
     for name in names:  # build and validate all first: a bad name fails before any simulation
-        graphs.append(validate(build(name, pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks))))
+        graphs.append(validate(build(name, pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks),
+                                     **_quick(name))))
     if profile is None:
         return [simulate(g, costs or UniformCosts(), check=False) for g in graphs]
     return [simulate(g, load_costs(profile, g.schedule.num_stages, costs_profile), check=False) for g in graphs]
@@ -55,7 +65,7 @@ def applicable(names: Iterable[str], *, pp: int, microbatches: int, chunks: int 
     ok, skipped = [], {}
     for name in names:
         try:
-            build(name, pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks))
+            build(name, pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks), **_quick(name))
         except ScheduleError as exc:
             skipped[name] = str(exc)
         else:
@@ -77,7 +87,7 @@ def bubble_sweep(
     out: dict[str, list[tuple[int, int, float]]] = {n: [] for n in names}
     for name, m in (progress(jobs) if progress else jobs):
         params = PipelineParams(pp=pp, microbatches=m, chunks=_chunks_for(name, chunks),
-                                tf=c.tf, tb=c.tb, tw=c.tw, tcomm=c.tcomm)
+                                tf=c.tf, tb=c.tb, tw=c.tw, tcomm=c.tcomm, **_quick(name))
         try:
             graph = lower(build(name, params))
         except ScheduleError:

@@ -47,8 +47,9 @@ from typing import Any
 from schedules import Action, Kind, Stream, Task, TaskGraph
 from schedules.dp import DataParallelGraph
 from schedules.errors import ConfigError, check_choice, check_fraction, check_positive_ints, quote
+from schedules.timing import action_held_freed
 from sim.cluster import Cluster
-from sim.costs import memoized_durations
+from sim.costs import memoized_durations, recomputed_in
 from sim.gpu_model import CALIBRATED, RECOMPUTE_MODES, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
 from sim.parallel import DPGroup, ParallelConfig
 from sim.transformer import TransformerConfig, partition_layers
@@ -278,20 +279,7 @@ class TransformerCosts:
     def activations(self, action: Action, graph: TaskGraph) -> tuple[float, float]:
         """Bytes held from the start / freed at the end of a pass (W keeps ``w_held_fraction`` after I)."""
         n_st, mw = graph.schedule.num_stages, self.model.w_held_fraction(self.recompute)
-        held = freed = 0.0
-        for a in action.parts():
-            if a.kind not in (Kind.F, Kind.B, Kind.I, Kind.W):
-                continue
-            size = self.stage_activations(a.stage, n_st)
-            if a.kind is Kind.F:
-                held += size
-            elif a.kind is Kind.B:
-                freed += size
-            elif a.kind is Kind.I:
-                freed += size * (1 - mw)
-            else:
-                freed += size * mw
-        return held, freed
+        return action_held_freed(action, lambda a: self.stage_activations(a.stage, n_st), mw, recomputed_in(graph))
 
     # --- contention: delays and ports (the engine's optional ``network`` hook) -------------------------
     def network(self, graph: TaskGraph, dur: list[float]) -> tuple[list[float], list[tuple[int, ...]]]:

@@ -237,7 +237,7 @@ def check_cost_flags(args: argparse.Namespace) -> None:
 
 
 def schedule_options(args: argparse.Namespace) -> dict[str, Any]:
-    """What an adaptive schedule (zb-auto) reads: the pass times and --mem-limit; nothing for the others."""
+    """What an adaptive schedule (zb-auto) reads: the pass times, --mem-limit and --time-limit; nothing for the others."""
     options: dict[str, Any] = {}
     found = lookup(args.schedule)
     if found is not None and found.adaptive:
@@ -246,4 +246,8 @@ def schedule_options(args: argparse.Namespace) -> dict[str, Any]:
         if found is None:
             fail(f"--mem-limit applies only to registered adaptive schedules, not to {args.schedule!r}")
         options["mem_limit"] = args.mem_limit
+    if getattr(args, "time_limit", None) is not None:
+        if found is None or not found.adaptive:
+            fail(f"--time-limit applies only to registered adaptive schedules, not to {args.schedule!r}")
+        options["time_limit"] = args.time_limit
     return options

@@ -1,0 +1,89 @@
+"""Recomputation as an action: R(stage, mb) re-runs a forward to rebuild the activations its backward needs.
+
+An F whose (stage, microbatch) has an R keeps only its input; the R, costing
+a forward, holds the activations again until the backward frees them
+(:mod:`schedules.timing` keeps the arithmetic). Two passes place the R's:
+
+* :func:`recompute_full` puts each R right before its backward (B, I, or the
+  overlapped pair holding it): least memory, a forward more on the critical path;
+* :func:`recompute_in_bubbles` then moves each R earlier, into idle time of
+  its rank before the backward, when the memory limit allows: the idea of
+  Mario (Liu et al., PPoPP 2025), which hides recomputation in pipeline
+  bubbles. Each move lands in a gap at least one recompute long, so no
+  action on the rank starts later; the held activations grow between the new
+  place and the backward, so the limit decides how many move.
+"""
+
+from __future__ import annotations
+
+from schedules.ir import Action, Kind, Schedule
+from schedules.timing import evaluate, pass_time
+
+__all__ = ["recompute_full", "recompute_in_bubbles"]
+
+
+def _backward_parts(action: Action) -> list[Action]:
+    return [a for a in action.parts() if a.kind in (Kind.B, Kind.I)]
+
+
+def recompute_full(schedule: Schedule) -> Schedule:
+    """Every (stage, microbatch) recomputed: an R right before the action holding its backward."""
+    programs = []
+    for prog in schedule.programs:
+        out: list[Action] = []
+        for action in prog:
+            out += [Action(Kind.R, a.stage, a.microbatch) for a in _backward_parts(action)]
+            out.append(action)
+        programs.append(out)
+    return Schedule(schedule.name, schedule.num_ranks, schedule.num_stages, schedule.num_microbatches,
+                    schedule.stage_to_rank, tuple(tuple(p) for p in programs),
+                    {**schedule.params, "recompute": "full"})
+
+
+def recompute_in_bubbles(schedule: Schedule, mem_limit: float, tf: float = 1.0, tb: float = 1.0,
+                         tw: float = 1.0, tcomm: float = 0.0, mw: float = 0.0) -> Schedule:
+    """R right before each backward, then each R moved into the earliest idle gap after its F that is at
+    least a recompute long, as long as every rank's peak stays within ``mem_limit`` M_B.
+
+    Ranks and their R's are taken in program order; each accepted move is timed again before the next.
+    """
+    current = recompute_full(schedule)
+    r_time = pass_time(Kind.R, tf, tb, tw) / schedule.chunks
+    for rank in range(schedule.num_ranks):
+        index = 0
+        while index < len(current.programs[rank]):
+            prog = current.programs[rank]
+            action = prog[index]
+            if action.kind is not Kind.R:
+                index += 1
+                continue
+            moved = _move_earlier(current, rank, index, r_time, mem_limit, (tf, tb, tw, tcomm, mw))
+            if moved is not None:
+                current = moved
+            index += 1
+    return Schedule(current.name, current.num_ranks, current.num_stages, current.num_microbatches,
+                    current.stage_to_rank, current.programs,
+                    {**schedule.params, "recompute": "bubbles", "recompute_mem_limit": mem_limit})
+
+
+def _move_earlier(current: Schedule, rank: int, index: int, r_time: float, mem_limit: float,
+                  times: tuple[float, ...]) -> Schedule | None:
+    prog = list(current.programs[rank])
+    r = prog[index]
+    timing = evaluate(current, *times[:4], times[4])
+    starts, ends = timing.starts[rank], timing.ends[rank]
+    first = next(i for i, a in enumerate(prog) if any(p.kind is Kind.F and p.stage == r.stage
+                                                         and p.microbatch == r.microbatch for p in a.parts())) + 1
+    for pos in range(first, index):
+        gap = starts[pos] - ends[pos - 1]
+        if gap + 1e-12 < r_time:
+            continue
+        trial = [*prog[:pos], r, *prog[pos:index], *prog[index + 1:]]
+        programs = list(current.programs)
+        programs[rank] = tuple(trial)
+        cand = Schedule(current.name, current.num_ranks, current.num_stages, current.num_microbatches,
+                        current.stage_to_rank, tuple(programs), current.params)
+        t = evaluate(cand, *times[:4], times[4])
+        if max(t.peaks) <= mem_limit + 1e-9 and t.makespan <= timing.makespan + 1e-9:
+            return cand
+    return None
