@@ -315,14 +315,16 @@ def partition(num_layers: int, num_stages: int, split: tuple[int, ...] | None = 
     """Contiguous layer ranges, one per stage: ``split`` layers each, stages starting at ``boundaries``, or as
     even as possible (:func:`schedules.partition.split_layers`; the first ``num_layers % num_stages`` stages get
     one layer more). ``what`` names the model's layers in errors (default: the built-in model's)."""
+    if what is not None and num_layers < num_stages:
+        raise ConfigError(f"{what} has {num_layers} blocks, fewer than the schedule's {num_stages} stages "
+                          f"(pp x chunks); use at most {num_layers} stages, or split {what} into more blocks",
+                          field="pp")
     if boundaries is not None:
         split = boundaries_to_split(boundaries, num_layers, num_stages, what or "the model")
     if what is None:
         return stage_ranges(split_layers(num_layers, num_stages, split, layers="layers (input layer, blocks, head)",
                                          fix=f"use layers {max(num_stages - 2, 1)} or more, or fewer stages"))
-    return stage_ranges(split_layers(num_layers, num_stages, split, layers=f"blocks of {what}",
-                                     fix=f"use at most {num_layers} stages (pp x chunks), or split {what} into "
-                                         f"at least {num_stages} blocks"))
+    return stage_ranges(split_layers(num_layers, num_stages, split, layers=f"blocks of {what}"))
 
 
 def boundaries_to_split(boundaries: tuple[int, ...], num_layers: int, num_stages: int, what: str) -> tuple[int, ...]:

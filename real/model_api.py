@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from real.config import Plan, RunConfig
+from real.config import Plan, RunConfig, make_plan
 from real.data import DataSource, GlobalBatches, SyntheticData
 from real.models import activation_shape, build_layers, loss_fn
 from schedules import ConfigError, Kind
@@ -63,6 +63,7 @@ __all__ = [
     "infer_boundaries",
     "linear_partition",
     "load_factory",
+    "plan_for",
     "prepare",
 ]
 
@@ -113,7 +114,7 @@ class UserModel:
 class StagedModel:
     """A model as ``num_layers`` blocks that stages take contiguous runs of, and its loss.
 
-    ``what`` names the blocks in errors (None: the built-in model's layers);
+    ``what`` names the model in errors ("model Net"; None: the built-in model, whose blocks are layers);
     ``blocks`` are the modules themselves (None: built from the config on demand).
     """
 
@@ -163,7 +164,11 @@ def from_factory(spec: str, seed: int) -> UserModel:
     factory = load_factory(spec)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        made = factory()
+        try:
+            made = factory()
+        except Exception as exc:  # the user's code: one line naming the factory and its error
+            raise ConfigError(f"model {spec!r}: the factory raised {type(exc).__name__}: "
+                              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}", field="factory") from exc
     if not isinstance(made, UserModel):
         raise ConfigError(f"model {spec!r}: the factory returned {type(made).__name__}; it must return "
                           "real.UserModel(model=..., loss=..., batches=...)", field="factory")
@@ -198,8 +203,7 @@ def prepare(user: UserModel, config: RunConfig, data: DataSource) -> StagedModel
         if config.layout.split is not None or config.layout.boundaries is not None or config.layout.balance:
             raise ConfigError(f"model {user.name} is split by its pipe_split()/SplitPoint marks; give no split, "
                               "boundaries or balance", field="split")
-    what = user.name
-    return StagedModel(len(blocks), lambda r: [blocks[i] for i in r], user.loss, what, blocks)
+    return StagedModel(len(blocks), lambda r: [blocks[i] for i in r], user.loss, f"model {user.name}", blocks)
 
 
 def _traced(user: UserModel, config: RunConfig, data: DataSource) -> tuple[nn.Module, ...]:
@@ -228,7 +232,7 @@ def check_stages(model: StagedModel, plan: Plan) -> None:
         why = "its weight-gradient pass W" if s in has_w else "its optimizer"
         if s == 0:
             why += " (and the first stage's backward would have nothing to differentiate)"
-        raise ConfigError(f"model {model.what}: stage {s} (blocks {r.start}..{r.stop - 1}: {names}) has no trainable "
+        raise ConfigError(f"{model.what}: stage {s} (blocks {r.start}..{r.stop - 1}: {names}) has no trainable "
                           f"parameters, but {why} needs them; move its blocks into a neighbouring stage",
                           field="split")
 
@@ -265,10 +269,10 @@ def _run(blocks: Sequence[nn.Module], x: torch.Tensor) -> Any:
 def _boundary(model: StagedModel, s: int, r: range, x: Any, dtype: str) -> tuple[tuple[int, ...], torch.dtype]:
     """(shape, dtype) stage ``s``'s output ``x`` travels with; ConfigError if it cannot travel."""
     if not isinstance(x, torch.Tensor):
-        raise ConfigError(f"model {model.what}: stage {s} (blocks {r.start}..{r.stop - 1}) returns "
+        raise ConfigError(f"{model.what}: stage {s} (blocks {r.start}..{r.stop - 1}) returns "
                           f"{type(x).__name__}; a stage but the last must return one tensor", field="model")
     if not x.is_floating_point():
-        raise ConfigError(f"model {model.what}: stage {s} returns a {x.dtype} tensor; a stage's output "
+        raise ConfigError(f"{model.what}: stage {s} returns a {x.dtype} tensor; a stage's output "
                           "needs a gradient, so it must be floating point", field="model")
     return tuple(x.shape), torch.bfloat16 if dtype == "bfloat16" else x.dtype
 
@@ -345,7 +349,7 @@ def resolve_balance(config: RunConfig, model: StagedModel, num_stages: int, samp
     if config.layout.balance is None:
         return config
     if model.num_layers < num_stages:
-        raise ConfigError(f"model {model.what or 'built-in'}: {model.num_layers} blocks cannot fill {num_stages} "
+        raise ConfigError(f"{model.what or 'the built-in model'}: {model.num_layers} blocks cannot fill {num_stages} "
                           "stages (pp x chunks); use fewer stages or more blocks", field="pp")
     blocks = model.blocks if model.blocks is not None else tuple(model.layers(range(model.num_layers)))
     split = agree(balance_split(blocks, sample, num_stages))
@@ -364,6 +368,21 @@ def data_for(config: RunConfig, user: UserModel | None) -> DataSource:
                               "function from the factory or give a token file", field="token_file")
         return GlobalBatches(user.batches, config.data.batch_size)
     return SyntheticData(config.data.model, config.data.seed, config.data.batch_size)
+
+
+def plan_for(config: RunConfig, world: int, user: UserModel | None = None
+             ) -> tuple[Plan, StagedModel, DataSource]:
+    """The plan of a run of ``user`` (None: the built-in model), its model as blocks and its data source.
+
+    Every check that needs no communication: the split (a profiled ``balance`` is even here; :func:`resolve_balance`
+    replaces it once the ranks can agree) and, unless balanced, every stage having parameters.
+    """
+    data = data_for(config, user)
+    model = prepare(user, config, data) if user is not None else builtin_model(config)
+    plan = make_plan(config, world, num_layers=model.num_layers, what=model.what)
+    if config.layout.balance is None:
+        check_stages(model, plan)
+    return plan, model, data
 
 
 def fit(user: UserModel, *, trace_path: str | Path | None = None, **fields: Any):  # -> real.train.RunResult

@@ -45,7 +45,7 @@ from real.model_api import (
     check_stages,
     data_for,
     infer_boundaries,
-    prepare,
+    plan_for,
     resolve_balance,
 )
 from real.models import make_optimizer
@@ -172,9 +172,7 @@ def run(
     ``user``: a model of :mod:`real.model_api` instead of the built-in one (``config.data.model`` is then unused).
     """
     _, world, _ = env_world()
-    data = data_for(config, user)
-    model = prepare(user, config, data) if user is not None else builtin_model(config)
-    plan = make_plan(config, world, num_layers=model.num_layers, what=model.what)
+    plan, model, data = plan_for(config, world, user)
     backend = resolve_backend(config.runtime.backend)
     path = check_trace_path(trace_path) if trace_path is not None else None
     restored = resume_point(config)
@@ -185,7 +183,7 @@ def run(
             config = resolve_balance(config, model, plan.num_stages, data.sample(config.microbatch_size)[0],
                                      lambda split: _from_rank0(split, mesh))
             plan = make_plan(config, world, num_layers=model.num_layers, what=model.what)
-        check_stages(model, plan)
+            check_stages(model, plan)
         return _Trainer(plan, mesh, backend, model, data).train(path, on_step, restored)
     finally:
         if own:
