@@ -1,6 +1,6 @@
 """``python -m real.data prepare --input FILES --out PATH``: text to a byte-level token file.
 
-    python -m real.data prepare --input README.md docs/*.md --out out/corpus.u16
+    python -m real.data prepare --input README.md --out out/corpus.u16
     schedlab run --schedule 1f1b --pp 2 --microbatches 4 --data out/corpus.u16 --vocab 256 --seq 32
 """
 
