@@ -21,6 +21,7 @@ backward needs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -87,9 +88,15 @@ class Executor:
         meter: ActivationMeter,
         recorder: Recorder,
         poll: Callable[[], None] = lambda: None,
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn,
+        autocast: Callable[[], AbstractContextManager] = nullcontext,
+        message_dtypes: dict[int, torch.dtype] | None = None,
     ) -> None:
+        """``loss(output, targets)`` of the last stage; ``autocast()`` wraps every forward; the output of
+        stage ``s`` is cast to ``message_dtypes[s]`` (inside the graph, so its gradient comes back in that dtype)."""
         self.graph, self.pp_rank, self.stages = graph, pp_rank, stages
         self.comm, self.meter, self.recorder, self._poll = comm, meter, recorder, poll
+        self._loss, self._autocast, self._message_dtypes = loss, autocast, message_dtypes or {}
         self.here = set(graph.schedule.stages_of(pp_rank))
         self.last = graph.schedule.num_stages - 1
         self.num_microbatches = graph.schedule.num_microbatches
@@ -141,10 +148,12 @@ class Executor:
     def _forward(self, a: Action, step: _Step) -> None:
         s, mb = a.stage, a.microbatch
         inp = step.batches[mb][0] if s == 0 else step.inputs.pop((s, mb))
-        with self.meter.saving((s, mb)):
+        with self.meter.saving((s, mb)), self._autocast():
             out = self.stages[s](inp)
             if s == self.last:
-                out = loss_fn(out, step.batches[mb][1]) / self.num_microbatches
+                out = self._loss(out, step.batches[mb][1]) / self.num_microbatches
+            elif s in self._message_dtypes and out.dtype != self._message_dtypes[s]:
+                out = out.to(self._message_dtypes[s])
         if s == self.last:
             step.loss = out.detach() if step.loss is None else step.loss + out.detach()
         elif s + 1 in self.here:

@@ -48,6 +48,10 @@ FLAG_ALIASES: Mapping[str, str] = {
     "layers_per_stage": "--split",
     "seq_len": "--seq-len",
     "kind": "--model",
+    "factory": "--model",
+    "token_file": "--data",
+    "batches": "--model",
+    "loss": "--model",
 }
 
 
