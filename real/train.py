@@ -458,7 +458,8 @@ class _Trainer:
         meta = {
             "source": "real", "schedule": sched.name, "params": dict(sched.params),
             "dp": cfg.layout.dp, "world_size": cfg.world_size, "backend": self.backend, "device": self.mesh.device.type,
-            "dp_mode": cfg.sync.dp_mode, "model": cfg.data.model.to_dict(), "batch_size": cfg.data.batch_size,
+            "dp_mode": cfg.sync.dp_mode, "model": cfg.data.model.to_dict() if cfg.data.factory is None else {"factory": cfg.data.factory},
+            "batch_size": cfg.data.batch_size,
             "microbatch_size": cfg.microbatch_size, "step": cfg.traced_step, "steps": cfg.steps,
             # rank 0's wall time of each traced step (its end to the previous step's end): programs, optimizer,
             # the loss all-reduce; what sim.profiled.from_trace calls the step time.

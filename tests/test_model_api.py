@@ -162,11 +162,14 @@ def test_bad_factories_are_named(spec, message):
     assert message in str(err.value)
 
 
-def test_cli_model_from_a_file_trains_like_the_reference(capsys):
+def test_cli_model_from_a_file_trains_like_the_reference(capsys, tmp_path):
     argv = ["--model", EXAMPLE, "--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--steps", "3",
-            "--optimizer", "sgd", "--lr", "0.05", "--json"]
+            "--optimizer", "sgd", "--lr", "0.05", "--json", "--trace", str(tmp_path / "t.csv")]
     assert real_main(argv) == 0
     got = json.loads(capsys.readouterr().out)
+    from schedules.trace import read_trace
+
+    assert read_trace(tmp_path / "t.csv").attrs["model"] == {"factory": EXAMPLE}  # not the built-in model's config
     cfg = RunConfig.of(schedule="gpipe", microbatches=2, steps=3, optimizer="sgd", lr=0.05)
     losses, _ = reference_user_run(from_factory(EXAMPLE, 0), cfg)
     assert max(abs(a - b) for a, b in zip(got["losses"], losses, strict=True)) <= 1e-6
