@@ -13,10 +13,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from real.checkpoint import CheckpointConfig
-from schedules import ConfigError, Kind, ScheduleError, TaskGraph, load_graph, validate
+from schedules import ConfigError, Kind, ScheduleError, TaskGraph, load_graph, lower, validate
 from schedules.dp import DP_MODES as SCHEDULE_DP_MODES
 from schedules.errors import check_choice, check_positive, check_positive_ints
 from schedules.partition import split_layers, stage_ranges
+from schedules.recompute import check_recompute, place_recompute
 
 __all__ = [
     "BACKENDS",
@@ -47,7 +48,7 @@ BACKENDS = ("gloo", "nccl")
 FAIL_MODES = ("kill", "hang")  # an injected fault: SIGKILL itself, or stop answering (sleep)
 # Kinds the executor runs. A schedule with anything else is refused before any communication.
 SUPPORTED_KINDS = frozenset({
-    Kind.F, Kind.I, Kind.W, Kind.B, Kind.OVERLAP_F_B, Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B,
+    Kind.F, Kind.I, Kind.W, Kind.B, Kind.R, Kind.OVERLAP_F_B, Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B,
 })
 
 
@@ -95,6 +96,9 @@ class Layout:
     """Which schedule, on how many pipeline ranks and data-parallel replicas, in how many microbatches.
 
     ``split`` gives the layers of each stage (None: as even as possible).
+    ``recompute`` places R actions (:func:`schedules.recompute.place_recompute`):
+    none, full (an R right before every backward) or bubbles (moved into idle
+    time within ``recompute_limit`` M_B per rank).
     """
 
     schedule: str
@@ -103,9 +107,12 @@ class Layout:
     microbatches: int = 1
     chunks: int | None = None
     split: tuple[int, ...] | None = None
+    recompute: str = "none"
+    recompute_limit: float | None = None
 
     def __post_init__(self) -> None:
         check_positive_ints(f"run of {self.schedule!r}", pp=self.pp, dp=self.dp, microbatches=self.microbatches)
+        check_recompute(f"run of {self.schedule!r}", self.recompute, self.recompute_limit)
 
     @property
     def world_size(self) -> int:
@@ -343,6 +350,8 @@ def make_plan(config: RunConfig, world_size: int) -> Plan:
     """Check everything that needs no communication; raise ScheduleError naming the bad value."""
     lay = config.layout  # a registered name, torch:CLASS or csv:FILE
     graph = validate(load_graph(lay.schedule, pp=lay.pp, microbatches=lay.microbatches, chunks=lay.chunks))
+    if lay.recompute != "none" or lay.recompute_limit is not None:
+        graph = validate(lower(place_recompute(graph.schedule, lay.recompute, lay.recompute_limit)))
     if world_size != config.world_size:
         raise ConfigError(
             f"world size {world_size} (processes launched) does not equal pp x dp = "

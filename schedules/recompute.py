@@ -16,10 +16,44 @@ a forward, holds the activations again until the backward frees them
 
 from __future__ import annotations
 
+from schedules.errors import ConfigError, check_choice, check_positive
 from schedules.ir import Action, Kind, Schedule
 from schedules.timing import evaluate, pass_time
 
-__all__ = ["recompute_full", "recompute_in_bubbles"]
+__all__ = ["RECOMPUTE_PLACEMENTS", "check_recompute", "place_recompute", "recompute_full", "recompute_in_bubbles"]
+
+# How a run or a simulation places R actions: none, R right before every backward, or Mario's pass.
+RECOMPUTE_PLACEMENTS = ("none", "full", "bubbles")
+
+
+def check_recompute(owner: str, mode: str, limit: float | None) -> None:
+    """ConfigError unless ``mode`` is a placement and ``limit`` is given exactly when it is ``bubbles`` (> 0)."""
+    check_choice(owner, "recompute", mode, RECOMPUTE_PLACEMENTS)
+    if mode == "bubbles":
+        if limit is None:
+            raise ConfigError(f"{owner}: recompute bubbles needs recompute_limit, the activation memory (M_B per "
+                              "rank) the moved R's may use, e.g. 2", field="recompute_limit")
+        check_positive(owner, "recompute_limit", limit, " M_B")
+    elif limit is not None:
+        raise ConfigError(f"{owner}: recompute_limit {limit!r} applies to recompute bubbles only, not {mode}; "
+                          "drop it or use recompute bubbles", field="recompute_limit")
+
+
+def place_recompute(schedule: Schedule, mode: str, limit: float | None = None) -> Schedule:
+    """``schedule`` with R actions placed by ``mode`` (:data:`RECOMPUTE_PLACEMENTS`).
+
+    ``bubbles`` needs ``limit`` (M_B per rank) and times the moves with unit pass
+    times (tf = tb = tw = 1, no message delay); the other modes take no limit. A
+    schedule that already has R actions is only accepted with ``none``.
+    """
+    owner = f"recompute of schedule {schedule.name!r}"
+    check_recompute(owner, mode, limit)
+    if mode == "none":
+        return schedule
+    if any(a.kind is Kind.R for prog in schedule.programs for x in prog for a in x.parts()):
+        raise ConfigError(f"{owner}: the schedule already has R actions; run it with recompute none",
+                          field="recompute")
+    return recompute_full(schedule) if mode == "full" else recompute_in_bubbles(schedule, limit)
 
 
 def _backward_parts(action: Action) -> list[Action]:

@@ -68,6 +68,13 @@ EXTRA2 = {
     # float reordering alone moves some parameters by ~1e-5; it is no good for a 1e-5 equality check.)
     "1f1b dp2 zero1": _config("1f1b", dp=2, microbatches=2, dp_mode="zero1", bucket_mb=0.002),
 }
+# Recomputation at pp=2: every schedule with an R right before each backward (its F runs without grad), and
+# the Mario-style pass (R's moved into idle time within 2 M_B) where it moves some R (checked below).
+RECOMPUTE2 = {f"{name} recompute full": _config(name, pp=2, microbatches=cfg.layout.microbatches, recompute="full")
+              for name, cfg in PP2.items()}
+BUBBLES = ("1f1b", "zb-h1", "interleaved-1f1b", "dualpipe-v")  # B; I and W; two chunks; overlapped F/B pairs
+RECOMPUTE2.update({f"{name} recompute bubbles 2": _config(name, pp=2, microbatches=4, recompute="bubbles",
+                                                          recompute_limit=2.0) for name in BUBBLES})
 FOUR = {
     "1f1b pp2 dp2 ddp": _config("1f1b", pp=2, dp=2, microbatches=2, dp_mode="ddp", bucket_mb=0.002),
     "zb-h1 pp2 dp2 ddp": _config("zb-h1", pp=2, dp=2, microbatches=4, batch_size=32, dp_mode="ddp"),
@@ -94,6 +101,11 @@ def _launch(nproc: int, runs: dict[str, RunConfig], tmp: Path) -> dict:
 @pytest.fixture(scope="module")
 def two(tmp_path_factory) -> dict:
     return _launch(2, {**PP2, **EXTRA2}, tmp_path_factory.mktemp("real2"))
+
+
+@pytest.fixture(scope="module")
+def two_recompute(tmp_path_factory) -> dict:
+    return _launch(2, RECOMPUTE2, tmp_path_factory.mktemp("real2r"))
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +168,32 @@ def test_every_schedule_on_two_ranks_equals_plain_training(two, name):
 def test_two_rank_variants_equal_plain_training(two, label):
     _assert_equal_to_reference(label, EXTRA2[label], two[label])
     _assert_trace(label, EXTRA2[label], two[label]["trace"])
+
+
+@pytest.mark.parametrize("label", list(RECOMPUTE2))
+def test_recomputation_on_two_ranks_equals_plain_training(two_recompute, label):
+    cfg = RECOMPUTE2[label]
+    _assert_equal_to_reference(label, cfg, two_recompute[label])
+    _assert_trace(label, cfg, two_recompute[label]["trace"])
+    programs = make_plan(cfg, 2).graph.schedule.programs
+    assert sum(a.kind is schedules.Kind.R for p in programs for a in p) == cfg.layout.microbatches * len(
+        make_plan(cfg, 2).graph.schedule.stage_to_rank)
+    if cfg.layout.recompute == "bubbles":  # the pass moved some R away from its backward
+        full = make_plan(_config(cfg.schedule, pp=2, microbatches=4, recompute="full"), 2).graph.schedule.programs
+        assert programs != full, f"{label}: no R moved"
+
+
+def test_recomputation_memory_on_two_ranks(two_recompute):
+    """1F1B, p=2, m=4: without recomputation the ranks peak at 2 and 1 microbatches (test above). With R before
+    every B a rank holds one microbatch's activations and, on rank 0, the next microbatch's input (its token
+    ids, 4 x 8 int64 = 256 bytes); the last rank runs F R B back to back. Moved into the bubbles at 2 M_B, the
+    R's keep each rank within 2 M_B and the kept inputs (< 0.05 M_B each here)."""
+    mem = two_recompute["1f1b recompute full"]["memory"]
+    per_mb = [m["activation_bytes_per_microbatch"] for m in mem]
+    assert [m["peak_activation_bytes"] for m in mem] == [per_mb[0] + 4 * MODEL.seq * 8, per_mb[1]]
+    for name in BUBBLES:
+        peaks = [m["peak_activations_mb"] for m in two_recompute[f"{name} recompute bubbles 2"]["memory"]]
+        assert max(peaks) <= 2.0 + 0.05, f"{name}: {peaks}"
 
 
 @pytest.mark.parametrize("label", list(FOUR))

@@ -76,3 +76,92 @@ def test_cli_recompute_full(capsys):
                            "--json")
     d = json.loads(out)
     assert code == 0 and d["makespan"] == 41.0 and d["peak_activations"] == 1.0
+
+
+def test_place_recompute_modes_and_errors():
+    from schedules import ConfigError
+    from schedules.recompute import place_recompute
+
+    base = build("1f1b", pp=2, microbatches=4)
+    assert place_recompute(base, "none") is base
+    assert place_recompute(base, "full") == recompute_full(base)
+    assert place_recompute(base, "bubbles", 2.0) == recompute_in_bubbles(base, 2.0)
+    with pytest.raises(ConfigError, match="already has R actions; run it with recompute none"):
+        place_recompute(recompute_full(base), "full")
+    with pytest.raises(ConfigError, match="recompute bubbles needs recompute_limit"):
+        place_recompute(base, "bubbles")
+
+
+def test_r_round_trips_through_the_csv(tmp_path):
+    """R is schedlab's extension of torch's CSV: written and read back, compute-only or with SEND/RECV."""
+    from schedules import load_graph, read_torch_csv, write_torch_csv
+
+    s = recompute_in_bubbles(build("zb-h1", pp=2, microbatches=4), 2.0)
+    assert read_torch_csv(write_torch_csv(s, tmp_path / "a.csv")).programs == s.programs
+    graph = validate(load_graph(f"csv:{write_torch_csv(s, tmp_path / 'b.csv', comms=True)}"))
+    assert graph.schedule.programs == s.programs
+
+
+# -- R in physical units (TransformerCosts) ----------------------------------------------------------------------------
+
+
+def _units(recompute: str = "none", tp: int = 1, cluster: str = "dgx-a100:1", **kw):
+    from sim.cluster import cluster_preset
+    from sim.parallel import ParallelConfig
+    from sim.transformer import model_preset
+    from sim.transformer_costs import TransformerCosts
+
+    return TransformerCosts(model=model_preset("gpt-6.2b"), cluster=cluster_preset(cluster),
+                            parallel=ParallelConfig(pp=4, tp=tp), recompute=recompute, **kw)
+
+
+@pytest.mark.parametrize("kw", [{}, {"efficiency": 0.5}, {"tp": 2}, {"tp": 2, "efficiency": 0.5}])
+def test_units_r_costs_what_full_recompute_adds_to_i(kw):
+    """R = the stage's layers' forward with their TP collectives: Korthikanti's full recomputation inside I, as a
+    task of its own (calibrated GEMM model and constant efficiency; tp 1 and 2, no SP)."""
+
+    none, full = _units("none", **kw), _units("full", **kw)
+    for s in range(4):
+        added = full.pass_time(Kind.I, s, 4) - none.pass_time(Kind.I, s, 4)
+        assert none.pass_time(Kind.R, s, 4) == pytest.approx(added, rel=1e-12)
+    # A middle stage's R is its F; the edges do not re-run the embedding (stage 0) or the LM head (last).
+    assert [none.pass_time(Kind.R, s, 4) == none.pass_time(Kind.F, s, 4) for s in (1, 2)] == [True, True]
+    assert none.pass_time(Kind.R, 0, 4) <= none.pass_time(Kind.F, 0, 4)
+    assert none.pass_time(Kind.R, 3, 4) < none.pass_time(Kind.F, 3, 4)
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1"])
+def test_units_r_schedule_against_full_recompute_inside_i(name):
+    """gpt-6.2b, pp=4, m=8 on A100s: R before every backward (costs recompute none) against recompute full
+    inside I. Same busy time per rank; no later end (an R need not wait for the gradient); memory per
+    1F1B rank r: (p-1-r) kept layer inputs + one microbatch's full activations, against p-r microbatches'
+    layer inputs, each of the stage's layers keeping its own."""
+    base = build(name, pp=4, microbatches=8)
+    none, full = _units("none"), _units("full")
+    r = simulate(validate(recompute_full(base)), none)
+    k = simulate(validate(base), full)
+    assert [x.busy for x in r.ranks] == pytest.approx([x.busy for x in k.ranks], rel=1e-12)
+    assert r.makespan <= k.makespan * (1 + 1e-12)
+    if name == "1f1b":
+        got = [x.peak_activations for x in r.ranks]
+        want = [(3 - s) * none.recompute_kept(s, 4) + none.stage_activations(s, 4) for s in range(4)]
+        assert got == pytest.approx(want, rel=1e-12)
+        assert [x.peak_activations for x in k.ranks] == pytest.approx(
+            [(4 - s) * full.stage_activations(s, 4) for s in range(4)], rel=1e-12)
+
+
+def test_units_refuse_r_actions_with_full_recompute_and_count_their_flops(tmp_path):
+    """A schedule with R's (here from a CSV file) simulates in physical units; its hardware FLOPs count the R's,
+    the same as full recomputation inside I; with costs recompute full the layers would be recomputed twice."""
+    from schedules import ConfigError, write_torch_csv
+    from sim.study import Study, run_study
+
+    s = recompute_full(build("1f1b", pp=4, microbatches=8))
+    with pytest.raises(ConfigError, match="recomputes with R actions and the costs' recompute is full"):
+        simulate(lower(s), _units("full"))
+    path = write_torch_csv(s, tmp_path / "r.csv")
+    with_r = run_study(Study(schedule=f"csv:{path}", microbatches=8, costs=_units("none")))
+    inside = run_study(Study(schedule="1f1b", microbatches=8, costs=_units("full")))
+    assert with_r.hardware_flops_per_step == pytest.approx(inside.hardware_flops_per_step, rel=1e-12)
+    assert with_r.hardware_flops_per_step > with_r.model_flops_per_step
+    assert with_r.step_time <= inside.step_time
