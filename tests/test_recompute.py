@@ -62,11 +62,28 @@ def test_recompute_in_bubbles_trades_memory_for_time(name, kw, limit):
 
 
 def test_v_half_recompute_in_bubbles_is_faster():
-    """v-half, p=4, m=8: R's hidden in bubbles take the step from 34.5 (R before B) to 33.5 at 2 M_B."""
+    """v-half, p=4, m=8 at 2 M_B: R before B takes 34.5; dropping the R's the limit does not need gives 29.5,
+    moving the rest into bubbles 29.0. At 3 M_B (v-half's own peak) no R is left: 26.5, no recomputation."""
+    from schedules.recompute import _drop
+
     base = build("v-half", pp=4, microbatches=8)
     assert simulate(lower(recompute_full(base)), UniformCosts()).makespan == 34.5
+    assert evaluate(_drop(recompute_full(base), 2.0, (1.0, 1.0, 1.0, 0.0, 0.0)), 1, 1, 1).makespan == 29.5
     r = simulate(lower(recompute_in_bubbles(base, 2.0)), UniformCosts())
-    assert (r.makespan, r.peak_activations) == (33.5, 2.0)
+    assert (r.makespan, r.peak_activations) == (29.0, 2.0)
+    assert evaluate(recompute_in_bubbles(base, 3.0), 1, 1, 1).makespan == 26.5
+
+
+def test_1f1b_recomputes_only_where_the_limit_needs():
+    """1F1B, p=4, m=8 (rank r holds 4 - r microbatches without R): at L M_B only ranks with 4 - r > L keep
+    R's; the last rank (1 microbatch) never recomputes, and it is the critical path."""
+    base = build("1f1b", pp=4, microbatches=8)
+    got = {}
+    for limit in (1.0, 2.0, 4.0):
+        s = recompute_in_bubbles(base, limit)
+        t = evaluate(s, 1, 1, 1)
+        got[limit] = (t.makespan, max(t.peaks), [sum(a.kind is Kind.R for a in p) for p in s.programs])
+    assert got == {1.0: (39.0, 1.0, [7, 7, 7, 0]), 2.0: (35.0, 2.0, [4, 3, 0, 0]), 4.0: (33.0, 4.0, [0, 0, 0, 0])}
 
 
 def test_cli_recompute_full(capsys):
@@ -165,3 +182,14 @@ def test_units_refuse_r_actions_with_full_recompute_and_count_their_flops(tmp_pa
     assert with_r.hardware_flops_per_step == pytest.approx(inside.hardware_flops_per_step, rel=1e-12)
     assert with_r.hardware_flops_per_step > with_r.model_flops_per_step
     assert with_r.step_time <= inside.step_time
+
+
+def test_cli_recompute_bubbles(capsys):
+    import json
+
+    code, out, _ = run_sim(capsys, "--schedule", "v-half", "--pp", "4", "--microbatches", "8", "--recompute",
+                           "bubbles", "--recompute-limit", "2", "--json")
+    d = json.loads(out)
+    assert code == 0 and (d["makespan"], d["peak_activations"]) == (29.0, 2.0)
+    code, _, err = run_sim(capsys, "--schedule", "v-half", "--pp", "4", "--microbatches", "8", "--recompute", "bubbles")
+    assert code == 2 and "recompute bubbles needs recompute_limit" in err and "(flag --recompute-limit)" in err
