@@ -144,7 +144,10 @@ def predict_for_trace(attrs: Mapping[str, Any], costs: CostModel | None = None,
         pp, m = int(params["pp"]), int(params["microbatches"])
     except (KeyError, TypeError, ValueError):
         raise ScheduleError(f"trace of {name!r} does not record its pp and microbatches (attrs params={params!r})") from None
-    graph = lower(build(name, pp=pp, microbatches=m, chunks=int(params.get("chunks") or spec(name).default_chunks)))
+    schedule = build(name, pp=pp, microbatches=m, chunks=int(params.get("chunks") or spec(name).default_chunks))
+    if params.get("recompute") in ("full", "bubbles"):  # placed as the run placed them (unit pass times)
+        schedule = place_recompute(schedule, params["recompute"], params.get("recompute_mem_limit"))
+    graph = lower(schedule)
     if profile is not None:
         costs = load_costs(profile, graph.schedule.num_stages)
     return simulate(graph, costs or UniformCosts())

@@ -1,7 +1,7 @@
 """Real multi-process runs equal plain single-process training, for every registered schedule.
 
-Two torchrun launches (gloo, 2 and 4 processes) each run many configurations
-in one process group; this file is also the worker they start. Every run
+Three torchrun launches (gloo: 2 processes, 2 with recomputation, 4) each run
+many configurations in one process group; this file is also the worker they start. Every run
 is compared with :func:`real.reference_run` (the whole model, a plain loop
 over microbatches) computed here: losses and every parameter to 1e-5 after
 three steps. Rank 1 reads a clock 1000 s ahead of rank 0's, so the merged
@@ -27,7 +27,8 @@ from real.launch import torchrun  # noqa: E402
 from schedules import SchedlabError  # noqa: E402
 
 TOL = 1e-5
-LAUNCH_TIMEOUT = 40  # seconds for a whole launch (measured 8.6-9.5 s on 2, 12.6-13.9 s on 4 processes); a hang fails the test
+LAUNCH_TIMEOUT = 40  # seconds for a whole launch (measured 8.6-9.5 s on 2, 12.6-13.9 s on 4 processes, 11-16 s for
+# the recomputation launch under load); a hang fails the test
 SKEW = 1000.0  # seconds rank 1's clock runs ahead in the worker
 MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
 # Every test here runs on a torchrun launch (a module fixture, set up within the first test's timeout).
@@ -72,6 +73,8 @@ EXTRA2 = {
 # the Mario-style pass at 1 M_B, where it drops some R's and keeps or moves others (checked below).
 RECOMPUTE2 = {f"{name} recompute full": _config(name, pp=2, microbatches=cfg.layout.microbatches, recompute="full")
               for name, cfg in PP2.items()}
+RECOMPUTE2["1f1b dp2 ddp recompute full"] = _config("1f1b", dp=2, microbatches=4, dp_mode="ddp", bucket_mb=0.002,
+                                                   recompute="full")  # buckets launched from R-rebuilt backwards
 BUBBLES = ("1f1b", "zb-h1", "interleaved-1f1b", "dualpipe-v")  # B; I and W; two chunks; overlapped F/B pairs
 RECOMPUTE2.update({f"{name} recompute bubbles 1": _config(name, pp=2, microbatches=4, recompute="bubbles",
                                                           recompute_limit=1.0) for name in BUBBLES})

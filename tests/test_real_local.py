@@ -73,6 +73,16 @@ def test_a_recomputed_forward_keeps_only_its_input():
     assert mem["peak_activation_bytes"] == per_mb + 3 * 4 * MODEL.seq * 8
 
 
+def test_a_recomputed_runs_trace_is_predicted_with_its_r_actions():
+    """A real trace records the placement (params recompute); the prediction runs the same program."""
+    from sim.sweep import predict_for_trace
+
+    for kw in (dict(recompute="full"), dict(recompute="bubbles", recompute_limit=2.0)):
+        trace = run(_cfg("gpipe", steps=1, **kw)).trace
+        predicted = predict_for_trace(trace.attrs).trace
+        assert sorted(predicted["action"]) == sorted(trace["action"]) and (trace["kind"] == "R").any(), kw
+
+
 def test_recompute_restores_the_random_numbers_of_its_forward():
     """An R draws the same random numbers as its forward did (dropout): the recomputed graph is the one the
     forward computed, so the gradients equal an ordinary forward and backward."""
