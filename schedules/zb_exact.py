@@ -8,7 +8,7 @@ paper's form, a big-M MILP, is :mod:`schedules.zb_milp`; on Table 5 rows
 HiGHS found no schedule at all in 10 s (nor in 120 s) through
 ``scipy.optimize.milp``, which takes no starting solution, and, given the seed
 through highspy, did not improve on it in 10 s (nor in 60 s), where CP-SAT
-proves 1.5B p=8 m=24's optimum in about 6 s (experiments/zb_solvers.py).
+proves 1.5B p=8 m=24's optimum in 6 to 11 s (experiments/zb_solvers.py).
 
 Variables: the start of every pass F, I, W of every (rank, microbatch), one
 stage per rank, times in integer ticks (the pass times scaled to at least
