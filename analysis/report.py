@@ -9,8 +9,9 @@ The simulations come from :func:`sim.sweep.run_sweep`; this module only reads th
 
 Sections: the comparison table at one shape, a recommendation, bubble ratio
 against the number of microbatches (with the closed forms where they exist),
-memory against throughput (the Pareto view), timelines, and, when real traces
-are given, prediction against measurement with side-by-side timelines.
+memory against throughput (the Pareto view), recomputation's time against
+memory, timelines, and, when real traces are given, prediction against
+measurement with side-by-side timelines.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from schedules.util import check_output_dir
 if TYPE_CHECKING:
     import pandas as pd
 
-    from sim.sweep import Sweep, SweepConfig
+    from sim.sweep import RecomputePoint, Sweep, SweepConfig
 
-__all__ = ["write_report"]
+__all__ = ["plot_recompute_tradeoff", "write_report"]
 
 
 def _savefig(fig, path: Path) -> Path:
@@ -131,6 +132,70 @@ def _plot_pareto(table: pd.DataFrame, front: list[str], path: Path) -> Path:
     _savefig(fig, path)
     plt.close(fig)
     return path
+
+
+_PLACEMENT_STYLE = {"none": ("o", "#3a78c9"), "full": ("s", "#d1495b"), "bubbles": ("^", "#3fa34d")}
+
+
+def plot_recompute_tradeoff(points: Sequence[RecomputePoint], path: Path) -> Path:
+    """One panel per schedule: step time against peak activations for each placement of the R's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = list(dict.fromkeys(pt.schedule for pt in points))
+    cols = min(4, len(shown))
+    nrows = math.ceil(len(shown) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(2.8 * cols, 2.4 * nrows + 0.7), squeeze=False)
+    for ax, name in zip(axes.flat, shown, strict=False):
+        mine = [pt for pt in points if pt.schedule == name]
+        curve = sorted(mine, key=lambda pt: (pt.peak_activations, -pt.makespan))  # the trade-off, left to right
+        ax.plot([pt.peak_activations for pt in curve], [pt.makespan for pt in curve], "-", color="#bbbbbb", lw=0.8)
+        for pt in mine:
+            marker, color = _PLACEMENT_STYLE[pt.placement]
+            ax.plot(pt.peak_activations, pt.makespan, marker, color=color, ms=6, label=pt.placement)
+            ax.annotate(pt.label, (pt.peak_activations, pt.makespan), textcoords="offset points", xytext=(4, 3),
+                        fontsize=7)
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.margins(0.25)
+    for ax in list(axes.flat)[len(shown):]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("peak activations (M_B)", fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("step time", fontsize=8)
+    handles = {}
+    for ax in axes.flat:
+        for line in ax.lines[1:]:
+            handles.setdefault(line.get_label(), line)
+    fig.legend(list(handles.values()), list(handles), loc="upper right", fontsize=8, frameon=False, ncol=3)
+    fig.suptitle("recomputation: step time against peak memory (down and left is better)", fontsize=10, x=0.01,
+                 ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    _savefig(fig, path)
+    plt.close(fig)
+    return path
+
+
+def _recompute_section(sweep: Sweep, out: Path) -> list[str]:
+    """Per schedule: step and peak with no recomputation, R before every backward, R's moved into the bubbles."""
+    points = sweep.recompute
+    if not points:
+        return []
+    plot_recompute_tradeoff(points, out / "recompute-tradeoff.png")
+    labels = list(dict.fromkeys(pt.label for pt in points))
+    by = {(pt.schedule, pt.label): pt for pt in points}
+    rows = [(name, *(f"{by[(name, lab)].makespan:.4g} / {by[(name, lab)].peak_activations:.3g}" for lab in labels))
+            for name in dict.fromkeys(pt.schedule for pt in points)]
+    return ["## Recomputation: time against memory", "",
+            "An R re-runs a forward right before the backward that needs it (`full`): the forward keeps only its "
+            "input, so a rank holds about one microbatch's activations, for a forward more per microbatch. "
+            "`bubbles@L` starts from `full` and moves each R into idle time before its backward (after Mario, "
+            "PPoPP 2025) while every rank stays within L M_B. Cells: step / peak M_B of the busiest rank.", "",
+            _markdown_table(["schedule", *labels], rows), "",
+            "![recomputation trade-off](recompute-tradeoff.png)", ""]
 
 
 def _markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -278,6 +343,7 @@ def _write_report(out: Path, sweep: Sweep, validation: dict[str, Any] | None = N
         "",
         "![memory vs throughput](memory-vs-throughput.png)",
         "",
+        *_recompute_section(sweep, out),
         "## Timelines",
         "",
         "![all schedules on one time axis](timelines.png)",

@@ -29,6 +29,7 @@ KIND_COLORS = {
     "B": "#3fa34d",  # full backward: green
     "I": "#e8a33d",  # input-gradient backward: amber
     "W": "#9467bd",  # weight-gradient backward: purple
+    "R": "#8fb8e8",  # recomputed forward: light blue
     "OVERLAP_F_B": "#d1495b",  # overlapped forward+backward pair: red
 }
 _KIND_NAMES = {
@@ -36,6 +37,7 @@ _KIND_NAMES = {
     "B": "backward (B)",
     "I": "input grad (I)",
     "W": "weight grad (W)",
+    "R": "recompute (R)",
     "OVERLAP_F_B": "overlapped F+B",
 }
 _FIGURE_SUFFIXES = (".png", ".svg", ".pdf")

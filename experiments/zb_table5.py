@@ -7,7 +7,8 @@ schedules those times give. Our simulator reproduces the paper's 1F1B, ZB-H1
 and ZB-H2 columns of the p=8 rows from these times to all four printed digits
 (tests/test_zb_table5.py), so the model is the paper's.
 
-Usage: python experiments/zb_table5.py [--time-limit S]   (prints one line per configuration)
+Usage: python experiments/zb_table5.py [--time-limit S] [--pp P ...]   (one line per configuration; --pp: only
+those rows)
 """
 
 from __future__ import annotations
@@ -46,9 +47,12 @@ def zb2p(p: int, m: int, tf: float, tb: float, tw: float, tc: float, time_limit:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--pp", type=int, nargs="*", help="only the rows with these p (default: all)")
     args = ap.parse_args()
     print(f"{'model':>6} {'p':>3} {'m':>4}  {'heuristic':>9}  {'zb-auto':>8}  {'paper':>6}  {'diff pp':>7}  seconds")
     for model, p, m, tf, tb, tw, tc, paper in TABLE5:
+        if args.pp and p not in args.pp:
+            continue
         heur = zb2p(p, m, tf, tb, tw, tc, 0)
         t0 = time.perf_counter()
         ours = zb2p(p, m, tf, tb, tw, tc, args.time_limit)

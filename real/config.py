@@ -13,10 +13,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from real.checkpoint import CheckpointConfig
-from schedules import ConfigError, Kind, ScheduleError, TaskGraph, load_graph, validate
+from schedules import ConfigError, Kind, ScheduleError, TaskGraph, load_graph, lower, validate
 from schedules.dp import DP_MODES as SCHEDULE_DP_MODES
 from schedules.errors import check_choice, check_positive, check_positive_ints
 from schedules.partition import split_layers, stage_ranges
+from schedules.recompute import check_recompute, place_recompute
 
 __all__ = [
     "BACKENDS",
@@ -51,7 +52,7 @@ BALANCE = ("time",)  # split a model's blocks into stages of equal profiled forw
 FAIL_MODES = ("kill", "hang")  # an injected fault: SIGKILL itself, or stop answering (sleep)
 # Kinds the executor runs. A schedule with anything else is refused before any communication.
 SUPPORTED_KINDS = frozenset({
-    Kind.F, Kind.I, Kind.W, Kind.B, Kind.OVERLAP_F_B, Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B,
+    Kind.F, Kind.I, Kind.W, Kind.B, Kind.R, Kind.OVERLAP_F_B, Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B,
 })
 
 
@@ -101,6 +102,9 @@ class Layout:
     ``split`` gives the layers of each stage, ``boundaries`` the first layer of
     every stage but the first, ``balance`` "time" splits by profiled time (at
     most one of them; none: as even as possible).
+    ``recompute`` places R actions (:func:`schedules.recompute.place_recompute`):
+    none, full (an R right before every backward) or bubbles (moved into idle
+    time within ``recompute_limit`` M_B per rank).
     """
 
     schedule: str
@@ -111,9 +115,12 @@ class Layout:
     split: tuple[int, ...] | None = None
     boundaries: tuple[int, ...] | None = None
     balance: str | None = None
+    recompute: str = "none"
+    recompute_limit: float | None = None
 
     def __post_init__(self) -> None:
         check_positive_ints(f"run of {self.schedule!r}", pp=self.pp, dp=self.dp, microbatches=self.microbatches)
+        check_recompute(f"run of {self.schedule!r}", self.recompute, self.recompute_limit)
         if self.balance is not None:
             check_choice(f"run of {self.schedule!r}", "balance", self.balance, BALANCE)
         given = [k for k in ("split", "boundaries", "balance") if getattr(self, k) is not None]
@@ -389,6 +396,8 @@ def make_plan(config: RunConfig, world_size: int, *, num_layers: int | None = No
     """
     lay = config.layout  # a registered name, torch:CLASS or csv:FILE
     graph = validate(load_graph(lay.schedule, pp=lay.pp, microbatches=lay.microbatches, chunks=lay.chunks))
+    if lay.recompute != "none" or lay.recompute_limit is not None:
+        graph = validate(lower(place_recompute(graph.schedule, lay.recompute, lay.recompute_limit)))
     if world_size != config.world_size:
         raise ConfigError(
             f"world size {world_size} (processes launched) does not equal pp x dp = "

@@ -3,9 +3,11 @@
 * :class:`ActivationMeter` counts (during the step it is enabled for: its
   hooks cost time, so never the traced one when there is a choice) the bytes
   of the tensors autograd saves for backward (``torch.autograd.graph.saved_tensors_hooks``), per (stage,
-  microbatch), from the forward until its backward frees them. A tensor (by
-  address and size) is counted once however many ops or stages save it;
-  parameters and views of them are not activations.
+  microbatch), from the forward until its backward frees them (a forward
+  that will be recomputed saves nothing: the input it keeps is counted, and
+  its R saves the rest). A tensor (by address and size) is counted once
+  however many ops or stages save it; parameters and views of them are not
+  activations.
 * :class:`Recorder` stamps task starts and ends: ``time.perf_counter`` on the
   CPU, CUDA events on the compute stream on a GPU (resolved once per step).
 * :func:`clock_offset` estimates, NTP-style, what to add to this rank's clock
@@ -46,25 +48,33 @@ class ActivationMeter:
         if not self.enabled:
             yield
             return
-        mine = self._keys.setdefault(key, set())
 
         def pack(t: torch.Tensor) -> torch.Tensor:
-            storage = t.untyped_storage()
-            nbytes = min(t.numel() * t.element_size(), storage.nbytes())
-            ident = (t.data_ptr(), nbytes)  # a view: slices of one batch are separate activations
-            if nbytes and storage.data_ptr() not in self._exclude and ident not in mine:
-                mine.add(ident)
-                owners = self._owners.setdefault(ident, set())
-                if not owners:
-                    self._size[ident] = nbytes
-                    self.current += nbytes
-                    self.first_bytes[key] = self.first_bytes.get(key, 0) + nbytes
-                    self.peak = max(self.peak, self.current)
-                owners.add(key)
+            self._count(key, t)
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             yield
+
+    def hold(self, key: Hashable, tensor: torch.Tensor) -> None:
+        """Count ``tensor`` under ``key`` as if autograd had saved it: the input a recomputed forward keeps."""
+        if self.enabled:
+            self._count(key, tensor)
+
+    def _count(self, key: Hashable, t: torch.Tensor) -> None:
+        mine = self._keys.setdefault(key, set())
+        storage = t.untyped_storage()
+        nbytes = min(t.numel() * t.element_size(), storage.nbytes())
+        ident = (t.data_ptr(), nbytes)  # a view: slices of one batch are separate activations
+        if nbytes and storage.data_ptr() not in self._exclude and ident not in mine:
+            mine.add(ident)
+            owners = self._owners.setdefault(ident, set())
+            if not owners:
+                self._size[ident] = nbytes
+                self.current += nbytes
+                self.first_bytes[key] = self.first_bytes.get(key, 0) + nbytes
+                self.peak = max(self.peak, self.current)
+            owners.add(key)
 
     def release(self, key: Hashable) -> None:
         """The backward of ``key`` is done: what only it held is freed."""

@@ -42,17 +42,18 @@ def pass_time(kind: Kind, tf: float, tb: float, tw: float) -> float:
 
 
 def held_freed(kind: Kind, size: float, mw: float, *, recomputed: bool = False,
-               input_fraction: float = 0.0) -> tuple[float, float]:
+               input_fraction: float = 0.0, kept: float | None = None) -> tuple[float, float]:
     """(held from the start, freed at the end) of one plain pass whose full activations are ``size``.
 
     ``recomputed``: the (stage, microbatch) has an R later, so its F keeps only
-    ``input_fraction * size`` (the stage input) and its R holds the rest again.
-    The backward frees everything either way.
+    what R starts from, ``kept`` (or ``input_fraction * size``), and its R holds
+    the rest again. The backward frees everything either way.
     """
+    keep = input_fraction * size if kept is None else kept
     if kind is Kind.F:
-        return (input_fraction * size if recomputed else size), 0.0
+        return (keep if recomputed else size), 0.0
     if kind is Kind.R:
-        return (1.0 - input_fraction) * size, 0.0
+        return size - keep, 0.0
     if kind is Kind.B:
         return 0.0, size
     if kind is Kind.I:
@@ -70,12 +71,14 @@ def recomputed_keys(programs: Iterable[Iterable[Action]]) -> frozenset[tuple[int
 
 def action_held_freed(action: Action, size_of: Callable[[Action], float], mw: float,
                       recomputed: frozenset[tuple[int, int | None]] = frozenset(),
-                      input_fraction: float = 0.0) -> tuple[float, float]:
-    """(held, freed) of a compute action, summing an overlapped pair's parts; ``size_of(part)`` is its full size."""
+                      input_fraction: float = 0.0, kept_of: Callable[[Action], float] | None = None
+                      ) -> tuple[float, float]:
+    """(held, freed) of a compute action, summing an overlapped pair's parts; ``size_of(part)`` is its full size,
+    ``kept_of(part)`` (if given) what a recomputed forward keeps, instead of ``input_fraction`` of it."""
     held = freed = 0.0
     for a in action.parts():
         h, f = held_freed(a.kind, size_of(a), mw, recomputed=(a.stage, a.microbatch) in recomputed,
-                          input_fraction=input_fraction)
+                          input_fraction=input_fraction, kept=None if kept_of is None else kept_of(a))
         held += h
         freed += f
     return held, freed

@@ -3,11 +3,12 @@
 The zero-bubble paper (Qi et al., ICLR 2024, sec. 3.2) refines its heuristic
 schedule with an ILP. We state the same problem for CP-SAT (OR-Tools), which
 takes the heuristic schedule as a complete hint, has interval and no-overlap
-constraints built in, and improves on the hint within its time limit;
-``scipy.optimize.milp`` (HiGHS) takes no starting solution, and its big-M
-ordering formulation had not improved on the heuristic for p=8, m=32 within
-10 s where CP-SAT reaches the paper's ZB-2p bubble in about a second
-(experiments/zb_table5.py prints the figures).
+constraints built in, and improves on the hint within its time limit. The
+paper's form, a big-M MILP, is :mod:`schedules.zb_milp`; on Table 5 rows
+HiGHS found no schedule at all in 10 s (nor in 120 s) through
+``scipy.optimize.milp``, which takes no starting solution, and, given the seed
+through highspy, did not improve on it in 10 s (nor in 60 s), where CP-SAT
+proves 1.5B p=8 m=24's optimum in 6 to 11 s (experiments/zb_solvers.py).
 
 Variables: the start of every pass F, I, W of every (rank, microbatch), one
 stage per rank, times in integer ticks (the pass times scaled to at least

@@ -100,7 +100,8 @@ class StageCosts:
                 param_bytes=self.param_bytes)
 
     def of(self, kind: Kind) -> float:
-        return {Kind.F: self.f, Kind.B: self.b, Kind.I: self.i, Kind.W: self.w}[kind]
+        """A pass's seconds; a recomputation (R) re-runs the stage's forward, so it costs F's."""
+        return {Kind.F: self.f, Kind.R: self.f, Kind.B: self.b, Kind.I: self.i, Kind.W: self.w}[kind]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schedules import PipelineParams, ScheduleError, build, lower, names, spec, validate
+from schedules.recompute import place_recompute
 from schedules.trace import median_step, read_trace
 from sim.costs import CostModel, UniformCosts
 from sim.engine import SimResult, simulate
@@ -22,10 +23,12 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
-    "Sweep", "SweepConfig", "applicable", "bubble_sweep", "predict_for_trace", "run_sweep", "simulate_many", "units_comparison",
+    "RecomputePoint", "Sweep", "SweepConfig", "applicable", "bubble_sweep", "predict_for_trace", "recompute_tradeoff",
+    "run_sweep", "simulate_many", "units_comparison",
 ]
 
 SWEEP_MICROBATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+RECOMPUTE_LIMITS = (2.0,)  # M_B: the memory limits the report gives the recompute-in-the-bubbles pass
 
 
 # Comparisons and sweeps build zb-auto many times: they take its heuristic alone (reproducible, well under a
@@ -103,6 +106,36 @@ def units_comparison(names: Iterable[str], *, chunks: int = 2, microbatches: int
     return [run_study(s).to_dict() for s in studies]
 
 
+@dataclass(frozen=True, slots=True)
+class RecomputePoint:
+    """One schedule with one placement of R actions: its step time and its busiest rank's peak (M_B)."""
+
+    schedule: str
+    placement: str  # none, full, bubbles (schedules.recompute.RECOMPUTE_PLACEMENTS)
+    limit: float | None  # the bubbles pass's memory limit
+    makespan: float
+    peak_activations: float
+
+    @property
+    def label(self) -> str:
+        return self.placement if self.limit is None else f"{self.placement}@{self.limit:g}"
+
+
+def recompute_tradeoff(names: Iterable[str], *, pp: int, microbatches: int, chunks: int = 2,
+                       costs: UniformCosts | None = None, limits: Sequence[float] = RECOMPUTE_LIMITS
+                       ) -> list[RecomputePoint]:
+    """Per schedule: no recomputation, R before every backward, and R's moved into the bubbles at each limit."""
+    c = costs or UniformCosts()
+    times = (c.tf, c.tb, c.tw, c.tcomm, c.mw)
+    out = []
+    for name in names:
+        base = build(name, pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks), **_quick(name))
+        for placement, limit in (("none", None), ("full", None), *(("bubbles", x) for x in limits)):
+            r = simulate(lower(place_recompute(base, placement, limit, times)), c, check=False)
+            out.append(RecomputePoint(name, placement, limit, r.makespan, r.peak_activations))
+    return out
+
+
 def predict_for_trace(attrs: Mapping[str, Any], costs: CostModel | None = None,
                       profile: str | Path | None = None) -> SimResult:
     """Simulate the schedule a trace ran (its ``attrs``: schedule, params) with ``costs``, or a cost file's."""
@@ -111,7 +144,10 @@ def predict_for_trace(attrs: Mapping[str, Any], costs: CostModel | None = None,
         pp, m = int(params["pp"]), int(params["microbatches"])
     except (KeyError, TypeError, ValueError):
         raise ScheduleError(f"trace of {name!r} does not record its pp and microbatches (attrs params={params!r})") from None
-    graph = lower(build(name, pp=pp, microbatches=m, chunks=int(params.get("chunks") or spec(name).default_chunks)))
+    schedule = build(name, pp=pp, microbatches=m, chunks=int(params.get("chunks") or spec(name).default_chunks))
+    if params.get("recompute") in ("full", "bubbles"):  # placed as the run placed them (unit pass times)
+        schedule = place_recompute(schedule, params["recompute"], params.get("recompute_mem_limit"))
+    graph = lower(schedule)
     if profile is not None:
         costs = load_costs(profile, graph.schedule.num_stages)
     return simulate(graph, costs or UniformCosts())
@@ -133,6 +169,7 @@ class SweepConfig:
     sweep: tuple[int, ...] = SWEEP_MICROBATCHES
     real_traces: tuple[Path, ...] = ()
     profile: Path | None = None
+    recompute_limits: tuple[float, ...] = RECOMPUTE_LIMITS  # empty: no recomputation section
 
     def __post_init__(self) -> None:
         for name in self.schedules:
@@ -152,6 +189,7 @@ class Sweep:
     results: tuple[SimResult, ...]  # one per schedule at the config's shape
     bubbles: Mapping[str, list[tuple[int, int, float]]]  # schedule -> (m, chunks, bubble ratio)
     predictions: tuple[tuple[Path, pd.DataFrame, pd.DataFrame], ...]  # (path, measured, predicted)
+    recompute: tuple[RecomputePoint, ...] = ()  # the recomputation trade-off at the config's shape
 
 
 def run_sweep(cfg: SweepConfig, progress: Callable[[Sequence], Iterable] | None = None) -> Sweep:
@@ -166,4 +204,6 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[Sequence], Iterable] | None 
             raise ScheduleError(f"trace {str(path)!r} is not a real run's trace (attrs source={real.attrs.get('source')!r})")
         predicted = predict_for_trace(real.attrs, cfg.costs if cfg.profile is None else None, cfg.profile).trace
         predictions.append((Path(path), real, predicted))
-    return Sweep(cfg, tuple(results), bubbles, tuple(predictions))
+    recompute = recompute_tradeoff(chosen, pp=cfg.pp, microbatches=cfg.microbatches, chunks=cfg.chunks,
+                                   costs=cfg.costs, limits=cfg.recompute_limits) if cfg.recompute_limits else []
+    return Sweep(cfg, tuple(results), bubbles, tuple(predictions), tuple(recompute))

@@ -19,6 +19,7 @@ from real.data import make_batch, microbatches  # noqa: E402
 from real.dp import GradSync, make_buckets  # noqa: E402
 from real.models import build_layers, build_model, loss_fn  # noqa: E402
 from schedules import ConfigError  # noqa: E402
+from schedules.recompute import recompute_full  # noqa: E402
 from schedules.trace import TRACE_COLUMNS  # noqa: E402
 
 MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
@@ -29,16 +30,19 @@ def _cfg(schedule: str, **kw) -> RunConfig:
                                optimizer="sgd", lr=0.1), **kw})
 
 
+@pytest.mark.parametrize("recompute", ["none", "full"])
 @pytest.mark.parametrize("name", schedules.names())
-def test_every_schedule_on_one_rank_equals_plain_training(name):
-    """pp=1: multi-chunk schedules put all their stages on rank 0 (values pass in memory)."""
-    cfg = _cfg(name)
+def test_every_schedule_on_one_rank_equals_plain_training(name, recompute):
+    """pp=1: multi-chunk schedules put all their stages on rank 0 (values pass in memory). With recompute full,
+    every F runs without grad and an R re-runs it with grad before its backward: the same numbers."""
+    cfg = _cfg(name, recompute=recompute)
     result = run(cfg)
     ref_losses, ref_params = reference_run(cfg)
     assert max(abs(a - b) for a, b in zip(result.losses, ref_losses, strict=True)) <= 1e-5
     assert max(float((result.parameters[k] - v).abs().max()) for k, v in ref_params.items()) <= 1e-5
     graph = make_plan(cfg, 1).graph
     assert sorted(result.trace["action"]) == sorted(str(t.action) for t in graph.tasks)
+    assert (result.trace["kind"] == "R").sum() == (graph.schedule.num_stages * 4 if recompute == "full" else 0)
     if name in ("gpipe", "1f1b"):  # F and B per microbatch in the reference's order: the same bits
         assert result.param_sha256 == param_digest(ref_params.values())[1]
 
@@ -56,6 +60,59 @@ def test_trace_schema_memory_and_metrics():
     assert mem["peak_activations_mb"] == 4.0  # GPipe holds every microbatch at its peak
     assert mem["peak_activation_bytes"] == 4 * mem["activation_bytes_per_microbatch"] > 0
     assert run(_cfg("1f1b", steps=1)).memory[0]["peak_activations_mb"] == 1.0
+
+
+def test_a_recomputed_forward_keeps_only_its_input():
+    """GPipe, pp=1, 4 microbatches: without recomputation the peak holds all 4 microbatches' activations; with
+    R before each B it holds one microbatch's and the 3 other inputs (token ids: 4 x 8 int64 = 256 bytes each).
+    A microbatch's activations, counted across its F and its R, are the same bytes."""
+    plain = run(_cfg("gpipe", steps=1)).memory[0]
+    (mem,) = run(_cfg("gpipe", steps=1, recompute="full")).memory
+    per_mb = plain["activation_bytes_per_microbatch"]
+    assert mem["activation_bytes_per_microbatch"] == per_mb and plain["peak_activation_bytes"] == 4 * per_mb
+    assert mem["peak_activation_bytes"] == per_mb + 3 * 4 * MODEL.seq * 8
+
+
+def test_a_recomputed_runs_trace_is_predicted_with_its_r_actions():
+    """A real trace records the placement (params recompute); the prediction runs the same program."""
+    from sim.sweep import predict_for_trace
+
+    for kw in (dict(recompute="full"), dict(recompute="bubbles", recompute_limit=2.0)):
+        trace = run(_cfg("gpipe", steps=1, **kw)).trace
+        predicted = predict_for_trace(trace.attrs).trace
+        assert sorted(predicted["action"]) == sorted(trace["action"]) and (trace["kind"] == "R").any(), kw
+
+
+def test_recompute_restores_the_random_numbers_of_its_forward():
+    """An R draws the same random numbers as its forward did (dropout): the recomputed graph is the one the
+    forward computed, so the gradients equal an ordinary forward and backward."""
+    from real.executor import Executor, Stage
+    from real.measure import ActivationMeter, Recorder
+
+    torch.manual_seed(0)
+    layers = [nn.Sequential(nn.Linear(6, 6), nn.Dropout(0.5)), nn.Linear(6, 3)]
+    graph = schedules.lower(recompute_full(schedules.build("gpipe", pp=1, microbatches=2)))
+    stage = Stage(0, 0, [nn.Sequential(*layers)], is_last=True)
+    batches = [(torch.randn(4, 6), torch.randint(3, (4,))) for _ in range(2)]
+    ex = Executor(graph, 0, {0: stage}, comm=None, meter=ActivationMeter(stage.parameters()), recorder=Recorder(
+        torch.device("cpu")))
+    torch.manual_seed(1)
+    ex.run_step(batches)
+    got = [p.grad.clone() for p in stage.parameters()]
+    stage.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    for x, y in batches:  # the same draws in the same order: F0, F1 (R re-draws from a saved state)
+        (loss_fn(stage(x), y) / 2).backward()
+    assert all(torch.equal(a, p.grad) for a, p in zip(got, stage.parameters(), strict=True))
+
+
+def test_recompute_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="recompute bubbles needs recompute_limit"):
+        _cfg("1f1b", recompute="bubbles")
+    with pytest.raises(ConfigError, match="recompute_limit 2 applies to recompute bubbles only, not full"):
+        _cfg("1f1b", recompute="full", recompute_limit=2)
+    with pytest.raises(ConfigError, match="unknown recompute 'some'; valid: none, full, bubbles"):
+        _cfg("1f1b", recompute="some")
 
 
 def test_every_measured_step_is_traced(tmp_path):

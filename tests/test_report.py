@@ -80,6 +80,9 @@ def test_report_writes_markdown_and_figures(tmp_path):
             assert (path.parent / line.split("(")[-1].rstrip(")")).is_file()
     assert "## Prediction against measurement" in md and "| zb-h1 |" in md and "-20.0%" in md
     assert (tmp_path / "rep" / "traces" / "zb-v.csv").is_file()
+    # Recomputation at p=2, m=4: R before every B costs a forward per microbatch on the last rank's path
+    # (15 -> 19) for 1 M_B; at 2 M_B (1F1B's own peak) the pass needs no R at all.
+    assert "| schedule | none | full | bubbles@2 |" in md and "| 1f1b | 15 / 2 | 19 / 1 | 15 / 2 |" in md
 
 
 def test_report_cli_and_errors(tmp_path, capsys):

@@ -31,7 +31,7 @@ from analysis.cli.common import (
 )
 from analysis.timeline import check_figure_path, plot_timeline
 from schedules import load_graph, lower, names, spec, validate, write_torch_csv
-from schedules.recompute import recompute_full
+from schedules.recompute import RECOMPUTE_PLACEMENTS, place_recompute
 from schedules.torch_csv import check_csv_path
 from schedules.trace import check_trace_path, write_trace
 from sim import SimResult, simulate
@@ -83,7 +83,10 @@ def add_units_args(p: argparse.ArgumentParser) -> None:
                    help="sequence parallelism in the tensor-parallel group (Korthikanti et al. 2022)")
     g.add_argument("--recompute", default=None, metavar="MODE",
                    help="activation recomputation: none (default), selective (attention core), full (whole layers); "
-                   "without physical units, full puts an R (a recomputed forward) right before every backward")
+                   "without physical units, full puts an R (a recomputed forward) right before every backward "
+                   "and bubbles moves each R into idle time before it (within --recompute-limit)")
+    g.add_argument("--recompute-limit", type=float, default=None, metavar="M",
+                   help="without physical units, with --recompute bubbles: activation memory per rank in M_B")
     g.add_argument("--seq-len", type=int, default=None, metavar="S", help="sequence length (default: the model's)")
 
 
@@ -128,6 +131,9 @@ def units_main(args: argparse.Namespace, parser: OneLineParser) -> int:
         fail("--mem-limit is a unit-cost (M_B) option; in physical units the memory is reported in bytes")
     if args.time_limit is not None:
         fail("--time-limit applies to zb-auto, a unit-cost (M_B) schedule; leave it out in physical units")
+    if args.recompute_limit is not None:
+        fail("--recompute-limit places R actions under unit costs (M_B); in physical units --recompute is "
+             "none, selective or full inside the backward (a schedule with R's can be given as csv:FILE)")
     refuse(given(args, "tf", "tb", "tw", "tcomm", "mw"),
            "in physical units (--model/--cluster/--config): the pass times come from the model and the cluster")
     with errors_to_exit(parser):
@@ -194,9 +200,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
         return units_main(args, parser)
     refuse(given(args, *UNITS_ONLY), "without physical units: add --model and --cluster (or --config)")
     check_cost_flags(args)
-    if args.recompute not in (None, "none", "full"):
-        fail(f"--recompute {args.recompute!r} without physical units: valid are none and full (an R before every "
-             "backward); selective recomputes part of a layer, which needs --model and --cluster")
+    if args.recompute not in (None, *RECOMPUTE_PLACEMENTS):
+        fail(f"--recompute {args.recompute!r} without physical units: valid are none, full (an R before every "
+             "backward) and bubbles; selective recomputes part of a layer, which needs --model and --cluster")
     needed = ("schedule",) if (args.schedule or "").startswith("csv:") else ("schedule", "pp", "microbatches")
     missing = [f"--{f}" for f in needed if getattr(args, f) is None]
     if missing:
@@ -206,8 +212,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
         costs = uniform_costs(args)
         graph = validate(load_graph(args.schedule, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks,
                                     **schedule_options(args)))
-        if args.recompute == "full":
-            graph = validate(lower(recompute_full(graph.schedule)))
+        if args.recompute not in (None, "none") or args.recompute_limit is not None:
+            c = costs  # the uniform times (a --costs file replaces them below): the pass places R's with them
+            graph = validate(lower(place_recompute(graph.schedule, args.recompute or "none", args.recompute_limit,
+                                                   (c.tf, c.tb, c.tw, c.tcomm, c.mw))))
         step_time = None
         if args.costs:
             from sim.profiled import load_costs, step_time

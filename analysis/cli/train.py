@@ -52,6 +52,7 @@ from real.mesh import env_world
 from real.model_api import UserModel, from_factory, plan_for
 from real.train import RunResult, resolve_backend, restart_count, resume_point, run
 from schedules import ConfigError
+from schedules.recompute import RECOMPUTE_PLACEMENTS
 from schedules.trace import check_trace_path
 from schedules.util import atomic_write, check_output_dir, check_output_file
 
@@ -117,6 +118,12 @@ def parser(prog: str) -> OneLineParser:
     o.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
     o.add_argument("--dp-mode", choices=DP_MODES, default="ddp", help="gradient sync (default ddp)")
     o.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket cap in MiB (default 25)")
+    o.add_argument("--recompute", choices=RECOMPUTE_PLACEMENTS, default="none",
+                   help="activation recomputation: none (default); full: an R (the forward again, with grad) right "
+                   "before every backward, its F keeps only its input; bubbles: each R moved into idle time "
+                   "before its backward within --recompute-limit")
+    o.add_argument("--recompute-limit", type=float, metavar="M",
+                   help="with --recompute bubbles: activation memory per rank, in microbatches' worth (M_B)")
     r = p.add_argument_group("runtime and output")
     r.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, gloo otherwise")
     r.add_argument("--timeout", type=float, default=300.0, metavar="S", help="collective timeout (default 300 s)")
@@ -191,7 +198,8 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
     return RunConfig(
         layout=Layout(schedule=args.schedule, pp=args.pp, dp=_resolve_dp(args.dp, args.pp, world),
                       microbatches=args.microbatches, chunks=args.chunks, split=args.split,
-                      boundaries=args.boundaries, balance=args.balance),
+                      boundaries=args.boundaries, balance=args.balance, recompute=args.recompute,
+                      recompute_limit=args.recompute_limit),
         steps=args.steps,
         data=DataConfig(model=model, batch_size=args.batch_size, seed=args.seed, factory=_factory(args),
                         token_file=args.data),
