@@ -20,7 +20,18 @@ v-half     (p+2)//2     ~ p/(2m)
 zb-v       p            0
 =========  ===========  =============
 
-The order is our own list scheduler, walking the ranks in time order: a free
+v-min is the paper's repeating building block (:func:`v_min_offsets`,
+:func:`v_block_schedule`): each microbatch's four passes on a rank at fixed
+slot offsets, one block every 6 slots, W's in the free slots, then run as early
+as dependencies allow. Its peak is exactly (p+4)//3 M_B under the paper's
+accounting (an activation held until its W, ``mw`` = 1) and p//3 + 1 under
+ours (I frees it); its span bubble is under 2p/(3m) for p = 2..16 (13.3% at
+p=16, m=64). The block applies to every p >= 1 and m >= 1.
+
+v-half is our own list scheduler under a cap of (p+2)//2 M_B: the paper's
+V-Half block run the same way (without its greedy reordering) measured worse
+than the list scheduler at every p in 2..16 we tried, so v-half keeps it. It
+walks the ranks in time order: a free
 rank runs the oldest backward (I) whose gradient has arrived, else the up-leg
 forward of a microbatch it already holds, else a new down-leg forward if that
 leaves room for one up-leg forward under the cap (so the V always drains),
@@ -38,7 +49,7 @@ from schedules.ir import Action, Kind, Schedule
 from schedules.registry import PipelineParams, make_schedule, register
 from schedules.zero_bubble import v_placement
 
-__all__ = ["v_half", "v_list_schedule", "v_min"]
+__all__ = ["V_MIN_INTERVAL", "v_block_schedule", "v_half", "v_list_schedule", "v_min", "v_min_offsets"]
 
 
 def v_list_schedule(p: int, m: int, cap: int, tf: float = 1.0, tb: float = 1.0, tw: float = 1.0,
@@ -132,6 +143,57 @@ def _f_times(f_arrive, nf, up, down, m, room_up, room_down) -> list[float]:
     return out
 
 
+# The V-Min building block (Qi et al. 2024, sec. 4; offsets from the authors' V-schedule code,
+# sail-sg/zero-bubble-pipeline-parallelism, its stable V-Min pattern): in slots of one chunk pass at
+# t_F = t_B = t_W, rank i runs microbatch j's down-leg F at i, up-leg F at 2p-1-i, up-leg I at 2p+g+i and
+# down-leg I at 4p+g-1-i, each plus 6j (one block every 6 slots), with the gap g = 2 when 3 divides p, else 0.
+V_MIN_INTERVAL = 6
+
+
+def v_min_offsets(p: int) -> list[tuple[int, int, int, int]]:
+    """Per rank, the V-Min block's slots of (down F, up F, up I, down I) for microbatch 0."""
+    g = 2 if p % 3 == 0 else 0
+    return [(i, 2 * p - 1 - i, 2 * p + g + i, 4 * p + g - 1 - i) for i in range(p)]
+
+
+def v_block_schedule(p: int, m: int, offsets: list[tuple[int, int, int, int]],
+                     interval: int = V_MIN_INTERVAL) -> list[list[Action]]:
+    """Per-rank programs from a repeating building block on the V placement.
+
+    Microbatch j's four passes on rank i sit at ``offsets[i]`` + ``interval`` j. The block's four slots
+    are distinct modulo the interval, so blocks never collide, and each pass's slot is after its
+    producer's (the slot arithmetic in :func:`v_min_offsets`). Every slot the blocks leave free takes
+    the oldest pending W (a rank's I's, in slot order); the rest follow the last block. The simulator
+    then runs each program as early as its dependencies allow: the paper's squeeze.
+    """
+    n = 2 * p
+    progs: list[list[Action]] = []
+    for r, offs in enumerate(offsets):
+        down, up = r, n - 1 - r
+        kinds = ((Kind.F, down), (Kind.F, up), (Kind.I, up), (Kind.I, down))
+        slots: dict[int, Action] = {}
+        for j in range(m):
+            for off, (kind, stage) in zip(offs, kinds):
+                t = off + interval * j
+                if t in slots:
+                    raise AssertionError(f"building block collides on rank {r} at slot {t}")
+                slots[t] = Action(kind, stage, j)
+        prog: list[Action] = []
+        pending: deque[Action] = deque()
+        for t in range(max(slots) + 1):
+            a = slots.get(t)
+            if a is None:
+                if pending:
+                    prog.append(pending.popleft())
+                continue
+            prog.append(a)
+            if a.kind is Kind.I:
+                pending.append(Action(Kind.W, a.stage, a.microbatch))
+        prog.extend(pending)
+        progs.append(prog)
+    return progs
+
+
 def _build(name: str, params: PipelineParams, cap: int) -> Schedule:
     p, m = params.pp, params.microbatches
     progs = v_list_schedule(p, m, cap)
@@ -147,4 +209,6 @@ def v_half(params: PipelineParams) -> Schedule:
 @register("v-min", fixed_chunks=2)
 def v_min(params: PipelineParams) -> Schedule:
     """V-Min (Qi et al. 2024, controllable memory): V placement at (p+4)//3 M_B, a third of 1F1B; bubble ~ 2p/(3m)."""
-    return _build("v-min", params, (params.pp + 4) // 3)
+    p, m = params.pp, params.microbatches
+    progs = v_block_schedule(p, m, v_min_offsets(p))
+    return make_schedule("v-min", params, progs, v_placement(p), lifespan_cap=(p + 4) // 3)
