@@ -142,9 +142,15 @@ class DataConfig:
     seed: int = 0  # fixes the model's initial weights and the data
     factory: str | None = None  # "pkg.module:factory" of a user model (real.model_api); None: the built-in model
     token_file: str | None = None  # a token file (real.data.tokens) to train the gpt on; None: synthetic data
+    # Each replica takes its per-step shard of the token file's windows as a lease from a data master on rank 0
+    # (real.datamaster.MasterBatches) instead of its fixed slice of the sampler's batch.
+    data_master: bool = False
 
     def __post_init__(self) -> None:
         check_positive_ints("data", batch_size=self.batch_size)
+        if self.data_master and self.token_file is None:
+            raise ConfigError("data_master hands out the windows of a token file; give a token_file",
+                              field="data_master")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -36,7 +36,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["DataMaster", "LeaseClient", "MasterReport", "rendezvous_store"]
+__all__ = ["DataMaster", "LeaseClient", "MasterBatches", "MasterReport", "rendezvous_store"]
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +73,16 @@ class MasterReport:
 
 
 class DataMaster:
-    """Leases ``num_shards`` shards to ``trainers`` ranks through ``store`` (see the module doc)."""
+    """Leases shards ``first .. first + num_shards - 1`` to ``trainers`` ranks through ``store`` (module doc)."""
 
-    def __init__(self, store: dist.Store, num_shards: int, trainers: int, *, lease_timeout_s: float = 10.0,
-                 join_timeout_s: float = 60.0, poll_s: float = 0.02) -> None:
+    def __init__(self, store: dist.Store, num_shards: int, trainers: int, *, first: int = 0,
+                 lease_timeout_s: float = 10.0, join_timeout_s: float = 60.0, poll_s: float = 0.02) -> None:
         if num_shards < 1 or trainers < 1:
             raise ValueError(f"a data master needs shards and trainers, got {num_shards} and {trainers}")
         self.store, self.num_shards, self.trainers = store, num_shards, trainers
         self.lease_timeout_s, self.join_timeout_s, self.poll_s = lease_timeout_s, join_timeout_s, poll_s
         self.report = MasterReport()
-        self._pending = deque(range(num_shards))
+        self._pending = deque(range(first, first + num_shards))  # shard ids first.. (a resumed run's next ones)
         self._held: dict[int, int] = {}  # shard -> rank
         self._answered = dict.fromkeys(range(trainers), 0)
         self._waiting: dict[int, int] = {}  # rank -> request number not yet answered
@@ -218,3 +218,106 @@ class LeaseClient:
     def close(self) -> None:
         self._stop.set()
         self._beats.join()
+
+
+class MasterBatches:
+    """A run's token-file batches with each replica's per-step shard leased from a :class:`DataMaster`.
+
+    The data source of ``data_master``: the stream is the sampler's (:class:`real.data.tokens.TokenBatches`), cut
+    into shards of one replica's share of a step (``batch_size // dp`` windows): shard ``j`` is the stream's windows
+    from ``j * share``. The master on rank 0 of a run that starts at step ``s0`` leases shards
+    ``consumed(s0) // share ..`` (one per replica and step) in that order, one trainer per replica (its pipeline rank 0; a last stage on
+    another rank reads the shard id its first stage published in the store).
+
+    Training is synchronous, which fixes what a lease may do. Every replica asks for one lease per step and
+    the steps are separated by the loss all-reduce, so step ``k`` gets exactly the ``dp`` shards after step ``k-1``'s, in
+    some order among the replicas: the global batch is the sampler's, only which replica trains on which share
+    may differ (the gradient is their mean). A lease is completed once the step that used it is done on every
+    rank. A trainer that dies mid-lease also breaks the step's collectives for everyone, so its lease is not
+    handed to a survivor within the attempt (the survivors cannot finish that step either); the group restarts
+    from the last checkpoint and the new attempt's master leases every shard after the checkpoint's position
+    again: the dead trainer's, and those completed after the checkpoint, whose updates the restored parameters
+    do not hold. The checkpoint's data position is the master's durable state: a checkpoint is written
+    between steps, when the shards done are exactly the stream's shards before it. The lease timeout is the
+    collective timeout, so a live but slow trainer never loses a lease another replica would then train on
+    twice (a lease of another step is refused with a RuntimeError).
+    """
+
+    def __init__(self, tokens: Any, *, dp: int, lease_timeout_s: float) -> None:
+        self.tokens, self.dp = tokens, dp
+        self.file, self.batch_size, self.sampler = tokens.file, tokens.batch_size, tokens.sampler
+        self.lease_timeout_s = lease_timeout_s
+        self.master: DataMaster | None = None
+        self.client: LeaseClient | None = None
+        self.store: dist.Store | None = None
+        self._held: int | None = None
+        self.shards: list[tuple[int, int, int]] = []  # (step, replica, shard) this rank trained on
+
+    def start(self, *, rank: int, world: int, dp_rank: int, holder: bool, needs_data: bool, start_step: int,
+              steps: int) -> None:
+        """Start the master (rank 0) and this replica's lease client (its ``holder``); after :meth:`restore`."""
+        dp = self.dp
+        self.share = self.batch_size // dp
+        self.start_step, self.first_window = start_step, self.tokens.consumed(start_step)
+        # Shard ids count shares of the stream; a position that is not a whole number of shares (a resize that
+        # changed the share) starts the count there.
+        self.first_shard = self.first_window // self.share
+        self.base_window = self.first_window - self.first_shard * self.share
+        shards = max(steps - start_step, 0) * dp
+        if shards == 0 or not (needs_data or rank == 0):
+            return
+        base = rendezvous_store(world, timeout_s=self.lease_timeout_s) if world > 1 else dist.HashStore()
+        self.store = dist.PrefixStore(f"run/from{start_step}", base)
+        if rank == 0:
+            self.master = DataMaster(self.store, shards, dp, first=self.first_shard, lease_timeout_s=self.lease_timeout_s,
+                                     join_timeout_s=self.lease_timeout_s).start()
+        if holder:
+            self.client = LeaseClient(self.store, dp_rank, heartbeat_s=min(1.0, self.lease_timeout_s / 4))
+
+    def replica_batch(self, step: int, dp: int, dp_rank: int) -> tuple[Any, Any]:
+        if self.client is not None:
+            shard = self.client.acquire(timeout_s=self.lease_timeout_s)
+            mine = self.first_shard + (step - self.start_step) * dp
+            if shard is None or not mine <= shard < mine + dp:
+                raise RuntimeError(f"replica {dp_rank}: the data master leased shard {shard} at step {step}, whose "
+                                   f"shards are {mine}..{mine + dp - 1} (a lease revoked from a live trainer?)")
+            self._held = shard
+            self.store.set(f"shard/{step}/{dp_rank}", str(shard))
+        else:
+            shard = int(self.store.get(f"shard/{step}/{dp_rank}"))
+        ids = self.sampler.take(self.base_window + shard * self.share, self.share)
+        self.shards.append((step, dp_rank, shard))
+        log.debug("step %d replica %d windows %s (shard %d)", step, dp_rank, ",".join(map(str, ids.tolist())), shard)
+        return self.file.windows(ids)
+
+    def step_done(self, step: int) -> None:
+        """The step that used this replica's lease is done on every rank: complete the lease."""
+        if self.client is not None and self._held is not None:
+            self.client.complete(self._held)
+            self._held = None
+
+    def finish(self) -> MasterReport | None:
+        """After the last step: leave the master (holders), and on rank 0 its report once every lease is done."""
+        if self.client is not None:
+            if self.client.acquire(timeout_s=self.lease_timeout_s) is not None:
+                raise RuntimeError("the data master leased a shard after the last step")
+            self.client.close()
+        if self.master is None:
+            return None
+        report = self.master.join(timeout=self.lease_timeout_s)
+        log.info("data master: %d shards of %d windows completed; leases %s; lost trainers %s",
+                 len(report.completed_by), self.share, report.leases, report.lost)
+        return report
+
+    def sample(self, rows: int) -> tuple[Any, Any]:
+        return self.tokens.sample(rows)
+
+    def state(self, step: int) -> dict[str, Any]:
+        """The sampler's position (every shard before it done) and the shards of this epoch done."""
+        state = self.tokens.state(step)
+        share = self.batch_size // self.dp
+        return {**state, "source": "data master", "shard_windows": share,
+                "epoch_shards_done": state["offset"] // share}
+
+    def restore(self, step: int, state: dict[str, Any] | None) -> None:
+        self.tokens.restore(step, state)

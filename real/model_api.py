@@ -361,7 +361,12 @@ def data_for(config: RunConfig, user: UserModel | None) -> DataSource:
     if config.data.token_file is not None:
         from real.data.tokens import TokenBatches
 
-        return TokenBatches.open(config)
+        tokens = TokenBatches.open(config)
+        if config.data.data_master:
+            from real.datamaster import MasterBatches
+
+            return MasterBatches(tokens, dp=config.layout.dp, lease_timeout_s=config.runtime.timeout_s)
+        return tokens
     if user is not None:
         if user.batches is None:
             raise ConfigError(f"model {user.name}: batches is None and no token file is given; return a batch "

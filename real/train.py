@@ -31,6 +31,7 @@ import torch.distributed as dist
 from real import checkpoint as ckpt
 from real.config import Plan, RunConfig, make_plan
 from real.data import DataSource, microbatches, step_seed
+from real.datamaster import MasterBatches
 from real.dp import GradSync
 from real.executor import Executor, Stage
 from real.measure import ActivationMeter, Recorder, clock_offset
@@ -279,6 +280,7 @@ class _Trainer:
 
     def _step(self, step: int) -> torch.Tensor | None:
         torch.manual_seed(step_seed(self.plan.config.data.seed, step, self.mesh.rank))
+        batches = self._batches(step)  # before the fault: with a data master, a killed rank dies holding a lease
         self._inject_fault(step)
         if self.sync is not None:
             self.sync.begin_step()
@@ -288,7 +290,7 @@ class _Trainer:
         cfg = self.plan.config
         self.recorder.begin(step in cfg.traced_steps)
         self.meter.begin(step == self.metered)
-        loss = self.executor.run_step(self._batches(step))
+        loss = self.executor.run_step(batches)
         if self.sync is not None:
             self.sync.finish()
         for s, opt in self.optimizers.items():
@@ -351,12 +353,19 @@ class _Trainer:
         log.info("rank %d (pipeline rank %d, replica %d): stages %s, layers %s, clock offset to rank 0 %.6f s",
                  self.mesh.rank, self.mesh.pp_rank, self.mesh.dp_rank, sorted(self.stages),
                  [f"{self.plan.layers[s].start}..{self.plan.layers[s].stop - 1}" for s in sorted(self.stages)], offset)
+        leased = isinstance(self.data, MasterBatches)
+        if leased:
+            self.data.start(rank=self.mesh.rank, world=self.mesh.world_size, dp_rank=self.mesh.dp_rank,
+                            holder=self.mesh.pp_rank == 0, needs_data=self.needs_data, start_step=start,
+                            steps=cfg.steps)
         if self.mesh.distributed:
             dist.barrier()
         times, rows, memory, traced_times = [], [], {}, {}
         t_prev = time.perf_counter()
         for step in range(start, cfg.steps):
             loss = self._guarded(step)
+            if leased:
+                self.data.step_done(step)  # every rank has the step's loss: the step is done everywhere
             if not math.isfinite(loss):
                 self._diverged(step, loss, saver)
             now = time.perf_counter()
@@ -377,6 +386,8 @@ class _Trainer:
                     t_prev = time.perf_counter()
         if saver is not None:
             saver.wait()
+        if leased:
+            self.data.finish()
         result = self._gather(losses, times, rows, memory, path, traced_times)
         return replace(result, start_step=start, resumed_from=str(restored.path) if restored else None)
 

@@ -111,6 +111,8 @@ def parser(prog: str) -> OneLineParser:
                    help="the first layer (block) of every stage but the first, e.g. 3,5")
     p.add_argument("--balance", choices=BALANCE, help="split the blocks by their profiled forward+backward time")
     p.add_argument("--data", metavar="PATH", help="a token file (python -m real.data prepare) instead of synthetic data")
+    p.add_argument("--data-master", action="store_true",
+                   help="with --data: each replica leases its per-step shard of windows from a data master on rank 0")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="bfloat16: autocast passes, bf16 messages, float32 master weights (default float32)")
     o = p.add_argument_group("training")
@@ -202,7 +204,7 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
                       recompute_limit=args.recompute_limit),
         steps=args.steps,
         data=DataConfig(model=model, batch_size=args.batch_size, seed=args.seed, factory=_factory(args),
-                        token_file=args.data),
+                        token_file=args.data, data_master=args.data_master),
         optim=OptimConfig(optimizer=args.optimizer, lr=args.lr),
         sync=SyncConfig(dp_mode=args.dp_mode, bucket_mb=args.bucket_mb),
         runtime=RuntimeConfig(backend=args.backend, timeout_s=args.timeout, recv_ahead=args.recv_ahead,
