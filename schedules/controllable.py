@@ -173,7 +173,7 @@ def v_block_schedule(p: int, m: int, offsets: list[tuple[int, int, int, int]],
         kinds = ((Kind.F, down), (Kind.F, up), (Kind.I, up), (Kind.I, down))
         slots: dict[int, Action] = {}
         for j in range(m):
-            for off, (kind, stage) in zip(offs, kinds):
+            for off, (kind, stage) in zip(offs, kinds, strict=True):
                 t = off + interval * j
                 if t in slots:
                     raise AssertionError(f"building block collides on rank {r} at slot {t}")
