@@ -402,8 +402,8 @@ class TraceFit:
     num_stages: int
     passes: dict[tuple[int, str], float]  # (stage, kind) -> median in-run duration
     latency: float  # median message latency: from the later of the receiver's wait and the post's end to arrival
-    task_overhead: float  # median gap between two compute tasks with no message between them
-    send_cpu: float  # median extra gap when the first posts a message (nothing received between)
+    task_overhead: float  # median gap after a compute task's body that posts no message (to the rank's next task)
+    send_cpu: float  # median extra gap after one that posts a message (gloo copies it on the caller's thread)
     step_overhead: float  # median of step wall time - the programs' span (less one task overhead: see below)
     activation_bytes: float
     steps: int
@@ -462,14 +462,12 @@ def trace_fit(trace: Any) -> TraceFit:
                 by_rank.setdefault(r["rank"], []).append(r)
                 if r["stream"] == "compute" and r["kind"] in ("F", "B", "I", "W"):
                     passes.setdefault((r["stage"], r["kind"]), []).append(r["end"] - r["start"])
-            for mine in by_rank.values():
-                compute = [r for r in mine if r["stream"] == "compute"]
-                for c, n in itertools.pairwise(compute):
-                    between = [r for r in mine if r["stream"] != "compute" and c["end"] <= r["start"] < n["start"]]
-                    if not between:
-                        gaps.append(n["start"] - c["end"])
-                    elif all(r["stream"] == "send" for r in between) and len(between) == 1:
-                        post_gaps.append(n["start"] - c["end"])
+            for mine in by_rank.values():  # rows in start order: what follows each compute task's body
+                for c, n in itertools.pairwise(mine):
+                    if c["stream"] != "compute" or (c["rank"], c["action"]) not in held:
+                        continue
+                    gap = held[(c["rank"], c["action"])] - (c["end"] - c["start"])  # its occupancy less its body
+                    (post_gaps if n["stream"] == "send" else gaps).append(gap)
     steps = sum(len(trace_steps(df)) for df in frames)
     med = statistics.median
     task_overhead = med(gaps) if gaps else 0.0
