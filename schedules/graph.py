@@ -62,9 +62,10 @@ class TaskGraph:
     def successors(self) -> tuple[tuple[int, ...], ...]:
         succ: list[list[int]] = [[] for _ in self.tasks]
         for t in self.tasks:
+            i = t.id
             for d in t.deps:
-                succ[d].append(t.id)
-        return tuple(tuple(s) for s in succ)
+                succ[d].append(i)
+        return tuple(map(tuple, succ))
 
     def program_actions(self, rank: int) -> list[Action]:
         """Rank ``rank``'s program with communication, as actions (torch's comm-lowered form)."""
@@ -86,13 +87,15 @@ def topological_order(graph: TaskGraph) -> tuple[list[int], list[int]]:
     succ = graph.successors
     ready = [i for i, d in enumerate(indeg) if d == 0]
     order: list[int] = []
+    pop, push, emit = ready.pop, ready.append, order.append
     while ready:
-        i = ready.pop()
-        order.append(i)
+        i = pop()
+        emit(i)
         for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                ready.append(j)
+            d = indeg[j] - 1
+            indeg[j] = d
+            if d == 0:
+                push(j)
     return order, indeg
 
 
