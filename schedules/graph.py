@@ -101,6 +101,8 @@ def topological_order(graph: TaskGraph) -> tuple[list[int], list[int]]:
 
 def find_cycle(graph: TaskGraph) -> list[int] | None:
     """Task ids of one cycle of waits (first == last), or None if the graph is acyclic."""
+    if _runs_in_program_order(graph):
+        return None
     order, indeg = topological_order(graph)
     n = len(graph.tasks)
     if len(order) == n:
@@ -116,3 +118,37 @@ def find_cycle(graph: TaskGraph) -> list[int] | None:
         node = next(d for d in graph.tasks[node].deps if d in stuck)
     cycle = [*path[index[node] :], node]
     return cycle[::-1]  # in the direction of time: each waits for the one before
+
+
+def _runs_in_program_order(graph: TaskGraph) -> bool:
+    """True if every task can run with each rank taking its program strictly in order (a certificate of no cycle).
+
+    Round robin over the ranks, each advancing while the task at its position has its dependencies done. When
+    all tasks run, that order is a topological order. False says nothing (a receive posted ahead of the send it
+    waits for can stall a rank here without a cycle): :func:`find_cycle` then looks for real.
+    """
+    deps = [t.deps for t in graph.tasks]
+    done = bytearray(len(deps))
+    programs = [p for p in graph.programs if p]
+    pos = [0] * len(programs)
+    left = len(deps)
+    moved = True
+    while moved and left:
+        moved = False
+        for r, prog in enumerate(programs):
+            p, end = pos[r], len(prog)
+            while p < end:
+                t = prog[p]
+                for d in deps[t]:
+                    if not done[d]:
+                        break
+                else:
+                    done[t] = 1
+                    p += 1
+                    continue
+                break
+            if p != pos[r]:
+                left -= p - pos[r]
+                pos[r] = p
+                moved = True
+    return left == 0 and all(done)
