@@ -21,6 +21,8 @@ demo: $(STAMP)
 	for r in none full "selective --sp"; do $(BIN)/schedlab compare --model gpt3-175b --cluster dgx-a100:8 --tp 8 \
 		--pp 8 --microbatches 64 --chunks 3 --schedules 1f1b,interleaved-1f1b --recompute $$r || exit 1; done
 	$(BIN)/schedlab report --out out/report
+	$(BIN)/python -m real.data prepare --input README.md --out out/corpus.u16
+	$(BIN)/schedlab run --schedule 1f1b --pp 2 --microbatches 4 --steps 20 --data out/corpus.u16 --vocab 256 --seq 32
 
 # Real training: the GPT model with 1F1B on 2 CPU processes (torchrun, gloo); trace + timeline in out/.
 run: $(STAMP)

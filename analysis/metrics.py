@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from schedules.trace import median_step
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -16,8 +18,10 @@ def summarize(trace: pd.DataFrame) -> dict[str, Any]:
     Bubble ratio = 1 - (sum of compute-busy time over ranks) / (ranks x makespan),
     where ranks counts every rank in the trace and the makespan runs from the
     first task's start to the last task's end. The per-rank figures let other
-    published definitions be computed from the same result.
+    published definitions be computed from the same result. A trace of several
+    steps is summarized by its step of median wall time (:func:`schedules.trace.median_step`).
     """
+    trace = median_step(trace)
     if len(trace) == 0:
         return {"makespan": 0.0, "bubble_ratio": 0.0, "ranks": []}
     t0, t1 = float(trace["start"].min()), float(trace["end"].max())

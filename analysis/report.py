@@ -9,8 +9,9 @@ The simulations come from :func:`sim.sweep.run_sweep`; this module only reads th
 
 Sections: the comparison table at one shape, a recommendation, bubble ratio
 against the number of microbatches (with the closed forms where they exist),
-memory against throughput (the Pareto view), timelines, and, when real traces
-are given, prediction against measurement with side-by-side timelines.
+memory against throughput (the Pareto view), recomputation's time against
+memory, timelines, and, when real traces are given, prediction against
+measurement with side-by-side timelines.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from analysis.compare import comparison_table
 from analysis.theory import bubble_ratio as closed_form_bubble
 from analysis.timeline import plot_timeline, plot_timelines
-from analysis.validation import compare_pair, validation_summary
+from analysis.validation import compare_pair, plot_validation, validation_summary
 from schedules.errors import OutputError
 from schedules.trace import write_trace
 from schedules.util import check_output_dir
@@ -34,9 +35,9 @@ from schedules.util import check_output_dir
 if TYPE_CHECKING:
     import pandas as pd
 
-    from sim.sweep import Sweep, SweepConfig
+    from sim.sweep import RecomputePoint, Sweep, SweepConfig
 
-__all__ = ["write_report"]
+__all__ = ["plot_recompute_tradeoff", "write_report"]
 
 
 def _savefig(fig, path: Path) -> Path:
@@ -133,6 +134,70 @@ def _plot_pareto(table: pd.DataFrame, front: list[str], path: Path) -> Path:
     return path
 
 
+_PLACEMENT_STYLE = {"none": ("o", "#3a78c9"), "full": ("s", "#d1495b"), "bubbles": ("^", "#3fa34d")}
+
+
+def plot_recompute_tradeoff(points: Sequence[RecomputePoint], path: Path) -> Path:
+    """One panel per schedule: step time against peak activations for each placement of the R's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shown = list(dict.fromkeys(pt.schedule for pt in points))
+    cols = min(4, len(shown))
+    nrows = math.ceil(len(shown) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(2.8 * cols, 2.4 * nrows + 0.7), squeeze=False)
+    for ax, name in zip(axes.flat, shown, strict=False):
+        mine = [pt for pt in points if pt.schedule == name]
+        curve = sorted(mine, key=lambda pt: (pt.peak_activations, -pt.makespan))  # the trade-off, left to right
+        ax.plot([pt.peak_activations for pt in curve], [pt.makespan for pt in curve], "-", color="#bbbbbb", lw=0.8)
+        for pt in mine:
+            marker, color = _PLACEMENT_STYLE[pt.placement]
+            ax.plot(pt.peak_activations, pt.makespan, marker, color=color, ms=6, label=pt.placement)
+            ax.annotate(pt.label, (pt.peak_activations, pt.makespan), textcoords="offset points", xytext=(4, 3),
+                        fontsize=7)
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.margins(0.25)
+    for ax in list(axes.flat)[len(shown):]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel("peak activations (M_B)", fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("step time", fontsize=8)
+    handles = {}
+    for ax in axes.flat:
+        for line in ax.lines[1:]:
+            handles.setdefault(line.get_label(), line)
+    fig.legend(list(handles.values()), list(handles), loc="upper right", fontsize=8, frameon=False, ncol=3)
+    fig.suptitle("recomputation: step time against peak memory (down and left is better)", fontsize=10, x=0.01,
+                 ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    _savefig(fig, path)
+    plt.close(fig)
+    return path
+
+
+def _recompute_section(sweep: Sweep, out: Path) -> list[str]:
+    """Per schedule: step and peak with no recomputation, R before every backward, R's moved into the bubbles."""
+    points = sweep.recompute
+    if not points:
+        return []
+    plot_recompute_tradeoff(points, out / "recompute-tradeoff.png")
+    labels = list(dict.fromkeys(pt.label for pt in points))
+    by = {(pt.schedule, pt.label): pt for pt in points}
+    rows = [(name, *(f"{by[(name, lab)].makespan:.4g} / {by[(name, lab)].peak_activations:.3g}" for lab in labels))
+            for name in dict.fromkeys(pt.schedule for pt in points)]
+    return ["## Recomputation: time against memory", "",
+            "An R re-runs a forward right before the backward that needs it (`full`): the forward keeps only its "
+            "input, so a rank holds about one microbatch's activations, for a forward more per microbatch. "
+            "`bubbles@L` starts from `full` and moves each R into idle time before its backward (after Mario, "
+            "PPoPP 2025) while every rank stays within L M_B. Cells: step / peak M_B of the busiest rank.", "",
+            _markdown_table(["schedule", *labels], rows), "",
+            "![recomputation trade-off](recompute-tradeoff.png)", ""]
+
+
 def _markdown_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -187,7 +252,7 @@ def _real_section(sweep: Sweep, out: Path) -> list[str]:
             f"ranking agreement (Kendall tau) {summary['kendall_tau']:.2f}.", "", *figures]
 
 
-def write_report(out: str | os.PathLike, sweep: Sweep) -> Path:
+def write_report(out: str | os.PathLike, sweep: Sweep, validation: dict[str, Any] | None = None) -> Path:
     """Plot what ``sweep`` simulated and write ``out/report.md``; returns its path.
 
     Everything is written into a staging folder beside ``out`` first and moved
@@ -200,7 +265,7 @@ def write_report(out: str | os.PathLike, sweep: Sweep) -> Path:
     except OSError as exc:
         raise OutputError(f"cannot write report folder {str(final)!r}: {exc.strerror or exc}") from None
     try:
-        _write_report(stage, sweep)
+        _write_report(stage, sweep, validation)
         final.mkdir(parents=True, exist_ok=True)
         for item in sorted(stage.rglob("*"), key=lambda q: (q.name == "report.md", len(q.parts))):
             if item.is_file():
@@ -214,7 +279,34 @@ def write_report(out: str | os.PathLike, sweep: Sweep) -> Path:
     return final / "report.md"
 
 
-def _write_report(out: Path, sweep: Sweep) -> None:
+def _validation_section(data: dict[str, Any] | None, out: Path) -> list[str]:
+    """Predicted against measured (experiments/validate_sim.py): the plot, the table, the mechanisms."""
+    if data is None:
+        return []
+    plot_validation(data, out / "validation.png")
+    rows = data["schedules"]
+    md = ["## The simulator against real runs", "",
+          f"Calibrated from {data.get('calibrated_from', {}).get('schedule', '?')} "
+          f"(m={data.get('calibrated_from', {}).get('microbatches', '?')}); measured step time = median over "
+          "rounds of each round's median, spread = p10-p90 of the round medians.", "",
+          "![predicted against measured](validation.png)", "",
+          _markdown_table(["schedule", "m", "predicted ms", "measured ms", "spread ms", "error", "profile error",
+                           "replay error"],
+                          [(r["schedule"], r["microbatches"], f"{r['predicted_step_time'] * 1e3:.1f}",
+                            f"{r['measured_step_time'] * 1e3:.1f}",
+                            f"{r['measured_spread'][0] * 1e3:.1f}-{r['measured_spread'][1] * 1e3:.1f}",
+                            f"{r['error']:+.1%}",
+                            f"{r['profile_error']:+.1%}" if r.get("profile_error") is not None else "-",
+                            f"{r['replay_error']:+.1%}" if r.get("replay_error") is not None else "-")
+                           for r in rows]), ""]
+    mech = data.get("mechanisms")
+    if mech:
+        md += ["Mean |error| with every mechanism, and with each switched off in turn:", "",
+               _markdown_table(["model", "mean abs error"], [(k, f"{v:.1%}") for k, v in mech.items()]), ""]
+    return md
+
+
+def _write_report(out: Path, sweep: Sweep, validation: dict[str, Any] | None = None) -> None:
     cfg, results = sweep.config, sweep.results
     table = comparison_table(results)
     front = _pareto(table)
@@ -251,11 +343,13 @@ def _write_report(out: Path, sweep: Sweep) -> None:
         "",
         "![memory vs throughput](memory-vs-throughput.png)",
         "",
+        *_recompute_section(sweep, out),
         "## Timelines",
         "",
         "![all schedules on one time axis](timelines.png)",
         "",
         *_real_section(sweep, out),
+        *_validation_section(validation, out),
         "Per-task traces of every simulated schedule are in `traces/` (CSV, the shared trace format).",
         "",
     ]

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from schedules.errors import ScheduleError
+from schedules.trace import median_step
 from schedules.util import atomic_write, check_output_file
 
 if TYPE_CHECKING:
@@ -28,6 +29,7 @@ KIND_COLORS = {
     "B": "#3fa34d",  # full backward: green
     "I": "#e8a33d",  # input-gradient backward: amber
     "W": "#9467bd",  # weight-gradient backward: purple
+    "R": "#8fb8e8",  # recomputed forward: light blue
     "OVERLAP_F_B": "#d1495b",  # overlapped forward+backward pair: red
 }
 _KIND_NAMES = {
@@ -35,6 +37,7 @@ _KIND_NAMES = {
     "B": "backward (B)",
     "I": "input grad (I)",
     "W": "weight grad (W)",
+    "R": "recompute (R)",
     "OVERLAP_F_B": "overlapped F+B",
 }
 _FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
@@ -53,7 +56,8 @@ def _lighten(color: str, amount: float) -> tuple[float, float, float]:
 
 
 def draw_timeline(ax: Axes, trace: pd.DataFrame, *, title: str | None = None, xmax: float | None = None) -> None:
-    """Draw one trace's compute tasks on ``ax``: rank 0 on top."""
+    """Draw one trace's compute tasks on ``ax``: rank 0 on top (of several steps, the median one)."""
+    trace = median_step(trace)
     compute = trace[trace["stream"] == "compute"]
     ranks = sorted(trace["rank"].unique())
     n_ranks = max(ranks) + 1 if ranks else 1

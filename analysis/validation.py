@@ -6,16 +6,19 @@ the shared format; nothing here knows how either was produced.
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from analysis.metrics import summarize
+from schedules.trace import median_step
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["compare_pair", "kendall_tau", "kind_durations", "validation_summary"]
+__all__ = ["compare_pair", "kendall_tau", "kind_durations", "load_validation", "plot_validation", "validation_summary"]
 
 
 def kind_durations(trace: pd.DataFrame) -> dict[str, float]:
@@ -26,6 +29,7 @@ def kind_durations(trace: pd.DataFrame) -> dict[str, float]:
 
 def compare_pair(predicted: pd.DataFrame, measured: pd.DataFrame) -> dict[str, Any]:
     """Step time and bubble ratio predicted vs measured, errors relative to the measurement (signed)."""
+    measured = median_step(measured)
     p, m = summarize(predicted), summarize(measured)
     pk, mk = kind_durations(predicted), kind_durations(measured)
     row: dict[str, Any] = {
@@ -45,15 +49,23 @@ def compare_pair(predicted: pd.DataFrame, measured: pd.DataFrame) -> dict[str, A
     return row
 
 
-def kendall_tau(xs: Sequence[float], ys: Sequence[float]) -> float:
-    """Kendall's tau-b between two rankings (ties counted as neither concordant nor discordant)."""
+def kendall_tau(xs: Sequence[float], ys: Sequence[float],
+                y_spread: Sequence[tuple[float, float]] | None = None) -> float:
+    """Kendall's tau-b between two rankings (ties counted as neither concordant nor discordant).
+
+    ``y_spread``: an interval (e.g. p10-p90 over rounds) around each y; a pair
+    whose intervals overlap is a tie in y (their measured difference lies within
+    their combined spread, so the measurement cannot order them).
+    """
     n = len(xs)
-    if n != len(ys):
+    if n != len(ys) or (y_spread is not None and len(y_spread) != n):
         raise ValueError(f"kendall_tau needs equal lengths, got {n} and {len(ys)}")
     conc = disc = ties_x = ties_y = 0
     for i in range(n):
         for j in range(i + 1, n):
             dx, dy = xs[i] - xs[j], ys[i] - ys[j]
+            if y_spread is not None and y_spread[i][0] <= y_spread[j][1] and y_spread[j][0] <= y_spread[i][1]:
+                dy = 0
             if dx == 0 and dy == 0:
                 continue
             if dx == 0:
@@ -78,3 +90,69 @@ def validation_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "kendall_tau": kendall_tau([r["predicted_step_time"] for r in rows], [r["measured_step_time"] for r in rows])
         if len(rows) > 1 else 1.0,
     }
+
+
+_ROW_KEYS = ("schedule", "microbatches", "predicted_step_time", "measured_step_time", "error", "measured_spread")
+
+
+def load_validation(path: str | os.PathLike) -> dict[str, Any]:
+    """The JSON that ``experiments/validate_sim.py --json`` writes; ConfigError (one line) if it is not one."""
+    import json
+
+    from schedules.errors import ConfigError
+    from schedules.util import read_text_file
+
+    where = f"validation file {str(path)!r}"
+    if not Path(path).is_file():
+        raise ConfigError(f"{where} not found; write one with experiments/validate_sim.py", field="validation")
+    try:
+        data = json.loads(read_text_file(Path(path), where, "a validation file is JSON"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where} is not JSON: {exc}", field="validation") from None
+    rows = data.get("schedules") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not rows:
+        raise ConfigError(f"{where} has no \"schedules\" list; experiments/validate_sim.py writes one",
+                          field="validation")
+    for i, r in enumerate(rows):
+        lacking = [k for k in _ROW_KEYS if not isinstance(r, dict) or k not in r]
+        if lacking:
+            raise ConfigError(f"{where}: schedules[{i}] lacks {', '.join(lacking)}", field="validation")
+    return data
+
+
+def plot_validation(data: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Predicted against measured step time (ms), measured p10-p90 as error bars, y = x and +-5%."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from schedules.util import atomic_write
+
+    rows = data["schedules"]
+    fig, ax = plt.subplots(figsize=(7, 6))
+    names = sorted({r["schedule"] for r in rows})
+    cmap = plt.get_cmap("tab10")
+    for k, name in enumerate(names):
+        mine = [r for r in rows if r["schedule"] == name]
+        x = [r["measured_step_time"] * 1e3 for r in mine]
+        y = [r["predicted_step_time"] * 1e3 for r in mine]
+        lo = [max(r["measured_step_time"] - r["measured_spread"][0], 0.0) * 1e3 for r in mine]
+        hi = [max(r["measured_spread"][1] - r["measured_step_time"], 0.0) * 1e3 for r in mine]
+        ax.errorbar(x, y, xerr=[lo, hi], fmt="o", color=cmap(k % 10), label=name, capsize=3)
+    top = max(max(r["measured_spread"][1], r["predicted_step_time"]) for r in rows) * 1e3 * 1.05
+    ax.plot([0, top], [0, top], color="black", lw=1, label="predicted = measured")
+    for f in (0.95, 1.05):
+        ax.plot([0, top], [0, top * f], color="gray", lw=0.8, ls="--")
+    ax.set_xlim(0, top)
+    ax.set_ylim(0, top)
+    ax.set_xlabel("measured step time (ms; bar: p10-p90 of round medians)")
+    ax.set_ylabel("predicted step time (ms)")
+    tau = data.get("kendall_tau_b")
+    ax.set_title(f"mean |error| {data.get('mean_abs_error', float('nan')):.1%}"
+                 + (f", Kendall tau_b {tau:.2f}" if tau is not None else "") + " (dashed: +-5%)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = atomic_write(Path(path), lambda tmp: fig.savefig(tmp, format="png", dpi=110), "validation plot")
+    plt.close(fig)
+    return out

@@ -8,7 +8,10 @@
    finite and fall, the trace must hold every task;
 2. the F / B / I / W profile of a middle stage at a few microbatch sizes,
    printed as a table (I + W should be close to B);
-3. with two or more GPUs: a pp=2 1F1B run under torchrun with NCCL (the
+3. recomputation (``recompute full``: F under no_grad, R re-runs it with grad,
+   the CUDA random state restored) against the same run without: the same
+   losses, less activation memory;
+4. with two or more GPUs: a pp=2 1F1B run under torchrun with NCCL (the
    point-to-point messages on CUDA streams) compared with plain training on
    the first GPU.
 """
@@ -43,6 +46,18 @@ def _train_one(device: str) -> bool:
           f"median step {sorted(result.step_times)[5] * 1e3:.1f} ms, peak activations "
           f"{mem['peak_activation_bytes'] / 2**20:.1f} MiB, max allocated "
           f"{(mem['max_memory_allocated'] or 0) / 2**20:.1f} MiB  [{'ok' if ok else 'FAILED'}]")
+    return ok
+
+
+def _recompute(device: str) -> bool:
+    backend = "nccl" if device == "cuda" else "gloo"
+    runs = {mode: run(RunConfig.of(schedule="gpipe", pp=1, microbatches=4, batch_size=32, steps=3,
+                                   model=MODELS[device], backend=backend, recompute=mode)) for mode in ("none", "full")}
+    worst = max(abs(a - b) for a, b in zip(runs["none"].losses, runs["full"].losses, strict=True))
+    peaks = {mode: r.memory[0]["peak_activations_mb"] for mode, r in runs.items()}
+    ok = worst < 1e-5 and peaks["full"] < 1.1 < 3.9 < peaks["none"]
+    print(f"recompute full on {device}: losses differ by {worst:.2e}, peak activations {peaks['none']:.2f} -> "
+          f"{peaks['full']:.2f} M_B  [{'ok' if ok else 'FAILED'}]")
     return ok
 
 
@@ -85,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.device == "cuda":
         print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}")
     ok = _train_one(a.device)
+    ok &= _recompute(a.device)
     _profile(a.device)
     if a.device == "cuda" and torch.cuda.device_count() >= 2:
         ok &= _two_gpus()

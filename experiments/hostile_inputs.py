@@ -197,8 +197,9 @@ def _cases(d: Path) -> list[Case]:
         add("ignored flags", [*SIM, "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--costs", costs, flag, v])
     for flag, v in (("--dp", "2"), ("--tp", "2"), ("--dp-mode", "ddp"), ("--collective", "ring"),
                     ("--microbatch-size", "2"), ("--bucket-mb", "10"), ("--order", "pp-inner"), ("--efficiency", "0.5"),
-                    ("--recompute", "full"), ("--seq-len", "4096")):
+                    ("--recompute", "selective"), ("--seq-len", "4096")):
         add("ignored flags", [*SIM, *SHAPE, flag, v])
+    add("ignored flags", [*SIM, *SHAPE, "--recompute", "full"], "ok")  # R before every backward (issue 14)
     add("ignored flags", [*SIM, *SHAPE, "--sp"])
     add("ignored flags", [*SIM, "--model", "gpt3-175b", "--cluster", "dgx-a100:8", "--pp", "8", "--schedule", "1f1b",
                           "--microbatches", "8", "--sp"])  # sequence parallelism with tp=1 would do nothing
@@ -280,11 +281,15 @@ def _cases(d: Path) -> list[Case]:
     add("cost files", [*SIM, "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--costs", str(d / "no.json")])
     add("cost files", [*SIM, "--schedule", "1f1b", "--pp", "3", "--microbatches", "4", "--costs", costs])
     add("cost files", [*SIM, "--schedule", "zb-v", "--pp", "2", "--microbatches", "4", "--costs", costs, "--json"], "ok")
+    add("cost files", [*SIM, "--schedule", "zb-v", "--pp", "2", "--microbatches", "4", "--costs", costs,
+                       "--costs-profile", costs])  # a profile scales a trace, not a cost file
+    add("cost files", [*SIM, "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--costs", f["badcell.csv"]])
+    add("cost files", [*SCHEDLAB, "report", "--out", out, "--validation", f["afile"]])
 
     # -- the real runtime (one process; no torchrun) ---------------------------------------------------------------
     one = ["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--steps", "2", *SMALL]
     for extra in (["--pp", "2"], ["--batch-size", "3"], ["--split", "2,x"], ["--split", "1,1"], ["--dim", "15"],
-                  ["--trace-step", "5"], ["--fail-rank", "3"], ["--fail-at-step", "9"], ["--keep-last", "0",
+                  ["--trace-step", "5"], ["--trace-steps", "0"], ["--trace-steps", "3"], ["--fail-rank", "3"], ["--fail-at-step", "9"], ["--keep-last", "0",
                   "--checkpoint-dir", str(d / "ck")], ["--checkpoint-dir", f["afile"]], ["--save-params", f["adir"]],
                   ["--trace", f["afile"] + "/t.csv"], ["--plot", f["adir"]], ["--optimizer", "lamb"], ["--lr", "0"],
                   ["--lr", "nan"], ["--dp-mode", "zero3"], ["--backend", "nccl"], ["--timeout", "-1"],

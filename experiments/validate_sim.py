@@ -1,20 +1,37 @@
-"""How close is the simulator to the real runtime? Profile once, simulate, run for real, compare.
+"""How close is the simulator to the real runtime? Calibrate from one real run, predict the grid, compare.
 
-    python experiments/validate_sim.py                   # table
+    python experiments/validate_sim.py                   # the default grid (about 10 min on 2 cores)
+    python experiments/validate_sim.py --quick           # 5 schedules x microbatches 4, 16 (about 4 min)
     python experiments/validate_sim.py --json            # exactly one JSON object
-    python experiments/validate_sim.py --schedules all --reps 2
 
-On 2 CPU ranks with gloo (torchrun): ``python -m real.profile`` measures the
-model's passes per stage (for every stage count the schedules need), the
-messages and the per-step work once; then for each schedule the simulator
-predicts the step time with :class:`sim.profiled.ProfiledCosts`
-(:func:`sim.profiled.step_time`: programs, optimizer steps, loss
-all-reduce), and ``python -m real`` trains it for ``warmup + steps`` steps,
-``reps`` times (schedules interleaved, so drift of a shared machine hits all
-alike). Measured = the median of the measured steps' times over all
-repetitions, as the runtime reports them (``step_times``). error =
-(predicted - measured) / measured. The traces of one step of each schedule
-and the cost file stay in ``--out`` for ``schedlab report --real ... --costs``.
+The protocol, on 2 CPU ranks with gloo:
+
+1. ``python -m real.profile`` measures the passes of every stage count the grid
+   needs (2 and 4 stages at pp=2), once; and, for the data-parallel pair (pp=1,
+   dp=2, ddp against sync with 1 MiB buckets), the whole model and the
+   collectives over both ranks.
+2. Every configuration of the grid runs for real, interleaved in rounds
+   (A B C ... A B C ..., ``--rounds``, default 5) inside one process group
+   (:func:`real.measure.measure_interleaved`), ``--steps`` measured steps each
+   (default 10), every one traced. A run disturbed by other processes is
+   repeated. Measured step time = the median over rounds of each round's
+   median; spread = p10-p90 of the round medians.
+3. The simulator is calibrated from the traces of one configuration
+   (``--calibrate-from``, default 1f1b at the grid's middle microbatch count)
+   with :func:`sim.profiled.from_trace`, and predicts every configuration
+   (other stage counts and the I/W passes scaled from the profile by the
+   trace's in-run/profiled ratio). The profile alone is the second
+   calibration source, reported beside it. The data-parallel pair is
+   predicted from its own profile, its passes scaled by the same ratios.
+4. Replay: each traced step of each pipeline configuration is simulated with
+   its own task durations (:func:`sim.replay.replay`); replay error = the
+   median over steps of (predicted span - measured span) / measured span.
+5. The mechanisms the CPU testbed adds (``send_cpu``, ``task_overhead``,
+   ``step_overhead``) are each switched off in turn to show what each
+   contributes to the error (``mechanisms``).
+
+error = (predicted - measured) / measured. Kendall tau_b counts as ties the
+pairs whose p10-p90 spreads overlap.
 """
 
 from __future__ import annotations
@@ -22,220 +39,236 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from analysis.cli.train import add_model_args, model_argv, model_from_args
 from real import ModelConfig
 
 MODEL = ModelConfig(kind="gpt", layers=6, dim=128, heads=4, vocab=256, seq=64)  # the validation's default model
-
-DEFAULT = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v")
+QUICK = (("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"), (4, 16))
+DEFAULT_M = (4, 8, 16)
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--schedules", default=",".join(DEFAULT), help="comma-separated, or 'all' (default: the five)")
-    p.add_argument("--pp", type=int, default=2, help="pipeline ranks = processes (default 2)")
-    p.add_argument("--microbatches", type=int, default=8, help="default 8")
-    p.add_argument("--batch-size", type=int, default=32, help="global batch (default 32: microbatch of 4)")
+    p.add_argument("--quick", action="store_true", help="gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v at m = 4, 16")
+    p.add_argument("--schedules", help="comma-separated pipeline schedules (default: every one the runtime has)")
+    p.add_argument("--microbatches", help="comma-separated counts (default 4,8,16; --quick 4,16)")
+    p.add_argument("--no-dp", action="store_true", help="leave out the pp=1, dp=2 ddp/sync pair")
+    p.add_argument("--calibrate-from", default="1f1b", metavar="SCHEDULE", help="default 1f1b")
+    p.add_argument("--microbatch-size", type=int, default=2, help="samples per microbatch (default 2)")
     add_model_args(p, MODEL)
-    p.add_argument("--steps", type=int, default=8, help="measured steps per run (default 8)")
-    p.add_argument("--warmup", type=int, default=2, help="unmeasured first steps per run (default 2)")
-    p.add_argument("--reps", type=int, default=1, help="runs per schedule (default 1)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
+    p.add_argument("--steps", type=int, default=10, help="measured steps per run (default 10)")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured first steps per run (default 1)")
     p.add_argument("--profile-reps", type=int, default=15, help="timed repetitions of the profile (default 15)")
-    p.add_argument("--costs", metavar="PROFILE.json", help="use this cost file instead of profiling")
-    p.add_argument("--out", default="out/validate", help="cost file and traces go here (default out/validate)")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds per torchrun (default 300)")
-    p.add_argument("--quiet-wait", type=float, default=60.0, metavar="S",
-                   help="before each torchrun wait up to S seconds for other processes to leave the cores idle "
-                   "(default 60; 0: never wait)")
+    p.add_argument("--costs", metavar="PROFILE.json", help="use this profile instead of profiling")
+    p.add_argument("--out", default="out/validate", help="profile, traces and result go here (default out/validate)")
+    p.add_argument("--timeout", type=float, default=1200.0, help="seconds for all the real runs (default 1200)")
     p.add_argument("--max-foreign", type=float, default=0.1, metavar="CORES",
-                   help="a run (or the profile) counts only if other processes used at most this many cores "
-                   "meanwhile (default 0.1); else it is repeated, up to --attempts times, keeping the least disturbed")
-    p.add_argument("--attempts", type=int, default=4, help="default 4")
+                   help="a run counts only if other processes used at most this many cores meanwhile (default 0.1)")
+    p.add_argument("--attempts", type=int, default=3, help="runs of a disturbed configuration (default 3)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     return p.parse_args(argv)
 
 
-def _model_flags(a: argparse.Namespace) -> list[str]:
-    return model_argv(model_from_args(a))
+def _grid(a: argparse.Namespace) -> tuple[list[str], list[int]]:
+    from schedules import names
+
+    scheds, ms = (list(QUICK[0]), list(QUICK[1])) if a.quick else (list(names()), list(DEFAULT_M))
+    if a.schedules:
+        scheds = [s for s in a.schedules.split(",") if s]
+    if a.microbatches:
+        ms = [int(x) for x in a.microbatches.split(",") if x]
+    return scheds, ms
 
 
-def _busy_fraction(window: float = 0.5) -> float:
-    """Fraction of all cores busy over ``window`` seconds (from /proc/stat; 0 where it cannot be read)."""
-    def sample() -> tuple[int, int]:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
-    try:
-        t0, i0 = sample()
-        time.sleep(window)
-        t1, i1 = sample()
-    except (OSError, ValueError, IndexError):
-        return 0.0
-    return 1.0 - (i1 - i0) / max(t1 - t0, 1)
-
-
-def _wait_quiet(max_wait: float, threshold: float = 0.15) -> float:
-    """Wait (up to max_wait s) until other processes leave the cores idle; returns the seconds waited.
-
-    A shared machine: someone else's tests on the same cores slow the real
-    run (or the profile) 2-3x, and then no cost model can agree with it.
-    """
-    start = time.monotonic()
-    while time.monotonic() - start < max_wait and _busy_fraction() > threshold:
-        time.sleep(1.0)
-    return time.monotonic() - start
-
-
-def _cpu_seconds() -> tuple[float, float]:
-    """(CPU seconds all processes have used, CPU seconds our finished children have used) so far."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-        busy = (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        busy = 0.0
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return busy, ru.ru_utime + ru.ru_stime
-
-
-def _torchrun(nproc: int, target: list[str], timeout: float, quiet_wait: float = 0.0) -> tuple[str, float]:
-    """(stdout, foreign): foreign = cores' worth of CPU that other processes used while it ran (0: alone)."""
+def _profile(a: argparse.Namespace, out: Path, stages: str, dp: int = 1) -> Path:
     from real.launch import torchrun
 
-    waited = _wait_quiet(quiet_wait) if quiet_wait > 0 else 0.0
-    if waited > 1:
-        print(f"waited {waited:.0f} s for idle cores", file=sys.stderr)
-    busy0, own0 = _cpu_seconds()
-    t0 = time.monotonic()
-    done = torchrun(nproc, target, timeout=timeout, capture=True)
-    busy1, own1 = _cpu_seconds()
-    foreign = max(0.0, (busy1 - busy0) - (own1 - own0)) / max(time.monotonic() - t0, 1e-9)
+    path = out / ("profile.json" if dp == 1 else f"profile-dp{dp}.json")
+    flags = ["-m", "real.profile", *model_argv(model_from_args(a)), "--microbatch-size", str(a.microbatch_size),
+             "--stages", stages, "--reps", str(a.profile_reps), "--out", str(path)]
+    if dp > 1:
+        flags += ["--dp", str(dp), "--pp", "1"]
+    done = torchrun(2, flags, timeout=600, capture=True)
     if done.returncode != 0:
-        tail = "\n".join((done.stderr or "").strip().splitlines()[-15:])
-        raise SystemExit(f"error: {' '.join(target[:3])} failed (exit {done.returncode}):\n{tail}")
-    return done.stdout, foreign
-
-
-def _graphs(a: argparse.Namespace, chosen: list[str]) -> dict:
-    from schedules import load_graph, validate
-
-    return {s: validate(load_graph(s, pp=a.pp, microbatches=a.microbatches)) for s in chosen}
-
-
-def _profile(a: argparse.Namespace, stage_counts: list[int], out: Path) -> Path:
-    """Profile until no other process used more than --max-foreign cores meanwhile (at most --attempts times)."""
-    path = out / "profile.json"
-    best = None
-    for attempt in range(a.attempts):
-        tmp = out / f"profile-{attempt}.json"
-        _, foreign = _torchrun(a.pp, ["-m", "real.profile", *_model_flags(a), "--batch-size", str(a.batch_size),
-                                      "--microbatches", str(a.microbatches), "--stages",
-                                      ",".join(map(str, stage_counts)), "--reps", str(a.profile_reps), "--out",
-                                      str(tmp)], a.timeout, a.quiet_wait)
-        print(f"profile attempt {attempt}: other processes used {foreign:.2f} cores", file=sys.stderr)
-        if best is None or foreign < best[0]:
-            best = (foreign, tmp)
-        if foreign <= a.max_foreign:
-            break
-    data = json.loads(best[1].read_text())
-    data["foreign_cores"] = best[0]
-    path.write_text(json.dumps(data, indent=1))
+        tail = "\n".join((done.stderr or "").strip().splitlines()[-12:])
+        raise SystemExit(f"error: the profile failed (exit {done.returncode}):\n{tail}")
     return path
 
 
-def _clean_run(a: argparse.Namespace, schedule: str, trace: Path | None) -> tuple[list[float], float]:
-    """A run during which other processes used at most --max-foreign cores (else the least disturbed of
-    --attempts runs): (measured step times, foreign cores)."""
-    best = None
-    for _ in range(a.attempts):
-        times, foreign = _run(a, schedule, trace)
-        if best is None or foreign < best[1]:
-            best = (times, foreign)
-        if foreign <= a.max_foreign:
-            break
-        print(f"{schedule}: other processes used {foreign:.2f} cores meanwhile; run again", file=sys.stderr)
-    return best
+BUCKET_MB = 1.0  # the data-parallel pair's gradient buckets: several per model, so ddp has something to overlap
 
 
-def _run(a: argparse.Namespace, schedule: str, trace: Path | None) -> tuple[list[float], float]:
-    """The measured steps' times of one real run (rank 0's step_times after the warm-up), foreign cores."""
-    flags = ["-m", "real", "--schedule", schedule, "--pp", str(a.pp), "--microbatches", str(a.microbatches),
-             "--batch-size", str(a.batch_size), "--steps", str(a.warmup + a.steps), "--backend", "gloo",
-             "--optimizer", "adamw", *_model_flags(a), "--json"]
-    if trace is not None:
-        flags += ["--trace", str(trace)]
-    stdout, foreign = _torchrun(a.pp, flags, a.timeout, a.quiet_wait)
-    result = json.loads(stdout.strip().splitlines()[-1])
-    if trace is not None:
-        trace.with_suffix(".json").write_text(json.dumps({**result, "foreign_cores": foreign}))
-    return result["step_times"][a.warmup:], foreign
+def _config(a: argparse.Namespace, schedule: str, m: int, *, dp_mode: str | None = None):
+    from real import RunConfig
+
+    if dp_mode is None:
+        return RunConfig.of(schedule=schedule, pp=2, microbatches=m, batch_size=a.microbatch_size * m,
+                            model=model_from_args(a), optimizer="adamw", backend="gloo")
+    return RunConfig.of(schedule=schedule, pp=1, dp=2, microbatches=m, batch_size=a.microbatch_size * m * 2,
+                        model=model_from_args(a), optimizer="adamw", backend="gloo", dp_mode=dp_mode,
+                        bucket_mb=BUCKET_MB)
+
+
+def _dp_graph(a: argparse.Namespace, mode: str, m: int):
+    """The simulator's data-parallel graph of the pair, with as many buckets as the runtime makes."""
+    from real.dp import make_buckets
+    from real.models import build_model
+    from schedules import build, lower, validate
+    from schedules.dp import add_data_parallel
+
+    params = list(build_model(model_from_args(a), 0).parameters())
+    buckets = len(make_buckets(params, BUCKET_MB * 2**20))
+    return validate(add_data_parallel(lower(build("gpipe", pp=1, microbatches=m)), mode, [buckets]))
+
+
+def _predict(graph, costs) -> float:
+    from sim import simulate
+    from sim.profiled import step_time
+
+    return step_time(simulate(graph, costs, check=False), costs)
 
 
 def validate_all(a: argparse.Namespace) -> dict:
-    from analysis.validation import compare_pair, validation_summary
-    from schedules import names
-    from schedules.trace import read_trace
-    from sim import simulate
-    from sim.profiled import load_profile, step_time
+    from analysis.validation import kendall_tau
+    from real.measure import measure_interleaved
+    from schedules import Kind, load_graph, validate
+    from sim.profiled import from_trace, load_profile, trace_fit
+    from sim.replay import replay
 
-    load_start = os.getloadavg()[0]
-    chosen = list(names()) if a.schedules == "all" else [s for s in a.schedules.split(",") if s]
-    graphs = _graphs(a, chosen)
+    t_start = time.monotonic()
+    scheds, ms = _grid(a)
+    if a.calibrate_from not in scheds:
+        raise SystemExit(f"error: --calibrate-from {a.calibrate_from!r} is not in the grid {scheds}")
     out = Path(a.out)
     (out / "traces").mkdir(parents=True, exist_ok=True)
-    counts = sorted({g.schedule.num_stages for g in graphs.values()})
-    costs_path = Path(a.costs) if a.costs else _profile(a, counts, out)
-    print(f"profiled: {costs_path}", file=sys.stderr)
-    measured: dict[str, list[float]] = {s: [] for s in chosen}
-    foreign: dict[str, list[float]] = {s: [] for s in chosen}
-    for rep in range(a.reps):
-        for s in chosen:
-            trace = out / "traces" / f"{s}.csv" if rep == 0 else None
-            times, f = _clean_run(a, s, trace)
-            measured[s] += times
-            foreign[s].append(f)
-            print(f"rep {rep}: {s} median so far {statistics.median(measured[s]) * 1e3:.1f} ms "
-                  f"(other processes: {f:.2f} cores)", file=sys.stderr)
+    pp_cfgs = [(s, m, _config(a, s, m)) for m in ms for s in scheds]
+    dp_cfgs = [] if a.no_dp else [(f"dp2-{mode}", ms[0], _config(a, "gpipe", ms[0], dp_mode=mode))
+                                  for mode in ("ddp", "sync")]
+    graphs = {(s, m): validate(load_graph(s, pp=2, microbatches=m)) for s, m, _ in pp_cfgs}
+    graphs.update({(s, m): _dp_graph(a, s[4:], m) for s, m, _ in dp_cfgs})
+    stage_counts = sorted({graphs[(s, m)].schedule.num_stages for s, m, _ in pp_cfgs})
+    profile = Path(a.costs) if a.costs else _profile(a, out, ",".join(map(str, stage_counts)))
+    dp_profile = _profile(a, out, "1", dp=2) if dp_cfgs else None
+    everything = pp_cfgs + dp_cfgs
+    print(f"profiled ({time.monotonic() - t_start:.0f} s); measuring {len(everything)} configurations "
+          f"x {a.rounds} rounds", file=sys.stderr)
+    measured = measure_interleaved([c for _, _, c in everything], rounds=a.rounds, steps=a.steps, warmup=a.warmup,
+                                   trace_dir=str(out / "traces"), attempts=a.attempts, max_foreign=a.max_foreign,
+                                   timeout=a.timeout)
+    by_key = {(s, m): r for (s, m, _), r in zip(everything, measured, strict=True)}
+    cal_m = ms[len(ms) // 2]
+    cal_traces = list(by_key[(a.calibrate_from, cal_m)].traces)
+    fit = trace_fit(cal_traces)
+
+    def trace_costs(n: int, **off: float):
+        c = from_trace(cal_traces, profile, num_stages=n, fit=fit)
+        return replace(c, **off) if off else c
+
+    ablations = {"send_cpu": {"send_cpu": 0.0}, "task_overhead": {"task_overhead": 0.0},
+                 "step_overhead": {"step_overhead": 0.0}}
+    def dp_costs(**off: float):
+        """The data-parallel pair's profile, each pass scaled by the calibration trace's in-run/profiled ratio."""
+        base, own = load_profile(profile, fit.num_stages), load_profile(dp_profile, 1)
+        scaled = from_trace(cal_traces, profile, num_stages=fit.num_stages, fit=fit)
+        ratio = {k: sum(scaled.stages[s].of(k) for s in range(fit.num_stages))
+                 / sum(base.stages[s].of(k) for s in range(fit.num_stages)) for k in (Kind.F, Kind.B)}
+        st = own.stages[0]
+        c = replace(own, stages=(replace(st, f=st.f * ratio[Kind.F], b=st.b * ratio[Kind.B]),),
+                    send_cpu=fit.send_cpu, task_overhead=fit.task_overhead)
+        return replace(c, **off) if off else c
+
     rows = []
-    for s in chosen:
-        costs = load_profile(costs_path, graphs[s].schedule.num_stages)
-        sim = simulate(graphs[s], costs, check=False)
-        row = compare_pair(sim.trace, read_trace(out / "traces" / f"{s}.csv"))
-        row.update(schedule=s, predicted_step_time=step_time(sim, costs),
-                   measured_step_time=statistics.median(measured[s]),
-                   predicted_makespan=sim.makespan, measured_spread=[min(measured[s]), max(measured[s])])
-        row["error"] = (row["predicted_step_time"] - row["measured_step_time"]) / row["measured_step_time"]
+    for (s, m), r in by_key.items():
+        row = {"schedule": s, "microbatches": m, "measured_step_time": r.step_time,
+               "measured_spread": list(r.spread), "round_medians": list(r.round_medians),
+               "foreign_cores": max(r.foreign_cores)}
+        g = graphs[(s, m)]
+        if s.startswith("dp2-"):
+            row["predicted_step_time"] = _predict(g, dp_costs())
+            row["profile_predicted_step_time"] = _predict(g, load_profile(dp_profile, 1))
+            row["without"] = {k: _predict(g, dp_costs(**v)) for k, v in ablations.items()}
+            row["replay_error"] = None
+            meas = row["measured_step_time"]
+            row["error"] = (row["predicted_step_time"] - meas) / meas
+            row["profile_error"] = (row["profile_predicted_step_time"] - meas) / meas
+            rows.append(row)
+            continue
+        n = g.schedule.num_stages
+        row["predicted_step_time"] = _predict(g, trace_costs(n))
+        row["profile_predicted_step_time"] = _predict(g, load_profile(profile, n))
+        row["without"] = {k: _predict(g, trace_costs(n, **v)) for k, v in ablations.items()}
+        steps = [x.error for t in r.traces for x in replay(t, from_trace(t, fit=trace_fit(t)))]
+        row["replay_error"] = statistics.median(steps)
+        row["replay_abs_p90"] = sorted(abs(e) for e in steps)[int(0.9 * (len(steps) - 1))]
+        meas = row["measured_step_time"]
+        row["error"] = (row["predicted_step_time"] - meas) / meas
+        row["profile_error"] = (row["profile_predicted_step_time"] - meas) / meas
         rows.append(row)
-    summary = validation_summary(rows)
-    for r, full in zip(summary["schedules"], rows, strict=True):
-        r.update(predicted_bubble=full["predicted_bubble"], measured_bubble=full["measured_bubble"],
-                 measured_min_max=full["measured_spread"], foreign_cores=max(foreign[r["schedule"]]))
-    summary["command"] = "python experiments/validate_sim.py " + " ".join(sys.argv[1:])
-    summary["setup"] = {k: getattr(a, k) for k in ("pp", "microbatches", "batch_size", "layers", "dim", "seq",
-                                                   "steps", "warmup", "reps")}
-    summary["costs"] = str(costs_path)
-    summary["load_average"] = {"start": load_start, "end": os.getloadavg()[0]}  # 1-minute, all processes
-    return summary
+
+    def mean_abs(key: str, subset=rows) -> float:
+        return statistics.fmean(abs(x[key]) for x in subset)
+
+    pipe_rows = rows
+    mechanisms = {"all": mean_abs("error", pipe_rows)}
+    for k in ablations:
+        mechanisms[f"without {k}"] = statistics.fmean(
+            abs(x["without"][k] - x["measured_step_time"]) / x["measured_step_time"] for x in pipe_rows)
+    return {
+        "schedules": rows,
+        "mean_abs_error": mean_abs("error"),
+        "max_abs_error": max(abs(x["error"]) for x in rows),
+        "kendall_tau_b": kendall_tau([x["predicted_step_time"] for x in rows], [x["measured_step_time"] for x in rows],
+                                     [tuple(x["measured_spread"]) for x in rows]),
+        "profile_mean_abs_error": mean_abs("profile_error"),
+        "profile_kendall_tau_b": kendall_tau([x["profile_predicted_step_time"] for x in rows],
+                                             [x["measured_step_time"] for x in rows],
+                                             [tuple(x["measured_spread"]) for x in rows]),
+        "max_abs_replay_error": max(abs(x["replay_error"]) for x in pipe_rows if x["replay_error"] is not None),
+        "mechanisms": mechanisms,
+        "calibrated_from": {"schedule": a.calibrate_from, "microbatches": cal_m, "traces": cal_traces,
+                            "fit": {k: v for k, v in vars(fit).items() if k != "passes"},
+                            "passes": {f"{s}{k}": v for (s, k), v in fit.passes.items()}},
+        "grid": {"schedules": scheds, "microbatches": ms, "pp": 2, "dp_pair": [x[0] for x in dp_cfgs],
+                 "microbatch_size": a.microbatch_size, "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
+                 "model": model_from_args(a).to_dict()},
+        "profile": str(profile),
+        "seconds": time.monotonic() - t_start,
+        "command": "python experiments/validate_sim.py " + " ".join(sys.argv[1:]),
+        "load_average_end": os.getloadavg()[0],
+    }
 
 
 def _table(summary: dict) -> str:
-    lines = [f"{'schedule':<18} {'predicted ms':>12} {'measured ms':>12} {'error':>8} {'bubble sim':>10} "
-             f"{'bubble real':>11}"]
+    lines = [f"{'schedule':<18} {'m':>3} {'predicted ms':>12} {'measured ms':>12} {'spread ms':>15} {'error':>7} "
+             f"{'profile err':>11} {'replay':>7}"]
     for r in summary["schedules"]:
-        lines.append(f"{r['schedule']:<18} {r['predicted_step_time'] * 1e3:>12.1f} {r['measured_step_time'] * 1e3:>12.1f} "
-                     f"{r['error']:>+8.1%} {r['predicted_bubble']:>10.1%} {r['measured_bubble']:>11.1%}")
-    lines.append(f"mean |error| {summary['mean_abs_error']:.1%}   worst {summary['max_abs_error']:.1%}   "
-                 f"Kendall tau {summary['kendall_tau']:.2f}")
+        lo, hi = r["measured_spread"]
+        rep = f"{r['replay_error']:>+7.1%}" if r["replay_error"] is not None else f"{'-':>7}"
+        lines.append(f"{r['schedule']:<18} {r['microbatches']:>3} {r['predicted_step_time'] * 1e3:>12.1f} "
+                     f"{r['measured_step_time'] * 1e3:>12.1f} {lo * 1e3:>7.1f}-{hi * 1e3:<7.1f} {r['error']:>+7.1%} "
+                     f"{r['profile_error']:>+11.1%} {rep}")
+    lines.append(f"calibrated from a trace: mean |error| {summary['mean_abs_error']:.1%}, worst "
+                 f"{summary['max_abs_error']:.1%}, Kendall tau_b {summary['kendall_tau_b']:.2f}; worst |replay| "
+                 f"{summary['max_abs_replay_error']:.1%}")
+    lines.append(f"from the profile alone: mean |error| {summary['profile_mean_abs_error']:.1%}, Kendall tau_b "
+                 f"{summary['profile_kendall_tau_b']:.2f}")
+    lines.append("mean |error| of the pipeline rows: " + ", ".join(f"{k} {v:.1%}" for k, v in summary["mechanisms"].items()))
+    lines.append(f"{summary['seconds']:.0f} s")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     summary = validate_all(a)
+    out = Path(a.out) / "validation.json"
+    out.write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary) if a.json else _table(summary))
     return 0
 

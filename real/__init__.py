@@ -5,6 +5,7 @@
     >>> from real import Layout, RunConfig, run
     >>> result = run(RunConfig(layout=Layout(schedule="gpipe", microbatches=4), steps=3))  # one process
     >>> result.losses, result.trace                                                     # trace: rank 0 only
+    >>> fit(UserModel(model=net, loss=F.cross_entropy, batches=source), schedule="1f1b", batch_size=16)  # any model
 """
 
 from real.config import (
@@ -21,6 +22,7 @@ from real.config import (
     partition,
 )
 from real.mesh import Mesh
+from real.model_api import UserModel, fit
 from real.reference import reference_run
 from real.train import RunResult, param_digest, run
 
@@ -36,6 +38,8 @@ __all__ = [
     "RunResult",
     "RuntimeConfig",
     "SyncConfig",
+    "UserModel",
+    "fit",
     "make_plan",
     "param_digest",
     "partition",

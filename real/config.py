@@ -13,14 +13,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from real.checkpoint import CheckpointConfig
-from schedules import ConfigError, Kind, ScheduleError, TaskGraph, load_graph, validate
+from schedules import ConfigError, Kind, ScheduleError, TaskGraph, load_graph, lower, validate
 from schedules.dp import DP_MODES as SCHEDULE_DP_MODES
 from schedules.errors import check_choice, check_positive, check_positive_ints
 from schedules.partition import split_layers, stage_ranges
+from schedules.recompute import check_recompute, place_recompute
 
 __all__ = [
     "BACKENDS",
+    "BALANCE",
     "DP_MODES",
+    "DTYPES",
     "FAIL_MODES",
     "MODEL_KINDS",
     "OPTIMIZERS",
@@ -44,10 +47,12 @@ if not set(DP_MODES) <= set(SCHEDULE_DP_MODES):
     raise ImportError(f"real.config.DP_MODES {DP_MODES} must be modes of schedules.dp {SCHEDULE_DP_MODES}")
 OPTIMIZERS = ("sgd", "adamw")
 BACKENDS = ("gloo", "nccl")
+DTYPES = ("float32", "bfloat16")  # bfloat16: autocast passes and bf16 messages, float32 master weights
+BALANCE = ("time",)  # split a model's blocks into stages of equal profiled forward+backward time
 FAIL_MODES = ("kill", "hang")  # an injected fault: SIGKILL itself, or stop answering (sleep)
 # Kinds the executor runs. A schedule with anything else is refused before any communication.
 SUPPORTED_KINDS = frozenset({
-    Kind.F, Kind.I, Kind.W, Kind.B, Kind.OVERLAP_F_B, Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B,
+    Kind.F, Kind.I, Kind.W, Kind.B, Kind.R, Kind.OVERLAP_F_B, Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B,
 })
 
 
@@ -94,7 +99,12 @@ class ModelConfig:
 class Layout:
     """Which schedule, on how many pipeline ranks and data-parallel replicas, in how many microbatches.
 
-    ``split`` gives the layers of each stage (None: as even as possible).
+    ``split`` gives the layers of each stage, ``boundaries`` the first layer of
+    every stage but the first, ``balance`` "time" splits by profiled time (at
+    most one of them; none: as even as possible).
+    ``recompute`` places R actions (:func:`schedules.recompute.place_recompute`):
+    none, full (an R right before every backward) or bubbles (moved into idle
+    time within ``recompute_limit`` M_B per rank).
     """
 
     schedule: str
@@ -103,9 +113,20 @@ class Layout:
     microbatches: int = 1
     chunks: int | None = None
     split: tuple[int, ...] | None = None
+    boundaries: tuple[int, ...] | None = None
+    balance: str | None = None
+    recompute: str = "none"
+    recompute_limit: float | None = None
 
     def __post_init__(self) -> None:
         check_positive_ints(f"run of {self.schedule!r}", pp=self.pp, dp=self.dp, microbatches=self.microbatches)
+        check_recompute(f"run of {self.schedule!r}", self.recompute, self.recompute_limit)
+        if self.balance is not None:
+            check_choice(f"run of {self.schedule!r}", "balance", self.balance, BALANCE)
+        given = [k for k in ("split", "boundaries", "balance") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ConfigError(f"run of {self.schedule!r}: give one of split, boundaries and balance, not "
+                              f"{' and '.join(given)}", field=given[1])
 
     @property
     def world_size(self) -> int:
@@ -119,6 +140,8 @@ class DataConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     batch_size: int = 32
     seed: int = 0  # fixes the model's initial weights and the data
+    factory: str | None = None  # "pkg.module:factory" of a user model (real.model_api); None: the built-in model
+    token_file: str | None = None  # a token file (real.data.tokens) to train the gpt on; None: synthetic data
 
     def __post_init__(self) -> None:
         check_positive_ints("data", batch_size=self.batch_size)
@@ -151,17 +174,22 @@ class RuntimeConfig:
     """How the run executes and what it records.
 
     ``recv_ahead`` bounds the receives posted ahead per peer (None: all of a
-    step at its start); ``trace_step`` is the step traced (negative counts from the end).
+    step at its start); ``trace_step`` is the step traced (negative counts from the end), and with
+    ``trace_steps`` = n the n steps that end with it (every measured step of a run, for calibration).
     """
 
     backend: str | None = None
     timeout_s: float = 300.0
     recv_ahead: int | None = None
     trace_step: int = -1
+    trace_steps: int = 1
+    dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        check_positive_ints("runtime", trace_steps=self.trace_steps)
         if self.backend is not None:
             check_choice("runtime", "backend", self.backend, BACKENDS)
+        check_choice("runtime", "dtype", self.dtype, DTYPES)
         check_positive("runtime", "timeout_s", self.timeout_s, " seconds")
         if self.recv_ahead is not None:
             check_positive_ints("runtime", recv_ahead=self.recv_ahead)
@@ -209,6 +237,11 @@ class RunConfig:
             raise ConfigError(
                 f"{owner}: trace_step {trace_step} is out of range for {self.steps} steps; "
                 f"valid: {-self.steps}..{self.steps - 1} (negative counts from the end)", field="trace_step"
+            )
+        if self.runtime.trace_steps > self.traced_step + 1:
+            raise ConfigError(
+                f"{owner}: trace_steps {self.runtime.trace_steps} reaches before step 0 (the steps traced end "
+                f"with step {self.traced_step}); valid: 1..{self.traced_step + 1}", field="trace_steps"
             )
         self._check_faults(owner)
         per_replica = self.layout.dp * self.layout.microbatches
@@ -267,9 +300,15 @@ class RunConfig:
         return self.runtime.trace_step % self.steps
 
     @property
+    def traced_steps(self) -> range:
+        """The steps traced: ``trace_steps`` of them, ending with :attr:`traced_step`."""
+        return range(self.traced_step - self.runtime.trace_steps + 1, self.traced_step + 1)
+
+    @property
     def metered_step(self) -> int:
-        """The step whose activation memory is measured: not the traced one (the hooks cost time) if possible."""
-        return 0 if self.traced_step != 0 or self.steps == 1 else 1
+        """The step whose activation memory is measured: not a traced one (the hooks cost time) if possible."""
+        first = self.traced_steps.start
+        return 0 if first != 0 else (self.traced_step + 1) % self.steps
 
     def to_dict(self) -> dict[str, Any]:
         """Nested: one table per concern (JSON-ready)."""
@@ -280,8 +319,9 @@ class RunConfig:
         """Inverse of :meth:`to_dict` (JSON round trip)."""
         d = dict(d)
         layout = dict(d.pop("layout"))
-        if layout.get("split") is not None:
-            layout["split"] = tuple(layout["split"])
+        for key in ("split", "boundaries"):
+            if layout.get(key) is not None:
+                layout[key] = tuple(layout[key])
         data = dict(d.pop("data", {}))
         data["model"] = ModelConfig(**data.get("model", {}))
         checkpoint = d.pop("checkpoint", None)
@@ -291,11 +331,35 @@ class RunConfig:
                    **{k: v for k, v in d.items() if k not in _PARTS})
 
 
-def partition(num_layers: int, num_stages: int, split: tuple[int, ...] | None = None) -> tuple[range, ...]:
-    """Contiguous layer ranges, one per stage: ``split`` layers each, or as even as possible
-    (:func:`schedules.partition.split_layers`; the first ``num_layers % num_stages`` stages get one layer more)."""
-    return stage_ranges(split_layers(num_layers, num_stages, split, layers="layers (input layer, blocks, head)",
-                                     fix=f"use layers {max(num_stages - 2, 1)} or more, or fewer stages"))
+def partition(num_layers: int, num_stages: int, split: tuple[int, ...] | None = None,
+              boundaries: tuple[int, ...] | None = None, *, what: str | None = None) -> tuple[range, ...]:
+    """Contiguous layer ranges, one per stage: ``split`` layers each, stages starting at ``boundaries``, or as
+    even as possible (:func:`schedules.partition.split_layers`; the first ``num_layers % num_stages`` stages get
+    one layer more). ``what`` names the model's layers in errors (default: the built-in model's)."""
+    if what is not None and num_layers < num_stages:
+        raise ConfigError(f"{what} has {num_layers} blocks, fewer than the schedule's {num_stages} stages "
+                          f"(pp x chunks); use at most {num_layers} stages, or split {what} into more blocks",
+                          field="pp")
+    if boundaries is not None:
+        split = boundaries_to_split(boundaries, num_layers, num_stages, what or "the model")
+    if what is None:
+        return stage_ranges(split_layers(num_layers, num_stages, split, layers="layers (input layer, blocks, head)",
+                                         fix=f"use layers {max(num_stages - 2, 1)} or more, or fewer stages"))
+    return stage_ranges(split_layers(num_layers, num_stages, split, layers=f"blocks of {what}"))
+
+
+def boundaries_to_split(boundaries: tuple[int, ...], num_layers: int, num_stages: int, what: str) -> tuple[int, ...]:
+    """Layers per stage from the first layer of every stage but the first (increasing, within 1..num_layers-1)."""
+    if len(boundaries) != num_stages - 1:
+        raise ConfigError(f"{what}: {len(boundaries)} boundaries for {num_stages} stages; give {num_stages - 1} "
+                          "(the first block of every stage but the first)", field="boundaries")
+    edges = (0, *boundaries, num_layers)
+    for k, b in enumerate(boundaries):
+        if not isinstance(b, int) or isinstance(b, bool) or not edges[k] < b < num_layers:
+            raise ConfigError(f"{what}: boundary {b!r} (stage {k + 1}) is out of range; {what} has blocks "
+                              f"0..{num_layers - 1} and boundaries must increase within {edges[k] + 1}.."
+                              f"{num_layers - 1}", field="boundaries")
+    return tuple(edges[k + 1] - edges[k] for k in range(num_stages))
 
 
 @dataclass(frozen=True, eq=False)
@@ -325,10 +389,15 @@ class Plan:
         return self.graph.schedule.stages_of(pp_rank)
 
 
-def make_plan(config: RunConfig, world_size: int) -> Plan:
-    """Check everything that needs no communication; raise ScheduleError naming the bad value."""
+def make_plan(config: RunConfig, world_size: int, *, num_layers: int | None = None, what: str | None = None) -> Plan:
+    """Check everything that needs no communication; raise ScheduleError naming the bad value.
+
+    ``num_layers``/``what``: the blocks of a user model (:mod:`real.model_api`) instead of the built-in model's layers.
+    """
     lay = config.layout  # a registered name, torch:CLASS or csv:FILE
     graph = validate(load_graph(lay.schedule, pp=lay.pp, microbatches=lay.microbatches, chunks=lay.chunks))
+    if lay.recompute != "none" or lay.recompute_limit is not None:
+        graph = validate(lower(place_recompute(graph.schedule, lay.recompute, lay.recompute_limit)))
     if world_size != config.world_size:
         raise ConfigError(
             f"world size {world_size} (processes launched) does not equal pp x dp = "
@@ -342,5 +411,6 @@ def make_plan(config: RunConfig, world_size: int) -> Plan:
                     f"schedule {config.schedule!r}, rank {task.rank}, action {part}: the runtime does not run "
                     f"{part.kind.value} actions; it runs " + ", ".join(sorted(k.value for k in SUPPORTED_KINDS))
                 )
-    layers = partition(config.data.model.num_layers, graph.schedule.num_stages, config.layout.split)
+    layers = partition(config.data.model.num_layers if num_layers is None else num_layers, graph.schedule.num_stages,
+                       config.layout.split, config.layout.boundaries, what=what)
     return Plan(config=config, graph=graph, layers=layers)

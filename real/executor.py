@@ -8,6 +8,11 @@ the schedule. Per task:
   stage computes the loss, divided by the number of microbatches;
 * B: full backward; I: input gradient only (handed on at once); W: the
   parameter gradients I left for later (:mod:`real.backward`);
+* R: recomputation. An F whose (stage, microbatch) has an R later in the
+  schedule runs under ``torch.no_grad``: it saves no autograd graph and keeps
+  only its input (and the random-number state). R runs the stage's forward
+  again on that input, with grad and the same random numbers, and rebuilds
+  exactly the graph the backward (B, or I then W) needs;
 * OVERLAP_F_B: its forward, then its backward;
 * SEND/RECV: :class:`real.p2p.PipeComm`. Between neighbouring stages on the
   same rank the value passes in memory, as a message would (detached, so
@@ -21,6 +26,7 @@ backward needs.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -31,6 +37,7 @@ from real.measure import ActivationMeter, Recorder
 from real.models import loss_fn
 from real.p2p import PipeComm
 from schedules import Action, Kind, Task, TaskGraph
+from schedules.timing import recomputed_keys
 
 __all__ = ["Executor", "Stage"]
 
@@ -59,9 +66,11 @@ class Stage(nn.Module):
 class _Slot:
     """One (stage, microbatch) between its forward and the end of its backward."""
 
-    inp: torch.Tensor | None
+    inp: torch.Tensor | None  # the stage-boundary leaf whose .grad the backward leaves (None on stage 0)
     out: torch.Tensor | None
     weight: WeightWork | None = None
+    source: torch.Tensor | None = None  # a recomputed forward's input, until its R
+    rng: tuple[torch.Tensor, torch.Tensor | None] | None = None  # (CPU, CUDA) generator states at that forward
 
 
 @dataclass(eq=False)
@@ -87,15 +96,23 @@ class Executor:
         meter: ActivationMeter,
         recorder: Recorder,
         poll: Callable[[], None] = lambda: None,
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn,
+        autocast: Callable[[], AbstractContextManager] = nullcontext,
+        message_dtypes: dict[int, torch.dtype] | None = None,
     ) -> None:
+        """``loss(output, targets)`` of the last stage; ``autocast()`` wraps every forward; the output of
+        stage ``s`` is cast to ``message_dtypes[s]`` (inside the graph, so its gradient comes back in that dtype)."""
         self.graph, self.pp_rank, self.stages = graph, pp_rank, stages
         self.comm, self.meter, self.recorder, self._poll = comm, meter, recorder, poll
+        self._loss, self._autocast, self._message_dtypes = loss, autocast, message_dtypes or {}
         self.here = set(graph.schedule.stages_of(pp_rank))
         self.last = graph.schedule.num_stages - 1
         self.num_microbatches = graph.schedule.num_microbatches
         self._params = {s: [p for _, p in st.global_parameters()] for s, st in stages.items()}
+        self.recomputed = recomputed_keys(graph.schedule.programs)
         self._compute: dict[Kind, Callable[[Action, _Step], None]] = {
             Kind.F: self._forward, Kind.B: self._backward, Kind.I: self._backward, Kind.W: self._weight,
+            Kind.R: self._recompute,
         }
         if any(graph.tasks[t].action.is_comm for t in graph.programs[pp_rank]) and comm is None:
             raise ValueError(f"pipeline rank {pp_rank} has sends/receives in its program but no communicator")
@@ -138,20 +155,50 @@ class Executor:
             step.grads[key] = value
         return value.numel() * value.element_size()
 
+    def _run_stage(self, s: int, mb: int, inp: torch.Tensor, step: _Step) -> torch.Tensor:
+        """The stage's output (in its message dtype), or on the last stage its share of the loss; under autocast."""
+        with self._autocast():
+            out = self.stages[s](inp)
+            if s == self.last:
+                out = self._loss(out, step.batches[mb][1]) / self.num_microbatches
+            elif s in self._message_dtypes and out.dtype != self._message_dtypes[s]:
+                out = out.to(self._message_dtypes[s])
+        return out
+
     def _forward(self, a: Action, step: _Step) -> None:
         s, mb = a.stage, a.microbatch
         inp = step.batches[mb][0] if s == 0 else step.inputs.pop((s, mb))
-        with self.meter.saving((s, mb)):
-            out = self.stages[s](inp)
-            if s == self.last:
-                out = loss_fn(out, step.batches[mb][1]) / self.num_microbatches
+        if (s, mb) in self.recomputed:
+            self.meter.hold((s, mb), inp)
+            rng = (torch.get_rng_state(), torch.cuda.get_rng_state(inp.device) if inp.is_cuda else None)
+            with torch.no_grad():
+                out = self._run_stage(s, mb, inp, step)
+            slot = _Slot(inp if s > 0 else None, None, source=inp, rng=rng)
+        else:
+            with self.meter.saving((s, mb)):
+                out = self._run_stage(s, mb, inp, step)
+            slot = _Slot(inp if s > 0 else None, out)
         if s == self.last:
             step.loss = out.detach() if step.loss is None else step.loss + out.detach()
         elif s + 1 in self.here:
             step.inputs[(s + 1, mb)] = out.detach().requires_grad_()
         else:
             step.outbox[(Kind.SEND_F, s, mb)] = out.detach()
-        step.slots[(s, mb)] = _Slot(inp if s > 0 else None, out)
+        step.slots[(s, mb)] = slot
+
+    def _recompute(self, a: Action, step: _Step) -> None:
+        """R: the forward again, from the kept input and random state, with grad (what the backward needs)."""
+        s, mb = a.stage, a.microbatch
+        slot = step.slots[(s, mb)]
+        cpu, cuda = slot.rng
+        device = slot.source.device
+        with torch.random.fork_rng(devices=[device] if cuda is not None else [], device_type=device.type):
+            torch.set_rng_state(cpu)
+            if cuda is not None:
+                torch.cuda.set_rng_state(cuda, device)
+            with torch.enable_grad(), self.meter.saving((s, mb)):
+                slot.out = self._run_stage(s, mb, slot.source, step)
+        slot.source = slot.rng = None
 
     def _backward(self, a: Action, step: _Step) -> None:
         """B or I: the input gradient goes on to stage s-1 (in memory or by a send)."""

@@ -3,9 +3,11 @@
 * :class:`ActivationMeter` counts (during the step it is enabled for: its
   hooks cost time, so never the traced one when there is a choice) the bytes
   of the tensors autograd saves for backward (``torch.autograd.graph.saved_tensors_hooks``), per (stage,
-  microbatch), from the forward until its backward frees them. A tensor (by
-  address and size) is counted once however many ops or stages save it;
-  parameters and views of them are not activations.
+  microbatch), from the forward until its backward frees them (a forward
+  that will be recomputed saves nothing: the input it keeps is counted, and
+  its R saves the rest). A tensor (by address and size) is counted once
+  however many ops or stages save it; parameters and views of them are not
+  activations.
 * :class:`Recorder` stamps task starts and ends: ``time.perf_counter`` on the
   CPU, CUDA events on the compute stream on a GPU (resolved once per step).
 * :func:`clock_offset` estimates, NTP-style, what to add to this rank's clock
@@ -18,11 +20,12 @@ import time
 from collections.abc import Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["ActivationMeter", "Recorder", "clock_offset"]
+__all__ = ["ActivationMeter", "Measured", "Recorder", "clock_offset", "measure_interleaved"]
 
 
 class ActivationMeter:
@@ -45,25 +48,33 @@ class ActivationMeter:
         if not self.enabled:
             yield
             return
-        mine = self._keys.setdefault(key, set())
 
         def pack(t: torch.Tensor) -> torch.Tensor:
-            storage = t.untyped_storage()
-            nbytes = min(t.numel() * t.element_size(), storage.nbytes())
-            ident = (t.data_ptr(), nbytes)  # a view: slices of one batch are separate activations
-            if nbytes and storage.data_ptr() not in self._exclude and ident not in mine:
-                mine.add(ident)
-                owners = self._owners.setdefault(ident, set())
-                if not owners:
-                    self._size[ident] = nbytes
-                    self.current += nbytes
-                    self.first_bytes[key] = self.first_bytes.get(key, 0) + nbytes
-                    self.peak = max(self.peak, self.current)
-                owners.add(key)
+            self._count(key, t)
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             yield
+
+    def hold(self, key: Hashable, tensor: torch.Tensor) -> None:
+        """Count ``tensor`` under ``key`` as if autograd had saved it: the input a recomputed forward keeps."""
+        if self.enabled:
+            self._count(key, tensor)
+
+    def _count(self, key: Hashable, t: torch.Tensor) -> None:
+        mine = self._keys.setdefault(key, set())
+        storage = t.untyped_storage()
+        nbytes = min(t.numel() * t.element_size(), storage.nbytes())
+        ident = (t.data_ptr(), nbytes)  # a view: slices of one batch are separate activations
+        if nbytes and storage.data_ptr() not in self._exclude and ident not in mine:
+            mine.add(ident)
+            owners = self._owners.setdefault(ident, set())
+            if not owners:
+                self._size[ident] = nbytes
+                self.current += nbytes
+                self.first_bytes[key] = self.first_bytes.get(key, 0) + nbytes
+                self.peak = max(self.peak, self.current)
+            owners.add(key)
 
     def release(self, key: Hashable) -> None:
         """The backward of ``key`` is done: what only it held is freed."""
@@ -165,3 +176,102 @@ def clock_offset(group: dist.ProcessGroup | None = None, rounds: int = 8) -> flo
         if t2 - t1 < best_delay:
             best_delay, best = t2 - t1, float(buf[0]) - (t1 + t2) / 2
     return best
+
+
+# -- the measurement protocol: configurations interleaved in rounds ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One configuration measured over rounds (seconds).
+
+    ``step_time`` is the median over rounds of each round's median step time;
+    ``spread`` the 10th and 90th percentiles of those round medians (a noisy
+    machine's drift between rounds); ``traces`` one file per round (every
+    measured step) when traces were asked for.
+    """
+
+    config: Any
+    step_time: float
+    spread: tuple[float, float]
+    round_medians: tuple[float, ...]
+    step_times: tuple[tuple[float, ...], ...]
+    foreign_cores: tuple[float, ...]
+    traces: tuple[str, ...] = ()
+
+
+def _percentile(xs: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 1]) of a non-empty list."""
+    xs = sorted(xs)
+    pos = q * (len(xs) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def measure_interleaved(
+    configs: Any,
+    *,
+    rounds: int = 5,
+    steps: int = 10,
+    warmup: int = 1,
+    trace_dir: str | None = None,
+    attempts: int = 3,
+    max_foreign: float = 0.1,
+    timeout: float = 900.0,
+) -> list[Measured]:
+    """Run every config ``rounds`` times, interleaved (A B C ... A B C ...), in one torchrun group.
+
+    Each run trains ``warmup + steps`` steps and measures the last ``steps``
+    (with ``trace_dir``: traces every one of them). A run disturbed by other
+    processes (more than ``max_foreign`` cores used meanwhile) is repeated,
+    up to ``attempts`` times (see :mod:`real.rounds`). All configs must have the
+    same world size (pp x dp). Raises SchedlabError for bad input before
+    anything runs, RuntimeError if the group fails.
+    """
+    import json
+    import statistics
+    import tempfile
+    from dataclasses import replace
+    from pathlib import Path
+
+    from real.config import RunConfig
+    from real.launch import torchrun
+    from schedules import ConfigError
+    from schedules.errors import check_positive_ints
+
+    check_positive_ints("measurement protocol", rounds=rounds, steps=steps, attempts=attempts)
+    if warmup < 0:
+        raise ConfigError(f"measurement protocol: warmup must be an integer >= 0, got {warmup}", field="warmup")
+    configs = list(configs)
+    if not configs:
+        raise ConfigError("measurement protocol: no configurations to measure; give at least one", field="configs")
+    worlds = sorted({c.world_size for c in configs})
+    if len(worlds) > 1:
+        raise ConfigError(f"measurement protocol: configurations of world sizes {worlds} cannot share one "
+                          "process group; measure each world size separately", field="configs")
+    runs = []
+    for c in configs:
+        rt = replace(c.runtime, trace_step=-1, trace_steps=steps if trace_dir else 1)
+        runs.append(RunConfig.from_dict({**replace(c, steps=warmup + steps, runtime=rt).to_dict()}))
+    with tempfile.TemporaryDirectory(prefix="schedlab-rounds-") as tmp:
+        spec_path, result_path = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        if trace_dir:
+            Path(trace_dir).mkdir(parents=True, exist_ok=True)
+        spec_path.write_text(json.dumps({"configs": [c.to_dict() for c in runs], "rounds": rounds,
+                                         "attempts": attempts, "max_foreign": max_foreign,
+                                         "trace_dir": str(trace_dir) if trace_dir else None,
+                                         "result": str(result_path)}))
+        done = torchrun(worlds[0], ["-m", "real.rounds", str(spec_path)], timeout=timeout, capture=True)
+        if done.returncode != 0 or not result_path.exists():
+            tail = "\n".join((done.stderr or "").strip().splitlines()[-12:])
+            raise RuntimeError(f"measurement rounds failed (exit {done.returncode}):\n{tail}")
+        result = json.loads(result_path.read_text())
+    out = []
+    for c, r in zip(configs, result["runs"], strict=True):
+        per_round = [tuple(x["step_times"][warmup:]) for x in r["rounds"]]
+        medians = [statistics.median(t) for t in per_round]
+        out.append(Measured(c, statistics.median(medians), (_percentile(medians, 0.1), _percentile(medians, 0.9)),
+                            tuple(medians), tuple(per_round), tuple(x["foreign_cores"] for x in r["rounds"]),
+                            tuple(x["trace"] for x in r["rounds"] if x["trace"])))
+    return out

@@ -1,7 +1,8 @@
 """Point-to-point messages of one pipeline rank's program: activations forward, gradients back.
 
-Shapes are agreed up front (every boundary carries the model's hidden state),
-so a receive is posted into a fresh buffer without a handshake. Ordering is
+Shapes are agreed up front (every boundary carries the model's hidden state,
+or, for a user model, the shape and dtype every rank inferred for it), so a
+receive is posted into a fresh buffer without a handshake. Ordering is
 what makes this deadlock-free on every backend:
 
 * messages from rank a to rank b travel on a process group used only for
@@ -106,8 +107,12 @@ class PipeComm:
         device: torch.device,
         recv_ahead: int | None,
         stamp: Callable[[], object],
+        boundaries: dict[int, tuple[tuple[int, ...], torch.dtype]] | None = None,
     ) -> None:
+        """``boundaries[s]``: (shape, dtype) of stage ``s``'s output and its gradient, where not ``shape``/``dtype``."""
         self.pp_rank, self.shape, self.dtype, self.device = pp_rank, shape, dtype, device
+        self._boundaries = boundaries or {}
+        self._tasks = graph.tasks
         self._global, self._groups, self._ahead = global_rank, groups, recv_ahead
         self._queue, self._where, self._tag = self._plan(graph, pp_rank)
         self._posted: dict[int, _Posted] = {}
@@ -129,6 +134,12 @@ class PipeComm:
         where = {r: (peer, i) for peer, rs in queue.items() for i, r in enumerate(rs)}
         return queue, where, tag
 
+    def _buffer(self, tid: int) -> torch.Tensor:
+        """A fresh buffer for RECV task ``tid``: RECV_F of stage s carries stage s-1's output, RECV_B stage s's."""
+        a = self._tasks[tid].action
+        shape, dtype = self._boundaries.get(a.stage - 1 if a.kind is Kind.RECV_F else a.stage, (self.shape, self.dtype))
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
     def _group(self, src: int, dst: int) -> dist.ProcessGroup:
         return self._groups[0] if src < dst else self._groups[1]
 
@@ -146,10 +157,10 @@ class PipeComm:
             tid = recvs[self._next[peer]]
             if self._stream is not None:
                 with torch.cuda.stream(self._stream):
-                    buf = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+                    buf = self._buffer(tid)
                     work = dist.irecv(buf, src=self._global(peer), group=group, tag=self._tag[tid])
             else:
-                buf = torch.empty(self.shape, dtype=self.dtype, device=self.device)
+                buf = self._buffer(tid)
                 work = dist.irecv(buf, src=self._global(peer), group=group, tag=self._tag[tid])
             self._posted[tid] = _Posted(buf, work)
             self._next[peer] += 1

@@ -49,8 +49,8 @@ All times in seconds, beta in bytes per second. :class:`sim.profiled.ProfiledCos
 from __future__ import annotations
 
 import logging
-import os
 import math
+import os
 import platform
 import statistics
 import time

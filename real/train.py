@@ -30,12 +30,25 @@ import torch.distributed as dist
 
 from real import checkpoint as ckpt
 from real.config import Plan, RunConfig, make_plan
-from real.data import make_batch, microbatches, step_seed
+from real.data import DataSource, microbatches, step_seed
 from real.dp import GradSync
 from real.executor import Executor, Stage
 from real.measure import ActivationMeter, Recorder, clock_offset
 from real.mesh import Mesh, env_world
-from real.models import activation_shape, build_layers, make_optimizer
+from real.model_api import (
+    Boundaries,
+    StagedModel,
+    UserModel,
+    autocast_for,
+    builtin_boundaries,
+    builtin_model,
+    check_stages,
+    data_for,
+    infer_boundaries,
+    plan_for,
+    resolve_balance,
+)
+from real.models import make_optimizer
 from real.p2p import PeerError, PipeComm, matching_sends
 from schedules import Action, CheckpointError, ConfigError, Kind, Stream
 from schedules.trace import check_trace_path, make_trace, write_trace
@@ -53,6 +66,7 @@ StepCallback = Callable[[int, float, float], None]  # (step, loss, seconds)
 class _Row(NamedTuple):
     """One traced task on one rank: its graph task id (None for runtime-added OPTIM/collectives) and times."""
 
+    step: int
     task: int | None
     rank: int
     stream: str
@@ -118,13 +132,14 @@ def restart_count() -> int:
 
 
 _COMM_FAILURE = re.compile(r"gloo|timed? ?out|connection|peer", re.IGNORECASE)
-_MUST_MATCH = (("data", "model"), ("data", "batch_size"), ("data", "seed"), ("optim", "optimizer"))
+_MUST_MATCH = (("data", "model"), ("data", "factory"), ("data", "batch_size"), ("data", "seed"), ("optim", "optimizer"))
 
 
 def resume_point(config: RunConfig) -> ckpt.Restored | None:
     """The newest complete checkpoint to resume from (files only); SchedlabError if it belongs to another run.
 
-    The layout (pp, dp, schedule) may differ, the model, global batch, seed and optimizer may not.
+    The layout (pp, dp, schedule) may differ, the model, global batch, seed and optimizer may not (with a token
+    file the global batch may: its sampler's position is saved in windows, not steps).
     """
     if config.checkpoint is None:
         return None
@@ -134,6 +149,8 @@ def resume_point(config: RunConfig) -> ckpt.Restored | None:
     saved = restored.info.get("config", {})
     mine = config.to_dict()
     for part, key in _MUST_MATCH:
+        if key == "batch_size" and config.data.token_file is not None:
+            continue
         theirs = saved.get(part, {}).get(key) if isinstance(saved.get(part), dict) else None
         if theirs != mine[part][key]:
             raise CheckpointError(
@@ -149,20 +166,38 @@ def run(
     trace_path: str | Path | None = None,
     mesh: Mesh | None = None,
     on_step: StepCallback | None = None,
+    user: UserModel | None = None,
 ) -> RunResult:
-    """Train on this rank; every bad input raises SchedlabError before any communication."""
+    """Train on this rank; every bad input raises SchedlabError before any communication.
+
+    ``user``: a model of :mod:`real.model_api` instead of the built-in one (``config.data.model`` is then unused).
+    """
     _, world, _ = env_world()
-    plan = make_plan(config, world)
+    plan, model, data = plan_for(config, world, user)
     backend = resolve_backend(config.runtime.backend)
     path = check_trace_path(trace_path) if trace_path is not None else None
     restored = resume_point(config)
     own = mesh is None
     mesh = mesh if mesh is not None else Mesh.create(plan, backend, config.runtime.timeout_s)
     try:
-        return _Trainer(plan, mesh, backend).train(path, on_step, restored)
+        if config.layout.balance is not None:
+            config = resolve_balance(config, model, plan.num_stages, data.sample(config.microbatch_size)[0],
+                                     lambda split: _from_rank0(split, mesh))
+            plan = make_plan(config, world, num_layers=model.num_layers, what=model.what)
+            check_stages(model, plan)
+        return _Trainer(plan, mesh, backend, model, data).train(path, on_step, restored)
     finally:
         if own:
             mesh.close()
+
+
+def _from_rank0(value: Any, mesh: Mesh) -> Any:
+    """Rank 0's ``value`` on every rank (a profiled split: every rank must use the same)."""
+    if not mesh.distributed:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 @dataclass(eq=False)
@@ -170,14 +205,19 @@ class _Trainer:
     plan: Plan
     mesh: Mesh
     backend: str
+    model: StagedModel | None = None  # None: the built-in model of the config
+    data: DataSource | None = None  # None: the config's
     stages: dict[int, Stage] = field(init=False)
 
     def __post_init__(self) -> None:
         cfg, mesh = self.plan.config, self.mesh
+        self.model = self.model if self.model is not None else builtin_model(cfg)
+        self.data = self.data if self.data is not None else data_for(cfg, None)
+        self.boundaries = self._boundaries()
         here = self.plan.stages_of(mesh.pp_rank)
         last = self.plan.num_stages - 1
         self.stages = {
-            s: Stage(s, self.plan.layers[s].start, build_layers(cfg.data.model, cfg.data.seed, self.plan.layers[s]),
+            s: Stage(s, self.plan.layers[s].start, self.model.layers(self.plan.layers[s]),
                      is_last=s == last).to(mesh.device)
             for s in here
         }
@@ -195,26 +235,35 @@ class _Trainer:
         shares = self.sync.optimizer_params() if self.sync else by_stage
         self.optimizers = {s: make_optimizer(cfg.optim.optimizer, shares[s], cfg.optim.lr) for s in sorted(self.stages)}
         self.executor = Executor(self.plan.graph, mesh.pp_rank, self.stages, comm=self._comm(), meter=self.meter,
-                                 recorder=self.recorder, poll=self.sync.poll if self.sync else lambda: None)
+                                 recorder=self.recorder, poll=self.sync.poll if self.sync else lambda: None,
+                                 loss=self.model.loss, autocast=autocast_for(cfg.runtime.dtype, mesh.device),
+                                 message_dtypes={s: dt for s, (_, dt) in self.boundaries.items()})
         self.needs_data = 0 in self.stages or last in self.stages
         self.metered = cfg.metered_step  # train() moves it to the first step a resumed run runs
+
+    def _boundaries(self) -> Boundaries:
+        """(shape, dtype) of every stage's output: the built-in model's hidden state, or inferred on the CPU."""
+        cfg = self.plan.config
+        if self.model.what is None:
+            return builtin_boundaries(cfg, self.plan.num_stages)
+        return infer_boundaries(self.model, self.plan, self.data.sample(cfg.microbatch_size)[0], cfg.runtime.dtype)
 
     def _comm(self) -> PipeComm | None:
         if self.mesh.p2p_groups is None:
             return None
         cfg = self.plan.config
+        shape, dtype = self.boundaries[0]
         return PipeComm(self.plan.graph, self.mesh.pp_rank, global_rank=self.mesh.global_rank,
-                        groups=self.mesh.p2p_groups, shape=activation_shape(cfg.data.model, cfg.microbatch_size),
-                        dtype=torch.float32, device=self.mesh.device, recv_ahead=cfg.runtime.recv_ahead,
-                        stamp=self.recorder.stamp)
+                        groups=self.mesh.p2p_groups, shape=shape, dtype=dtype, device=self.mesh.device,
+                        recv_ahead=cfg.runtime.recv_ahead, stamp=self.recorder.stamp, boundaries=self.boundaries)
 
     def _batches(self, step: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         cfg = self.plan.config
         if not self.needs_data:
             return []
-        batch = make_batch(cfg.data.model, cfg.data.seed, step, cfg.data.batch_size)
+        share = self.data.replica_batch(step, cfg.layout.dp, self.mesh.dp_rank)
         dev = self.mesh.device
-        return [(x.to(dev), y.to(dev)) for x, y in microbatches(batch, cfg.layout.dp, self.mesh.dp_rank, cfg.layout.microbatches)]
+        return [(x.to(dev), y.to(dev)) for x, y in microbatches(share, 1, 0, cfg.layout.microbatches)]
 
     def _inject_fault(self, step: int) -> None:
         """``--fail-at-step``: on the first attempt only, the chosen rank dies (SIGKILL) or stops answering."""
@@ -237,7 +286,7 @@ class _Trainer:
             for opt in self.optimizers.values():
                 opt.zero_grad(set_to_none=True)
         cfg = self.plan.config
-        self.recorder.begin(step == cfg.traced_step)
+        self.recorder.begin(step in cfg.traced_steps)
         self.meter.begin(step == self.metered)
         loss = self.executor.run_step(self._batches(step))
         if self.sync is not None:
@@ -263,14 +312,19 @@ class _Trainer:
         if restored is None:
             return 0, []
         ckpt.load(restored, self.named, list(self.optimizers.values()), self.mesh.rank)
+        self.data.restore(restored.step, restored.info.get("data"))
         log.info("rank %d: resumed from %s (step %d)", self.mesh.rank, restored.path, restored.step)
         return restored.step, [float(x) for x in restored.info["losses"]]
 
     def _save(self, saver: ckpt.Checkpointer, steps_done: int, losses: list[float]) -> None:
         cfg = self.plan.config
         state = ckpt.state_dict(self.named, list(self.optimizers.values()), self.mesh.rank)
-        saver.save(steps_done, state, {"losses": losses, "world_size": cfg.world_size, "pp": cfg.layout.pp, "dp": cfg.layout.dp,
-                                       "config": cfg.to_dict()})
+        info = {"losses": losses, "world_size": cfg.world_size, "pp": cfg.layout.pp, "dp": cfg.layout.dp,
+                "config": cfg.to_dict()}
+        position = self.data.state(steps_done)
+        if position is not None:
+            info["data"] = position
+        saver.save(steps_done, state, info)
 
     def _guarded(self, step: int) -> float:
         """One step and its global loss; a collective that fails (timeout, dead peer) names the group's ranks."""
@@ -299,7 +353,7 @@ class _Trainer:
                  [f"{self.plan.layers[s].start}..{self.plan.layers[s].stop - 1}" for s in sorted(self.stages)], offset)
         if self.mesh.distributed:
             dist.barrier()
-        times, rows, memory = [], [], {}
+        times, rows, memory, traced_times = [], [], {}, {}
         t_prev = time.perf_counter()
         for step in range(start, cfg.steps):
             loss = self._guarded(step)
@@ -309,8 +363,9 @@ class _Trainer:
             losses.append(loss)
             times.append(now - t_prev)
             t_prev = now
-            if step == cfg.traced_step:
-                rows = self._trace_rows(offset)
+            if step in cfg.traced_steps:
+                rows += self._trace_rows(step, offset)
+                traced_times[step] = times[-1]
             if step == self.metered:
                 memory = self._memory()
             if on_step is not None and self.mesh.rank == 0:
@@ -322,7 +377,7 @@ class _Trainer:
                     t_prev = time.perf_counter()
         if saver is not None:
             saver.wait()
-        result = self._gather(losses, times, rows, memory, path)
+        result = self._gather(losses, times, rows, memory, path, traced_times)
         return replace(result, start_step=start, resumed_from=str(restored.path) if restored else None)
 
     def _diverged(self, step: int, loss: float, saver: ckpt.Checkpointer | None) -> NoReturn:
@@ -336,8 +391,8 @@ class _Trainer:
         raise ConfigError(f"step {step}: the loss is {loss}; training diverged with {optim.optimizer} at lr "
                           f"{optim.lr:g}: try a smaller lr", field="lr")
 
-    def _trace_rows(self, offset: float) -> list[_Row]:
-        """This rank's rows of the traced step on rank 0's clock.
+    def _trace_rows(self, step: int, offset: float) -> list[_Row]:
+        """This rank's rows of a traced step on rank 0's clock.
 
         The recorder holds a task id (a task of the graph) or an Action the
         runtime adds itself (OPTIM, and the data-parallel collectives).
@@ -350,7 +405,7 @@ class _Trainer:
             else:
                 task, action = None, key
                 stream = Stream.COMPUTE if action.kind is Kind.OPTIM else Stream.COLLECTIVE
-            out.append(_Row(task, rank, stream.value, action, start + offset, end + offset, nbytes))
+            out.append(_Row(step, task, rank, stream.value, action, start + offset, end + offset, nbytes))
         return out
 
     def _memory(self) -> dict[str, Any]:
@@ -365,7 +420,7 @@ class _Trainer:
         }
 
     def _gather(self, losses: list[float], times: list[float], rows: list[_Row], memory: dict[str, Any],
-                path: Path | None) -> RunResult:
+                path: Path | None, traced_times: dict[int, float]) -> RunResult:
         params = [(name, p.detach().cpu().clone()) for name, p in self.named] if self.mesh.dp_rank == 0 else []
         mine = (rows, memory, params)
         parts = [mine]
@@ -377,13 +432,14 @@ class _Trainer:
             return base
         named = sorted((np for _, _, ps in parts for np in ps), key=lambda np: int(np[0].split(".", 1)[0]))
         norm, sha = param_digest(t for _, t in named)
-        trace = self._make_trace([r for rs, _, _ in parts for r in rs], [m for _, m, _ in parts])
+        trace = self._make_trace([r for rs, _, _ in parts for r in rs], [m for _, m, _ in parts], traced_times)
         if path is not None:
             write_trace(trace, path)
         return RunResult(self.plan.config, 0, self.backend, losses, times, trace, str(path) if path else None,
                          dict(named), [m for _, m, _ in parts], norm, sha)
 
-    def _make_trace(self, rows: list[_Row], memory: list[dict[str, Any]]) -> pd.DataFrame:
+    def _make_trace(self, rows: list[_Row], memory: list[dict[str, Any]], traced_times: dict[int, float]
+                    ) -> pd.DataFrame:
         cfg, sched = self.plan.config, self.plan.graph.schedule
         rows = _bound_send_ends(rows, self.plan)
         t0 = min((r.start for r in rows), default=0.0)
@@ -397,12 +453,17 @@ class _Trainer:
             "start": [r.start - t0 for r in rows],
             "end": [r.end - t0 for r in rows],
             "bytes": [r.bytes for r in rows],
+            "step": [r.step for r in rows],
         }
         meta = {
             "source": "real", "schedule": sched.name, "params": dict(sched.params),
             "dp": cfg.layout.dp, "world_size": cfg.world_size, "backend": self.backend, "device": self.mesh.device.type,
-            "dp_mode": cfg.sync.dp_mode, "model": cfg.data.model.to_dict(), "batch_size": cfg.data.batch_size,
+            "dp_mode": cfg.sync.dp_mode, "model": cfg.data.model.to_dict() if cfg.data.factory is None else {"factory": cfg.data.factory},
+            "batch_size": cfg.data.batch_size,
             "microbatch_size": cfg.microbatch_size, "step": cfg.traced_step, "steps": cfg.steps,
+            # rank 0's wall time of each traced step (its end to the previous step's end): programs, optimizer,
+            # the loss all-reduce; what sim.profiled.from_trace calls the step time.
+            "step_times": {str(k): v for k, v in sorted(traced_times.items())},
             "layers_per_stage": [len(r) for r in self.plan.layers], "memory": memory,
         }
         return make_trace(cols, meta)
@@ -411,13 +472,13 @@ class _Trainer:
 def _bound_send_ends(rows: list[_Row], plan: Plan) -> list[_Row]:
     """A SEND ends no later than its receiver has the value (gloo shows a send's completion only on wait)."""
     graph, pp = plan.graph, plan.config.layout.pp
-    recv_end = {(r.rank, r.task): r.end for r in rows if r.task is not None and r.stream == "recv"}
+    recv_end = {(r.step, r.rank, r.task): r.end for r in rows if r.task is not None and r.stream == "recv"}
     send_of = {s: r for r, s in matching_sends(graph).items()}
     out = []
     for r in rows:
         if r.task is not None and r.stream == "send":
             recv = send_of[r.task]
             peer = (r.rank // pp) * pp + graph.tasks[recv].rank
-            r = r._replace(end=max(min(r.end, recv_end.get((peer, recv), r.end)), r.start))
+            r = r._replace(end=max(min(r.end, recv_end.get((r.step, peer, recv), r.end)), r.start))
         out.append(r)
     return out

@@ -11,7 +11,7 @@ resolves any schedule reference; ``torch_csv`` and ``torch_interop`` speak
 torch.distributed.pipelining's formats; ``trace`` is the shared trace format.
 """
 
-from schedules import flush, looped, zb_auto, zero_bubble  # noqa: F401  (registers the generators)
+from schedules import controllable, flush, looped, zb_auto, zero_bubble  # noqa: F401  (registers the generators)
 from schedules.check import check_schedule
 from schedules.errors import (
     CheckpointError,

@@ -37,7 +37,7 @@ def check_schedule(schedule: Schedule) -> None:
             if action.kind not in COMPUTE_KINDS:
                 raise ScheduleError(
                     f"schedule {name!r}, rank {rank}, action {action}: a Schedule holds compute "
-                    "actions only (F, I, W, B, OVERLAP_F_B); communication is added by lower()"
+                    "actions only (F, I, W, B, R, OVERLAP_F_B); communication is added by lower()"
                 )
             for a in action.parts():
                 _check_one(schedule, rank, a)
@@ -49,6 +49,7 @@ def check_schedule(schedule: Schedule) -> None:
                 seen[key] = (rank, pos)
     _check_coverage(schedule, seen)
     _check_order(schedule, seen)
+    _check_recompute(schedule, seen)
 
 
 def _valid_fast(schedule: Schedule) -> bool:
@@ -156,3 +157,20 @@ def _check_order(schedule: Schedule, seen: dict) -> None:
             raise ScheduleError(
                 f"{where}: runs before {s}{before.value}{mb} (position {pos} < {pos0}); move it after"
             )
+
+
+def _check_recompute(schedule: Schedule, seen: dict) -> None:
+    """An R(s, mb) lies between its forward and its backward (B, or I) on the stage's rank."""
+    for (kind, s, mb), (rank, pos) in seen.items():
+        if kind is not Kind.R:
+            continue
+        where = f"schedule {schedule.name!r}, rank {rank}, action {s}R{mb}"
+        fwd = seen[(Kind.F, s, mb)][1]
+        back = seen.get((Kind.B, s, mb)) or seen.get((Kind.I, s, mb))
+        if pos <= fwd:
+            raise ScheduleError(f"{where}: recomputes before its forward {s}F{mb} (position {pos} <= {fwd}); "
+                                "an R rebuilds what the forward dropped, so it goes after it")
+        if back is not None and pos >= back[1]:
+            kind_b = "B" if (Kind.B, s, mb) in seen else "I"
+            raise ScheduleError(f"{where}: comes after its backward {s}{kind_b}{mb} (position {pos} >= {back[1]}); "
+                                "move it before the backward that needs its activations")

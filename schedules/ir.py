@@ -3,6 +3,7 @@
 An :class:`Action` prints and parses exactly like torch.distributed.pipelining's
 ``_Action``: ``2F0`` (stage 2, forward, microbatch 0), ``1I3`` (input-gradient
 backward), ``1W3`` (weight-gradient backward), ``0B1`` (full backward),
+``2R0`` (recompute stage 2's forward of microbatch 0 before its backward; ours, not torch's),
 ``0SEND_F1`` / ``1RECV_F1`` (activations), ``1SEND_B2`` / ``0RECV_B2``
 (gradients), ``(0F7;7B3)OVERLAP_F_B`` (an overlapped pair).
 
@@ -31,6 +32,7 @@ class Kind(StrEnum):
     I = "I"  # backward w.r.t. the stage input only  # noqa: E741
     W = "W"  # backward w.r.t. the stage weights only
     B = "B"  # full backward (I then W)
+    R = "R"  # recompute: re-run a forward to rebuild the activations its backward needs (not torch's notation)
     SEND_F = "SEND_F"
     RECV_F = "RECV_F"
     SEND_B = "SEND_B"
@@ -42,13 +44,13 @@ class Kind(StrEnum):
     OPTIM = "OPTIM"
 
 
-COMPUTE_KINDS = frozenset({Kind.F, Kind.I, Kind.W, Kind.B, Kind.OVERLAP_F_B})
+COMPUTE_KINDS = frozenset({Kind.F, Kind.I, Kind.W, Kind.B, Kind.R, Kind.OVERLAP_F_B})
 COMM_KINDS = frozenset({Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B})
 BACKWARD_KINDS = frozenset({Kind.I, Kind.B})  # the kinds that produce an input gradient
 
 # Longest alternatives first so that "SEND_F" is not read as "S" + ...
 _ACTION_RE = re.compile(
-    r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|ALLREDUCE|REDUCE_SCATTER|ALL_GATHER|OPTIM|F|I|W|B)(\d*)(?:_b(\d+))?$"
+    r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|ALLREDUCE|REDUCE_SCATTER|ALL_GATHER|OPTIM|F|I|W|B|R)(\d*)(?:_b(\d+))?$"
 )
 
 

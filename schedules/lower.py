@@ -300,8 +300,13 @@ class _GraphBuilder:
                     need(self._lookup(Kind.F, s - 1, mb), f"{s - 1}F{mb}", a)
                 else:
                     need(self._lookup(Kind.RECV_F, s, mb), f"{s}RECV_F{mb} on rank {rank}", a)
+            elif a.kind is Kind.R:
+                need(self._lookup(Kind.F, s, mb), f"{s}F{mb}", a)  # recomputes from the input F kept
             elif a.kind in (Kind.I, Kind.B):
                 need(self._lookup(Kind.F, s, mb), f"{s}F{mb}", a)
+                recompute = self._lookup(Kind.R, s, mb)
+                if recompute is not None:
+                    need(recompute, f"{s}R{mb}", a)
                 if s < last:
                     if s2r[s + 1] == rank:
                         need(self._producer((Kind.I, Kind.B), s + 1, mb), f"the backward of stage {s + 1}", a)

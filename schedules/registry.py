@@ -33,7 +33,8 @@ class PipelineParams:
 
     Schedules that adapt to pass times or memory (zb-auto) also read the
     uniform pass times ``tf, tb, tw, tcomm`` (per microbatch through a rank's
-    whole share), the W-held fraction ``mw`` and ``mem_limit`` (in M_B).
+    whole share), the W-held fraction ``mw``, ``mem_limit`` (in M_B) and
+    ``time_limit`` (seconds of exact search).
     """
 
     pp: int
@@ -45,6 +46,7 @@ class PipelineParams:
     tcomm: float = 0.0
     mw: float = 0.0
     mem_limit: float | None = None
+    time_limit: float = 10.0  # seconds zb-auto's exact refinement may search (0: the heuristic alone)
 
     def __post_init__(self) -> None:
         check_positive_ints("pipeline", ScheduleError, pp=self.pp, microbatches=self.microbatches)
@@ -53,6 +55,10 @@ class PipelineParams:
         check_uniform_times(tf=self.tf, tb=self.tb, tw=self.tw, tcomm=self.tcomm, mw=self.mw)
         if self.mem_limit is not None and not self.mem_limit > 0:
             raise ScheduleError(f"mem_limit must be > 0 M_B, got {quote(self.mem_limit)}", field="mem_limit")
+        if isinstance(self.time_limit, bool) or not isinstance(self.time_limit, int | float) \
+                or not 0 <= self.time_limit <= MAX_TIME_LIMIT:
+            raise ScheduleError(f"time_limit must be seconds in [0, {MAX_TIME_LIMIT:g}], got {quote(self.time_limit)}",
+                                field="time_limit")
 
     @property
     def num_stages(self) -> int:
@@ -60,6 +66,8 @@ class PipelineParams:
 
 
 Generator = Callable[[PipelineParams], Schedule]
+
+MAX_TIME_LIMIT = 3600.0  # an hour of search: beyond that a typo, not a plan
 
 # The largest task graph built: about 0.6 KB and 10 us to lower and validate per task on this project's
 # 2-core machine (experiments/bench_sim.py), so 4M tasks is ~2.5 GB and under a minute; beyond that a

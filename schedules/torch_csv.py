@@ -17,6 +17,10 @@ Facts about torch (2.13.0) this module relies on, from
   ``pipeline_order`` and ``_dump_csv(format="compute_comms")`` writes all three.
   They are no pipeline work, have no counterpart in a :class:`Schedule`, and
   are skipped by the readers here (:data:`TORCH_SKIPPED_KINDS`).
+
+One extension: a recomputation ``2R0`` (:mod:`schedules.recompute`) is written
+and read back like any compute action. torch has no such action; its loader
+refuses a file that holds one.
 """
 
 from __future__ import annotations
@@ -47,11 +51,12 @@ __all__ = [
 #: torch action kinds that are not pipeline work; the CSV readers skip them.
 TORCH_SKIPPED_KINDS = ("UNSHARD", "RESHARD", "REDUCE_GRAD")
 SKIPPED_CELL = re.compile(r"^\d+(?:" + "|".join(TORCH_SKIPPED_KINDS) + r")\d*$")
-# Kinds torch's CSV loader understands (its _ComputationType, less the skipped ones).
-_TORCH_KINDS = frozenset({Kind.F, Kind.I, Kind.W, Kind.B, Kind.OVERLAP_F_B,
+# Kinds torch's CSV loader understands (its _ComputationType, less the skipped ones), and schedlab's R.
+_TORCH_KINDS = frozenset({Kind.F, Kind.I, Kind.W, Kind.B, Kind.R, Kind.OVERLAP_F_B,
                           Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B})
 _VALID_CELLS = (
-    "valid cells: <stage><kind><microbatch> with kind F, I, W, B, SEND_F, RECV_F, SEND_B or RECV_B "
+    "valid cells: <stage><kind><microbatch> with kind F, I, W, B, R (schedlab's recompute), SEND_F, RECV_F, "
+    "SEND_B or RECV_B "
     "(e.g. '2F0', '1I3', '0SEND_F1'), '(<action>;<action>)OVERLAP_F_B', an empty cell, or "
     + "/".join(TORCH_SKIPPED_KINDS) + " (skipped)"
 )

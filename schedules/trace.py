@@ -16,6 +16,10 @@ end         float   seconds
 bytes       float   bytes moved (0 for compute)
 =========== ======= ====================================================
 
+A real run's trace may also carry ``step`` (int, the training step), when it
+keeps several measured steps; :func:`trace_steps` splits it and
+:func:`median_step` picks the step of median wall time (``attrs["step_times"]``).
+
 Metadata (``source`` sim/real, ``schedule``, ``params``, ``costs``, ...) lives
 in ``DataFrame.attrs``. On disk a trace is CSV whose first line is
 ``# schedlab-trace {json metadata}``, or Parquet with the metadata in the
@@ -45,11 +49,12 @@ from schedules.util import atomic_write, check_output_file, read_text_file
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["TRACE_COLUMNS", "check_trace_path", "make_trace", "read_trace", "write_trace"]
+__all__ = ["TRACE_COLUMNS", "check_trace_path", "make_trace", "median_step", "read_trace", "trace_steps", "write_trace"]
 
 TRACE_COLUMNS = ("rank", "stream", "action", "kind", "stage", "microbatch", "start", "end", "bytes")
 _HEADER = "# schedlab-trace "
-_DTYPES = {"rank": "int64", "stage": "int64", "microbatch": "int64", "start": "float64", "end": "float64", "bytes": "float64"}
+OPTIONAL_COLUMNS = ("step",)  # a real trace of several steps
+_DTYPES = {"step": "int64", "rank": "int64", "stage": "int64", "microbatch": "int64", "start": "float64", "end": "float64", "bytes": "float64"}
 
 
 def make_trace(columns: dict[str, Any], meta: dict[str, Any]) -> pd.DataFrame:
@@ -59,9 +64,40 @@ def make_trace(columns: dict[str, Any], meta: dict[str, Any]) -> pd.DataFrame:
     missing = [c for c in TRACE_COLUMNS if c not in columns]
     if missing:
         raise ValueError(f"trace is missing columns {missing}")
-    df = pd.DataFrame({c: columns[c] for c in TRACE_COLUMNS}).astype(_DTYPES)
+    names = [*TRACE_COLUMNS, *(c for c in OPTIONAL_COLUMNS if c in columns)]
+    df = pd.DataFrame({c: columns[c] for c in names}).astype({c: t for c, t in _DTYPES.items() if c in names})
     df.attrs.update(meta)
     return df
+
+
+def trace_steps(df: pd.DataFrame) -> dict[int, pd.DataFrame]:
+    """The trace's steps in order, each with its own attrs (one step: ``{attrs["step"] or 0: df}``)."""
+    if "step" not in df.columns:
+        return {int(df.attrs.get("step", 0) or 0): df}
+    out = {}
+    for step, part in df.groupby("step", sort=True):
+        part = part.reset_index(drop=True)
+        part.attrs.update(df.attrs)
+        part.attrs["step"] = int(step)
+        out[int(step)] = part
+    return out
+
+
+def median_step(df: pd.DataFrame) -> pd.DataFrame:
+    """One step of a multi-step trace, times from its own first start: the step of median wall time
+    (``attrs["step_times"]``; the lower median of an even count), else of median span. A one-step trace as is."""
+    steps = trace_steps(df)
+    if len(steps) == 1:
+        return next(iter(steps.values()))
+    walls = {int(k): float(v) for k, v in (df.attrs.get("step_times") or {}).items()}
+    key = {s: walls.get(s, float(p["end"].max() - p["start"].min())) for s, p in steps.items()}
+    order = sorted(steps, key=lambda s: (key[s], s))
+    part = steps[order[(len(order) - 1) // 2]].copy()
+    t0 = float(part["start"].min())
+    part["start"] -= t0
+    part["end"] -= t0
+    part.attrs.update(steps[order[(len(order) - 1) // 2]].attrs)
+    return part
 
 
 def check_trace_path(path: str | os.PathLike) -> Path:
@@ -78,16 +114,20 @@ def write_trace(df: pd.DataFrame, path: str | os.PathLike) -> Path:
         if path.suffix == ".csv":
             with open(tmp, "w", encoding="utf-8", newline="") as fh:
                 fh.write(_HEADER + meta + "\n")
-                df.to_csv(fh, index=False, columns=list(TRACE_COLUMNS))
+                df.to_csv(fh, index=False, columns=_columns_of(df))
             return
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pa.Table.from_pandas(df[list(TRACE_COLUMNS)], preserve_index=False)
+        table = pa.Table.from_pandas(df[_columns_of(df)], preserve_index=False)
         table = table.replace_schema_metadata({**(table.schema.metadata or {}), b"schedlab": meta.encode()})
         pq.write_table(table, tmp)
 
     return atomic_write(path, write, "trace file")  # nothing half-written under the real name
+
+
+def _columns_of(df: pd.DataFrame) -> list[str]:
+    return [*TRACE_COLUMNS, *(c for c in OPTIONAL_COLUMNS if c in df.columns)]
 
 
 def read_trace(path: str | os.PathLike) -> pd.DataFrame:
@@ -199,7 +239,7 @@ _NUMBERS: dict[str, tuple[bool, str, float]] = {
     "rank": (True, "an integer >= 0", 0), "stage": (True, "an integer >= -1 (-1: none)", -1),
     "microbatch": (True, "an integer >= -1 (-1: none)", -1),
     "start": (False, "a finite number", -math.inf), "end": (False, "a finite number", -math.inf),
-    "bytes": (False, "a finite number >= 0", 0),
+    "bytes": (False, "a finite number >= 0", 0), "step": (True, "an integer >= 0", 0),
 }
 
 
@@ -225,7 +265,7 @@ def _checked_columns(where: str, df: pd.DataFrame, locate: _Locate) -> dict[str,
         raise ScheduleError(f"{where}, {at}: {c} must be {what}, got {quote(value)}")
 
     out: dict[str, Any] = {}
-    for c in TRACE_COLUMNS:
+    for c in _columns_of(df):
         column = df[c]
         if c not in _NUMBERS:
             if pd.api.types.is_string_dtype(column.dtype) and column.dtype != object:

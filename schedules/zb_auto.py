@@ -6,13 +6,19 @@ now: an I whose gradient has arrived (it unblocks the ranks upstream), else an
 F whose input has arrived and whose activations fit under the memory limit,
 else a pending W (filling what would be a bubble), else it waits for the next
 arrival. One stage per rank; I frees all but ``mw`` of a microbatch, W the rest.
+A rank whose next I arrives within ``f_wait`` does not start an F that would
+hold that I up (each rank that does so delays the gradient on its way to rank
+0: at p=8 the cascade is most of the heuristic's bubble without it).
 
 ``zb-auto`` runs the scheduler under a few policies (W fills every gap, or only
 gaps at least t_w long; memory capped at the limit, or at the 1F1B-style
-p - r per rank) and keeps the candidate with the shortest makespan, the
-handcrafted ZB-H1 and ZB-H2 joining as candidates when they fit the limit; so
-the result is never slower than those at the same limit. Makespans are
-computed on the lowered task graph (longest path), the simulator's semantics.
+p - r per rank; f_wait from 0 to t_f) and keeps the candidate with the
+shortest makespan, ties going to the smallest largest span (the zero-bubble
+paper's cost), the handcrafted ZB-H1 and ZB-H2 joining as candidates when they
+fit the limit; so the result is never slower than those at the same limit.
+That seed then goes to the exact refinement (:mod:`schedules.zb_exact`), whose
+schedule is kept only if its largest span is smaller at no larger makespan.
+Candidates are timed by :func:`schedules.timing.evaluate`, the simulator's semantics.
 """
 
 from __future__ import annotations
@@ -22,10 +28,10 @@ from collections import deque
 from dataclasses import dataclass
 
 from schedules.errors import ScheduleError
-from schedules.graph import topological_order
 from schedules.ir import Action, Kind, Schedule
-from schedules.lower import lower
 from schedules.registry import PipelineParams, make_schedule, register
+from schedules.timing import evaluate
+from schedules.zb_exact import refine
 from schedules.zero_bubble import zb_h1
 
 __all__ = ["greedy_zero_bubble", "makespan", "peak_memory", "zb_auto", "zb_h2"]
@@ -38,6 +44,7 @@ class _Policy:
     w_fills_any_gap: bool  # False: run W only if no F/I arrives within t_w
     per_rank_cap: bool  # True: rank r holds at most min(limit, p - r + extra) activations
     extra: int = 0
+    f_wait: float = 0.0  # wait for an I that arrives within this long rather than start an F that would delay it
 
 
 def greedy_zero_bubble(
@@ -76,6 +83,10 @@ def greedy_zero_bubble(
             continue
         can_i = ni[r] < m and i_arrive[r][ni[r]] <= t + eps
         can_f = nf[r] < m and f_arrive[r][nf[r]] <= t + eps and mem[r] + 1.0 <= caps[r] + eps
+        if can_f and not can_i and ni[r] < m and i_arrive[r][ni[r]] < t + policy.f_wait - eps:
+            waiting[r] = False
+            free[r] = i_arrive[r][ni[r]]  # the I is about to arrive: keep the rank free for it
+            continue
         if can_i:
             mb = ni[r]
             ni[r] += 1
@@ -124,44 +135,16 @@ def _next_arrival(r, t, nf, ni, f_arrive, i_arrive, mem, caps, m, eps) -> float:
 
 
 def makespan(schedule: Schedule, tf: float, tb: float, tw: float, tcomm: float) -> float:
-    """Makespan under uniform costs: the longest path of the lowered graph (the simulator's semantics)."""
-    graph = lower(schedule)
-    v = schedule.chunks
-    pass_time = {Kind.F: tf / v, Kind.I: tb / v, Kind.W: tw / v, Kind.B: (tb + tw) / v}
-    end = [0.0] * len(graph.tasks)
-    order, _ = topological_order(graph)
-    if len(order) != len(graph.tasks):
-        raise ScheduleError(f"schedule {graph.schedule.name!r} deadlocks (cycle of waits)")
-    for i in order:
-        task = graph.tasks[i]
-        a = task.action
-        if a.is_compute:
-            d = sum(pass_time[x.kind] for x in a.parts())
-        elif a.kind in (Kind.SEND_F, Kind.SEND_B):
-            d = tcomm
-        else:
-            d = 0.0
-        end[i] = max((end[j] for j in task.deps), default=0.0) + d
-    return max(end, default=0.0)
+    """Makespan under uniform costs, as the simulator times it (:func:`schedules.timing.evaluate`)."""
+    try:
+        return evaluate(schedule, tf, tb, tw, tcomm).makespan
+    except ValueError as e:
+        raise ScheduleError(f"schedule {schedule.name!r} deadlocks (cycle of waits)") from e
 
 
 def peak_memory(schedule: Schedule, mw: float) -> list[float]:
     """Peak activations per rank in M_B, following program order (as the simulator counts them)."""
-    share = 1.0 / schedule.chunks
-    peaks = []
-    for prog in schedule.programs:
-        held = peak = 0.0
-        for action in prog:
-            for a in action.parts():
-                if a.kind is Kind.F:
-                    held += share
-            peak = max(peak, held)
-            for a in action.parts():
-                held -= {Kind.B: share, Kind.I: share * (1 - mw), Kind.W: share * mw}.get(a.kind, 0.0)
-        peaks.append(peak)
-    return peaks
-
-
+    return list(evaluate(schedule, 0.0, 0.0, 0.0, 0.0, mw).peaks)
 
 
 @register("zb-h2")
@@ -191,21 +174,55 @@ def zb_auto(params: PipelineParams) -> Schedule:
     if not math.isfinite(sum(t) * 2 * (m + p)):
         raise ScheduleError(f"zb-auto: pass times tf={params.tf:g}, tb={params.tb:g}, tw={params.tw:g}, "
                             f"tcomm={params.tcomm:g} are so large that a step of them overflows; use smaller times")
-    candidates: list[tuple[str, list[list[Action]]]] = []
-    for fills in (True, False):
-        for per_rank in (False, True):
-            for extra in ((0, p - 1) if per_rank else (0,)):
-                policy = _Policy(fills, per_rank, extra)
-                candidates.append((str(policy), greedy_zero_bubble(p, m, *t, params.mw, limit, policy)))
+    seed = _best_heuristic(params, limit, t)
+    if params.time_limit > 0 and p > 1:
+        refined = _refine(seed, params, limit, t)
+        if refined is not None:
+            return refined
+    return seed
+
+
+def _cost(timing) -> tuple[float, float]:
+    return max(timing.spans, default=0.0), timing.makespan
+
+
+def _best_heuristic(params: PipelineParams, limit: float, t: tuple[float, float, float, float]) -> Schedule:
+    """The list scheduler under several policies, and ZB-H1/ZB-H2 when they fit: the shortest makespan wins,
+    ties (within 1e-9 relative) going to the smallest largest span (the zero-bubble paper's cost)."""
+    p, m = params.pp, params.microbatches
+    candidates: list[list[list[Action]]] = []
+    policies = [_Policy(fills, per_rank, extra) for fills in (True, False) for per_rank in (False, True)
+                for extra in ((0, p - 1) if per_rank else (0,))]
+    policies += [_Policy(fills, False, 0, f_wait * params.tf) for f_wait in (0.25, 0.5, 0.75, 1.0)
+                 for fills in (True, False)]
+    for policy in policies:
+        candidates.append(greedy_zero_bubble(p, m, *t, params.mw, limit, policy))
     for handcrafted in (zb_h1(params), zb_h2(params)):
-        candidates.append((handcrafted.name, [list(x) for x in handcrafted.programs]))
-    best: tuple[float, int, str, Schedule] | None = None
-    for index, (origin, progs) in enumerate(candidates):
+        candidates.append([list(x) for x in handcrafted.programs])
+    scored = []
+    for index, progs in enumerate(candidates):
         sched = make_schedule("zb-auto", params, progs, mem_limit=limit)
-        if max(peak_memory(sched, params.mw)) > limit + 1e-9:
+        timing = evaluate(sched, *t, params.mw)
+        if max(timing.peaks) > limit + 1e-9:
             continue
-        span = makespan(sched, *t)
-        if best is None or (span, index) < (best[0], best[1]):
-            best = (span, index, origin, sched)
-    assert best is not None, "the capped list scheduler always fits the limit"
-    return best[3]
+        scored.append((timing, index, sched))
+    assert scored, "the capped list scheduler always fits the limit"
+    shortest = min(x[0].makespan for x in scored)
+    fastest = [x for x in scored if x[0].makespan <= shortest * (1 + 1e-9)]
+    return min(fastest, key=lambda x: (max(x[0].spans), x[0].makespan, x[1]))[2]
+
+
+def _refine(seed: Schedule, params: PipelineParams, limit: float, t: tuple[float, float, float, float]) -> Schedule | None:
+    """The exact refinement's schedule if it has a smaller largest span at no larger makespan, else None."""
+    base = evaluate(seed, *t, params.mw)
+    if max(base.spans) <= max(base.busy) * (1 + 1e-12):
+        return None  # no rank idles inside its span: nothing to gain
+    out = refine(seed, *t, params.mw, limit, params.time_limit)
+    if out is None:
+        return None
+    out = make_schedule("zb-auto", params, out.programs, mem_limit=limit)
+    timing = evaluate(out, *t, params.mw)
+    fits = max(timing.peaks) <= limit + 1e-9
+    if fits and timing.makespan <= base.makespan * (1 + 1e-12) and max(timing.spans) < max(base.spans):
+        return out
+    return None

@@ -7,6 +7,7 @@ schedules with: fixed pass times, a fixed message delay.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -14,6 +15,17 @@ from typing import Any, Protocol, runtime_checkable
 from schedules import Action, Kind, ScheduleError, Task, TaskGraph
 from schedules.errors import check_fraction
 from schedules.registry import check_uniform_times
+from schedules.timing import action_held_freed, pass_time, recomputed_keys
+
+_RECOMPUTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> its recomputed (stage, mb)
+
+
+def recomputed_in(graph: TaskGraph) -> frozenset[tuple[int, int | None]]:
+    """The (stage, microbatch) pairs some R of ``graph`` recomputes (computed once per graph)."""
+    found = _RECOMPUTED.get(graph)
+    if found is None:
+        found = _RECOMPUTED[graph] = recomputed_keys(graph.schedule.programs)
+    return found
 
 __all__ = ["CostModel", "UniformCosts", "memoized_durations"]
 
@@ -68,7 +80,10 @@ class UniformCosts:
 
     Activations, in M_B (one microbatch through a rank's whole share): a chunk's
     F holds 1/v; B frees it; I frees all but the fraction ``mw`` that W still
-    needs, and W frees that (``mw`` = 0: W needs nothing extra).
+    needs, and W frees that (``mw`` = 0: W needs nothing extra). A recomputed
+    microbatch's F keeps only its input (counted as 0 M_B) and its R, costing a
+    forward, holds the activations again until the backward
+    (:mod:`schedules.timing` has the arithmetic).
 
     An overlapped pair (OVERLAP_F_B, DualPipe's F of one chunk with B of the
     other) costs the sum of its passes less ``pair_overlap`` times the shorter
@@ -88,15 +103,7 @@ class UniformCosts:
                        error=ScheduleError)
 
     def _pass(self, kind: Kind) -> float:
-        if kind is Kind.F:
-            return self.tf
-        if kind is Kind.I:
-            return self.tb
-        if kind is Kind.W:
-            return self.tw
-        if kind is Kind.B:
-            return self.tb + self.tw
-        raise AssertionError(f"not a compute kind: {kind}")
+        return pass_time(kind, self.tf, self.tb, self.tw)
 
     def duration(self, task: Task, graph: TaskGraph) -> float:
         action = task.action
@@ -118,17 +125,7 @@ class UniformCosts:
 
     def activations(self, action: Action, graph: TaskGraph) -> tuple[float, float]:
         share = 1.0 / graph.schedule.chunks
-        held = freed = 0.0
-        for a in action.parts():
-            if a.kind is Kind.F:
-                held += share
-            elif a.kind is Kind.B:
-                freed += share
-            elif a.kind is Kind.I:
-                freed += share * (1.0 - self.mw)
-            elif a.kind is Kind.W:
-                freed += share * self.mw
-        return held, freed
+        return action_held_freed(action, lambda _a: share, self.mw, recomputed_in(graph))
 
     def describe(self) -> dict[str, Any]:
         return {"model": "uniform", **asdict(self)}

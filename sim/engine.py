@@ -81,6 +81,15 @@ class SimResult:
         return 1.0 - sum(r.busy for r in self.ranks) / (len(self.ranks) * span)
 
     @property
+    def span_bubble(self) -> float:
+        """The zero-bubble papers' bubble rate: 1 - busy / cost, cost the largest span (last end - first start)
+        of a rank, busy the largest busy time (Qi et al. 2024, Table 5)."""
+        cost = max((r.last_end - r.first_start for r in self.ranks), default=0.0)
+        if cost <= 0:
+            return 0.0
+        return 1.0 - max(r.busy for r in self.ranks) / cost
+
+    @property
     def peak_activations(self) -> float:
         return max(r.peak_activations for r in self.ranks)
 
@@ -119,6 +128,7 @@ class SimResult:
             "stages": sched.num_stages,
             "makespan": self.makespan,
             "bubble_ratio": self.bubble_ratio,
+            "span_bubble": self.span_bubble,
             "peak_activations": self.peak_activations,
             "costs": self.costs,
             "ranks": [r.to_dict() for r in self.ranks],
@@ -153,10 +163,11 @@ def _simulate(graph: TaskGraph, costs: CostModel) -> SimResult:
     start = [math.nan] * n
     end = [math.nan] * n
     network = getattr(costs, "network", None)  # optional: delays and shared links (physical-units models)
-    if network is None:
+    hooks = network(graph, dur) if network is not None else None  # None: nothing for this graph
+    if hooks is None:
         _run_engine(graph, dur, start, end)
     else:
-        lag, links = network(graph, dur)
+        lag, links = hooks
         _run_engine_links(graph, dur, lag, links, start, end)
     if n and not math.isfinite(max(end)):
         raise ScheduleError(f"schedule {graph.schedule.name!r}: the simulated step overflows to {max(end)} "

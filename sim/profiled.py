@@ -22,8 +22,11 @@ the last) cost what they cost. The formulas:
 * OPTIM of stage s (data-parallel graphs): the measured optimizer step over
   stage s's parameters;
 * ALLREDUCE / REDUCE_SCATTER / ALL_GATHER of stage s: alpha + n / beta of
-  that collective over the data-parallel group, n = the stage's parameter
-  bytes (fitted on the full buffer's bytes, so the ring's 2(d-1)/d is inside beta);
+  that collective over the data-parallel group, n = one bucket's bytes (the
+  stage's parameter bytes / its bucket count; fitted on the full buffer's
+  bytes, so the ring's 2(d-1)/d is inside beta). A bucket becomes ready where
+  the data-parallel pass says (part-way through the last backward, for ddp),
+  and a rank's collectives run one at a time (gloo's one communication thread);
 * a step, as the runtime times it (:func:`step_time`): every pipeline rank
   runs its program, then its stages' optimizer steps, then all ranks
   all-reduce the loss. So step time = max over ranks of (the rank's last
@@ -31,19 +34,36 @@ the last) cost what they cost. The formulas:
   loss all-reduce, measured together). A graph that has OPTIM tasks already
   (data parallel) adds only the overhead.
 
+Two mechanisms of the CPU testbed, each with its measured parameter:
+
+* ``send_cpu``: gloo posts a message on the caller's thread (it copies the
+  tensor), so a compute task whose output goes to another rank keeps its
+  core ``send_cpu`` longer before the next task can start (measured by the
+  profiler as the time to post one activation-sized isend, or from a trace);
+* the per-task and per-step overheads above.
+
+:func:`from_trace` builds the same model from a real run's trace instead of
+a profile: the median in-run duration of each pass of each stage over every
+traced step, the message latency from the moment the receiver waits, the gaps
+that give ``task_overhead`` and ``send_cpu``, and ``step_overhead`` = step
+time - the programs' span. A pass the trace lacks (I and W in a 1F1B trace),
+or another stage count (interleaved from 1F1B), comes from a profile scaled
+by the trace's own in-run/profiled ratio of each pass kind.
+
 Activations are counted in M_B as :class:`UniformCosts` counts them (the file
 measures time, not memory).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from schedules import Action, Kind, Task, TaskGraph
+from schedules import Action, Kind, Stream, Task, TaskGraph
 from schedules.errors import CostFileError, quote
 from schedules.formats import PROFILE_SCHEMA
 from sim.costs import UniformCosts
@@ -51,7 +71,8 @@ from sim.costs import UniformCosts
 if TYPE_CHECKING:
     from sim.engine import SimResult
 
-__all__ = ["PROFILE_SCHEMA", "ProfiledCosts", "StageCosts", "load_profile", "step_time"]
+__all__ = ["PROFILE_SCHEMA", "ProfiledCosts", "StageCosts", "TraceFit", "from_trace", "load_costs", "load_profile",
+           "step_time", "trace_fit"]
 
 _PASS_KINDS = (Kind.F, Kind.B, Kind.I, Kind.W)
 _COLLECTIVES = {Kind.ALLREDUCE: "all_reduce", Kind.REDUCE_SCATTER: "reduce_scatter", Kind.ALL_GATHER: "all_gather"}
@@ -79,7 +100,8 @@ class StageCosts:
                 param_bytes=self.param_bytes)
 
     def of(self, kind: Kind) -> float:
-        return {Kind.F: self.f, Kind.B: self.b, Kind.I: self.i, Kind.W: self.w}[kind]
+        """A pass's seconds; a recomputation (R) re-runs the stage's forward, so it costs F's."""
+        return {Kind.F: self.f, Kind.R: self.f, Kind.B: self.b, Kind.I: self.i, Kind.W: self.w}[kind]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -95,12 +117,14 @@ class ProfiledCosts:
     collectives: tuple[tuple[str, float, float], ...] = ()  # (op, alpha, beta)
     source: str = ""
     p2p_measured: bool = True  # False: the file has no p2p section, so a graph with messages is refused
+    send_cpu: float = 0.0  # seconds a sender's core spends posting one message (gloo copies on the caller)
+    missing: tuple[str, ...] = ()  # pass kinds with no measurement (a trace of 1F1B has no I or W)
 
     def __post_init__(self) -> None:
         if not self.stages:
             raise CostFileError("profiled costs need at least one stage")
         _finite("profiled costs", activation_bytes=self.activation_bytes, p2p_alpha=self.p2p_alpha,
-                task_overhead=self.task_overhead, step_overhead=self.step_overhead)
+                task_overhead=self.task_overhead, step_overhead=self.step_overhead, send_cpu=self.send_cpu)
         for name, beta in (("p2p_beta", self.p2p_beta), *((f"{op} beta", b) for op, _, b in self.collectives)):
             if not beta > 0:  # also NaN
                 raise CostFileError(f"profiled costs: {name} must be a bandwidth > 0 bytes/s, got {beta!r}")
@@ -115,6 +139,12 @@ class ProfiledCosts:
                 f"but schedule {graph.schedule.name!r} has {n}; profile that partition "
                 f"(real.profile, stages={n})"
             )
+        kinds = {a.kind.value for t in graph.tasks for a in (t.action.sub_actions or (t.action,))}
+        lacking = sorted(kinds & set(self.missing))
+        if lacking:
+            raise CostFileError(
+                f"{the_file} has no measurement of {', '.join(lacking)} passes, which schedule "
+                f"{graph.schedule.name!r} runs; calibrate from a run that has them, or give a profile (real.profile)")
         if not self.p2p_measured:
             sends = sum(t.action.kind in (Kind.SEND_F, Kind.SEND_B) for t in graph.tasks)
             if sends:
@@ -144,17 +174,41 @@ class ProfiledCosts:
             op = _COLLECTIVES[action.kind]
             for name, alpha, beta in self.collectives:
                 if name == op:
-                    return alpha + self.stages[action.stage].param_bytes / beta
+                    return alpha + self._bucket_bytes(action.stage, graph) / beta
             raise CostFileError(f"the cost file has no {op} timing; profile with dp > 1 (real.profile) for data-parallel graphs")
         return 0.0
 
+    def _bucket_bytes(self, stage: int, graph: TaskGraph) -> float:
+        plan = getattr(graph, "plan", None)
+        return self.stages[stage].param_bytes / (plan.buckets[stage] if plan is not None else 1)
+
+    def network(self, graph: TaskGraph, dur: list[float]) -> tuple[list[float], list[tuple[int, ...]]] | None:
+        """Data-parallel graphs: each bucket's ready delay, and one link per rank for its collectives."""
+        plan = getattr(graph, "plan", None)
+        if plan is None:
+            return None
+        lag = [0.0] * len(graph.tasks)
+        for c, (anchor, frac) in plan.ready.items():
+            lag[c] = frac * dur[anchor]
+        links = [(t.rank,) if t.stream is Stream.COLLECTIVE else () for t in graph.tasks]
+        return lag, links
+
     def durations(self, graph: TaskGraph) -> list[float]:
         self.check(graph)
-        return [self.duration(t, graph) for t in graph.tasks]
+        out = [self.duration(t, graph) for t in graph.tasks]
+        if self.send_cpu:
+            for t in graph.tasks:  # the compute task that produced a message also posts it
+                if t.action.kind in (Kind.SEND_F, Kind.SEND_B):
+                    for d in t.deps:
+                        if graph.tasks[d].rank == t.rank and graph.tasks[d].stream is Stream.COMPUTE:
+                            out[d] += self.send_cpu
+        return out
 
     def bytes(self, task: Task, graph: TaskGraph) -> float:
         if task.action.kind in (Kind.SEND_F, Kind.SEND_B):
             return self.activation_bytes
+        if task.action.kind in _COLLECTIVES:
+            return self._bucket_bytes(task.action.stage, graph)
         return 0.0
 
     def activations(self, action: Action, graph: TaskGraph) -> tuple[float, float]:
@@ -165,7 +219,7 @@ class ProfiledCosts:
             "model": "profiled", "source": self.source, "stages": len(self.stages),
             "task_overhead": self.task_overhead, "step_overhead": self.step_overhead,
             "p2p_alpha": self.p2p_alpha, "p2p_beta": None if math.isinf(self.p2p_beta) else self.p2p_beta,
-            "activation_bytes": self.activation_bytes,
+            "activation_bytes": self.activation_bytes, "send_cpu": self.send_cpu, "missing": list(self.missing),
         }
 
 
@@ -301,4 +355,188 @@ def load_profile(path: str | Path, num_stages: int | None = None) -> ProfiledCos
         collectives=tuple((op, *_alpha_beta(v, where, f"collectives.{op}")) for op, v in colls.items()),
         source=str(p),
         p2p_measured=p2p is not None,
+        send_cpu=_median(p2p, "send_cpu", where, "p2p.") if isinstance(p2p, dict) and "send_cpu" in p2p else 0.0,
     )
+
+
+# -- calibration from a real run's trace -------------------------------------------------------------------------
+
+_SENDER = {"RECV_F": ("SEND_F", -1), "RECV_B": ("SEND_B", 1)}
+
+
+def occupancy(part: Any, pp: int = 1) -> dict[tuple[int, str], float]:
+    """(rank, action) -> seconds of one step: each compute task held its rank from its start to the start of
+    the rank's next compute task or receive wait (its own end for the last); each message the receiver waited
+    for, from the later of the wait and the end of its producer's occupancy to its arrival."""
+    out: dict[tuple[int, str], float] = {}
+    ready: dict[tuple[int, str, int, int], tuple[int, str, float]] = {}  # send (pipeline, kind, stage, mb)
+    recvs = []
+    for rank, mine in part.sort_values(["start", "end"]).groupby("rank", sort=False):
+        rows = list(zip(mine["stream"], mine["action"], mine["start"], mine["end"], mine["kind"], mine["stage"],
+                        mine["microbatch"], strict=True))
+        held = [r for r in rows if r[0] != "send"]
+        for k, (stream, action, start, end, *_rest) in enumerate(held):
+            if stream == "compute":
+                nxt = held[k + 1][2] if k + 1 < len(held) else end
+                out[(int(rank), str(action))] = float(max(nxt, end) - start)
+        for stream, action, start, _end, kind, stage, mb in rows:
+            if stream == "send":  # its producer's occupancy ends at the rank's next held row after the post
+                after = [r[2] for r in held if r[2] >= start]
+                ready[(int(rank) // pp, str(kind), int(stage), int(mb))] = (int(rank), str(action),
+                                                                             after[0] if after else start)
+            elif stream == "recv" and kind in _SENDER:
+                recvs.append((int(rank), kind, int(stage), int(mb), start, _end))
+    for rank, kind, stage, mb, start, end in recvs:
+        send_kind, d = _SENDER[kind]
+        key = (rank // pp, send_kind, stage + d, mb)
+        if key in ready and end > start:  # the receiver waited for it
+            src, action, t = ready[key]
+            out[(src, action)] = float(max(end - max(start, t), 0.0))
+    return out
+
+
+@dataclass(frozen=True)
+class TraceFit:
+    """What :func:`trace_fit` measures in real traces (seconds): the calibration's raw figures."""
+
+    num_stages: int
+    passes: dict[tuple[int, str], float]  # (stage, kind) -> median in-run duration
+    latency: float  # median message latency: from the later of the receiver's wait and the post's end to arrival
+    task_overhead: float  # median gap between two compute tasks with no message between them
+    send_cpu: float  # median extra gap when the first posts a message (nothing received between)
+    step_overhead: float  # median of step wall time - the programs' span (less one task overhead: see below)
+    activation_bytes: float
+    steps: int
+
+
+def _frames(trace: Any) -> list[Any]:
+    import pandas as pd
+
+    from schedules.trace import read_trace
+
+    items = trace if isinstance(trace, list | tuple) else [trace]
+    if not items:
+        raise CostFileError("calibration needs at least one real trace")
+    frames = [t if isinstance(t, pd.DataFrame) else read_trace(t) for t in items]
+    for t, df in zip(items, frames, strict=True):
+        where = f"trace {str(t)!r}" if not isinstance(t, pd.DataFrame) else "trace"
+        if df.attrs.get("source") != "real":
+            raise CostFileError(f"{where} is not a real run's trace (source {df.attrs.get('source')!r}); "
+                                "calibrate from the trace file of a real run (schedlab run)")
+        if not df.attrs.get("step_times"):
+            raise CostFileError(f"{where} has no step_times; record it again with this version of schedlab run")
+    layouts = {(str(df.attrs.get("schedule")), json.dumps(df.attrs.get("params"), sort_keys=True),
+                json.dumps(df.attrs.get("model"), sort_keys=True), df.attrs.get("microbatch_size")) for df in frames}
+    if len(layouts) > 1:
+        raise CostFileError(f"the traces to calibrate from ran {len(layouts)} different configurations "
+                            f"({', '.join(sorted(s for s, *_ in layouts))}); calibrate from runs of one "
+                            "schedule, shape, model and microbatch size")
+    return frames
+
+
+def trace_fit(trace: Any) -> TraceFit:
+    """The calibration's figures from one or more real traces (paths or DataFrames) of one stage layout."""
+    import statistics
+
+    from schedules.trace import trace_steps
+
+    frames = _frames(trace)
+    passes: dict[tuple[int, str], list[float]] = {}
+    latency, gaps, post_gaps, overheads = [], [], [], []
+    num_stages, nbytes = 0, []
+    for df in frames:
+        pp = int(df.attrs.get("params", {}).get("pp", 1))
+        walls = {int(k): float(v) for k, v in df.attrs["step_times"].items()}
+        for step, part in trace_steps(df).items():
+            rows = part.sort_values(["rank", "start", "end"]).to_dict("records")
+            num_stages = max(num_stages, 1 + max(r["stage"] for r in rows))
+            if step in walls:
+                overheads.append(walls[step] - (part["end"].max() - part["start"].min()))
+            held = occupancy(part, pp)
+            for r in rows:
+                if r["stream"] == "send" and (r["rank"], r["action"]) in held:
+                    latency.append(held[(r["rank"], r["action"])])
+                    nbytes.append(r["bytes"])
+            by_rank: dict[int, list[dict[str, Any]]] = {}
+            for r in rows:
+                by_rank.setdefault(r["rank"], []).append(r)
+                if r["stream"] == "compute" and r["kind"] in ("F", "B", "I", "W"):
+                    passes.setdefault((r["stage"], r["kind"]), []).append(r["end"] - r["start"])
+            for mine in by_rank.values():
+                compute = [r for r in mine if r["stream"] == "compute"]
+                for c, n in itertools.pairwise(compute):
+                    between = [r for r in mine if r["stream"] != "compute" and c["end"] <= r["start"] < n["start"]]
+                    if not between:
+                        gaps.append(n["start"] - c["end"])
+                    elif all(r["stream"] == "send" for r in between) and len(between) == 1:
+                        post_gaps.append(n["start"] - c["end"])
+    steps = sum(len(trace_steps(df)) for df in frames)
+    med = statistics.median
+    task_overhead = med(gaps) if gaps else 0.0
+    return TraceFit(
+        num_stages=num_stages,
+        passes={k: med(v) for k, v in sorted(passes.items())},
+        latency=max(med(latency), 0.0) if latency else 0.0,
+        task_overhead=max(task_overhead, 0.0),
+        send_cpu=max(med(post_gaps) - task_overhead, 0.0) if post_gaps else 0.0,
+        # the simulated span ends after the last task's overhead, the recorded one at its body's end
+        step_overhead=max(float(med(overheads)) - max(task_overhead, 0.0), 0.0) if overheads else 0.0,
+        activation_bytes=med(nbytes) if nbytes else 0.0,
+        steps=steps,
+    )
+
+
+def from_trace(trace: Any, profile: str | Path | None = None, *, num_stages: int | None = None,
+               fit: TraceFit | None = None) -> ProfiledCosts:
+    """A cost model calibrated from real traces (see the module doc), for ``num_stages`` stages.
+
+    ``trace``: a path or DataFrame, or a list of them (every traced step of
+    every one counts). Passes the trace lacks, or a stage count other than the
+    trace's, come from ``profile`` (a cost file of real.profile) scaled per
+    pass kind by the trace's in-run/profiled ratio on the trace's own stages.
+    Without a profile such passes are listed in ``missing`` and a graph that
+    needs them is refused.
+    """
+    fit = fit or trace_fit(trace)
+    n = num_stages or fit.num_stages
+    kinds = ("F", "B", "I", "W")
+    measured = {k for (_, k) in fit.passes}
+    source = ", ".join(str(t) for t in (trace if isinstance(trace, list | tuple) else [trace])
+                       if not hasattr(t, "attrs"))[:200]
+    if profile is None:
+        if n != fit.num_stages:
+            raise CostFileError(f"the trace runs {fit.num_stages} stages, the schedule {n}; give a profile "
+                                f"(real.profile, stages={n}) to scale, or calibrate from a run of {n} stages")
+        stages = tuple(StageCosts(**{k.lower(): fit.passes.get((s, k), 0.0) for k in kinds}) for s in range(n))
+        missing = tuple(k for k in kinds if k not in measured)
+    else:
+        base, target = load_profile(profile, fit.num_stages), load_profile(profile, n)
+        ratio = {}
+        for k in kinds:
+            if k in measured:
+                prof = sum(base.stages[s].of(Kind(k)) for s in range(fit.num_stages))
+                ratio[k] = sum(fit.passes.get((s, k), 0.0) for s in range(fit.num_stages)) / prof if prof else 1.0
+        for k in kinds:  # a kind the trace lacks: as its backward (I, W) or forward scales
+            ratio.setdefault(k, ratio.get("B", ratio.get("F", 1.0)))
+        same = n == fit.num_stages
+        stages = tuple(
+            StageCosts(**{k.lower(): fit.passes[(s, k)] if same and (s, k) in fit.passes
+                          else target.stages[s].of(Kind(k)) * ratio[k] for k in kinds},
+                       optim=0.0, param_bytes=target.stages[s].param_bytes)
+            for s in range(n))
+        missing = ()
+    return ProfiledCosts(
+        stages=stages, activation_bytes=fit.activation_bytes, p2p_alpha=fit.latency, p2p_beta=math.inf,
+        task_overhead=fit.task_overhead, step_overhead=fit.step_overhead, send_cpu=fit.send_cpu,
+        collectives=load_profile(profile, n).collectives if profile is not None else (),
+        source=source or "trace", missing=missing)
+
+
+def load_costs(source: str | Path, num_stages: int | None = None, profile: str | Path | None = None) -> ProfiledCosts:
+    """A cost file (JSON, :func:`load_profile`) or a real trace (.csv/.parquet, :func:`from_trace`, scaled to
+    other stage counts with ``profile``)."""
+    if Path(source).suffix in (".csv", ".parquet"):
+        return from_trace(source, profile, num_stages=num_stages)
+    if profile is not None:
+        raise CostFileError(f"a profile to scale with goes with a trace; {str(source)!r} is a cost file already")
+    return load_profile(source, num_stages)

@@ -170,10 +170,13 @@ class StudyResult:
 
     @property
     def hardware_flops_per_step(self) -> float:
-        """Model FLOPs plus what recomputation adds (every layer's recomputed forward work)."""
-        m = self.study.model
-        extra = m.layers * m.recompute_flops(self.study.costs.recompute) * self.tokens_per_step
-        return self.model_flops_per_step + extra
+        """Model FLOPs plus what recomputation adds (every layer's recomputed forward work, inside I or as R's)."""
+        m, costs, schedule = self.study.model, self.study.costs, self.sim.graph.schedule
+        extra = m.layers * m.recompute_flops(costs.recompute) * self.tokens_per_step
+        layers = costs.stage_layers(schedule.num_stages)
+        r_layers = sum(layers[a.stage] for prog in schedule.programs for x in prog for a in x.parts() if a.kind is Kind.R)
+        tokens_per_mb = costs.microbatch_size * m.seq_len * self.study.parallel.dp
+        return self.model_flops_per_step + extra + r_layers * m.layer_flops("F") * tokens_per_mb
 
     @property
     def hfu(self) -> float:

@@ -12,20 +12,32 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schedules import PipelineParams, ScheduleError, build, lower, names, spec, validate
-from schedules.trace import read_trace
+from schedules.recompute import place_recompute
+from schedules.trace import median_step, read_trace
 from sim.costs import CostModel, UniformCosts
 from sim.engine import SimResult, simulate
-from sim.profiled import load_profile
+from sim.profiled import load_costs
 from sim.study import Study, run_study
 
 if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
-    "Sweep", "SweepConfig", "applicable", "bubble_sweep", "predict_for_trace", "run_sweep", "simulate_many", "units_comparison",
+    "RecomputePoint", "Sweep", "SweepConfig", "applicable", "bubble_sweep", "predict_for_trace", "recompute_tradeoff",
+    "run_sweep", "simulate_many", "units_comparison",
 ]
 
 SWEEP_MICROBATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
+RECOMPUTE_LIMITS = (2.0,)  # M_B: the memory limits the report gives the recompute-in-the-bubbles pass
+
+
+# Comparisons and sweeps build zb-auto many times: they take its heuristic alone (reproducible, well under a
+# second) rather than 10 s of exact search per build; `schedlab simulate --schedule zb-auto` searches.
+SWEEP_TIME_LIMIT = 0.0
+
+
+def _quick(name: str) -> dict[str, float]:
+    return {"time_limit": SWEEP_TIME_LIMIT} if spec(name).adaptive else {}
 
 
 def _chunks_for(name: str, chunks: int) -> int:
@@ -35,18 +47,20 @@ def _chunks_for(name: str, chunks: int) -> int:
 
 def simulate_many(
     names: Iterable[str], *, pp: int, microbatches: int, chunks: int = 2, costs: UniformCosts | None = None,
-    profile: str | Path | None = None,
+    profile: str | Path | None = None, costs_profile: str | Path | None = None,
 ) -> list[SimResult]:
     """Simulate each named schedule at the same shape; multi-chunk ones get ``chunks`` stages per rank.
 
-    ``profile``: a cost file (real.profile); each schedule gets its partition's measured costs.
+    ``profile``: a cost file (real.profile) or a real trace (:func:`sim.profiled.load_costs`, scaled with
+    ``costs_profile``); each schedule gets its partition's measured costs.
     """
     graphs = []
     for name in names:  # build and validate all first: a bad name fails before any simulation
-        graphs.append(validate(build(name, pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks))))
+        graphs.append(validate(build(name, pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks),
+                                     **_quick(name))))
     if profile is None:
         return [simulate(g, costs or UniformCosts(), check=False) for g in graphs]
-    return [simulate(g, load_profile(profile, g.schedule.num_stages), check=False) for g in graphs]
+    return [simulate(g, load_costs(profile, g.schedule.num_stages, costs_profile), check=False) for g in graphs]
 
 
 def applicable(names: Iterable[str], *, pp: int, microbatches: int, chunks: int = 2) -> tuple[list[str], dict[str, str]]:
@@ -54,7 +68,7 @@ def applicable(names: Iterable[str], *, pp: int, microbatches: int, chunks: int 
     ok, skipped = [], {}
     for name in names:
         try:
-            build(name, pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks))
+            build(name, pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks), **_quick(name))
         except ScheduleError as exc:
             skipped[name] = str(exc)
         else:
@@ -76,7 +90,7 @@ def bubble_sweep(
     out: dict[str, list[tuple[int, int, float]]] = {n: [] for n in names}
     for name, m in (progress(jobs) if progress else jobs):
         params = PipelineParams(pp=pp, microbatches=m, chunks=_chunks_for(name, chunks),
-                                tf=c.tf, tb=c.tb, tw=c.tw, tcomm=c.tcomm)
+                                tf=c.tf, tb=c.tb, tw=c.tw, tcomm=c.tcomm, **_quick(name))
         try:
             graph = lower(build(name, params))
         except ScheduleError:
@@ -92,6 +106,36 @@ def units_comparison(names: Iterable[str], *, chunks: int = 2, microbatches: int
     return [run_study(s).to_dict() for s in studies]
 
 
+@dataclass(frozen=True, slots=True)
+class RecomputePoint:
+    """One schedule with one placement of R actions: its step time and its busiest rank's peak (M_B)."""
+
+    schedule: str
+    placement: str  # none, full, bubbles (schedules.recompute.RECOMPUTE_PLACEMENTS)
+    limit: float | None  # the bubbles pass's memory limit
+    makespan: float
+    peak_activations: float
+
+    @property
+    def label(self) -> str:
+        return self.placement if self.limit is None else f"{self.placement}@{self.limit:g}"
+
+
+def recompute_tradeoff(names: Iterable[str], *, pp: int, microbatches: int, chunks: int = 2,
+                       costs: UniformCosts | None = None, limits: Sequence[float] = RECOMPUTE_LIMITS
+                       ) -> list[RecomputePoint]:
+    """Per schedule: no recomputation, R before every backward, and R's moved into the bubbles at each limit."""
+    c = costs or UniformCosts()
+    times = (c.tf, c.tb, c.tw, c.tcomm, c.mw)
+    out = []
+    for name in names:
+        base = build(name, pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks), **_quick(name))
+        for placement, limit in (("none", None), ("full", None), *(("bubbles", x) for x in limits)):
+            r = simulate(lower(place_recompute(base, placement, limit, times)), c, check=False)
+            out.append(RecomputePoint(name, placement, limit, r.makespan, r.peak_activations))
+    return out
+
+
 def predict_for_trace(attrs: Mapping[str, Any], costs: CostModel | None = None,
                       profile: str | Path | None = None) -> SimResult:
     """Simulate the schedule a trace ran (its ``attrs``: schedule, params) with ``costs``, or a cost file's."""
@@ -100,9 +144,12 @@ def predict_for_trace(attrs: Mapping[str, Any], costs: CostModel | None = None,
         pp, m = int(params["pp"]), int(params["microbatches"])
     except (KeyError, TypeError, ValueError):
         raise ScheduleError(f"trace of {name!r} does not record its pp and microbatches (attrs params={params!r})") from None
-    graph = lower(build(name, pp=pp, microbatches=m, chunks=int(params.get("chunks") or spec(name).default_chunks)))
+    schedule = build(name, pp=pp, microbatches=m, chunks=int(params.get("chunks") or spec(name).default_chunks))
+    if params.get("recompute") in ("full", "bubbles"):  # placed as the run placed them (unit pass times)
+        schedule = place_recompute(schedule, params["recompute"], params.get("recompute_mem_limit"))
+    graph = lower(schedule)
     if profile is not None:
-        costs = load_profile(profile, graph.schedule.num_stages)
+        costs = load_costs(profile, graph.schedule.num_stages)
     return simulate(graph, costs or UniformCosts())
 
 
@@ -122,6 +169,7 @@ class SweepConfig:
     sweep: tuple[int, ...] = SWEEP_MICROBATCHES
     real_traces: tuple[Path, ...] = ()
     profile: Path | None = None
+    recompute_limits: tuple[float, ...] = RECOMPUTE_LIMITS  # empty: no recomputation section
 
     def __post_init__(self) -> None:
         for name in self.schedules:
@@ -130,7 +178,7 @@ class SweepConfig:
             if not Path(path).is_file():
                 raise ScheduleError(f"trace file {str(path)!r} not found")
         if self.profile is not None:
-            load_profile(self.profile)  # a missing or malformed file fails here, before anything runs
+            load_costs(self.profile)  # a missing or malformed file fails here, before anything runs
 
 
 @dataclass(frozen=True, eq=False)
@@ -141,6 +189,7 @@ class Sweep:
     results: tuple[SimResult, ...]  # one per schedule at the config's shape
     bubbles: Mapping[str, list[tuple[int, int, float]]]  # schedule -> (m, chunks, bubble ratio)
     predictions: tuple[tuple[Path, pd.DataFrame, pd.DataFrame], ...]  # (path, measured, predicted)
+    recompute: tuple[RecomputePoint, ...] = ()  # the recomputation trade-off at the config's shape
 
 
 def run_sweep(cfg: SweepConfig, progress: Callable[[Sequence], Iterable] | None = None) -> Sweep:
@@ -150,9 +199,11 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[Sequence], Iterable] | None 
                            progress=progress)
     predictions = []
     for path in cfg.real_traces:
-        real = read_trace(path)
+        real = median_step(read_trace(path))
         if real.attrs.get("source") != "real":
             raise ScheduleError(f"trace {str(path)!r} is not a real run's trace (attrs source={real.attrs.get('source')!r})")
         predicted = predict_for_trace(real.attrs, cfg.costs if cfg.profile is None else None, cfg.profile).trace
         predictions.append((Path(path), real, predicted))
-    return Sweep(cfg, tuple(results), bubbles, tuple(predictions))
+    recompute = recompute_tradeoff(chosen, pp=cfg.pp, microbatches=cfg.microbatches, chunks=cfg.chunks,
+                                   costs=cfg.costs, limits=cfg.recompute_limits) if cfg.recompute_limits else []
+    return Sweep(cfg, tuple(results), bubbles, tuple(predictions), tuple(recompute))

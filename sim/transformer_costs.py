@@ -16,6 +16,15 @@
   TP collectives) inside I; ``selective`` the attention core (QK^T, softmax,
   dropout, the product with V). Activations per Korthikanti et al. 2022
   (:meth:`TransformerConfig.layer_activation_bytes`).
+* Recomputation as an action (an R task of the schedule, :mod:`schedules.recompute`):
+  R re-runs the forward of the stage's transformer layers with their TP
+  collectives, exactly the work ``full`` adds to I (with SP, I keeps its two
+  extra all-gathers: R rebuilds the activations as F stores them). The
+  recomputed microbatch's F keeps the layers' input (one layer's ``full``
+  bytes: 2sbh, 2sbh/t with SP) and, on the last stage, the logits (the
+  embedding and the LM head are not recomputed, as in Megatron); R holds the
+  rest until the backward. Costs with ``recompute`` full refuse a schedule
+  with R's (the layers would be recomputed twice); selective combines.
 * An overlapped pair (OVERLAP_F_B) costs the sum of its passes less
   ``pair_overlap`` times the shorter one, as in UniformCosts.
 * OPTIM (Adam, mixed precision) is memory-bound: per parameter it reads the
@@ -47,8 +56,9 @@ from typing import Any
 from schedules import Action, Kind, Stream, Task, TaskGraph
 from schedules.dp import DataParallelGraph
 from schedules.errors import ConfigError, check_choice, check_fraction, check_positive_ints, quote
+from schedules.timing import action_held_freed
 from sim.cluster import Cluster
-from sim.costs import memoized_durations
+from sim.costs import memoized_durations, recomputed_in
 from sim.gpu_model import CALIBRATED, RECOMPUTE_MODES, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
 from sim.parallel import DPGroup, ParallelConfig
 from sim.transformer import TransformerConfig, partition_layers
@@ -133,6 +143,9 @@ class TransformerCosts:
         if kind is Kind.B:
             return self.flops_of(Kind.I, layers, last) + self.flops_of(Kind.W, layers, last)
         m, k = self.model, kind.value
+        if kind is Kind.R:  # the stage's layers' forward again (module docstring)
+            tokens = m.seq_len * self.microbatch_size
+            return self.stage_layers(num_stages)[stage] * m.layer_flops("F") * tokens / self.parallel.tp
         per_layer = m.layer_flops(k) + (m.recompute_flops(self.recompute) if kind is Kind.I else 0.0)
         per_token = layers * per_layer
         if last:
@@ -179,6 +192,8 @@ class TransformerCosts:
         if kind is Kind.B:
             return self.tp_comm_of(Kind.I, layers, first, last)
         one = tp_collective(self.tp_bytes(), p.tp, self.cluster.intra, p.sp)
+        if kind is Kind.R:
+            return self.stage_layers(num_stages)[stage] * 2 * one
         per_layer = 2 + (2 if kind is Kind.I and self.recompute == "full" else 0)
         if kind is Kind.I and p.sp and self.recompute != "full":
             # SP keeps only its shard of the inputs of QKV and fc1 and gathers them again for the weight
@@ -224,6 +239,8 @@ class TransformerCosts:
         edge_w = [op.time(spec, eff) for op in self._edge_ops(first, last) if op.weight]
         if kind is Kind.F:
             return n * lc.forward() + sum(edge) + comm
+        if kind is Kind.R:
+            return n * lc.recompute("full") + comm
         if kind is Kind.I:
             return n * (lc.input_grad() + lc.recompute(self.recompute)) + 2 * sum(edge) - sum(edge_w) + comm
         return n * lc.weight_grad() + sum(edge_w)
@@ -239,6 +256,22 @@ class TransformerCosts:
         if last:
             held += m.head_activation_bytes(b) / p.tp
         return held
+
+    def recompute_kept(self, stage: int, num_stages: int) -> float:
+        """Bytes a forward that an R recomputes keeps: its layers' input, and the last stage's logits."""
+        m, b, p = self.model, self.microbatch_size, self.parallel
+        kept = m.layer_activation_bytes(b, p.tp, p.sp, "full") if self.stage_layers(num_stages)[stage] else 0.0
+        if stage == num_stages - 1:
+            kept += m.head_activation_bytes(b) / p.tp
+        return kept
+
+    def _check_recompute(self, graph: TaskGraph) -> frozenset[tuple[int, int | None]]:
+        recomputed = recomputed_in(graph)
+        if recomputed and self.recompute == "full":
+            raise ConfigError(f"schedule {graph.schedule.name!r} recomputes with R actions and the costs' recompute "
+                              "is full, which recomputes every layer inside I as well; use recompute none or "
+                              "selective with a schedule that has R's", field="recompute")
+        return recomputed
 
     # --- the CostModel protocol ---------------------------------------------------------------------------
     def _compute(self, action: Action, n_st: int) -> float:
@@ -284,6 +317,7 @@ class TransformerCosts:
 
     def durations(self, graph: TaskGraph) -> list[float]:
         """A task's cost depends on where it runs and what it does, never on the microbatch."""
+        self._check_recompute(graph)
         return memoized_durations(self, graph, lambda t: (
             t.rank, t.peer, t.action.kind, t.action.stage, t.action.bucket,
             None if t.action.sub_actions is None else tuple((p.kind, p.stage) for p in t.action.sub_actions)))
@@ -299,20 +333,8 @@ class TransformerCosts:
     def activations(self, action: Action, graph: TaskGraph) -> tuple[float, float]:
         """Bytes held from the start / freed at the end of a pass (W keeps ``w_held_fraction`` after I)."""
         n_st, mw = graph.schedule.num_stages, self.model.w_held_fraction(self.recompute)
-        held = freed = 0.0
-        for a in action.parts():
-            if a.kind not in (Kind.F, Kind.B, Kind.I, Kind.W):
-                continue
-            size = self.stage_activations(a.stage, n_st)
-            if a.kind is Kind.F:
-                held += size
-            elif a.kind is Kind.B:
-                freed += size
-            elif a.kind is Kind.I:
-                freed += size * (1 - mw)
-            else:
-                freed += size * mw
-        return held, freed
+        return action_held_freed(action, lambda a: self.stage_activations(a.stage, n_st), mw,
+                                 self._check_recompute(graph), kept_of=lambda a: self.recompute_kept(a.stage, n_st))
 
     # --- contention: delays and ports (the engine's optional ``network`` hook) -------------------------
     def network(self, graph: TaskGraph, dur: list[float]) -> tuple[list[float], list[tuple[int, ...]]]:

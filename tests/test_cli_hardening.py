@@ -174,7 +174,7 @@ def test_compare_all_skips_and_lists_what_does_not_take_the_shape(capsys, tmp_pa
     assert "multiple of pp=4" in d["skipped"]["interleaved-1f1b"]
     assert "dualpipe-v needs microbatches >= 2*pp = 8" in d["skipped"]["dualpipe-v"]
     assert {r["schedule"] for r in d["schedules"]} == {"gpipe", "1f1b", "looped-bfs", "zb-h1", "zb-v", "zb-h2",
-                                                       "zb-auto"}
+                                                       "zb-auto", "v-half", "v-min"}
 
 
 def test_compare_takes_a_cost_file(capsys, tmp_path, costs):

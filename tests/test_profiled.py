@@ -170,7 +170,7 @@ def test_null_bandwidth_is_size_independent(profile_path, tmp_path, capsys):
     assert d["makespan"] == pytest.approx(F0 + send + 4 * (F1 + B1) + send + B0, rel=1e-12)
     del data["p2p"]["beta"]
     path.write_text(json.dumps(data))
-    with pytest.raises(CostFileError, match="p2p.beta is missing: give a bandwidth > 0 bytes/s, or null"):
+    with pytest.raises(CostFileError, match=r"p2p\.beta is missing: give a bandwidth > 0 bytes/s, or null"):
         load_profile(path, 2)
 
 

@@ -106,6 +106,11 @@ def test_every_rank_rejects_bad_input_on_its_own_before_communicating(monkeypatc
     (["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--split", "2,x"], "argument --split: invalid value '2,x'"),
     (["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--trace", "t.txt"], "use a name ending in .csv"),
     (["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--dim", "15"], "dim 15 is not divisible by heads 2"),
+    (["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--recompute", "bubbles"],
+     "recompute bubbles needs recompute_limit, the activation memory (M_B per rank) the moved R's may use, e.g. 2 "
+     "(flag --recompute-limit)"),
+    (["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--recompute-limit", "2"],
+     "recompute_limit 2.0 applies to recompute bubbles only, not none; drop it or use recompute bubbles"),
     (["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--steps", "2", "--trace-step", "2"],
      "trace_step 2 is out of range for 2 steps; valid: -2..1 (negative counts from the end) (flag --trace-step)"),
 ])
@@ -135,6 +140,22 @@ def test_schedlab_run_in_one_process_prints_losses_and_writes_the_trace(capsys, 
     assert out[-1] == f"wrote trace: {trace}"
     df = read_trace(trace)
     assert sorted(df["action"]) == sorted(["0F0", "0F1", "0I0", "0I1", "0W0", "0W1"])
+
+
+def test_schedlab_run_recompute_full_trains_with_r_actions(capsys, tmp_path):
+    """--recompute full: an R before every backward, the same losses as plain training, less activation memory."""
+    trace = tmp_path / "t.csv"
+    argv = ["run", "--schedule", "gpipe", "--pp", "1", "--microbatches", "4", "--steps", "2", "--batch-size", "8", *SMALL,
+            "--json"]
+    assert schedlab([*argv, "--recompute", "full", "--trace", str(trace)]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert schedlab(argv) == 0
+    plain = json.loads(capsys.readouterr().out)
+    cfg = RunConfig.of(schedule="gpipe", pp=1, microbatches=4, steps=2, batch_size=8, model=SMALL_MODEL)
+    assert got["losses"] == pytest.approx(reference_run(cfg)[0], abs=1e-5)
+    assert plain["memory"][0]["peak_activations_mb"] == 4.0 and got["memory"][0]["peak_activations_mb"] < 1.01
+    df = read_trace(trace)
+    assert list(df["action"]) == ["0F0", "0F1", "0F2", "0F3", "0R0", "0B0", "0R1", "0B1", "0R2", "0B2", "0R3", "0B3"]
 
 
 # -- what --help advertises works for training: csv:FILE and torch:CLASS; outputs checked before training ----------

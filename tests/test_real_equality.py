@@ -1,7 +1,7 @@
 """Real multi-process runs equal plain single-process training, for every registered schedule.
 
-Two torchrun launches (gloo, 2 and 4 processes) each run many configurations
-in one process group; this file is also the worker they start. Every run
+Three torchrun launches (gloo: 2 processes, 2 with recomputation, 4) each run
+many configurations in one process group; this file is also the worker they start. Every run
 is compared with :func:`real.reference_run` (the whole model, a plain loop
 over microbatches) computed here: losses and every parameter to 1e-5 after
 three steps. Rank 1 reads a clock 1000 s ahead of rank 0's, so the merged
@@ -27,7 +27,8 @@ from real.launch import torchrun  # noqa: E402
 from schedules import SchedlabError  # noqa: E402
 
 TOL = 1e-5
-LAUNCH_TIMEOUT = 40  # seconds for a whole launch (measured 8.6-9.5 s on 2, 12.6-13.9 s on 4 processes); a hang fails the test
+LAUNCH_TIMEOUT = 40  # seconds for a whole launch (measured 8.6-9.5 s on 2, 12.6-13.9 s on 4 processes, 11-16 s for
+# the recomputation launch under load); a hang fails the test
 SKEW = 1000.0  # seconds rank 1's clock runs ahead in the worker
 MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
 # Every test here runs on a torchrun launch (a module fixture, set up within the first test's timeout).
@@ -68,6 +69,15 @@ EXTRA2 = {
     # float reordering alone moves some parameters by ~1e-5; it is no good for a 1e-5 equality check.)
     "1f1b dp2 zero1": _config("1f1b", dp=2, microbatches=2, dp_mode="zero1", bucket_mb=0.002),
 }
+# Recomputation at pp=2: every schedule with an R right before each backward (its F runs without grad), and
+# the Mario-style pass at 1 M_B, where it drops some R's and keeps or moves others (checked below).
+RECOMPUTE2 = {f"{name} recompute full": _config(name, pp=2, microbatches=cfg.layout.microbatches, recompute="full")
+              for name, cfg in PP2.items()}
+RECOMPUTE2["1f1b dp2 ddp recompute full"] = _config("1f1b", dp=2, microbatches=4, dp_mode="ddp", bucket_mb=0.002,
+                                                   recompute="full")  # buckets launched from R-rebuilt backwards
+BUBBLES = ("1f1b", "zb-h1", "interleaved-1f1b", "dualpipe-v")  # B; I and W; two chunks; overlapped F/B pairs
+RECOMPUTE2.update({f"{name} recompute bubbles 1": _config(name, pp=2, microbatches=4, recompute="bubbles",
+                                                          recompute_limit=1.0) for name in BUBBLES})
 FOUR = {
     "1f1b pp2 dp2 ddp": _config("1f1b", pp=2, dp=2, microbatches=2, dp_mode="ddp", bucket_mb=0.002),
     "zb-h1 pp2 dp2 ddp": _config("zb-h1", pp=2, dp=2, microbatches=4, batch_size=32, dp_mode="ddp"),
@@ -94,6 +104,11 @@ def _launch(nproc: int, runs: dict[str, RunConfig], tmp: Path) -> dict:
 @pytest.fixture(scope="module")
 def two(tmp_path_factory) -> dict:
     return _launch(2, {**PP2, **EXTRA2}, tmp_path_factory.mktemp("real2"))
+
+
+@pytest.fixture(scope="module")
+def two_recompute(tmp_path_factory) -> dict:
+    return _launch(2, RECOMPUTE2, tmp_path_factory.mktemp("real2r"))
 
 
 @pytest.fixture(scope="module")
@@ -156,6 +171,31 @@ def test_every_schedule_on_two_ranks_equals_plain_training(two, name):
 def test_two_rank_variants_equal_plain_training(two, label):
     _assert_equal_to_reference(label, EXTRA2[label], two[label])
     _assert_trace(label, EXTRA2[label], two[label]["trace"])
+
+
+@pytest.mark.parametrize("label", list(RECOMPUTE2))
+def test_recomputation_on_two_ranks_equals_plain_training(two_recompute, label):
+    cfg = RECOMPUTE2[label]
+    _assert_equal_to_reference(label, cfg, two_recompute[label])
+    _assert_trace(label, cfg, two_recompute[label]["trace"])
+    schedule = make_plan(cfg, 2).graph.schedule
+    recomputes = sum(a.kind is schedules.Kind.R for p in schedule.programs for x in p for a in x.parts())
+    if cfg.layout.recompute == "full":
+        assert recomputes == cfg.layout.microbatches * schedule.num_stages
+    else:  # the pass dropped some R's and kept others (moved or not)
+        assert 0 < recomputes < cfg.layout.microbatches * schedule.num_stages, f"{label}: {recomputes} R's"
+
+
+def test_recomputation_memory_on_two_ranks(two_recompute):
+    """1F1B, p=2, m=4: without recomputation the ranks peak at 2 and 1 microbatches (test above). With R before
+    every B a rank holds one microbatch's activations and, on rank 0, the next microbatch's input (its token
+    ids, 4 x 8 int64 = 256 bytes); the last rank runs F R B back to back. At 1 M_B the pass drops the last
+    rank's R's and rank 0's first (0F0 keeps its activations until 0B0, while 0F1 keeps its input): the same
+    peaks."""
+    for label in ("1f1b recompute full", "1f1b recompute bubbles 1"):
+        mem = two_recompute[label]["memory"]
+        per_mb = [m["activation_bytes_per_microbatch"] for m in mem]
+        assert [m["peak_activation_bytes"] for m in mem] == [per_mb[0] + 4 * MODEL.seq * 8, per_mb[1]], label
 
 
 @pytest.mark.parametrize("label", list(FOUR))

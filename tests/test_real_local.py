@@ -19,6 +19,7 @@ from real.data import make_batch, microbatches  # noqa: E402
 from real.dp import GradSync, make_buckets  # noqa: E402
 from real.models import build_layers, build_model, loss_fn  # noqa: E402
 from schedules import ConfigError  # noqa: E402
+from schedules.recompute import recompute_full  # noqa: E402
 from schedules.trace import TRACE_COLUMNS  # noqa: E402
 
 MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
@@ -29,16 +30,19 @@ def _cfg(schedule: str, **kw) -> RunConfig:
                                optimizer="sgd", lr=0.1), **kw})
 
 
+@pytest.mark.parametrize("recompute", ["none", "full"])
 @pytest.mark.parametrize("name", schedules.names())
-def test_every_schedule_on_one_rank_equals_plain_training(name):
-    """pp=1: multi-chunk schedules put all their stages on rank 0 (values pass in memory)."""
-    cfg = _cfg(name)
+def test_every_schedule_on_one_rank_equals_plain_training(name, recompute):
+    """pp=1: multi-chunk schedules put all their stages on rank 0 (values pass in memory). With recompute full,
+    every F runs without grad and an R re-runs it with grad before its backward: the same numbers."""
+    cfg = _cfg(name, recompute=recompute)
     result = run(cfg)
     ref_losses, ref_params = reference_run(cfg)
     assert max(abs(a - b) for a, b in zip(result.losses, ref_losses, strict=True)) <= 1e-5
     assert max(float((result.parameters[k] - v).abs().max()) for k, v in ref_params.items()) <= 1e-5
     graph = make_plan(cfg, 1).graph
     assert sorted(result.trace["action"]) == sorted(str(t.action) for t in graph.tasks)
+    assert (result.trace["kind"] == "R").sum() == (graph.schedule.num_stages * 4 if recompute == "full" else 0)
     if name in ("gpipe", "1f1b"):  # F and B per microbatch in the reference's order: the same bits
         assert result.param_sha256 == param_digest(ref_params.values())[1]
 
@@ -46,8 +50,9 @@ def test_every_schedule_on_one_rank_equals_plain_training(name):
 def test_trace_schema_memory_and_metrics():
     result = run(_cfg("gpipe", steps=2, trace_step=0))
     df = result.trace
-    assert tuple(df.columns) == TRACE_COLUMNS
+    assert tuple(df.columns) == (*TRACE_COLUMNS, "step") and set(df["step"]) == {0}
     assert df.attrs["source"] == "real" and df.attrs["step"] == 0 and df.attrs["params"]["microbatches"] == 4
+    assert df.attrs["step_times"] == {"0": result.step_times[0]}
     assert list(df["action"]) == ["0F0", "0F1", "0F2", "0F3", "0B0", "0B1", "0B2", "0B3"]
     assert (df["start"].diff().dropna() >= 0).all() and (df["end"] >= df["start"]).all()
     assert summarize(df)["makespan"] > 0
@@ -55,6 +60,79 @@ def test_trace_schema_memory_and_metrics():
     assert mem["peak_activations_mb"] == 4.0  # GPipe holds every microbatch at its peak
     assert mem["peak_activation_bytes"] == 4 * mem["activation_bytes_per_microbatch"] > 0
     assert run(_cfg("1f1b", steps=1)).memory[0]["peak_activations_mb"] == 1.0
+
+
+def test_a_recomputed_forward_keeps_only_its_input():
+    """GPipe, pp=1, 4 microbatches: without recomputation the peak holds all 4 microbatches' activations; with
+    R before each B it holds one microbatch's and the 3 other inputs (token ids: 4 x 8 int64 = 256 bytes each).
+    A microbatch's activations, counted across its F and its R, are the same bytes."""
+    plain = run(_cfg("gpipe", steps=1)).memory[0]
+    (mem,) = run(_cfg("gpipe", steps=1, recompute="full")).memory
+    per_mb = plain["activation_bytes_per_microbatch"]
+    assert mem["activation_bytes_per_microbatch"] == per_mb and plain["peak_activation_bytes"] == 4 * per_mb
+    assert mem["peak_activation_bytes"] == per_mb + 3 * 4 * MODEL.seq * 8
+
+
+def test_a_recomputed_runs_trace_is_predicted_with_its_r_actions():
+    """A real trace records the placement (params recompute); the prediction runs the same program."""
+    from sim.sweep import predict_for_trace
+
+    for kw in (dict(recompute="full"), dict(recompute="bubbles", recompute_limit=2.0)):
+        trace = run(_cfg("gpipe", steps=1, **kw)).trace
+        predicted = predict_for_trace(trace.attrs).trace
+        assert sorted(predicted["action"]) == sorted(trace["action"]) and (trace["kind"] == "R").any(), kw
+
+
+def test_recompute_restores_the_random_numbers_of_its_forward():
+    """An R draws the same random numbers as its forward did (dropout): the recomputed graph is the one the
+    forward computed, so the gradients equal an ordinary forward and backward."""
+    from real.executor import Executor, Stage
+    from real.measure import ActivationMeter, Recorder
+
+    torch.manual_seed(0)
+    layers = [nn.Sequential(nn.Linear(6, 6), nn.Dropout(0.5)), nn.Linear(6, 3)]
+    graph = schedules.lower(recompute_full(schedules.build("gpipe", pp=1, microbatches=2)))
+    stage = Stage(0, 0, [nn.Sequential(*layers)], is_last=True)
+    batches = [(torch.randn(4, 6), torch.randint(3, (4,))) for _ in range(2)]
+    ex = Executor(graph, 0, {0: stage}, comm=None, meter=ActivationMeter(stage.parameters()), recorder=Recorder(
+        torch.device("cpu")))
+    torch.manual_seed(1)
+    ex.run_step(batches)
+    got = [p.grad.clone() for p in stage.parameters()]
+    stage.zero_grad(set_to_none=True)
+    torch.manual_seed(1)
+    for x, y in batches:  # the same draws in the same order: F0, F1 (R re-draws from a saved state)
+        (loss_fn(stage(x), y) / 2).backward()
+    assert all(torch.equal(a, p.grad) for a, p in zip(got, stage.parameters(), strict=True))
+
+
+def test_recompute_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match="recompute bubbles needs recompute_limit"):
+        _cfg("1f1b", recompute="bubbles")
+    with pytest.raises(ConfigError, match="recompute_limit 2 applies to recompute bubbles only, not full"):
+        _cfg("1f1b", recompute="full", recompute_limit=2)
+    with pytest.raises(ConfigError, match="unknown recompute 'some'; valid: none, full, bubbles"):
+        _cfg("1f1b", recompute="some")
+
+
+def test_every_measured_step_is_traced(tmp_path):
+    """trace_steps=3 of 4 steps: steps 1..3, each with the whole program and its wall time; the file keeps them,
+    and median_step picks the step of median wall time, its times from 0."""
+    from schedules.trace import median_step, read_trace, trace_steps
+
+    result = run(_cfg("1f1b", steps=4, trace_steps=3), trace_path=tmp_path / "t.csv")
+    df = read_trace(tmp_path / "t.csv")
+    parts = trace_steps(df)
+    assert list(parts) == [1, 2, 3]
+    program = sorted(parts[1]["action"])
+    assert all(sorted(p["action"]) == program for p in parts.values())
+    assert df.attrs["step_times"] == {str(k): result.step_times[k] for k in (1, 2, 3)}
+    assert all(parts[k]["start"].min() >= parts[k - 1]["end"].max() for k in (2, 3))  # in order on one clock
+    walls = sorted((result.step_times[k], k) for k in (1, 2, 3))
+    one = median_step(df)
+    assert one.attrs["step"] == walls[1][1] and set(one["step"]) == {walls[1][1]} and one["start"].min() == 0.0
+    with pytest.raises(ConfigError, match=r"trace_steps 5 reaches before step 0 .* valid: 1\.\.4"):
+        _cfg("1f1b", steps=4, trace_steps=5)
 
 
 def _stage_grads(layers: nn.Module, inp, tgt, grad, split: bool):

@@ -80,6 +80,9 @@ def test_report_writes_markdown_and_figures(tmp_path):
             assert (path.parent / line.split("(")[-1].rstrip(")")).is_file()
     assert "## Prediction against measurement" in md and "| zb-h1 |" in md and "-20.0%" in md
     assert (tmp_path / "rep" / "traces" / "zb-v.csv").is_file()
+    # Recomputation at p=2, m=4: R before every B costs a forward per microbatch on the last rank's path
+    # (15 -> 19) for 1 M_B; at 2 M_B (1F1B's own peak) the pass needs no R at all.
+    assert "| schedule | none | full | bubbles@2 |" in md and "| 1f1b | 15 / 2 | 19 / 1 | 15 / 2 |" in md
 
 
 def test_report_cli_and_errors(tmp_path, capsys):
@@ -99,3 +102,45 @@ def test_perfetto_cli(tmp_path, capsys):
     with pytest.raises(SystemExit):
         schedlab(["perfetto", str(tmp_path / "missing.csv")])
     assert "not found" in capsys.readouterr().err
+
+
+def test_kendall_tau_counts_overlapping_spreads_as_ties():
+    # Without spreads: 2 of 3 pairs concordant, 1 discordant -> 1/3. The discordant pair (x 2 vs 3, y 21 vs 20)
+    # has overlapping p10-p90 intervals, so it is a tie in y: tau_b = (2 - 0) / sqrt(3 * 2).
+    xs, ys = [1, 2, 3], [10, 21, 20]
+    spread = [(9, 11), (19, 23), (18, 22)]
+    assert kendall_tau(xs, ys) == pytest.approx(1 / 3)
+    assert kendall_tau(xs, ys, spread) == pytest.approx(2 / 6 ** 0.5)
+    assert kendall_tau(xs, ys, [(10, 10), (21, 21), (20, 20)]) == pytest.approx(1 / 3)  # no overlap: as before
+
+
+VALIDATION = {
+    "schedules": [
+        {"schedule": "1f1b", "microbatches": 4, "predicted_step_time": 0.100, "measured_step_time": 0.104,
+         "measured_spread": [0.102, 0.107], "error": -0.0385, "profile_error": -0.1, "replay_error": -0.004},
+        {"schedule": "zb-v", "microbatches": 4, "predicted_step_time": 0.090, "measured_step_time": 0.088,
+         "measured_spread": [0.086, 0.091], "error": 0.0227, "profile_error": 0.05, "replay_error": 0.01},
+    ],
+    "mean_abs_error": 0.0306, "kendall_tau_b": 1.0, "calibrated_from": {"schedule": "1f1b", "microbatches": 4},
+    "mechanisms": {"all": 0.0306, "without send_cpu": 0.05},
+}
+
+
+def test_report_with_validation(tmp_path, capsys):
+    path = tmp_path / "v.json"
+    path.write_text(json.dumps(VALIDATION))
+    assert schedlab(["report", "--out", str(tmp_path / "r"), "--pp", "2", "--microbatches", "2",
+                     "--schedules", "gpipe,1f1b", "--no-progress", "--validation", str(path)]) == 0
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert (tmp_path / "r" / "validation.png").stat().st_size > 0
+    assert "| 1f1b | 4 | 100.0 | 104.0 | 102.0-107.0 | -3.9% | -10.0% | -0.4% |" in md
+    assert "| without send_cpu | 5.0% |" in md
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schedules": [{"schedule": "x"}]}))
+    for target, message in ((bad, "schedules[0] lacks microbatches, predicted_step_time"),
+                            (tmp_path / "none.json", "not found; write one with experiments/validate_sim.py")):
+        with pytest.raises(SystemExit) as exc:
+            schedlab(["report", "--out", str(tmp_path / "r3"), "--validation", str(target)])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and message in err and "(flag --validation)" in err
+        assert not (tmp_path / "r3").exists()

@@ -48,6 +48,10 @@ FLAG_ALIASES: Mapping[str, str] = {
     "layers_per_stage": "--split",
     "seq_len": "--seq-len",
     "kind": "--model",
+    "factory": "--model",
+    "token_file": "--data",
+    "batches": "--model",
+    "loss": "--model",
 }
 
 
@@ -194,8 +198,12 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--mw", type=float, help="fraction of M_B that W still holds after I (default 0)")
     g.add_argument("--pair-overlap", type=float, metavar="H",
                    help="fraction of the shorter pass hidden in an overlapped F+B pair (DualPipe); 0 = sum (default)")
-    g.add_argument("--costs", metavar="PROFILE.json",
-                   help="profiled costs in seconds from python -m real.profile (replaces the uniform costs)")
+    g.add_argument("--costs", metavar="PROFILE.json|TRACE.csv",
+                   help="costs in seconds (replace the uniform costs): a cost file from python -m real.profile, or "
+                   "a real run's trace (schedlab run --trace; calibrated from its measured steps)")
+    g.add_argument("--costs-profile", metavar="PROFILE.json",
+                   help="with a trace as --costs: the profile that supplies passes or stage counts the trace lacks, "
+                   "scaled by the trace's in-run/profiled ratio")
 
 
 UNIFORM_DEFAULTS: Mapping[str, float] = {"tf": 1.0, "tb": 1.0, "tw": 1.0, "tcomm": 0.0, "mw": 0.0, "pair_overlap": 0.0}
@@ -224,14 +232,16 @@ def uniform_costs(args: argparse.Namespace) -> Any:
 
 
 def check_cost_flags(args: argparse.Namespace) -> None:
-    """--costs replaces the uniform pass times: giving both is an error."""
+    """--costs replaces the uniform pass times: giving both is an error; --costs-profile needs a trace."""
+    if getattr(args, "costs_profile", None) and not str(getattr(args, "costs", "") or "").endswith((".csv", ".parquet")):
+        fail("--costs-profile scales a real trace given as --costs; give --costs TRACE.csv")
     if getattr(args, "costs", None):
         refuse(given(args, "tf", "tb", "tw", "tcomm", "mw", "pair_overlap"),
                "with --costs (the cost file gives every time; leave them out)")
 
 
 def schedule_options(args: argparse.Namespace) -> dict[str, Any]:
-    """What an adaptive schedule (zb-auto) reads: the pass times and --mem-limit; nothing for the others."""
+    """What an adaptive schedule (zb-auto) reads: the pass times, --mem-limit and --time-limit; nothing for the others."""
     options: dict[str, Any] = {}
     found = lookup(args.schedule)
     if found is not None and found.adaptive:
@@ -240,4 +250,8 @@ def schedule_options(args: argparse.Namespace) -> dict[str, Any]:
         if found is None:
             fail(f"--mem-limit applies only to registered adaptive schedules, not to {args.schedule!r}")
         options["mem_limit"] = args.mem_limit
+    if getattr(args, "time_limit", None) is not None:
+        if found is None or not found.adaptive:
+            fail(f"--time-limit applies only to registered adaptive schedules, not to {args.schedule!r}")
+        options["time_limit"] = args.time_limit
     return options

@@ -63,7 +63,7 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     with errors_to_exit(p):
         out = check_output_dir(args.out, "output folder")
         results = simulate_many(chosen, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks,
-                                costs=uniform_costs(args), profile=args.costs)
+                                costs=uniform_costs(args), profile=args.costs, costs_profile=args.costs_profile)
         table = comparison_table(results)
         written = [plot_timelines([r.trace for r in results], out / "timelines.png")] if results else []
         written += [plot_timeline(r.trace, out / f"timeline-{r.schedule}.png") for r in results]
@@ -125,11 +125,14 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
     p.add_argument("--microbatches", type=int, default=8, metavar="M")
     p.add_argument("--chunks", type=int, default=2, metavar="V", help="stages per rank for multi-chunk schedules")
     p.add_argument("--real", nargs="*", default=[], metavar="TRACE", help="real runs' traces to set against predictions")
+    p.add_argument("--validation", metavar="FILE.json",
+                   help="experiments/validate_sim.py's JSON: adds predicted-against-measured and its mechanisms")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_cost_args(p)
     args = p.parse_args(argv)
     check_cost_flags(args)
     from analysis.report import write_report
+    from analysis.validation import load_validation
     from sim.sweep import SweepConfig, run_sweep
 
     chosen = () if args.schedules == "all" else tuple(name_list(args.schedules))
@@ -145,7 +148,8 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
         cfg = SweepConfig(pp=args.pp, microbatches=args.microbatches, chunks=args.chunks, schedules=chosen,
                           costs=uniform_costs(args), real_traces=tuple(Path(t) for t in args.real),
                           profile=Path(args.costs) if args.costs else None)
-        path = write_report(args.out, run_sweep(cfg, progress))
+        validation = load_validation(args.validation) if args.validation else None
+        path = write_report(args.out, run_sweep(cfg, progress), validation)
     print(f"wrote report: {path}")
     return 0
 

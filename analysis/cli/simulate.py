@@ -31,6 +31,7 @@ from analysis.cli.common import (
 )
 from analysis.timeline import check_figure_path, plot_timeline
 from schedules import load_graph, lower, names, spec, validate, write_torch_csv
+from schedules.recompute import RECOMPUTE_PLACEMENTS, place_recompute
 from schedules.torch_csv import check_csv_path
 from schedules.trace import check_trace_path, write_trace
 from sim import SimResult, simulate
@@ -45,6 +46,9 @@ def _parser(prog: str) -> OneLineParser:
     add_schedule_args(p, required=False)
     p.add_argument("--mem-limit", type=float, default=None, metavar="M_B",
                    help="activation memory limit per rank in M_B, for zb-auto (default pp)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="seconds zb-auto's exact refinement may search after its heuristic (default 10; 0: the "
+                   "heuristic alone, reproducible bit for bit)")
     add_cost_args(p)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object instead of a table")
     p.add_argument("--trace", metavar="FILE", help="write the per-task trace (.csv or .parquet)")
@@ -78,7 +82,11 @@ def add_units_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sp", action="store_true", default=None,
                    help="sequence parallelism in the tensor-parallel group (Korthikanti et al. 2022)")
     g.add_argument("--recompute", default=None, metavar="MODE",
-                   help="activation recomputation: none (default), selective (attention core), full (whole layers)")
+                   help="activation recomputation: none (default), selective (attention core), full (whole layers); "
+                   "without physical units, full puts an R (a recomputed forward) right before every backward "
+                   "and bubbles moves each R into idle time before it (within --recompute-limit)")
+    g.add_argument("--recompute-limit", type=float, default=None, metavar="M",
+                   help="without physical units, with --recompute bubbles: activation memory per rank in M_B")
     g.add_argument("--seq-len", type=int, default=None, metavar="S", help="sequence length (default: the model's)")
 
 
@@ -121,6 +129,11 @@ def units_main(args: argparse.Namespace, parser: OneLineParser) -> int:
 
     if args.mem_limit is not None:
         fail("--mem-limit is a unit-cost (M_B) option; in physical units the memory is reported in bytes")
+    if args.time_limit is not None:
+        fail("--time-limit applies to zb-auto, a unit-cost (M_B) schedule; leave it out in physical units")
+    if args.recompute_limit is not None:
+        fail("--recompute-limit places R actions under unit costs (M_B); in physical units --recompute is "
+             "none, selective or full inside the backward (a schedule with R's can be given as csv:FILE)")
     refuse(given(args, "tf", "tb", "tw", "tcomm", "mw"),
            "in physical units (--model/--cluster/--config): the pass times come from the model and the cluster")
     with errors_to_exit(parser):
@@ -150,7 +163,7 @@ def format_table(result: SimResult) -> str:
         f"({d['stages']} stages)",
         "costs: " + " ".join(f"{k}={v:g}" if isinstance(v, int | float) else f"{k}={v}"
                              for k, v in d["costs"].items() if k != "model"),
-        f"makespan {d['makespan']:.6g}   bubble ratio {d['bubble_ratio']:.4f}   "
+        f"makespan {d['makespan']:.6g}   bubble ratio {d['bubble_ratio']:.4f}   span bubble {d['span_bubble']:.4%}   "
         f"peak activations {d['peak_activations']:.4g} M_B",
         "",
         f"{'rank':>4}  {'busy':>10}  {'idle':>10}  {'first_start':>11}  {'last_end':>10}  {'peak_act(M_B)':>13}",
@@ -172,7 +185,7 @@ def _list() -> int:
 
 
 UNITS_ONLY = ("dp", "tp", "dp_mode", "microbatch_size", "bucket_mb", "collective", "order", "efficiency", "sp",
-              "recompute", "seq_len")
+              "seq_len")
 
 
 @guarded
@@ -187,6 +200,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
         return units_main(args, parser)
     refuse(given(args, *UNITS_ONLY), "without physical units: add --model and --cluster (or --config)")
     check_cost_flags(args)
+    if args.recompute not in (None, *RECOMPUTE_PLACEMENTS):
+        fail(f"--recompute {args.recompute!r} without physical units: valid are none, full (an R before every "
+             "backward) and bubbles; selective recomputes part of a layer, which needs --model and --cluster")
     needed = ("schedule",) if (args.schedule or "").startswith("csv:") else ("schedule", "pp", "microbatches")
     missing = [f"--{f}" for f in needed if getattr(args, f) is None]
     if missing:
@@ -196,11 +212,15 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
         costs = uniform_costs(args)
         graph = validate(load_graph(args.schedule, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks,
                                     **schedule_options(args)))
+        if args.recompute not in (None, "none") or args.recompute_limit is not None:
+            c = costs  # the uniform times (a --costs file replaces them below): the pass places R's with them
+            graph = validate(lower(place_recompute(graph.schedule, args.recompute or "none", args.recompute_limit,
+                                                   (c.tf, c.tb, c.tw, c.tcomm, c.mw))))
         step_time = None
         if args.costs:
-            from sim.profiled import load_profile, step_time
+            from sim.profiled import load_costs, step_time
 
-            costs = load_profile(args.costs, graph.schedule.num_stages)
+            costs = load_costs(args.costs, graph.schedule.num_stages, args.costs_profile)
         result = simulate(graph, costs, check=False)
         step = step_time(result, costs) if step_time is not None else None
         _write_outputs(result.trace, trace_path, plot_path)

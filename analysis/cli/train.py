@@ -32,7 +32,9 @@ from analysis.timeline import check_figure_path, plot_timeline
 from real.checkpoint import CheckpointConfig
 from real.config import (
     BACKENDS,
+    BALANCE,
     DP_MODES,
+    DTYPES,
     FAIL_MODES,
     MODEL_KINDS,
     OPTIMIZERS,
@@ -44,12 +46,13 @@ from real.config import (
     RunConfig,
     RuntimeConfig,
     SyncConfig,
-    make_plan,
 )
 from real.launch import torchrun
 from real.mesh import env_world
+from real.model_api import UserModel, from_factory, plan_for
 from real.train import RunResult, resolve_backend, restart_count, resume_point, run
 from schedules import ConfigError
+from schedules.recompute import RECOMPUTE_PLACEMENTS
 from schedules.trace import check_trace_path
 from schedules.util import atomic_write, check_output_dir, check_output_file
 
@@ -62,7 +65,8 @@ def add_model_args(p: argparse.ArgumentParser, defaults: ModelConfig | None = No
     """The built-in model's flags (``python -m real``, ``python -m real.profile``, the experiments)."""
     d = defaults or ModelConfig()
     m = p.add_argument_group("model")
-    m.add_argument("--model", choices=MODEL_KINDS, default=d.kind, help=f"gpt decoder or mlp (default {d.kind})")
+    m.add_argument("--model", type=_model_kind, default=d.kind, metavar="{gpt,mlp,pkg.module:factory}",
+                   help=f"gpt decoder, mlp, or a factory returning a real.UserModel (default {d.kind})")
     m.add_argument("--layers", type=int, default=d.layers, help=f"decoder blocks / hidden layers (default {d.layers})")
     m.add_argument("--dim", type=int, default=d.dim, help=f"hidden size (default {d.dim})")
     m.add_argument("--heads", type=int, default=d.heads, help=f"attention heads (default {d.heads})")
@@ -70,8 +74,21 @@ def add_model_args(p: argparse.ArgumentParser, defaults: ModelConfig | None = No
     m.add_argument("--seq", type=int, default=d.seq, help=f"sequence length (gpt; default {d.seq})")
 
 
+def _model_kind(text: str) -> str:
+    if text in MODEL_KINDS or (":" in text and all(text.partition(":")[::2])):
+        return text
+    raise argparse.ArgumentTypeError(f"invalid choice {text!r}: give {', '.join(MODEL_KINDS)} or pkg.module:factory "
+                                     "(a function returning a real.UserModel)")
+
+
 def model_from_args(args: argparse.Namespace) -> ModelConfig:
-    return ModelConfig(kind=args.model, **{k: getattr(args, k) for k in MODEL_FLAGS})
+    """The built-in model's config (the defaults when ``--model`` names a factory)."""
+    kind = args.model if args.model in MODEL_KINDS else ModelConfig().kind
+    return ModelConfig(kind=kind, **{k: getattr(args, k) for k in MODEL_FLAGS})
+
+
+def _factory(args: argparse.Namespace) -> str | None:
+    return None if args.model in MODEL_KINDS else args.model
 
 
 def model_argv(model: ModelConfig) -> list[str]:
@@ -90,17 +107,31 @@ def parser(prog: str) -> OneLineParser:
     p.add_argument("--seed", type=int, default=0, help="fixes the model and the data (default 0)")
     add_model_args(p)
     p.add_argument("--split", type=int_list, metavar="N,N,...", help="layers per stage, e.g. 2,2,1,1 (default: even)")
+    p.add_argument("--boundaries", type=int_list, metavar="N,N,...",
+                   help="the first layer (block) of every stage but the first, e.g. 3,5")
+    p.add_argument("--balance", choices=BALANCE, help="split the blocks by their profiled forward+backward time")
+    p.add_argument("--data", metavar="PATH", help="a token file (python -m real.data prepare) instead of synthetic data")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="bfloat16: autocast passes, bf16 messages, float32 master weights (default float32)")
     o = p.add_argument_group("training")
     o.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
     o.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
     o.add_argument("--dp-mode", choices=DP_MODES, default="ddp", help="gradient sync (default ddp)")
     o.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket cap in MiB (default 25)")
+    o.add_argument("--recompute", choices=RECOMPUTE_PLACEMENTS, default="none",
+                   help="activation recomputation: none (default); full: an R (the forward again, with grad) right "
+                   "before every backward, its F keeps only its input; bubbles: each R moved into idle time "
+                   "before its backward within --recompute-limit")
+    o.add_argument("--recompute-limit", type=float, metavar="M",
+                   help="with --recompute bubbles: activation memory per rank, in microbatches' worth (M_B)")
     r = p.add_argument_group("runtime and output")
     r.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, gloo otherwise")
     r.add_argument("--timeout", type=float, default=300.0, metavar="S", help="collective timeout (default 300 s)")
     r.add_argument("--recv-ahead", type=int, metavar="K", help="receives posted ahead per peer (default: all)")
-    r.add_argument("--trace", metavar="FILE", help="write the merged trace of one step (.csv or .parquet)")
+    r.add_argument("--trace", metavar="FILE", help="write the merged trace of the traced steps (.csv or .parquet)")
     r.add_argument("--trace-step", type=int, default=-1, metavar="K", help="step to trace (default -1: the last)")
+    r.add_argument("--trace-steps", type=int, default=1, metavar="N",
+                   help="trace N steps ending with --trace-step (default 1; a `step` column tells them apart)")
     r.add_argument("--plot", metavar="FILE", help="draw the traced step's timeline (.png, .svg or .pdf; rank 0)")
     r.add_argument("--save-params", metavar="FILE", help="rank 0 saves the final parameters (torch.save)")
     r.add_argument("--json", action="store_true", help="print exactly one JSON object at the end (rank 0)")
@@ -166,23 +197,32 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
                                       keep_last=args.keep_last, async_save=args.async_checkpoint)
     return RunConfig(
         layout=Layout(schedule=args.schedule, pp=args.pp, dp=_resolve_dp(args.dp, args.pp, world),
-                      microbatches=args.microbatches, chunks=args.chunks, split=args.split),
+                      microbatches=args.microbatches, chunks=args.chunks, split=args.split,
+                      boundaries=args.boundaries, balance=args.balance, recompute=args.recompute,
+                      recompute_limit=args.recompute_limit),
         steps=args.steps,
-        data=DataConfig(model=model, batch_size=args.batch_size, seed=args.seed),
+        data=DataConfig(model=model, batch_size=args.batch_size, seed=args.seed, factory=_factory(args),
+                        token_file=args.data),
         optim=OptimConfig(optimizer=args.optimizer, lr=args.lr),
         sync=SyncConfig(dp_mode=args.dp_mode, bucket_mb=args.bucket_mb),
         runtime=RuntimeConfig(backend=args.backend, timeout_s=args.timeout, recv_ahead=args.recv_ahead,
-                              trace_step=args.trace_step),
+                              trace_step=args.trace_step, trace_steps=args.trace_steps, dtype=args.dtype),
         checkpoint=checkpoint,
         faults=FaultConfig(fail_at_step=args.fail_at_step, fail_rank=args.fail_rank, fail_mode=args.fail_mode),
     )
 
 
-def _checked(args: argparse.Namespace, world: int) -> RunConfig:
+def _user(config: RunConfig) -> UserModel | None:
+    """The model of ``--model pkg.module:factory`` (built with the global RNG seeded from ``--seed``), or None."""
+    return from_factory(config.data.factory, config.data.seed) if config.data.factory else None
+
+
+def _checked(args: argparse.Namespace, world: int) -> tuple[RunConfig, UserModel | None]:
     """Every check of the flags that needs no communication and no checkpoint read (run() checks the plan
-    again and picks the checkpoint to resume from)."""
+    again and picks the checkpoint to resume from); the user's model, if ``--model`` names a factory."""
     config = config_from_args(args, world)
-    make_plan(config, world)
+    user = _user(config)
+    plan_for(config, world, user)
     resolve_backend(config.runtime.backend)
     if args.trace:
         check_trace_path(args.trace)
@@ -192,7 +232,7 @@ def _checked(args: argparse.Namespace, world: int) -> RunConfig:
         check_output_file(args.save_params, "parameter file")
     if args.checkpoint_dir:
         check_output_dir(args.checkpoint_dir, "checkpoint directory")
-    return config
+    return config, user
 
 
 def _print_step(quiet: bool):
@@ -233,8 +273,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int
     logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
                         format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
     with errors_to_exit(p, f"[rank {rank}] " if world > 1 else ""):
-        config = _checked(args, world)
-        result = run(config, trace_path=args.trace, on_step=_print_step(args.json))
+        config, user = _checked(args, world)
+        result = run(config, trace_path=args.trace, on_step=_print_step(args.json), user=user)
         if rank == 0:
             _report(result, args)
     return 0
@@ -263,5 +303,5 @@ def launch_main(argv: Sequence[str] | None = None, prog: str = "schedlab run") -
     if _under_torchrun() or (nproc == 1 and known.nproc_per_node is None):
         return main(rest, prog=prog)  # checks everything itself
     with errors_to_exit(p):  # refuse here, before any process starts: the same checks every rank makes
-        resume_point(_checked(args, nproc))
+        resume_point(_checked(args, nproc)[0])
     return torchrun(nproc, ["-m", "real", *rest]).returncode

@@ -1,0 +1,46 @@
+"""Recomputation: step time against peak activations, per schedule (uniform costs, tf=tb=tw=1).
+
+Rows: no recomputation; R right before every backward (``--recompute full``); the recompute-in-the-bubbles
+pass (after Mario, PPoPP 2025: drop the R's the limit does not need, move the rest into idle time) at
+memory limits of 1, 2 and 3 M_B (:func:`sim.sweep.recompute_tradeoff`, what the report shows).
+
+Usage: python experiments/recompute_tradeoff.py [--pp 4] [--microbatches 8] [--plot docs/recompute-tradeoff.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from schedules import ScheduleError
+from sim.sweep import recompute_tradeoff
+
+SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "v-half", "v-min", "dualpipe-v"]
+LIMITS = (1.0, 2.0, 3.0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pp", type=int, default=4)
+    ap.add_argument("--microbatches", type=int, default=8)
+    ap.add_argument("--plot", metavar="FILE.png", help="also draw the trade-off (the report's figure)")
+    args = ap.parse_args()
+    points = []
+    for name in SCHEDULES:
+        try:
+            points += recompute_tradeoff([name], pp=args.pp, microbatches=args.microbatches, limits=LIMITS)
+        except ScheduleError as exc:  # a shape this schedule does not take
+            print(f"{name:<18} skipped: {exc}")
+    labels = list(dict.fromkeys(pt.label for pt in points))
+    print(f"{'schedule':<18} " + " ".join(f"{x:>11}" for x in labels) + "   (makespan/peak M_B)")
+    for name in dict.fromkeys(pt.schedule for pt in points):
+        cells = [f"{pt.makespan:g}/{pt.peak_activations:g}" for pt in points if pt.schedule == name]
+        print(f"{name:<18} " + " ".join(f"{c:>11}" for c in cells))
+    if args.plot:
+        from analysis.report import plot_recompute_tradeoff
+
+        print(f"wrote {plot_recompute_tradeoff(points, Path(args.plot))}")
+
+
+if __name__ == "__main__":
+    main()
