@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from schedules import Action, Kind, Schedule, ScheduleError, build
+from schedules.errors import ConfigError
 from sim.memory import model_state_bytes
 from sim.parallel import ParallelConfig
 from sim.plan_space import PlanConfig, PlanSpace, shape_ok
@@ -111,6 +112,9 @@ def _rows(prog: Sequence[Action], stages: Sequence[int]) -> set[tuple[int, ...]]
                 pending[i] += 1
             elif a.kind is _W:
                 pending[i] -= 1
+            elif a.kind is not _F:
+                raise ConfigError(f"plan: action {a} of kind {a.kind.value}: the planner's memory rows know F, I, W "
+                                  "and B only (a schedule with R actions is not planned)", field="schedule")
     return rows
 
 

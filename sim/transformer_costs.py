@@ -145,7 +145,7 @@ class TransformerCosts:
         m, k = self.model, kind.value
         if kind is Kind.R:  # the stage's layers' forward again (module docstring)
             tokens = m.seq_len * self.microbatch_size
-            return self.stage_layers(num_stages)[stage] * m.layer_flops("F") * tokens / self.parallel.tp
+            return layers * m.layer_flops("F") * tokens / self.parallel.tp
         per_layer = m.layer_flops(k) + (m.recompute_flops(self.recompute) if kind is Kind.I else 0.0)
         per_token = layers * per_layer
         if last:
@@ -193,7 +193,7 @@ class TransformerCosts:
             return self.tp_comm_of(Kind.I, layers, first, last)
         one = tp_collective(self.tp_bytes(), p.tp, self.cluster.intra, p.sp)
         if kind is Kind.R:
-            return self.stage_layers(num_stages)[stage] * 2 * one
+            return layers * 2 * one
         per_layer = 2 + (2 if kind is Kind.I and self.recompute == "full" else 0)
         if kind is Kind.I and p.sp and self.recompute != "full":
             # SP keeps only its shard of the inputs of QKV and fc1 and gathers them again for the weight
