@@ -11,6 +11,8 @@ from schedules.ir import COMPUTE_KINDS, Action, Kind, Schedule
 
 __all__ = ["check_schedule"]
 
+_F, _I, _W, _B, _OV = Kind.F, Kind.I, Kind.W, Kind.B, Kind.OVERLAP_F_B
+
 
 def check_schedule(schedule: Schedule) -> None:
     """Check the work of a schedule's compute programs.
@@ -20,6 +22,8 @@ def check_schedule(schedule: Schedule) -> None:
     work, B mixed with I/W for the same work, and a backward (or W) that comes
     before the pass it depends on on its rank.
     """
+    if _valid_fast(schedule):
+        return
     name = schedule.name
     n_st, n_mb = schedule.num_stages, schedule.num_microbatches
     if schedule.num_ranks < 1 or n_st < 1 or n_mb < 1:
@@ -46,6 +50,58 @@ def check_schedule(schedule: Schedule) -> None:
     _check_coverage(schedule, seen)
     _check_order(schedule, seen)
     _check_recompute(schedule, seen)
+
+
+def _valid_fast(schedule: Schedule) -> bool:
+    """True when :func:`check_schedule` would accept the schedule; False when it might not (it then looks closely).
+
+    One pass: every action of a known kind (F, I, W, B, OVERLAP_F_B of those), in range, on its stage's rank,
+    once, each backward after its forward and each W after its I on the rank; then the coverage by counting.
+    """
+    n_st, n_mb = schedule.num_stages, schedule.num_microbatches
+    if schedule.num_ranks < 1 or n_st < 1 or n_mb < 1:
+        return False
+    s2r = schedule.stage_to_rank
+    seen: dict[tuple[Kind, int, int], int] = {}  # work -> position on its (only) rank
+    backward: set[tuple[int, int]] = set()
+    split: set[tuple[int, int]] = set()
+    weight: set[tuple[int, int]] = set()
+    forwards = 0
+    for rank, prog in enumerate(schedule.programs):
+        for pos, action in enumerate(prog):
+            kind = action.kind
+            if kind is _OV:
+                parts = action.sub_actions
+                if not parts:
+                    return False
+            elif kind is _F or kind is _I or kind is _W or kind is _B:
+                parts = (action,)
+            else:
+                return False
+            for a in parts:
+                k, st, mb = a.kind, a.stage, a.microbatch
+                if mb is None or not (0 <= st < n_st and 0 <= mb < n_mb) or s2r[st] != rank:
+                    return False
+                key = (k, st, mb)
+                if key in seen:
+                    return False
+                if k is _F:
+                    forwards += 1
+                else:
+                    before = seen.get((_I if k is _W else _F, st, mb))
+                    if before is None or before >= pos:
+                        return False
+                    if k is _B:
+                        backward.add((st, mb))
+                    elif k is _I:
+                        split.add((st, mb))
+                    elif k is _W:
+                        weight.add((st, mb))
+                    else:
+                        return False
+                seen[key] = pos
+    total = n_st * n_mb
+    return forwards == total and len(backward) + len(split) == total and split == weight and backward.isdisjoint(split)
 
 
 def _check_one(schedule: Schedule, rank: int, a: Action) -> None:

@@ -62,9 +62,10 @@ class TaskGraph:
     def successors(self) -> tuple[tuple[int, ...], ...]:
         succ: list[list[int]] = [[] for _ in self.tasks]
         for t in self.tasks:
+            i = t.id
             for d in t.deps:
-                succ[d].append(t.id)
-        return tuple(tuple(s) for s in succ)
+                succ[d].append(i)
+        return tuple(map(tuple, succ))
 
     def program_actions(self, rank: int) -> list[Action]:
         """Rank ``rank``'s program with communication, as actions (torch's comm-lowered form)."""
@@ -86,18 +87,22 @@ def topological_order(graph: TaskGraph) -> tuple[list[int], list[int]]:
     succ = graph.successors
     ready = [i for i, d in enumerate(indeg) if d == 0]
     order: list[int] = []
+    pop, push, emit = ready.pop, ready.append, order.append
     while ready:
-        i = ready.pop()
-        order.append(i)
+        i = pop()
+        emit(i)
         for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                ready.append(j)
+            d = indeg[j] - 1
+            indeg[j] = d
+            if d == 0:
+                push(j)
     return order, indeg
 
 
 def find_cycle(graph: TaskGraph) -> list[int] | None:
     """Task ids of one cycle of waits (first == last), or None if the graph is acyclic."""
+    if _runs_in_program_order(graph):
+        return None
     order, indeg = topological_order(graph)
     n = len(graph.tasks)
     if len(order) == n:
@@ -113,3 +118,37 @@ def find_cycle(graph: TaskGraph) -> list[int] | None:
         node = next(d for d in graph.tasks[node].deps if d in stuck)
     cycle = [*path[index[node] :], node]
     return cycle[::-1]  # in the direction of time: each waits for the one before
+
+
+def _runs_in_program_order(graph: TaskGraph) -> bool:
+    """True if every task can run with each rank taking its program strictly in order (a certificate of no cycle).
+
+    Round robin over the ranks, each advancing while the task at its position has its dependencies done. When
+    all tasks run, that order is a topological order. False says nothing (a receive posted ahead of the send it
+    waits for can stall a rank here without a cycle): :func:`find_cycle` then looks for real.
+    """
+    deps = [t.deps for t in graph.tasks]
+    done = bytearray(len(deps))
+    programs = [p for p in graph.programs if p]
+    pos = [0] * len(programs)
+    left = len(deps)
+    moved = True
+    while moved and left:
+        moved = False
+        for r, prog in enumerate(programs):
+            p, end = pos[r], len(prog)
+            while p < end:
+                t = prog[p]
+                for d in deps[t]:
+                    if not done[d]:
+                        break
+                else:
+                    done[t] = 1
+                    p += 1
+                    continue
+                break
+            if p != pos[r]:
+                left -= p - pos[r]
+                pos[r] = p
+                moved = True
+    return left == 0 and all(done)

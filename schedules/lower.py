@@ -30,6 +30,11 @@ from schedules.util import paused_gc
 
 __all__ = ["graph_from_programs", "insert_comms", "lower"]
 
+_F, _I, _W, _B, _OV = Kind.F, Kind.I, Kind.W, Kind.B, Kind.OVERLAP_F_B
+_SF, _RF, _SB, _RB = Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B
+_COMPUTE, _SEND, _RECV = Stream.COMPUTE, Stream.SEND, Stream.RECV
+_KNOWN = (_F, _I, _W, _B, _SF, _RF, _SB, _RB)  # the kinds the fast path of _GraphBuilder handles
+
 
 def insert_comms(schedule: Schedule) -> list[list[Action]]:
     """Per-rank programs with SEND/RECV placed around the compute that needs them.
@@ -42,23 +47,42 @@ def insert_comms(schedule: Schedule) -> list[list[Action]]:
     out: list[list[Action]] = []
     for rank, prog in enumerate(schedule.programs):
         lowered: list[Action] = []
+        add = lowered.append
         for action in prog:
+            subs = action.sub_actions
+            if subs is None:  # one pass: its messages around it, no lists to merge
+                k, s, mb = action.kind, action.stage, action.microbatch
+                if k is _F:
+                    if s > 0 and s2r[s - 1] != rank:
+                        add(Action(_RF, s, mb))
+                    add(action)
+                    if s < last and s2r[s + 1] != rank:
+                        add(Action(_SF, s, mb))
+                elif k is _I or k is _B:
+                    if s < last and s2r[s + 1] != rank:
+                        add(Action(_RB, s, mb))
+                    add(action)
+                    if s > 0 and s2r[s - 1] != rank:
+                        add(Action(_SB, s, mb))
+                else:
+                    add(action)
+                continue
             recvs: list[Action] = []
             sends: list[Action] = []
-            for a in action.parts():
+            for a in subs:
                 s, mb = a.stage, a.microbatch
-                if a.kind is Kind.F:
+                if a.kind is _F:
                     if s > 0 and s2r[s - 1] != rank:
-                        recvs.append(Action(Kind.RECV_F, s, mb))
+                        recvs.append(Action(_RF, s, mb))
                     if s < last and s2r[s + 1] != rank:
-                        sends.append(Action(Kind.SEND_F, s, mb))
-                elif a.kind in (Kind.I, Kind.B):
+                        sends.append(Action(_SF, s, mb))
+                elif a.kind in (_I, _B):
                     if s < last and s2r[s + 1] != rank:
-                        recvs.append(Action(Kind.RECV_B, s, mb))
+                        recvs.append(Action(_RB, s, mb))
                     if s > 0 and s2r[s - 1] != rank:
-                        sends.append(Action(Kind.SEND_B, s, mb))
+                        sends.append(Action(_SB, s, mb))
             lowered += recvs
-            lowered.append(action)
+            add(action)
             lowered += sends
         out.append(lowered)
     return out
@@ -100,6 +124,119 @@ class _GraphBuilder:
         return ScheduleError(f"schedule {self.schedule.name!r}, rank {rank}, action {action}: {why}")
 
     def build(self) -> TaskGraph:
+        """The graph; a fast path for well-formed programs, the checked path (same result, or its error) otherwise."""
+        try:
+            graph = self._build_fast()
+        except Exception:  # whatever it was, the checked path below reports it exactly
+            graph = None
+        if graph is not None:
+            return graph
+        self.where = {}
+        return self._build_checked()
+
+    def _build_fast(self) -> TaskGraph | None:
+        """:meth:`_build_checked` without its error reporting: None at the first thing it would reject.
+
+        Handles only the kinds it knows (F, I, W, B, OVERLAP_F_B, SEND/RECV) with stages and microbatches in
+        range; anything else goes to the checked path. Where each piece of work is (its task id) is kept in a
+        table per kind indexed [stage][microbatch] instead of a dict of tuples. Builds exactly the same tasks,
+        in the same order, with the same dependency tuples.
+        """
+        programs, schedule = self.programs, self.schedule
+        s2r, n = schedule.stage_to_rank, schedule.num_stages
+        n_mb = schedule.num_microbatches
+        table = {k: [[-1] * n_mb for _ in range(n)] for k in _KNOWN}
+        tid = 0
+        for prog in programs:
+            for action in prog:
+                subs = action.sub_actions
+                for a in (action,) if subs is None else subs:
+                    rows, st, mb = table.get(a.kind), a.stage, a.microbatch
+                    if rows is None or type(mb) is not int or not (0 <= st < n and 0 <= mb < n_mb):
+                        return None
+                    row = rows[st]
+                    if row[mb] >= 0:
+                        return None
+                    row[mb] = tid
+                tid += 1
+        f_at, i_at, b_at, _w_at = table[_F], table[_I], table[_B], table[_W]
+        rf_at, rb_at, sf_at, sb_at = table[_RF], table[_RB], table[_SF], table[_SB]
+        last = n - 1
+        tasks: list[Task] = []
+        append = tasks.append
+        rows_out: list[tuple[int, ...]] = []
+        tid = 0
+        for rank, prog in enumerate(programs):
+            start = tid
+            prev = -1
+            for action in prog:
+                kind = action.kind
+                if kind is _F or kind is _I or kind is _W or kind is _B or kind is _OV:
+                    deps: list[int] = []
+                    subs = action.sub_actions
+                    for a in (action,) if subs is None else subs:
+                        k, st, mb = a.kind, a.stage, a.microbatch
+                        if k is _F:
+                            if st == 0:
+                                continue
+                            found = f_at[st - 1][mb] if s2r[st - 1] == rank else rf_at[st][mb]
+                        elif k is _I or k is _B:
+                            found = f_at[st][mb]
+                            if found < 0:
+                                return None
+                            if found != tid and found not in deps:
+                                deps.append(found)
+                            if st == last:
+                                continue
+                            if s2r[st + 1] == rank:
+                                found = i_at[st + 1][mb]
+                                if found < 0:
+                                    found = b_at[st + 1][mb]
+                            else:
+                                found = rb_at[st][mb]
+                        elif k is _W:
+                            found = i_at[st][mb]
+                        else:
+                            return None
+                        if found < 0:
+                            return None
+                        if found != tid and found not in deps:
+                            deps.append(found)
+                    if prev >= 0 and prev not in deps:
+                        deps.insert(0, prev)
+                    append(Task(tid, rank, _COMPUTE, action, tuple(deps), None))
+                    prev = tid
+                elif kind is _SF or kind is _RF or kind is _SB or kind is _RB:
+                    st, mb = action.stage, action.microbatch
+                    if s2r[st] != rank:
+                        return None
+                    nxt = st + 1 if kind is _SF or kind is _RB else st - 1
+                    if not 0 <= nxt < n or s2r[nxt] == rank:
+                        return None
+                    if kind is _SF:
+                        prod, match = f_at[st][mb], rf_at[nxt][mb]
+                    elif kind is _SB:
+                        prod, match = i_at[st][mb], rb_at[nxt][mb]
+                        if prod < 0:
+                            prod = b_at[st][mb]
+                    if kind is _SF or kind is _SB:
+                        if prod < 0 or prod > tid or match < 0:
+                            return None
+                        dep, stream = prod, _SEND
+                    else:
+                        dep = sf_at[nxt][mb] if kind is _RF else sb_at[nxt][mb]
+                        if dep < 0:
+                            return None
+                        stream = _RECV
+                    append(Task(tid, rank, stream, action, (dep,) if prev < 0 or prev == dep else (prev, dep),
+                                s2r[nxt]))
+                else:
+                    return None
+                tid += 1
+            rows_out.append(tuple(range(start, tid)))
+        return TaskGraph(schedule, tuple(tasks), tuple(rows_out))
+
+    def _build_checked(self) -> TaskGraph:
         ids: list[list[int]] = []
         flat: list[tuple[int, int, Action]] = []  # (rank, position, action) in id order
         for rank, prog in enumerate(self.programs):

@@ -91,7 +91,7 @@ class Study:
         """The schedule's parameters; an adaptive one (zb-auto) plans with this model's pass times (a middle stage's)."""
         p, times = self.parallel, {}
         if spec_adaptive(self.schedule):
-            n = max(1, p.pp // 2)
+            n = min(p.pp - 1, max(1, p.pp // 2))  # a middle stage; the only one at pp=1
             times = {k: self.costs.pass_time(kind, n, p.pp) for k, kind in (("tf", Kind.F), ("tb", Kind.I), ("tw", Kind.W))}
         return PipelineParams(pp=p.pp, microbatches=self.microbatches, chunks=self.chunks, **times)
 

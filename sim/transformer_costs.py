@@ -112,12 +112,17 @@ class TransformerCosts:
     def stage_params(self, stage: int, num_stages: int) -> float:
         """Parameters of one stage per tensor shard: its layers; stage 0 the embedding; the last
         stage the final layer norm and its own copy of the tied word embedding (as Megatron keeps)."""
+        return self.params_of(self.stage_layers(num_stages)[stage], stage == 0, stage == num_stages - 1,
+                              num_stages > 1)
+
+    def params_of(self, layers: int, first: bool, last: bool, split: bool = True) -> float:
+        """:meth:`stage_params` of a stage of ``layers`` layers, the first and/or the last; ``split``: more than one stage."""
         m = self.model
-        n = self.stage_layers(num_stages)[stage] * m.layer_params
-        if stage == 0:
+        n = layers * m.layer_params
+        if first:
             n += m.embedding_params
-        if stage == num_stages - 1:
-            n += 2 * m.hidden + (m.vocab * m.hidden if num_stages > 1 else 0)
+        if last:
+            n += 2 * m.hidden + (m.vocab * m.hidden if split else 0)
         return n / self.parallel.tp
 
     def bucket_sizes(self, stage: int, num_stages: int) -> tuple[float, ...]:
@@ -131,15 +136,19 @@ class TransformerCosts:
 
     def pass_flops(self, kind: Kind, stage: int, num_stages: int) -> float:
         """Hardware FLOPs of one microbatch's pass on one tensor shard (I includes recomputation). B = I + W."""
+        return self.flops_of(kind, self.stage_layers(num_stages)[stage], stage == num_stages - 1)
+
+    def flops_of(self, kind: Kind, layers: int, last: bool) -> float:
+        """:meth:`pass_flops` of a stage of ``layers`` layers (``last``: it runs the LM head)."""
         if kind is Kind.B:
-            return self.pass_flops(Kind.I, stage, num_stages) + self.pass_flops(Kind.W, stage, num_stages)
+            return self.flops_of(Kind.I, layers, last) + self.flops_of(Kind.W, layers, last)
         m, k = self.model, kind.value
         if kind is Kind.R:  # the stage's layers' forward again (module docstring)
             tokens = m.seq_len * self.microbatch_size
-            return self.stage_layers(num_stages)[stage] * m.layer_flops("F") * tokens / self.parallel.tp
+            return layers * m.layer_flops("F") * tokens / self.parallel.tp
         per_layer = m.layer_flops(k) + (m.recompute_flops(self.recompute) if kind is Kind.I else 0.0)
-        per_token = self.stage_layers(num_stages)[stage] * per_layer
-        if stage == num_stages - 1:
+        per_token = layers * per_layer
+        if last:
             per_token += m.head_flops(k)
         return per_token * m.seq_len * self.microbatch_size / self.parallel.tp
 
@@ -173,35 +182,39 @@ class TransformerCosts:
         """Seconds of the pass's tensor-parallel collectives: 2 per layer in F and in I (+2 in I if full
         recomputation, +2 all-gathers with SP otherwise); the embedding's one in F (stage 0) and the LM
         head's input gradient in I (last stage)."""
+        return self.tp_comm_of(kind, self.stage_layers(num_stages)[stage], stage == 0, stage == num_stages - 1)
+
+    def tp_comm_of(self, kind: Kind, layers: int, first: bool, last: bool) -> float:
+        """:meth:`tp_comm` of a stage of ``layers`` layers, the first and/or the last."""
         p = self.parallel
         if p.tp <= 1 or kind is Kind.W:
             return 0.0
         if kind is Kind.B:
-            return self.tp_comm(Kind.I, stage, num_stages)
+            return self.tp_comm_of(Kind.I, layers, first, last)
         one = tp_collective(self.tp_bytes(), p.tp, self.cluster.intra, p.sp)
         if kind is Kind.R:
-            return self.stage_layers(num_stages)[stage] * 2 * one
+            return layers * 2 * one
         per_layer = 2 + (2 if kind is Kind.I and self.recompute == "full" else 0)
         if kind is Kind.I and p.sp and self.recompute != "full":
             # SP keeps only its shard of the inputs of QKV and fc1 and gathers them again for the weight
             # gradients: two more all-gathers, half a collective pair each (Korthikanti et al. 2022, sec. 4.2.2)
             per_layer += 1
-        count = self.stage_layers(num_stages)[stage] * per_layer
-        if kind is Kind.F and stage == 0:
+        count = layers * per_layer
+        if kind is Kind.F and first:
             count += 1
-        if kind is Kind.I and stage == num_stages - 1:
+        if kind is Kind.I and last:
             count += 1
         return count * one
 
-    def _edge_ops(self, stage: int, num_stages: int) -> list[Op]:
+    def _edge_ops(self, first: bool, last: bool) -> list[Op]:
         """Forward operations outside the layers: the embedding (stage 0); final norm, LM head, loss (last)."""
         m, p, b = self.model, self.parallel, self.microbatch_size
         tokens = m.seq_len * b
         rep = tokens / p.tp if p.sp else tokens
         ops = []
-        if stage == 0:
+        if first:
             ops.append(Op("embedding", 0.0, 4.0 * tokens * m.hidden + 5.0 * rep * m.hidden, False))
-        if stage == num_stages - 1:
+        if last:
             v = m.vocab / p.tp
             ops += [Op("final-norm", 0.0, 4.0 * rep * m.hidden, False),
                     Op("lm-head", 2.0 * tokens * m.hidden * v, 2.0 * (tokens * m.hidden + m.hidden * v + tokens * v),
@@ -211,15 +224,19 @@ class TransformerCosts:
 
     def pass_time(self, kind: Kind, stage: int, num_stages: int) -> float:
         """Seconds of one microbatch's pass of ``stage`` on one tensor shard: compute plus TP collectives."""
-        comm = self.tp_comm(kind, stage, num_stages)
+        return self.time_of(kind, self.stage_layers(num_stages)[stage], stage == 0, stage == num_stages - 1)
+
+    def time_of(self, kind: Kind, layers: int, first: bool, last: bool) -> float:
+        """:meth:`pass_time` of a stage of ``layers`` layers, the first and/or the last (the same arithmetic)."""
+        comm = self.tp_comm_of(kind, layers, first, last)
         if self.gemm_efficiency is None:
-            return self.pass_flops(kind, stage, num_stages) / (self.cluster.spec.peak_flops * self.matmul_efficiency) + comm
+            return self.flops_of(kind, layers, last) / (self.cluster.spec.peak_flops * self.matmul_efficiency) + comm
         if kind is Kind.B:
-            return self.pass_time(Kind.I, stage, num_stages) + self.pass_time(Kind.W, stage, num_stages)
-        lc, n = self.layer_costs(), self.stage_layers(num_stages)[stage]
+            return self.time_of(Kind.I, layers, first, last) + self.time_of(Kind.W, layers, first, last)
+        lc, n = self.layer_costs(), layers
         spec, eff = self.cluster.spec, self.gemm_efficiency
-        edge = [op.time(spec, eff) for op in self._edge_ops(stage, num_stages)]
-        edge_w = [op.time(spec, eff) for op in self._edge_ops(stage, num_stages) if op.weight]
+        edge = [op.time(spec, eff) for op in self._edge_ops(first, last)]
+        edge_w = [op.time(spec, eff) for op in self._edge_ops(first, last) if op.weight]
         if kind is Kind.F:
             return n * lc.forward() + sum(edge) + comm
         if kind is Kind.R:
@@ -230,9 +247,13 @@ class TransformerCosts:
 
     def stage_activations(self, stage: int, num_stages: int) -> float:
         """Bytes a microbatch's pass of ``stage`` keeps per tensor shard; the last stage adds its fp32 logits."""
+        return self.activations_of(self.stage_layers(num_stages)[stage], stage == num_stages - 1)
+
+    def activations_of(self, layers: int, last: bool) -> float:
+        """:meth:`stage_activations` of a stage of ``layers`` layers (``last``: it holds the logits)."""
         m, b, p = self.model, self.microbatch_size, self.parallel
-        held = self.stage_layers(num_stages)[stage] * m.layer_activation_bytes(b, p.tp, p.sp, self.recompute)
-        if stage == num_stages - 1:
+        held = layers * m.layer_activation_bytes(b, p.tp, p.sp, self.recompute)
+        if last:
             held += m.head_activation_bytes(b) / p.tp
         return held
 

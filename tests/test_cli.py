@@ -128,7 +128,7 @@ def test_schedlab_unknown_command(capsys):
     with pytest.raises(SystemExit) as exc:
         schedlab_main(["frobnicate"])
     assert exc.value.code == 2
-    assert capsys.readouterr().err == "error: schedlab: unknown command 'frobnicate'; valid: simulate, compare, run, report, perfetto, list (see schedlab --help)\n"
+    assert capsys.readouterr().err == "error: schedlab: unknown command 'frobnicate'; valid: simulate, compare, run, report, perfetto, plan, list (see schedlab --help)\n"
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@
     schedlab run      --schedule 1f1b --pp 2 --microbatches 8 [--dp 2] [--trace F.csv] [--json]
     schedlab report   --out out/report [--pp 4 --microbatches 8 --chunks 2] [--real TRACE.csv ...]
     schedlab perfetto TRACE.csv [OUT.json]
+    schedlab plan     --model llama3-405b --cluster dgx-h100:64 --global-batch 2048 --seq-len 8192 [--json]
     schedlab list
 
 Modules: :mod:`~analysis.cli.common` (parser, errors, shared flag groups),
@@ -32,6 +33,8 @@ commands:
              starts torchrun with --nproc-per-node, default pp x dp)
   report     write a Markdown report with figures (and sim vs real if --real traces)
   perfetto   convert a trace (CSV/Parquet) to Chrome/Perfetto JSON
+  plan       search tp/pp/dp/schedule/microbatches/dp mode/recomputation for the fastest step;
+             exports for torchtitan and Megatron-LM
   list       list the registered schedules
 
 schedlab COMMAND --help shows a command's flags."""
@@ -41,7 +44,7 @@ schedlab COMMAND --help shows a command's flags."""
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv:
-        fail("schedlab: give a command: simulate, compare, run, report, perfetto, list (see schedlab --help)")
+        fail("schedlab: give a command: simulate, compare, run, report, perfetto, plan, list (see schedlab --help)")
     if argv[0] in ("-h", "--help"):
         print(_USAGE)
         return 0
@@ -54,8 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from analysis.cli import compare
 
         return getattr(compare, f"{cmd}_main")(rest)
+    if cmd == "plan":
+        from analysis.cli.plan import plan_main
+
+        return plan_main(rest)
     if cmd == "run":
         from analysis.cli.train import launch_main
 
         return launch_main(rest)
-    fail(f"schedlab: unknown command {cmd!r}; valid: simulate, compare, run, report, perfetto, list (see schedlab --help)")
+    fail(f"schedlab: unknown command {cmd!r}; valid: simulate, compare, run, report, perfetto, plan, list (see schedlab --help)")

@@ -1,0 +1,107 @@
+"""``schedlab plan``: the fastest configuration of a model on a cluster, with exports for torchtitan and Megatron-LM."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+
+from analysis.cli.common import OneLineParser, errors_to_exit, guarded, int_list, name_list, print_json
+from schedules.util import atomic_write, check_output_dir
+
+__all__ = ["plan_main"]
+
+
+def _parser(prog: str) -> OneLineParser:
+    p = OneLineParser(prog=prog, description="Search tp, pp, dp, schedule, chunks, microbatches, dp mode, "
+                      "recomputation and sequence parallelism for the fastest step; print the top K and export the winner.")
+    p.add_argument("--model", required=True, metavar="NAME", help="transformer preset, e.g. llama3-405b")
+    p.add_argument("--cluster", required=True, metavar="NAME:NODES", help="cluster preset, e.g. dgx-h100:64")
+    p.add_argument("--global-batch", type=int, required=True, metavar="B", help="sequences per step")
+    p.add_argument("--seq-len", type=int, metavar="S", help="sequence length (default: the model preset's)")
+    p.add_argument("--memory-limit", type=float, metavar="GB", help="memory per device (default: the device's)")
+    p.add_argument("--top", type=int, default=5, metavar="K", help="configurations to list (default 5)")
+    p.add_argument("--workers", type=int, metavar="N", help="processes (default: every core)")
+    p.add_argument("--schedules", default="all", metavar="A,B,...", help="schedules to try (default all)")
+    p.add_argument("--chunks", type=int_list, default=(2, 3, 4), metavar="V,...",
+                   help="stages per rank tried for multi-chunk schedules (default 2,3,4)")
+    p.add_argument("--microbatch-sizes", type=int_list, metavar="B,...",
+                   help="microbatch sizes tried (default: every divisor of the batch per replica)")
+    p.add_argument("--dp-modes", default="ddp,zero1,zero2,fsdp", metavar="A,B,...",
+                   help="data-parallel modes tried (default ddp,zero1,zero2,fsdp)")
+    p.add_argument("--out", default="out/plan", metavar="DIR",
+                   help="where the exports and the Pareto plot go (default out/plan/)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+@guarded
+def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") -> int:
+    p = _parser(prog)
+    args = p.parse_args(argv)
+    from analysis.exports import megatron_args, torchtitan_toml, write_schedule_csv
+    from analysis.plan_report import format_plan, plot_pareto, why_winner
+    from sim.cluster import cluster_preset
+    from sim.plan import plan
+    from sim.plan_space import PlanSpace
+    from sim.transformer import model_preset
+
+    with errors_to_exit(p):
+        model = model_preset(args.model)
+        if args.seq_len is not None:
+            model = dataclasses.replace(model, seq_len=args.seq_len)
+        space = PlanSpace(
+            model=model, cluster=cluster_preset(args.cluster), global_batch=args.global_batch,
+            memory_limit=None if args.memory_limit is None else args.memory_limit * 1e9,
+            schedules=None if args.schedules == "all" else tuple(name_list(args.schedules)),
+            chunks=tuple(args.chunks), microbatch_sizes=None if args.microbatch_sizes is None else tuple(args.microbatch_sizes),
+            dp_modes=tuple(name_list(args.dp_modes, [])))
+        out = check_output_dir(args.out, "output folder")
+        bar = None
+        if not args.no_progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=1, desc="plan", unit="config", file=sys.stderr, leave=False, mininterval=0.5)
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.n = done
+            bar.refresh()
+
+        try:
+            result = plan(space, top=args.top, workers=args.workers, progress=progress if bar is not None else None)
+        finally:
+            if bar is not None:
+                bar.close()
+        files = []
+        if result.top:
+            from sim.study import Study
+
+            win = result.top[0].config
+            study = Study(schedule=win.schedule, microbatches=win.microbatches, chunks=win.chunks,
+                          costs=_costs(space, win))
+            csv = write_schedule_csv(win, study, out / "schedule.csv")
+            toml_text = torchtitan_toml(win, model, args.global_batch, csv.resolve())
+            megatron = megatron_args(win, model, args.global_batch)
+            files = [csv, atomic_write(out / "torchtitan.toml", lambda tmp: tmp.write_text(toml_text), "torchtitan TOML"),
+                     atomic_write(out / "megatron.txt", lambda tmp: tmp.write_text(megatron), "Megatron-LM arguments")]
+        if result.entries:
+            files.append(plot_pareto(result, out / "pareto.png"))
+    if args.json:
+        print_json({**result.to_dict(), "files": [str(f) for f in files]})
+        return 0
+    print(format_plan(result))
+    if result.top:
+        print()
+        print(why_winner(result))
+        print(f"\ntorchtitan ({files[1]}):\n{toml_text}")
+        print(f"Megatron-LM ({files[2]}):\n{megatron}")
+    print("wrote " + ", ".join(str(f) for f in files) if files else "nothing written")
+    return 0
+
+
+def _costs(space, c):
+    from sim.plan_bounds import Bounds
+
+    return Bounds(space).costs(c)

@@ -1,0 +1,105 @@
+"""What a plan says: the top-K table, why the winner beats the runner-up, and the memory-against-throughput Pareto plot."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from schedules.util import atomic_write
+from sim.plan import PlanEntry, PlanResult
+
+__all__ = ["format_plan", "pareto_front", "plot_pareto", "why_winner"]
+
+GB = 1e9
+
+
+def format_plan(result: PlanResult) -> str:
+    """The summary line and the top-K table, fastest first."""
+    s = result.space
+    lines = [
+        f"plan: {s.model.name} (seq {s.model.seq_len}) on {s.cluster.name} ({s.devices} x {s.cluster.spec.name}), "
+        f"global batch {s.global_batch}, memory limit {s.capacity / GB:g} GB per device",
+        f"{result.candidates:,} candidates, {result.feasible:,} fit in memory, {result.simulated:,} simulated, "
+        f"{result.pruned_bound:,} dropped by the lower bound, in {result.seconds:.1f} s",
+        "",
+        f"{'#':>2} {'tp':>3} {'sp':>3} {'pp':>3} {'dp':>4} {'schedule':<17}{'v':>2} {'mb x b':>9} {'dp mode':<6} "
+        f"{'recomp':<9} {'step s':>8} {'tokens/s':>11} {'MFU':>6} {'mem GB':>7} {'bubble':>7} {'exp comm s':>10}",
+    ]
+    for i, e in enumerate(result.top, 1):
+        c = e.config
+        lines.append(
+            f"{i:>2} {c.tp:>3} {'on' if c.sp else '-':>3} {c.pp:>3} {c.dp:>4} {c.schedule:<17}{c.chunks:>2} "
+            f"{f'{c.microbatches}x{c.microbatch_size}':>9} {c.dp_mode:<6} {c.recompute:<9} {e.step_time:>8.3f} "
+            f"{e.tokens_per_s:>11,.0f} {e.mfu:>6.1%} {e.peak_memory_bytes / GB:>7.1f} {e.bubble_ratio:>7.1%} "
+            f"{e.exposed_comm:>10.4f}")
+    if not result.top:
+        lines.append("   (no configuration fits; raise the memory limit or add devices)")
+    return "\n".join(lines)
+
+
+def why_winner(result: PlanResult) -> str:
+    """The winner against the runner-up, in seconds per step: bubble, exposed communication, recomputation."""
+    if len(result.top) < 2:
+        return "only one configuration was simulated: nothing to compare"
+    a, b = result.top[0], result.top[1]
+    gap = b.step_time - a.step_time
+    rows = [("step time", a.step_time, b.step_time),
+            ("bubble (idle per rank)", a.bubble_time, b.bubble_time),
+            ("exposed communication", a.exposed_comm, b.exposed_comm),
+            ("recomputation (busiest rank)", a.recompute_time, b.recompute_time),
+            ("compute without recomputation", _compute(a), _compute(b))]
+    out = [f"why #1 beats #2 ({gap:.4f} s per step, {gap / b.step_time:.2%} of #2's step):",
+           f"  #1 {a.config.label()}", f"  #2 {b.config.label()}",
+           f"  {'':<32}{'#1 s':>10}{'#2 s':>10}{'#2 - #1':>10}"]
+    out += [f"  {name:<32}{x:>10.4f}{y:>10.4f}{y - x:>+10.4f}" for name, x, y in rows]
+    if gap == 0:
+        out.append("  a tie: the two differ only where the model sees no cost (e.g. how dp=1 is named, or v at pp=1)")
+    return "\n".join(out)
+
+
+def _compute(e: PlanEntry) -> float:
+    """Busy time per rank that is neither bubble nor recomputation (step - bubble - recompute)."""
+    return e.step_time - e.bubble_time - e.recompute_time
+
+
+def pareto_front(entries: list[PlanEntry] | tuple[PlanEntry, ...]) -> list[PlanEntry]:
+    """Simulated configurations no other beats on both memory (less) and throughput (more), by memory."""
+    front: list[PlanEntry] = []
+    best = -1.0
+    for e in sorted(entries, key=lambda e: (e.peak_memory_bytes, -e.tokens_per_s)):
+        if e.tokens_per_s > best:
+            front.append(e)
+            best = e.tokens_per_s
+    return front
+
+
+def plot_pareto(result: PlanResult, path: str | os.PathLike) -> Path:
+    """Peak memory per device against tokens/s for every simulated configuration; the front joined, the top K marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    entries = list(result.entries)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    ax.scatter([e.peak_memory_bytes / GB for e in entries], [e.tokens_per_s for e in entries], s=10, alpha=0.4,
+               label=f"simulated ({len(entries)})")
+    front = pareto_front(entries)
+    ax.plot([e.peak_memory_bytes / GB for e in front], [e.tokens_per_s for e in front], "-o", color="C1", ms=4,
+            label="Pareto front")
+    for i, e in enumerate(result.top[:5], 1):
+        ax.annotate(f"#{i}", (e.peak_memory_bytes / GB, e.tokens_per_s), textcoords="offset points", xytext=(4, 4))
+    ax.axvline(result.space.capacity / GB, color="gray", ls="--", lw=1, label="memory limit")
+    ax.set_xlabel("peak memory per device (GB)")
+    ax.set_ylabel("tokens / s")
+    ax.set_title(f"{result.space.model.name} on {result.space.cluster.name}: memory against throughput")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+
+    def save(tmp: Path) -> None:
+        fig.savefig(tmp, dpi=120, format="png")
+
+    try:
+        return atomic_write(path, save, "Pareto plot")
+    finally:
+        plt.close(fig)

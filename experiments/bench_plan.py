@@ -1,0 +1,95 @@
+"""Planner and lowering speed: candidates planned per second, and lower+validate tasks per second.
+
+    python experiments/bench_plan.py [--workers 2] [--json] [--skip-405b]
+
+Plan cases (``sim.plan.plan``, all cores unless --workers): Llama 3 405B on 64
+DGX H100 nodes (global batch 2048 x 8192 tokens, the issue's "done when"
+command) and GPT 1.5B on one node (batch 64), about 10,000 candidates each or
+more. Goal: 10,000 candidates in at most 60 s on 2 cores.
+
+Lowering: lower()+validate() of large graphs, the fast paths against the
+checked paths (the same code with the fast paths switched off, in the same
+run), median of --reps. Goal: >= 300,000 tasks/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import statistics
+import time
+from unittest import mock
+
+from schedules import build, check, lower, validate
+from schedules.lower import _GraphBuilder
+from sim.cluster import cluster_preset
+from sim.plan import plan
+from sim.plan_space import PlanSpace
+from sim.transformer import model_preset
+
+PLANS = [("llama3-405b", "dgx-h100:64", 2048, 8192), ("gpt-1.5b", "dgx-h100:1", 64, 1024)]
+GRAPHS = [("1f1b", 32, 256, 1), ("interleaved-1f1b", 32, 256, 2), ("zb-v", 16, 256, 2), ("dualpipe-v", 16, 256, 2)]
+
+
+def bench_plan(name: str, cluster: str, batch: int, seq: int, workers: int | None) -> dict:
+    space = PlanSpace(model=dataclasses.replace(model_preset(name), seq_len=seq), cluster=cluster_preset(cluster),
+                      global_batch=batch)
+    t0 = time.perf_counter()
+    r = plan(space, top=5, workers=workers)
+    wall = time.perf_counter() - t0
+    best = r.top[0]
+    return {"model": name, "cluster": cluster, "global_batch": batch, "seq_len": seq, "candidates": r.candidates,
+            "feasible": r.feasible, "simulated": r.simulated, "seconds": wall, "candidates_per_s": r.candidates / wall,
+            "best": best.config.label(), "best_step_time": best.step_time, "best_mfu": best.mfu}
+
+
+def _lower_validate(sched) -> int:
+    return len(validate(lower(sched)))
+
+
+def bench_lower(name: str, pp: int, m: int, v: int, reps: int) -> dict:
+    sched = build(name, pp=pp, microbatches=m, chunks=v)
+    fast, slow = [], []
+    for _ in range(reps):  # alternate, so a passing load hits both alike
+        t0 = time.perf_counter()
+        n = _lower_validate(sched)
+        fast.append(time.perf_counter() - t0)
+        with mock.patch.object(check, "_valid_fast", lambda s: False), \
+             mock.patch.object(_GraphBuilder, "_build_fast", lambda self: None):
+            t0 = time.perf_counter()
+            _lower_validate(sched)
+            slow.append(time.perf_counter() - t0)
+    f, s = statistics.median(fast), statistics.median(slow)
+    return {"schedule": name, "pp": pp, "microbatches": m, "chunks": v, "tasks": n, "fast_s": f, "checked_s": s,
+            "fast_tasks_per_s": n / f, "checked_tasks_per_s": n / s, "speedup": s / f}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--skip-405b", action="store_true")
+    args = ap.parse_args()
+    lowering = [bench_lower(*g, args.reps) for g in GRAPHS]
+    plans = [bench_plan(*p, args.workers) for p in PLANS if not (args.skip_405b and p[0] == "llama3-405b")]
+    if args.json:
+        print(json.dumps({"machine": platform.platform(), "python": platform.python_version(), "lowering": lowering,
+                          "plans": plans}))
+        return
+    print(f"{'schedule':<18}{'p':>4}{'m':>5}{'v':>3}{'tasks':>9}{'fast tasks/s':>14}{'checked tasks/s':>17}{'speedup':>9}")
+    for r in lowering:
+        print(f"{r['schedule']:<18}{r['pp']:>4}{r['microbatches']:>5}{r['chunks']:>3}{r['tasks']:>9,}"
+              f"{r['fast_tasks_per_s']:>14,.0f}{r['checked_tasks_per_s']:>17,.0f}{r['speedup']:>9.2f}")
+    print()
+    for r in plans:
+        print(f"{r['model']} on {r['cluster']} (batch {r['global_batch']} x {r['seq_len']}): {r['candidates']:,} "
+              f"candidates, {r['feasible']:,} fit, {r['simulated']} simulated in {r['seconds']:.1f} s "
+              f"({r['candidates_per_s']:,.0f} candidates/s); best {r['best']}: {r['best_step_time']:.3f} s, "
+              f"MFU {r['best_mfu']:.1%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,365 @@
+"""The planner: the fastest configurations of a model on a cluster, searched in simulation.
+
+    >>> from sim.plan import plan
+    >>> from sim.plan_space import PlanSpace
+    >>> result = plan(PlanSpace(model=..., cluster=..., global_batch=2048), top=5, workers=2)  # doctest: +SKIP
+    >>> result.top[0].config, result.top[0].step_time                                           # doctest: +SKIP
+
+1. Enumerate every valid configuration (:mod:`sim.plan_space`).
+2. Memory, first bound: drop those whose model states plus one microbatch
+   already overflow (``Bounds.memory_floor``).
+3. Branch and bound: take the rest in order of the lower bound
+   (:meth:`Bounds.lower_bound`). A configuration's exact memory needs its
+   schedule's activation rows (:func:`memory_rows`), learnt the first time a
+   worker builds that (schedule, pp, m, v) and kept; one that does not fit is
+   dropped, one that fits is simulated. Once the next bound exceeds the K-th
+   best step time found, no remaining configuration can enter the top K, so
+   they are dropped: the top K is exactly what simulating everything would
+   give. Of those dropped by the bound, the memory is counted where the rows
+   are known; the others are reported as ``memory_unchecked`` (their states
+   plus one microbatch fit; building every schedule just to count them would
+   cost more than the search).
+4. A lowered, validated graph is shared by every configuration with the same
+   (schedule, pp, microbatches, chunks, dp mode, buckets): only the costs differ.
+   Work goes to ``workers`` processes in groups that share one graph.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import multiprocessing
+import os
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from schedules import Schedule, TaskGraph, build, validate
+from schedules.dp import add_data_parallel
+from schedules.errors import check_positive_ints
+from schedules.registry import lookup
+from sim.engine import simulate
+from sim.plan_bounds import Bounds, MemoryRows, memory_rows, small_m
+from sim.plan_space import PlanConfig, PlanSpace, enumerate_configs
+from sim.study import Study, StudyResult, exposed_comm
+
+__all__ = ["PlanEntry", "PlanResult", "plan"]
+
+log = logging.getLogger(__name__)
+
+_SLACK = 1e-9  # the bound and the simulation sum the same times in different orders
+
+
+@dataclass(frozen=True, slots=True)
+class PlanEntry:
+    """A simulated configuration: the figures of the top-K table and what explains them."""
+
+    config: PlanConfig
+    step_time: float
+    tokens_per_s: float
+    mfu: float
+    peak_memory_bytes: float
+    bubble_ratio: float
+    exposed_comm: float
+    recompute_time: float
+    lower_bound: float
+
+    @property
+    def bubble_time(self) -> float:
+        """Idle compute time per rank, averaged: bubble ratio x step time."""
+        return self.bubble_ratio * self.step_time
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"config": self.config.to_dict(), "step_time": self.step_time, "tokens_per_s": self.tokens_per_s,
+                "mfu": self.mfu, "peak_memory_bytes": self.peak_memory_bytes, "bubble_ratio": self.bubble_ratio,
+                "bubble_time": self.bubble_time, "exposed_comm": self.exposed_comm,
+                "recompute_time": self.recompute_time, "lower_bound": self.lower_bound}
+
+
+@dataclass(frozen=True, eq=False)
+class PlanResult:
+    space: PlanSpace
+    candidates: int
+    feasible: int
+    simulated: int
+    pruned_memory: int
+    pruned_bound: int
+    memory_unchecked: int  # dropped by the bound before their schedule's activation peak was known
+    seconds: float
+    top: tuple[PlanEntry, ...]
+    entries: tuple[PlanEntry, ...] = field(repr=False)  # every simulated configuration, fastest first
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"candidates": self.candidates, "feasible": self.feasible, "simulated": self.simulated,
+                "seconds": self.seconds, "top": [e.to_dict() for e in self.top],
+                "pruned_memory": self.pruned_memory, "pruned_bound": self.pruned_bound,
+                "memory_unchecked": self.memory_unchecked}
+
+
+# ------------------------------------------------------------------------------------------------ worker side
+_STATE: dict[str, Any] = {}
+_GRAPH_CACHE = 3  # lowered graphs kept per process (a 100k-task graph is ~60 MB)
+
+
+def _init(space: PlanSpace) -> None:
+    _STATE.clear()
+    _STATE.update(space=space, bounds=Bounds(space), schedules=OrderedDict(), pipelines=OrderedDict(),
+                  graphs=OrderedDict())
+
+
+def _cached(cache: OrderedDict, key: Any, make: Callable[[], Any]) -> Any:
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    value = cache[key] = make()
+    while len(cache) > _GRAPH_CACHE:
+        cache.popitem(last=False)
+    return value
+
+
+def _adaptive(name: str) -> bool:
+    found = lookup(name)
+    return found is not None and found.adaptive
+
+
+def _study(c: PlanConfig) -> Study:
+    return Study(schedule=c.schedule, microbatches=c.microbatches, costs=_STATE["bounds"].costs(c), chunks=c.chunks)
+
+
+def _schedule(study: Study) -> Schedule:
+    params = study.pipeline()
+    return _cached(_STATE["schedules"], (study.schedule, params), lambda: build(study.schedule, params))
+
+
+def _graph(study: Study) -> TaskGraph:
+    sched = _schedule(study)
+    pipe = _cached(_STATE["pipelines"], (study.schedule, study.pipeline()), lambda: validate(sched))
+    buckets = tuple(study.costs.buckets(sched.num_stages))
+    mode = study.parallel.dp_mode
+    key = (study.schedule, study.pipeline(), mode, buckets)
+
+    def make() -> TaskGraph:
+        return pipe if mode == "none" else validate(add_data_parallel(pipe, mode, buckets))
+
+    return _cached(_STATE["graphs"], key, make)
+
+
+def _row_key(c: PlanConfig) -> tuple:
+    """What a schedule's activation rows depend on: its shape, and for an adaptive one the pass times too."""
+    key = (c.schedule, c.pp, c.microbatches, c.chunks)
+    return (*key, c.tp, c.sp, c.recompute) if _adaptive(c.schedule) else key
+
+
+def _group_key(c: PlanConfig) -> tuple:
+    """Configurations that share one lowered graph (the buckets follow from tp)."""
+    return (*_row_key(c), c.dp_mode, c.tp)
+
+
+def _simulate_job(configs: Sequence[PlanConfig], lower: Sequence[float], rows: MemoryRows | None
+                  ) -> tuple[MemoryRows, list[tuple[PlanConfig, PlanEntry | None]]]:
+    """Simulate each configuration that fits (one shared graph); None for one that does not fit in memory."""
+    space, bounds = _STATE["space"], _STATE["bounds"]
+    if rows is None:
+        rows = memory_rows(_schedule(_study(configs[0])))
+    out: list[tuple[PlanConfig, PlanEntry | None]] = []
+    for c, lb in zip(configs, lower, strict=True):
+        if bounds.memory(c, rows) > space.capacity:
+            out.append((c, None))
+            continue
+        study = _study(c)
+        result = StudyResult(study, simulate(_graph(study), study.costs, check=False))
+        step = result.step_time
+        out.append((c, PlanEntry(
+            config=c, step_time=step, tokens_per_s=result.tokens_per_step / step, mfu=result.mfu,
+            peak_memory_bytes=max(d.memory_bytes for d in result.devices()), bubble_ratio=result.sim.bubble_ratio,
+            exposed_comm=max(exposed_comm(result.sim), default=0.0), recompute_time=bounds.recompute_time(c),
+            lower_bound=lb)))
+    return rows, out
+
+
+# ------------------------------------------------------------------------------------------------ the search
+class _Inline:
+    """The executor interface, run in this process (workers=1: no pool, same results)."""
+
+    def submit(self, fn: Callable, *args: Any) -> Future:
+        fut: Future = Future()
+        fut.set_result(fn(*args))
+        return fut
+
+    def shutdown(self) -> None:
+        pass
+
+
+def _executor(space: PlanSpace, workers: int) -> Any:
+    _init(space)
+    if workers <= 1:
+        return _Inline()
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
+                               initializer=_init, initargs=(space,))
+
+
+def plan(space: PlanSpace, *, top: int = 5, workers: int | None = None,
+         progress: Callable[[int, int], None] | None = None) -> PlanResult:
+    """Search ``space``; the ``top`` fastest simulated configurations, exactly.
+
+    ``workers``: processes (None: every core); ``progress(done, total)`` is
+    called as candidates are settled (dropped or simulated).
+    """
+    check_positive_ints("plan", top=top)
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    check_positive_ints("plan", workers=workers)
+    t0 = time.perf_counter()
+    search = _Search(space, top, workers, progress)
+    configs = list(enumerate_configs(space))
+    search.total = len(configs)
+    floor_ok = [c for c in configs if search.bounds.memory_floor(c) <= space.capacity]
+    search.settle(len(configs) - len(floor_ok), memory=len(configs) - len(floor_ok))
+    log.info("plan: %d candidates, %d pass the memory floor (%.1f s)", len(configs), len(floor_ok),
+             time.perf_counter() - t0)
+    pool = _executor(space, workers)
+    try:
+        search.run(pool, floor_ok)
+    finally:
+        pool.shutdown()
+    done = sorted((e for e in search.entries if e is not None), key=lambda e: (e.step_time, e.config))
+    return PlanResult(space=space, candidates=len(configs), feasible=len(configs) - search.pruned_memory - search.unchecked,
+                      simulated=len(done), pruned_memory=search.pruned_memory, pruned_bound=search.pruned_bound,
+                      memory_unchecked=search.unchecked, seconds=time.perf_counter() - t0, top=tuple(done[:top]),
+                      entries=tuple(done))
+
+
+class _Search:
+    """Branch and bound in lower-bound order, with activation rows learnt from the workers as shapes are built."""
+
+    WINDOW, GROUP = 512, 8  # how far ahead to look for configurations sharing a graph; at most this many per job
+
+    def __init__(self, space: PlanSpace, top: int, workers: int, progress: Callable[[int, int], None] | None) -> None:
+        self.space, self.top, self.workers, self.progress = space, top, workers, progress
+        self.bounds = Bounds(space)
+        self.total = self.settled = 0
+        self.pruned_memory = self.pruned_bound = self.unchecked = 0
+        self.rows: dict[tuple, MemoryRows] = {}
+        self.floor_rows: dict[tuple, MemoryRows | None] = {}
+        self.fit: dict[PlanConfig, bool] = {}
+        self.floor_checked: set[PlanConfig] = set()
+        self.best: list[float] = []  # max-heap (negated) of the top step times found
+        self.entries: list[PlanEntry | None] = []
+
+    def settle(self, n: int, memory: int = 0) -> None:
+        self.settled += n
+        self.pruned_memory += memory
+        if self.progress is not None and n:
+            self.progress(self.settled, self.total)
+
+    def kth(self) -> float:
+        return -self.best[0] if len(self.best) >= self.top else float("inf")
+
+    def fits(self, c: PlanConfig) -> bool | None:
+        """True or False when the schedule's rows are known; else False if the rows of a smaller m already
+        overflow (schedules whose rows grow with m), None if still unknown."""
+        known = self.fit.get(c)
+        if known is not None:
+            return known
+        rows = self.rows.get(_row_key(c))
+        if rows is not None:
+            known = self.fit[c] = self.bounds.memory(c, rows) <= self.space.capacity
+            return known
+        if c in self.floor_checked:
+            return None
+        self.floor_checked.add(c)
+        small = self.small_rows(c)
+        if small is not None and self.bounds.memory(c, small) > self.space.capacity:
+            self.fit[c] = False
+            return False
+        return None
+
+    def small_rows(self, c: PlanConfig) -> MemoryRows | None:
+        key = (c.schedule, c.pp, c.microbatches, c.chunks)
+        if key not in self.floor_rows:
+            m = small_m(c.schedule, c.pp, c.microbatches, c.chunks)
+            if m is None:
+                self.floor_rows[key] = None
+            else:
+                skey = (c.schedule, c.pp, m, c.chunks)
+                if skey not in self.floor_rows:
+                    self.floor_rows[skey] = memory_rows(build(c.schedule, pp=c.pp, microbatches=m, chunks=c.chunks))
+                self.floor_rows[key] = self.floor_rows[skey]
+        return self.floor_rows[key]
+
+    def record(self, key: tuple, rows: MemoryRows, results: list[tuple[PlanConfig, PlanEntry | None]]) -> None:
+        self.rows[key] = rows
+        for _, e in results:
+            self.entries.append(e)
+            if e is None:
+                continue
+            heapq.heappush(self.best, -e.step_time)
+            if len(self.best) > self.top:
+                heapq.heappop(self.best)
+        self.settle(len(results), memory=sum(1 for _, e in results if e is None))
+
+    def run(self, pool: Any, configs: list[PlanConfig]) -> None:
+        lb = {c: self.bounds.lower_bound(c) for c in configs}
+        order = sorted(configs, key=lambda c: (lb[c], c))
+        gkeys = [_group_key(c) for c in order]
+        taken = [False] * len(order)
+        inflight: dict[Future, tuple] = {}
+        pending: set[tuple] = set()  # row keys being built by a worker
+        first = 0
+        while True:
+            pos = first
+            while pos < len(order) and len(inflight) < 2 * self.workers:
+                if taken[pos]:
+                    if pos == first:
+                        first += 1
+                    pos += 1
+                    continue
+                c = order[pos]
+                if lb[c] > self.kth() * (1 + _SLACK):
+                    break
+                key = _row_key(c)
+                if key in pending:  # its rows are on their way: come back to it
+                    pos += 1
+                    continue
+                fit = self.fits(c)
+                if fit is False:
+                    taken[pos] = True
+                    self.settle(1, memory=1)
+                    continue
+                group = [pos]
+                gkey = gkeys[pos]
+                for j in range(pos + 1, min(len(order), pos + self.WINDOW)):
+                    if len(group) >= self.GROUP or lb[order[j]] > self.kth() * (1 + _SLACK):
+                        break
+                    if not taken[j] and gkeys[j] == gkey and self.fits(order[j]) is not False:
+                        group.append(j)
+                for j in group:
+                    taken[j] = True
+                chosen = [order[j] for j in group]
+                if fit is None:
+                    pending.add(key)
+                fut = pool.submit(_simulate_job, chosen, [lb[x] for x in chosen], self.rows.get(key))
+                inflight[fut] = key
+            if not inflight:
+                break
+            done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
+            for fut in done:
+                key = inflight.pop(fut)
+                pending.discard(key)
+                rows, results = fut.result()
+                self.record(key, rows, results)
+                log.debug("plan: %s: %d simulated, %d do not fit; k-th best %.4g s", key,
+                          sum(1 for _, e in results if e is not None), sum(1 for _, e in results if e is None),
+                          self.kth())
+        rest = [order[j] for j in range(len(order)) if not taken[j]]
+        for c in rest:  # dropped by the bound: count the memory where it is known
+            fit = self.fits(c)
+            if fit is None:
+                self.unchecked += 1
+            elif not fit:
+                self.pruned_memory += 1
+        self.pruned_bound = sum(1 for c in rest if self.fits(c) is not False)
+        self.settle(len(rest))

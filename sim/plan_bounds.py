@@ -1,0 +1,374 @@
+"""What the planner knows about a configuration before simulating it: memory per device and a lower bound on the step.
+
+Both use the cost model's own per-stage figures (:class:`TransformerCosts`'
+``time_of``, ``params_of``, ``activations_of``, ``optim_time``, bucket sizes and
+dp-group collectives), so they agree with what the simulation would charge.
+
+**Memory** (exact, the simulation's own accounting): per pipeline rank, model
+states (ZeRO, :func:`sim.memory.model_state_bytes`) + FSDP's gathered weights +
+the activation peak. The engine's peak walks the rank's compute program: a pass
+holds its bytes from its start, B frees them, I all but the fraction ``mw`` that
+W still needs, W the rest. Only positions with a forward can be a maximum, so
+:func:`memory_rows` keeps, per rank, the count vectors (P, Q) at each forward:
+held = sum_s a_s (P_s + mw Q_s), P = forwards so far less backwards (B or I)
+before, Q = I before less W before; dominated rows are dropped.
+
+**Lower bound** on the step time, valid for every schedule (a rank's compute
+stream is serial, messages and collectives take at least their alpha-beta time,
+waiting only adds): for rank r with stages S_r,
+
+* head_r: no pass of r starts before the forward of microbatch 0 reached its
+  lowest stage: sum over earlier stages of F_s plus each cross-rank message;
+* busy_r = m * sum_{s in S_r} (F_s + I_s + W_s) (B = I + W; overlapped pairs at
+  ``pair_overlap`` 0 cost the sum);
+* after r's last pass (a B or W, a gradient producer): its optimizer steps, and
+  before the step of that stage its last gradient bucket's collective (ready at
+  the pass's end), and with zero1/zero2 the all-gathers of the stage's buckets after
+  its optimizer step (one port, serial): dp_tail_r = max(sum of optim,
+  max_s(optim_s + ag_s), min_s(c_s + optim_s + ag_s));
+* with full backwards only (no I/W split), r's last pass is a B of a stage
+  >= min S_r, and the input gradient still has to run back through every lower
+  stage: tail_r = sum_{s < min S_r} (B_s + message), then stage 0's rank's dp tail.
+
+LB = max_r max(head_r + busy_r + dp_tail_r, head_r + busy_r + tail_r + dp_tail_{rank of stage 0}).
+For uniform stages and no communication this is the closed-form bubble of
+GPipe, 1F1B and interleaved 1F1B ((p-1)(tf+tb+tw)/v) exactly; for the I/W
+schedules it keeps only the warm-up (p-1) tf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+from schedules import Action, Kind, Schedule, ScheduleError, build
+from schedules.errors import ConfigError
+from sim.memory import model_state_bytes
+from sim.parallel import ParallelConfig
+from sim.plan_space import PlanConfig, PlanSpace, shape_ok
+from sim.transformer import partition_layers
+from sim.transformer_costs import TransformerCosts
+
+__all__ = ["Bounds", "MemoryRows", "memory_rows", "peak_activations"]
+
+_F, _I, _W, _B = Kind.F, Kind.I, Kind.W, Kind.B
+#: Per rank: the (P, Q) count vectors over the rank's stages (in stage order) at every forward, Pareto-maximal.
+MemoryRows = tuple[tuple[tuple[tuple[int, ...], tuple[int, ...]], ...], ...]
+
+
+def _pareto(rows: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    """Rows not dominated componentwise by another (held is a nonnegative combination of the components)."""
+    kept: list[tuple[int, ...]] = []
+    for row in sorted(rows, key=lambda r: (-sum(r), r)):
+        if not any(all(k >= x for k, x in zip(other, row, strict=True)) for other in kept):
+            kept.append(row)
+    return kept
+
+
+def _one_stage_rows(prog: Sequence[Action]) -> set[tuple[int, ...]] | None:
+    """:func:`memory_rows` of a rank with one stage, on plain counters; None if it has an overlapped pair."""
+    f = gone = pending = 0
+    rows = set()
+    for a in prog:
+        k = a.kind
+        if k is _F:
+            f += 1
+            rows.add((f - gone, pending))
+        elif k is _B:
+            gone += 1
+        elif k is _I:
+            gone += 1
+            pending += 1
+        elif k is _W:
+            pending -= 1
+        else:
+            return None
+    return rows
+
+
+def _rows(prog: Sequence[Action], stages: Sequence[int]) -> set[tuple[int, ...]]:
+    local = {s: i for i, s in enumerate(stages)}
+    v = len(stages)
+    f = [0] * v
+    gone = [0] * v  # B or I done
+    pending = [0] * v  # I done, W not yet
+    rows: set[tuple[int, ...]] = set()
+    for action in prog:
+        parts = action.parts()
+        has_f = False
+        for a in parts:
+            if a.kind is _F:
+                f[local[a.stage]] += 1
+                has_f = True
+        if has_f:
+            rows.add(tuple(f[i] - gone[i] for i in range(v)) + tuple(pending))
+        for a in parts:
+            i = local[a.stage]
+            if a.kind is _B:
+                gone[i] += 1
+            elif a.kind is _I:
+                gone[i] += 1
+                pending[i] += 1
+            elif a.kind is _W:
+                pending[i] -= 1
+            elif a.kind is not _F:
+                raise ConfigError(f"plan: action {a} of kind {a.kind.value}: the planner's memory rows know F, I, W "
+                                  "and B only (a schedule with R actions is not planned)", field="schedule")
+    return rows
+
+
+def memory_rows(schedule: Schedule) -> MemoryRows:
+    """The activation count vectors of every rank at each position that can be its peak (see the module doc)."""
+    out = []
+    for rank, prog in enumerate(schedule.programs):
+        stages = schedule.stages_of(rank)
+        rows = _one_stage_rows(prog) if len(stages) == 1 else None
+        if rows is None:
+            rows = _rows(prog, stages)
+        v = len(stages)
+        out.append(tuple((r[:v], r[v:]) for r in _pareto(rows)))
+    return tuple(out)
+
+
+def peak_activations(rows: MemoryRows, sizes: Sequence[Sequence[float]], mw: float) -> list[float]:
+    """Per rank: the largest sum_s a_s (P_s + mw Q_s) over its rows; ``sizes[r]`` = bytes of each of its stages."""
+    peaks = []
+    for rank_rows, a in zip(rows, sizes, strict=True):
+        best = 0.0
+        for p, q in rank_rows:
+            held = sum(x * (pi + mw * qi) for x, pi, qi in zip(a, p, q, strict=True))
+            if held > best:
+                best = held
+        peaks.append(best)
+    return peaks
+
+
+#: Schedules whose activation rows only grow with m (every row at m' <= m is dominated by a row at m), checked
+#: by tests/test_plan.py over a grid: for them the rows at a small m' give a memory floor without building m.
+MONOTONE_IN_M = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "interleaved-zb", "zb-v",
+                           "dualpipe-v", "zb-h2"})
+
+
+def small_m(name: str, pp: int, m: int, v: int) -> int | None:
+    """The m' <= m whose rows bound those at m from below, cheap to build: min(m, 2 pp), valid for the schedule."""
+    if name not in MONOTONE_IN_M:
+        return None
+    return next((k for k in range(min(m, 2 * pp), 0, -1) if shape_ok(name, pp, k, v)), None)
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeInfo:
+    """What a schedule's shape fixes regardless of m: the placement, each rank's stages, whether every backward is a B."""
+
+    placement: tuple[int, ...]
+    rank_stages: tuple[tuple[int, ...], ...]
+    full_backward: bool
+
+
+@lru_cache(maxsize=4096)
+def shape_info(name: str, pp: int, v: int) -> ShapeInfo:
+    """From the smallest instance the schedule takes (m = 1, else pp, else 2 pp): the placement is m-independent."""
+    for m in (1, pp, 2 * pp):
+        try:
+            sched = build(name, pp=pp, microbatches=m, chunks=v)
+            break
+        except ScheduleError:
+            if m == 2 * pp:
+                raise
+    full = all(a.kind in (Kind.F, Kind.B) for prog in sched.programs for a in prog)
+    return ShapeInfo(sched.stage_to_rank, tuple(sched.stages_of(r) for r in range(pp)), full)
+
+
+@dataclass(frozen=True, slots=True)
+class _Stages:
+    """Per stage of one split under one (tp, sp, b, recompute): pass times, parameters, activation bytes."""
+
+    f: tuple[float, ...]
+    i: tuple[float, ...]
+    w: tuple[float, ...]
+    params: tuple[float, ...]
+    act: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Ranks:
+    """Per rank of one placement: the figures the bound and the memory need, summed over its stages."""
+
+    work: tuple[float, ...]  # F + I + W of one microbatch over the rank's stages
+    params: tuple[float, ...]
+    gather: tuple[float, ...]  # FSDP: twice the largest stage's parameters
+    act_min: tuple[float, ...]
+    sizes: tuple[tuple[float, ...], ...]  # activation bytes of each of the rank's stages
+    recompute: tuple[float, ...]  # seconds of recomputation per microbatch
+
+
+class Bounds:
+    """Memory and step-time lower bounds of configurations of one :class:`PlanSpace`, with the shared pieces cached.
+
+    Everything that does not depend on the microbatch count or the schedule's
+    order is computed once per (tp, sp, b, recompute, stages, placement, dp).
+    """
+
+    def __init__(self, space: PlanSpace) -> None:
+        self.space = space
+        self._unit: dict[tuple, TransformerCosts] = {}
+        self._full: dict[PlanConfig, TransformerCosts] = {}
+        self._stages: dict[tuple, _Stages] = {}
+        self._ranks: dict[tuple, _Ranks] = {}
+        self._paths: dict[tuple, tuple] = {}
+        self._dp: dict[tuple, tuple[float, ...]] = {}
+        self._states: dict[tuple, tuple[float, ...]] = {}
+
+    # --- cost models ------------------------------------------------------------------------------------
+    def unit_costs(self, tp: int, sp: bool, b: int, recompute: str) -> TransformerCosts:
+        """Pass times and activations depend only on (tp, sp, b, recompute): one model per combination."""
+        key = (tp, sp, b, recompute)
+        c = self._unit.get(key)
+        if c is None:
+            s = self.space
+            c = self._unit[key] = TransformerCosts(
+                model=s.model, cluster=s.cluster, parallel=ParallelConfig(pp=1, tp=tp, sp=sp),
+                microbatch_size=b, recompute=recompute)
+        return c
+
+    def costs(self, c: PlanConfig) -> TransformerCosts:
+        """The configuration's full cost model (what the simulation runs under)."""
+        key = c._replace(schedule="", chunks=0, microbatches=0)
+        found = self._full.get(key)
+        if found is None:
+            s = self.space
+            found = self._full[key] = TransformerCosts(
+                model=s.model, cluster=s.cluster,
+                parallel=ParallelConfig(pp=c.pp, dp=c.dp, tp=c.tp, sp=c.sp, dp_mode=c.dp_mode,
+                                        bucket_mb=s.bucket_for(c.tp)),
+                microbatch_size=c.microbatch_size, recompute=c.recompute)
+        return found
+
+    def _stage_figs(self, tp: int, sp: bool, b: int, rc: str, n: int) -> _Stages:
+        key = (tp, sp, b, rc, n)
+        found = self._stages.get(key)
+        if found is None:
+            unit = self.unit_costs(tp, sp, b, rc)
+            split = partition_layers(self.space.model.layers, n)
+            memo: dict[tuple, tuple] = {}
+            cols = []
+            for s, layers in enumerate(split):
+                k = (layers, s == 0, s == n - 1)
+                if k not in memo:
+                    memo[k] = (*(unit.time_of(kind, *k) for kind in (Kind.F, Kind.I, Kind.W)),
+                               unit.params_of(*k, n > 1), unit.activations_of(layers, k[2]))
+                cols.append(memo[k])
+            found = self._stages[key] = _Stages(*(tuple(col) for col in zip(*cols, strict=True)))
+        return found
+
+    def _rank_figs(self, c: PlanConfig) -> tuple[ShapeInfo, _Ranks]:
+        info = shape_info(c.schedule, c.pp, c.chunks)
+        key = (c.tp, c.sp, c.microbatch_size, c.recompute, info.placement)
+        found = self._ranks.get(key)
+        if found is None:
+            n = len(info.placement)
+            st = self._stage_figs(c.tp, c.sp, c.microbatch_size, c.recompute, n)
+            plain = st if c.recompute == "none" else self._stage_figs(c.tp, c.sp, c.microbatch_size, "none", n)
+            cols = []
+            for stages in info.rank_stages:
+                params = [st.params[s] for s in stages]
+                sizes = tuple(st.act[s] for s in stages)
+                cols.append((sum(st.f[s] + st.i[s] + st.w[s] for s in stages), sum(params), 2 * max(params),
+                             min(sizes), sizes, sum(st.i[s] - plain.i[s] for s in stages)))
+            found = self._ranks[key] = _Ranks(*(tuple(col) for col in zip(*cols, strict=True)))
+        return info, found
+
+    # --- memory -----------------------------------------------------------------------------------------
+    def states(self, c: PlanConfig) -> tuple[float, ...]:
+        """Per pipeline rank: model states plus FSDP's gathered weights (bytes), without activations."""
+        info, ranks = self._rank_figs(c)
+        key = (c.tp, info.placement, c.dp_mode, c.dp)
+        found = self._states.get(key)
+        if found is None:
+            fsdp = c.dp_mode in ("zero3", "fsdp")
+            found = self._states[key] = tuple(model_state_bytes(p, c.dp_mode, c.dp) + (g if fsdp else 0.0)
+                                              for p, g in zip(ranks.params, ranks.gather, strict=True))
+        return found
+
+    def stage_sizes(self, c: PlanConfig) -> tuple[tuple[float, ...], ...]:
+        """Per rank: activation bytes of each of its stages (in stage order, as in :func:`memory_rows`)."""
+        return self._rank_figs(c)[1].sizes
+
+    def memory_floor(self, c: PlanConfig) -> float:
+        """A lower bound on the largest device's memory: states plus one microbatch of its smallest stage."""
+        ranks = self._rank_figs(c)[1]
+        return max(st + a for st, a in zip(self.states(c), ranks.act_min, strict=True))
+
+    def memory_ceiling(self, c: PlanConfig) -> float:
+        """An upper bound: states plus every microbatch of every stage of the rank in flight at once."""
+        ranks = self._rank_figs(c)[1]
+        return max(st + c.microbatches * sum(a) for st, a in zip(self.states(c), ranks.sizes, strict=True))
+
+    def memory(self, c: PlanConfig, rows: MemoryRows) -> float:
+        """The largest device's memory (bytes) with the schedule's activation rows."""
+        mw = self.space.model.w_held_fraction(c.recompute)
+        act = peak_activations(rows, self.stage_sizes(c), mw)
+        return max(st + a for st, a in zip(self.states(c), act, strict=True))
+
+    # --- the lower bound ----------------------------------------------------------------------------------
+    def _dp_tails(self, c: PlanConfig, info: ShapeInfo) -> tuple[float, ...]:
+        key = (c.tp, c.pp, c.dp, c.dp_mode, info.placement)  # optimizer steps and buckets: not b, sp or recompute
+        found = self._dp.get(key)
+        if found is not None:
+            return found
+        costs, n = self.costs(c), len(info.placement)
+        tails = []
+        for r, stages in enumerate(info.rank_stages):
+            optim = [costs.optim_time(s, n) for s in stages]
+            if c.dp <= 1:
+                tails.append(sum(optim))
+                continue
+            group = costs.group(r)
+            last, extra = [], []
+            for s in stages:
+                buckets = costs.bucket_sizes(s, n)
+                last.append(group.allreduce(buckets[-1]) if c.dp_mode == "ddp" else group.gather(buckets[-1]))
+                # the all-gathers after the step: every bucket but the last is full-size
+                extra.append((len(buckets) - 1) * group.gather(buckets[0]) + group.gather(buckets[-1])
+                             if c.dp_mode in ("zero1", "zero2") else 0.0)
+            tails.append(max(sum(optim), max(o + e for o, e in zip(optim, extra, strict=True)),
+                             min(x + o + e for x, o, e in zip(last, optim, extra, strict=True))))
+        found = self._dp[key] = tuple(tails)
+        return found
+
+    def _chains(self, c: PlanConfig, info: ShapeInfo) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Per rank: the forward chain before its lowest stage (head) and the input-gradient chain below it (back)."""
+        key = (c.tp, c.sp, c.microbatch_size, c.recompute, c.dp, info.placement)
+        found = self._paths.get(key)
+        if found is not None:
+            return found
+        placement, n = info.placement, len(info.placement)
+        st = self._stage_figs(c.tp, c.sp, c.microbatch_size, c.recompute, n)
+        costs = self.costs(c)
+        p, nbytes = costs.parallel, self.space.model.boundary_bytes(c.microbatch_size) / c.tp
+        head, back = [0.0] * n, [0.0] * n
+        for s in range(1, n):
+            a, b = placement[s - 1], placement[s]
+            hop = 0.0 if a == b else costs.cluster.link_between(p.device(a), p.device(b)).time(nbytes)
+            head[s] = head[s - 1] + st.f[s - 1] + hop
+            back[s] = back[s - 1] + st.i[s - 1] + st.w[s - 1] + hop
+        lows = [min(stages) for stages in info.rank_stages]
+        found = self._paths[key] = (tuple(head[s] for s in lows), tuple(back[s] for s in lows))
+        return found
+
+    def lower_bound(self, c: PlanConfig) -> float:
+        """A step time no simulation of ``c`` can beat (see the module docstring)."""
+        info, ranks = self._rank_figs(c)
+        tails = self._dp_tails(c, info)
+        head, back = self._chains(c, info)
+        m = c.microbatches
+        best = max(h + m * w + t for h, w, t in zip(head, ranks.work, tails, strict=True))
+        if info.full_backward:
+            t0 = tails[info.placement[0]]
+            best = max(best, max(h + m * w + b + t0 for h, w, b in zip(head, ranks.work, back, strict=True)))
+        return best
+
+    def recompute_time(self, c: PlanConfig) -> float:
+        """Seconds per step the busiest rank spends recomputing (I with recomputation less I without)."""
+        return c.microbatches * max(self._rank_figs(c)[1].recompute)

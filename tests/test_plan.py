@@ -1,0 +1,311 @@
+"""schedlab plan: enumeration against brute force, pruning against full simulation, bounds, memory, exports, CLI."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from analysis.exports import TORCH_SCHEDULE_CLASS, megatron_args, torchtitan_toml, write_schedule_csv
+from schedules import (
+    ConfigError,
+    ScheduleError,
+    build,
+    find_cycle,
+    graph_from_programs,
+    names,
+    read_torch_csv,
+    spec,
+    validate,
+)
+from schedules.lower import _GraphBuilder, insert_comms
+from sim.cluster import cluster_preset
+from sim.parallel import ParallelConfig
+from sim.plan import plan
+from sim.plan_bounds import MONOTONE_IN_M, Bounds, memory_rows
+from sim.plan_space import PlanConfig, PlanSpace, enumerate_configs, shape_ok
+from sim.study import Study, StudyResult, run_study
+from sim.transformer import TransformerConfig, model_preset, partition_layers
+from sim.transformer_costs import TransformerCosts
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = TransformerConfig(name="plan-tiny", layers=4, hidden=256, heads=4, vocab=1024, seq_len=128)
+
+
+def _space(**kw) -> PlanSpace:
+    base = dict(model=TINY, cluster=cluster_preset("dgx-h100:1"), global_batch=8)
+    return PlanSpace(**{**base, **kw})
+
+
+# --------------------------------------------------------------------------------------------- the search space
+@pytest.mark.parametrize("name", names())
+def test_shape_rules_match_the_generators(name):
+    for pp, m, v in itertools.product(range(1, 5), range(1, 10), (1, 2, 3)):
+        try:
+            build(name, pp=pp, microbatches=m, chunks=v)
+            ok = True
+        except ScheduleError:
+            ok = False
+        if spec(name).multi_chunk != (v > 1) and spec(name).fixed_chunks in (None, v):
+            continue  # chunks the schedule does not take are never asked for
+        if spec(name).fixed_chunks not in (None, v):
+            continue
+        assert shape_ok(name, pp, m, v) == ok, (name, pp, m, v)
+
+
+def _brute_force(space: PlanSpace) -> set[PlanConfig]:
+    """Every configuration by definition: any tp, pp, schedule, chunks, b; kept if the library accepts it."""
+    out = set()
+    n, batch = space.devices, space.global_batch
+    for tp, pp in itertools.product(range(1, n + 1), repeat=2):
+        if n % (tp * pp):
+            continue
+        dp = n // (tp * pp)
+        try:
+            TransformerCosts(model=space.model, cluster=space.cluster, parallel=ParallelConfig(pp=pp, dp=dp, tp=tp))
+        except ConfigError:
+            continue  # tp does not divide what it splits or the node
+        for name, v, b in itertools.product(space.schedule_names, range(1, 7), range(1, batch + 1)):
+            if batch % (dp * b) or (spec(name).multi_chunk and v not in space.chunks and spec(name).fixed_chunks is None):
+                continue
+            m = batch // (dp * b)
+            try:
+                build(name, pp=pp, microbatches=m, chunks=v)
+                partition_layers(space.model.layers, pp * v)
+            except (ScheduleError, ConfigError):
+                continue
+            for mode, rc, sp in itertools.product(("none",) if dp == 1 else space.dp_modes, space.recompute,
+                                                  (False,) if tp == 1 else space.sp):
+                out.add(PlanConfig(tp, pp, dp, name, v, b, m, mode, rc, sp))
+    return out
+
+
+def test_enumeration_misses_nothing_on_a_small_case():
+    space = _space(chunks=(2, 3))
+    found = list(enumerate_configs(space))
+    assert len(found) == len(set(found))
+    assert set(found) == _brute_force(space)
+    assert len(found) == 3180
+
+
+def test_adaptive_schedules_only_when_named():
+    assert "zb-auto" not in _space().schedule_names
+    assert _space(schedules=("zb-auto",)).schedule_names == ("zb-auto",)
+
+
+# --------------------------------------------------------------------------------------------- bounds and memory
+def _simulate(space: PlanSpace, c: PlanConfig) -> StudyResult:
+    costs = Bounds(space).costs(c)
+    return run_study(Study(schedule=c.schedule, microbatches=c.microbatches, costs=costs, chunks=c.chunks))
+
+
+def _check_bound_and_memory(space: PlanSpace, configs) -> dict[PlanConfig, StudyResult]:
+    bounds, results = Bounds(space), {}
+    for c in configs:
+        r = results[c] = _simulate(space, c)
+        assert bounds.lower_bound(c) <= r.step_time * (1 + 1e-9), c
+        rows = memory_rows(build(c.schedule, pp=c.pp, microbatches=c.microbatches, chunks=c.chunks))
+        simulated = max(d.memory_bytes for d in r.devices())
+        assert bounds.memory(c, rows) == pytest.approx(simulated, rel=1e-12), c
+        assert bounds.memory_floor(c) <= simulated * (1 + 1e-12)
+    return results
+
+
+@pytest.mark.parametrize(("config", "tight"), [
+    (PlanConfig(1, 1, 1, "1f1b", 1, 1, 8, "none", "none", False), 1.0),
+    (PlanConfig(2, 4, 1, "1f1b", 1, 1, 8, "none", "none", False), 1.0),
+    (PlanConfig(2, 4, 1, "gpipe", 1, 1, 8, "none", "none", False), 0.99),
+    (PlanConfig(2, 4, 1, "interleaved-1f1b", 2, 1, 8, "none", "none", False), 0.999),
+    (PlanConfig(2, 4, 1, "zb-v", 2, 1, 8, "none", "none", False), 0.998),
+    (PlanConfig(2, 4, 1, "zb-h1", 1, 1, 8, "none", "none", False), 0.97),
+    (PlanConfig(1, 1, 8, "1f1b", 1, 1, 8, "ddp", "none", False), 0.98)])
+def test_bound_against_the_step(config, tight):
+    """gpt-6.2b on H100s: 1F1B's bound (warm-up + busy + cool-down + optimizer) is its step exactly; the others close."""
+    space = _space(model=model_preset("gpt-6.2b"), global_batch=8 * config.dp)
+    lb, step = Bounds(space).lower_bound(config), _simulate(space, config).step_time
+    assert lb <= step * (1 + 1e-12)
+    assert lb >= tight * step * (1 - 1e-12)
+
+
+def test_lower_bound_and_memory_against_simulation():
+    space = _space(global_batch=8, chunks=(2,))
+    configs = [c for c in enumerate_configs(space) if c.recompute != "selective"][::7]
+    assert len(configs) > 100
+    _check_bound_and_memory(space, configs)
+
+
+@pytest.mark.parametrize("name", sorted(MONOTONE_IN_M))
+def test_rows_grow_with_microbatches(name):
+    """What the memory floor from a smaller m relies on: every row at m' is dominated by one at m > m'."""
+    v = spec(name).default_chunks
+    for pp in (1, 2, 3, 4):
+        valid = [m for m in range(1, 4 * pp + 3) if shape_ok(name, pp, m, v)]
+        rows = {m: memory_rows(build(name, pp=pp, microbatches=m, chunks=v)) for m in valid}
+        for small, big in itertools.pairwise(valid):
+            for r_small, r_big in zip(rows[small], rows[big], strict=True):
+                for p, q in r_small:
+                    assert any(all(x <= y for x, y in zip(p + q, p2 + q2, strict=True)) for p2, q2 in r_big), \
+                        (name, pp, small, big, p, q)
+
+
+# --------------------------------------------------------------------------------------------- pruning is exact
+def _all_simulated(space: PlanSpace) -> list[tuple[float, PlanConfig]]:
+    out = []
+    for c in enumerate_configs(space):
+        r = _simulate(space, c)
+        if max(d.memory_bytes for d in r.devices()) <= space.capacity:
+            out.append((r.step_time, c))
+    return sorted(out)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.integers(2, 6), batch=st.sampled_from([4, 8]), cluster=st.sampled_from(["dgx-h100:1", "cpu-host:2"]),
+       schedules=st.lists(st.sampled_from([n for n in names() if not spec(n).adaptive]), min_size=2, max_size=3,
+                          unique=True),
+       recompute=st.sampled_from([("none",), ("none", "full"), ("selective", "full")]),
+       modes=st.sampled_from([("ddp",), ("zero1", "fsdp"), ("ddp", "zero2")]),
+       limit=st.floats(0.2, 1.0), top=st.integers(1, 3), workers=st.sampled_from([1, 2]))
+def test_pruning_never_drops_the_winner(layers, batch, cluster, schedules, recompute, modes, limit, top, workers):
+    model = dataclasses.replace(TINY, layers=layers)
+    probe = _space(model=model, cluster=cluster_preset(cluster), global_batch=batch, schedules=tuple(schedules),
+                   chunks=(2,), recompute=recompute, dp_modes=modes)
+    everything = _all_simulated(probe)
+    if not everything:
+        return
+    # a memory limit between the smallest and the largest feasible peak, so that memory pruning bites
+    peaks = sorted(max(d.memory_bytes for d in _simulate(probe, c).devices()) for _, c in everything)
+    space = dataclasses.replace(probe, memory_limit=peaks[int(limit * (len(peaks) - 1))])
+    expect = _all_simulated(space)
+    result = plan(space, top=top, workers=workers)
+    assert [(e.step_time, e.config) for e in result.top] == expect[:top]
+    assert result.simulated <= len(expect)
+    assert result.candidates == result.feasible + result.pruned_memory + result.memory_unchecked
+
+
+def test_plan_counts_and_determinism():
+    space = _space(global_batch=8, chunks=(2,))
+    one = plan(space, top=4, workers=1)
+    two = plan(space, top=4, workers=2)
+    assert [e.config for e in one.top] == [e.config for e in two.top]
+    assert [e.step_time for e in one.top] == [e.step_time for e in two.top]
+    assert one.candidates == len(list(enumerate_configs(space)))
+    assert one.simulated < one.candidates / 5  # the bound does prune
+    d = one.to_dict()
+    assert set(d) >= {"candidates", "feasible", "simulated", "seconds", "top"}
+    assert set(d["top"][0]["config"]) == {"tp", "pp", "dp", "schedule", "chunks", "microbatch_size", "microbatches",
+                                          "dp_mode", "recompute", "sp"}
+
+
+# --------------------------------------------------------------------------------------------- exports
+LLAMA = dataclasses.replace(model_preset("llama3-405b"), seq_len=8192)
+
+
+def test_torchtitan_fragment_parses_with_the_keys(tmp_path):
+    c = PlanConfig(8, 16, 4, "interleaved-1f1b", 2, 1, 128, "fsdp", "selective", True)
+    text = torchtitan_toml(c, LLAMA, 2048, None)
+    doc = tomllib.loads(text)
+    assert doc["parallelism"] == {
+        "data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 4, "tensor_parallel_degree": 8,
+        "pipeline_parallel_degree": 16, "pipeline_parallel_schedule": "Interleaved1F1B",
+        "pipeline_parallel_microbatch_size": 1}  # 126 layers do not split into 32 stages evenly: no layers_per_stage
+    assert doc["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    assert doc["training"] == {"local_batch_size": 512, "global_batch_size": 2048, "seq_len": 8192}
+    assert "pipeline_parallel_split_points" in text  # the uneven split is said
+
+
+def test_torchtitan_fragment_with_our_csv(tmp_path):
+    space = _space(global_batch=8)
+    c = PlanConfig(1, 2, 4, "zb-h1", 1, 1, 2, "ddp", "full", False)
+    study = Study(schedule=c.schedule, microbatches=c.microbatches, chunks=c.chunks, costs=Bounds(space).costs(c))
+    csv = write_schedule_csv(c, study, tmp_path / "schedule.csv")
+    doc = tomllib.loads(torchtitan_toml(c, TINY, 8, csv))
+    par = doc["parallelism"]
+    assert par["pipeline_parallel_schedule"] == "PipelineScheduleMulti"
+    assert Path(par["pipeline_parallel_schedule_csv"]) == csv
+    assert par["data_parallel_replicate_degree"] == 4 and par["data_parallel_shard_degree"] == 1
+    assert par["pipeline_parallel_layers_per_stage"] == 2
+    assert doc["activation_checkpoint"] == {"mode": "full"}
+    assert read_torch_csv(csv).programs == build("zb-h1", pp=2, microbatches=2).programs
+
+
+def test_every_torch_class_name_is_torchs():
+    torch_schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    for ours, theirs in TORCH_SCHEDULE_CLASS.items():
+        assert torch_schedules.get_schedule_class(theirs) is not None, ours
+
+
+def test_megatron_line():
+    c = PlanConfig(8, 8, 8, "interleaved-1f1b", 2, 1, 256, "zero1", "full", True)
+    model = dataclasses.replace(model_preset("llama-70b"), seq_len=4096)
+    assert megatron_args(c, model, 2048) == (
+        "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 --num-layers-per-virtual-pipeline-stage 5 "
+        "--micro-batch-size 1 --global-batch-size 2048 --seq-length 4096 --num-layers 80 --sequence-parallel "
+        "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 --use-distributed-optimizer\n")
+    line = megatron_args(c._replace(schedule="zb-v", recompute="selective", dp_mode="ddp"), model, 2048)
+    assert line.startswith("# note: schedule zb-v has no Megatron-LM flag")
+    assert line.splitlines()[-1].endswith("--sequence-parallel --recompute-granularity selective")
+
+
+# --------------------------------------------------------------------------------------------- command line
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "analysis", "plan", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=240)
+
+
+def test_cli_json_and_exports(tmp_path):
+    r = _cli("--model", "gpt-tiny", "--cluster", "dgx-h100:1", "--global-batch", "8", "--chunks", "2",
+             "--schedules", "1f1b,zb-h1,interleaved-1f1b", "--workers", "1", "--top", "3", "--json",
+             "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 1
+    d = json.loads(lines[0])
+    assert d["candidates"] >= d["feasible"] >= d["simulated"] > 0 and len(d["top"]) == 3
+    assert d["top"][0]["step_time"] <= d["top"][1]["step_time"]
+    doc = tomllib.loads((tmp_path / "torchtitan.toml").read_text())
+    assert doc["parallelism"]["tensor_parallel_degree"] == d["top"][0]["config"]["tp"]
+    assert (tmp_path / "pareto.png").stat().st_size > 0 and (tmp_path / "schedule.csv").is_file()
+    assert (tmp_path / "megatron.txt").read_text().splitlines()[-1].startswith("--tensor-model-parallel-size")
+
+
+def test_cli_bad_input_is_one_line():
+    r = _cli("--model", "gpt-tiny", "--cluster", "dgx-h100:1", "--global-batch", "0")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--global-batch" in r.stderr
+    r = _cli("--model", "gpt-tiny", "--cluster", "dgx-h100:1", "--global-batch", "8", "--dp-modes", "ps")
+    assert r.returncode == 2 and "unknown dp mode 'ps'" in r.stderr and r.stderr.count("\n") == 1
+
+
+# --------------------------------------------------------------------------------------------- fast lowering
+@pytest.mark.parametrize("name", names())
+def test_fast_lowering_builds_the_checked_graph(name):
+    v = spec(name).default_chunks
+    for pp, m in ((1, 3), (2, 4), (3, 6), (4, 8)):
+        sched = build(name, pp=pp, microbatches=m, chunks=v)
+        progs = insert_comms(sched)
+        fast = _GraphBuilder(sched, progs)._build_fast()
+        checked = _GraphBuilder(sched, progs)._build_checked()
+        assert fast is not None
+        assert fast.tasks == checked.tasks and fast.programs == checked.programs
+
+
+def test_cycle_check_falls_back_when_a_receive_is_posted_early():
+    """A receive posted ahead of the compute its send waits on stalls the in-order scan, but is no cycle."""
+    sched = build("1f1b", pp=2, microbatches=2)
+    progs = insert_comms(sched)
+    early = next(a for a in progs[0] if str(a) == "0RECV_B1")
+    progs[0].remove(early)
+    progs[0].insert(progs[0].index(next(a for a in progs[0] if str(a) == "0F1")), early)
+    graph = graph_from_programs(sched, progs)
+    from schedules.graph import _runs_in_program_order
+
+    assert not _runs_in_program_order(graph)
+    assert find_cycle(graph) is None
+    assert validate(graph) is graph
