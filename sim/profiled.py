@@ -47,8 +47,12 @@ a profile: the median in-run duration of each pass of each stage over every
 traced step, the message latency from the moment the receiver waits, the gaps
 that give ``task_overhead`` and ``send_cpu``, and ``step_overhead`` = step
 time - the programs' span. A pass the trace lacks (I and W in a 1F1B trace),
-or another stage count (interleaved from 1F1B), comes from a profile scaled
-by the trace's own in-run/profiled ratio of each pass kind.
+or another stage count (interleaved from 1F1B), comes from a profile: when
+each target stage lies inside one traced stage (4 stages from a run of 2),
+that stage's in-run time is shared in the profile's proportions, so only the
+profile's ratios count (it times every partition round-robin at one moment);
+otherwise the profile is scaled by the trace's in-run/profiled ratio of each
+pass kind.
 
 Activations are counted in M_B as :class:`UniformCosts` counts them (the file
 measures time, not memory).
@@ -407,6 +411,7 @@ class TraceFit:
     step_overhead: float  # median of step wall time - the programs' span (less one task overhead: see below)
     activation_bytes: float
     steps: int
+    layers: tuple[int, ...] = ()  # layers per stage of the traced run (attrs layers_per_stage)
 
 
 def _frames(trace: Any) -> list[Any]:
@@ -481,6 +486,7 @@ def trace_fit(trace: Any) -> TraceFit:
         step_overhead=max(float(med(overheads)) - max(task_overhead, 0.0), 0.0) if overheads else 0.0,
         activation_bytes=med(nbytes) if nbytes else 0.0,
         steps=steps,
+        layers=tuple(int(x) for x in frames[0].attrs.get("layers_per_stage") or ()),
     )
 
 
@@ -490,8 +496,9 @@ def from_trace(trace: Any, profile: str | Path | None = None, *, num_stages: int
 
     ``trace``: a path or DataFrame, or a list of them (every traced step of
     every one counts). Passes the trace lacks, or a stage count other than the
-    trace's, come from ``profile`` (a cost file of real.profile) scaled per
-    pass kind by the trace's in-run/profiled ratio on the trace's own stages.
+    trace's, come from ``profile`` (a cost file of real.profile): shared in its
+    proportions where the target partition refines the traced one, else scaled
+    per pass kind by the trace's in-run/profiled ratio on the trace's own stages.
     Without a profile such passes are listed in ``missing`` and a graph that
     needs them is refused.
     """
@@ -507,6 +514,8 @@ def from_trace(trace: Any, profile: str | Path | None = None, *, num_stages: int
                                 f"(real.profile, stages={n}) to scale, or calibrate from a run of {n} stages")
         stages = tuple(StageCosts(**{k.lower(): fit.passes.get((s, k), 0.0) for k in kinds}) for s in range(n))
         missing = tuple(k for k in kinds if k not in measured)
+    elif (groups := _refinement(fit, profile, n)) is not None:
+        stages, missing = _refined(fit, load_profile(profile, n), groups), ()
     else:
         base, target = load_profile(profile, fit.num_stages), load_profile(profile, n)
         ratio = {}
@@ -528,6 +537,59 @@ def from_trace(trace: Any, profile: str | Path | None = None, *, num_stages: int
         task_overhead=fit.task_overhead, step_overhead=fit.step_overhead, send_cpu=fit.send_cpu,
         collectives=load_profile(profile, n).collectives if profile is not None else (),
         source=source or "trace", missing=missing)
+
+
+def _profile_layers(profile: str | Path, n: int) -> list[tuple[int, int]] | None:
+    """The layer range [first, stop) of each stage of the profile's n-stage partition (None: not recorded)."""
+    try:
+        parts = json.loads(Path(profile).read_text())["partitions"]
+        rows = next(q["stages"] for q in parts if q.get("num_stages") == n)
+        by_stage = {int(r["stage"]): (int(r["layers"][0]), int(r["layers"][1])) for r in rows}
+        return [by_stage[s] for s in range(n)]
+    except (OSError, ValueError, KeyError, TypeError, IndexError, StopIteration):
+        return None
+
+
+def _refinement(fit: TraceFit, profile: str | Path, n: int) -> list[int] | None:
+    """For each of the n target stages, the traced stage that holds all its layers; None unless every target
+    stage lies within one traced stage (4 stages from a run of 2, or the same partition)."""
+    target = _profile_layers(profile, n)
+    if target is None or len(fit.layers) != fit.num_stages:
+        return None
+    bounds = list(itertools.accumulate(fit.layers, initial=0))
+    owner = []
+    for first, stop in target:
+        t = next((t for t in range(fit.num_stages) if bounds[t] <= first and stop <= bounds[t + 1]), None)
+        if t is None or stop <= first:
+            return None
+        owner.append(t)
+    return owner
+
+
+def _refined(fit: TraceFit, target: ProfiledCosts, owner: list[int]) -> tuple[StageCosts, ...]:
+    """Each traced stage's in-run time shared among the target stages inside it as the profile shares it
+    (measured round-robin at one moment, so the profile's own speed cancels). A kind the trace lacks takes
+    its profiled share of the trace's backward: I and W from B (1F1B), B from I + W (zero-bubble)."""
+    def of(s: int, *kinds: str) -> float:
+        return sum(target.stages[s].of(Kind(k)) for k in kinds)
+
+    out = []
+    for s, t in enumerate(owner):
+        group = [x for x, o in enumerate(owner) if o == t]
+        costs = {}
+        for k in ("F", "B", "I", "W"):
+            if (t, k) in fit.passes:
+                src, base = fit.passes[(t, k)], (k,)
+            elif k in ("I", "W") and (t, "B") in fit.passes:
+                src, base = fit.passes[(t, "B")], ("B",)
+            elif k == "B" and (t, "I") in fit.passes and (t, "W") in fit.passes:
+                src, base = fit.passes[(t, "I")] + fit.passes[(t, "W")], ("I", "W")
+            else:
+                src, base = 0.0, (k,)
+            whole = sum(of(x, *base) for x in group)
+            costs[k.lower()] = src * of(s, k) / whole if whole else src / len(group)
+        out.append(StageCosts(**costs, optim=0.0, param_bytes=target.stages[s].param_bytes))
+    return tuple(out)
 
 
 def load_costs(source: str | Path, num_stages: int | None = None, profile: str | Path | None = None) -> ProfiledCosts:

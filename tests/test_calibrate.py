@@ -249,3 +249,31 @@ def test_data_parallel_buckets_overlap_as_the_runtime_does(mode, makespan):
     result = simulate(graph, costs)
     assert result.makespan == pytest.approx(makespan)
     assert sorted(b for b in result.bytes_moved if b) == [500.0, 500.0]
+
+
+def test_a_finer_partition_shares_each_traced_stage_as_the_profile_does(recorded, tmp_path):
+    """The traced run's stages hold layers 0-3 and 4-7; the profile's 4-stage partition splits each in two. Each
+    traced stage's in-run time is shared in the profile's proportions (its own speed cancels), and I and W
+    take their profiled share of the traced B."""
+    df = recorded.copy()
+    df.attrs.update(recorded.attrs, layers_per_stage=[4, 4])
+
+    def stage(s, first, stop, f, b, i, w):
+        return {"stage": s, "layers": [first, stop], "F": f, "B": b, "I": i, "W": w}
+    data = {"schema": PROFILE_SCHEMA, "activation_bytes": 4096, "p2p": {"alpha": 0.002, "beta": None},
+            "partitions": [{"num_stages": 2, "stages": [stage(0, 0, 4, 9.0, 9.0, 9.0, 9.0),
+                                                        stage(1, 4, 8, 9.0, 9.0, 9.0, 9.0)]},
+                           {"num_stages": 4, "stages": [stage(0, 0, 2, 1.0, 2.0, 0.5, 2.0),
+                                                        stage(1, 2, 4, 3.0, 6.0, 4.0, 3.0),
+                                                        stage(2, 4, 6, 2.0, 3.0, 2.0, 2.0),
+                                                        stage(3, 6, 8, 2.0, 1.0, 1.0, 1.0)]}]}
+    profile = tmp_path / "p.json"
+    profile.write_text(json.dumps(data))
+    four = from_trace(df, profile, num_stages=4)
+    f0, b0, f1, b1 = 0.010, 0.020, 0.011, 0.024  # the traced stages' medians
+    expected = [(f0 / 4, b0 / 4, b0 * 0.5 / 8, b0 * 2 / 8), (f0 * 3 / 4, b0 * 6 / 8, b0 * 4 / 8, b0 * 3 / 8),
+                (f1 / 2, b1 * 3 / 4, b1 * 2 / 4, b1 * 2 / 4), (f1 / 2, b1 / 4, b1 / 4, b1 / 4)]
+    for st, (f, b, i, w) in zip(four.stages, expected, strict=True):
+        assert (st.f, st.b, st.i, st.w) == pytest.approx((f, b, i, w), rel=1e-12)
+    same = from_trace(df, profile)  # the same partition: the trace's own passes, I and W as B's share
+    assert (same.stages[0].f, same.stages[0].b, same.stages[0].i) == pytest.approx((f0, b0, b0))
