@@ -63,6 +63,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -439,6 +440,22 @@ def _frames(trace: Any) -> list[Any]:
     return frames
 
 
+TRIM = 0.05  # the fraction of samples left out at each end of a task time's mean
+
+
+def _mean(xs: list[float]) -> float:
+    """The mean with the lowest and highest ``TRIM`` of the samples left out.
+
+    A step is a sum of many task times along its critical path, and the median
+    of such a sum lies near the sum of their means, not of their medians (the
+    times are skewed to the right: a task is never faster than its work, often
+    slower); the trim keeps one descheduled task from weighing on it.
+    """
+    xs = sorted(xs)
+    k = int(len(xs) * TRIM)
+    return statistics.fmean(xs[k:len(xs) - k] if len(xs) > 2 * k else xs)
+
+
 def trace_fit(trace: Any) -> TraceFit:
     """The calibration's figures from one or more real traces (paths or DataFrames) of one stage layout."""
     import statistics
@@ -468,20 +485,21 @@ def trace_fit(trace: Any) -> TraceFit:
                 if r["stream"] == "compute" and r["kind"] in ("F", "B", "I", "W"):
                     passes.setdefault((r["stage"], r["kind"]), []).append(r["end"] - r["start"])
             for mine in by_rank.values():  # rows in start order: what follows each compute task's body
-                for c, n in itertools.pairwise(mine):
-                    if c["stream"] != "compute" or (c["rank"], c["action"]) not in held:
-                        continue
+                last_held = max((k for k, r in enumerate(mine) if r["stream"] != "send"), default=-1)
+                for k, (c, n) in enumerate(itertools.pairwise(mine)):
+                    if c["stream"] != "compute" or k >= last_held or (c["rank"], c["action"]) not in held:
+                        continue  # the rank's last task: nothing after it shows where its occupancy ends
                     gap = held[(c["rank"], c["action"])] - (c["end"] - c["start"])  # its occupancy less its body
                     (post_gaps if n["stream"] == "send" else gaps).append(gap)
     steps = sum(len(trace_steps(df)) for df in frames)
     med = statistics.median
-    task_overhead = med(gaps) if gaps else 0.0
+    task_overhead = _mean(gaps) if gaps else 0.0
     return TraceFit(
         num_stages=num_stages,
-        passes={k: med(v) for k, v in sorted(passes.items())},
+        passes={k: _mean(v) for k, v in sorted(passes.items())},
         latency=max(med(latency), 0.0) if latency else 0.0,
         task_overhead=max(task_overhead, 0.0),
-        send_cpu=max(med(post_gaps) - task_overhead, 0.0) if post_gaps else 0.0,
+        send_cpu=max(_mean(post_gaps) - task_overhead, 0.0) if post_gaps else 0.0,
         # the simulated span ends after the last task's overhead, the recorded one at its body's end
         step_overhead=max(float(med(overheads)) - max(task_overhead, 0.0), 0.0) if overheads else 0.0,
         activation_bytes=med(nbytes) if nbytes else 0.0,
