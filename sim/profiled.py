@@ -43,7 +43,7 @@ Two mechanisms of the CPU testbed, each with its measured parameter:
 * the per-task and per-step overheads above.
 
 :func:`from_trace` builds the same model from a real run's trace instead of
-a profile: the median in-run duration of each pass of each stage over every
+a profile: the (5%-trimmed) mean in-run duration of each pass of each stage over every
 traced step, the message latency from the moment the receiver waits, the gaps
 that give ``task_overhead`` and ``send_cpu``, and ``step_overhead`` = step
 time - the programs' span. A pass the trace lacks (I and W in a 1F1B trace),
@@ -405,7 +405,7 @@ class TraceFit:
     """What :func:`trace_fit` measures in real traces (seconds): the calibration's raw figures."""
 
     num_stages: int
-    passes: dict[tuple[int, str], float]  # (stage, kind) -> median in-run duration
+    passes: dict[tuple[int, str], float]  # (stage, kind) -> trimmed-mean in-run duration
     latency: float  # median message latency: from the later of the receiver's wait and the post's end to arrival
     task_overhead: float  # median gap after a compute task's body that posts no message (to the rank's next task)
     send_cpu: float  # median extra gap after one that posts a message (gloo copies it on the caller's thread)
