@@ -55,6 +55,16 @@ def _with_closed_forms(sweep: Sweep) -> dict[str, list[tuple[int, float, float |
     return out
 
 
+def _label_grid(axes: Any, used: int, xlabel: str, ylabel: str) -> None:
+    """A grid of small plots: blank the unused panels, label the bottom row's x and the left column's y."""
+    for ax in list(axes.flat)[used:]:
+        ax.axis("off")
+    for ax in axes[-1]:
+        ax.set_xlabel(xlabel, fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel(ylabel, fontsize=8)
+
+
 def _plot_bubbles(sweep: dict[str, list[tuple[int, float, float | None]]], cfg: SweepConfig, path: Path) -> Path:
     """One small panel per schedule on shared axes: simulated dots, closed-form line where one exists."""
     import matplotlib
@@ -76,12 +86,7 @@ def _plot_bubbles(sweep: dict[str, list[tuple[int, float, float | None]]], cfg: 
         ax.set_title(name, fontsize=9)
         ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(shown):]:
-        ax.axis("off")
-    for ax in axes[-1]:
-        ax.set_xlabel("microbatches (m)", fontsize=8)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("bubble ratio", fontsize=8)
+    _label_grid(axes, len(shown), "microbatches (m)", "bubble ratio")
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper right", fontsize=8, frameon=False)
     fig.suptitle(f"bubble ratio against microbatches, p={cfg.pp}", fontsize=10, x=0.01, ha="left")
@@ -160,12 +165,7 @@ def plot_recompute_tradeoff(points: Sequence[RecomputePoint], path: Path) -> Pat
         ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3)
         ax.margins(0.25)
-    for ax in list(axes.flat)[len(shown):]:
-        ax.axis("off")
-    for ax in axes[-1]:
-        ax.set_xlabel("peak activations (M_B)", fontsize=8)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("step time", fontsize=8)
+    _label_grid(axes, len(shown), "peak activations (M_B)", "step time")
     handles = {}
     for ax in axes.flat:
         for line in ax.lines[1:]:

@@ -21,9 +21,7 @@ every measured step). All configs need the same world size.
 
 from __future__ import annotations
 
-import json
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,8 +32,6 @@ import torch.distributed as dist
 from real.config import RunConfig, make_plan
 from real.mesh import Mesh, env_world
 from real.train import resolve_backend, run
-from schedules import ConfigError
-from schedules.util import atomic_write
 
 __all__ = ["machine_busy_seconds", "run_rounds"]
 
@@ -101,22 +97,7 @@ def run_rounds(spec: dict[str, Any]) -> dict[str, Any] | None:
     return {"runs": out} if rank == 0 else None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1:
-        print("usage: torchrun --nproc-per-node N -m real.rounds SPEC.json", file=sys.stderr)
-        return 2
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    spec = json.loads(Path(args[0]).read_text())
-    try:
-        result = run_rounds(spec)
-    except ConfigError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
-    if result is not None:
-        atomic_write(Path(spec["result"]), lambda tmp: tmp.write_text(json.dumps(result)), "result file")
-    return 0
+if __name__ == "__main__":  # torchrun -m real.rounds SPEC.json: the command line is analysis.cli.rounds
+    from analysis.cli.rounds import main
 
-
-if __name__ == "__main__":
     raise SystemExit(main())

@@ -465,11 +465,12 @@ def trace_fit(trace: Any) -> TraceFit:
     frames = _frames(trace)
     passes: dict[tuple[int, str], list[float]] = {}
     latency, gaps, post_gaps, overheads = [], [], [], []
-    num_stages, nbytes = 0, []
+    num_stages, nbytes, steps = 0, [], 0
     for df in frames:
         pp = int(df.attrs.get("params", {}).get("pp", 1))
         walls = {int(k): float(v) for k, v in df.attrs["step_times"].items()}
         for step, part in trace_steps(df).items():
+            steps += 1
             rows = part.sort_values(["rank", "start", "end"]).to_dict("records")
             num_stages = max(num_stages, 1 + max(r["stage"] for r in rows))
             if step in walls:
@@ -491,7 +492,6 @@ def trace_fit(trace: Any) -> TraceFit:
                         continue  # the rank's last task: nothing after it shows where its occupancy ends
                     gap = held[(c["rank"], c["action"])] - (c["end"] - c["start"])  # its occupancy less its body
                     (post_gaps if n["stream"] == "send" else gaps).append(gap)
-    steps = sum(len(trace_steps(df)) for df in frames)
     med = statistics.median
     task_overhead = _mean(gaps) if gaps else 0.0
     return TraceFit(
@@ -533,7 +533,8 @@ def from_trace(trace: Any, profile: str | Path | None = None, *, num_stages: int
         stages = tuple(StageCosts(**{k.lower(): fit.passes.get((s, k), 0.0) for k in kinds}) for s in range(n))
         missing = tuple(k for k in kinds if k not in measured)
     elif (groups := _refinement(fit, profile, n)) is not None:
-        stages, missing = _refined(fit, load_profile(profile, n), groups), ()
+        target = load_profile(profile, n)
+        stages, missing = _refined(fit, target, groups), ()
     else:
         base, target = load_profile(profile, fit.num_stages), load_profile(profile, n)
         ratio = {}
@@ -553,7 +554,7 @@ def from_trace(trace: Any, profile: str | Path | None = None, *, num_stages: int
     return ProfiledCosts(
         stages=stages, activation_bytes=fit.activation_bytes, p2p_alpha=fit.latency, p2p_beta=math.inf,
         task_overhead=fit.task_overhead, step_overhead=fit.step_overhead, send_cpu=fit.send_cpu,
-        collectives=load_profile(profile, n).collectives if profile is not None else (),
+        collectives=target.collectives if profile is not None else (),
         source=source or "trace", missing=missing)
 
 

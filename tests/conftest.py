@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
+from typing import Any
+
+import pytest
 
 # One OpenMP thread per process, before anything imports torch: the in-process torch tests run tiny
 # models, and on a small shared machine torch's default (a thread per core) makes them several times
@@ -42,3 +47,23 @@ def run_sim(capsys, *argv: str) -> tuple[int, str, str]:
         code = exc.code
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def launch_worker(script: str, nproc: int, payload: Any, tmp: Path, timeout: float) -> Any:
+    """Run ``script`` (a test module's own ``__main__`` worker) under torchrun with ``payload`` as a JSON file and
+    an output path; a hang or a failed launch fails the test with its stderr; returns what rank 0 ``torch.save``d."""
+    import subprocess
+
+    import torch
+
+    from real.launch import torchrun
+
+    cfg_file, out_file = tmp / f"runs{nproc}.json", tmp / f"out{nproc}.pt"
+    cfg_file.write_text(json.dumps(payload))
+    try:
+        proc = torchrun(nproc, [script, str(cfg_file), str(out_file)], timeout=timeout, capture=True)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"{nproc}-process launch hung (killed after {timeout}s); stderr:\n{(exc.stderr or '')[-4000:]}")
+    if proc.returncode != 0:
+        pytest.fail(f"{nproc}-process launch failed (exit {proc.returncode}); stderr:\n{proc.stderr[-6000:]}")
+    return torch.load(out_file, weights_only=False)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,7 +21,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from real import ModelConfig, RunConfig, make_plan  # noqa: E402
-from real.launch import torchrun  # noqa: E402
 
 LOSS_TOL = 0.02
 LAUNCH_TIMEOUT = 45  # seconds (measured 9-13 s with the 2 cores shared)
@@ -33,15 +31,10 @@ RUNS = {d: RunConfig.of(schedule="1f1b", pp=2, microbatches=4, batch_size=16, st
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp("bf16")
-    cfg_file, out_file = tmp / "runs.json", tmp / "out.pt"
-    cfg_file.write_text(json.dumps({k: c.to_dict() for k, c in RUNS.items()}))
-    try:
-        proc = torchrun(2, [__file__, str(cfg_file), str(out_file)], timeout=LAUNCH_TIMEOUT, capture=True)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"launch hung (killed after {LAUNCH_TIMEOUT}s); stderr:\n{(exc.stderr or '')[-4000:]}")
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return torch.load(out_file, weights_only=False)
+    from tests.conftest import launch_worker  # the torchrun workers run this file without the tests package
+
+    return launch_worker(__file__, 2, {k: c.to_dict() for k, c in RUNS.items()}, tmp_path_factory.mktemp("bf16"),
+                         LAUNCH_TIMEOUT)
 
 
 @pytest.mark.slow

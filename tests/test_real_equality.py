@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -90,15 +89,9 @@ FOUR = {
 
 
 def _launch(nproc: int, runs: dict[str, RunConfig], tmp: Path) -> dict:
-    cfg_file, out_file = tmp / f"runs{nproc}.json", tmp / f"out{nproc}.pt"
-    cfg_file.write_text(json.dumps({k: c.to_dict() for k, c in runs.items()}))
-    try:
-        proc = torchrun(nproc, [__file__, str(cfg_file), str(out_file)], timeout=LAUNCH_TIMEOUT, capture=True)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"{nproc}-process launch hung (killed after {LAUNCH_TIMEOUT}s); stderr:\n{(exc.stderr or '')[-4000:]}")
-    if proc.returncode != 0:
-        pytest.fail(f"{nproc}-process launch failed (exit {proc.returncode}); stderr:\n{proc.stderr[-6000:]}")
-    return torch.load(out_file, weights_only=False)
+    from tests.conftest import launch_worker  # the torchrun workers run this file without the tests package
+
+    return launch_worker(__file__, nproc, {k: c.to_dict() for k, c in runs.items()}, tmp, LAUNCH_TIMEOUT)
 
 
 @pytest.fixture(scope="module")

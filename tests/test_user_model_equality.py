@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,7 +27,6 @@ from torch import nn  # noqa: E402
 
 import schedules  # noqa: E402
 from real import RunConfig, UserModel, make_plan  # noqa: E402
-from real.launch import torchrun  # noqa: E402
 from real.reference import reference_user_run  # noqa: E402
 from schedules import SchedlabError  # noqa: E402
 
@@ -110,15 +108,10 @@ RUNS, SKIPPED = _runs()
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp("user2")
-    cfg_file, out_file = tmp / "runs.json", tmp / "out.pt"
-    cfg_file.write_text(json.dumps({k: [form, c.to_dict()] for k, (form, c) in RUNS.items()}))
-    try:
-        proc = torchrun(2, [__file__, str(cfg_file), str(out_file)], timeout=LAUNCH_TIMEOUT, capture=True)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"launch hung (killed after {LAUNCH_TIMEOUT}s); stderr:\n{(exc.stderr or '')[-4000:]}")
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    return torch.load(out_file, weights_only=False)
+    from tests.conftest import launch_worker  # the torchrun workers run this file without the tests package
+
+    return launch_worker(__file__, 2, {k: [form, c.to_dict()] for k, (form, c) in RUNS.items()},
+                         tmp_path_factory.mktemp("user2"), LAUNCH_TIMEOUT)
 
 
 def _check(label: str, form: str, cfg: RunConfig, got: dict) -> None:

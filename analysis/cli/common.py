@@ -202,8 +202,8 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
                    help="costs in seconds (replace the uniform costs): a cost file from python -m real.profile, or "
                    "a real run's trace (schedlab run --trace; calibrated from its measured steps)")
     g.add_argument("--costs-profile", metavar="PROFILE.json",
-                   help="with a trace as --costs: the profile that supplies passes or stage counts the trace lacks, "
-                   "scaled by the trace's in-run/profiled ratio")
+                   help="with a trace as --costs: the profile that supplies passes or stage counts the trace lacks "
+                   "(each traced stage's time shared in the profile's proportions)")
 
 
 UNIFORM_DEFAULTS: Mapping[str, float] = {"tf": 1.0, "tb": 1.0, "tw": 1.0, "tcomm": 0.0, "mw": 0.0, "pair_overlap": 0.0}
