@@ -8,17 +8,20 @@
 1. Enumerate every valid configuration (:mod:`sim.plan_space`).
 2. Memory, first bound: drop those whose model states plus one microbatch
    already overflow (``Bounds.memory_floor``).
-3. Branch and bound: take the rest in order of the lower bound
-   (:meth:`Bounds.lower_bound`). A configuration's exact memory needs its
-   schedule's activation rows (:func:`memory_rows`), learnt the first time a
-   worker builds that (schedule, pp, m, v) and kept; one that does not fit is
-   dropped, one that fits is simulated. Once the next bound exceeds the K-th
-   best step time found, no remaining configuration can enter the top K, so
-   they are dropped: the top K is exactly what simulating everything would
-   give. Of those dropped by the bound, the memory is counted where the rows
-   are known; the others are reported as ``memory_unchecked`` (their states
-   plus one microbatch fit; building every schedule just to count them would
-   cost more than the search).
+3. Best first on the bound: take the rest in order of the lower bound
+   (:meth:`Bounds.lower_bound`). The configuration with the smallest bound
+   left is first refined in a worker, with the others of its schedule: its
+   exact memory from the schedule's activation rows (:func:`memory_rows`,
+   kept once learnt; one that does not fit is dropped) and its tight bound
+   (:meth:`Bounds.tight_bound`, the schedule's own order timed), and goes
+   back in the queue; once it is the smallest again, it is simulated. When
+   the smallest bound left exceeds the K-th best step time found, no
+   remaining configuration can enter the top K, so they are dropped: the top
+   K is exactly what simulating everything would give. Of those dropped by
+   the bound, the memory is counted where the rows are known; the others are
+   reported as ``memory_unchecked`` (their states plus one microbatch fit;
+   building every schedule just to count them would cost more than the
+   search).
 4. A lowered, validated graph is shared by every configuration with the same
    (schedule, pp, microbatches, chunks, dp mode, buckets): only the costs differ.
    Work goes to ``workers`` processes in groups that share one graph.
@@ -42,7 +45,7 @@ from schedules.dp import add_data_parallel
 from schedules.errors import check_positive_ints
 from schedules.registry import lookup
 from sim.engine import simulate
-from sim.plan_bounds import Bounds, MemoryRows, memory_rows, small_m
+from sim.plan_bounds import Bounds, CompiledTiming, MemoryRows, compile_timing, memory_rows, small_m
 from sim.plan_space import PlanConfig, PlanSpace, enumerate_configs
 from sim.study import Study, StudyResult, exposed_comm
 
@@ -51,6 +54,7 @@ __all__ = ["PlanEntry", "PlanResult", "plan"]
 log = logging.getLogger(__name__)
 
 _SLACK = 1e-9  # the bound and the simulation sum the same times in different orders
+_OPEN, _TAKEN, _DONE = 0, 1, 2  # a candidate: waiting (for refinement or simulation), in a worker, settled
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +111,7 @@ _GRAPH_CACHE = 3  # lowered graphs kept per process (a 100k-task graph is ~60 MB
 def _init(space: PlanSpace) -> None:
     _STATE.clear()
     _STATE.update(space=space, bounds=Bounds(space), schedules=OrderedDict(), pipelines=OrderedDict(),
-                  graphs=OrderedDict())
+                  graphs=OrderedDict(), timings=OrderedDict())
 
 
 def _cached(cache: OrderedDict, key: Any, make: Callable[[], Any]) -> Any:
@@ -134,6 +138,11 @@ def _schedule(study: Study) -> Schedule:
     return _cached(_STATE["schedules"], (study.schedule, params), lambda: build(study.schedule, params))
 
 
+def _timing(study: Study) -> CompiledTiming:
+    sched = _schedule(study)
+    return _cached(_STATE["timings"], (study.schedule, study.pipeline()), lambda: compile_timing(sched))
+
+
 def _graph(study: Study) -> TaskGraph:
     sched = _schedule(study)
     pipe = _cached(_STATE["pipelines"], (study.schedule, study.pipeline()), lambda: validate(sched))
@@ -158,26 +167,35 @@ def _group_key(c: PlanConfig) -> tuple:
     return (*_row_key(c), c.dp_mode, c.tp)
 
 
-def _simulate_job(configs: Sequence[PlanConfig], lower: Sequence[float], rows: MemoryRows | None
-                  ) -> tuple[MemoryRows, list[tuple[PlanConfig, PlanEntry | None]]]:
-    """Simulate each configuration that fits (one shared graph); None for one that does not fit in memory."""
+def _refine_job(configs: Sequence[PlanConfig], rows: MemoryRows | None
+                ) -> tuple[MemoryRows, list[tuple[PlanConfig, float | None]]]:
+    """The tight bound of each configuration that fits (one shared schedule); None for one that does not fit."""
     space, bounds = _STATE["space"], _STATE["bounds"]
     if rows is None:
         rows = memory_rows(_schedule(_study(configs[0])))
-    out: list[tuple[PlanConfig, PlanEntry | None]] = []
-    for c, lb in zip(configs, lower, strict=True):
+    out: list[tuple[PlanConfig, float | None]] = []
+    for c in configs:
         if bounds.memory(c, rows) > space.capacity:
             out.append((c, None))
-            continue
+        else:
+            out.append((c, bounds.tight_bound(c, _timing(_study(c)))))
+    return rows, out
+
+
+def _simulate_job(configs: Sequence[PlanConfig], lower: Sequence[float]) -> list[PlanEntry]:
+    """Simulate each configuration (they share one graph and are known to fit)."""
+    bounds = _STATE["bounds"]
+    out: list[PlanEntry] = []
+    for c, lb in zip(configs, lower, strict=True):
         study = _study(c)
         result = StudyResult(study, simulate(_graph(study), study.costs, check=False))
         step = result.step_time
-        out.append((c, PlanEntry(
+        out.append(PlanEntry(
             config=c, step_time=step, tokens_per_s=result.tokens_per_step / step, mfu=result.mfu,
             peak_memory_bytes=max(d.memory_bytes for d in result.devices()), bubble_ratio=result.sim.bubble_ratio,
             exposed_comm=max(exposed_comm(result.sim), default=0.0), recompute_time=bounds.recompute_time(c),
-            lower_bound=lb)))
-    return rows, out
+            lower_bound=lb))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ the search
@@ -235,7 +253,7 @@ def plan(space: PlanSpace, *, top: int = 5, workers: int | None = None,
 class _Search:
     """Branch and bound in lower-bound order, with activation rows learnt from the workers as shapes are built."""
 
-    WINDOW, GROUP = 512, 8  # how far ahead to look for configurations sharing a graph; at most this many per job
+    GROUP, REFINE = 8, 32  # at most this many configurations per simulation job, per refinement job
 
     def __init__(self, space: PlanSpace, top: int, workers: int, progress: Callable[[int, int], None] | None) -> None:
         self.space, self.top, self.workers, self.progress = space, top, workers, progress
@@ -290,71 +308,86 @@ class _Search:
                 self.floor_rows[key] = self.floor_rows[skey]
         return self.floor_rows[key]
 
-    def record(self, key: tuple, rows: MemoryRows, results: list[tuple[PlanConfig, PlanEntry | None]]) -> None:
-        self.rows[key] = rows
-        for _, e in results:
+    def push_entries(self, results: list[PlanEntry]) -> None:
+        for e in results:
             self.entries.append(e)
-            if e is None:
-                continue
             heapq.heappush(self.best, -e.step_time)
             if len(self.best) > self.top:
                 heapq.heappop(self.best)
-        self.settle(len(results), memory=sum(1 for _, e in results if e is None))
+        self.settle(len(results))
 
     def run(self, pool: Any, configs: list[PlanConfig]) -> None:
-        lb = {c: self.bounds.lower_bound(c) for c in configs}
-        order = sorted(configs, key=lambda c: (lb[c], c))
-        gkeys = [_group_key(c) for c in order]
-        taken = [False] * len(order)
-        inflight: dict[Future, tuple] = {}
-        pending: set[tuple] = set()  # row keys being built by a worker
-        first = 0
+        """Best first on the bound: a configuration is first refined (its schedule's own timing, in a worker),
+        then simulated once its refined bound is the smallest left; everything stops when the smallest bound
+        left exceeds the K-th best step time found."""
+        lb1 = [self.bounds.lower_bound(c) for c in configs]
+        order = sorted(range(len(configs)), key=lambda i: (lb1[i], configs[i]))
+        configs = [configs[i] for i in order]
+        bound = [lb1[i] for i in order]
+        refined = [False] * len(configs)
+        state = [_OPEN] * len(configs)
+        heap = [(b, i) for i, b in enumerate(bound)]  # already in heap order (sorted)
+        by_row: dict[tuple, list[int]] = {}
+        for i, c in enumerate(configs):
+            by_row.setdefault(_row_key(c), []).append(i)
+        by_group: dict[tuple, list[int]] = {}  # refined, not yet simulated
+        inflight: dict[Future, tuple[str, tuple]] = {}
         while True:
-            pos = first
-            while pos < len(order) and len(inflight) < 2 * self.workers:
-                if taken[pos]:
-                    if pos == first:
-                        first += 1
-                    pos += 1
+            while heap and len(inflight) < 2 * self.workers:
+                b, i = heap[0]
+                if state[i] != _OPEN or b != bound[i]:
+                    heapq.heappop(heap)
                     continue
-                c = order[pos]
-                if lb[c] > self.kth() * (1 + _SLACK):
+                cut = self.kth() * (1 + _SLACK)
+                if b > cut:
                     break
-                key = _row_key(c)
-                if key in pending:  # its rows are on their way: come back to it
-                    pos += 1
-                    continue
-                fit = self.fits(c)
-                if fit is False:
-                    taken[pos] = True
+                heapq.heappop(heap)
+                c = configs[i]
+                if self.fits(c) is False:
+                    state[i] = _DONE
                     self.settle(1, memory=1)
                     continue
-                group = [pos]
-                gkey = gkeys[pos]
-                for j in range(pos + 1, min(len(order), pos + self.WINDOW)):
-                    if len(group) >= self.GROUP or lb[order[j]] > self.kth() * (1 + _SLACK):
-                        break
-                    if not taken[j] and gkeys[j] == gkey and self.fits(order[j]) is not False:
-                        group.append(j)
-                for j in group:
-                    taken[j] = True
-                chosen = [order[j] for j in group]
-                if fit is None:
-                    pending.add(key)
-                fut = pool.submit(_simulate_job, chosen, [lb[x] for x in chosen], self.rows.get(key))
-                inflight[fut] = key
+                if refined[i]:
+                    gkey = _group_key(c)
+                    group = [i, *[j for j in by_group.get(gkey, ()) if j != i and state[j] == _OPEN
+                                     and bound[j] <= cut][:self.GROUP - 1]]
+                    for j in group:
+                        state[j] = _TAKEN
+                    fut = pool.submit(_simulate_job, [configs[j] for j in group], [bound[j] for j in group])
+                    inflight[fut] = ("sim", tuple(group))
+                else:
+                    key = _row_key(c)
+                    group = [i, *[j for j in by_row[key] if j != i and state[j] == _OPEN and not refined[j]
+                                     and bound[j] <= cut and self.fits(configs[j]) is not False][:self.REFINE - 1]]
+                    for j in group:
+                        state[j] = _TAKEN
+                    fut = pool.submit(_refine_job, [configs[j] for j in group], self.rows.get(key))
+                    inflight[fut] = ("refine", tuple(group))
             if not inflight:
                 break
             done, _ = wait(list(inflight), return_when=FIRST_COMPLETED)
             for fut in done:
-                key = inflight.pop(fut)
-                pending.discard(key)
-                rows, results = fut.result()
-                self.record(key, rows, results)
-                log.debug("plan: %s: %d simulated, %d do not fit; k-th best %.4g s", key,
-                          sum(1 for _, e in results if e is not None), sum(1 for _, e in results if e is None),
-                          self.kth())
-        rest = [order[j] for j in range(len(order)) if not taken[j]]
+                what, group = inflight.pop(fut)
+                if what == "sim":
+                    for j in group:
+                        state[j] = _DONE
+                    self.push_entries(fut.result())
+                    continue
+                rows, tight = fut.result()
+                self.rows[_row_key(configs[group[0]])] = rows
+                unfit = 0
+                for j, (c, t) in zip(group, tight, strict=True):
+                    if t is None:
+                        state[j] = _DONE
+                        self.fit[c] = False
+                        unfit += 1
+                        continue
+                    state[j], refined[j], bound[j] = _OPEN, True, max(bound[j], t)
+                    by_group.setdefault(_group_key(c), []).append(j)
+                    heapq.heappush(heap, (bound[j], j))
+                self.settle(unfit, memory=unfit)
+                log.debug("plan: refined %d (%d do not fit); k-th best %.4g s", len(group), unfit, self.kth())
+        rest = [c for c, st in zip(configs, state, strict=True) if st == _OPEN]
         for c in rest:  # dropped by the bound: count the memory where it is known
             fit = self.fits(c)
             if fit is None:
