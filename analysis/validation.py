@@ -50,8 +50,12 @@ def compare_pair(predicted: pd.DataFrame, measured: pd.DataFrame) -> dict[str, A
 
 
 def kendall_tau(xs: Sequence[float], ys: Sequence[float],
-                y_spread: Sequence[tuple[float, float]] | None = None) -> float:
+                y_spread: Sequence[tuple[float, float]] | None = None, x_rel_tol: float = 1e-9) -> float:
     """Kendall's tau-b between two rankings (ties counted as neither concordant nor discordant).
+
+    ``x_rel_tol``: xs this close (relative) are a tie: two predictions of one
+    step time that differ only by rounding (the same times summed in a
+    different order) do not order a pair.
 
     ``y_spread``: an interval (e.g. p10-p90 over rounds) around each y; a pair
     whose intervals overlap is a tie in y (their measured difference lies within
@@ -64,6 +68,8 @@ def kendall_tau(xs: Sequence[float], ys: Sequence[float],
     for i in range(n):
         for j in range(i + 1, n):
             dx, dy = xs[i] - xs[j], ys[i] - ys[j]
+            if abs(dx) <= x_rel_tol * max(abs(xs[i]), abs(xs[j])):
+                dx = 0
             if y_spread is not None and y_spread[i][0] <= y_spread[j][1] and y_spread[j][0] <= y_spread[i][1]:
                 dy = 0
             if dx == 0 and dy == 0:

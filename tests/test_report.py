@@ -104,6 +104,14 @@ def test_perfetto_cli(tmp_path, capsys):
     assert "not found" in capsys.readouterr().err
 
 
+def test_kendall_tau_counts_rounding_in_predictions_as_ties():
+    # two configurations with the same step time, summed in different orders (plan_check's gpipe and 1f1b at pp=1)
+    xs, ys = [203.5358350973342, 203.53583509733429, 98.3], [189.4, 189.0, 99.7]
+    assert xs[0] != xs[1]
+    assert kendall_tau(xs, ys) == pytest.approx(2 / (2 * 3) ** 0.5)  # one tie in x, two concordant pairs
+    assert kendall_tau(xs, ys, x_rel_tol=0) == pytest.approx(1 / 3)  # as an order, the last bit disagrees
+
+
 def test_kendall_tau_counts_overlapping_spreads_as_ties():
     # Without spreads: 2 of 3 pairs concordant, 1 discordant -> 1/3. The discordant pair (x 2 vs 3, y 21 vs 20)
     # has overlapping p10-p90 intervals, so it is a tie in y: tau_b = (2 - 0) / sqrt(3 * 2).
