@@ -197,3 +197,22 @@ def test_bad_outputs_and_shapes_are_refused_before_training(capsys, tmp_path):
         err = capsys.readouterr().err
         assert exc.value.code == 2 and err.count("\n") == 1 and message in err, (argv, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "afile"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(40)  # two launches of about 3 s
+def test_torchrun_keeps_freed_memory_unless_told_otherwise(tmp_path):
+    """The workers get KEEP_FREED_MEMORY as GLIBC_TUNABLES (freed tensors are reused, not faulted in again);
+    a value the caller set is left alone."""
+    from real.launch import KEEP_FREED_MEMORY
+
+    script = tmp_path / "env.py"
+    script.write_text("import os\nprint(os.environ.get('GLIBC_TUNABLES'), os.environ.get('OMP_NUM_THREADS'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(os, "environ", env)
+        default = torchrun(1, [str(script)], timeout=30, capture=True)
+        own = torchrun(1, [str(script)], timeout=30, capture=True, env={"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"})
+    assert default.returncode == 0 and own.returncode == 0, default.stderr[-2000:] + own.stderr[-2000:]
+    assert default.stdout.split() == [KEEP_FREED_MEMORY, os.environ.get("OMP_NUM_THREADS", "1")]
+    assert own.stdout.split()[0] == "glibc.malloc.arena_max=2"
