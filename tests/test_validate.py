@@ -622,3 +622,37 @@ def test_validate_rechecks_a_graph_lower_did_not_return():
     broken = dataclasses.replace(graph, programs=(graph.programs[0], program))
     with pytest.raises(ScheduleError, match=msg("schedule '1f1b', rank 1", "missing work", "has no backward")):
         validate(broken)
+
+
+def _mutations(s: Schedule):
+    """Schedules one edit away from ``s``: an action dropped, duplicated, or swapped with the next on its rank."""
+    for r, prog in enumerate(s.programs):
+        for i in range(len(prog)):
+            edits = [prog[:i] + prog[i + 1:], prog[:i + 1] + prog[i:]]
+            if i + 1 < len(prog):
+                edits.append((*prog[:i], prog[i + 1], prog[i], *prog[i + 2:]))
+            for p in edits:
+                yield Schedule.from_programs([*s.programs[:r], p, *s.programs[r + 1:]], name=s.name,
+                                             stage_to_rank=s.stage_to_rank, num_microbatches=s.num_microbatches)
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1", "interleaved-1f1b", "zb-v", "dualpipe-v"])
+def test_fast_work_check_agrees_with_the_full_check(name, monkeypatch):
+    """check._valid_fast says True exactly when the full check_schedule accepts, on schedules one edit from valid."""
+    import sys
+
+    checking = sys.modules["schedules.check"]
+    fast = checking._valid_fast
+    s = build(name, pp=2, microbatches=4)
+    assert fast(s)
+    monkeypatch.setattr(checking, "_valid_fast", lambda schedule: False)
+    seen = set()
+    for m in _mutations(s):
+        try:
+            check_schedule(m)
+            ok = True
+        except ScheduleError:
+            ok = False
+        assert fast(m) == ok, m.to_text()
+        seen.add(ok)
+    assert seen == {True, False}  # some edits keep a valid schedule (swaps of independent work), most do not
