@@ -56,17 +56,18 @@ def _valid_fast(schedule: Schedule) -> bool:
     """True when :func:`check_schedule` would accept the schedule; False when it might not (it then looks closely).
 
     One pass: every action of a known kind (F, I, W, B, OVERLAP_F_B of those), in range, on its stage's rank,
-    once, each backward after its forward and each W after its I on the rank; then the coverage by counting.
+    once, each backward after its forward and each W after its I on the rank, never B and I for the same work;
+    then the coverage by counting. Positions are kept in a table per kind indexed [stage][microbatch].
     """
     n_st, n_mb = schedule.num_stages, schedule.num_microbatches
     if schedule.num_ranks < 1 or n_st < 1 or n_mb < 1:
         return False
     s2r = schedule.stage_to_rank
-    seen: dict[tuple[Kind, int, int], int] = {}  # work -> position on its (only) rank
-    backward: set[tuple[int, int]] = set()
-    split: set[tuple[int, int]] = set()
-    weight: set[tuple[int, int]] = set()
-    forwards = 0
+    f_at = [[-1] * n_mb for _ in range(n_st)]  # position of each piece of work on its (only) rank, -1: none yet
+    i_at = [[-1] * n_mb for _ in range(n_st)]
+    b_at = [[-1] * n_mb for _ in range(n_st)]
+    w_at = [[-1] * n_mb for _ in range(n_st)]
+    forwards = inputs = fulls = weights = 0
     for rank, prog in enumerate(schedule.programs):
         for pos, action in enumerate(prog):
             kind = action.kind
@@ -80,28 +81,35 @@ def _valid_fast(schedule: Schedule) -> bool:
                 return False
             for a in parts:
                 k, st, mb = a.kind, a.stage, a.microbatch
-                if mb is None or not (0 <= st < n_st and 0 <= mb < n_mb) or s2r[st] != rank:
-                    return False
-                key = (k, st, mb)
-                if key in seen:
+                if type(mb) is not int or type(st) is not int or not (0 <= st < n_st and 0 <= mb < n_mb) \
+                        or s2r[st] != rank:
                     return False
                 if k is _F:
+                    row = f_at[st]
+                    if row[mb] >= 0:
+                        return False
+                    row[mb] = pos
                     forwards += 1
-                else:
-                    before = seen.get((_I if k is _W else _F, st, mb))
-                    if before is None or before >= pos:
+                elif k is _W:
+                    row = w_at[st]
+                    if row[mb] >= 0 or not 0 <= i_at[st][mb] < pos:
                         return False
-                    if k is _B:
-                        backward.add((st, mb))
-                    elif k is _I:
-                        split.add((st, mb))
-                    elif k is _W:
-                        weight.add((st, mb))
+                    row[mb] = pos
+                    weights += 1
+                elif k is _I or k is _B:
+                    row, other = (i_at[st], b_at[st]) if k is _I else (b_at[st], i_at[st])
+                    if row[mb] >= 0 or other[mb] >= 0 or not 0 <= f_at[st][mb] < pos:
+                        return False
+                    row[mb] = pos
+                    if k is _I:
+                        inputs += 1
                     else:
-                        return False
-                seen[key] = pos
+                        fulls += 1
+                else:
+                    return False
+    # No work twice and B, I disjoint: all forwards present, each work has B or I (not both), each I its W.
     total = n_st * n_mb
-    return forwards == total and len(backward) + len(split) == total and split == weight and backward.isdisjoint(split)
+    return forwards == total and inputs + fulls == total and weights == inputs
 
 
 def _check_one(schedule: Schedule, rank: int, a: Action) -> None:

@@ -20,6 +20,7 @@ each other. The simulator puts a message's flight time on the SEND.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Sequence
 
 from schedules.check import check_schedule
@@ -30,10 +31,36 @@ from schedules.util import paused_gc
 
 __all__ = ["graph_from_programs", "insert_comms", "lower"]
 
+# Graphs returned by lower(): their compute programs are the checked schedule's, so validate() need not check the
+# work again. Identity only (TaskGraph compares by identity): a copy or a dataclasses.replace() is checked anew.
+_LOWERED: weakref.WeakSet[TaskGraph] = weakref.WeakSet()
+
 _F, _I, _W, _B, _OV = Kind.F, Kind.I, Kind.W, Kind.B, Kind.OVERLAP_F_B
 _SF, _RF, _SB, _RB = Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B
 _COMPUTE, _SEND, _RECV = Stream.COMPUTE, Stream.SEND, Stream.RECV
 _KNOWN = (_F, _I, _W, _B, _SF, _RF, _SB, _RB)  # the kinds the fast path of _GraphBuilder handles
+
+# A frozen slotted dataclass's __init__ sets each field through object.__setattr__ (about 0.6 us for an Action,
+# 0.75 us for a Task on this project's machine, a third of the whole lowering). The two hot loops below make the
+# same objects by filling the slots through their descriptors, in about half the time. tests/test_validate.py
+# checks that these makers cover every field and give objects equal to the constructor's.
+_new = object.__new__
+_A_FIELDS = ("kind", "stage", "microbatch", "sub_actions", "bucket")
+_T_FIELDS = ("id", "rank", "stream", "action", "deps", "peer")
+_A_SET = tuple(getattr(Action, f).__set__ for f in _A_FIELDS)
+_T_SET = tuple(getattr(Task, f).__set__ for f in _T_FIELDS)
+
+
+def _message(kind: Kind, stage: int, mb: int | None,
+             _new=_new, _act=Action, _set=_A_SET) -> Action:  # defaults: globals bound once, read as locals
+    """``Action(kind, stage, mb)``, made faster (see above)."""
+    a = _new(_act)
+    _set[0](a, kind)
+    _set[1](a, stage)
+    _set[2](a, mb)
+    _set[3](a, None)
+    _set[4](a, None)
+    return a
 
 
 def insert_comms(schedule: Schedule) -> list[list[Action]]:
@@ -44,26 +71,34 @@ def insert_comms(schedule: Schedule) -> list[list[Action]]:
     """
     s2r = schedule.stage_to_rank
     last = schedule.num_stages - 1
+    msg = _message
     out: list[list[Action]] = []
     for rank, prog in enumerate(schedule.programs):
+        # Per stage: does a message cross to the stage below (above), i.e. is it on another rank? One index each.
+        below = [s > 0 and s2r[s - 1] != rank for s in range(last + 1)]
+        above = [s < last and s2r[s + 1] != rank for s in range(last + 1)]
         lowered: list[Action] = []
         add = lowered.append
         for action in prog:
             subs = action.sub_actions
             if subs is None:  # one pass: its messages around it, no lists to merge
                 k, s, mb = action.kind, action.stage, action.microbatch
+                if 0 <= s <= last:
+                    lo, hi = below[s], above[s]
+                elif k is _F or k is _I or k is _B:  # out of range (lower() checks first): the tables' formula
+                    lo, hi = s > 0 and s2r[s - 1] != rank, s < last and s2r[s + 1] != rank
                 if k is _F:
-                    if s > 0 and s2r[s - 1] != rank:
-                        add(Action(_RF, s, mb))
+                    if lo:
+                        add(msg(_RF, s, mb))
                     add(action)
-                    if s < last and s2r[s + 1] != rank:
-                        add(Action(_SF, s, mb))
+                    if hi:
+                        add(msg(_SF, s, mb))
                 elif k is _I or k is _B:
-                    if s < last and s2r[s + 1] != rank:
-                        add(Action(_RB, s, mb))
+                    if hi:
+                        add(msg(_RB, s, mb))
                     add(action)
-                    if s > 0 and s2r[s - 1] != rank:
-                        add(Action(_SB, s, mb))
+                    if lo:
+                        add(msg(_SB, s, mb))
                 else:
                     add(action)
                 continue
@@ -73,14 +108,14 @@ def insert_comms(schedule: Schedule) -> list[list[Action]]:
                 s, mb = a.stage, a.microbatch
                 if a.kind is _F:
                     if s > 0 and s2r[s - 1] != rank:
-                        recvs.append(Action(_RF, s, mb))
+                        recvs.append(msg(_RF, s, mb))
                     if s < last and s2r[s + 1] != rank:
-                        sends.append(Action(_SF, s, mb))
+                        sends.append(msg(_SF, s, mb))
                 elif a.kind in (_I, _B):
                     if s < last and s2r[s + 1] != rank:
-                        recvs.append(Action(_RB, s, mb))
+                        recvs.append(msg(_RB, s, mb))
                     if s > 0 and s2r[s - 1] != rank:
-                        sends.append(Action(_SB, s, mb))
+                        sends.append(msg(_SB, s, mb))
             lowered += recvs
             add(action)
             lowered += sends
@@ -95,7 +130,14 @@ def lower(schedule: Schedule) -> TaskGraph:
     backward-before-forward. Deadlocks are found by :func:`schedules.validate`.
     """
     check_schedule(schedule)
-    return graph_from_programs(schedule, insert_comms(schedule))
+    graph = graph_from_programs(schedule, insert_comms(schedule))
+    _LOWERED.add(graph)
+    return graph
+
+
+def work_checked(graph: TaskGraph) -> bool:
+    """True for a graph :func:`lower` returned: its compute work already passed :func:`check_schedule`."""
+    return graph in _LOWERED
 
 
 def graph_from_programs(schedule: Schedule, programs: Sequence[Iterable[Action]]) -> TaskGraph:
@@ -146,22 +188,36 @@ class _GraphBuilder:
         s2r, n = schedule.stage_to_rank, schedule.num_stages
         n_mb = schedule.num_microbatches
         table = {k: [[-1] * n_mb for _ in range(n)] for k in _KNOWN}
+        get = table.get
         tid = 0
         for prog in programs:
             for action in prog:
                 subs = action.sub_actions
-                for a in (action,) if subs is None else subs:
-                    rows, st, mb = table.get(a.kind), a.stage, a.microbatch
+                if subs is None:
+                    rows, st, mb = get(action.kind), action.stage, action.microbatch
                     if rows is None or type(mb) is not int or not (0 <= st < n and 0 <= mb < n_mb):
                         return None
                     row = rows[st]
                     if row[mb] >= 0:
                         return None
                     row[mb] = tid
+                elif action.kind is not _OV:  # only an overlapped pair has sub-actions; the checked path says so
+                    return None
+                else:
+                    for a in subs:
+                        rows, st, mb = get(a.kind), a.stage, a.microbatch
+                        if rows is None or type(mb) is not int or not (0 <= st < n and 0 <= mb < n_mb):
+                            return None
+                        row = rows[st]
+                        if row[mb] >= 0:
+                            return None
+                        row[mb] = tid
                 tid += 1
-        f_at, i_at, b_at, _w_at = table[_F], table[_I], table[_B], table[_W]
+        f_at, i_at, b_at = table[_F], table[_I], table[_B]
         rf_at, rb_at, sf_at, sb_at = table[_RF], table[_RB], table[_SF], table[_SB]
         last = n - 1
+        new, task_cls = _new, Task
+        set_id, set_rank, set_stream, set_action, set_deps, set_peer = _T_SET
         tasks: list[Task] = []
         append = tasks.append
         rows_out: list[tuple[int, ...]] = []
@@ -171,70 +227,139 @@ class _GraphBuilder:
             prev = -1
             for action in prog:
                 kind = action.kind
-                if kind is _F or kind is _I or kind is _W or kind is _B or kind is _OV:
-                    deps: list[int] = []
-                    subs = action.sub_actions
-                    for a in (action,) if subs is None else subs:
-                        k, st, mb = a.kind, a.stage, a.microbatch
-                        if k is _F:
-                            if st == 0:
-                                continue
-                            found = f_at[st - 1][mb] if s2r[st - 1] == rank else rf_at[st][mb]
-                        elif k is _I or k is _B:
-                            found = f_at[st][mb]
-                            if found < 0:
-                                return None
-                            if found != tid and found not in deps:
-                                deps.append(found)
-                            if st == last:
-                                continue
-                            if s2r[st + 1] == rank:
-                                found = i_at[st + 1][mb]
-                                if found < 0:
-                                    found = b_at[st + 1][mb]
-                            else:
-                                found = rb_at[st][mb]
-                        elif k is _W:
-                            found = i_at[st][mb]
-                        else:
-                            return None
-                        if found < 0:
-                            return None
-                        if found != tid and found not in deps:
-                            deps.append(found)
-                    if prev >= 0 and prev not in deps:
-                        deps.insert(0, prev)
-                    append(Task(tid, rank, _COMPUTE, action, tuple(deps), None))
-                    prev = tid
-                elif kind is _SF or kind is _RF or kind is _SB or kind is _RB:
+                # Plain actions (no sub-actions) have one piece of work, so no dependency can be the task itself.
+                if kind is _SF:
                     st, mb = action.stage, action.microbatch
-                    if s2r[st] != rank:
+                    nxt = st + 1
+                    if s2r[st] != rank or nxt >= n or s2r[nxt] == rank:
                         return None
-                    nxt = st + 1 if kind is _SF or kind is _RB else st - 1
-                    if not 0 <= nxt < n or s2r[nxt] == rank:
+                    dep = f_at[st][mb]
+                    if dep < 0 or dep > tid or rf_at[nxt][mb] < 0:
                         return None
-                    if kind is _SF:
-                        prod, match = f_at[st][mb], rf_at[nxt][mb]
-                    elif kind is _SB:
-                        prod, match = i_at[st][mb], rb_at[nxt][mb]
-                        if prod < 0:
-                            prod = b_at[st][mb]
-                    if kind is _SF or kind is _SB:
-                        if prod < 0 or prod > tid or match < 0:
-                            return None
-                        dep, stream = prod, _SEND
-                    else:
-                        dep = sf_at[nxt][mb] if kind is _RF else sb_at[nxt][mb]
+                    stream, peer = _SEND, s2r[nxt]
+                    deps = (dep,) if prev < 0 or prev == dep else (prev, dep)
+                elif kind is _RF:
+                    st, mb = action.stage, action.microbatch
+                    nxt = st - 1
+                    if s2r[st] != rank or nxt < 0 or s2r[nxt] == rank:
+                        return None
+                    dep = sf_at[nxt][mb]
+                    if dep < 0:
+                        return None
+                    stream, peer = _RECV, s2r[nxt]
+                    deps = (dep,) if prev < 0 or prev == dep else (prev, dep)
+                elif kind is _SB:
+                    st, mb = action.stage, action.microbatch
+                    nxt = st - 1
+                    if s2r[st] != rank or nxt < 0 or s2r[nxt] == rank:
+                        return None
+                    dep = i_at[st][mb]
+                    if dep < 0:
+                        dep = b_at[st][mb]
+                    if dep < 0 or dep > tid or rb_at[nxt][mb] < 0:
+                        return None
+                    stream, peer = _SEND, s2r[nxt]
+                    deps = (dep,) if prev < 0 or prev == dep else (prev, dep)
+                elif kind is _RB:
+                    st, mb = action.stage, action.microbatch
+                    nxt = st + 1
+                    if s2r[st] != rank or nxt >= n or s2r[nxt] == rank:
+                        return None
+                    dep = sb_at[nxt][mb]
+                    if dep < 0:
+                        return None
+                    stream, peer = _RECV, s2r[nxt]
+                    deps = (dep,) if prev < 0 or prev == dep else (prev, dep)
+                elif action.sub_actions is None and (kind is _F or kind is _I or kind is _B or kind is _W):
+                    st, mb = action.stage, action.microbatch
+                    if kind is _F:
+                        if st == 0:
+                            deps = () if prev < 0 else (prev,)
+                        else:
+                            dep = f_at[st - 1][mb] if s2r[st - 1] == rank else rf_at[st][mb]
+                            if dep < 0:
+                                return None
+                            deps = (dep,) if prev < 0 or prev == dep else (prev, dep)
+                    elif kind is _W:
+                        dep = i_at[st][mb]
                         if dep < 0:
                             return None
-                        stream = _RECV
-                    append(Task(tid, rank, stream, action, (dep,) if prev < 0 or prev == dep else (prev, dep),
-                                s2r[nxt]))
+                        deps = (dep,) if prev < 0 or prev == dep else (prev, dep)
+                    else:  # I or B: its forward, and the input gradient from the stage above
+                        dep = f_at[st][mb]
+                        if dep < 0:
+                            return None
+                        if st == last:
+                            core: tuple[int, ...] = (dep,)
+                        else:
+                            if s2r[st + 1] == rank:
+                                grad = i_at[st + 1][mb]
+                                if grad < 0:
+                                    grad = b_at[st + 1][mb]
+                            else:
+                                grad = rb_at[st][mb]
+                            if grad < 0:
+                                return None
+                            core = (dep,) if grad == dep else (dep, grad)
+                        deps = core if prev < 0 or prev in core else (prev, *core)
+                    stream, peer = _COMPUTE, None
+                    prev = tid
+                elif kind is _OV:  # an overlapped pair (pass 1 let no other action with sub-actions through)
+                    found_deps = self._fast_compute_deps(action, rank, tid, table)
+                    if found_deps is None:
+                        return None
+                    deps = found_deps if prev < 0 or prev in found_deps else (prev, *found_deps)
+                    stream, peer = _COMPUTE, None
+                    prev = tid
                 else:
                     return None
+                t = new(task_cls)
+                set_id(t, tid)
+                set_rank(t, rank)
+                set_stream(t, stream)
+                set_action(t, action)
+                set_deps(t, deps)
+                set_peer(t, peer)
+                append(t)
                 tid += 1
             rows_out.append(tuple(range(start, tid)))
         return TaskGraph(schedule, tuple(tasks), tuple(rows_out))
+
+    def _fast_compute_deps(self, action: Action, rank: int, tid: int,
+                           table: dict[Kind, list[list[int]]]) -> tuple[int, ...] | None:
+        """The data dependencies of a compute action with sub-actions (an overlapped pair), for :meth:`_build_fast`."""
+        s2r, last = self.schedule.stage_to_rank, self.schedule.num_stages - 1
+        f_at, i_at, b_at, rf_at, rb_at = table[_F], table[_I], table[_B], table[_RF], table[_RB]
+        deps: list[int] = []
+        for a in action.parts():
+            k, st, mb = a.kind, a.stage, a.microbatch
+            if k is _F:
+                if st == 0:
+                    continue
+                found = f_at[st - 1][mb] if s2r[st - 1] == rank else rf_at[st][mb]
+            elif k is _I or k is _B:
+                found = f_at[st][mb]
+                if found < 0:
+                    return None
+                if found != tid and found not in deps:
+                    deps.append(found)
+                if st == last:
+                    continue
+                if s2r[st + 1] == rank:
+                    found = i_at[st + 1][mb]
+                    if found < 0:
+                        found = b_at[st + 1][mb]
+                else:
+                    found = rb_at[st][mb]
+            elif k is _W:
+                found = i_at[st][mb]
+            else:
+                return None
+            if found < 0:
+                return None
+            if found != tid and found not in deps:
+                deps.append(found)
+        return tuple(deps)
 
     def _build_checked(self) -> TaskGraph:
         ids: list[list[int]] = []

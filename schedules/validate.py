@@ -6,7 +6,7 @@ from schedules.check import check_schedule
 from schedules.errors import ScheduleError
 from schedules.graph import TaskGraph, find_cycle
 from schedules.ir import Schedule
-from schedules.lower import lower
+from schedules.lower import lower, work_checked
 from schedules.util import paused_gc
 
 __all__ = ["validate"]
@@ -24,7 +24,7 @@ def validate(target: Schedule | TaskGraph) -> TaskGraph:
 
 def _validate(target: Schedule | TaskGraph) -> TaskGraph:
     graph = lower(target) if isinstance(target, Schedule) else target
-    if not isinstance(target, Schedule):
+    if not isinstance(target, Schedule) and not work_checked(graph):
         compute_only = [[a for a in graph.program_actions(r) if a.is_compute] for r in range(graph.num_ranks)]
         check_schedule(Schedule.from_programs(
             compute_only,
