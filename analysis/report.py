@@ -303,6 +303,13 @@ def _validation_section(data: dict[str, Any] | None, out: Path) -> list[str]:
     if mech:
         md += ["Mean |error| with every mechanism, and with each switched off in turn:", "",
                _markdown_table(["model", "mean abs error"], [(k, f"{v:.1%}") for k, v in mech.items()]), ""]
+    parts = data.get("decomposition")
+    if parts:
+        md += ["Mean |error| of the pipeline rows taken apart: replay (each traced step with its own task times), "
+               "self-calibrated (each configuration from its own runs), transferred (from the calibration run), "
+               "and the noise of the measurement itself (the expected |error| of a perfect prediction, from two "
+               "halves of each measurement):", "",
+               _markdown_table(["part", "mean abs error"], [(k, f"{v:.1%}") for k, v in parts.items()]), ""]
     return md
 
 

@@ -6,6 +6,7 @@ the shared format; nothing here knows how either was produced.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from collections.abc import Sequence
@@ -18,7 +19,8 @@ from schedules.trace import median_step
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["compare_pair", "kendall_tau", "kind_durations", "load_validation", "plot_validation", "validation_summary"]
+__all__ = ["compare_pair", "decomposition", "half_difference", "kendall_tau", "kind_durations", "load_validation",
+           "plot_validation", "validation_summary"]
 
 
 def kind_durations(trace: pd.DataFrame) -> dict[str, float]:
@@ -96,6 +98,38 @@ def validation_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "kendall_tau": kendall_tau([r["predicted_step_time"] for r in rows], [r["measured_step_time"] for r in rows])
         if len(rows) > 1 else 1.0,
     }
+
+
+def half_difference(round_medians: Sequence[float], step_time: float) -> float:
+    """(median of the even rounds' medians - that of the odd rounds') / ``step_time``; NaN with under 2 rounds.
+
+    Two independent halves of one measurement: their difference shows how far
+    the measurement itself wanders.
+    """
+    even, odd = round_medians[0::2], round_medians[1::2]
+    if not even or not odd:
+        return float("nan")
+    return (statistics.median(even) - statistics.median(odd)) / step_time
+
+
+def decomposition(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Mean |error| of the pipeline rows (those with a ``replay_error``), taken apart:
+
+    - ``replay``: each traced step simulated with its own task times (the dependency and message model);
+    - ``self_calibrated`` (``self_error``): each configuration predicted from its own runs' pass times, the
+      model without transfer between schedules;
+    - ``transferred`` (``error``): predicted from the calibration run;
+    - ``noise``: the expected |error| of a perfect prediction, from every row's ``half_difference``: for
+      normal noise the halves differ by twice the full median's error, so it is mean |half difference| / 2.
+    """
+    pipe = [r for r in rows if r.get("replay_error") is not None]
+    halves = [abs(r["half_difference"]) for r in rows if not math.isnan(r.get("half_difference", math.nan))]
+    mean = statistics.fmean
+    nan = float("nan")
+    return {"replay": mean(abs(r["replay_error"]) for r in pipe) if pipe else nan,
+            "self_calibrated": mean(abs(r["self_error"]) for r in pipe) if pipe else nan,
+            "transferred": mean(abs(r["error"]) for r in pipe) if pipe else nan,
+            "noise": mean(halves) / 2 if halves else nan}
 
 
 _ROW_KEYS = ("schedule", "microbatches", "predicted_step_time", "measured_step_time", "error", "measured_spread")

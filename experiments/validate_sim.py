@@ -136,7 +136,7 @@ def _predict(graph, costs) -> float:
 
 
 def validate_all(a: argparse.Namespace) -> dict:
-    from analysis.validation import kendall_tau
+    from analysis.validation import decomposition, half_difference, kendall_tau
     from real.measure import measure_interleaved
     from schedules import Kind, load_graph, validate
     from sim.profiled import from_trace, load_profile, trace_fit
@@ -188,7 +188,8 @@ def validate_all(a: argparse.Namespace) -> dict:
     for (s, m), r in by_key.items():
         row = {"schedule": s, "microbatches": m, "measured_step_time": r.step_time,
                "measured_spread": list(r.spread), "round_medians": list(r.round_medians),
-               "foreign_cores": max(r.foreign_cores)}
+               "foreign_cores": max(r.foreign_cores),
+               "half_difference": half_difference(r.round_medians, r.step_time)}
         g = graphs[(s, m)]
         if s.startswith("dp2-"):
             row["predicted_step_time"] = _predict(g, dp_costs())
@@ -204,6 +205,8 @@ def validate_all(a: argparse.Namespace) -> dict:
         row["predicted_step_time"] = _predict(g, trace_costs(n))
         row["profile_predicted_step_time"] = _predict(g, load_profile(profile, n))
         row["without"] = {k: _predict(g, trace_costs(n, **v)) for k, v in ablations.items()}
+        own = from_trace(list(r.traces), profile, num_stages=n)  # this configuration's own pass times
+        row["self_error"] = (_predict(g, own) - r.step_time) / r.step_time
         steps = [x.error for t in r.traces for x in replay(t, from_trace(t, fit=trace_fit(t)))]
         row["replay_error"] = statistics.median(steps)
         row["replay_abs_p90"] = sorted(abs(e) for e in steps)[int(0.9 * (len(steps) - 1))]
@@ -232,6 +235,7 @@ def validate_all(a: argparse.Namespace) -> dict:
                                              [tuple(x["measured_spread"]) for x in rows]),
         "max_abs_replay_error": max(abs(x["replay_error"]) for x in pipe_rows if x["replay_error"] is not None),
         "mechanisms": mechanisms,
+        "decomposition": decomposition(rows),
         "calibrated_from": {"schedule": a.calibrate_from, "microbatches": cal_m, "traces": cal_traces,
                             "fit": {k: v for k, v in vars(fit).items() if k != "passes"},
                             "passes": {f"{s}{k}": v for (s, k), v in fit.passes.items()}},
@@ -260,6 +264,7 @@ def _table(summary: dict) -> str:
     lines.append(f"from the profile alone: mean |error| {summary['profile_mean_abs_error']:.1%}, Kendall tau_b "
                  f"{summary['profile_kendall_tau_b']:.2f}")
     lines.append("mean |error| of the pipeline rows: " + ", ".join(f"{k} {v:.1%}" for k, v in summary["mechanisms"].items()))
+    lines.append("mean |error| taken apart: " + ", ".join(f"{k} {v:.1%}" for k, v in summary["decomposition"].items()))
     lines.append(f"{summary['seconds']:.0f} s")
     return "\n".join(lines)
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 from analysis.cli import main as schedlab
 from analysis.perfetto import to_chrome_trace, write_chrome_trace
 from analysis.report import write_report
-from analysis.validation import compare_pair, kendall_tau, validation_summary
+from analysis.validation import compare_pair, decomposition, half_difference, kendall_tau, validation_summary
 from schedules import OutputError, build, lower
 from schedules.trace import write_trace
 from sim import UniformCosts, simulate
@@ -122,6 +123,16 @@ def test_kendall_tau_counts_overlapping_spreads_as_ties():
     assert kendall_tau(xs, ys, [(10, 10), (21, 21), (20, 20)]) == pytest.approx(1 / 3)  # no overlap: as before
 
 
+def test_decomposition_of_the_error():
+    assert half_difference([0.10, 0.12, 0.11, 0.13, 0.09], 0.11) == pytest.approx((0.10 - 0.125) / 0.11)
+    assert math.isnan(half_difference([0.10], 0.10))
+    rows = [{"error": 0.04, "self_error": -0.02, "replay_error": 0.01, "half_difference": 0.06},
+            {"error": -0.10, "self_error": 0.04, "replay_error": -0.03, "half_difference": -0.02},
+            {"error": 0.2, "replay_error": None, "half_difference": 0.04}]  # the dp pair: no replay, noise only
+    assert decomposition(rows) == pytest.approx({"replay": 0.02, "self_calibrated": 0.03, "transferred": 0.07,
+                                                 "noise": 0.02})
+
+
 VALIDATION = {
     "schedules": [
         {"schedule": "1f1b", "microbatches": 4, "predicted_step_time": 0.100, "measured_step_time": 0.104,
@@ -131,6 +142,7 @@ VALIDATION = {
     ],
     "mean_abs_error": 0.0306, "kendall_tau_b": 1.0, "calibrated_from": {"schedule": "1f1b", "microbatches": 4},
     "mechanisms": {"all": 0.0306, "without send_cpu": 0.05},
+    "decomposition": {"replay": 0.007, "self_calibrated": 0.021, "transferred": 0.0306, "noise": 0.0125},
 }
 
 
@@ -143,6 +155,7 @@ def test_report_with_validation(tmp_path, capsys):
     assert (tmp_path / "r" / "validation.png").stat().st_size > 0
     assert "| 1f1b | 4 | 100.0 | 104.0 | 102.0-107.0 | -3.9% | -10.0% | -0.4% |" in md
     assert "| without send_cpu | 5.0% |" in md
+    assert "| self_calibrated | 2.1% |" in md and "| noise | 1.2% |" in md
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"schedules": [{"schedule": "x"}]}))
     for target, message in ((bad, "schedules[0] lacks microbatches, predicted_step_time"),
