@@ -29,7 +29,11 @@ Measured, with the same code the executor runs (:mod:`real.backward`):
   one activation-sized isend (gloo copies and queues it on the caller);
 * ``collectives`` (``--dp`` > 1): all_reduce, reduce_scatter and all_gather
   over each data-parallel group (ranks with equal ``rank % pp``), fitted as
-  alpha + n / beta with n the bytes of the full buffer.
+  alpha + n / beta with n the bytes of the full buffer, per collective of a
+  burst of :data:`BURST` issued back to back (``async_op``) and waited for
+  together, as the runtime issues its gradient buckets. On gloo a collective
+  in such a burst takes about twice as long per byte as one called alone
+  (``single``: those timings, kept for reference).
 
 File schema (JSON, ``"schema": "schedlab.profile/1"``)::
 
@@ -41,7 +45,8 @@ File schema (JSON, ``"schema": "schedlab.profile/1"``)::
                      "param_bytes", "F"|"B"|"I"|"W"|"OPTIM": {"median", "p10", "p90", "n"}}]}],
      "step_overhead": {...stat}, "task_overhead": {...stat},
      "p2p": {"alpha", "beta" (null: inf), "send_cpu": {...stat}, "sizes": [{"bytes", ...stat}]} | null,
-     "collectives": {"all_reduce"|"reduce_scatter"|"all_gather": {"alpha", "beta", "sizes": [...]}} | null}
+     "collectives": {"all_reduce"|"reduce_scatter"|"all_gather": {"alpha", "beta", "burst", "sizes": [...],
+                     "single": {"alpha", "beta", "sizes": [...]}}} | null}
 
 All times in seconds, beta in bytes per second. :class:`sim.profiled.ProfiledCosts` loads it.
 """
@@ -336,8 +341,12 @@ def _p2p(activation_bytes: int, warmup: int, reps: int) -> dict[str, Any] | None
     return {"alpha": alpha, "beta": _json_bandwidth(beta), "sizes": rows, "send_cpu": _stat(posts)}
 
 
+BURST = 4  # collectives in flight at once when timing them: a bucketed backward or a step's end issues several
+
+
 def _collectives(pp: int, dp: int, param_bytes: int, warmup: int, reps: int) -> dict[str, Any] | None:
-    """all_reduce, reduce_scatter and all_gather over this rank's data-parallel group, alpha + n / beta."""
+    """all_reduce, reduce_scatter and all_gather over this rank's data-parallel group, alpha + n / beta, per
+    collective of a burst of BURST (see the module doc), and one at a time (``single``)."""
     if dp < 2:
         return None
     rank = dist.get_rank()
@@ -349,28 +358,35 @@ def _collectives(pp: int, dp: int, param_bytes: int, warmup: int, reps: int) -> 
     sizes = sorted({max(4 * dp, param_bytes // 4 // dp * dp), max(4 * dp, param_bytes // dp * dp)})
     out: dict[str, Any] = {}
     for op in ("all_reduce", "reduce_scatter", "all_gather"):
-        rows, fit_n, fit_t = [], [], []
-        for n in sizes:
-            full = torch.zeros(n // 4, dtype=torch.float32)
-            shard = torch.zeros(n // 4 // dp, dtype=torch.float32)
+        fits = {}
+        for burst in (1, BURST):
+            rows, fit_n, fit_t = [], [], []
+            for n in sizes:
+                fulls = [torch.zeros(n // 4, dtype=torch.float32) for _ in range(burst)]
+                shards = [torch.zeros(n // 4 // dp, dtype=torch.float32) for _ in range(burst)]
 
-            def call(op=op, full=full, shard=shard) -> float:
-                dist.barrier(group=group)
-                t = time.perf_counter()
-                if op == "all_reduce":
-                    dist.all_reduce(full, group=group)
-                elif op == "reduce_scatter":
-                    dist.reduce_scatter_tensor(shard, full, group=group)
-                else:
-                    dist.all_gather_into_tensor(full, shard, group=group)
-                return time.perf_counter() - t
+                def call(op=op, fulls=fulls, shards=shards) -> float:
+                    dist.barrier(group=group)
+                    t = time.perf_counter()
+                    if op == "all_reduce":
+                        works = [dist.all_reduce(f, group=group, async_op=True) for f in fulls]
+                    elif op == "reduce_scatter":
+                        works = [dist.reduce_scatter_tensor(sh, f, group=group, async_op=True)
+                                 for sh, f in zip(shards, fulls, strict=True)]
+                    else:
+                        works = [dist.all_gather_into_tensor(f, sh, group=group, async_op=True)
+                                 for sh, f in zip(shards, fulls, strict=True)]
+                    for w in works:
+                        w.wait()
+                    return (time.perf_counter() - t) / len(works)
 
-            samples = _gathered(_repeat(call, warmup, reps))
-            rows.append({"bytes": n, **_stat(samples)})
-            fit_n.append(float(n))
-            fit_t.append(statistics.median(samples))
-        alpha, beta = _fit_alpha_beta(fit_n, fit_t)
-        out[op] = {"alpha": alpha, "beta": _json_bandwidth(beta), "sizes": rows}
+                samples = _gathered(_repeat(call, warmup, reps))
+                rows.append({"bytes": n, **_stat(samples)})
+                fit_n.append(float(n))
+                fit_t.append(statistics.median(samples))
+            alpha, beta = _fit_alpha_beta(fit_n, fit_t)
+            fits[burst] = {"alpha": alpha, "beta": _json_bandwidth(beta), "sizes": rows}
+        out[op] = {**fits[BURST], "burst": BURST, "single": fits[1]}
     return out
 
 

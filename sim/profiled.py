@@ -460,7 +460,7 @@ def trace_fit(trace: Any) -> TraceFit:
     """The calibration's figures from one or more real traces (paths or DataFrames) of one stage layout."""
     import statistics
 
-    from schedules.trace import trace_steps
+    from schedules.trace import trace_steps, work_span
 
     frames = _frames(trace)
     passes: dict[tuple[int, str], list[float]] = {}
@@ -474,7 +474,7 @@ def trace_fit(trace: Any) -> TraceFit:
             rows = part.sort_values(["rank", "start", "end"]).to_dict("records")
             num_stages = max(num_stages, 1 + max(r["stage"] for r in rows))
             if step in walls:
-                overheads.append(walls[step] - (part["end"].max() - part["start"].min()))
+                overheads.append(walls[step] - work_span(part))
             held = occupancy(part, pp)
             for r in rows:
                 if r["stream"] == "send" and (r["rank"], r["action"]) in held:

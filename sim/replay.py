@@ -70,7 +70,7 @@ class _StepCosts:
 
 def replay(trace: Any, costs: ProfiledCosts | None = None) -> list[ReplayStep]:
     """One :class:`ReplayStep` per traced step of one real trace (path or DataFrame)."""
-    from schedules.trace import trace_steps
+    from schedules.trace import trace_steps, work_span
 
     (df,) = _frames(trace)
     graph = trace_graph(df.attrs)
@@ -80,5 +80,5 @@ def replay(trace: Any, costs: ProfiledCosts | None = None) -> list[ReplayStep]:
     out = []
     for step, part in trace_steps(df).items():
         result = simulate(graph, _StepCosts(costs, occupancy(part, int(df.attrs["params"]["pp"]))), check=False)
-        out.append(ReplayStep(step, result.makespan, float(part["end"].max() - part["start"].min())))
+        out.append(ReplayStep(step, result.makespan, work_span(part)))
     return out

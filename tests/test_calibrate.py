@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from schedules import CostFileError, Kind, load_graph, validate
+from schedules.trace import work_span
 from sim import simulate
 from sim.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, from_trace, step_time, trace_fit
 from sim.replay import replay
@@ -118,6 +119,19 @@ def test_a_slower_message_in_one_step_is_replayed(recorded):
     step1 = replay(df)[1]
     assert step1.measured_span == pytest.approx(replay(recorded)[1].measured_span + 0.005, rel=1e-9)
     assert abs(step1.error) < 1e-9
+
+
+def test_an_early_receive_is_no_work(recorded):
+    """A rank that starts its step 2 ms early and posts a receive waits: no part of the programs' span, so the
+    replay and the step overhead are as if it had posted the receive with the others."""
+    df = recorded.copy()
+    early = (df["step"] == 2) & (df["stream"] == "recv") & (df["action"] == "1RECV_F0")
+    df.loc[early, "start"] -= 0.002
+    part = df[df["step"] == 2]
+    assert work_span(part) == pytest.approx(float(part["end"].max() - part["start"].min()) - 0.002, rel=1e-9)
+    assert [s.measured_span for s in replay(df)] == pytest.approx([s.measured_span for s in replay(recorded)])
+    assert abs(replay(df)[2].error) < 1e-9
+    assert trace_fit(df).step_overhead == pytest.approx(0.006, rel=1e-9)
 
 
 def _profile_file(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from schedules import CostFileError, Kind, build, load_graph, lower, validate
+from schedules.dp import add_data_parallel
 from sim import simulate
 from sim.profiled import PROFILE_SCHEMA, ProfiledCosts, load_profile, step_time
 from tests.conftest import run_sim
@@ -215,6 +216,30 @@ def test_tiny_real_profile_loads_and_simulates(tmp_path):
         costs = load_profile(out, graph.schedule.num_stages)
         t = step_time(simulate(graph, costs), costs)
         assert math.isfinite(t) and t > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(40)
+def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
+    """--dp 2: every collective is fitted per member of a burst issued as the runtime issues its buckets, with the
+    one-at-a-time timings kept; the file prices a bucketed ddp graph."""
+    from real.launch import torchrun
+    from real.profile import BURST
+
+    out = tmp_path / "p.json"
+    proc = torchrun(2, ["-m", "real.profile", "--layers", "2", "--dim", "16", "--seq", "8", "--stages", "1", "--dp", "2",
+                        "--pp", "1", "--microbatch-size", "2", "--reps", "3", "--warmup", "1", "--out", str(out)],
+                    timeout=35, capture=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    colls = json.loads(out.read_text())["collectives"]
+    assert set(colls) == {"all_reduce", "reduce_scatter", "all_gather"}
+    for c in colls.values():
+        assert c["burst"] == BURST and len(c["sizes"]) == len(c["single"]["sizes"]) == 2
+        assert c["alpha"] >= 0 and c["single"]["alpha"] >= 0
+    graph = validate(add_data_parallel(lower(build("gpipe", pp=1, microbatches=2)), "ddp", [3]))
+    costs = load_profile(out, 1)
+    t = step_time(simulate(graph, costs), costs)
+    assert math.isfinite(t) and t > 0
 
 
 @pytest.mark.slow
