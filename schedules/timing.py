@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 from schedules.ir import Action, Kind, Schedule
 
-__all__ = ["Timing", "action_held_freed", "evaluate", "held_freed", "pass_time", "recomputed_keys"]
+__all__ = ["CompiledTiming", "Timing", "action_held_freed", "compile_timing", "evaluate", "held_freed", "pass_time",
+           "rank_ends", "recomputed_keys"]
 
 
 def pass_time(kind: Kind, tf: float, tb: float, tw: float) -> float:
@@ -126,6 +127,103 @@ def _data_deps(a: Action, last: int) -> list[tuple[Kind, int, int | None]]:
     return []
 
 
+@dataclass(frozen=True, slots=True)
+class CompiledTiming:
+    """A schedule's compute actions in an order every dependency respects (:func:`compile_timing`).
+
+    Per action: its rank, its duration slot (``slots[k]``: the (kind, stage)
+    parts whose times it sums) and its data dependencies as (action, hop slot)
+    pairs. Hop slot 0 is a same-rank dependency (no delay); ``1 + 2 s`` the
+    activation crossing from stage s to s + 1, ``2 + 2 s`` the gradient
+    crossing back from s + 1 to s. Each rank's actions keep their program order.
+    """
+
+    ranks: tuple[int, ...]
+    dslot: tuple[int, ...]
+    deps: tuple[tuple[tuple[int, int], ...], ...]
+    slots: tuple[tuple[tuple[Kind, int], ...], ...]
+    num_ranks: int
+    num_stages: int
+
+
+def compile_timing(schedule: Schedule) -> CompiledTiming:
+    """Order the compute actions as the ranks would run them with every pass instantly done (a topological order).
+
+    Raises ValueError when the programs wait on each other in a cycle or on
+    work no rank runs (:func:`schedules.validate` says which).
+    """
+    progs, s2r, last = schedule.programs, schedule.stage_to_rank, schedule.num_stages - 1
+    made: dict[tuple[Kind, int, int | None], int] = {}
+    slot_of: dict[tuple[tuple[Kind, int], ...], int] = {}
+    ranks: list[int] = []
+    dslot: list[int] = []
+    deps: list[tuple[tuple[int, int], ...]] = []
+    pos = [0] * len(progs)
+    pending = sum(len(p) for p in progs)
+    while pending:
+        moved = False
+        for r, prog in enumerate(progs):
+            while pos[r] < len(prog):
+                action = prog[pos[r]]
+                parts = action.parts()
+                found: list[tuple[int, int]] = []
+                blocked = False
+                for a in parts:
+                    for key in _data_deps(a, last):
+                        kind, s, mb = key
+                        k = made.get(key)
+                        if k is None and kind is Kind.I:
+                            k = made.get((Kind.B, s, mb))
+                        if k is None:
+                            blocked = True
+                            break
+                        # an activation crosses from s to s + 1, a gradient from s back to s - 1
+                        found.append((k, 0 if s2r[s] == r else (1 + 2 * s if kind is Kind.F else 2 * s)))
+                    if blocked:
+                        break
+                if blocked:
+                    break
+                ranks.append(r)
+                dslot.append(slot_of.setdefault(tuple((a.kind, a.stage) for a in parts), len(slot_of)))
+                deps.append(tuple(found))
+                for a in parts:
+                    made[(a.kind, a.stage, a.microbatch)] = len(ranks) - 1
+                pos[r] += 1
+                pending -= 1
+                moved = True
+        if not moved:
+            raise ValueError(f"schedule {schedule.name!r}: the programs wait on each other (a cycle) or on missing work")
+    return CompiledTiming(tuple(ranks), tuple(dslot), tuple(deps), tuple(slot_of), len(progs), schedule.num_stages)
+
+
+def _timeline(ct: CompiledTiming, durations: list[float], hops: list[float],
+              starts: list[float] | None = None) -> tuple[list[float], list[float]]:
+    """(each action's end, each rank's last end); also each action's start into ``starts`` if given."""
+    end: list[float] = [0] * len(ct.ranks)  # ints stay exact (evaluate takes ints)
+    free: list[float] = [0] * ct.num_ranks
+    k = 0
+    for r, ds, dd in zip(ct.ranks, ct.dslot, ct.deps, strict=True):
+        t = free[r]
+        for d, h in dd:
+            x = end[d] + hops[h]
+            if x > t:
+                t = x
+        if starts is not None:
+            starts.append(t)
+        t += durations[ds]
+        end[k] = free[r] = t
+        k += 1
+    return end, free
+
+
+def rank_ends(ct: CompiledTiming, durations: list[float], hops: list[float]) -> list[float]:
+    """Per rank, when its last compute action ends: every action as early as its rank and its inputs allow.
+
+    ``durations[slot]`` per duration slot, ``hops[slot]`` per hop slot (see :class:`CompiledTiming`).
+    """
+    return _timeline(ct, durations, hops)[1]
+
+
 def evaluate(schedule: Schedule, tf: float, tb: float, tw: float, tcomm: float = 0.0, mw: float = 0.0,
              pair_overlap: float = 0.0, input_fraction: float = 0.0) -> Timing:
     """The simulator's timing of ``schedule`` under uniform costs, without lowering it.
@@ -137,53 +235,22 @@ def evaluate(schedule: Schedule, tf: float, tb: float, tw: float, tcomm: float =
     work no rank runs (:func:`schedules.validate` says which).
     """
     v = schedule.chunks
-    s2r, last = schedule.stage_to_rank, schedule.num_stages - 1
-    recomputed = recomputed_keys(schedule.programs)
-
-    def dur(action: Action) -> float:
-        times = [pass_time(a.kind, tf, tb, tw) for a in action.parts()]
-        extra = pair_overlap * min(times) if len(times) > 1 else 0
-        return (sum(times) - extra) / v if v > 1 else sum(times) - extra
-
-    done: dict[tuple[Kind, int, int | None], tuple[float, int]] = {}  # produced value -> (end, rank)
+    ct = compile_timing(schedule)
+    durations = []
+    for parts in ct.slots:
+        times = [pass_time(k, tf, tb, tw) for k, _ in parts]
+        t = sum(times) - (pair_overlap * min(times) if len(times) > 1 else 0)
+        durations.append(t / v if v > 1 else t)
+    start_of: list[float] = []
+    end_of, _ = _timeline(ct, durations, [0] + [tcomm] * (2 * ct.num_stages), start_of)
     progs = schedule.programs
-    pos = [0] * len(progs)
-    free = [0] * len(progs)
     starts: list[list[float]] = [[] for _ in progs]
     ends: list[list[float]] = [[] for _ in progs]
-    pending = sum(len(p) for p in progs)
-    while pending:
-        moved = False
-        for r, prog in enumerate(progs):
-            while pos[r] < len(prog):
-                action = prog[pos[r]]
-                ready = free[r]
-                blocked = False
-                for a in action.parts():
-                    for key in _data_deps(a, last):
-                        kind, s, mb = key
-                        hit = done.get(key) or (done.get((Kind.B, s, mb)) if kind is Kind.I else None)
-                        if hit is None:
-                            blocked = True
-                            break
-                        t = hit[0] + (tcomm if hit[1] != r else 0)
-                        ready = max(ready, t)
-                    if blocked:
-                        break
-                if blocked:
-                    break
-                end = ready + dur(action)
-                starts[r].append(ready)
-                ends[r].append(end)
-                free[r] = end
-                for a in action.parts():
-                    done[(a.kind, a.stage, a.microbatch)] = (end, s2r[a.stage])
-                pos[r] += 1
-                pending -= 1
-                moved = True
-        if not moved:
-            raise ValueError(f"schedule {schedule.name!r}: the programs wait on each other (a cycle) or on missing work")
+    for r, st, en in zip(ct.ranks, start_of, end_of, strict=True):
+        starts[r].append(st)
+        ends[r].append(en)
     share = 1.0 / v
+    recomputed = recomputed_keys(progs)
     peaks = []
     for prog in progs:
         held = peak = 0.0

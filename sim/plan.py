@@ -44,8 +44,9 @@ from schedules import Schedule, TaskGraph, build, validate
 from schedules.dp import add_data_parallel
 from schedules.errors import check_positive_ints
 from schedules.registry import lookup
+from schedules.timing import CompiledTiming, compile_timing
 from sim.engine import simulate
-from sim.plan_bounds import Bounds, CompiledTiming, MemoryRows, compile_timing, memory_rows, small_m
+from sim.plan_bounds import Bounds, MemoryRows, memory_rows, small_m
 from sim.plan_space import PlanConfig, PlanSpace, enumerate_configs
 from sim.study import Study, StudyResult, exposed_comm
 

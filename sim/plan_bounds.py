@@ -44,13 +44,14 @@ from functools import lru_cache
 
 from schedules import Action, Kind, Schedule, ScheduleError, build
 from schedules.errors import ConfigError
+from schedules.timing import CompiledTiming, rank_ends
 from sim.memory import model_state_bytes
 from sim.parallel import ParallelConfig
 from sim.plan_space import PlanConfig, PlanSpace, shape_ok
 from sim.transformer import partition_layers
 from sim.transformer_costs import TransformerCosts
 
-__all__ = ["Bounds", "CompiledTiming", "MemoryRows", "compile_timing", "memory_rows", "peak_activations", "rank_ends"]
+__all__ = ["Bounds", "MemoryRows", "memory_rows", "peak_activations"]
 
 _F, _I, _W, _B = Kind.F, Kind.I, Kind.W, Kind.B
 #: Per rank: the (P, Q) count vectors over the rank's stages (in stage order) at every forward, Pareto-maximal.
@@ -370,7 +371,7 @@ class Bounds:
         return best
 
     def tight_bound(self, c: PlanConfig, ct: CompiledTiming) -> float:
-        """A step time no simulation of ``c`` can beat, from its schedule's own order (``compile_timing``).
+        """A step time no simulation of ``c`` can beat, from its schedule's own order (:func:`schedules.timing.compile_timing`).
 
         Every compute action starts once its rank's previous one and its inputs
         are done (a cross-rank input one message's alpha-beta time later, with
@@ -403,100 +404,3 @@ class Bounds:
     def recompute_time(self, c: PlanConfig) -> float:
         """Seconds per step the busiest rank spends recomputing (I with recomputation less I without)."""
         return c.microbatches * max(self._rank_figs(c)[1].recompute)
-
-
-# ------------------------------------------------------------------------------------ the schedule's own timing
-@dataclass(frozen=True, slots=True)
-class CompiledTiming:
-    """A schedule's compute actions in an order every dependency respects, for :meth:`Bounds.tight_bound`.
-
-    Per action: its rank, its duration slot (``slots[k]``: the (kind, stage)
-    parts whose times it sums) and its data dependencies as (action, hop slot)
-    pairs. Hop slot 0 is a same-rank dependency (no delay); ``1 + 2 s`` the
-    activation crossing from stage s to s + 1, ``2 + 2 s`` the gradient
-    crossing back from s + 1 to s.
-    """
-
-    ranks: tuple[int, ...]
-    dslot: tuple[int, ...]
-    deps: tuple[tuple[tuple[int, int], ...], ...]
-    slots: tuple[tuple[tuple[Kind, int], ...], ...]
-    num_ranks: int
-    num_stages: int
-
-
-def _consumes(a: Action, last: int) -> tuple[tuple[Kind, int, int | None, int], ...]:
-    """(kind, stage, microbatch, hop slot if it crosses ranks) of the passes ``a`` consumes."""
-    s, mb = a.stage, a.microbatch
-    if a.kind is _F:
-        return ((_F, s - 1, mb, 1 + 2 * (s - 1)),) if s > 0 else ()
-    if a.kind is _I or a.kind is _B:
-        return ((_F, s, mb, 0),) + (((_I, s + 1, mb, 2 + 2 * s),) if s < last else ())
-    if a.kind is _W:
-        return ((_I, s, mb, 0),)
-    raise ConfigError(f"plan: action {a} of kind {a.kind.value}: the planner times F, I, W and B only",
-                      field="schedule")
-
-
-def compile_timing(schedule: Schedule) -> CompiledTiming:
-    """Order the compute actions as the ranks would run them with every pass instantly done (a topological order)."""
-    progs, s2r, last = schedule.programs, schedule.stage_to_rank, schedule.num_stages - 1
-    made: dict[tuple[Kind, int, int | None], int] = {}
-    slot_of: dict[tuple[tuple[Kind, int], ...], int] = {}
-    ranks: list[int] = []
-    dslot: list[int] = []
-    deps: list[tuple[tuple[int, int], ...]] = []
-    pos = [0] * len(progs)
-    pending = sum(len(p) for p in progs)
-    while pending:
-        moved = False
-        for r, prog in enumerate(progs):
-            while pos[r] < len(prog):
-                action = prog[pos[r]]
-                parts = action.parts()
-                found: list[tuple[int, int]] = []
-                blocked = False
-                for a in parts:
-                    for kind, s, mb, hop in _consumes(a, last):
-                        k = made.get((kind, s, mb))
-                        if k is None and kind is _I:
-                            k = made.get((_B, s, mb))
-                        if k is None:
-                            blocked = True
-                            break
-                        found.append((k, hop if s2r[s] != r else 0))
-                    if blocked:
-                        break
-                if blocked:
-                    break
-                key = tuple((a.kind, a.stage) for a in parts)
-                idx = len(ranks)
-                ranks.append(r)
-                dslot.append(slot_of.setdefault(key, len(slot_of)))
-                deps.append(tuple(found))
-                for a in parts:
-                    made[(a.kind, a.stage, a.microbatch)] = idx
-                pos[r] += 1
-                pending -= 1
-                moved = True
-        if not moved:
-            raise ScheduleError(f"schedule {schedule.name!r}: the programs wait on each other (a cycle) or on "
-                                "missing work")
-    return CompiledTiming(tuple(ranks), tuple(dslot), tuple(deps), tuple(slot_of), len(progs), schedule.num_stages)
-
-
-def rank_ends(ct: CompiledTiming, durations: Sequence[float], hops: Sequence[float]) -> list[float]:
-    """Per rank, when its last compute action ends: every action as early as its rank and its inputs allow."""
-    end = [0.0] * len(ct.ranks)
-    free = [0.0] * ct.num_ranks
-    k = 0
-    for r, ds, dd in zip(ct.ranks, ct.dslot, ct.deps, strict=True):
-        t = free[r]
-        for d, h in dd:
-            x = end[d] + hops[h]
-            if x > t:
-                t = x
-        t += durations[ds]
-        end[k] = free[r] = t
-        k += 1
-    return free

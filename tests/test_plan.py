@@ -28,11 +28,11 @@ from schedules import (
 )
 from schedules.ir import Kind
 from schedules.lower import _GraphBuilder, insert_comms
-from schedules.timing import evaluate
+from schedules.timing import compile_timing, rank_ends
 from sim.cluster import cluster_preset
 from sim.parallel import ParallelConfig
 from sim.plan import plan
-from sim.plan_bounds import MONOTONE_IN_M, Bounds, compile_timing, memory_rows, rank_ends
+from sim.plan_bounds import MONOTONE_IN_M, Bounds, memory_rows
 from sim.plan_space import PlanConfig, PlanSpace, enumerate_configs, shape_ok
 from sim.study import Study, StudyResult, run_study
 from sim.transformer import TransformerConfig, model_preset, partition_layers
@@ -124,51 +124,40 @@ def _check_bound_and_memory(space: PlanSpace, configs) -> dict[PlanConfig, Study
     return results
 
 
-@pytest.mark.parametrize(("config", "tight"), [
-    (PlanConfig(1, 1, 1, "1f1b", 1, 1, 8, "none", "none", False), 1.0),
-    (PlanConfig(2, 4, 1, "1f1b", 1, 1, 8, "none", "none", False), 1.0),
-    (PlanConfig(2, 4, 1, "gpipe", 1, 1, 8, "none", "none", False), 0.99),
-    (PlanConfig(2, 4, 1, "interleaved-1f1b", 2, 1, 8, "none", "none", False), 0.999),
-    (PlanConfig(2, 4, 1, "zb-v", 2, 1, 8, "none", "none", False), 0.998),
-    (PlanConfig(2, 4, 1, "zb-h1", 1, 1, 8, "none", "none", False), 0.97),
-    (PlanConfig(1, 1, 8, "1f1b", 1, 1, 8, "ddp", "none", False), 0.98)])
-def test_bound_against_the_step(config, tight):
-    """gpt-6.2b on H100s: 1F1B's bound (warm-up + busy + cool-down + optimizer) is its step exactly; the others close."""
-    space = _space(model=model_preset("gpt-6.2b"), global_batch=8 * config.dp)
-    lb, step = Bounds(space).lower_bound(config), _simulate(space, config).step_time
-    assert lb <= step * (1 + 1e-12)
-    assert lb >= tight * step * (1 - 1e-12)
-
-
-@pytest.mark.parametrize("name", [n for n in names() if not spec(n).adaptive])
-def test_compiled_timing_is_the_evaluator(name):
-    """rank_ends on a compiled schedule gives schedules.timing.evaluate's per-rank ends exactly (integer times)."""
-    v = spec(name).default_chunks
-    for pp, m in ((2, 4), (3, 6), (4, 8)):
-        if not shape_ok(name, pp, m, v):
-            continue
-        sched = build(name, pp=pp, microbatches=m, chunks=v)
-        ct = compile_timing(sched)
-        unit = {Kind.F: 3, Kind.I: 4, Kind.W: 2, Kind.B: 6}  # per chunk; evaluate takes a rank's share, v chunks
-        durations = [sum(unit[k] for k, _ in parts) for parts in ct.slots]
-        ref = evaluate(sched, 3 * v, 4 * v, 2 * v, tcomm=1)
-        ends = rank_ends(ct, durations, [0] + [1] * (2 * sched.num_stages))
-        assert ends == [e[-1] if e else 0 for e in ref.ends], (name, pp, m)
-
-
-@pytest.mark.parametrize(("config", "tight"), [
-    (PlanConfig(2, 4, 1, "zb-h1", 1, 1, 8, "none", "none", False), 0.999),
-    (PlanConfig(2, 4, 1, "zb-v", 2, 1, 8, "none", "none", False), 0.999),
-    (PlanConfig(2, 4, 1, "v-min", 2, 1, 8, "none", "none", False), 0.999),
-    (PlanConfig(2, 4, 1, "dualpipe-v", 2, 1, 8, "none", "none", False), 0.999)])
-def test_tight_bound_against_the_step(config, tight):
-    """The schedule's own timing closes the I/W schedules' gap that the closed-form bound leaves open."""
+@pytest.mark.parametrize(("config", "closed", "own"), [
+    (PlanConfig(1, 1, 1, "1f1b", 1, 1, 8, "none", "none", False), 1.0, 1.0),
+    (PlanConfig(2, 4, 1, "1f1b", 1, 1, 8, "none", "none", False), 1.0, 1.0),
+    (PlanConfig(2, 4, 1, "gpipe", 1, 1, 8, "none", "none", False), 0.99, 0.99),
+    (PlanConfig(2, 4, 1, "interleaved-1f1b", 2, 1, 8, "none", "none", False), 0.999, 0.999),
+    (PlanConfig(2, 4, 1, "zb-v", 2, 1, 8, "none", "none", False), 0.998, 0.999),
+    (PlanConfig(2, 4, 1, "zb-h1", 1, 1, 8, "none", "none", False), 0.97, 0.999),
+    (PlanConfig(2, 4, 1, "v-min", 2, 1, 8, "none", "none", False), 0.0, 0.999),
+    (PlanConfig(2, 4, 1, "dualpipe-v", 2, 1, 8, "none", "none", False), 0.0, 0.999),
+    (PlanConfig(1, 1, 8, "1f1b", 1, 1, 8, "ddp", "none", False), 0.98, 0.98)])
+def test_bounds_against_the_step(config, closed, own):
+    """gpt-6.2b on H100s: 1F1B's closed-form bound (warm-up + busy + cool-down + optimizer) is its step exactly,
+    the others' close; the schedule's own timing (tight bound) closes the I/W schedules' gap too."""
     space = _space(model=model_preset("gpt-6.2b"), global_batch=8 * config.dp)
     bounds = Bounds(space)
     sched = build(config.schedule, pp=config.pp, microbatches=config.microbatches, chunks=config.chunks)
-    tb, step = bounds.tight_bound(config, compile_timing(sched)), _simulate(space, config).step_time
-    assert bounds.lower_bound(config) <= tb <= step * (1 + 1e-12)
-    assert tb >= tight * step
+    lb, tb = bounds.lower_bound(config), bounds.tight_bound(config, compile_timing(sched))
+    step = _simulate(space, config).step_time
+    assert lb <= tb <= step * (1 + 1e-12)
+    assert lb >= closed * step * (1 - 1e-12)
+    assert tb >= own * step * (1 - 1e-12)
+
+
+@pytest.mark.parametrize(("name", "v", "comm"), [("gpipe", 1, 1), ("1f1b", 1, 0), ("interleaved-1f1b", 2, 0)])
+def test_compiled_timing_closed_forms(name, v, comm):
+    """rank_ends, as the planner's tight bound calls it (durations per slot, delays per hop), gives the closed
+    forms: (m v + p - 1)(tf + tb + tw) per chunk, plus 2 (p - 1) messages for GPipe."""
+    unit = {Kind.F: 3, Kind.I: 4, Kind.W: 2, Kind.B: 6}
+    for pp, m in ((2, 4), (3, 6), (4, 8), (4, 4)):
+        sched = build(name, pp=pp, microbatches=m, chunks=v)
+        ct = compile_timing(sched)
+        durations = [sum(unit[k] for k, _ in parts) for parts in ct.slots]
+        ends = rank_ends(ct, durations, [0] + [comm] * (2 * sched.num_stages))
+        assert max(ends) == (m * v + pp - 1) * 9 + 2 * (pp - 1) * comm, (name, pp, m)
 
 
 def test_lower_bound_and_memory_against_simulation():
