@@ -139,6 +139,7 @@ def validate_all(a: argparse.Namespace) -> dict:
     from analysis.validation import decomposition, half_difference, kendall_tau
     from real.measure import measure_interleaved
     from schedules import Kind, load_graph, validate
+    from schedules.trace import read_trace
     from sim.profiled import from_trace, load_profile, trace_fit
     from sim.replay import replay
 
@@ -205,9 +206,10 @@ def validate_all(a: argparse.Namespace) -> dict:
         row["predicted_step_time"] = _predict(g, trace_costs(n))
         row["profile_predicted_step_time"] = _predict(g, load_profile(profile, n))
         row["without"] = {k: _predict(g, trace_costs(n, **v)) for k, v in ablations.items()}
-        own = from_trace(list(r.traces), profile, num_stages=n)  # this configuration's own pass times
+        frames = [read_trace(t) for t in r.traces]  # read once: its own calibration and every step's replay
+        own = from_trace(frames, profile, num_stages=n)  # this configuration's own pass times
         row["self_error"] = (_predict(g, own) - r.step_time) / r.step_time
-        steps = [x.error for t in r.traces for x in replay(t, from_trace(t, fit=trace_fit(t)))]
+        steps = [x.error for df in frames for x in replay(df, from_trace(df, fit=trace_fit(df)))]
         row["replay_error"] = statistics.median(steps)
         row["replay_abs_p90"] = sorted(abs(e) for e in steps)[int(0.9 * (len(steps) - 1))]
         meas = row["measured_step_time"]
