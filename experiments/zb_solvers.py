@@ -8,24 +8,20 @@ solution) and HiGHS through highspy (the seed as its first incumbent), both on
 bubble rate (the paper's definition) of what came back (the seed's if nothing
 better), and the wall time. Needs the ``milp`` extra (scipy, highspy).
 
-Usage: python experiments/zb_solvers.py [--time-limit 10] [--rows 0 1 3 6]   (row numbers of zb_table5.TABLE5)
+Usage: python experiments/zb_solvers.py [--time-limit 10] [--rows 0 1 3 6]   (row numbers of schedules.zb_paper.TABLE5)
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 from schedules.registry import PipelineParams
 from schedules.timing import evaluate
 from schedules.zb_auto import _best_heuristic
 from schedules.zb_exact import refine
 from schedules.zb_milp import refine_milp
-
-sys.path.insert(0, str(Path(__file__).parent))
-from zb_table5 import TABLE5
+from schedules.zb_paper import TABLE5
 
 SOLVERS = {
     "cp-sat": lambda seed, t, limit, secs: refine(seed, *t, 0.0, limit, secs),

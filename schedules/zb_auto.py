@@ -19,6 +19,13 @@ fit the limit; so the result is never slower than those at the same limit.
 That seed then goes to the exact refinement (:mod:`schedules.zb_exact`), whose
 schedule is kept only if its largest span is smaller at no larger makespan.
 Candidates are timed by :func:`schedules.timing.evaluate`, the simulator's semantics.
+
+The schedule's params say what the refinement did: ``refinement`` is the
+solver's status ("optimal", "feasible", "no solution", "timed out"; see
+:data:`schedules.zb_exact.STATUSES`), or "not run" (``time_limit`` 0, or one
+rank), or "seed optimal" (no rank of the seed idles inside its span, so its
+largest span is the busy time, a lower bound: nothing to search); ``refined``
+is True when the schedule is the solver's rather than the seed.
 """
 
 from __future__ import annotations
@@ -31,7 +38,7 @@ from schedules.errors import ScheduleError
 from schedules.ir import Action, Kind, Schedule
 from schedules.registry import PipelineParams, make_schedule, register
 from schedules.timing import evaluate
-from schedules.zb_exact import refine
+from schedules.zb_exact import solve
 from schedules.zero_bubble import zb_h1
 
 __all__ = ["greedy_zero_bubble", "makespan", "peak_memory", "zb_auto", "zb_h2"]
@@ -175,11 +182,12 @@ def zb_auto(params: PipelineParams) -> Schedule:
         raise ScheduleError(f"zb-auto: pass times tf={params.tf:g}, tb={params.tb:g}, tw={params.tw:g}, "
                             f"tcomm={params.tcomm:g} are so large that a step of them overflows; use smaller times")
     seed = _best_heuristic(params, limit, t)
+    status, refined = "not run", None
     if params.time_limit > 0 and p > 1:
-        refined = _refine(seed, params, limit, t)
-        if refined is not None:
-            return refined
-    return seed
+        status, refined = _refine(seed, params, limit, t)
+    out = refined or seed
+    return make_schedule("zb-auto", params, out.programs, mem_limit=limit, refinement=status,
+                         refined=refined is not None)
 
 
 def _cost(timing) -> tuple[float, float]:
@@ -212,17 +220,18 @@ def _best_heuristic(params: PipelineParams, limit: float, t: tuple[float, float,
     return min(fastest, key=lambda x: (max(x[0].spans), x[0].makespan, x[1]))[2]
 
 
-def _refine(seed: Schedule, params: PipelineParams, limit: float, t: tuple[float, float, float, float]) -> Schedule | None:
-    """The exact refinement's schedule if it has a smaller largest span at no larger makespan, else None."""
+def _refine(seed: Schedule, params: PipelineParams, limit: float,
+            t: tuple[float, float, float, float]) -> tuple[str, Schedule | None]:
+    """The refinement's status, and its schedule if that has a smaller largest span at no larger makespan."""
     base = evaluate(seed, *t, params.mw)
     if max(base.spans) <= max(base.busy) * (1 + 1e-12):
-        return None  # no rank idles inside its span: nothing to gain
-    out = refine(seed, *t, params.mw, limit, params.time_limit)
-    if out is None:
-        return None
-    out = make_schedule("zb-auto", params, out.programs, mem_limit=limit)
+        return "seed optimal", None  # no rank idles inside its span: nothing to gain
+    found = solve(seed, *t, params.mw, limit, params.time_limit)
+    if found.schedule is None:
+        return found.status, None
+    out = make_schedule("zb-auto", params, found.schedule.programs, mem_limit=limit)
     timing = evaluate(out, *t, params.mw)
     fits = max(timing.peaks) <= limit + 1e-9
     if fits and timing.makespan <= base.makespan * (1 + 1e-12) and max(timing.spans) < max(base.spans):
-        return out
-    return None
+        return found.status, out
+    return found.status, None

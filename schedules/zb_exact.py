@@ -31,11 +31,20 @@ only if it beats the seed.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from schedules.ir import Action, Kind, Schedule
 from schedules.timing import evaluate
 
-__all__ = ["refine"]
+__all__ = ["STATUSES", "Refinement", "refine", "solve"]
+
+# What the solver said, in words (CP-SAT's status names in parentheses):
+STATUSES = {
+    "OPTIMAL": "optimal",  # the returned schedule's cost is proven the least
+    "FEASIBLE": "feasible",  # a schedule, stopped by the time limit before a proof
+    "INFEASIBLE": "no solution",  # proven: no schedule satisfies the model (the seed should: a bug)
+    "UNKNOWN": "timed out",  # the time limit came before any schedule
+}
 
 _TICKS = 10_000  # the longest pass spans at least this many ticks
 _MEM_Q = 1000  # memory resolution when W holds a fraction mw
@@ -48,11 +57,27 @@ def _scale(*times: float) -> int:
     return 10 ** max(0, math.ceil(math.log10(_TICKS / top)))
 
 
+@dataclass(frozen=True, slots=True)
+class Refinement:
+    """The solver's schedule (None unless it found one) and its status, one of :data:`STATUSES`' values."""
+
+    schedule: Schedule | None
+    status: str
+
+
 def refine(
     seed: Schedule, tf: float, tb: float, tw: float, tcomm: float, mw: float, limit: float,
     time_limit: float, workers: int = 8,
 ) -> Schedule | None:
-    """A schedule with a smaller largest span than ``seed`` at no larger makespan, or None if none was found.
+    """:func:`solve`'s schedule alone (None if it found none)."""
+    return solve(seed, tf, tb, tw, tcomm, mw, limit, time_limit, workers).schedule
+
+
+def solve(
+    seed: Schedule, tf: float, tb: float, tw: float, tcomm: float, mw: float, limit: float,
+    time_limit: float, workers: int = 8,
+) -> Refinement:
+    """The best schedule found at no larger cost than ``seed``'s and no larger makespan, with the solver's status.
 
     ``seed`` has one stage per rank (stage r on rank r), I/W split. ``time_limit``
     bounds the search in wall-clock seconds. ``workers``: CP-SAT's parallel
@@ -116,8 +141,11 @@ def refine(
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = 0
     status = solver.solve(model)
+    name = solver.status_name(status)
+    if name not in STATUSES:  # MODEL_INVALID: the model built above is wrong
+        raise AssertionError(f"zb-auto's refinement built an invalid model: {solver.solution_info()}")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return None
+        return Refinement(None, STATUSES[name])
     order = {Kind.F: 0, Kind.I: 1, Kind.W: 2}
     programs: list[list[Action]] = []
     for r in range(p):
@@ -128,8 +156,8 @@ def refine(
                 keyed.append((t, t + dur[kind], order[kind], j, Action(kind, r, j)))
         keyed.sort(key=lambda x: x[:4])
         programs.append([x[-1] for x in keyed])
-    return Schedule.from_programs(programs, name=seed.name, stage_to_rank=seed.stage_to_rank,
-                                  num_microbatches=m, params=dict(seed.params))
+    return Refinement(Schedule.from_programs(programs, name=seed.name, stage_to_rank=seed.stage_to_rank,
+                                             num_microbatches=m, params=dict(seed.params)), STATUSES[name])
 
 
 def _memory(model, cp_model, at, r: int, m: int, t_f: int, t_b: int, t_w: int, mw: float, limit: float) -> None:

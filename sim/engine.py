@@ -132,6 +132,9 @@ class SimResult:
             "peak_activations": self.peak_activations,
             "costs": self.costs,
             "ranks": [r.to_dict() for r in self.ranks],
+            # zb-auto: what its exact refinement did (schedules.zb_auto's module doc)
+            **({"refinement": sched.params["refinement"], "refined": sched.params["refined"]}
+               if "refinement" in sched.params else {}),
         }
 
 

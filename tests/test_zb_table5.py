@@ -6,17 +6,12 @@ of a stage. Communication is an edge delay, as in the paper's simulation.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from schedules import build, lower
 from schedules.timing import evaluate
+from schedules.zb_paper import TABLE5, zb2p_refined
 from sim import UniformCosts, simulate
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-from zb_table5 import TABLE5, zb2p
 
 
 def row(model, p, m):
@@ -41,31 +36,73 @@ def test_simulator_reproduces_the_papers_handcrafted_columns(model, m, published
     assert ours == published
 
 
-def test_heuristic_alone_meets_zb2p_at_p8_m32():
-    """The issue's command without search time: within 0.5 points of the paper's 0.39% (we get 0.28%)."""
-    _, p, m, tf, tb, tw, tc, paper = row("1.5B", 8, 32)
-    assert abs(zb2p(p, m, tf, tb, tw, tc, 0) - paper) <= 0.005
+@pytest.mark.parametrize(("model", "p", "m", "rate"), [
+    ("1.5B", 8, 24, 0.0446), ("1.5B", 8, 32, 0.0028), ("1.5B", 8, 64, 0.0015),
+    ("6.2B", 8, 24, 0.0029), ("6.2B", 8, 32, 0.0022), ("6.2B", 8, 64, 0.0010),
+    ("14.6B", 16, 48, 0.0035), ("14.6B", 16, 64, 0.0029),
+])
+def test_heuristic_alone_on_table5(model, p, m, rate):
+    """zb-auto without the exact refinement: its bubble rate to 4 digits, and the refinement recorded as not run.
+
+    Every one of these is within 0.5 points of the paper's (0.10-0.66%, 4.33% at 1.5B m=24), so that
+    tolerance cannot tell a refinement that works from one that does nothing: see the test below."""
+    _, p, m, tf, tb, tw, tc, _ = row(model, p, m)
+    got, status, kept = zb2p_refined(p, m, tf, tb, tw, tc, 0)
+    assert (round(got, 4), status, kept) == (rate, "not run", False)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize(("model", "p", "m"), [("1.5B", 8, 24), ("1.5B", 8, 32), ("6.2B", 8, 32), ("14.6B", 16, 48)])
-def test_zb_auto_matches_table5_zb2p(model, p, m):
-    """Within 0.5 percentage points of the published ZB-2p (the heuristic alone is too, on these rows; at
-    1.5B p=8 m=24 the refinement takes 4.46% to the proven optimum 4.33%, the paper's figure)."""
-    _, p, m, tf, tb, tw, tc, paper = row(model, p, m)
-    s = build("zb-auto", pp=p, microbatches=m, tf=tf, tb=tb, tw=tw, tcomm=tc, mem_limit=2 * p, time_limit=10)
+def test_refinement_proves_the_optimum_at_1_5b_p8_m24():
+    """Where the refinement adds something: at 1.5B p=8 m=24 it takes the heuristic's 4.46% to 4.33%, the
+    proven optimum for these times (the paper's figure), at no larger makespan and within the 2p limit.
+    CP-SAT proves it in 2 to 11 s (8 workers); 120 s leaves room on a loaded machine."""
+    _, p, m, tf, tb, tw, tc, _ = row("1.5B", 8, 24)
+    kw = dict(pp=p, microbatches=m, tf=tf, tb=tb, tw=tw, tcomm=tc, mem_limit=2 * p)
+    seed = evaluate(build("zb-auto", time_limit=0, **kw), tf, tb, tw, tc)
+    s = build("zb-auto", time_limit=120, **kw)
     timing = evaluate(s, tf, tb, tw, tc)
-    assert abs(timing.span_bubble - paper) <= 0.005
+    assert (s.params["refinement"], s.params["refined"]) == ("optimal", True)
+    assert (round(seed.span_bubble, 4), round(timing.span_bubble, 4)) == (0.0446, 0.0433)
+    assert max(timing.spans) < max(seed.spans) and timing.makespan <= seed.makespan + 1e-9
     assert max(timing.peaks) <= 2 * p
     result = simulate(lower(s), UniformCosts(tf=tf, tb=tb, tw=tw, tcomm=tc))  # the simulator agrees
     assert result.span_bubble == pytest.approx(timing.span_bubble, abs=1e-12)
 
 
-def test_refinement_never_worse_than_its_seed():
-    """A short search at 1.5B p=8 m=24: the refined schedule's cost and makespan are no larger than the seed's."""
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("model", "p", "m"), [("1.5B", 8, 32), ("6.2B", 8, 24), ("14.6B", 16, 48)])
+def test_zb_auto_on_table5_says_what_the_search_did(model, p, m):
+    """A search stopped by its time limit: the status is the solver's (a schedule found, or none), a kept
+    schedule beats the heuristic's cost at no larger makespan, and one not kept leaves the heuristic's."""
+    _, p, m, tf, tb, tw, tc, _ = row(model, p, m)
+    kw = dict(pp=p, microbatches=m, tf=tf, tb=tb, tw=tw, tcomm=tc, mem_limit=2 * p)
+    seed_schedule = build("zb-auto", time_limit=0, **kw)
+    seed = evaluate(seed_schedule, tf, tb, tw, tc)
+    s = build("zb-auto", time_limit=10, **kw)
+    timing = evaluate(s, tf, tb, tw, tc)
+    assert s.params["refinement"] in ("optimal", "feasible", "timed out")
+    if s.params["refined"]:
+        assert max(timing.spans) < max(seed.spans) and timing.makespan <= seed.makespan + 1e-9
+        assert max(timing.peaks) <= 2 * p
+    else:
+        assert s.programs == seed_schedule.programs
+
+
+def test_refinement_status_when_it_finds_nothing():
+    """Stopped before any schedule: "timed out", and the heuristic's schedule is the result."""
     _, p, m, tf, tb, tw, tc, _ = row("1.5B", 8, 24)
     kw = dict(pp=p, microbatches=m, tf=tf, tb=tb, tw=tw, tcomm=tc, mem_limit=2 * p)
-    seed = evaluate(build("zb-auto", time_limit=0, **kw), tf, tb, tw, tc)
-    refined = evaluate(build("zb-auto", time_limit=1, **kw), tf, tb, tw, tc)
-    assert max(refined.spans) <= max(seed.spans) and refined.makespan <= seed.makespan + 1e-9
+    s = build("zb-auto", time_limit=1e-3, **kw)
+    assert (s.params["refinement"], s.params["refined"]) == ("timed out", False)
+    assert s.programs == build("zb-auto", time_limit=0, **kw).programs
+
+
+def test_refinement_status_when_the_seed_has_no_idle():
+    """p=2, m=4 at 4 M_B: no rank of the heuristic's schedule idles inside its span, so its largest span is
+    the busy time (4 F, 4 I and 4 W of 1 each), a lower bound: "seed optimal", and no search."""
+    s = build("zb-auto", pp=2, microbatches=4, mem_limit=4, time_limit=10)
+    timing = evaluate(s, 1.0, 1.0, 1.0, 0.0)
+    assert (s.params["refinement"], s.params["refined"]) == ("seed optimal", False)
+    assert (max(timing.spans), max(timing.busy)) == (12.0, 12.0)

@@ -165,6 +165,8 @@ def format_table(result: SimResult) -> str:
                              for k, v in d["costs"].items() if k != "model"),
         f"makespan {d['makespan']:.6g}   bubble ratio {d['bubble_ratio']:.4f}   span bubble {d['span_bubble']:.4%}   "
         f"peak activations {d['peak_activations']:.4g} M_B",
+        *([f"exact refinement: {d['refinement']}" + (", its schedule kept" if d["refined"] else ", the seed kept")]
+          if "refinement" in d else []),
         "",
         f"{'rank':>4}  {'busy':>10}  {'idle':>10}  {'first_start':>11}  {'last_end':>10}  {'peak_act(M_B)':>13}",
     ]
