@@ -172,7 +172,8 @@ def test_cli_costs_from_a_trace(recorded, tmp_path, capsys):
     assert d["step_time"] == pytest.approx(truth + 0.006, rel=1e-9) and d["costs"]["send_cpu"] == pytest.approx(SEND_CPU)
     code, out, err = run_sim(capsys, "--schedule", "zb-v", "--pp", "2", "--microbatches", "4", "--costs", str(path),
                              "--costs-profile", str(_profile_file(tmp_path)), "--json")
-    assert code == 0, err and json.loads(out)["stages"] == 4
+    assert code == 0, err
+    assert json.loads(out)["stages"] == 4
     code, out, err = run_sim(capsys, "--schedule", "zb-v", "--pp", "2", "--microbatches", "4", "--costs", str(path))
     assert code == 2 and "the trace runs 2 stages, the schedule 4" in err and len(err.strip().splitlines()) == 1
     code, out, err = run_sim(capsys, "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--costs-profile",
