@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from analysis.compare import comparison_table
 from analysis.theory import bubble_ratio as closed_form_bubble
 from analysis.timeline import plot_timeline, plot_timelines
-from analysis.validation import compare_pair, plot_validation, validation_summary
+from analysis.validation import compare_pair, format_tau, plot_validation, validation_summary
 from schedules.errors import OutputError
 from schedules.trace import write_trace
 from schedules.util import check_output_dir
@@ -249,7 +249,7 @@ def _real_section(sweep: Sweep, out: Path) -> list[str]:
     )
     return ["## Prediction against measurement", "", where, "", table, "",
             f"Mean absolute error {summary['mean_abs_error']:.1%}, worst {summary['max_abs_error']:.1%}, "
-            f"ranking agreement (Kendall tau) {summary['kendall_tau']:.2f}.", "", *figures]
+            f"ranking agreement (Kendall tau) {format_tau(summary['kendall_tau'])}.", "", *figures]
 
 
 def write_report(out: str | os.PathLike, sweep: Sweep, validation: dict[str, Any] | None = None) -> Path:
@@ -302,14 +302,14 @@ def _validation_section(data: dict[str, Any] | None, out: Path) -> list[str]:
     mech = data.get("mechanisms")
     if mech:
         md += ["Mean |error| with every mechanism, and with each switched off in turn:", "",
-               _markdown_table(["model", "mean abs error"], [(k, f"{v:.1%}") for k, v in mech.items()]), ""]
+               _markdown_table(["model", "mean abs error"], [(k, "-" if v is None else f"{v:.1%}") for k, v in mech.items()]), ""]
     parts = data.get("decomposition")
     if parts:
         md += ["Mean |error| of the pipeline rows taken apart: replay (each traced step with its own task times), "
                "self-calibrated (each configuration from its own runs), transferred (from the calibration run), "
                "and the noise of the measurement itself (the expected |error| of a perfect prediction, from two "
                "halves of each measurement):", "",
-               _markdown_table(["part", "mean abs error"], [(k, f"{v:.1%}") for k, v in parts.items()]), ""]
+               _markdown_table(["part", "mean abs error"], [(k, "-" if v is None else f"{v:.1%}") for k, v in parts.items()]), ""]
     return md
 
 

@@ -19,8 +19,14 @@ from schedules.trace import median_step
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["compare_pair", "decomposition", "half_difference", "kendall_tau", "kind_durations", "load_validation",
-           "plot_validation", "validation_summary"]
+__all__ = ["GOAL_GAP", "GOAL_TAU", "NOISE_LIMIT", "TOO_NOISY_EXIT", "compare_pair", "decomposition",
+           "describe_verdict", "exit_status", "format_tau", "half_difference", "kendall_tau", "kind_durations",
+           "load_validation", "noise_verdict", "plan_goal", "plot_validation", "score_grid", "score_plan",
+           "validation_summary"]
+
+NOISE_LIMIT = 0.05  # the error a validation grid is meant to judge: above this noise it cannot judge it
+TOO_NOISY_EXIT = 3  # the exit status of a script whose measurement was too noisy to judge
+GOAL_TAU, GOAL_GAP = 0.8, 0.05  # plan_check's goal: tau_b >= 0.8, the predicted best within 5% of the measured best
 
 
 def kind_durations(trace: pd.DataFrame) -> dict[str, float]:
@@ -62,6 +68,10 @@ def kendall_tau(xs: Sequence[float], ys: Sequence[float],
     ``y_spread``: an interval (e.g. p10-p90 over rounds) around each y; a pair
     whose intervals overlap is a tie in y (their measured difference lies within
     their combined spread, so the measurement cannot order them).
+
+    NaN when tau-b is undefined: fewer than two items, or every pair tied in
+    xs or every pair tied in ys (its denominator is 0); :func:`format_tau`
+    writes it as "undefined", and no goal counts it as met.
     """
     n = len(xs)
     if n != len(ys) or (y_spread is not None and len(y_spread) != n):
@@ -85,7 +95,12 @@ def kendall_tau(xs: Sequence[float], ys: Sequence[float],
             else:
                 disc += 1
     denom = ((conc + disc + ties_x) * (conc + disc + ties_y)) ** 0.5
-    return (conc - disc) / denom if denom else 1.0
+    return (conc - disc) / denom if denom else float("nan")
+
+
+def format_tau(tau: float) -> str:
+    """tau-b to 2 decimals, or "undefined" (NaN: see :func:`kendall_tau`)."""
+    return "undefined" if math.isnan(tau) else f"{tau:.2f}"
 
 
 def validation_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -95,8 +110,7 @@ def validation_summary(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "schedules": [{k: r[k] for k in ("schedule", "predicted_step_time", "measured_step_time", "error")} for r in rows],
         "mean_abs_error": statistics.fmean(errors) if errors else float("nan"),
         "max_abs_error": max(errors, default=float("nan")),
-        "kendall_tau": kendall_tau([r["predicted_step_time"] for r in rows], [r["measured_step_time"] for r in rows])
-        if len(rows) > 1 else 1.0,
+        "kendall_tau": kendall_tau([r["predicted_step_time"] for r in rows], [r["measured_step_time"] for r in rows]),
     }
 
 
@@ -113,16 +127,17 @@ def half_difference(round_medians: Sequence[float], step_time: float) -> float:
 
 
 def decomposition(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Mean |error| of the pipeline rows (those with a ``replay_error``), taken apart:
+    """Mean |error| of the out-of-sample pipeline rows (a ``replay_error``, not ``in_sample``), taken apart:
 
     - ``replay``: each traced step simulated with its own task times (the dependency and message model);
     - ``self_calibrated`` (``self_error``): each configuration predicted from its own runs' pass times, the
       model without transfer between schedules;
     - ``transferred`` (``error``): predicted from the calibration run;
-    - ``noise``: the expected |error| of a perfect prediction, from every row's ``half_difference``: for
-      normal noise the halves differ by twice the full median's error, so it is mean |half difference| / 2.
+    - ``noise``: the expected |error| of a perfect prediction, from every row's ``half_difference`` (all rows:
+      it is the measurement's): for normal noise the halves differ by twice the full median's error, so it is
+      mean |half difference| / 2.
     """
-    pipe = [r for r in rows if r.get("replay_error") is not None]
+    pipe = [r for r in rows if r.get("replay_error") is not None and not r.get("in_sample")]
     halves = [abs(r["half_difference"]) for r in rows if not math.isnan(r.get("half_difference", math.nan))]
     mean = statistics.fmean
     nan = float("nan")
@@ -130,6 +145,97 @@ def decomposition(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
             "self_calibrated": mean(abs(r["self_error"]) for r in pipe) if pipe else nan,
             "transferred": mean(abs(r["error"]) for r in pipe) if pipe else nan,
             "noise": mean(halves) / 2 if halves else nan}
+
+
+def _scores(rows: Sequence[dict[str, Any]], predicted: str = "predicted_step_time",
+            error: str = "error") -> dict[str, Any]:
+    """Rows, mean and worst |error|, Kendall tau_b (overlapping p10-p90 spreads are ties); NaN for no rows."""
+    errors = [abs(r[error]) for r in rows]
+    return {"rows": [f"{r['schedule']} m={r['microbatches']}" for r in rows],
+            "mean_abs_error": statistics.fmean(errors) if errors else float("nan"),
+            "max_abs_error": max(errors, default=float("nan")),
+            "kendall_tau_b": kendall_tau([r[predicted] for r in rows], [r["measured_step_time"] for r in rows],
+                                         [tuple(r["measured_spread"]) for r in rows])}
+
+
+def score_grid(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """A validation grid's scores (rows of :func:`analysis.calibration.grid_rows`).
+
+    The headline (``mean_abs_error``, ``max_abs_error``, ``kendall_tau_b``, and the profile-alone
+    ``profile_*``) is over the out-of-sample rows: every row but the calibration configuration, whose own
+    traces fitted the model (scored apart, ``in_sample``). ``by_kind`` splits the out-of-sample rows into
+    pipeline and data-parallel; ``mechanisms`` (each testbed mechanism switched off in turn) and
+    :func:`decomposition` are over the out-of-sample pipeline rows.
+    """
+    out = [r for r in rows if not r.get("in_sample")]
+    pipe = [r for r in out if r["kind"] == "pipeline"]
+    head, prof = _scores(out), _scores(out, "profile_predicted_step_time", "profile_error")
+    mechanisms = {"all": statistics.fmean(abs(r["error"]) for r in pipe) if pipe else float("nan")}
+    for k in (rows[0].get("without") or {}) if rows else ():
+        mechanisms[f"without {k}"] = statistics.fmean(
+            abs(r["without"][k] - r["measured_step_time"]) / r["measured_step_time"] for r in pipe) if pipe else math.nan
+    replays = [abs(r["replay_error"]) for r in rows if r.get("replay_error") is not None]
+    return {
+        "mean_abs_error": head["mean_abs_error"], "max_abs_error": head["max_abs_error"],
+        "kendall_tau_b": head["kendall_tau_b"], "out_of_sample": head["rows"],
+        "profile_mean_abs_error": prof["mean_abs_error"], "profile_kendall_tau_b": prof["kendall_tau_b"],
+        "by_kind": {kind: _scores([r for r in out if r["kind"] == kind]) for kind in ("pipeline", "data-parallel")},
+        "in_sample": _scores([r for r in rows if r.get("in_sample")]),
+        "max_abs_replay_error": max(replays, default=float("nan")),
+        "mechanisms": mechanisms,
+        "decomposition": decomposition(rows),
+    }
+
+
+def noise_verdict(noise: float, load_before: Sequence[float], load_after: Sequence[float],
+                  limit: float = NOISE_LIMIT, foreign_cores: float = float("nan")) -> dict[str, Any]:
+    """Can the measurement judge an error of ``limit``? ``noise``: the expected |error| of a perfect prediction
+    (:func:`decomposition`'s ``noise``); the load (``os.getloadavg()`` before and after) and the most cores
+    other processes used during a run are recorded beside it.
+
+    ``verdict``: "judged" (noise <= limit); "too noisy to judge" (noise > limit: an error of the size the grid
+    is meant to judge would be the measurement's as much as the model's); "noise undefined" (NaN: fewer than
+    2 rounds, so no two halves to compare). ``judged`` is True only for the first.
+    """
+    if math.isnan(noise):
+        verdict = "noise undefined"
+    else:
+        verdict = "too noisy to judge" if noise > limit else "judged"
+    return {"verdict": verdict, "judged": verdict == "judged", "noise": noise, "limit": limit,
+            "load_before": [round(x, 2) for x in load_before], "load_after": [round(x, 2) for x in load_after],
+            "cores": os.cpu_count(), "max_foreign_cores": foreign_cores}
+
+
+def exit_status(verdict: dict[str, Any]) -> int:
+    """0 when the measurement could judge, :data:`TOO_NOISY_EXIT` when it could not (:func:`noise_verdict`)."""
+    return 0 if verdict["judged"] else TOO_NOISY_EXIT
+
+
+def plan_goal(tau: float, gap: float) -> dict[str, Any]:
+    """plan_check's goal: tau_b >= :data:`GOAL_TAU` and the predicted best within :data:`GOAL_GAP` of the
+    measured best. An undefined tau_b (NaN: every pair tied) does not meet it: ``tau_b`` says "undefined"."""
+    tau_ok = not math.isnan(tau) and tau >= GOAL_TAU
+    return {"tau_b": "undefined" if math.isnan(tau) else tau_ok, "gap": gap <= GOAL_GAP, "met": tau_ok and gap <= GOAL_GAP}
+
+
+def score_plan(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """plan_check's rows, best predicted first: Kendall tau_b of predicted against measured samples/s
+    (overlapping p10-p90 spreads are ties), the predicted best's gap below the measured best, the goal."""
+    tau = kendall_tau([x["predicted_samples_per_s"] for x in rows], [x["measured_samples_per_s"] for x in rows],
+                      [tuple(x["measured_spread"]) for x in rows])
+    best_measured = max(x["measured_samples_per_s"] for x in rows)
+    gap = (best_measured - rows[0]["measured_samples_per_s"]) / best_measured
+    goal = plan_goal(tau, gap)
+    return {"rows": list(rows), "kendall_tau_b": tau, "predicted_best_gap": gap, "goal": goal, "goal_met": goal["met"]}
+
+
+def describe_verdict(v: dict[str, Any]) -> str:
+    """One line: the verdict, the noise against the limit, the load."""
+    noise = "undefined" if math.isnan(v["noise"]) else f"{v['noise']:.1%}"
+    return (f"{v['verdict']}: measured noise {noise} (limit {v['limit']:.1%}); load average (1, 5, 15 min) "
+            f"{', '.join(f'{x:.2f}' for x in v['load_before'])} before, "
+            f"{', '.join(f'{x:.2f}' for x in v['load_after'])} after, on {v['cores']} cores; other processes "
+            f"used up to {v['max_foreign_cores']:.2f} cores during a run")
 
 
 _ROW_KEYS = ("schedule", "microbatches", "predicted_step_time", "measured_step_time", "error", "measured_spread")
@@ -188,9 +294,9 @@ def plot_validation(data: dict[str, Any], path: str | os.PathLike) -> Path:
     ax.set_ylim(0, top)
     ax.set_xlabel("measured step time (ms; bar: p10-p90 of round medians)")
     ax.set_ylabel("predicted step time (ms)")
-    tau = data.get("kendall_tau_b")
-    ax.set_title(f"mean |error| {data.get('mean_abs_error', float('nan')):.1%}"
-                 + (f", Kendall tau_b {tau:.2f}" if tau is not None else "") + " (dashed: +-5%)")
+    tau, mean = data.get("kendall_tau_b"), data.get("mean_abs_error")  # None: undefined (JSON has no NaN)
+    ax.set_title(f"mean |error| {'-' if mean is None else f'{mean:.1%}'}"
+                 + f", Kendall tau_b {format_tau(math.nan if tau is None else tau)} (dashed: +-5%)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     out = atomic_write(Path(path), lambda tmp: fig.savefig(tmp, format="png", dpi=110), "validation plot")

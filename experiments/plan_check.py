@@ -1,8 +1,9 @@
 """Is the planner's ranking right? Plan for this machine, run the top 5 and bottom 3 for real, compare.
 
     python experiments/plan_check.py                 # the full check (the lead runs it on a quiet machine)
-    python experiments/plan_check.py --smoke         # a short smoke run: 2 schedules, m 2 and 4, 1 round, 2 steps
+    python experiments/plan_check.py --smoke         # a short smoke run: 2 schedules, m 2 and 4, 2 rounds, 2 steps
     python experiments/plan_check.py --json          # exactly one JSON object
+    python experiments/plan_check.py --markdown docs/results/plan_check.md   # the results page too
 
 The plan (world size 2, gloo, the validation's CPU GPT model, microbatch size
 ``--microbatch-size``): pp x dp = 2 x 1 with every schedule the runtime has
@@ -11,45 +12,71 @@ interleaved backward, under ddp), microbatches 2..16 where the schedule takes
 them. Candidates are ranked by predicted samples per second (the microbatch
 size is fixed, so the batch grows with m: one profile serves every candidate).
 
-Costs, as ``experiments/validate_sim.py`` calibrates them: ``real.profile``
-once (every stage count the plan needs; the pair's own profile for dp=2), then
-:func:`sim.profiled.from_trace` on the traces of one calibration run
-(``--calibrate-from``, default 1f1b at m=8), measured with the protocol.
+Costs by the calibration protocol (:mod:`analysis.calibration`, docs/validation-protocol.md):
+``real.profile`` once (every stage count the plan needs; the pair's own profile for dp=2), then
+:func:`sim.profiled.from_trace` on the traces of one calibration run (``--calibrate-from``,
+default 1f1b at m=8). A row of that configuration is marked in-sample.
 
 Then the planner's top 5 and bottom 3 run for real, interleaved in rounds
 (:func:`real.measure.measure_interleaved`: median over rounds of each round's
 median step, p10-p90 of the round medians as the spread, disturbed runs
 repeated). Reported: Kendall tau_b of predicted against measured throughput
-(pairs whose spreads overlap count as ties) and how far the predicted best is
-from the measured best. Goal: tau_b >= 0.8, within 5%.
+(pairs whose spreads overlap count as ties; "undefined" when every pair ties,
+which does not meet the goal) and how far the predicted best is from the
+measured best. Goal: tau_b >= 0.8, within 5%.
+
+Exit status: 0 judged (goal met or not); 3 too noisy to judge (the measurement's own noise above
+``--noise-limit``, default 5%, or not measurable with one round); 1 a run failed; 2 bad input.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
+import logging
+import math
+import os
+import shlex
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import validate_sim as vs
-
+from analysis.calibration import (
+    MODEL_SHAPE,
+    Calibration,
+    dp_config,
+    dp_graph,
+    pipeline_config,
+    predict,
+    profile_machine,
+)
+from analysis.cli.common import OneLineParser, print_json
 from analysis.cli.train import add_model_args, model_from_args
+from analysis.results_page import json_ready, markdown_table, results_page, write_results_page
+from analysis.validation import (
+    GOAL_GAP,
+    GOAL_TAU,
+    NOISE_LIMIT,
+    decomposition,
+    describe_verdict,
+    exit_status,
+    format_tau,
+    half_difference,
+    noise_verdict,
+    score_plan,
+)
+from real import ModelConfig
 
 DP_SCHEDULES = ("gpipe", "1f1b")
 
 
-def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--smoke", action="store_true", help="a short run: 1f1b and zb-h1, m 2 and 4, 1 round of 2 steps")
+def _args(argv: list[str] | None = None):
+    p = OneLineParser(prog="plan_check.py", description=__doc__.splitlines()[0])
+    p.add_argument("--smoke", action="store_true", help="a short run: 1f1b and zb-h1, m 2 and 4, 2 rounds of 2 steps")
     p.add_argument("--schedules", help="comma-separated (default: every schedule the runtime has)")
     p.add_argument("--microbatches", default="2,4,6,8,10,12,14,16", help="comma-separated (default 2..16 by 2)")
     p.add_argument("--microbatch-size", type=int, default=2, help="samples per microbatch (default 2)")
     p.add_argument("--calibrate-from", default="1f1b:8", metavar="SCHEDULE:M", help="default 1f1b:8")
-    add_model_args(p, vs.MODEL)
+    add_model_args(p, ModelConfig(**MODEL_SHAPE))
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=1)
@@ -59,128 +86,148 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--max-foreign", type=float, default=0.1, metavar="CORES")
     p.add_argument("--attempts", type=int, default=3)
+    p.add_argument("--noise-limit", type=float, default=NOISE_LIMIT, metavar="FRACTION",
+                   help=f"too noisy to judge above this measured noise (default {NOISE_LIMIT}: 5%%; exit status 3)")
+    p.add_argument("--markdown", metavar="PATH.md", help="also write the results page (e.g. docs/results/plan_check.md)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     if a.smoke:
         a.schedules, a.microbatches = a.schedules or "1f1b,zb-h1", "2,4"
-        a.calibrate_from, a.rounds, a.steps, a.profile_reps = "1f1b:4", 1, 2, 3
+        a.calibrate_from, a.rounds, a.steps, a.profile_reps = "1f1b:4", 2, 2, 3
+    _check(p, a)
     return a
 
 
-def _candidates(a: argparse.Namespace) -> list[tuple[str, int, int, int]]:
+def _check(p: OneLineParser, a) -> None:
+    """Bad input: one line, exit 2, before anything runs."""
+    for flag in ("rounds", "steps", "profile_reps", "attempts", "microbatch_size"):
+        if getattr(a, flag) < 1:
+            p.error(f"--{flag.replace('_', '-')} must be an integer >= 1, got {getattr(a, flag)}")
+    if not 0 < a.noise_limit < 1 or math.isnan(a.noise_limit):
+        p.error(f"--noise-limit must be a fraction in (0, 1) (0.05 is 5%), got {a.noise_limit}")
+    if a.markdown is not None and not a.markdown.endswith(".md"):
+        p.error(f"--markdown {a.markdown!r}: give a Markdown file name ending in .md")
+    try:
+        a.ms = [int(x) for x in a.microbatches.split(",") if x]
+        cal_s, cal_m = a.calibrate_from.split(":")
+        a.cal = (cal_s, 2, 1, int(cal_m))
+    except ValueError:
+        p.error(f"--microbatches {a.microbatches!r} / --calibrate-from {a.calibrate_from!r}: give integers, "
+                "e.g. --microbatches 2,4,8 --calibrate-from 1f1b:8")
+    a.candidates = candidates(a.schedules.split(",") if a.schedules else None, a.ms)
+    if a.cal not in a.candidates:
+        p.error(f"--calibrate-from {a.calibrate_from} is not a candidate of the plan; give a pp=2 schedule:m of it")
+
+
+def candidates(schedules: list[str] | None, ms: list[int]) -> list[tuple[str, int, int, int]]:
     """(schedule, pp, dp, m) of the plan."""
     from schedules import names, spec
     from sim.plan_space import shape_ok
 
-    scheds = [s for s in (a.schedules.split(",") if a.schedules else names()) if s and not spec(s).adaptive]
-    ms = [int(x) for x in a.microbatches.split(",") if x]
+    scheds = [s for s in (schedules or names()) if s and not spec(s).adaptive]
     out = [(s, 2, 1, m) for s in scheds for m in ms if shape_ok(s, 2, m, spec(s).default_chunks)]
     out += [(s, 1, 2, m) for s in DP_SCHEDULES for m in ms]
     return out
 
 
-def _run_config(a: argparse.Namespace, schedule: str, pp: int, dp: int, m: int):
-    from real import RunConfig
-
-    if dp == 1:
-        return vs._config(a, schedule, m)
-    return RunConfig.of(schedule=schedule, pp=1, dp=2, microbatches=m, batch_size=a.microbatch_size * m * 2,
-                        model=model_from_args(a), optimizer="adamw", backend="gloo", dp_mode="ddp",
-                        bucket_mb=vs.BUCKET_MB)
-
-
-def _graph(a: argparse.Namespace, schedule: str, pp: int, dp: int, m: int):
-    from real.dp import make_buckets
-    from real.models import build_model
+def _graph(model: ModelConfig, schedule: str, pp: int, dp: int, m: int):
     from schedules import build, lower, validate
-    from schedules.dp import add_data_parallel
 
     if dp == 1:
         return validate(lower(build(schedule, pp=2, microbatches=m)))
-    params = list(build_model(model_from_args(a), 0).parameters())
-    buckets = len(make_buckets(params, vs.BUCKET_MB * 2**20))
-    return validate(add_data_parallel(lower(build(schedule, pp=1, microbatches=m)), "ddp", [buckets]))
+    return dp_graph(model, schedule, "ddp", m)
 
 
-def check(a: argparse.Namespace) -> dict:
-    from analysis.validation import kendall_tau
+def _run_config(model: ModelConfig, mbs: int, schedule: str, pp: int, dp: int, m: int):
+    return pipeline_config(model, schedule, m, mbs) if dp == 1 else dp_config(model, schedule, m, mbs, "ddp")
+
+
+def check(a) -> dict:
     from real.measure import measure_interleaved
-    from schedules import Kind
-    from sim.profiled import from_trace, load_profile, trace_fit
 
+    load_before = os.getloadavg()
     t0 = time.monotonic()
+    model, mbs = model_from_args(a), a.microbatch_size
     out = Path(a.out)
     (out / "traces").mkdir(parents=True, exist_ok=True)
-    cands = _candidates(a)
-    graphs = {c: _graph(a, *c) for c in cands}
+    graphs = {c: _graph(model, *c) for c in a.candidates}
     stages = sorted({g.schedule.num_stages for c, g in graphs.items() if c[2] == 1})
-    profile = Path(a.costs) if a.costs else vs._profile(a, out, ",".join(map(str, stages)))
-    dp_profile = vs._profile(a, out, "1", dp=2)
-    cal_s, cal_m = a.calibrate_from.split(":")
-    cal = (cal_s, 2, 1, int(cal_m))
-    if cal not in graphs:
-        raise SystemExit(f"error: --calibrate-from {a.calibrate_from} is not a candidate of the plan")
-    calibration = measure_interleaved([_run_config(a, *cal)], rounds=1, steps=a.steps, warmup=a.warmup,
+    profile = Path(a.costs) if a.costs else profile_machine(model, mbs, stages, a.profile_reps, out / "profile.json")
+    dp_profile = profile_machine(model, mbs, [1], a.profile_reps, out / "profile-dp2.json", dp=2)
+    calibration = measure_interleaved([_run_config(model, mbs, *a.cal)], rounds=1, steps=a.steps, warmup=a.warmup,
                                       trace_dir=str(out / "traces" / "calibration"), attempts=a.attempts,
                                       max_foreign=a.max_foreign, timeout=a.timeout)[0]
-    traces = list(calibration.traces)
-    fit = trace_fit(traces)
+    cal = Calibration.of(profile, calibration.traces, dp_profile)
 
-    def costs_for(c: tuple) -> object:
-        g = graphs[c]
-        if c[2] == 1:
-            return from_trace(traces, profile, num_stages=g.schedule.num_stages, fit=fit)
-        base = load_profile(profile, fit.num_stages)
-        scaled = from_trace(traces, profile, num_stages=fit.num_stages, fit=fit)
-        ratio = {k: sum(scaled.stages[s].of(k) for s in range(fit.num_stages))
-                 / sum(base.stages[s].of(k) for s in range(fit.num_stages)) for k in (Kind.F, Kind.B)}
-        own = load_profile(dp_profile, 1)
-        st = own.stages[0]
-        return replace(own, stages=(replace(st, f=st.f * ratio[Kind.F], b=st.b * ratio[Kind.B]),),
-                       send_cpu=fit.send_cpu, task_overhead=fit.task_overhead)
+    def costs_for(c: tuple):
+        return cal.pipeline(graphs[c].schedule.num_stages) if c[2] == 1 else cal.data_parallel()
 
-    samples = {c: c[2] * c[3] * a.microbatch_size for c in cands}
-    predicted = {c: samples[c] / vs._predict(graphs[c], costs_for(c)) for c in cands}  # samples per second
-    ranked = sorted(cands, key=lambda c: (-predicted[c], c))
+    samples = {c: c[2] * c[3] * mbs for c in a.candidates}
+    predicted = {c: samples[c] / predict(graphs[c], costs_for(c)) for c in a.candidates}  # samples per second
+    ranked = sorted(a.candidates, key=lambda c: (-predicted[c], c))
     chosen = ranked[:5] + [c for c in ranked[-3:] if c not in ranked[:5]]
-    print(f"planned {len(cands)} candidates ({time.monotonic() - t0:.0f} s); measuring the top 5 and bottom 3 "
-          f"x {a.rounds} rounds", file=sys.stderr)
-    measured = measure_interleaved([_run_config(a, *c) for c in chosen], rounds=a.rounds, steps=a.steps,
+    print(f"planned {len(a.candidates)} candidates ({time.monotonic() - t0:.0f} s); measuring the top 5 and "
+          f"bottom 3 x {a.rounds} rounds", file=sys.stderr)
+    measured = measure_interleaved([_run_config(model, mbs, *c) for c in chosen], rounds=a.rounds, steps=a.steps,
                                    warmup=a.warmup, attempts=a.attempts, max_foreign=a.max_foreign, timeout=a.timeout)
-    rows = []
-    for c, r in zip(chosen, measured, strict=True):
-        lo, hi = r.spread
-        rows.append({"schedule": c[0], "pp": c[1], "dp": c[2], "microbatches": c[3],
-                     "predicted_rank": ranked.index(c) + 1, "predicted_samples_per_s": predicted[c],
-                     "measured_samples_per_s": samples[c] / r.step_time, "measured_step_time": r.step_time,
-                     "measured_spread": [samples[c] / hi, samples[c] / lo]})
-    tau = kendall_tau([x["predicted_samples_per_s"] for x in rows], [x["measured_samples_per_s"] for x in rows],
-                      [tuple(x["measured_spread"]) for x in rows])
-    best_measured = max(x["measured_samples_per_s"] for x in rows)
-    gap = (best_measured - rows[0]["measured_samples_per_s"]) / best_measured
-    return {"candidates": len(cands), "rows": rows, "kendall_tau_b": tau, "predicted_best_gap": gap,
-            "goal_met": tau >= 0.8 and gap <= 0.05, "calibrated_from": a.calibrate_from,
-            "seconds": time.monotonic() - t0}
+    rows = [plan_row(c, r, samples[c], predicted[c], ranked.index(c) + 1, c == a.cal)
+            for c, r in zip(chosen, measured, strict=True)]
+    summary = score_plan(rows)
+    verdict = noise_verdict(decomposition(rows)["noise"], load_before, os.getloadavg(), a.noise_limit,
+                            max(r["foreign_cores"] for r in rows))
+    return {"candidates": len(a.candidates), **summary, "noise_verdict": verdict,
+            "calibrated_from": {"schedule": a.cal[0], "microbatches": a.cal[3], **cal.describe()},
+            "seconds": time.monotonic() - t0,
+            "command": "python experiments/plan_check.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])}
 
 
-def _table(s: dict) -> str:
-    lines = ["| predicted rank | schedule | pp x dp | m | predicted samples/s | measured samples/s (p10-p90) |",
-             "|---|---|---|---|---|---|"]
-    for x in s["rows"]:
-        lo, hi = x["measured_spread"]
-        lines.append(f"| {x['predicted_rank']} | {x['schedule']} | {x['pp']} x {x['dp']} | {x['microbatches']} | "
-                     f"{x['predicted_samples_per_s']:.1f} | {x['measured_samples_per_s']:.1f} ({lo:.1f}-{hi:.1f}) |")
-    lines.append(f"\nKendall tau_b {s['kendall_tau_b']:.2f}; the predicted best is {s['predicted_best_gap']:.1%} "
-                 f"below the measured best; goal (tau_b >= 0.8, within 5%) {'met' if s['goal_met'] else 'NOT met'}")
-    return "\n".join(lines)
+def plan_row(c: tuple[str, int, int, int], r, samples: int, predicted: float, rank: int, in_sample: bool) -> dict:
+    """One measured candidate; ``r`` a :class:`real.measure.Measured`."""
+    lo, hi = r.spread
+    return {"schedule": c[0], "pp": c[1], "dp": c[2], "microbatches": c[3],
+            "kind": "pipeline" if c[2] == 1 else "data-parallel", "in_sample": in_sample,
+            "predicted_rank": rank, "predicted_samples_per_s": predicted,
+            "measured_samples_per_s": samples / r.step_time, "measured_step_time": r.step_time,
+            "measured_spread": [samples / hi, samples / lo], "foreign_cores": max(r.foreign_cores),
+            "half_difference": half_difference(r.round_medians, r.step_time)}
+
+
+def sections(s: dict) -> list[str]:
+    """The results as Markdown blocks: the rows, the verdict on the goal, the noise verdict."""
+    table = markdown_table(
+        ["predicted rank", "schedule", "pp x dp", "m", "kind", "sample", "predicted samples/s",
+         "measured samples/s (p10-p90)"],
+        [(x["predicted_rank"], x["schedule"], f"{x['pp']} x {x['dp']}", x["microbatches"], x["kind"],
+          "in" if x["in_sample"] else "out", f"{x['predicted_samples_per_s']:.1f}",
+          f"{x['measured_samples_per_s']:.1f} ({x['measured_spread'][0]:.1f}-{x['measured_spread'][1]:.1f})")
+         for x in s["rows"]])
+    line = (f"Kendall tau_b {format_tau(s['kendall_tau_b'])}; the predicted best is {s['predicted_best_gap']:.1%} "
+            f"below the measured best; goal (tau_b >= {GOAL_TAU}, within {GOAL_GAP:.0%}) "
+            f"{'met' if s['goal_met'] else 'NOT met'}"
+            + (" (tau_b undefined: every pair tied)" if math.isnan(s["kendall_tau_b"]) else "") + ".")
+    noise = s["noise_verdict"]["noise"]
+    return [table, line, f"Measurement noise (expected |error| of a perfect prediction, from two halves of each "
+                         f"row's rounds): {'undefined' if math.isnan(noise) else f'{noise:.1%}'}.",
+            f"**Noise verdict: {describe_verdict(s['noise_verdict'])}.**", f"{s['seconds']:.0f} s."]
 
 
 def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     a = _args(argv)
-    summary = check(a)
-    Path(a.out, "plan_check.json").write_text(json.dumps(summary, indent=1))
-    print(json.dumps(summary) if a.json else _table(summary))
-    return 0
+    try:
+        summary = check(a)
+    except (RuntimeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    Path(a.out, "plan_check.json").write_text(json.dumps(json_ready(summary), indent=1))
+    if a.markdown:
+        write_results_page(a.markdown, results_page("The planner's ranking against real runs", summary["command"],
+                                                    sections(summary)))
+    if a.json:
+        print_json(json_ready(summary))
+    else:
+        print("\n\n".join(sections(summary)))
+    return exit_status(summary["noise_verdict"])
 
 
 if __name__ == "__main__":

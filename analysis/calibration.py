@@ -1,0 +1,229 @@
+"""The calibration protocol: profile the machine, calibrate from one real run, predict a step, build a grid's rows.
+
+``experiments/validate_sim.py`` (how close is the simulator to the runtime?)
+and ``experiments/plan_check.py`` (is the planner's ranking right?) both run
+it; the protocol is written down in ``docs/validation-protocol.md``:
+
+1. :func:`profile_machine` runs ``real.profile`` once under torchrun (every
+   stage count needed; for the data-parallel pair, pp=1 dp=2 with its
+   collectives).
+2. One configuration, the calibration run, is measured and traced;
+   :class:`Calibration` turns its traces into cost models:
+   :meth:`Calibration.pipeline` for any stage count
+   (:func:`sim.profiled.from_trace`), :meth:`Calibration.data_parallel` for
+   the pair (its own profile, each pass scaled by the calibration run's
+   in-run/profiled ratio).
+3. :func:`predict` simulates a graph and reads off the step time the runtime
+   would measure; :func:`grid_rows` puts prediction and measurement side by
+   side, each row labelled ``kind`` (pipeline or data-parallel) and
+   ``in_sample`` (the calibration configuration itself: its own traces fitted
+   the model, so its error does not say how well the model transfers).
+   :func:`analysis.validation.score_grid` scores them.
+
+Nothing here prints; the scripts do.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from real import ModelConfig, RunConfig
+    from real.measure import Measured
+    from schedules import TaskGraph
+    from sim.profiled import ProfiledCosts, TraceFit
+
+__all__ = ["ABLATIONS", "BUCKET_MB", "MODEL_SHAPE", "Calibration", "dp_config", "dp_graph", "grid_rows", "pipeline_config",
+           "predict", "profile_machine"]
+
+log = logging.getLogger(__name__)
+
+# The validation's default model (a real.ModelConfig's fields): a GPT small enough for 2 CPU ranks.
+MODEL_SHAPE: dict[str, Any] = {"kind": "gpt", "layers": 6, "dim": 128, "heads": 4, "vocab": 256, "seq": 64}
+BUCKET_MB = 1.0  # the data-parallel pair's gradient buckets: several per model, so ddp has something to overlap
+
+# The mechanisms of the CPU testbed, each switched off in turn to show what it contributes to the error.
+ABLATIONS: dict[str, dict[str, float]] = {"send_cpu": {"send_cpu": 0.0}, "task_overhead": {"task_overhead": 0.0},
+                                          "step_overhead": {"step_overhead": 0.0}}
+
+
+def profile_machine(model: ModelConfig, microbatch_size: int, stages: Sequence[int], reps: int, path: Path, *,
+                    dp: int = 1, timeout: float = 600.0) -> Path:
+    """``python -m real.profile`` on 2 processes (pp=2, or pp=1 x ``dp``), written to ``path``.
+
+    Raises RuntimeError with the profiler's last lines if it fails."""
+    from analysis.cli.train import model_argv
+    from real.launch import torchrun
+
+    flags = ["-m", "real.profile", *model_argv(model), "--microbatch-size", str(microbatch_size),
+             "--stages", ",".join(map(str, stages)), "--reps", str(reps), "--out", str(path)]
+    if dp > 1:
+        flags += ["--dp", str(dp), "--pp", "1"]
+    done = torchrun(2, flags, timeout=timeout, capture=True)
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or "").strip().splitlines()[-12:])
+        raise RuntimeError(f"the profile failed (exit {done.returncode}):\n{tail}")
+    return path
+
+
+def pipeline_config(model: ModelConfig, schedule: str, m: int, microbatch_size: int) -> RunConfig:
+    """A pp=2 run of ``schedule`` with ``m`` microbatches (gloo, AdamW)."""
+    from real import RunConfig
+
+    return RunConfig.of(schedule=schedule, pp=2, microbatches=m, batch_size=microbatch_size * m, model=model,
+                        optimizer="adamw", backend="gloo")
+
+
+def dp_config(model: ModelConfig, schedule: str, m: int, microbatch_size: int, mode: str) -> RunConfig:
+    """A pp=1, dp=2 run of ``schedule`` under ``mode`` (ddp, sync, ...), buckets of :data:`BUCKET_MB`."""
+    from real import RunConfig
+
+    return RunConfig.of(schedule=schedule, pp=1, dp=2, microbatches=m, batch_size=microbatch_size * m * 2,
+                        model=model, optimizer="adamw", backend="gloo", dp_mode=mode, bucket_mb=BUCKET_MB)
+
+
+def dp_graph(model: ModelConfig, schedule: str, mode: str, m: int) -> TaskGraph:
+    """The simulator's pp=1 data-parallel graph, with as many buckets as the runtime makes for ``model``."""
+    from real.dp import make_buckets
+    from real.models import build_model
+    from schedules import build, lower, validate
+    from schedules.dp import add_data_parallel
+
+    params = list(build_model(model, 0).parameters())
+    buckets = len(make_buckets(params, BUCKET_MB * 2**20))
+    return validate(add_data_parallel(lower(build(schedule, pp=1, microbatches=m)), mode, [buckets]))
+
+
+def predict(graph: TaskGraph, costs: ProfiledCosts) -> float:
+    """The step time the runtime would measure for ``graph`` under ``costs`` (:func:`sim.profiled.step_time`)."""
+    from sim import simulate
+    from sim.profiled import step_time
+
+    return step_time(simulate(graph, costs, check=False), costs)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Cost models from one calibration run's traces and the machine's profile(s)."""
+
+    profile: Path
+    traces: tuple[str, ...]
+    fit: TraceFit
+    dp_profile: Path | None = None
+
+    @classmethod
+    def of(cls, profile: str | Path, traces: Sequence[str], dp_profile: str | Path | None = None) -> Calibration:
+        from sim.profiled import trace_fit
+
+        return cls(Path(profile), tuple(traces), trace_fit(list(traces)),
+                   Path(dp_profile) if dp_profile is not None else None)
+
+    def pipeline(self, num_stages: int, **off: float) -> ProfiledCosts:
+        """The calibration run's costs for ``num_stages`` stages; ``off``: fields set (an ablation)."""
+        from sim.profiled import from_trace
+
+        costs = from_trace(list(self.traces), self.profile, num_stages=num_stages, fit=self.fit)
+        return replace(costs, **off) if off else costs
+
+    def profile_only(self, num_stages: int) -> ProfiledCosts:
+        """The profile alone, no trace: the second calibration source, reported beside the first."""
+        from sim.profiled import load_profile
+
+        return load_profile(self.profile, num_stages)
+
+    def ratios(self) -> dict[str, float]:
+        """In-run / profiled time of F and of B, summed over the calibration run's stages."""
+        from schedules import Kind
+
+        n = self.fit.num_stages
+        base, scaled = self.profile_only(n), self.pipeline(n)
+        return {k.value: sum(scaled.stages[s].of(k) for s in range(n)) / sum(base.stages[s].of(k) for s in range(n))
+                for k in (Kind.F, Kind.B)}
+
+    def data_parallel(self, **off: float) -> ProfiledCosts:
+        """The pair's own profile, F and B scaled by :meth:`ratios`, the run's send_cpu and task_overhead."""
+        from sim.profiled import load_profile
+
+        if self.dp_profile is None:
+            raise ValueError("this calibration has no data-parallel profile; give dp_profile")
+        ratio = self.ratios()
+        own = load_profile(self.dp_profile, 1)
+        st = own.stages[0]
+        costs = replace(own, stages=(replace(st, f=st.f * ratio["F"], b=st.b * ratio["B"]),),
+                        send_cpu=self.fit.send_cpu, task_overhead=self.fit.task_overhead)
+        return replace(costs, **off) if off else costs
+
+    def describe(self) -> dict[str, Any]:
+        return {"traces": list(self.traces), "fit": {k: v for k, v in vars(self.fit).items() if k != "passes"},
+                "passes": {f"{s}{k}": v for (s, k), v in self.fit.passes.items()}}
+
+
+def _measured_row(key: tuple[str, int], r: Measured) -> dict[str, Any]:
+    from analysis.validation import half_difference
+
+    return {"schedule": key[0], "microbatches": key[1], "measured_step_time": r.step_time,
+            "measured_spread": list(r.spread), "round_medians": list(r.round_medians),
+            "foreign_cores": max(r.foreign_cores), "half_difference": half_difference(r.round_medians, r.step_time)}
+
+
+def _errors(row: dict[str, Any]) -> None:
+    meas = row["measured_step_time"]
+    row["error"] = (row["predicted_step_time"] - meas) / meas
+    row["profile_error"] = (row["profile_predicted_step_time"] - meas) / meas
+
+
+def pipeline_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration) -> dict[str, Any]:
+    """One pipeline configuration: predicted from the calibration and from the profile alone, each ablation,
+    its self-calibrated error (from its own runs) and its replay error (each traced step with its own times)."""
+    from schedules.trace import read_trace
+    from sim.profiled import from_trace, trace_fit
+    from sim.replay import replay
+
+    n = graph.schedule.num_stages
+    row = {**_measured_row(key, r), "kind": "pipeline"}
+    row["predicted_step_time"] = predict(graph, cal.pipeline(n))
+    row["profile_predicted_step_time"] = predict(graph, cal.profile_only(n))
+    row["without"] = {k: predict(graph, cal.pipeline(n, **v)) for k, v in ABLATIONS.items()}
+    frames = [read_trace(t) for t in r.traces]  # read once: its own calibration and every step's replay
+    own = from_trace(frames, cal.profile, num_stages=n)
+    row["self_error"] = (predict(graph, own) - r.step_time) / r.step_time
+    steps = [x.error for df in frames for x in replay(df, from_trace(df, fit=trace_fit(df)))]
+    row["replay_error"] = statistics.median(steps)
+    row["replay_abs_p90"] = sorted(abs(e) for e in steps)[int(0.9 * (len(steps) - 1))]
+    _errors(row)
+    return row
+
+
+def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration) -> dict[str, Any]:
+    """One data-parallel configuration: predicted from its own profile scaled by the calibration run."""
+    from sim.profiled import load_profile
+
+    row = {**_measured_row(key, r), "kind": "data-parallel"}
+    row["predicted_step_time"] = predict(graph, cal.data_parallel())
+    row["profile_predicted_step_time"] = predict(graph, load_profile(cal.dp_profile, 1))
+    row["without"] = {k: predict(graph, cal.data_parallel(**v)) for k, v in ABLATIONS.items()}
+    row["replay_error"] = None
+    _errors(row)
+    return row
+
+
+def grid_rows(measured: Mapping[tuple[str, int], Measured], graphs: Mapping[tuple[str, int], TaskGraph],
+              cal: Calibration, calibrated_from: tuple[str, int], data_parallel: Sequence[tuple[str, int]] = ()
+              ) -> list[dict[str, Any]]:
+    """A row per measured configuration, in ``measured``'s order; ``data_parallel``: the keys of the pair.
+
+    ``in_sample`` is True for ``calibrated_from`` only."""
+    rows = []
+    for key, r in measured.items():
+        make = dp_row if key in data_parallel else pipeline_row
+        row = make(key, r, graphs[key], cal)
+        row["in_sample"] = key == tuple(calibrated_from)
+        rows.append(row)
+        log.info("%s m=%d: predicted %.2f ms, measured %.2f ms", key[0], key[1], row["predicted_step_time"] * 1e3,
+                 row["measured_step_time"] * 1e3)
+    return rows
