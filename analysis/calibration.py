@@ -158,9 +158,18 @@ class Calibration:
                         send_cpu=self.fit.send_cpu, task_overhead=self.fit.task_overhead)
         return replace(costs, **off) if off else costs
 
+    def warnings(self) -> list[str]:
+        """The guesses in these cost models (each names its field): the profiles' fits and the calibration's."""
+        from sim.profiled import load_profile
+
+        out = list(self.pipeline(self.fit.num_stages).warnings)
+        if self.dp_profile is not None:
+            out += [f"{self.dp_profile.name}: {w}" for w in load_profile(self.dp_profile, 1).warnings]
+        return out
+
     def describe(self) -> dict[str, Any]:
         return {"traces": list(self.traces), "fit": {k: v for k, v in vars(self.fit).items() if k != "passes"},
-                "passes": {f"{s}{k}": v for (s, k), v in self.fit.passes.items()}}
+                "passes": {f"{s}{k}": v for (s, k), v in self.fit.passes.items()}, "warnings": self.warnings()}
 
 
 def _measured_row(key: tuple[str, int], r: Measured) -> dict[str, Any]:

@@ -208,7 +208,13 @@ def sections(s: dict) -> list[str]:
     noise = s["noise_verdict"]["noise"]
     return [table, line, f"Measurement noise (expected |error| of a perfect prediction, from two halves of each "
                          f"row's rounds): {'undefined' if math.isnan(noise) else f'{noise:.1%}'}.",
-            f"**Noise verdict: {describe_verdict(s['noise_verdict'])}.**", f"{s['seconds']:.0f} s."]
+            f"**Noise verdict: {describe_verdict(s['noise_verdict'])}.**", _warnings(s), f"{s['seconds']:.0f} s."]
+
+
+def _warnings(s: dict) -> str:
+    warned = s["calibrated_from"]["warnings"]
+    return ("Guesses in the cost models (each names its field; docs/validation-protocol.md):\n\n"
+            + "\n".join(f"- {w}" for w in warned)) if warned else "No guesses in the cost models (no warnings)."
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -199,7 +199,13 @@ def sections(s: dict) -> list[str]:
     parts = markdown_table(["out-of-sample pipeline rows, taken apart", "mean abs error"],
                            [(k, _pct(v)) for k, v in s["decomposition"].items()])
     return [rows, scores, f"Worst |replay| error: {_pct(s['max_abs_replay_error'])}.", mech, parts,
-            f"**Noise verdict: {describe_verdict(s['noise_verdict'])}.**", f"{s['seconds']:.0f} s."]
+            f"**Noise verdict: {describe_verdict(s['noise_verdict'])}.**", _warnings(s), f"{s['seconds']:.0f} s."]
+
+
+def _warnings(s: dict) -> str:
+    warned = s["calibrated_from"]["warnings"]
+    return ("Guesses in the cost models (each names its field; docs/validation-protocol.md):\n\n"
+            + "\n".join(f"- {w}" for w in warned)) if warned else "No guesses in the cost models (no warnings)."
 
 
 def main(argv: list[str] | None = None) -> int:

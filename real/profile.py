@@ -46,7 +46,10 @@ File schema (JSON, ``"schema": "schedlab.profile/1"``)::
      "step_overhead": {...stat}, "task_overhead": {...stat},
      "p2p": {"alpha", "beta" (null: inf), "send_cpu": {...stat}, "sizes": [{"bytes", ...stat}]} | null,
      "collectives": {"all_reduce"|"reduce_scatter"|"all_gather": {"alpha", "beta", "burst", "sizes": [...],
-                     "single": {"alpha", "beta", "sizes": [...]}}} | null}
+                     "single": {"alpha", "beta", "sizes": [...]}}} | null,
+     "warnings": [str]: every guess an alpha/beta fit made, each naming its field (also under the
+                 section's own "warnings"): a time that did not grow with the size (beta null, alpha the
+                 fastest time) or a negative intercept (alpha 0). sim.profiled logs them on loading.}
 
 All times in seconds, beta in bytes per second. :class:`sim.profiled.ProfiledCosts` loads it.
 """
@@ -131,14 +134,29 @@ def _stat(samples: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(xs), "p10": q[0], "p90": q[-1], "n": len(xs)}
 
 
-def _fit_alpha_beta(sizes: Sequence[float], times: Sequence[float]) -> tuple[float, float]:
-    """Least squares t = alpha + n / beta; alpha clipped at 0, beta = inf when time does not grow with n."""
+def _fit_alpha_beta(sizes: Sequence[float], times: Sequence[float], field: str) -> tuple[float, float, list[str]]:
+    """Least squares t = alpha + n / beta, and the guesses it had to make (logged, each naming ``field``):
+
+    * time does not grow with n (slope <= 0: noise larger than the per-byte time, or one size only): beta is
+      inf ("size does not matter") and alpha the fastest time measured;
+    * a negative intercept: alpha is clipped at 0.
+    """
     mx, my = statistics.fmean(sizes), statistics.fmean(times)
     sxx = sum((x - mx) ** 2 for x in sizes)
     slope = sum((x - mx) * (y - my) for x, y in zip(sizes, times, strict=True)) / sxx if sxx else 0.0
+    span = f"{len(sizes)} size(s), {min(sizes):.0f}-{max(sizes):.0f} bytes, {min(times):.3g}-{max(times):.3g} s"
     if slope <= 0:
-        return max(min(times), 0.0), float("inf")
-    return max(my - slope * mx, 0.0), 1.0 / slope
+        alpha, beta = max(min(times), 0.0), float("inf")
+        warned = [f"{field}.beta: the time did not grow with the size (slope {slope:.3g} s/byte over {span}); "
+                  f"bandwidth taken as infinite (null) and {field}.alpha as the fastest time, {alpha:.3g} s"]
+    else:
+        alpha, beta, warned = my - slope * mx, 1.0 / slope, []
+        if alpha < 0:
+            warned = [f"{field}.alpha: the fit's intercept is negative ({alpha:.3g} s over {span}); taken as 0"]
+            alpha = 0.0
+    for w in warned:
+        log.warning("profile: %s", w)
+    return alpha, beta, warned
 
 
 def _json_bandwidth(beta: float) -> float | None:
@@ -322,7 +340,7 @@ def _p2p(activation_bytes: int, warmup: int, reps: int) -> dict[str, Any] | None
         rows.append({"bytes": n, **_stat(samples)})
         fit_n.append(float(n))
         fit_t.append(statistics.median(samples))
-    alpha, beta = _fit_alpha_beta(fit_n, fit_t)
+    alpha, beta, warned = _fit_alpha_beta(fit_n, fit_t, "p2p")
     # The sender's own core: posting one activation-sized isend (gloo copies it on the caller's thread).
     buf = torch.zeros(activation_bytes // 4, dtype=torch.float32)
     posts = []
@@ -338,7 +356,8 @@ def _p2p(activation_bytes: int, warmup: int, reps: int) -> dict[str, Any] | None
         elif rank == 1:
             dist.recv(buf, src=0)
     posts = _gathered(posts)
-    return {"alpha": alpha, "beta": _json_bandwidth(beta), "sizes": rows, "send_cpu": _stat(posts)}
+    return {"alpha": alpha, "beta": _json_bandwidth(beta), "sizes": rows, "send_cpu": _stat(posts),
+            **({"warnings": warned} if warned else {})}
 
 
 BURST = 4  # collectives in flight at once when timing them: a bucketed backward or a step's end issues several
@@ -384,8 +403,10 @@ def _collectives(pp: int, dp: int, param_bytes: int, warmup: int, reps: int) -> 
                 rows.append({"bytes": n, **_stat(samples)})
                 fit_n.append(float(n))
                 fit_t.append(statistics.median(samples))
-            alpha, beta = _fit_alpha_beta(fit_n, fit_t)
-            fits[burst] = {"alpha": alpha, "beta": _json_bandwidth(beta), "sizes": rows}
+            field = f"collectives.{op}" + ("" if burst == BURST else ".single")
+            alpha, beta, warned = _fit_alpha_beta(fit_n, fit_t, field)
+            fits[burst] = {"alpha": alpha, "beta": _json_bandwidth(beta), "sizes": rows,
+                           **({"warnings": warned} if warned else {})}
         out[op] = {**fits[BURST], "burst": BURST, "single": fits[1]}
     return out
 
@@ -461,9 +482,16 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
         "step_overhead": _stat(_gathered(_step_overhead_samples(
             cfg, benches[: cfg.stages[0]], mb * cfg.microbatches, cfg.microbatches, cfg.warmup, cfg.reps))),
         "task_overhead": _stat(_gathered(_task_overhead_samples(device, cfg.warmup, cfg.reps))),
-        "p2p": _p2p(act_bytes, cfg.warmup, cfg.reps),
-        "collectives": _collectives(pp, cfg.dp, max_params, cfg.warmup, cfg.reps),
+        "p2p": (p2p := _p2p(act_bytes, cfg.warmup, cfg.reps)),
+        "collectives": (colls := _collectives(pp, cfg.dp, max_params, cfg.warmup, cfg.reps)),
+        "warnings": fit_warnings(p2p, colls),
     }
+
+
+def fit_warnings(p2p: dict[str, Any] | None, collectives: dict[str, Any] | None) -> list[str]:
+    """Every fit's guesses (``warnings`` of p2p and of each collective, burst then single), for the file's top."""
+    sections = [p2p or {}] + [x for c in (collectives or {}).values() for x in (c, c.get("single", {}))]
+    return [w for sec in sections for w in sec.get("warnings", [])]
 
 
 if __name__ == "__main__":  # python -m real.profile: the command line is analysis.cli.profile

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import statistics
 from dataclasses import dataclass
@@ -78,6 +79,8 @@ if TYPE_CHECKING:
 
 __all__ = ["PROFILE_SCHEMA", "ProfiledCosts", "StageCosts", "TraceFit", "from_trace", "load_costs", "load_profile",
            "step_time", "trace_fit"]
+
+log = logging.getLogger(__name__)
 
 _PASS_KINDS = (Kind.F, Kind.B, Kind.I, Kind.W)
 _COLLECTIVES = {Kind.ALLREDUCE: "all_reduce", Kind.REDUCE_SCATTER: "reduce_scatter", Kind.ALL_GATHER: "all_gather"}
@@ -124,6 +127,7 @@ class ProfiledCosts:
     p2p_measured: bool = True  # False: the file has no p2p section, so a graph with messages is refused
     send_cpu: float = 0.0  # seconds a sender's core spends posting one message (gloo copies on the caller)
     missing: tuple[str, ...] = ()  # pass kinds with no measurement (a trace of 1F1B has no I or W)
+    warnings: tuple[str, ...] = ()  # each guess in these costs, naming its field (the cost file's, the calibration's)
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -225,6 +229,7 @@ class ProfiledCosts:
             "task_overhead": self.task_overhead, "step_overhead": self.step_overhead,
             "p2p_alpha": self.p2p_alpha, "p2p_beta": None if math.isinf(self.p2p_beta) else self.p2p_beta,
             "activation_bytes": self.activation_bytes, "send_cpu": self.send_cpu, "missing": list(self.missing),
+            "p2p_measured": self.p2p_measured, "warnings": list(self.warnings),
         }
 
 
@@ -350,6 +355,11 @@ def load_profile(path: str | Path, num_stages: int | None = None) -> ProfiledCos
     if not isinstance(colls, dict):
         raise CostFileError(f"{where}: collectives must be an object of op -> {{alpha, beta}} or null, "
                             f"got {quote(colls)}")
+    warned = data.get("warnings", [])
+    if not isinstance(warned, list) or not all(isinstance(w, str) for w in warned):
+        raise CostFileError(f"{where}: warnings must be a list of strings (the profiler's guesses), got {quote(warned)}")
+    for w in warned:
+        _warn(f"{where}: {w}")
     return ProfiledCosts(
         stages=tuple(stages),
         activation_bytes=_number(data.get("activation_bytes", 0.0), where, "activation_bytes"),
@@ -361,7 +371,18 @@ def load_profile(path: str | Path, num_stages: int | None = None) -> ProfiledCos
         source=str(p),
         p2p_measured=p2p is not None,
         send_cpu=_median(p2p, "send_cpu", where, "p2p.") if isinstance(p2p, dict) and "send_cpu" in p2p else 0.0,
+        warnings=tuple(warned),
     )
+
+
+_warned: set[str] = set()
+
+
+def _warn(message: str) -> None:
+    """Log a guess once per process (a calibration builds the same costs many times)."""
+    if message not in _warned:
+        _warned.add(message)
+        log.warning("%s", message)
 
 
 # -- calibration from a real run's trace -------------------------------------------------------------------------
@@ -406,7 +427,8 @@ class TraceFit:
 
     num_stages: int
     passes: dict[tuple[int, str], float]  # (stage, kind) -> trimmed-mean in-run duration
-    latency: float  # median message latency: from the later of the receiver's wait and the post's end to arrival
+    latency: float | None  # median message latency: from the later of the receiver's wait and the post's end to
+    # arrival; None when no receive waited for its message (nothing in the trace times one)
     task_overhead: float  # median gap after a compute task's body that posts no message (to the rank's next task)
     send_cpu: float  # median extra gap after one that posts a message (gloo copies it on the caller's thread)
     step_overhead: float  # median of step wall time - the programs' span (less one task overhead: see below)
@@ -497,7 +519,7 @@ def trace_fit(trace: Any) -> TraceFit:
     return TraceFit(
         num_stages=num_stages,
         passes={k: _mean(v) for k, v in sorted(passes.items())},
-        latency=max(med(latency), 0.0) if latency else 0.0,
+        latency=max(med(latency), 0.0) if latency else None,
         task_overhead=max(task_overhead, 0.0),
         send_cpu=max(_mean(post_gaps) - task_overhead, 0.0) if post_gaps else 0.0,
         # the simulated span ends after the last task's overhead, the recorded one at its body's end
@@ -517,45 +539,81 @@ def from_trace(trace: Any, profile: str | Path | None = None, *, num_stages: int
     trace's, come from ``profile`` (a cost file of real.profile): shared in its
     proportions where the target partition refines the traced one, else scaled
     per pass kind by the trace's in-run/profiled ratio on the trace's own stages.
-    Without a profile such passes are listed in ``missing`` and a graph that
-    needs them is refused.
+
+    What nothing measured is never a silent 0: a pass kind with no time on some
+    stage is listed in ``missing`` (a graph that runs it is refused), and a
+    trace in which no receive waited for its message times no message: the
+    profile's p2p fit is used, or without one ``p2p_measured`` is False (a
+    graph that sends is refused). Each such guess is a line of ``warnings``,
+    naming the field, and is logged.
     """
     fit = fit or trace_fit(trace)
     n = num_stages or fit.num_stages
-    kinds = ("F", "B", "I", "W")
-    measured = {k for (_, k) in fit.passes}
     source = ", ".join(str(t) for t in (trace if isinstance(trace, list | tuple) else [trace])
                        if not hasattr(t, "attrs"))[:200]
+    target = load_profile(profile, n) if profile is not None else None
     if profile is None:
         if n != fit.num_stages:
             raise CostFileError(f"the trace runs {fit.num_stages} stages, the schedule {n}; give a profile "
                                 f"(real.profile, stages={n}) to scale, or calibrate from a run of {n} stages")
-        stages = tuple(StageCosts(**{k.lower(): fit.passes.get((s, k), 0.0) for k in kinds}) for s in range(n))
-        missing = tuple(k for k in kinds if k not in measured)
+        stages = tuple(StageCosts(**{k.lower(): fit.passes.get((s, k), 0.0) for k in _KINDS}) for s in range(n))
+        lacking = [(s, k) for s in range(n) for k in _KINDS if (s, k) not in fit.passes]
     elif (groups := _refinement(fit, profile, n)) is not None:
-        target = load_profile(profile, n)
-        stages, missing = _refined(fit, target, groups), ()
+        stages, lacking = _refined(fit, target, groups)
     else:
-        base, target = load_profile(profile, fit.num_stages), load_profile(profile, n)
-        ratio = {}
-        for k in kinds:
-            if k in measured:
-                prof = sum(base.stages[s].of(Kind(k)) for s in range(fit.num_stages))
-                ratio[k] = sum(fit.passes.get((s, k), 0.0) for s in range(fit.num_stages)) / prof if prof else 1.0
-        for k in kinds:  # a kind the trace lacks: as its backward (I, W) or forward scales
-            ratio.setdefault(k, ratio.get("B", ratio.get("F", 1.0)))
-        same = n == fit.num_stages
-        stages = tuple(
-            StageCosts(**{k.lower(): fit.passes[(s, k)] if same and (s, k) in fit.passes
-                          else target.stages[s].of(Kind(k)) * ratio[k] for k in kinds},
-                       optim=0.0, param_bytes=target.stages[s].param_bytes)
-            for s in range(n))
-        missing = ()
+        stages, lacking = _scaled(fit, profile, target, n), []
+    missing = tuple(k for k in _KINDS if any(k == kind for _, kind in lacking))
+    warnings = list(target.warnings) if target is not None else []
+    if lacking:
+        warnings.append(f"stages[].{'/'.join(k.lower() for k in missing)}: no time for "
+                        f"{', '.join(f'stage {s} {k}' for s, k in lacking)} in the trace"
+                        f"{'' if profile is None else ' nor in its share of the profile'}; a graph that runs "
+                        f"{'/'.join(missing)} passes is refused (calibrate from a run that has them, or give a "
+                        "profile)")
+    p2p = _trace_p2p(fit, target, warnings)
+    for w in warnings[len(target.warnings) if target is not None else 0:]:
+        _warn(f"calibration from {source or 'a trace'}: {w}")
     return ProfiledCosts(
-        stages=stages, activation_bytes=fit.activation_bytes, p2p_alpha=fit.latency, p2p_beta=math.inf,
-        task_overhead=fit.task_overhead, step_overhead=fit.step_overhead, send_cpu=fit.send_cpu,
-        collectives=target.collectives if profile is not None else (),
-        source=source or "trace", missing=missing)
+        stages=stages, activation_bytes=p2p["activation_bytes"], p2p_alpha=p2p["alpha"], p2p_beta=p2p["beta"],
+        p2p_measured=p2p["measured"], task_overhead=fit.task_overhead, step_overhead=fit.step_overhead,
+        send_cpu=fit.send_cpu, collectives=target.collectives if target is not None else (),
+        source=source or "trace", missing=missing, warnings=tuple(warnings))
+
+
+_KINDS = ("F", "B", "I", "W")
+
+
+def _scaled(fit: TraceFit, profile: str | Path, target: ProfiledCosts, n: int) -> tuple[StageCosts, ...]:
+    """The profile's n stages, each pass kind scaled by the trace's in-run/profiled ratio of that kind (over
+    the traced stages that have it); a kind the trace lacks scales as its backward (I, W) or forward."""
+    base = load_profile(profile, fit.num_stages)
+    ratio = {}
+    for k in _KINDS:
+        have = [s for s in range(fit.num_stages) if (s, k) in fit.passes]
+        prof = sum(base.stages[s].of(Kind(k)) for s in have)
+        if have:
+            ratio[k] = sum(fit.passes[(s, k)] for s in have) / prof if prof else 1.0
+    for k in _KINDS:
+        ratio.setdefault(k, ratio.get("B", ratio.get("F", 1.0)))
+    same = n == fit.num_stages
+    return tuple(
+        StageCosts(**{k.lower(): fit.passes[(s, k)] if same and (s, k) in fit.passes
+                      else target.stages[s].of(Kind(k)) * ratio[k] for k in _KINDS},
+                   optim=0.0, param_bytes=target.stages[s].param_bytes)
+        for s in range(n))
+
+
+def _trace_p2p(fit: TraceFit, target: ProfiledCosts | None, warnings: list[str]) -> dict[str, Any]:
+    """The message timing: the trace's latency; else the profile's p2p fit; else none (messages refused)."""
+    if fit.latency is not None:
+        return {"alpha": fit.latency, "beta": math.inf, "measured": True, "activation_bytes": fit.activation_bytes}
+    why = "p2p_alpha: no receive in the trace waited for its message, so the trace times no message"
+    if target is not None and target.p2p_measured:
+        warnings.append(f"{why}; the profile's p2p fit is used (alpha {target.p2p_alpha:.3g} s)")
+        return {"alpha": target.p2p_alpha, "beta": target.p2p_beta, "measured": True,
+                "activation_bytes": target.activation_bytes}
+    warnings.append(f"{why}; a graph that sends messages is refused (give a profile with p2p, real.profile)")
+    return {"alpha": 0.0, "beta": math.inf, "measured": False, "activation_bytes": fit.activation_bytes}
 
 
 def _profile_layers(profile: str | Path, n: int) -> list[tuple[int, int]] | None:
@@ -585,18 +643,20 @@ def _refinement(fit: TraceFit, profile: str | Path, n: int) -> list[int] | None:
     return owner
 
 
-def _refined(fit: TraceFit, target: ProfiledCosts, owner: list[int]) -> tuple[StageCosts, ...]:
+def _refined(fit: TraceFit, target: ProfiledCosts, owner: list[int]
+             ) -> tuple[tuple[StageCosts, ...], list[tuple[int, str]]]:
     """Each traced stage's in-run time shared among the target stages inside it as the profile shares it
     (measured round-robin at one moment, so the profile's own speed cancels). A kind the trace lacks takes
-    its profiled share of the trace's backward: I and W from B (1F1B), B from I + W (zero-bubble)."""
+    its profiled share of the trace's backward: I and W from B (1F1B), B from I + W (zero-bubble). Also
+    returns the (target stage, kind) pairs with nothing to take a time from (their time is 0: refused)."""
     def of(s: int, *kinds: str) -> float:
         return sum(target.stages[s].of(Kind(k)) for k in kinds)
 
-    out = []
+    out, lacking = [], []
     for s, t in enumerate(owner):
         group = [x for x, o in enumerate(owner) if o == t]
         costs = {}
-        for k in ("F", "B", "I", "W"):
+        for k in _KINDS:
             if (t, k) in fit.passes:
                 src, base = fit.passes[(t, k)], (k,)
             elif k in ("I", "W") and (t, "B") in fit.passes:
@@ -605,10 +665,11 @@ def _refined(fit: TraceFit, target: ProfiledCosts, owner: list[int]) -> tuple[St
                 src, base = fit.passes[(t, "I")] + fit.passes[(t, "W")], ("I", "W")
             else:
                 src, base = 0.0, (k,)
+                lacking.append((s, k))
             whole = sum(of(x, *base) for x in group)
             costs[k.lower()] = src * of(s, k) / whole if whole else src / len(group)
         out.append(StageCosts(**costs, optim=0.0, param_bytes=target.stages[s].param_bytes))
-    return tuple(out)
+    return tuple(out), lacking
 
 
 def load_costs(source: str | Path, num_stages: int | None = None, profile: str | Path | None = None) -> ProfiledCosts:

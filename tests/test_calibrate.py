@@ -292,3 +292,84 @@ def test_a_finer_partition_shares_each_traced_stage_as_the_profile_does(recorded
         assert (st.f, st.b, st.i, st.w) == pytest.approx((f, b, i, w), rel=1e-12)
     same = from_trace(df, profile)  # the same partition: the trace's own passes, I and W as B's share
     assert (same.stages[0].f, same.stages[0].b, same.stages[0].i) == pytest.approx((f0, b0, b0))
+
+
+# -- guesses the user must see: warnings naming the field, never a silent 0 -------------------------------------
+
+WHY_NO_LATENCY = "p2p_alpha: no receive in the trace waited for its message, so the trace times no message"
+NO_IW = ("stages[].i/w: no time for stage 0 I, stage 0 W, stage 1 I, stage 1 W in the trace; a graph that runs I/W "
+         "passes is refused (calibrate from a run that has them, or give a profile)")
+
+
+def test_a_trace_where_no_receive_waited_times_no_message(recorded, tmp_path):
+    """Every message arrived before its receiver waited: the trace has no latency to fit. Without a profile the
+    costs time no message (a graph that sends is refused); with one, the profile's p2p fit is used. Either way
+    a warning says so (the latency was 0 before, and the simulation ran on it)."""
+    df = recorded.copy()
+    recv = df["stream"] == "recv"
+    df.loc[recv, "start"] = df.loc[recv, "end"]
+    assert trace_fit(df).latency is None
+    costs = from_trace(df)
+    assert costs.p2p_measured is False
+    assert costs.warnings == (NO_IW, f"{WHY_NO_LATENCY}; a graph that sends messages is refused (give a profile "
+                                     "with p2p, real.profile)")
+    assert costs.describe()["warnings"] == list(costs.warnings)
+    with pytest.raises(CostFileError, match=r"has no p2p timing .* but schedule '1f1b' sends 8 messages"):
+        simulate(validate(load_graph("1f1b", pp=2, microbatches=4)), costs)
+    scaled = from_trace(df, _profile_file(tmp_path))
+    assert (scaled.p2p_measured, scaled.p2p_alpha, scaled.warnings) == (
+        True, 0.002, (f"{WHY_NO_LATENCY}; the profile's p2p fit is used (alpha 0.002 s)",))
+
+
+def test_a_pass_one_stage_lacks_is_refused_or_scaled_never_zero(recorded, tmp_path):
+    """Stage 1's B rows gone: without a profile B (and I, W) are missing, so 1F1B is refused (it ran on B = 0
+    before, with ``missing`` empty); with one, stage 1's B is its profiled 0.012 s scaled by the in-run/profiled
+    ratio of the stage that has B (0.020 / 0.010; it was diluted by the absent stage to 0.020 / 0.022)."""
+    df = recorded[~((recorded["stage"] == 1) & (recorded["kind"] == "B") & (recorded["stream"] == "compute"))]
+    df.attrs = dict(recorded.attrs)
+    costs = from_trace(df)
+    assert (costs.missing, costs.stages[1].b) == (("B", "I", "W"), 0.0)
+    assert costs.warnings[0] == ("stages[].b/i/w: no time for stage 0 I, stage 0 W, stage 1 B, stage 1 I, stage 1 W "
+                                 "in the trace; a graph that runs B/I/W passes is refused (calibrate from a run that "
+                                 "has them, or give a profile)")
+    with pytest.raises(CostFileError, match="no measurement of B passes, which schedule '1f1b' runs"):
+        simulate(validate(load_graph("1f1b", pp=2, microbatches=4)), costs)
+    scaled = from_trace(df, _profile_file(tmp_path))
+    assert scaled.missing == () and scaled.stages[1].b == pytest.approx(0.012 * 2.0, rel=1e-9)
+
+
+def test_profile_fit_guesses_are_warnings_in_the_cost_file(recorded, tmp_path, caplog):
+    """real.profile's alpha/beta fit names each guess; the cost file keeps them under "warnings"; loading it
+    logs them and the costs carry them (into every result's "costs")."""
+    import logging
+
+    from real.profile import _fit_alpha_beta, fit_warnings
+    from sim.profiled import load_profile
+
+    with caplog.at_level(logging.WARNING, logger="real.profile"):
+        alpha, beta, warned = _fit_alpha_beta([1e3, 2e3], [1e-5, 3e-5], "collectives.all_reduce")
+    assert (alpha, beta) == (0.0, pytest.approx(5e7))
+    assert warned == ["collectives.all_reduce.alpha: the fit's intercept is negative (-1e-05 s over 2 size(s), "
+                      "1000-2000 bytes, 1e-05-3e-05 s); taken as 0"]
+    assert caplog.messages == ["profile: " + warned[0]]
+    assert _fit_alpha_beta([1e3, 2e3], [1e-5, 2e-5], "p2p")[2] == []
+    colls = {"all_reduce": {"warnings": ["collectives.all_reduce.beta: y"],
+                            "single": {"warnings": ["collectives.all_reduce.single.alpha: z"]}},
+             "all_gather": {"single": {}}}
+    assert fit_warnings({"warnings": ["p2p.beta: x"]}, colls) == [
+        "p2p.beta: x", "collectives.all_reduce.beta: y", "collectives.all_reduce.single.alpha: z"]
+    assert fit_warnings(None, None) == []
+    data = json.loads(_profile_file(tmp_path).read_text())
+    data["warnings"] = ["p2p.beta: x"]
+    path = tmp_path / "warned.json"
+    path.write_text(json.dumps(data))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="sim.profiled"):
+        costs = load_profile(path, 2)
+    assert costs.warnings == ("p2p.beta: x",) and costs.describe()["warnings"] == ["p2p.beta: x"]
+    assert caplog.messages == [f"cost file {str(path)!r}: p2p.beta: x"]
+    assert from_trace(recorded, path).warnings[0] == "p2p.beta: x"  # a calibration keeps its profile's
+    data["warnings"] = "p2p.beta: x"
+    path.write_text(json.dumps(data))
+    with pytest.raises(CostFileError, match=r"warnings must be a list of strings \(the profiler's guesses\), got"):
+        load_profile(path, 2)

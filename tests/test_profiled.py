@@ -153,8 +153,11 @@ def test_null_bandwidth_is_size_independent(profile_path, tmp_path, capsys):
     strict, and the profiler's fit yields it when time does not grow with the size."""
     from real.profile import _fit_alpha_beta, _json_bandwidth
 
-    alpha, beta = _fit_alpha_beta([1e3, 1e6], [2e-4, 1e-4])
+    alpha, beta, warned = _fit_alpha_beta([1e3, 1e6], [2e-4, 1e-4], "p2p")
     assert (alpha, beta, _json_bandwidth(beta)) == (1e-4, math.inf, None)
+    assert warned == ["p2p.beta: the time did not grow with the size (slope -1e-10 s/byte over 2 size(s), "
+                      "1000-1000000 bytes, 0.0001-0.0002 s); bandwidth taken as infinite (null) and p2p.alpha as the "
+                      "fastest time, 0.0001 s"]
     data = json.loads(profile_path.read_text())
     data["p2p"]["beta"] = None
     path = tmp_path / "null.json"
