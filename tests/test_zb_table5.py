@@ -106,3 +106,21 @@ def test_refinement_status_when_the_seed_has_no_idle():
     timing = evaluate(s, 1.0, 1.0, 1.0, 0.0)
     assert (s.params["refinement"], s.params["refined"]) == ("seed optimal", False)
     assert (max(timing.spans), max(timing.busy)) == (12.0, 12.0)
+
+
+def test_simulate_says_what_the_refinement_did(capsys):
+    """``python -m sim`` reports the refinement's status in its JSON and its table."""
+    import json
+
+    from tests.conftest import run_sim
+
+    argv = ("--schedule", "zb-auto", "--pp", "2", "--microbatches", "4", "--mem-limit", "4")
+    code, out, err = run_sim(capsys, *argv, "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert (d["refinement"], d["refined"]) == ("seed optimal", False)
+    code, out, err = run_sim(capsys, *argv, "--time-limit", "0")
+    assert code == 0, err
+    assert "exact refinement: not run, the seed kept" in out.splitlines()
+    code, out, err = run_sim(capsys, "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--json")
+    assert "refinement" not in json.loads(out)  # only zb-auto has one

@@ -161,8 +161,9 @@ def format_table(result: SimResult) -> str:
     lines = [
         f"schedule {d['schedule']}: pp={d['pp']} microbatches={d['microbatches']} chunks={d['chunks']} "
         f"({d['stages']} stages)",
-        "costs: " + " ".join(f"{k}={v:g}" if isinstance(v, int | float) else f"{k}={v}"
-                             for k, v in d["costs"].items() if k != "model"),
+        "costs: " + " ".join(f"{k}={v:g}" if isinstance(v, int | float) and not isinstance(v, bool) else f"{k}={v}"
+                             for k, v in d["costs"].items() if k not in ("model", "warnings")),
+        *(f"warning: {w}" for w in d["costs"].get("warnings", [])),  # the cost model's guesses
         f"makespan {d['makespan']:.6g}   bubble ratio {d['bubble_ratio']:.4f}   span bubble {d['span_bubble']:.4%}   "
         f"peak activations {d['peak_activations']:.4g} M_B",
         *([f"exact refinement: {d['refinement']}" + (", its schedule kept" if d["refined"] else ", the seed kept")]
