@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 __all__ = ["GOAL_GAP", "GOAL_TAU", "NOISE_LIMIT", "TOO_NOISY_EXIT", "compare_pair", "decomposition",
            "describe_verdict", "exit_status", "format_tau", "half_difference", "kendall_tau", "kind_durations",
            "load_validation", "noise_verdict", "plan_goal", "plot_validation", "score_grid", "score_plan",
-           "validation_summary"]
+           "validation_summary", "verdict_line"]
 
 NOISE_LIMIT = 0.05  # the error a validation grid is meant to judge: above this noise it cannot judge it
 TOO_NOISY_EXIT = 3  # the exit status of a script whose measurement was too noisy to judge
@@ -227,6 +227,12 @@ def score_plan(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     gap = (best_measured - rows[0]["measured_samples_per_s"]) / best_measured
     goal = plan_goal(tau, gap)
     return {"rows": list(rows), "kendall_tau_b": tau, "predicted_best_gap": gap, "goal": goal, "goal_met": goal["met"]}
+
+
+def verdict_line(v: dict[str, Any]) -> str:
+    """The verdict as the first line of a results page (bold Markdown), with what it means for what follows."""
+    tail = "" if v["judged"] else " The errors below are the measurement's as much as the model's."
+    return f"**Noise verdict: {describe_verdict(v)}.**{tail}"
 
 
 def describe_verdict(v: dict[str, Any]) -> str:

@@ -57,12 +57,12 @@ from analysis.validation import (
     GOAL_TAU,
     NOISE_LIMIT,
     decomposition,
-    describe_verdict,
     exit_status,
     format_tau,
     half_difference,
     noise_verdict,
     score_plan,
+    verdict_line,
 )
 from real import ModelConfig
 
@@ -206,9 +206,9 @@ def sections(s: dict) -> list[str]:
             f"{'met' if s['goal_met'] else 'NOT met'}"
             + (" (tau_b undefined: every pair tied)" if math.isnan(s["kendall_tau_b"]) else "") + ".")
     noise = s["noise_verdict"]["noise"]
-    return [table, line, f"Measurement noise (expected |error| of a perfect prediction, from two halves of each "
-                         f"row's rounds): {'undefined' if math.isnan(noise) else f'{noise:.1%}'}.",
-            f"**Noise verdict: {describe_verdict(s['noise_verdict'])}.**", _warnings(s), f"{s['seconds']:.0f} s."]
+    noise_line = (f"Measurement noise (expected |error| of a perfect prediction, from two halves of each row's "
+                  f"rounds): {'undefined' if math.isnan(noise) else f'{noise:.1%}'}.")
+    return [verdict_line(s["noise_verdict"]), table, line, noise_line, _warnings(s), f"{s['seconds']:.0f} s."]
 
 
 def _warnings(s: dict) -> str:

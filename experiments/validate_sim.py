@@ -44,7 +44,7 @@ from analysis.calibration import (
 from analysis.cli.common import OneLineParser, print_json
 from analysis.cli.train import add_model_args, model_from_args
 from analysis.results_page import json_ready, markdown_table, results_page, write_results_page
-from analysis.validation import NOISE_LIMIT, describe_verdict, exit_status, format_tau, noise_verdict, score_grid
+from analysis.validation import NOISE_LIMIT, exit_status, format_tau, noise_verdict, score_grid, verdict_line
 from real import ModelConfig
 
 MODEL = ModelConfig(**MODEL_SHAPE)
@@ -198,8 +198,8 @@ def sections(s: dict) -> list[str]:
                           [(k, _pct(v)) for k, v in s["mechanisms"].items()])
     parts = markdown_table(["out-of-sample pipeline rows, taken apart", "mean abs error"],
                            [(k, _pct(v)) for k, v in s["decomposition"].items()])
-    return [rows, scores, f"Worst |replay| error: {_pct(s['max_abs_replay_error'])}.", mech, parts,
-            f"**Noise verdict: {describe_verdict(s['noise_verdict'])}.**", _warnings(s), f"{s['seconds']:.0f} s."]
+    return [verdict_line(s["noise_verdict"]), rows, scores, f"Worst |replay| error: {_pct(s['max_abs_replay_error'])}.",
+            mech, parts, _warnings(s), f"{s['seconds']:.0f} s."]
 
 
 def _warnings(s: dict) -> str:

@@ -20,6 +20,7 @@ from analysis.validation import (
     score_grid,
     score_plan,
     validation_summary,
+    verdict_line,
 )
 
 
@@ -151,3 +152,11 @@ def test_results_page_header():
 def test_json_ready_writes_nan_as_null():
     assert json_ready({"a": math.nan, "b": [1.0, math.nan, {"c": math.nan}], "d": "x"}) == \
         {"a": None, "b": [1.0, None, {"c": None}], "d": "x"}
+
+
+def test_the_verdict_line_heads_a_page():
+    noisy = noise_verdict(0.13, (3.0, 2.0, 1.0), (3.0, 2.0, 1.0), 0.05, 1.0)
+    assert verdict_line(noisy) == (f"**Noise verdict: {describe_verdict(noisy)}.** The errors below are the "
+                                   "measurement's as much as the model's.")
+    quiet = noise_verdict(0.01, (0.1, 0.1, 0.1), (0.1, 0.1, 0.1), 0.05, 0.0)
+    assert verdict_line(quiet) == f"**Noise verdict: {describe_verdict(quiet)}.**"
