@@ -373,3 +373,31 @@ def test_profile_fit_guesses_are_warnings_in_the_cost_file(recorded, tmp_path, c
     path.write_text(json.dumps(data))
     with pytest.raises(CostFileError, match=r"warnings must be a list of strings \(the profiler's guesses\), got"):
         load_profile(path, 2)
+
+
+def test_the_calibration_protocol_library(recorded, tmp_path):
+    """analysis.calibration on a known trace: the in-run/profiled ratios (F 0.021 / 0.010, B 0.044 / 0.022), the
+    data-parallel pair's profile scaled by them, and grid rows labelled by kind and sample."""
+    pytest.importorskip("torch")
+    from analysis.calibration import Calibration, grid_rows, predict
+    from real.measure import Measured
+    from schedules.trace import write_trace
+
+    dp = tmp_path / "dp.json"
+    dp.write_text(json.dumps({"schema": PROFILE_SCHEMA, "activation_bytes": 4096, "p2p": None, "partitions": [
+        {"num_stages": 1, "stages": [{"stage": 0, "F": 0.1, "B": 0.2, "I": 0.12, "W": 0.1, "OPTIM": 0.01}]}]}))
+    path = write_trace(recorded, tmp_path / "run.csv")
+    cal = Calibration.of(_profile_file(tmp_path), [str(path)], dp)
+    assert cal.ratios() == pytest.approx({"F": 2.1, "B": 2.0}, rel=1e-9)
+    st = cal.data_parallel().stages[0]
+    assert (st.f, st.b, st.i, st.w) == pytest.approx((0.21, 0.4, 0.12, 0.1), rel=1e-9)
+    assert (cal.data_parallel().send_cpu, cal.data_parallel(send_cpu=0.0).send_cpu) == (pytest.approx(SEND_CPU), 0.0)
+    graphs = {(s, 4): validate(load_graph(s, pp=2, microbatches=4)) for s in ("1f1b", "gpipe")}
+    truth = predict(graphs[("1f1b", 4)], cal.pipeline(2))
+    measured = {k: Measured(None, truth, (truth * 0.99, truth * 1.01), (truth, truth), ((truth,), (truth,)), (0.0, 0.0),
+                            (str(path),)) for k in graphs}
+    rows = grid_rows(measured, graphs, cal, ("1f1b", 4))
+    assert [(r["schedule"], r["kind"], r["in_sample"]) for r in rows] == [("1f1b", "pipeline", True),
+                                                                          ("gpipe", "pipeline", False)]
+    assert rows[0]["error"] == pytest.approx(0.0, abs=1e-12) and rows[0]["half_difference"] == 0.0
+    assert cal.describe()["warnings"] == [] and cal.warnings() == []
