@@ -58,7 +58,6 @@ __all__ = [
     "autocast_for",
     "balance_split",
     "builtin_model",
-    "fit",
     "from_factory",
     "infer_boundaries",
     "linear_partition",
@@ -389,14 +388,3 @@ def plan_for(config: RunConfig, world: int, user: UserModel | None = None
         check_stages(model, plan)
     return plan, model, data
 
-
-def fit(user: UserModel, *, trace_path: str | Path | None = None, **fields: Any):  # -> real.train.RunResult
-    """Train ``user`` with the layout, data and optimizer of :meth:`RunConfig.of` ``(**fields)`` on this rank.
-
-    Under torchrun every rank calls it (world size pp x dp); in one process pp must be 1.
-    """
-    from real.train import run
-
-    steps = fields.pop("steps", 10)
-    checkpoint = fields.pop("checkpoint", None)
-    return run(RunConfig.of(steps=steps, checkpoint=checkpoint, **fields), trace_path=trace_path, user=user)

@@ -465,8 +465,3 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
         "collectives": _collectives(pp, cfg.dp, max_params, cfg.warmup, cfg.reps),
     }
 
-
-if __name__ == "__main__":  # python -m real.profile: the command line is analysis.cli.profile
-    from analysis.cli.profile import main
-
-    raise SystemExit(main())
