@@ -78,6 +78,14 @@ def test_entry_points_are_shims_onto_the_cli():
         assert mods <= {"analysis", "sys"}, rel
 
 
+def test_no_module_changes_sys_path():
+    """Imports resolve as Python resolves them; a user's module is loaded through importlib (real.model_api)."""
+    offenders = [f"{rel.relative_to(ROOT)}:{node.lineno}" for pkg in PACKAGES for rel in sorted((ROOT / pkg).rglob("*.py"))
+                 for node in ast.walk(ast.parse(rel.read_text())) if isinstance(node, ast.Attribute)
+                 and ast.unparse(node).startswith("sys.path.")]
+    assert offenders == []
+
+
 def test_no_library_message_names_a_flag():
     """Library errors name fields; only analysis/cli/ turns them into flags."""
     offenders = []
