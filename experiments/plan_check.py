@@ -106,7 +106,7 @@ def check(a: argparse.Namespace) -> dict:
     from analysis.validation import kendall_tau
     from real.measure import measure_interleaved
     from schedules import Kind
-    from sim.profiled import from_trace, load_profile, trace_fit
+    from sim.profiled import from_trace, load_profile, trace_calibration
 
     t0 = time.monotonic()
     out = Path(a.out)
@@ -124,14 +124,14 @@ def check(a: argparse.Namespace) -> dict:
                                       trace_dir=str(out / "traces" / "calibration"), attempts=a.attempts,
                                       max_foreign=a.max_foreign, timeout=a.timeout)[0]
     traces = list(calibration.traces)
-    fit = trace_fit(traces)
+    fit = trace_calibration(traces)
 
     def costs_for(c: tuple) -> object:
         g = graphs[c]
         if c[2] == 1:
-            return from_trace(traces, profile, num_stages=g.schedule.num_stages, fit=fit)
+            return from_trace(traces, profile, num_stages=g.schedule.num_stages, calibration=fit)
         base = load_profile(profile, fit.num_stages)
-        scaled = from_trace(traces, profile, num_stages=fit.num_stages, fit=fit)
+        scaled = from_trace(traces, profile, num_stages=fit.num_stages, calibration=fit)
         ratio = {k: sum(scaled.stages[s].of(k) for s in range(fit.num_stages))
                  / sum(base.stages[s].of(k) for s in range(fit.num_stages)) for k in (Kind.F, Kind.B)}
         own = load_profile(dp_profile, 1)

@@ -140,7 +140,7 @@ def validate_all(a: argparse.Namespace) -> dict:
     from real.measure import measure_interleaved
     from schedules import Kind, load_graph, validate
     from schedules.trace import read_trace
-    from sim.profiled import from_trace, load_profile, trace_fit
+    from sim.profiled import from_trace, load_profile, trace_calibration
     from sim.replay import replay
 
     t_start = time.monotonic()
@@ -166,10 +166,10 @@ def validate_all(a: argparse.Namespace) -> dict:
     by_key = {(s, m): r for (s, m, _), r in zip(everything, measured, strict=True)}
     cal_m = ms[len(ms) // 2]
     cal_traces = list(by_key[(a.calibrate_from, cal_m)].traces)
-    fit = trace_fit(cal_traces)
+    fit = trace_calibration(cal_traces)
 
     def trace_costs(n: int, **off: float):
-        c = from_trace(cal_traces, profile, num_stages=n, fit=fit)
+        c = from_trace(cal_traces, profile, num_stages=n, calibration=fit)
         return replace(c, **off) if off else c
 
     ablations = {"send_cpu": {"send_cpu": 0.0}, "task_overhead": {"task_overhead": 0.0},
@@ -177,7 +177,7 @@ def validate_all(a: argparse.Namespace) -> dict:
     def dp_costs(**off: float):
         """The data-parallel pair's profile, each pass scaled by the calibration trace's in-run/profiled ratio."""
         base, own = load_profile(profile, fit.num_stages), load_profile(dp_profile, 1)
-        scaled = from_trace(cal_traces, profile, num_stages=fit.num_stages, fit=fit)
+        scaled = from_trace(cal_traces, profile, num_stages=fit.num_stages, calibration=fit)
         ratio = {k: sum(scaled.stages[s].of(k) for s in range(fit.num_stages))
                  / sum(base.stages[s].of(k) for s in range(fit.num_stages)) for k in (Kind.F, Kind.B)}
         st = own.stages[0]
@@ -209,7 +209,7 @@ def validate_all(a: argparse.Namespace) -> dict:
         frames = [read_trace(t) for t in r.traces]  # read once: its own calibration and every step's replay
         own = from_trace(frames, profile, num_stages=n)  # this configuration's own pass times
         row["self_error"] = (_predict(g, own) - r.step_time) / r.step_time
-        steps = [x.error for df in frames for x in replay(df, from_trace(df, fit=trace_fit(df)))]
+        steps = [x.error for df in frames for x in replay(df, from_trace(df, calibration=trace_calibration(df)))]
         row["replay_error"] = statistics.median(steps)
         row["replay_abs_p90"] = sorted(abs(e) for e in steps)[int(0.9 * (len(steps) - 1))]
         meas = row["measured_step_time"]

@@ -76,8 +76,8 @@ from sim.costs import UniformCosts
 if TYPE_CHECKING:
     from sim.engine import SimResult
 
-__all__ = ["PROFILE_SCHEMA", "ProfiledCosts", "StageCosts", "TraceFit", "from_trace", "load_costs", "load_profile",
-           "step_time", "trace_fit"]
+__all__ = ["PROFILE_SCHEMA", "ProfiledCosts", "StageCosts", "TraceCalibration", "from_trace", "load_costs",
+           "load_profile", "step_time", "trace_calibration"]
 
 _PASS_KINDS = (Kind.F, Kind.B, Kind.I, Kind.W)
 _COLLECTIVES = {Kind.ALLREDUCE: "all_reduce", Kind.REDUCE_SCATTER: "reduce_scatter", Kind.ALL_GATHER: "all_gather"}
@@ -401,8 +401,8 @@ def occupancy(part: Any, pp: int = 1) -> dict[tuple[int, str], float]:
 
 
 @dataclass(frozen=True)
-class TraceFit:
-    """What :func:`trace_fit` measures in real traces (seconds): the calibration's raw figures."""
+class TraceCalibration:
+    """What :func:`trace_calibration` measures in real traces (seconds): the calibration's raw figures."""
 
     num_stages: int
     passes: dict[tuple[int, str], float]  # (stage, kind) -> trimmed-mean in-run duration
@@ -443,7 +443,7 @@ def _frames(trace: Any) -> list[Any]:
 TRIM = 0.05  # the fraction of samples left out at each end of a task time's mean
 
 
-def _mean(xs: list[float]) -> float:
+def _trimmed_mean(xs: list[float]) -> float:
     """The mean with the lowest and highest ``TRIM`` of the samples left out.
 
     A step is a sum of many task times along its critical path, and the median
@@ -456,7 +456,7 @@ def _mean(xs: list[float]) -> float:
     return statistics.fmean(xs[k:len(xs) - k] if len(xs) > 2 * k else xs)
 
 
-def trace_fit(trace: Any) -> TraceFit:
+def trace_calibration(trace: Any) -> TraceCalibration:
     """The calibration's figures from one or more real traces (paths or DataFrames) of one stage layout."""
     import statistics
 
@@ -493,13 +493,13 @@ def trace_fit(trace: Any) -> TraceFit:
                     gap = held[(c["rank"], c["action"])] - (c["end"] - c["start"])  # its occupancy less its body
                     (post_gaps if n["stream"] == "send" else gaps).append(gap)
     med = statistics.median
-    task_overhead = _mean(gaps) if gaps else 0.0
-    return TraceFit(
+    task_overhead = _trimmed_mean(gaps) if gaps else 0.0
+    return TraceCalibration(
         num_stages=num_stages,
-        passes={k: _mean(v) for k, v in sorted(passes.items())},
+        passes={k: _trimmed_mean(v) for k, v in sorted(passes.items())},
         latency=max(med(latency), 0.0) if latency else 0.0,
         task_overhead=max(task_overhead, 0.0),
-        send_cpu=max(_mean(post_gaps) - task_overhead, 0.0) if post_gaps else 0.0,
+        send_cpu=max(_trimmed_mean(post_gaps) - task_overhead, 0.0) if post_gaps else 0.0,
         # the simulated span ends after the last task's overhead, the recorded one at its body's end
         step_overhead=max(float(med(overheads)) - max(task_overhead, 0.0), 0.0) if overheads else 0.0,
         activation_bytes=med(nbytes) if nbytes else 0.0,
@@ -509,7 +509,7 @@ def trace_fit(trace: Any) -> TraceFit:
 
 
 def from_trace(trace: Any, profile: str | Path | None = None, *, num_stages: int | None = None,
-               fit: TraceFit | None = None) -> ProfiledCosts:
+               calibration: TraceCalibration | None = None) -> ProfiledCosts:
     """A cost model calibrated from real traces (see the module doc), for ``num_stages`` stages.
 
     ``trace``: a path or DataFrame, or a list of them (every traced step of
@@ -520,40 +520,40 @@ def from_trace(trace: Any, profile: str | Path | None = None, *, num_stages: int
     Without a profile such passes are listed in ``missing`` and a graph that
     needs them is refused.
     """
-    fit = fit or trace_fit(trace)
-    n = num_stages or fit.num_stages
+    cal = calibration or trace_calibration(trace)
+    n = num_stages or cal.num_stages
     kinds = ("F", "B", "I", "W")
-    measured = {k for (_, k) in fit.passes}
+    measured = {k for (_, k) in cal.passes}
     source = ", ".join(str(t) for t in (trace if isinstance(trace, list | tuple) else [trace])
                        if not hasattr(t, "attrs"))[:200]
     if profile is None:
-        if n != fit.num_stages:
-            raise CostFileError(f"the trace runs {fit.num_stages} stages, the schedule {n}; give a profile "
+        if n != cal.num_stages:
+            raise CostFileError(f"the trace runs {cal.num_stages} stages, the schedule {n}; give a profile "
                                 f"(real.profile, stages={n}) to scale, or calibrate from a run of {n} stages")
-        stages = tuple(StageCosts(**{k.lower(): fit.passes.get((s, k), 0.0) for k in kinds}) for s in range(n))
+        stages = tuple(StageCosts(**{k.lower(): cal.passes.get((s, k), 0.0) for k in kinds}) for s in range(n))
         missing = tuple(k for k in kinds if k not in measured)
-    elif (groups := _refinement(fit, profile, n)) is not None:
+    elif (groups := _refinement(cal, profile, n)) is not None:
         target = load_profile(profile, n)
-        stages, missing = _refined(fit, target, groups), ()
+        stages, missing = _refined(cal, target, groups), ()
     else:
-        base, target = load_profile(profile, fit.num_stages), load_profile(profile, n)
+        base, target = load_profile(profile, cal.num_stages), load_profile(profile, n)
         ratio = {}
         for k in kinds:
             if k in measured:
-                prof = sum(base.stages[s].of(Kind(k)) for s in range(fit.num_stages))
-                ratio[k] = sum(fit.passes.get((s, k), 0.0) for s in range(fit.num_stages)) / prof if prof else 1.0
+                prof = sum(base.stages[s].of(Kind(k)) for s in range(cal.num_stages))
+                ratio[k] = sum(cal.passes.get((s, k), 0.0) for s in range(cal.num_stages)) / prof if prof else 1.0
         for k in kinds:  # a kind the trace lacks: as its backward (I, W) or forward scales
             ratio.setdefault(k, ratio.get("B", ratio.get("F", 1.0)))
-        same = n == fit.num_stages
+        same = n == cal.num_stages
         stages = tuple(
-            StageCosts(**{k.lower(): fit.passes[(s, k)] if same and (s, k) in fit.passes
+            StageCosts(**{k.lower(): cal.passes[(s, k)] if same and (s, k) in cal.passes
                           else target.stages[s].of(Kind(k)) * ratio[k] for k in kinds},
                        optim=0.0, param_bytes=target.stages[s].param_bytes)
             for s in range(n))
         missing = ()
     return ProfiledCosts(
-        stages=stages, activation_bytes=fit.activation_bytes, p2p_alpha=fit.latency, p2p_beta=math.inf,
-        task_overhead=fit.task_overhead, step_overhead=fit.step_overhead, send_cpu=fit.send_cpu,
+        stages=stages, activation_bytes=cal.activation_bytes, p2p_alpha=cal.latency, p2p_beta=math.inf,
+        task_overhead=cal.task_overhead, step_overhead=cal.step_overhead, send_cpu=cal.send_cpu,
         collectives=target.collectives if profile is not None else (),
         source=source or "trace", missing=missing)
 
@@ -569,23 +569,23 @@ def _profile_layers(profile: str | Path, n: int) -> list[tuple[int, int]] | None
         return None
 
 
-def _refinement(fit: TraceFit, profile: str | Path, n: int) -> list[int] | None:
+def _refinement(cal: TraceCalibration, profile: str | Path, n: int) -> list[int] | None:
     """For each of the n target stages, the traced stage that holds all its layers; None unless every target
     stage lies within one traced stage (4 stages from a run of 2, or the same partition)."""
     target = _profile_layers(profile, n)
-    if target is None or len(fit.layers) != fit.num_stages:
+    if target is None or len(cal.layers) != cal.num_stages:
         return None
-    bounds = list(itertools.accumulate(fit.layers, initial=0))
+    bounds = list(itertools.accumulate(cal.layers, initial=0))
     owner = []
     for first, stop in target:
-        t = next((t for t in range(fit.num_stages) if bounds[t] <= first and stop <= bounds[t + 1]), None)
+        t = next((t for t in range(cal.num_stages) if bounds[t] <= first and stop <= bounds[t + 1]), None)
         if t is None or stop <= first:
             return None
         owner.append(t)
     return owner
 
 
-def _refined(fit: TraceFit, target: ProfiledCosts, owner: list[int]) -> tuple[StageCosts, ...]:
+def _refined(cal: TraceCalibration, target: ProfiledCosts, owner: list[int]) -> tuple[StageCosts, ...]:
     """Each traced stage's in-run time shared among the target stages inside it as the profile shares it
     (measured round-robin at one moment, so the profile's own speed cancels). A kind the trace lacks takes
     its profiled share of the trace's backward: I and W from B (1F1B), B from I + W (zero-bubble)."""
@@ -597,12 +597,12 @@ def _refined(fit: TraceFit, target: ProfiledCosts, owner: list[int]) -> tuple[St
         group = [x for x, o in enumerate(owner) if o == t]
         costs = {}
         for k in ("F", "B", "I", "W"):
-            if (t, k) in fit.passes:
-                src, base = fit.passes[(t, k)], (k,)
-            elif k in ("I", "W") and (t, "B") in fit.passes:
-                src, base = fit.passes[(t, "B")], ("B",)
-            elif k == "B" and (t, "I") in fit.passes and (t, "W") in fit.passes:
-                src, base = fit.passes[(t, "I")] + fit.passes[(t, "W")], ("I", "W")
+            if (t, k) in cal.passes:
+                src, base = cal.passes[(t, k)], (k,)
+            elif k in ("I", "W") and (t, "B") in cal.passes:
+                src, base = cal.passes[(t, "B")], ("B",)
+            elif k == "B" and (t, "I") in cal.passes and (t, "W") in cal.passes:
+                src, base = cal.passes[(t, "I")] + cal.passes[(t, "W")], ("I", "W")
             else:
                 src, base = 0.0, (k,)
             whole = sum(of(x, *base) for x in group)
