@@ -41,7 +41,7 @@ _LOWERED: weakref.WeakSet[TaskGraph] = weakref.WeakSet()
 
 _F, _I, _W, _B, _OV = Kind.F, Kind.I, Kind.W, Kind.B, Kind.OVERLAP_F_B
 _SF, _RF, _SB, _RB = Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B
-_COMPUTE, _SEND, _RECV = Stream.COMPUTE, Stream.SEND, Stream.RECV
+_COMPUTE = Stream.COMPUTE
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,9 +90,9 @@ RULES: dict[Kind, Rule] = {
     _RB: Rule((Need((_SB,), +1),), peer=+1),
 }
 _KNOWN = tuple(RULES)  # the kinds the fast path of _GraphBuilder handles (and OVERLAP_F_B of them)
-_MESSAGES = frozenset((_SF, _RF, _SB, _RB))
+_MESSAGES = frozenset(k for k, rule in RULES.items() if rule.peer)
 # How the fast path reads a resolved rule (_GraphBuilder._plan); compared by identity.
-_NONE, _ONE, _TWO, _SEND, _ANY = "none", "one", "two", "send", "any"
+_NO_ROW, _ONE_ROW, _TWO_ROWS, _SENT, _ROWS = "no row", "one row", "two rows", "sent", "rows"
 _Entry = tuple[str, "list[int] | None", "list[int] | None", Stream, "int | None", tuple[tuple[list[int], bool], ...]]
 
 # A frozen slotted dataclass's __init__ sets each field through object.__setattr__ (about 0.6 us for an Action,
@@ -270,9 +270,9 @@ class _GraphBuilder:
         An entry is ``(shape, a, b, stream, peer, rows)`` for an action on its stage's rank: ``rows`` are the
         rows [microbatch] -> task id it waits for, in the rule's order, each with its ``optional`` flag (a row of
         several kinds merged, the first kind run winning; an optional row no microbatch has left out). ``shape``
-        says how to read them: _NONE, _ONE (row ``a``), _TWO (rows ``a``, ``b``), _SEND (producer row ``a``, no
-        later than the send; its receive's row ``b`` at the peer) or _ANY (``rows``). None: a message at a stage
-        without a peer on another rank.
+        says how to read them: _NO_ROW, _ONE_ROW (row ``a``), _TWO_ROWS (rows ``a``, ``b``), _SENT (producer row
+        ``a``, no later than the send; its receive's row ``b`` at the peer) or _ROWS (``rows``). None: a message
+        at a stage without a peer on another rank.
         """
         s2r, n = self.schedule.stage_to_rank, self.schedule.num_stages
         merged: dict[tuple[tuple[Kind, ...], int], list[int]] = {}
@@ -281,14 +281,14 @@ class _GraphBuilder:
             if len(kinds) == 1:
                 return table[kinds[0]][st]
             if (kinds, st) not in merged:
-                out = table[kinds[0]][st]
+                first = table[kinds[0]][st]
                 for k in kinds[1:]:
                     more = table[k][st]
-                    if max(out) < 0:  # (a row is never empty: every schedule has a microbatch)
-                        out = more
+                    if max(first) < 0:  # (a row is never empty: every schedule has a microbatch)
+                        first = more
                     elif max(more) >= 0:
-                        out = [x if x >= 0 else y for x, y in zip(out, more, strict=True)]
-                merged[kinds, st] = out
+                        first = [x if x >= 0 else y for x, y in zip(first, more, strict=True)]
+                merged[kinds, st] = first
             return merged[kinds, st]
 
         out: dict[Kind, list[_Entry | None]] = {}
@@ -310,11 +310,11 @@ class _GraphBuilder:
                 peer = s2r[nxt] if kind in _MESSAGES else None
                 stream = STREAM_OF[kind] if kind in _MESSAGES else _COMPUTE
                 if rule.pair is not None:
-                    shape, a, b = _SEND, rows[0][0], table[rule.pair][nxt]
+                    shape, a, b = _SENT, rows[0][0], table[rule.pair][nxt]
                 elif any(opt for _, opt in rows) or len(rows) > 2:
-                    shape, a, b = _ANY, None, None
+                    shape, a, b = _ROWS, None, None
                 else:
-                    shape = (_NONE, _ONE, _TWO)[len(rows)]
+                    shape = (_NO_ROW, _ONE_ROW, _TWO_ROWS)[len(rows)]
                     a, b = (rows[0][0] if rows else None), (rows[1][0] if len(rows) > 1 else None)
                 entries.append((shape, a, b, stream, peer, tuple(rows)))
             out[kind] = entries
@@ -371,23 +371,23 @@ class _GraphBuilder:
                         return None
                     shape, a, b, stream, peer, rows = entry
                     # Plain actions (no sub-actions) have one piece of work, so no dependency can be the task itself.
-                    if shape is _ONE:
+                    if shape is _ONE_ROW:
                         dep = a[mb]
                         if dep < 0:
                             return None
                         deps = (dep,) if prev < 0 or prev == dep else (prev, dep)
-                    elif shape is _SEND:
+                    elif shape is _SENT:
                         dep = a[mb]
                         if dep < 0 or dep > tid or b[mb] < 0:
                             return None
                         deps = (dep,) if prev < 0 or prev == dep else (prev, dep)
-                    elif shape is _TWO:
+                    elif shape is _TWO_ROWS:
                         dep, grad = a[mb], b[mb]
                         if dep < 0 or grad < 0:
                             return None
                         core: tuple[int, ...] = (dep,) if grad == dep else (dep, grad)
                         deps = core if prev < 0 or prev in core else (prev, *core)
-                    elif shape is _NONE:
+                    elif shape is _NO_ROW:
                         deps = () if prev < 0 else (prev,)
                     else:
                         found = _gather(rows, mb, tid, [])
