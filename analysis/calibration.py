@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from real import ModelConfig, RunConfig
     from real.measure import Measured
     from schedules import TaskGraph
-    from sim.profiled import ProfiledCosts, TraceFit
+    from sim.profiled import ProfiledCosts, TraceCalibration
 
 __all__ = ["ABLATIONS", "BUCKET_MB", "MODEL_SHAPE", "Calibration", "dp_config", "dp_graph", "grid_rows", "pipeline_config",
            "predict", "profile_machine"]
@@ -113,21 +113,21 @@ class Calibration:
 
     profile: Path
     traces: tuple[str, ...]
-    fit: TraceFit
+    fit: TraceCalibration
     dp_profile: Path | None = None
 
     @classmethod
     def of(cls, profile: str | Path, traces: Sequence[str], dp_profile: str | Path | None = None) -> Calibration:
-        from sim.profiled import trace_fit
+        from sim.profiled import trace_calibration
 
-        return cls(Path(profile), tuple(traces), trace_fit(list(traces)),
+        return cls(Path(profile), tuple(traces), trace_calibration(list(traces)),
                    Path(dp_profile) if dp_profile is not None else None)
 
     def pipeline(self, num_stages: int, **off: float) -> ProfiledCosts:
         """The calibration run's costs for ``num_stages`` stages; ``off``: fields set (an ablation)."""
         from sim.profiled import from_trace
 
-        costs = from_trace(list(self.traces), self.profile, num_stages=num_stages, fit=self.fit)
+        costs = from_trace(list(self.traces), self.profile, num_stages=num_stages, calibration=self.fit)
         return replace(costs, **off) if off else costs
 
     def profile_only(self, num_stages: int) -> ProfiledCosts:
@@ -190,7 +190,7 @@ def pipeline_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calib
     """One pipeline configuration: predicted from the calibration and from the profile alone, each ablation,
     its self-calibrated error (from its own runs) and its replay error (each traced step with its own times)."""
     from schedules.trace import read_trace
-    from sim.profiled import from_trace, trace_fit
+    from sim.profiled import from_trace, trace_calibration
     from sim.replay import replay
 
     n = graph.schedule.num_stages
@@ -201,7 +201,7 @@ def pipeline_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calib
     frames = [read_trace(t) for t in r.traces]  # read once: its own calibration and every step's replay
     own = from_trace(frames, cal.profile, num_stages=n)
     row["self_error"] = (predict(graph, own) - r.step_time) / r.step_time
-    steps = [x.error for df in frames for x in replay(df, from_trace(df, fit=trace_fit(df)))]
+    steps = [x.error for df in frames for x in replay(df, from_trace(df, calibration=trace_calibration(df)))]
     row["replay_error"] = statistics.median(steps)
     row["replay_abs_p90"] = sorted(abs(e) for e in steps)[int(0.9 * (len(steps) - 1))]
     _errors(row)

@@ -25,7 +25,6 @@ import os
 from pathlib import Path
 
 from schedules import build
-from schedules.registry import lookup
 from schedules.torch_csv import write_torch_csv
 from sim.plan_space import PlanConfig
 from sim.study import Study
@@ -128,8 +127,6 @@ def megatron_args(c: PlanConfig, model: TransformerConfig, global_batch: int) ->
 
 def write_schedule_csv(c: PlanConfig, study: Study, path: str | os.PathLike) -> Path:
     """The configuration's pipeline order as torch's compute-only CSV (``_load_csv``), one row per rank."""
-    adaptive = lookup(c.schedule)
-    params = study.pipeline() if adaptive is not None and adaptive.adaptive else None
-    sched = build(c.schedule, params) if params is not None else build(
-        c.schedule, pp=c.pp, microbatches=c.microbatches, chunks=c.chunks)
+    options = study.schedule_options()  # zb-auto plans with the model's pass times; None for the others
+    sched = build(c.schedule, None, options, pp=c.pp, microbatches=c.microbatches, chunks=c.chunks)
     return write_torch_csv(sched, path)

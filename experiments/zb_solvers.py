@@ -16,9 +16,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from schedules.registry import PipelineParams
+from schedules import build
 from schedules.timing import evaluate
-from schedules.zb_auto import _best_heuristic
 from schedules.zb_exact import refine
 from schedules.zb_milp import refine_milp
 from schedules.zb_paper import TABLE5
@@ -40,8 +39,7 @@ def main() -> None:
     for row in args.rows:
         model, p, m, tf, tb, tw, tc, paper = TABLE5[row]
         t, limit = (tf, tb, tw, tc), 2.0 * p
-        seed = _best_heuristic(PipelineParams(pp=p, microbatches=m, tf=tf, tb=tb, tw=tw, tcomm=tc, mem_limit=limit),
-                               limit, t)
+        seed = build("zb-auto", pp=p, microbatches=m, tf=tf, tb=tb, tw=tw, tcomm=tc, mem_limit=limit, time_limit=0)
         base = evaluate(seed, *t).span_bubble
         for name, solve in SOLVERS.items():
             t0 = time.perf_counter()

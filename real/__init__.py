@@ -22,9 +22,9 @@ from real.config import (
     partition,
 )
 from real.mesh import Mesh
-from real.model_api import UserModel, fit
+from real.model_api import UserModel
 from real.reference import reference_run
-from real.train import RunResult, param_digest, run
+from real.train import RunResult, fit, param_digest, run
 
 __all__ = [
     "DataConfig",

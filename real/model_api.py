@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import importlib.machinery
 import importlib.util
 import statistics
 import sys
@@ -41,6 +42,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -58,7 +60,6 @@ __all__ = [
     "autocast_for",
     "balance_split",
     "builtin_model",
-    "fit",
     "from_factory",
     "infer_boundaries",
     "linear_partition",
@@ -145,9 +146,7 @@ def load_factory(spec: str) -> Callable[[], Any]:
             sys.modules[loader.name] = module
             loader.loader.exec_module(module)
         else:
-            if "" not in sys.path and str(Path.cwd()) not in sys.path:
-                sys.path.insert(0, str(Path.cwd()))  # a module next to the command, as `python -m` finds it
-            module = importlib.import_module(module_name)
+            module = _import_beside_command(module_name)
     except ConfigError:
         raise
     except Exception as exc:  # the user's module failed to import: one line with its error
@@ -157,6 +156,28 @@ def load_factory(spec: str) -> Callable[[], Any]:
     if not callable(factory):
         raise ConfigError(f"model {spec!r}: {module_name} has no function {attr!r}", field="factory")
     return factory
+
+
+def _import_beside_command(name: str) -> ModuleType:
+    """Import ``name`` as ``python -m`` finds it: its top-level module in the working directory first, else on sys.path.
+
+    importlib alone, sys.path untouched: the top-level module or package is loaded from the working directory by
+    its path, and a package's submodules come from its own ``__path__``. A model split over several files next
+    to the command is therefore a package (``pkg/__init__.py``) whose modules import each other as ``pkg.x`` or
+    relatively; a lone module's ``import neighbour`` resolves on sys.path as usual.
+    """
+    top = name.partition(".")[0]
+    if top not in sys.modules:
+        found = importlib.machinery.PathFinder.find_spec(top, [str(Path.cwd())])
+        if found is not None and found.origin is not None and found.loader is not None:  # not a namespace dir
+            module = importlib.util.module_from_spec(found)
+            sys.modules[top] = module
+            try:
+                found.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[top]
+                raise
+    return importlib.import_module(name)
 
 
 def from_factory(spec: str, seed: int) -> UserModel:
@@ -389,14 +410,3 @@ def plan_for(config: RunConfig, world: int, user: UserModel | None = None
         check_stages(model, plan)
     return plan, model, data
 
-
-def fit(user: UserModel, *, trace_path: str | Path | None = None, **fields: Any):  # -> real.train.RunResult
-    """Train ``user`` with the layout, data and optimizer of :meth:`RunConfig.of` ``(**fields)`` on this rank.
-
-    Under torchrun every rank calls it (world size pp x dp); in one process pp must be 1.
-    """
-    from real.train import run
-
-    steps = fields.pop("steps", 10)
-    checkpoint = fields.pop("checkpoint", None)
-    return run(RunConfig.of(steps=steps, checkpoint=checkpoint, **fields), trace_path=trace_path, user=user)

@@ -57,7 +57,7 @@ from schedules.trace import check_trace_path, make_trace, write_trace
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["RunResult", "param_digest", "resolve_backend", "restart_count", "resume_point", "run"]
+__all__ = ["RunResult", "fit", "param_digest", "resolve_backend", "restart_count", "resume_point", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +190,16 @@ def run(
     finally:
         if own:
             mesh.close()
+
+
+def fit(user: UserModel, *, trace_path: str | Path | None = None, **fields: Any) -> RunResult:
+    """Train ``user`` with the layout, data and optimizer of :meth:`RunConfig.of` ``(**fields)`` on this rank.
+
+    Under torchrun every rank calls it (world size pp x dp); in one process pp must be 1.
+    """
+    steps = fields.pop("steps", 10)
+    checkpoint = fields.pop("checkpoint", None)
+    return run(RunConfig.of(steps=steps, checkpoint=checkpoint, **fields), trace_path=trace_path, user=user)
 
 
 def _from_rank0(value: Any, mesh: Mesh) -> Any:

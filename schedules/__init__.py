@@ -30,6 +30,7 @@ from schedules.registry import PipelineParams, build, make_schedule, names, regi
 from schedules.torch_csv import read_torch_csv, read_torch_csv_graph, write_torch_csv
 from schedules.torch_interop import from_torch, torch_schedule_names
 from schedules.validate import validate
+from schedules.zb_auto import ZBAutoOptions
 
 __all__ = [
     "Action",
@@ -46,6 +47,7 @@ __all__ = [
     "Stream",
     "Task",
     "TaskGraph",
+    "ZBAutoOptions",
     "build",
     "check_schedule",
     "find_cycle",

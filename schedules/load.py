@@ -31,13 +31,6 @@ def _split_ref(ref: str) -> tuple[str, str]:
     return "name", ref
 
 
-def _options_of(params: PipelineParams) -> dict[str, Any]:
-    """The fields of ``params`` beyond the shape that differ from the defaults (what an adaptive schedule reads)."""
-    default = PipelineParams(pp=params.pp, microbatches=params.microbatches)
-    return {k: getattr(params, k) for k in ("tf", "tb", "tw", "tcomm", "mw", "mem_limit")
-            if getattr(params, k) != getattr(default, k)}
-
-
 def _need(ref: str, **values: int | None) -> None:
     missing = [k for k, v in values.items() if v is None]
     if missing:
@@ -52,19 +45,20 @@ def _check_chunks(ref: str, schedule: Schedule, chunks: int | None) -> None:
 
 
 def load_schedule(
-    ref: str, params: PipelineParams | None = None, /, *, pp: int | None = None, microbatches: int | None = None,
-    chunks: int | None = None, **options: Any
+    ref: str, params: PipelineParams | None = None, options: Any = None, /, *, pp: int | None = None,
+    microbatches: int | None = None, chunks: int | None = None, **option_fields: Any
 ) -> Schedule:
     """Resolve ``ref``: a registered name, ``torch:<ClassName>`` or ``csv:<PATH>``.
 
     The shape comes as a :class:`PipelineParams` or as keywords. Registered
     names and torch classes need ``pp`` and ``microbatches``; a csv: file
-    carries its own, and any given must agree with it. ``options`` (e.g. pass
-    times for adaptive schedules) go to :func:`schedules.build`.
+    carries its own, and any given must agree with it. An adaptive schedule's
+    ``options`` (:class:`schedules.ZBAutoOptions`), or their fields as
+    keywords, go to :func:`schedules.build`.
     """
     if params is not None:
-        return load_schedule(ref, pp=params.pp, microbatches=params.microbatches, chunks=params.chunks,
-                             **_options_of(params))
+        return load_schedule(ref, None, options, pp=params.pp, microbatches=params.microbatches,
+                             chunks=params.chunks, **option_fields)
     kind, rest = _split_ref(ref)
     if kind == "csv":
         schedule = read_torch_csv(rest, pp=pp, microbatches=microbatches)
@@ -74,7 +68,7 @@ def load_schedule(
     if kind == "torch":
         return from_torch(rest, pp, microbatches, chunks)
     try:
-        return build(rest, pp=pp, microbatches=microbatches, chunks=chunks, **options)
+        return build(rest, None, options, pp=pp, microbatches=microbatches, chunks=chunks, **option_fields)
     except ScheduleError as exc:
         if lookup(rest) is not None:
             raise
@@ -82,16 +76,17 @@ def load_schedule(
 
 
 def load_graph(
-    ref: str, params: PipelineParams | None = None, /, *, pp: int | None = None, microbatches: int | None = None,
-    chunks: int | None = None, **options: Any
+    ref: str, params: PipelineParams | None = None, options: Any = None, /, *, pp: int | None = None,
+    microbatches: int | None = None, chunks: int | None = None, **option_fields: Any
 ) -> TaskGraph:
     """Like :func:`load_schedule`, lowered; a csv: file keeps its own SEND/RECV if it has any."""
     if params is not None:
-        return load_graph(ref, pp=params.pp, microbatches=params.microbatches, chunks=params.chunks,
-                          **_options_of(params))
+        return load_graph(ref, None, options, pp=params.pp, microbatches=params.microbatches, chunks=params.chunks,
+                          **option_fields)
     kind, rest = _split_ref(ref)
     if kind != "csv":
-        return lower(load_schedule(ref, pp=pp, microbatches=microbatches, chunks=chunks, **options))
+        return lower(load_schedule(ref, None, options, pp=pp, microbatches=microbatches, chunks=chunks,
+                                   **option_fields))
     graph = read_torch_csv_graph(rest, pp=pp, microbatches=microbatches)
     _check_chunks(ref, graph.schedule, chunks)
     return graph

@@ -6,10 +6,13 @@ consume. Every task has a rank, a stream and the tasks it waits for:
 * compute tasks (F, I, W, B, OVERLAP_F_B) run on the rank's ``compute``
   stream in program order: each waits for the previous compute task;
 * data dependencies: F(s, mb) needs F(s-1, mb); a backward (I or B) of
-  (s, mb) needs F(s, mb) and the input gradient of stage s+1 (from its I or
-  B); W(s, mb) needs I(s, mb). Across ranks the value travels as a
+  (s, mb) needs F(s, mb), its recompute R(s, mb) where one runs, and the
+  input gradient of stage s+1 (from its I or B); R(s, mb) needs F(s, mb);
+  W(s, mb) needs I(s, mb). Across ranks the value travels as a
   SEND task on the producer's ``send`` stream and a RECV task on the
-  consumer's ``recv`` stream;
+  consumer's ``recv`` stream. These rules are one table, :data:`RULES`,
+  that both graph builders read: the fast one (well-formed programs) and the
+  checked one (the same graph, or an error naming the rank and the action);
 * a SEND or RECV is posted when its rank's program reaches it, so it also
   waits for the compute task before it in program order. A RECV placed after
   its consumer thus shows up as a cycle, as it would hang a real run.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from schedules.check import check_schedule
 from schedules.errors import ScheduleError
@@ -29,7 +33,7 @@ from schedules.graph import STREAM_OF, Stream, Task, TaskGraph
 from schedules.ir import Action, Kind, Schedule
 from schedules.util import paused_gc
 
-__all__ = ["graph_from_programs", "insert_comms", "lower"]
+__all__ = ["RULES", "Need", "Rule", "graph_from_programs", "insert_comms", "lower"]
 
 # Graphs returned by lower(): their compute programs are the checked schedule's, so validate() need not check the
 # work again. Identity only (TaskGraph compares by identity): a copy or a dataclasses.replace() is checked anew.
@@ -37,8 +41,59 @@ _LOWERED: weakref.WeakSet[TaskGraph] = weakref.WeakSet()
 
 _F, _I, _W, _B, _OV = Kind.F, Kind.I, Kind.W, Kind.B, Kind.OVERLAP_F_B
 _SF, _RF, _SB, _RB = Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B
-_COMPUTE, _SEND, _RECV = Stream.COMPUTE, Stream.SEND, Stream.RECV
-_KNOWN = (_F, _I, _W, _B, _SF, _RF, _SB, _RB)  # the kinds the fast path of _GraphBuilder handles
+_COMPUTE = Stream.COMPUTE
+
+
+@dataclass(frozen=True, slots=True)
+class Need:
+    """One thing an action waits for: the first of ``kinds`` run for (its stage + ``offset``, its microbatch).
+
+    ``via``: the value comes from the neighbouring stage (``offset`` is -1 or +1); where that stage lives on
+    another rank the action waits instead for the message of this kind at its own stage, and at the first
+    (last) stage there is no neighbour and nothing to wait for. ``optional``: waited for only where it runs
+    (a recompute). ``what``: how an error names a producer of several kinds (``{stage}``: the producer's stage).
+    """
+
+    kinds: tuple[Kind, ...]
+    offset: int = 0
+    via: Kind | None = None
+    optional: bool = False
+    what: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """What an action kind waits for besides program order; a message also names its other end.
+
+    ``peer``: a message's other end is at its stage + ``peer``; ``pair``: a send needs that receive to exist
+    there (a receive waits for its send, ``needs``). Compute kinds without a rule (OVERLAP_F_B) wait for what
+    their parts wait for.
+    """
+
+    needs: tuple[Need, ...]
+    peer: int = 0
+    pair: Kind | None = None
+
+
+_BACKWARD = Rule((Need((_F,)), Need((Kind.R,), optional=True),
+                  Need((_I, _B), +1, via=_RB, what="the backward of stage {stage}")))
+#: The one table of dependency rules; both graph builders below read it (see the module doc).
+RULES: dict[Kind, Rule] = {
+    _F: Rule((Need((_F,), -1, via=_RF),)),  # the activations of the stage below
+    Kind.R: Rule((Need((_F,)),)),  # recomputes from the input its forward kept
+    _I: _BACKWARD,  # its forward (and recompute), and the input gradient of the stage above
+    _B: _BACKWARD,
+    _W: Rule((Need((_I,)),)),  # the activation gradients its I left
+    _SF: Rule((Need((_F,)),), peer=+1, pair=_RF),
+    _RF: Rule((Need((_SF,), -1),), peer=-1),
+    _SB: Rule((Need((_I, _B)),), peer=-1, pair=_RB),
+    _RB: Rule((Need((_SB,), +1),), peer=+1),
+}
+_KNOWN = tuple(RULES)  # the kinds the fast path of _GraphBuilder handles (and OVERLAP_F_B of them)
+_MESSAGES = frozenset(k for k, rule in RULES.items() if rule.peer)
+# How the fast path reads a resolved rule (_GraphBuilder._plan); compared by identity.
+_NO_ROW, _ONE_ROW, _TWO_ROWS, _SENT, _ROWS = "no row", "one row", "two rows", "sent", "rows"
+_Entry = tuple[str, "list[int] | None", "list[int] | None", Stream, "int | None", tuple[tuple[list[int], bool], ...]]
 
 # A frozen slotted dataclass's __init__ sets each field through object.__setattr__ (about 0.6 us for an Action,
 # 0.75 us for a Task on this project's machine, a third of the whole lowering). The two hot loops below make the
@@ -176,21 +231,15 @@ class _GraphBuilder:
         self.where = {}
         return self._build_checked()
 
-    def _build_fast(self) -> TaskGraph | None:
-        """:meth:`_build_checked` without its error reporting: None at the first thing it would reject.
-
-        Handles only the kinds it knows (F, I, W, B, OVERLAP_F_B, SEND/RECV) with stages and microbatches in
-        range; anything else goes to the checked path. Where each piece of work is (its task id) is kept in a
-        table per kind indexed [stage][microbatch] instead of a dict of tuples. Builds exactly the same tasks,
-        in the same order, with the same dependency tuples.
-        """
-        programs, schedule = self.programs, self.schedule
-        s2r, n = schedule.stage_to_rank, schedule.num_stages
-        n_mb = schedule.num_microbatches
+    # ------------------------------------------------------------------------------------------ the fast path
+    def _index(self) -> dict[Kind, list[list[int]]] | None:
+        """Pass 1 of :meth:`_build_fast`: the task id of each piece of work, per kind [stage][microbatch] (-1: none);
+        None at a kind it does not handle, a stage or microbatch out of range, or work that appears twice."""
+        n, n_mb = self.schedule.num_stages, self.schedule.num_microbatches
         table = {k: [[-1] * n_mb for _ in range(n)] for k in _KNOWN}
         get = table.get
         tid = 0
-        for prog in programs:
+        for prog in self.programs:
             for action in prog:
                 subs = action.sub_actions
                 if subs is None:
@@ -213,106 +262,140 @@ class _GraphBuilder:
                             return None
                         row[mb] = tid
                 tid += 1
-        f_at, i_at, b_at = table[_F], table[_I], table[_B]
-        rf_at, rb_at, sf_at, sb_at = table[_RF], table[_RB], table[_SF], table[_SB]
-        last = n - 1
-        new, task_cls = _new, Task
+        return table
+
+    def _plan(self, table: dict[Kind, list[list[int]]]) -> dict[Kind, list[_Entry | None]]:
+        """:data:`RULES` resolved against the placement, once per kind and stage, for :meth:`_build_fast`.
+
+        An entry is ``(shape, a, b, stream, peer, rows)`` for an action on its stage's rank: ``rows`` are the
+        rows [microbatch] -> task id it waits for, in the rule's order, each with its ``optional`` flag (a row of
+        several kinds merged, the first kind run winning; an optional row no microbatch has left out). ``shape``
+        says how to read them: _NO_ROW, _ONE_ROW (row ``a``), _TWO_ROWS (rows ``a``, ``b``), _SENT (producer row
+        ``a``, no later than the send; its receive's row ``b`` at the peer) or _ROWS (``rows``). None: a message
+        at a stage without a peer on another rank.
+        """
+        s2r, n = self.schedule.stage_to_rank, self.schedule.num_stages
+        merged: dict[tuple[tuple[Kind, ...], int], list[int]] = {}
+
+        def row(kinds: tuple[Kind, ...], st: int) -> list[int]:
+            if len(kinds) == 1:
+                return table[kinds[0]][st]
+            if (kinds, st) not in merged:
+                first = table[kinds[0]][st]
+                for k in kinds[1:]:
+                    more = table[k][st]
+                    if max(first) < 0:  # (a row is never empty: every schedule has a microbatch)
+                        first = more
+                    elif max(more) >= 0:
+                        first = [x if x >= 0 else y for x, y in zip(first, more, strict=True)]
+                merged[kinds, st] = first
+            return merged[kinds, st]
+
+        out: dict[Kind, list[_Entry | None]] = {}
+        for kind, rule in RULES.items():
+            entries: list[_Entry | None] = []
+            for st in range(n):
+                nxt = st + rule.peer
+                if kind in _MESSAGES and not (0 <= nxt < n and s2r[nxt] != s2r[st]):
+                    entries.append(None)
+                    continue
+                rows: list[tuple[list[int], bool]] = []
+                for need in rule.needs:
+                    at = st + need.offset
+                    if need.via is not None and not 0 <= at < n:
+                        continue
+                    got = row(need.kinds, at) if need.via is None or s2r[at] == s2r[st] else table[need.via][st]
+                    if not need.optional or max(got, default=-1) >= 0:
+                        rows.append((got, need.optional))
+                peer = s2r[nxt] if kind in _MESSAGES else None
+                stream = STREAM_OF[kind] if kind in _MESSAGES else _COMPUTE
+                if rule.pair is not None:
+                    shape, a, b = _SENT, rows[0][0], table[rule.pair][nxt]
+                elif any(opt for _, opt in rows) or len(rows) > 2:
+                    shape, a, b = _ROWS, None, None
+                else:
+                    shape = (_NO_ROW, _ONE_ROW, _TWO_ROWS)[len(rows)]
+                    a, b = (rows[0][0] if rows else None), (rows[1][0] if len(rows) > 1 else None)
+                entries.append((shape, a, b, stream, peer, tuple(rows)))
+            out[kind] = entries
+        return out
+
+    def _build_fast(self) -> TaskGraph | None:
+        """:meth:`_build_checked` without its error reporting: None at the first thing it would reject.
+
+        Handles the kinds of :data:`RULES` and their overlapped pairs, with stages and microbatches in range and
+        every action on its stage's rank; anything else goes to the checked path. Where each piece of work is
+        (its task id) is kept in a table per kind indexed [stage][microbatch], and each rule is resolved once per
+        stage into the rows it reads (:meth:`_plan`). Builds exactly the same tasks, in the same order, with the
+        same dependency tuples.
+        """
+        table = self._index()
+        if table is None:
+            return None
+        plan = self._plan(table)
+        s2r = self.schedule.stage_to_rank
+        # Per rank, its stages' entries only (None elsewhere: an action off its stage's rank takes the checked
+        # path), keyed by the kind's id: an Enum member's hash is a Python-level call, its id a builtin one.
+        n = self.schedule.num_stages
+        by_rank: list[dict[int, list[_Entry | None]]] = [{id(k): [None] * n for k in plan}
+                                                         for _ in range(self.schedule.num_ranks)]
+        for k, entries in plan.items():
+            for st, entry in enumerate(entries):
+                by_rank[s2r[st]][id(k)][st] = entry
+        new, task_cls, compute = _new, Task, _COMPUTE
         set_id, set_rank, set_stream, set_action, set_deps, set_peer = _T_SET
         tasks: list[Task] = []
         append = tasks.append
         rows_out: list[tuple[int, ...]] = []
         tid = 0
-        for rank, prog in enumerate(programs):
+        for rank, prog in enumerate(self.programs):
             start = tid
             prev = -1
+            plan_get = by_rank[rank].get
             for action in prog:
                 kind = action.kind
-                # Plain actions (no sub-actions) have one piece of work, so no dependency can be the task itself.
-                if kind is _SF:
+                entries = plan_get(id(kind))
+                if entries is None:
+                    if kind is not _OV:
+                        return None
+                    # an overlapped pair (pass 1 let no other action with sub-actions through)
+                    found = self._fast_overlap_deps(action, rank, tid, plan)
+                    if found is None:
+                        return None
+                    deps = found if prev < 0 or prev in found else (prev, *found)
+                    stream, peer = compute, None
+                else:
                     st, mb = action.stage, action.microbatch
-                    nxt = st + 1
-                    if s2r[st] != rank or nxt >= n or s2r[nxt] == rank:
+                    entry = entries[st]
+                    if entry is None:
                         return None
-                    dep = f_at[st][mb]
-                    if dep < 0 or dep > tid or rf_at[nxt][mb] < 0:
-                        return None
-                    stream, peer = _SEND, s2r[nxt]
-                    deps = (dep,) if prev < 0 or prev == dep else (prev, dep)
-                elif kind is _RF:
-                    st, mb = action.stage, action.microbatch
-                    nxt = st - 1
-                    if s2r[st] != rank or nxt < 0 or s2r[nxt] == rank:
-                        return None
-                    dep = sf_at[nxt][mb]
-                    if dep < 0:
-                        return None
-                    stream, peer = _RECV, s2r[nxt]
-                    deps = (dep,) if prev < 0 or prev == dep else (prev, dep)
-                elif kind is _SB:
-                    st, mb = action.stage, action.microbatch
-                    nxt = st - 1
-                    if s2r[st] != rank or nxt < 0 or s2r[nxt] == rank:
-                        return None
-                    dep = i_at[st][mb]
-                    if dep < 0:
-                        dep = b_at[st][mb]
-                    if dep < 0 or dep > tid or rb_at[nxt][mb] < 0:
-                        return None
-                    stream, peer = _SEND, s2r[nxt]
-                    deps = (dep,) if prev < 0 or prev == dep else (prev, dep)
-                elif kind is _RB:
-                    st, mb = action.stage, action.microbatch
-                    nxt = st + 1
-                    if s2r[st] != rank or nxt >= n or s2r[nxt] == rank:
-                        return None
-                    dep = sb_at[nxt][mb]
-                    if dep < 0:
-                        return None
-                    stream, peer = _RECV, s2r[nxt]
-                    deps = (dep,) if prev < 0 or prev == dep else (prev, dep)
-                elif action.sub_actions is None and (kind is _F or kind is _I or kind is _B or kind is _W):
-                    st, mb = action.stage, action.microbatch
-                    if kind is _F:
-                        if st == 0:
-                            deps = () if prev < 0 else (prev,)
-                        else:
-                            dep = f_at[st - 1][mb] if s2r[st - 1] == rank else rf_at[st][mb]
-                            if dep < 0:
-                                return None
-                            deps = (dep,) if prev < 0 or prev == dep else (prev, dep)
-                    elif kind is _W:
-                        dep = i_at[st][mb]
+                    shape, a, b, stream, peer, rows = entry
+                    # Plain actions (no sub-actions) have one piece of work, so no dependency can be the task itself.
+                    if shape is _ONE_ROW:
+                        dep = a[mb]
                         if dep < 0:
                             return None
                         deps = (dep,) if prev < 0 or prev == dep else (prev, dep)
-                    else:  # I or B: its forward, and the input gradient from the stage above
-                        dep = f_at[st][mb]
-                        if dep < 0:
+                    elif shape is _SENT:
+                        dep = a[mb]
+                        if dep < 0 or dep > tid or b[mb] < 0:
                             return None
-                        if st == last:
-                            core: tuple[int, ...] = (dep,)
-                        else:
-                            if s2r[st + 1] == rank:
-                                grad = i_at[st + 1][mb]
-                                if grad < 0:
-                                    grad = b_at[st + 1][mb]
-                            else:
-                                grad = rb_at[st][mb]
-                            if grad < 0:
-                                return None
-                            core = (dep,) if grad == dep else (dep, grad)
+                        deps = (dep,) if prev < 0 or prev == dep else (prev, dep)
+                    elif shape is _TWO_ROWS:
+                        dep, grad = a[mb], b[mb]
+                        if dep < 0 or grad < 0:
+                            return None
+                        core: tuple[int, ...] = (dep,) if grad == dep else (dep, grad)
                         deps = core if prev < 0 or prev in core else (prev, *core)
-                    stream, peer = _COMPUTE, None
+                    elif shape is _NO_ROW:
+                        deps = () if prev < 0 else (prev,)
+                    else:
+                        found = _gather(rows, mb, tid, [])
+                        if found is None:
+                            return None
+                        deps = found if prev < 0 or prev in found else (prev, *found)
+                if stream is compute:
                     prev = tid
-                elif kind is _OV:  # an overlapped pair (pass 1 let no other action with sub-actions through)
-                    found_deps = self._fast_compute_deps(action, rank, tid, table)
-                    if found_deps is None:
-                        return None
-                    deps = found_deps if prev < 0 or prev in found_deps else (prev, *found_deps)
-                    stream, peer = _COMPUTE, None
-                    prev = tid
-                else:
-                    return None
                 t = new(task_cls)
                 set_id(t, tid)
                 set_rank(t, rank)
@@ -323,44 +406,22 @@ class _GraphBuilder:
                 append(t)
                 tid += 1
             rows_out.append(tuple(range(start, tid)))
-        return TaskGraph(schedule, tuple(tasks), tuple(rows_out))
+        return TaskGraph(self.schedule, tuple(tasks), tuple(rows_out))
 
-    def _fast_compute_deps(self, action: Action, rank: int, tid: int,
-                           table: dict[Kind, list[list[int]]]) -> tuple[int, ...] | None:
-        """The data dependencies of a compute action with sub-actions (an overlapped pair), for :meth:`_build_fast`."""
-        s2r, last = self.schedule.stage_to_rank, self.schedule.num_stages - 1
-        f_at, i_at, b_at, rf_at, rb_at = table[_F], table[_I], table[_B], table[_RF], table[_RB]
+    def _fast_overlap_deps(self, action: Action, rank: int, tid: int,
+                           plan: dict[Kind, list[_Entry | None]]) -> tuple[int, ...] | None:
+        """The data dependencies of an overlapped pair, its parts' in order, for :meth:`_build_fast`."""
+        s2r = self.schedule.stage_to_rank
         deps: list[int] = []
         for a in action.parts():
-            k, st, mb = a.kind, a.stage, a.microbatch
-            if k is _F:
-                if st == 0:
-                    continue
-                found = f_at[st - 1][mb] if s2r[st - 1] == rank else rf_at[st][mb]
-            elif k is _I or k is _B:
-                found = f_at[st][mb]
-                if found < 0:
-                    return None
-                if found != tid and found not in deps:
-                    deps.append(found)
-                if st == last:
-                    continue
-                if s2r[st + 1] == rank:
-                    found = i_at[st + 1][mb]
-                    if found < 0:
-                        found = b_at[st + 1][mb]
-                else:
-                    found = rb_at[st][mb]
-            elif k is _W:
-                found = i_at[st][mb]
-            else:
+            entries = plan.get(a.kind)
+            if entries is None or a.kind in _MESSAGES or s2r[a.stage] != rank:
                 return None
-            if found < 0:
+            if _gather(entries[a.stage][5], a.microbatch, tid, deps) is None:
                 return None
-            if found != tid and found not in deps:
-                deps.append(found)
         return tuple(deps)
 
+    # --------------------------------------------------------------------------------------- the checked path
     def _build_checked(self) -> TaskGraph:
         ids: list[list[int]] = []
         flat: list[tuple[int, int, Action]] = []  # (rank, position, action) in id order
@@ -387,7 +448,7 @@ class _GraphBuilder:
                     deps = self._compute_deps(rank, action, tid)
                     stream, peer = Stream.COMPUTE, None
                 elif action.is_comm:
-                    deps, peer = self._comm_deps(rank, action, tid, pos)
+                    deps, peer = self._comm_deps(rank, action, tid)
                     stream = STREAM_OF[action.kind]
                 else:
                     raise self._err(rank, action, "is not a pipeline compute or send/recv action")
@@ -409,66 +470,71 @@ class _GraphBuilder:
         return None
 
     def _compute_deps(self, rank: int, action: Action, tid: int) -> tuple[int, ...]:
-        s2r, last = self.schedule.stage_to_rank, self.schedule.num_stages - 1
+        """What each part of a compute action waits for, by :data:`RULES`; an error names what no rank runs."""
+        s2r, n = self.schedule.stage_to_rank, self.schedule.num_stages
         deps: list[int] = []
-
-        def need(found: tuple[int, int] | None, what: str, a: Action) -> None:
-            if found is None:
-                raise self._err(rank, a, f"needs {what}, which no rank runs")
-            if found[0] != tid and found[0] not in deps:
-                deps.append(found[0])
-
         for a in action.parts():
+            rule = RULES.get(a.kind)
             s, mb = a.stage, a.microbatch
-            if a.kind is Kind.F and s > 0:
-                if s2r[s - 1] == rank:
-                    need(self._lookup(Kind.F, s - 1, mb), f"{s - 1}F{mb}", a)
+            for need in rule.needs if rule is not None else ():
+                at = s + need.offset
+                if need.via is not None and not 0 <= at < n:
+                    continue  # the first (last) stage: no stage below (above)
+                if need.via is not None and s2r[at] != rank:
+                    found, what = self._lookup(need.via, s, mb), f"{s}{need.via.value}{mb} on rank {rank}"
                 else:
-                    need(self._lookup(Kind.RECV_F, s, mb), f"{s}RECV_F{mb} on rank {rank}", a)
-            elif a.kind is Kind.R:
-                need(self._lookup(Kind.F, s, mb), f"{s}F{mb}", a)  # recomputes from the input F kept
-            elif a.kind in (Kind.I, Kind.B):
-                need(self._lookup(Kind.F, s, mb), f"{s}F{mb}", a)
-                recompute = self._lookup(Kind.R, s, mb)
-                if recompute is not None:
-                    need(recompute, f"{s}R{mb}", a)
-                if s < last:
-                    if s2r[s + 1] == rank:
-                        need(self._producer((Kind.I, Kind.B), s + 1, mb), f"the backward of stage {s + 1}", a)
-                    else:
-                        need(self._lookup(Kind.RECV_B, s, mb), f"{s}RECV_B{mb} on rank {rank}", a)
-            elif a.kind is Kind.W:
-                need(self._lookup(Kind.I, s, mb), f"{s}I{mb}", a)
+                    found = self._producer(need.kinds, at, mb)
+                    what = need.what.format(stage=at) if need.what else f"{at}{need.kinds[0].value}{mb}"
+                if found is None:
+                    if need.optional:
+                        continue
+                    raise self._err(rank, a, f"needs {what}, which no rank runs")
+                if found[0] != tid and found[0] not in deps:
+                    deps.append(found[0])
         return tuple(deps)
 
-    def _comm_deps(self, rank: int, action: Action, tid: int, pos: int) -> tuple[tuple[int, ...], int]:
+    def _comm_deps(self, rank: int, action: Action, tid: int) -> tuple[tuple[int, ...], int]:
+        """A message's placement checks, then what it waits for by :data:`RULES` (a send: its producer, a receive:
+        its send) and its peer rank."""
         s, mb, kind = action.stage, action.microbatch, action.kind
         s2r, n = self.schedule.stage_to_rank, self.schedule.num_stages
         if not 0 <= s < n:
             raise self._err(rank, action, f"names stage {s}; valid stages are 0..{n - 1}")
         if s2r[s] != rank:
             raise self._err(rank, action, f"stage {s} lives on rank {s2r[s]}, not on rank {rank}")
-        nxt = {Kind.SEND_F: s + 1, Kind.RECV_F: s - 1, Kind.SEND_B: s - 1, Kind.RECV_B: s + 1}[kind]
+        rule = RULES[kind]
+        nxt = s + rule.peer
         if not 0 <= nxt < n:
             side = "first" if nxt < 0 else "last"
             raise self._err(rank, action, f"has no peer: stage {s} is the {side} stage")
         if s2r[nxt] == rank:
             raise self._err(rank, action, f"has no peer: stage {nxt} is on the same rank, no message is needed")
         peer = s2r[nxt]
-        if kind in (Kind.SEND_F, Kind.SEND_B):
-            kinds = (Kind.F,) if kind is Kind.SEND_F else (Kind.I, Kind.B)
-            prod = self._producer(kinds, s, mb)
-            match = self._lookup(Kind.RECV_F if kind is Kind.SEND_F else Kind.RECV_B, nxt, mb)
-            if prod is None:
+        (need,) = rule.needs
+        found = self._producer(need.kinds, s + need.offset, mb)
+        if rule.pair is not None:  # a send
+            match = self._lookup(rule.pair, nxt, mb)
+            if found is None:
                 raise self._err(rank, action, "sends a value that no action on this rank produces")
-            if prod[0] > tid:
+            if found[0] > tid:
                 raise self._err(rank, action, "comes before the action that produces the value it sends")
             if match is None:
-                counterpart = f"{nxt}{'RECV_F' if kind is Kind.SEND_F else 'RECV_B'}{mb}"
-                raise self._err(rank, action, f"is unmatched: rank {peer} has no {counterpart}")
-            return (prod[0],), peer
-        send_kind = Kind.SEND_F if kind is Kind.RECV_F else Kind.SEND_B
-        match = self._lookup(send_kind, nxt, mb)
-        if match is None:
-            raise self._err(rank, action, f"is unmatched: rank {peer} has no {nxt}{send_kind.value}{mb}")
-        return (match[0],), peer
+                raise self._err(rank, action, f"is unmatched: rank {peer} has no {nxt}{rule.pair.value}{mb}")
+            return (found[0],), peer
+        if found is None:
+            raise self._err(rank, action, f"is unmatched: rank {peer} has no {nxt}{need.kinds[0].value}{mb}")
+        return (found[0],), peer
+
+
+def _gather(srcs: tuple[tuple[list[int], bool], ...], mb: int, tid: int, deps: list[int]) -> tuple[int, ...] | None:
+    """Append to ``deps`` the task ids ``srcs`` give for microbatch ``mb`` (not ``tid`` itself, no repeats), in order;
+    None if a required one is missing."""
+    for row, optional in srcs:
+        found = row[mb]
+        if found < 0:
+            if optional:
+                continue
+            return None
+        if found != tid and found not in deps:
+            deps.append(found)
+    return tuple(deps)

@@ -1,13 +1,16 @@
 """Schedule generators by name: one decorator line registers a generator.
 
-A generator is a pure function ``(PipelineParams) -> Schedule``.
+A generator is a pure function ``(PipelineParams) -> Schedule``; an adaptive
+one (zb-auto) is ``(PipelineParams, options) -> Schedule`` and registers the
+frozen dataclass of its own options (:class:`schedules.zb_auto.ZBAutoOptions`),
+which no other schedule sees.
 """
 
 from __future__ import annotations
 
 import difflib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from schedules.errors import ScheduleError, check_fraction, check_positive_ints, quote
@@ -31,43 +34,26 @@ def check_uniform_times(*, mw: float, **times: float) -> None:
 class PipelineParams:
     """Shape of a pipeline: p ranks, m microbatches, v chunks (stages) per rank (None: the schedule's default).
 
-    Schedules that adapt to pass times or memory (zb-auto) also read the
-    uniform pass times ``tf, tb, tw, tcomm`` (per microbatch through a rank's
-    whole share), the W-held fraction ``mw``, ``mem_limit`` (in M_B) and
-    ``time_limit`` (seconds of exact search).
+    Every schedule reads these and only these; an adaptive schedule's own inputs
+    (zb-auto's pass times and limits) are its options, apart.
     """
 
     pp: int
     microbatches: int
     chunks: int | None = None
-    tf: float = 1.0
-    tb: float = 1.0
-    tw: float = 1.0
-    tcomm: float = 0.0
-    mw: float = 0.0
-    mem_limit: float | None = None
-    time_limit: float = 10.0  # seconds zb-auto's exact refinement may search (0: the heuristic alone)
 
     def __post_init__(self) -> None:
         check_positive_ints("pipeline", ScheduleError, pp=self.pp, microbatches=self.microbatches)
         if self.chunks is not None:
             check_positive_ints("pipeline", ScheduleError, chunks=self.chunks)
-        check_uniform_times(tf=self.tf, tb=self.tb, tw=self.tw, tcomm=self.tcomm, mw=self.mw)
-        if self.mem_limit is not None and not self.mem_limit > 0:
-            raise ScheduleError(f"mem_limit must be > 0 M_B, got {quote(self.mem_limit)}", field="mem_limit")
-        if isinstance(self.time_limit, bool) or not isinstance(self.time_limit, int | float) \
-                or not 0 <= self.time_limit <= MAX_TIME_LIMIT:
-            raise ScheduleError(f"time_limit must be seconds in [0, {MAX_TIME_LIMIT:g}], got {quote(self.time_limit)}",
-                                field="time_limit")
 
     @property
     def num_stages(self) -> int:
         return self.pp * (self.chunks or 1)
 
 
-Generator = Callable[[PipelineParams], Schedule]
-
-MAX_TIME_LIMIT = 3600.0  # an hour of search: beyond that a typo, not a plan
+Generator = Callable[..., Schedule]  # (PipelineParams) -> Schedule, or (PipelineParams, options) if adaptive
+_SHAPE_FIELDS = frozenset(f.name for f in fields(PipelineParams))
 
 # The largest task graph built: about 0.6 KB and 10 us to lower and validate per task on this project's
 # 2-core machine (experiments/bench_sim.py), so 4M tasks is ~2.5 GB and under a minute; beyond that a
@@ -116,7 +102,12 @@ class ScheduleSpec:
     multi_chunk: bool  # True: v >= 2 chunks per rank; False: exactly one stage per rank
     summary: str
     fixed_chunks: int | None = None  # e.g. 2 for V-shaped schedules
-    adaptive: bool = False  # reads pass times and mem_limit (zb-auto)
+    options: type | None = None  # an adaptive schedule's options (a frozen dataclass, defaults for every field)
+
+    @property
+    def adaptive(self) -> bool:
+        """It plans with pass times and limits of its own (zb-auto): its generator takes ``options`` too."""
+        return self.options is not None
 
     @property
     def default_chunks(self) -> int:
@@ -133,14 +124,14 @@ def register(
     *,
     multi_chunk: bool = False,
     fixed_chunks: int | None = None,
-    adaptive: bool = False,
+    options: type | None = None,
     summary: str = "",
 ) -> Callable[[Generator], Generator]:
     """Decorator: ``@register("1f1b")`` makes a generator available to :func:`build`.
 
     ``multi_chunk``: the schedule needs v >= 2 stages per rank; ``fixed_chunks``:
-    exactly that many (V placements: 2); ``adaptive``: it reads the pass times
-    and the memory limit of :class:`PipelineParams`.
+    exactly that many (V placements: 2); ``options``: the schedule is adaptive,
+    and its generator takes an instance of this dataclass after the params.
     """
 
     def deco(fn: Generator) -> Generator:
@@ -148,7 +139,7 @@ def register(
             raise RuntimeError(f"schedule {name!r} registered twice")
         doc = (fn.__doc__ or "").strip().splitlines()
         multi = multi_chunk or (fixed_chunks is not None and fixed_chunks > 1)
-        _REGISTRY[name] = ScheduleSpec(name, fn, multi, summary or (doc[0] if doc else ""), fixed_chunks, adaptive)
+        _REGISTRY[name] = ScheduleSpec(name, fn, multi, summary or (doc[0] if doc else ""), fixed_chunks, options)
         return fn
 
     return deco
@@ -195,25 +186,41 @@ def _check_chunks(sp: ScheduleSpec, chunks: object) -> None:
         )
 
 
-def build(name: str, params: PipelineParams | None = None, /, **fields: Any) -> Schedule:
+def build(name: str, params: PipelineParams | None = None, options: Any = None, /, **fields: Any) -> Schedule:
     """Build a registered schedule: ``build("1f1b", params)`` or ``build("1f1b", pp=4, microbatches=8)``.
 
-    The keywords are :class:`PipelineParams`' fields. Bad names and impossible
-    parameters raise ScheduleError. The pass times and ``mem_limit`` matter
-    only to adaptive schedules (zb-auto).
+    The keywords are :class:`PipelineParams`' fields and, for an adaptive
+    schedule, its options' (``build("zb-auto", pp=4, microbatches=8,
+    mem_limit=6, tf=1.1)``), or ``options`` itself
+    (``build("zb-auto", params, ZBAutoOptions(mem_limit=6))``). Bad names and
+    impossible parameters raise ScheduleError, and so do options given to a
+    schedule that is not adaptive.
     """
     sp = spec(name)
+    shape = {k: v for k, v in fields.items() if k in _SHAPE_FIELDS}
+    extra = {k: v for k, v in fields.items() if k not in _SHAPE_FIELDS}
+    if extra or options is not None:
+        _check_adaptive(sp, sorted(extra) or ["options"])
     if params is None:
-        given = fields.get("chunks")
+        given = shape.get("chunks")
         _check_chunks(sp, sp.default_chunks if given is None else given)  # the schedule's own message first
-        params = PipelineParams(**fields)
-    elif fields:
-        raise TypeError(f"build() takes a PipelineParams or its fields as keywords, not both (got {sorted(fields)})")
+        params = PipelineParams(**shape)
+    elif shape:
+        raise TypeError(f"build() takes a PipelineParams or its fields as keywords, not both (got {sorted(shape)})")
+    if options is None and sp.options is not None:
+        options = sp.options(**extra)
+    elif extra:
+        raise TypeError(f"build() takes the options or their fields as keywords, not both (got {sorted(extra)})")
     chunks = sp.default_chunks if params.chunks is None else params.chunks
     _check_chunks(sp, chunks)
     check_size(sp.name, params.pp, chunks, params.microbatches)
-    if params.mem_limit is not None and not sp.adaptive:
-        adaptive = ", ".join(n for n in names() if _REGISTRY[n].adaptive)
-        raise ScheduleError(f"mem_limit applies only to adaptive schedules ({adaptive}), not to {name!r}",
-                            field="mem_limit")
-    return sp.fn(replace(params, chunks=chunks))
+    params = replace(params, chunks=chunks)
+    return sp.fn(params, options) if sp.adaptive else sp.fn(params)
+
+
+def _check_adaptive(sp: ScheduleSpec, given: list[str]) -> None:
+    if sp.adaptive:
+        return
+    adaptive = ", ".join(n for n in names() if _REGISTRY[n].adaptive)
+    raise ScheduleError(f"{given[0]} applies only to adaptive schedules ({adaptive}), not to {sp.name!r}",
+                        field=given[0])

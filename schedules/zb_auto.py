@@ -34,16 +34,45 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from schedules.errors import ScheduleError
+from schedules.errors import ScheduleError, quote
 from schedules.ir import Action, Kind, Schedule
-from schedules.registry import PipelineParams, make_schedule, register
+from schedules.registry import PipelineParams, check_uniform_times, make_schedule, register
 from schedules.timing import evaluate
 from schedules.zb_exact import solve
 from schedules.zero_bubble import zb_h1
 
-__all__ = ["greedy_zero_bubble", "makespan", "peak_memory", "zb_auto", "zb_h2"]
+__all__ = ["ZBAutoOptions", "greedy_zero_bubble", "makespan", "peak_memory", "zb_auto", "zb_h2"]
 
 MIN_MEM_LIMIT = 1.0  # M_B: a rank must hold one microbatch's activations between its F and its I
+MAX_TIME_LIMIT = 3600.0  # an hour of search: beyond that a typo, not a plan
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ZBAutoOptions:
+    """What zb-auto plans with, beyond the pipeline's shape.
+
+    The uniform pass times ``tf, tb, tw`` and the message delay ``tcomm`` (per
+    microbatch through a rank's whole share), the fraction ``mw`` of a
+    microbatch's activations that its W holds, ``mem_limit`` (M_B per rank;
+    None: p) and ``time_limit`` (seconds of exact search; 0: the heuristic alone).
+    """
+
+    tf: float = 1.0
+    tb: float = 1.0
+    tw: float = 1.0
+    tcomm: float = 0.0
+    mw: float = 0.0
+    mem_limit: float | None = None
+    time_limit: float = 10.0
+
+    def __post_init__(self) -> None:
+        check_uniform_times(tf=self.tf, tb=self.tb, tw=self.tw, tcomm=self.tcomm, mw=self.mw)
+        if self.mem_limit is not None and not self.mem_limit > 0:
+            raise ScheduleError(f"mem_limit must be > 0 M_B, got {quote(self.mem_limit)}", field="mem_limit")
+        if isinstance(self.time_limit, bool) or not isinstance(self.time_limit, int | float) \
+                or not 0 <= self.time_limit <= MAX_TIME_LIMIT:
+            raise ScheduleError(f"time_limit must be seconds in [0, {MAX_TIME_LIMIT:g}], got {quote(self.time_limit)}",
+                                field="time_limit")
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,24 +196,24 @@ def zb_h2(params: PipelineParams) -> Schedule:
     return make_schedule("zb-h2", params, progs)
 
 
-@register("zb-auto", adaptive=True)
-def zb_auto(params: PipelineParams) -> Schedule:
+@register("zb-auto", options=ZBAutoOptions)
+def zb_auto(params: PipelineParams, options: ZBAutoOptions) -> Schedule:
     """Automatic zero-bubble schedule for the given pass times and memory limit (default p M_B)."""
     p, m = params.pp, params.microbatches
-    limit = float(p) if params.mem_limit is None else params.mem_limit
+    limit = float(p) if options.mem_limit is None else options.mem_limit
     if limit < MIN_MEM_LIMIT:
         raise ScheduleError(
             f"zb-auto: mem_limit {limit:g} M_B is below the minimum {MIN_MEM_LIMIT:g} M_B that any schedule "
             "needs (a rank holds one microbatch's activations from its F to its I)", field="mem_limit"
         )
-    t = (params.tf, params.tb, params.tw, params.tcomm)
+    t = (options.tf, options.tb, options.tw, options.tcomm)
     if not math.isfinite(sum(t) * 2 * (m + p)):
-        raise ScheduleError(f"zb-auto: pass times tf={params.tf:g}, tb={params.tb:g}, tw={params.tw:g}, "
-                            f"tcomm={params.tcomm:g} are so large that a step of them overflows; use smaller times")
-    seed = _best_heuristic(params, limit, t)
+        raise ScheduleError(f"zb-auto: pass times tf={options.tf:g}, tb={options.tb:g}, tw={options.tw:g}, "
+                            f"tcomm={options.tcomm:g} are so large that a step of them overflows; use smaller times")
+    seed = _best_heuristic(params, options, limit, t)
     status, refined = "not run", None
-    if params.time_limit > 0 and p > 1:
-        status, refined = _refine(seed, params, limit, t)
+    if options.time_limit > 0 and p > 1:
+        status, refined = _refine(seed, params, options, limit, t)
     out = refined or seed
     return make_schedule("zb-auto", params, out.programs, mem_limit=limit, refinement=status,
                          refined=refined is not None)
@@ -194,23 +223,24 @@ def _cost(timing) -> tuple[float, float]:
     return max(timing.spans, default=0.0), timing.makespan
 
 
-def _best_heuristic(params: PipelineParams, limit: float, t: tuple[float, float, float, float]) -> Schedule:
+def _best_heuristic(params: PipelineParams, options: ZBAutoOptions, limit: float,
+                    t: tuple[float, float, float, float]) -> Schedule:
     """The list scheduler under several policies, and ZB-H1/ZB-H2 when they fit: the shortest makespan wins,
     ties (within 1e-9 relative) going to the smallest largest span (the zero-bubble paper's cost)."""
     p, m = params.pp, params.microbatches
     candidates: list[list[list[Action]]] = []
     policies = [_Policy(fills, per_rank, extra) for fills in (True, False) for per_rank in (False, True)
                 for extra in ((0, p - 1) if per_rank else (0,))]
-    policies += [_Policy(fills, False, 0, f_wait * params.tf) for f_wait in (0.25, 0.5, 0.75, 1.0)
+    policies += [_Policy(fills, False, 0, f_wait * options.tf) for f_wait in (0.25, 0.5, 0.75, 1.0)
                  for fills in (True, False)]
     for policy in policies:
-        candidates.append(greedy_zero_bubble(p, m, *t, params.mw, limit, policy))
+        candidates.append(greedy_zero_bubble(p, m, *t, options.mw, limit, policy))
     for handcrafted in (zb_h1(params), zb_h2(params)):
         candidates.append([list(x) for x in handcrafted.programs])
     scored = []
     for index, progs in enumerate(candidates):
         sched = make_schedule("zb-auto", params, progs, mem_limit=limit)
-        timing = evaluate(sched, *t, params.mw)
+        timing = evaluate(sched, *t, options.mw)
         if max(timing.peaks) > limit + 1e-9:
             continue
         scored.append((timing, index, sched))
@@ -220,17 +250,17 @@ def _best_heuristic(params: PipelineParams, limit: float, t: tuple[float, float,
     return min(fastest, key=lambda x: (max(x[0].spans), x[0].makespan, x[1]))[2]
 
 
-def _refine(seed: Schedule, params: PipelineParams, limit: float,
+def _refine(seed: Schedule, params: PipelineParams, options: ZBAutoOptions, limit: float,
             t: tuple[float, float, float, float]) -> tuple[str, Schedule | None]:
     """The refinement's status, and its schedule if that has a smaller largest span at no larger makespan."""
-    base = evaluate(seed, *t, params.mw)
+    base = evaluate(seed, *t, options.mw)
     if max(base.spans) <= max(base.busy) * (1 + 1e-12):
         return "seed optimal", None  # no rank idles inside its span: nothing to gain
-    found = solve(seed, *t, params.mw, limit, params.time_limit)
+    found = solve(seed, *t, options.mw, limit, options.time_limit)
     if found.schedule is None:
         return found.status, None
     out = make_schedule("zb-auto", params, found.schedule.programs, mem_limit=limit)
-    timing = evaluate(out, *t, params.mw)
+    timing = evaluate(out, *t, options.mw)
     fits = max(timing.peaks) <= limit + 1e-9
     if fits and timing.makespan <= base.makespan * (1 + 1e-12) and max(timing.spans) < max(base.spans):
         return found.status, out

@@ -135,8 +135,8 @@ def _study(c: PlanConfig) -> Study:
 
 
 def _schedule(study: Study) -> Schedule:
-    params = study.pipeline()
-    return _cached(_STATE["schedules"], (study.schedule, params), lambda: build(study.schedule, params))
+    params, options = study.pipeline(), study.schedule_options()
+    return _cached(_STATE["schedules"], (study.schedule, params, options), lambda: build(study.schedule, params, options))
 
 
 def _timing(study: Study) -> CompiledTiming:

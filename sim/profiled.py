@@ -77,8 +77,8 @@ from sim.costs import UniformCosts
 if TYPE_CHECKING:
     from sim.engine import SimResult
 
-__all__ = ["PROFILE_SCHEMA", "ProfiledCosts", "StageCosts", "TraceFit", "from_trace", "load_costs", "load_profile",
-           "step_time", "trace_fit"]
+__all__ = ["PROFILE_SCHEMA", "ProfiledCosts", "StageCosts", "TraceCalibration", "from_trace", "load_costs", "load_profile",
+           "step_time", "trace_calibration"]
 
 log = logging.getLogger(__name__)
 
@@ -422,8 +422,8 @@ def occupancy(part: Any, pp: int = 1) -> dict[tuple[int, str], float]:
 
 
 @dataclass(frozen=True)
-class TraceFit:
-    """What :func:`trace_fit` measures in real traces (seconds): the calibration's raw figures."""
+class TraceCalibration:
+    """What :func:`trace_calibration` measures in real traces (seconds): the calibration's raw figures."""
 
     num_stages: int
     passes: dict[tuple[int, str], float]  # (stage, kind) -> trimmed-mean in-run duration
@@ -465,7 +465,7 @@ def _frames(trace: Any) -> list[Any]:
 TRIM = 0.05  # the fraction of samples left out at each end of a task time's mean
 
 
-def _mean(xs: list[float]) -> float:
+def _trimmed_mean(xs: list[float]) -> float:
     """The mean with the lowest and highest ``TRIM`` of the samples left out.
 
     A step is a sum of many task times along its critical path, and the median
@@ -478,7 +478,7 @@ def _mean(xs: list[float]) -> float:
     return statistics.fmean(xs[k:len(xs) - k] if len(xs) > 2 * k else xs)
 
 
-def trace_fit(trace: Any) -> TraceFit:
+def trace_calibration(trace: Any) -> TraceCalibration:
     """The calibration's figures from one or more real traces (paths or DataFrames) of one stage layout."""
     import statistics
 
@@ -515,13 +515,13 @@ def trace_fit(trace: Any) -> TraceFit:
                     gap = held[(c["rank"], c["action"])] - (c["end"] - c["start"])  # its occupancy less its body
                     (post_gaps if n["stream"] == "send" else gaps).append(gap)
     med = statistics.median
-    task_overhead = _mean(gaps) if gaps else 0.0
-    return TraceFit(
+    task_overhead = _trimmed_mean(gaps) if gaps else 0.0
+    return TraceCalibration(
         num_stages=num_stages,
-        passes={k: _mean(v) for k, v in sorted(passes.items())},
+        passes={k: _trimmed_mean(v) for k, v in sorted(passes.items())},
         latency=max(med(latency), 0.0) if latency else None,
         task_overhead=max(task_overhead, 0.0),
-        send_cpu=max(_mean(post_gaps) - task_overhead, 0.0) if post_gaps else 0.0,
+        send_cpu=max(_trimmed_mean(post_gaps) - task_overhead, 0.0) if post_gaps else 0.0,
         # the simulated span ends after the last task's overhead, the recorded one at its body's end
         step_overhead=max(float(med(overheads)) - max(task_overhead, 0.0), 0.0) if overheads else 0.0,
         activation_bytes=med(nbytes) if nbytes else 0.0,
@@ -531,7 +531,7 @@ def trace_fit(trace: Any) -> TraceFit:
 
 
 def from_trace(trace: Any, profile: str | Path | None = None, *, num_stages: int | None = None,
-               fit: TraceFit | None = None) -> ProfiledCosts:
+               calibration: TraceCalibration | None = None) -> ProfiledCosts:
     """A cost model calibrated from real traces (see the module doc), for ``num_stages`` stages.
 
     ``trace``: a path or DataFrame, or a list of them (every traced step of
@@ -547,7 +547,7 @@ def from_trace(trace: Any, profile: str | Path | None = None, *, num_stages: int
     graph that sends is refused). Each such guess is a line of ``warnings``,
     naming the field, and is logged.
     """
-    fit = fit or trace_fit(trace)
+    fit = calibration or trace_calibration(trace)
     n = num_stages or fit.num_stages
     source = ", ".join(str(t) for t in (trace if isinstance(trace, list | tuple) else [trace])
                        if not hasattr(t, "attrs"))[:200]
@@ -583,7 +583,7 @@ def from_trace(trace: Any, profile: str | Path | None = None, *, num_stages: int
 _KINDS = ("F", "B", "I", "W")
 
 
-def _scaled(fit: TraceFit, profile: str | Path, target: ProfiledCosts, n: int) -> tuple[StageCosts, ...]:
+def _scaled(fit: TraceCalibration, profile: str | Path, target: ProfiledCosts, n: int) -> tuple[StageCosts, ...]:
     """The profile's n stages, each pass kind scaled by the trace's in-run/profiled ratio of that kind (over
     the traced stages that have it); a kind the trace lacks scales as its backward (I, W) or forward."""
     base = load_profile(profile, fit.num_stages)
@@ -603,7 +603,7 @@ def _scaled(fit: TraceFit, profile: str | Path, target: ProfiledCosts, n: int) -
         for s in range(n))
 
 
-def _trace_p2p(fit: TraceFit, target: ProfiledCosts | None, warnings: list[str]) -> dict[str, Any]:
+def _trace_p2p(fit: TraceCalibration, target: ProfiledCosts | None, warnings: list[str]) -> dict[str, Any]:
     """The message timing: the trace's latency; else the profile's p2p fit; else none (messages refused)."""
     if fit.latency is not None:
         return {"alpha": fit.latency, "beta": math.inf, "measured": True, "activation_bytes": fit.activation_bytes}
@@ -627,7 +627,7 @@ def _profile_layers(profile: str | Path, n: int) -> list[tuple[int, int]] | None
         return None
 
 
-def _refinement(fit: TraceFit, profile: str | Path, n: int) -> list[int] | None:
+def _refinement(fit: TraceCalibration, profile: str | Path, n: int) -> list[int] | None:
     """For each of the n target stages, the traced stage that holds all its layers; None unless every target
     stage lies within one traced stage (4 stages from a run of 2, or the same partition)."""
     target = _profile_layers(profile, n)
@@ -643,7 +643,7 @@ def _refinement(fit: TraceFit, profile: str | Path, n: int) -> list[int] | None:
     return owner
 
 
-def _refined(fit: TraceFit, target: ProfiledCosts, owner: list[int]
+def _refined(fit: TraceCalibration, target: ProfiledCosts, owner: list[int]
              ) -> tuple[tuple[StageCosts, ...], list[tuple[int, str]]]:
     """Each traced stage's in-run time shared among the target stages inside it as the profile shares it
     (measured round-robin at one moment, so the profile's own speed cancels). A kind the trace lacks takes

@@ -19,7 +19,7 @@ from typing import Any
 from schedules import Kind, Stream, TaskGraph, build, lower, spec
 from schedules.errors import CostFileError
 from sim.engine import simulate
-from sim.profiled import ProfiledCosts, _frames, from_trace, occupancy, trace_fit
+from sim.profiled import ProfiledCosts, _frames, from_trace, occupancy, trace_calibration
 
 __all__ = ["ReplayStep", "replay", "trace_graph"]
 
@@ -74,7 +74,7 @@ def replay(trace: Any, costs: ProfiledCosts | None = None) -> list[ReplayStep]:
 
     (df,) = _frames(trace)
     graph = trace_graph(df.attrs)
-    costs = costs or from_trace(df, fit=trace_fit(df))
+    costs = costs or from_trace(df, calibration=trace_calibration(df))
     if df.attrs.get("dp", 1) != 1:
         raise CostFileError("replay takes a pipeline-only trace (dp = 1)")
     out = []

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schedules import Kind, PipelineParams, Stream, TaskGraph, load_graph, validate
+from schedules import Kind, PipelineParams, Stream, TaskGraph, ZBAutoOptions, load_graph, validate
 from schedules.dp import DP_MODES, add_data_parallel
 from schedules.errors import ConfigError, check_positive_ints, quote
 from schedules.registry import lookup
@@ -88,18 +88,23 @@ class Study:
         return self.costs.parallel
 
     def pipeline(self) -> PipelineParams:
-        """The schedule's parameters; an adaptive one (zb-auto) plans with this model's pass times (a middle stage's)."""
-        p, times = self.parallel, {}
-        if spec_adaptive(self.schedule):
-            n = min(p.pp - 1, max(1, p.pp // 2))  # a middle stage; the only one at pp=1
-            times = {k: self.costs.pass_time(kind, n, p.pp) for k, kind in (("tf", Kind.F), ("tb", Kind.I), ("tw", Kind.W))}
-        return PipelineParams(pp=p.pp, microbatches=self.microbatches, chunks=self.chunks, **times)
+        """The schedule's shape."""
+        return PipelineParams(pp=self.parallel.pp, microbatches=self.microbatches, chunks=self.chunks)
+
+    def schedule_options(self) -> ZBAutoOptions | None:
+        """An adaptive schedule's options (zb-auto): this model's pass times (a middle stage's); None for the others."""
+        if not spec_adaptive(self.schedule):
+            return None
+        pp = self.parallel.pp
+        n = min(pp - 1, max(1, pp // 2))  # a middle stage; the only one at pp=1
+        return ZBAutoOptions(**{k: self.costs.pass_time(kind, n, pp) for k, kind in (("tf", Kind.F), ("tb", Kind.I),
+                                                                                      ("tw", Kind.W))})
 
 
 def build_graph(study: Study) -> TaskGraph:
     """Build and validate the schedule, check the layer split, add the DP collectives."""
     costs = study.costs
-    graph = validate(load_graph(study.schedule, study.pipeline()))
+    graph = validate(load_graph(study.schedule, study.pipeline(), study.schedule_options()))
     n_st = graph.schedule.num_stages
     costs.stage_layers(n_st)  # raises if the model cannot be split into this many stages
     return validate(add_data_parallel(graph, study.parallel.dp_mode, costs.buckets(n_st)))

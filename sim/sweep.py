@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from schedules import PipelineParams, ScheduleError, build, lower, names, spec, validate
+from schedules import PipelineParams, ScheduleError, ZBAutoOptions, build, lower, names, spec, validate
 from schedules.recompute import place_recompute
 from schedules.trace import median_step, read_trace
 from sim.costs import CostModel, UniformCosts
@@ -36,8 +36,12 @@ RECOMPUTE_LIMITS = (2.0,)  # M_B: the memory limits the report gives the recompu
 SWEEP_TIME_LIMIT = 0.0
 
 
-def _quick(name: str) -> dict[str, float]:
-    return {"time_limit": SWEEP_TIME_LIMIT} if spec(name).adaptive else {}
+def _quick(name: str, c: UniformCosts | None = None) -> ZBAutoOptions | None:
+    """An adaptive schedule's options for a sweep: the heuristic alone, with ``c``'s pass times if given."""
+    if not spec(name).adaptive:
+        return None
+    times = {} if c is None else {"tf": c.tf, "tb": c.tb, "tw": c.tw, "tcomm": c.tcomm}
+    return ZBAutoOptions(**times, time_limit=SWEEP_TIME_LIMIT)
 
 
 def _chunks_for(name: str, chunks: int) -> int:
@@ -56,8 +60,8 @@ def simulate_many(
     """
     graphs = []
     for name in names:  # build and validate all first: a bad name fails before any simulation
-        graphs.append(validate(build(name, pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks),
-                                     **_quick(name))))
+        graphs.append(validate(build(name, None, _quick(name), pp=pp, microbatches=microbatches,
+                                     chunks=_chunks_for(name, chunks))))
     if profile is None:
         return [simulate(g, costs or UniformCosts(), check=False) for g in graphs]
     return [simulate(g, load_costs(profile, g.schedule.num_stages, costs_profile), check=False) for g in graphs]
@@ -68,7 +72,7 @@ def applicable(names: Iterable[str], *, pp: int, microbatches: int, chunks: int 
     ok, skipped = [], {}
     for name in names:
         try:
-            build(name, pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks), **_quick(name))
+            build(name, None, _quick(name), pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks))
         except ScheduleError as exc:
             skipped[name] = str(exc)
         else:
@@ -89,10 +93,9 @@ def bubble_sweep(
     jobs = [(n, m) for n in names for m in microbatches]
     out: dict[str, list[tuple[int, int, float]]] = {n: [] for n in names}
     for name, m in (progress(jobs) if progress else jobs):
-        params = PipelineParams(pp=pp, microbatches=m, chunks=_chunks_for(name, chunks),
-                                tf=c.tf, tb=c.tb, tw=c.tw, tcomm=c.tcomm, **_quick(name))
+        params = PipelineParams(pp=pp, microbatches=m, chunks=_chunks_for(name, chunks))
         try:
-            graph = lower(build(name, params))
+            graph = lower(build(name, params, _quick(name, c)))
         except ScheduleError:
             continue  # a shape this schedule does not take (e.g. m not a multiple of p)
         out[name].append((m, graph.schedule.chunks, simulate(graph, c, check=False).bubble_ratio))
@@ -129,7 +132,7 @@ def recompute_tradeoff(names: Iterable[str], *, pp: int, microbatches: int, chun
     times = (c.tf, c.tb, c.tw, c.tcomm, c.mw)
     out = []
     for name in names:
-        base = build(name, pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks), **_quick(name))
+        base = build(name, None, _quick(name), pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks))
         for placement, limit in (("none", None), ("full", None), *(("bubbles", x) for x in limits)):
             r = simulate(lower(place_recompute(base, placement, limit, times)), c, check=False)
             out.append(RecomputePoint(name, placement, limit, r.makespan, r.peak_activations))

@@ -18,7 +18,7 @@ import pytest
 from schedules import CostFileError, Kind, load_graph, validate
 from schedules.trace import work_span
 from sim import simulate
-from sim.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, from_trace, step_time, trace_fit
+from sim.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, from_trace, step_time, trace_calibration
 from sim.replay import replay
 from tests.conftest import run_sim
 
@@ -74,15 +74,15 @@ def recorded() -> pd.DataFrame:
     return df
 
 
-def test_trace_fit_recovers_every_parameter(recorded):
-    fit = trace_fit(recorded)
-    assert fit.num_stages == 2 and fit.steps == 3 and fit.activation_bytes == 4096
-    assert fit.passes == {k: pytest.approx(v, rel=1e-9) for k, v in
+def test_trace_calibration_recovers_every_parameter(recorded):
+    cal = trace_calibration(recorded)
+    assert cal.num_stages == 2 and cal.steps == 3 and cal.activation_bytes == 4096
+    assert cal.passes == {k: pytest.approx(v, rel=1e-9) for k, v in
                           {(0, "B"): 0.020, (0, "F"): 0.010, (1, "B"): 0.024, (1, "F"): 0.011}.items()}
-    assert fit.latency == pytest.approx(ALPHA, rel=1e-9)
-    assert fit.task_overhead == pytest.approx(OVERHEAD, rel=1e-9)
-    assert fit.send_cpu == pytest.approx(SEND_CPU, rel=1e-9)
-    assert fit.step_overhead == pytest.approx(0.006, rel=1e-9)
+    assert cal.latency == pytest.approx(ALPHA, rel=1e-9)
+    assert cal.task_overhead == pytest.approx(OVERHEAD, rel=1e-9)
+    assert cal.send_cpu == pytest.approx(SEND_CPU, rel=1e-9)
+    assert cal.step_overhead == pytest.approx(0.006, rel=1e-9)
 
 
 def test_calibrated_model_predicts_the_runs_it_came_from(recorded):
@@ -131,7 +131,7 @@ def test_an_early_receive_is_no_work(recorded):
     assert work_span(part) == pytest.approx(float(part["end"].max() - part["start"].min()) - 0.002, rel=1e-9)
     assert [s.measured_span for s in replay(df)] == pytest.approx([s.measured_span for s in replay(recorded)])
     assert abs(replay(df)[2].error) < 1e-9
-    assert trace_fit(df).step_overhead == pytest.approx(0.006, rel=1e-9)
+    assert trace_calibration(df).step_overhead == pytest.approx(0.006, rel=1e-9)
 
 
 def _profile_file(tmp_path):
@@ -243,11 +243,11 @@ def test_traces_of_different_runs_do_not_mix(recorded):
     other.attrs.update(recorded.attrs)
     other.attrs["params"] = {"pp": 2, "microbatches": 8, "chunks": 1}
     with pytest.raises(CostFileError, match="ran 2 different configurations"):
-        trace_fit([recorded, other])
+        trace_calibration([recorded, other])
     sim_trace = recorded.copy()
     sim_trace.attrs.update(recorded.attrs, source="sim")
     with pytest.raises(CostFileError, match="is not a real run's trace"):
-        trace_fit(sim_trace)
+        trace_calibration(sim_trace)
 
 
 @pytest.mark.parametrize("mode,makespan", [

@@ -19,7 +19,14 @@ from torch import nn  # noqa: E402
 from analysis.cli.train import launch_main  # noqa: E402
 from analysis.cli.train import main as real_main  # noqa: E402
 from real import RunConfig, UserModel, fit  # noqa: E402
-from real.model_api import balance_split, from_factory, infer_boundaries, linear_partition, plan_for  # noqa: E402
+from real.model_api import (  # noqa: E402
+    balance_split,
+    from_factory,
+    infer_boundaries,
+    linear_partition,
+    load_factory,
+    plan_for,
+)
 from real.reference import reference_user_run  # noqa: E402
 from schedules import ConfigError  # noqa: E402
 
@@ -160,6 +167,39 @@ def test_bad_factories_are_named(spec, message):
     with pytest.raises(ConfigError) as err:
         from_factory(spec, 0)
     assert message in str(err.value)
+
+
+def test_factory_modules_next_to_the_command_load_without_touching_sys_path(tmp_path, monkeypatch):
+    """``module:factory`` and ``pkg.module:factory`` in the working directory, as ``python -m`` finds them;
+    a name imported already keeps its module, and sys.path is left as it was."""
+    import sys
+
+    (tmp_path / "beside_cmd_net.py").write_text("def build():\n    return 'module'\n")
+    (tmp_path / "beside_cmd_pkg").mkdir()
+    (tmp_path / "beside_cmd_pkg" / "__init__.py").write_text("")
+    (tmp_path / "beside_cmd_pkg" / "net.py").write_text("from . import parts\n\ndef build():\n    return parts.WHAT\n")
+    (tmp_path / "beside_cmd_pkg" / "parts.py").write_text("WHAT = 'package'\n")
+    (tmp_path / "json.py").write_text("def build():\n    return 'shadowed'\n")  # imported already: stays the stdlib's
+    monkeypatch.chdir(tmp_path)
+    before = list(sys.path)
+    try:
+        assert load_factory("beside_cmd_net:build")() == "module"
+        assert load_factory("beside_cmd_pkg.net:build")() == "package"
+        assert load_factory("json:dumps") is json.dumps
+        assert sys.path == before
+    finally:
+        for name in ("beside_cmd_net", "beside_cmd_pkg", "beside_cmd_pkg.net", "beside_cmd_pkg.parts"):
+            sys.modules.pop(name, None)
+
+
+def test_a_factory_module_that_fails_to_import_is_not_left_half_imported(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "beside_cmd_broken.py").write_text("raise ValueError('no luck')\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"importing beside_cmd_broken failed \(ValueError: no luck\)"):
+        load_factory("beside_cmd_broken:build")
+    assert "beside_cmd_broken" not in sys.modules
 
 
 def test_cli_model_from_a_file_trains_like_the_reference(capsys, tmp_path):

@@ -322,6 +322,21 @@ def test_fast_lowering_builds_the_checked_graph(name):
         assert fast.tasks == checked.tasks and fast.programs == checked.programs
 
 
+@pytest.mark.parametrize(("name", "chunks"), [("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2), ("dualpipe-v", 2)])
+@pytest.mark.parametrize("mode", ["full", "bubbles"])
+def test_fast_lowering_builds_the_checked_graph_with_recomputation(name, chunks, mode):
+    """R waits for its F and a backward for its R: both builders read that from the one rule table."""
+    from schedules.recompute import place_recompute
+
+    sched = place_recompute(build(name, pp=4, microbatches=8, chunks=chunks), mode, 3.0 if mode == "bubbles" else None)
+    progs = insert_comms(sched)
+    assert any(a.kind is Kind.R for p in progs for a in p)
+    fast = _GraphBuilder(sched, progs)._build_fast()
+    checked = _GraphBuilder(sched, progs)._build_checked()
+    assert fast is not None
+    assert fast.tasks == checked.tasks and fast.programs == checked.programs
+
+
 def test_cycle_check_falls_back_when_a_receive_is_posted_early():
     """A receive posted ahead of the compute its send waits on stalls the in-order scan, but is no cycle."""
     sched = build("1f1b", pp=2, microbatches=2)

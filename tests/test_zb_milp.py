@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from schedules.registry import PipelineParams
+from schedules import build
 from schedules.timing import evaluate
-from schedules.zb_auto import _best_heuristic
 from schedules.zb_exact import refine
 from schedules.zb_milp import refine_milp
 
 
 def _seed(p, m, t, limit):
-    return _best_heuristic(PipelineParams(pp=p, microbatches=m, tf=t[0], tb=t[1], tw=t[2], tcomm=t[3],
-                                          mem_limit=limit), limit, t)
+    """zb-auto's heuristic schedule (time_limit=0: no exact refinement), the refinements' starting point."""
+    return build("zb-auto", pp=p, microbatches=m, tf=t[0], tb=t[1], tw=t[2], tcomm=t[3], mem_limit=limit, time_limit=0)
 
 
 @pytest.mark.timeout(120)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import run_sim
 
-from schedules import Kind, ScheduleError, build, lower, validate
+from schedules import Kind, PipelineParams, ScheduleError, ZBAutoOptions, build, lower, validate
 from schedules.zb_auto import MIN_MEM_LIMIT, makespan
 from sim import UniformCosts, simulate
 
@@ -202,9 +202,38 @@ def test_zb_auto_refuses_a_limit_below_the_minimum():
         build("zb-auto", pp=4, microbatches=8, mem_limit=0.5)
 
 
-def test_mem_limit_only_for_adaptive_schedules():
-    with pytest.raises(ScheduleError, match=r"mem_limit applies only to adaptive schedules \(zb-auto\), not to '1f1b'"):
-        build("1f1b", pp=4, microbatches=8, mem_limit=4)
+@pytest.mark.parametrize(("kw", "field"), [({"mem_limit": 4}, "mem_limit"), ({"tf": 2.0}, "tf"),
+                                           ({"time_limit": 1, "tw": 0.5}, "time_limit")])
+def test_zb_auto_options_only_for_adaptive_schedules(kw, field):
+    """zb-auto's inputs are its own options: any of them, or an options object, given to another schedule is refused."""
+    with pytest.raises(ScheduleError, match=rf"^{field} applies only to adaptive schedules \(zb-auto\), not to '1f1b'$"):
+        build("1f1b", pp=4, microbatches=8, **kw)
+    with pytest.raises(ScheduleError, match=r"^options applies only to adaptive schedules \(zb-auto\), not to 'gpipe'$"):
+        build("gpipe", PipelineParams(pp=4, microbatches=8), ZBAutoOptions())
+
+
+def test_zb_auto_options_as_an_object_or_as_keywords():
+    opts = ZBAutoOptions(tf=1.1, tb=1.7, tw=0.4, tcomm=0.05, mem_limit=6, time_limit=0)
+    by_object = build("zb-auto", PipelineParams(pp=5, microbatches=11), opts)
+    assert by_object == build("zb-auto", pp=5, microbatches=11, tf=1.1, tb=1.7, tw=0.4, tcomm=0.05, mem_limit=6,
+                              time_limit=0)
+    assert by_object == build("zb-auto", None, opts, pp=5, microbatches=11)
+    with pytest.raises(TypeError, match=r"not both \(got \['tf'\]\)"):
+        build("zb-auto", PipelineParams(pp=5, microbatches=11), opts, tf=1.0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'tf'"):
+        PipelineParams(pp=5, microbatches=11, tf=1.0)  # the shape alone: every schedule reads it
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"mem_limit": 0}, "mem_limit must be > 0 M_B, got 0"),
+    ({"time_limit": -1}, "time_limit must be seconds in [0, 3600], got -1"),
+    ({"time_limit": True}, "time_limit must be seconds in [0, 3600], got True"),
+    ({"tcomm": -0.5}, "tcomm must be a finite time >= 0, got -0.5"),
+])
+def test_zb_auto_options_are_checked_when_made(kw, message):
+    with pytest.raises(ScheduleError) as err:
+        ZBAutoOptions(**kw)
+    assert str(err.value) == message and err.value.field == next(iter(kw))
 
 
 def test_zb_auto_heuristic_is_deterministic():

@@ -96,8 +96,3 @@ def run_rounds(spec: dict[str, Any]) -> dict[str, Any] | None:
             owner.close()
     return {"runs": out} if rank == 0 else None
 
-
-if __name__ == "__main__":  # torchrun -m real.rounds SPEC.json: the command line is analysis.cli.rounds
-    from analysis.cli.rounds import main
-
-    raise SystemExit(main())

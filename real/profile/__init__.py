@@ -493,8 +493,3 @@ def fit_warnings(p2p: dict[str, Any] | None, collectives: dict[str, Any] | None)
     sections = [p2p or {}] + [x for c in (collectives or {}).values() for x in (c, c.get("single", {}))]
     return [w for sec in sections for w in sec.get("warnings", [])]
 
-
-if __name__ == "__main__":  # python -m real.profile: the command line is analysis.cli.profile
-    from analysis.cli.profile import main
-
-    raise SystemExit(main())
