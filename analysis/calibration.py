@@ -4,9 +4,9 @@
 and ``experiments/plan_check.py`` (is the planner's ranking right?) both run
 it; the protocol is written down in ``docs/validation-protocol.md``:
 
-1. :func:`profile_machine` runs ``real.profile`` once under torchrun (every
-   stage count needed; for the data-parallel pair, pp=1 dp=2 with its
-   collectives).
+1. :func:`real.protocol.profile_machine` runs ``real.profile`` once under
+   torchrun (every stage count needed; for the data-parallel pair, pp=1 dp=2
+   with its collectives); :mod:`real.protocol` also makes the runs' configs.
 2. One configuration, the calibration run, is measured and traced;
    :class:`Calibration` turns its traces into cost models:
    :meth:`Calibration.pipeline` for any stage count
@@ -33,69 +33,27 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from real import ModelConfig, RunConfig
-    from real.measure import Measured
     from schedules import TaskGraph
     from sim.profiled import ProfiledCosts, TraceCalibration
 
-__all__ = ["ABLATIONS", "BUCKET_MB", "MODEL_SHAPE", "Calibration", "dp_config", "dp_graph", "grid_rows", "pipeline_config",
-           "predict", "profile_machine"]
+__all__ = ["ABLATIONS", "Calibration", "dp_graph", "grid_rows", "predict"]
 
 log = logging.getLogger(__name__)
 
-# The validation's default model (a real.ModelConfig's fields): a GPT small enough for 2 CPU ranks.
-MODEL_SHAPE: dict[str, Any] = {"kind": "gpt", "layers": 6, "dim": 128, "heads": 4, "vocab": 256, "seq": 64}
-BUCKET_MB = 1.0  # the data-parallel pair's gradient buckets: several per model, so ddp has something to overlap
+#: a real.measure.Measured (step_time, spread, round_medians, foreign_cores, traces); analysis does not import real
+Measured = Any
 
 # The mechanisms of the CPU testbed, each switched off in turn to show what it contributes to the error.
 ABLATIONS: dict[str, dict[str, float]] = {"send_cpu": {"send_cpu": 0.0}, "task_overhead": {"task_overhead": 0.0},
                                           "step_overhead": {"step_overhead": 0.0}}
 
 
-def profile_machine(model: ModelConfig, microbatch_size: int, stages: Sequence[int], reps: int, path: Path, *,
-                    dp: int = 1, timeout: float = 600.0) -> Path:
-    """``python -m real.profile`` on 2 processes (pp=2, or pp=1 x ``dp``), written to ``path``.
-
-    Raises RuntimeError with the profiler's last lines if it fails."""
-    from analysis.cli.train import model_argv
-    from real.launch import torchrun
-
-    flags = ["-m", "real.profile", *model_argv(model), "--microbatch-size", str(microbatch_size),
-             "--stages", ",".join(map(str, stages)), "--reps", str(reps), "--out", str(path)]
-    if dp > 1:
-        flags += ["--dp", str(dp), "--pp", "1"]
-    done = torchrun(2, flags, timeout=timeout, capture=True)
-    if done.returncode != 0:
-        tail = "\n".join((done.stderr or "").strip().splitlines()[-12:])
-        raise RuntimeError(f"the profile failed (exit {done.returncode}):\n{tail}")
-    return path
-
-
-def pipeline_config(model: ModelConfig, schedule: str, m: int, microbatch_size: int) -> RunConfig:
-    """A pp=2 run of ``schedule`` with ``m`` microbatches (gloo, AdamW)."""
-    from real import RunConfig
-
-    return RunConfig.of(schedule=schedule, pp=2, microbatches=m, batch_size=microbatch_size * m, model=model,
-                        optimizer="adamw", backend="gloo")
-
-
-def dp_config(model: ModelConfig, schedule: str, m: int, microbatch_size: int, mode: str) -> RunConfig:
-    """A pp=1, dp=2 run of ``schedule`` under ``mode`` (ddp, sync, ...), buckets of :data:`BUCKET_MB`."""
-    from real import RunConfig
-
-    return RunConfig.of(schedule=schedule, pp=1, dp=2, microbatches=m, batch_size=microbatch_size * m * 2,
-                        model=model, optimizer="adamw", backend="gloo", dp_mode=mode, bucket_mb=BUCKET_MB)
-
-
-def dp_graph(model: ModelConfig, schedule: str, mode: str, m: int) -> TaskGraph:
-    """The simulator's pp=1 data-parallel graph, with as many buckets as the runtime makes for ``model``."""
-    from real.dp import make_buckets
-    from real.models import build_model
+def dp_graph(schedule: str, mode: str, m: int, buckets: int) -> TaskGraph:
+    """The simulator's pp=1 data-parallel graph with ``buckets`` gradient buckets (as many as the runtime makes:
+    :func:`real.protocol.dp_buckets`)."""
     from schedules import build, lower, validate
     from schedules.dp import add_data_parallel
 
-    params = list(build_model(model, 0).parameters())
-    buckets = len(make_buckets(params, BUCKET_MB * 2**20))
     return validate(add_data_parallel(lower(build(schedule, pp=1, microbatches=m)), mode, [buckets]))
 
 

@@ -41,13 +41,9 @@ import time
 from pathlib import Path
 
 from analysis.calibration import (
-    MODEL_SHAPE,
     Calibration,
-    dp_config,
     dp_graph,
-    pipeline_config,
     predict,
-    profile_machine,
 )
 from analysis.cli.common import OneLineParser, print_json
 from analysis.cli.train import add_model_args, model_from_args
@@ -65,6 +61,7 @@ from analysis.validation import (
     verdict_line,
 )
 from real import ModelConfig
+from real.protocol import MODEL_SHAPE, dp_buckets, dp_config, pipeline_config, profile_machine
 
 DP_SCHEDULES = ("gpipe", "1f1b")
 
@@ -135,7 +132,7 @@ def _graph(model: ModelConfig, schedule: str, pp: int, dp: int, m: int):
 
     if dp == 1:
         return validate(lower(build(schedule, pp=2, microbatches=m)))
-    return dp_graph(model, schedule, "ddp", m)
+    return dp_graph(schedule, "ddp", m, dp_buckets(model))
 
 
 def _run_config(model: ModelConfig, mbs: int, schedule: str, pp: int, dp: int, m: int):

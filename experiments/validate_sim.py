@@ -33,19 +33,16 @@ import time
 from pathlib import Path
 
 from analysis.calibration import (
-    MODEL_SHAPE,
     Calibration,
-    dp_config,
     dp_graph,
     grid_rows,
-    pipeline_config,
-    profile_machine,
 )
 from analysis.cli.common import OneLineParser, print_json
 from analysis.cli.train import add_model_args, model_from_args
 from analysis.results_page import json_ready, markdown_table, results_page, write_results_page
 from analysis.validation import NOISE_LIMIT, exit_status, format_tau, noise_verdict, score_grid, verdict_line
 from real import ModelConfig
+from real.protocol import MODEL_SHAPE, dp_buckets, dp_config, pipeline_config, profile_machine
 
 MODEL = ModelConfig(**MODEL_SHAPE)
 QUICK = (("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"), (4, 16))
@@ -135,7 +132,7 @@ def validate_all(a) -> dict:
     graphs = {k: validate(load_graph(k[0], pp=2, microbatches=k[1])) for k in configs}
     dp_keys = [] if a.no_dp else [(f"dp2-{mode}", ms[0]) for mode in ("ddp", "sync")]
     configs.update({k: dp_config(model, "gpipe", k[1], mbs, k[0][4:]) for k in dp_keys})
-    graphs.update({k: dp_graph(model, "gpipe", k[0][4:], k[1]) for k in dp_keys})
+    graphs.update({k: dp_graph("gpipe", k[0][4:], k[1], dp_buckets(model)) for k in dp_keys})
     stages = sorted({graphs[(s, m)].schedule.num_stages for s in scheds for m in ms})
     profile = Path(a.costs) if a.costs else profile_machine(model, mbs, stages, a.profile_reps, out / "profile.json")
     dp_profile = profile_machine(model, mbs, [1], a.profile_reps, out / "profile-dp2.json", dp=2) if dp_keys else None

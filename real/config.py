@@ -25,6 +25,7 @@ __all__ = [
     "DP_MODES",
     "DTYPES",
     "FAIL_MODES",
+    "MODEL_FLAGS",
     "MODEL_KINDS",
     "OPTIMIZERS",
     "DataConfig",
@@ -37,6 +38,7 @@ __all__ = [
     "RuntimeConfig",
     "SyncConfig",
     "make_plan",
+    "model_argv",
     "partition",
 ]
 
@@ -93,6 +95,15 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: The command-line flags of a ModelConfig's shape (besides --model, its kind).
+MODEL_FLAGS = ("layers", "dim", "heads", "vocab", "seq")
+
+
+def model_argv(model: ModelConfig) -> list[str]:
+    """The flags that give ``model`` (for a command started with torchrun)."""
+    return ["--model", model.kind, *(x for k in MODEL_FLAGS for x in (f"--{k}", str(getattr(model, k))))]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

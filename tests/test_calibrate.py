@@ -308,7 +308,7 @@ def test_a_trace_where_no_receive_waited_times_no_message(recorded, tmp_path):
     df = recorded.copy()
     recv = df["stream"] == "recv"
     df.loc[recv, "start"] = df.loc[recv, "end"]
-    assert trace_fit(df).latency is None
+    assert trace_calibration(df).latency is None
     costs = from_trace(df)
     assert costs.p2p_measured is False
     assert costs.warnings == (NO_IW, f"{WHY_NO_LATENCY}; a graph that sends messages is refused (give a profile "

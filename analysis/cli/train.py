@@ -36,6 +36,7 @@ from real.config import (
     DP_MODES,
     DTYPES,
     FAIL_MODES,
+    MODEL_FLAGS,
     MODEL_KINDS,
     OPTIMIZERS,
     DataConfig,
@@ -46,6 +47,7 @@ from real.config import (
     RunConfig,
     RuntimeConfig,
     SyncConfig,
+    model_argv,
 )
 from real.launch import torchrun
 from real.mesh import env_world
@@ -58,7 +60,6 @@ from schedules.util import atomic_write, check_output_dir, check_output_file
 
 __all__ = ["add_model_args", "config_from_args", "launch_main", "main", "model_argv", "model_from_args", "parser"]
 
-MODEL_FLAGS = ("layers", "dim", "heads", "vocab", "seq")
 
 
 def add_model_args(p: argparse.ArgumentParser, defaults: ModelConfig | None = None) -> None:
@@ -89,11 +90,6 @@ def model_from_args(args: argparse.Namespace) -> ModelConfig:
 
 def _factory(args: argparse.Namespace) -> str | None:
     return None if args.model in MODEL_KINDS else args.model
-
-
-def model_argv(model: ModelConfig) -> list[str]:
-    """The flags that give ``model`` (for a command started with torchrun)."""
-    return ["--model", model.kind, *(x for k in MODEL_FLAGS for x in (f"--{k}", str(getattr(model, k))))]
 
 
 def parser(prog: str) -> OneLineParser:

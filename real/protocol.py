@@ -1,0 +1,57 @@
+"""The real side of the calibration protocol (docs/validation-protocol.md): profile this machine, and the runs.
+
+:mod:`analysis.calibration` turns what these produce into cost models and
+scores; ``experiments/validate_sim.py`` and ``experiments/plan_check.py`` call
+both. Nothing here prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from real.config import ModelConfig, RunConfig, model_argv
+
+__all__ = ["BUCKET_MB", "MODEL_SHAPE", "dp_buckets", "dp_config", "pipeline_config", "profile_machine"]
+
+# The validation's default model (a real.ModelConfig's fields): a GPT small enough for 2 CPU ranks.
+MODEL_SHAPE: dict[str, Any] = {"kind": "gpt", "layers": 6, "dim": 128, "heads": 4, "vocab": 256, "seq": 64}
+BUCKET_MB = 1.0  # the data-parallel pair's gradient buckets: several per model, so ddp has something to overlap
+
+def profile_machine(model: ModelConfig, microbatch_size: int, stages: Sequence[int], reps: int, path: Path, *,
+                    dp: int = 1, timeout: float = 600.0) -> Path:
+    """``python -m real.profile`` on 2 processes (pp=2, or pp=1 x ``dp``), written to ``path``.
+
+    Raises RuntimeError with the profiler's last lines if it fails."""
+    from real.launch import torchrun
+
+    flags = ["-m", "real.profile", *model_argv(model), "--microbatch-size", str(microbatch_size),
+             "--stages", ",".join(map(str, stages)), "--reps", str(reps), "--out", str(path)]
+    if dp > 1:
+        flags += ["--dp", str(dp), "--pp", "1"]
+    done = torchrun(2, flags, timeout=timeout, capture=True)
+    if done.returncode != 0:
+        tail = "\n".join((done.stderr or "").strip().splitlines()[-12:])
+        raise RuntimeError(f"the profile failed (exit {done.returncode}):\n{tail}")
+    return path
+
+
+def pipeline_config(model: ModelConfig, schedule: str, m: int, microbatch_size: int) -> RunConfig:
+    """A pp=2 run of ``schedule`` with ``m`` microbatches (gloo, AdamW)."""
+    return RunConfig.of(schedule=schedule, pp=2, microbatches=m, batch_size=microbatch_size * m, model=model,
+                        optimizer="adamw", backend="gloo")
+
+
+def dp_config(model: ModelConfig, schedule: str, m: int, microbatch_size: int, mode: str) -> RunConfig:
+    """A pp=1, dp=2 run of ``schedule`` under ``mode`` (ddp, sync, ...), buckets of :data:`BUCKET_MB`."""
+    return RunConfig.of(schedule=schedule, pp=1, dp=2, microbatches=m, batch_size=microbatch_size * m * 2,
+                        model=model, optimizer="adamw", backend="gloo", dp_mode=mode, bucket_mb=BUCKET_MB)
+
+
+def dp_buckets(model: ModelConfig) -> int:
+    """How many gradient buckets of :data:`BUCKET_MB` the runtime makes for ``model``."""
+    from real.dp import make_buckets
+    from real.models import build_model
+
+    return len(make_buckets(list(build_model(model, 0).parameters()), BUCKET_MB * 2**20))
