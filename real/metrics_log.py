@@ -8,27 +8,19 @@ tensorboard) and ``metrics.jsonl``: one JSON object per logged step,
 * ``loss``, ``step_time_s``, ``tokens_per_s``, ``lr``: every step of a run;
 * ``memory/rank{R}/{what}``: per rank, at the step whose memory was measured;
 * any other scalar a caller logs (the validation grid: ``error/...``).
-
-:class:`Progress` is the progress line of long commands: done/total, the
-elapsed time and an estimate of the time left (the mean time per item so far
-times the items left), on stderr.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
-import sys
-import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TextIO
 
 from schedules import ConfigError
 from schedules.util import check_output_dir
 
-__all__ = ["JSONL_NAME", "MetricsLog", "Progress", "check_log_dir", "format_seconds"]
+__all__ = ["JSONL_NAME", "MetricsLog", "check_log_dir"]
 
 log = logging.getLogger(__name__)
 
@@ -73,38 +65,3 @@ class MetricsLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def format_seconds(s: float) -> str:
-    """``42 s``, ``3 min 05 s``, ``2 h 07 min``."""
-    if not math.isfinite(s):
-        return "?"
-    s = round(s)
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
-
-
-class Progress:
-    """``desc done/total  elapsed E  left L`` on stderr; ``left`` = mean time per item x items left."""
-
-    def __init__(self, total: int, desc: str, out: TextIO | None = None, clock=time.perf_counter) -> None:
-        self.total, self.desc, self.out, self.clock = total, desc, out or sys.stderr, clock
-        self.start = clock()
-        self.done = 0
-
-    def left(self) -> float:
-        if self.done == 0:
-            return math.inf
-        return (self.clock() - self.start) / self.done * (self.total - self.done)
-
-    def line(self) -> str:
-        elapsed = self.clock() - self.start
-        return (f"{self.desc} {self.done}/{self.total}  elapsed {format_seconds(elapsed)}  "
-                f"left {format_seconds(self.left())}")
-
-    def advance(self, n: int = 1, note: str = "") -> None:
-        self.done += n
-        print(self.line() + (f"  {note}" if note else ""), file=self.out, flush=True)

@@ -14,7 +14,8 @@ pytest.importorskip("torch")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from analysis.cli.train import main as real_main
-from real.metrics_log import JSONL_NAME, MetricsLog, Progress, format_seconds
+from analysis.progress import Progress, format_seconds
+from real.metrics_log import JSONL_NAME, MetricsLog
 
 SMALL = ["--layers", "2", "--dim", "16", "--heads", "2", "--vocab", "32", "--seq", "8"]
 
@@ -81,5 +82,11 @@ def test_progress_says_the_time_left_from_the_mean_time_per_item():
     p.advance()
     assert out.getvalue().splitlines() == ["grid 1/5  elapsed 30 s  left 2 min 00 s  1f1b pp4",
                                            "grid 2/5  elapsed 1 min 00 s  left 1 min 30 s"]
+    quiet, now[0] = io.StringIO(), 0.0
+    p = Progress(3, "fit", quiet, clock=lambda: now[0], every=10.0)
+    for t in (1.0, 5.0, 12.0):
+        now[0] = t
+        p.advance()
+    assert quiet.getvalue().splitlines() == ["fit 1/3  elapsed 1 s  left 2 s", "fit 3/3  elapsed 12 s  left 0 s"]
     assert [format_seconds(s) for s in (0.4, 59.6, 3599, 7620, float("inf"))] == ["0 s", "1 min 00 s", "59 min 59 s",
                                                                                    "2 h 07 min", "?"]

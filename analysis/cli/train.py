@@ -28,6 +28,7 @@ from analysis.cli.common import (
     int_list,
     print_json,
 )
+from analysis.progress import format_seconds
 from analysis.timeline import check_figure_path, plot_timeline
 from real.checkpoint import CheckpointConfig
 from real.config import (
@@ -49,7 +50,7 @@ from real.config import (
 )
 from real.launch import torchrun
 from real.mesh import env_world
-from real.metrics_log import MetricsLog, check_log_dir, format_seconds
+from real.metrics_log import MetricsLog, check_log_dir
 from real.model_api import UserModel, from_factory, plan_for
 from real.train import RunResult, resolve_backend, restart_count, resume_point, run
 from schedules import ConfigError
