@@ -254,6 +254,7 @@ def test_cli_json_and_exports(tmp_path):
     assert d["top"][0]["step_time"] <= d["top"][1]["step_time"]
     titan = (tmp_path / "torchtitan_plan.py").read_text()
     assert f"tensor_parallel_degree={d['top'][0]['config']['tp']}," in titan
+    assert d["export_targets"] == {"torchtitan": "0.3.0", "megatron-lm": "d98e8a64ddf34856e74b24714e3bedb2f5a39553"}
     assert sorted(Path(f).name for f in d["files"]) == ["megatron.txt", "pareto.png", "schedule.csv",
                                                          "torchtitan_plan.py"]
     assert (tmp_path / "pareto.png").stat().st_size > 0 and (tmp_path / "schedule.csv").is_file()

@@ -40,6 +40,7 @@ def _parser(prog: str) -> OneLineParser:
 def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") -> int:
     p = _parser(prog)
     args = p.parse_args(argv)
+    from analysis.export_megatron import MEGATRON_COMMIT
     from analysis.export_torchtitan import TORCHTITAN_VERSION
     from analysis.exports import write_exports
     from analysis.plan_report import format_plan, plot_pareto, why_winner
@@ -87,14 +88,15 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
         if result.entries:
             files.append(plot_pareto(result, out / "pareto.png"))
     if args.json:
-        print_json({**result.to_dict(), "files": [str(f) for f in files]})
+        print_json({**result.to_dict(), "files": [str(f) for f in files],
+                    "export_targets": {"torchtitan": TORCHTITAN_VERSION, "megatron-lm": MEGATRON_COMMIT}})
         return 0
     print(format_plan(result))
     if result.top:
         print()
         print(why_winner(result))
         print(f"\ntorchtitan {TORCHTITAN_VERSION}: {exports['torchtitan']} (a config module, see docs/exports.md)")
-        print(f"Megatron-LM ({exports['megatron']}):\n{exports['megatron'].read_text()}")
+        print(f"Megatron-LM main {MEGATRON_COMMIT[:12]} ({exports['megatron']}):\n{exports['megatron'].read_text()}")
     print("wrote " + ", ".join(str(f) for f in files) if files else "nothing written")
     return 0
 
