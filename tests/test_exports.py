@@ -242,6 +242,28 @@ def test_torchtitan_notes(exported):
     assert len(notes["zero1"]) == 1 and notes["zero1"][0].startswith("# note: zero1: torchtitan has no ZeRO-1/2")
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_torchtitan_places_405b_interleaved_on_16_ranks(tmp_path):
+    """Llama 3 405B, tp8 pp16 dp4 interleaved v2 FSDP: 126 layers in 32 stages (30 of 4, 2 of 3), placed as planned."""
+    pytest.importorskip("torchtitan", reason="the exports extra: pip install -e '.[exports]'")
+    import dataclasses
+
+    from sim.transformer import model_preset
+
+    model = dataclasses.replace(model_preset("llama3-405b"), seq_len=8192)
+    c = PlanConfig(8, 16, 4, "interleaved-1f1b", 2, 1, 128, "fsdp", "none", True)
+    layout = plan_layout(c, model, plan_schedule(c))
+    assert layout.layers == (4,) * 30 + (3, 3)
+    cfg = _titan_config(write_exports(c, model, 2048, None, tmp_path)["torchtitan"])
+    cfg.model_spec.model.update_from_config(config=cfg)
+    for pp_rank in (0, 15):
+        got_rank, stages, sched = _stages_on(cfg, 8 * 16 * 4, pp_rank * 32)
+        assert (got_rank, [s.stage_index for s in stages]) == (pp_rank, [pp_rank, pp_rank + 16])
+        assert [len(s.submod.layers) for s in stages] == ([4, 4] if pp_rank == 0 else [4, 3])
+        assert sched._n_microbatches == 128 and sched.stage_index_to_group_rank == dict(enumerate(layout.ranks))
+
+
 # --------------------------------------------------------------------------------------------- one real step
 @pytest.mark.slow
 @pytest.mark.timeout(300)
