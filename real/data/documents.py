@@ -55,9 +55,9 @@ class Tokenizer:
     backend: Any = None  # a tokenizers.Tokenizer, None at byte level
     record: dict[str, Any] = field(default_factory=dict)  # what the sidecar says about it
 
-    def encode(self, docs: Sequence[bytes]) -> list[list[int]]:
+    def encode(self, docs: Sequence[bytes]) -> list[Sequence[int]]:
         if self.backend is None:
-            return [list(d) for d in docs]
+            return [np.frombuffer(d, np.uint8) for d in docs]
         texts = [_text(d) for d in docs]
         return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
 
