@@ -35,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from analysis.progress import Progress
 from sim import gpu_model
 from sim.cluster import cluster_preset
 from sim.engine import simulate
@@ -121,12 +122,19 @@ def memory_rows() -> list[dict]:
     return rows
 
 
-def fit(modes: tuple[str, ...] = ("full",)) -> gpu_model.GemmEfficiency:
+#: Loss evaluations of fit(): the 9 x 6 grid, then 4 refinements of 3 x 3 points.
+FIT_EVALUATIONS = 9 * 6 + 4 * 9
+
+
+def fit(modes: tuple[str, ...] = ("full",), progress: Progress | None = None) -> gpu_model.GemmEfficiency:
     """Least squares on the relative errors of the rows of ``modes``: a grid over (peak_fraction,
-    log10 half_flops), then three refinements around the best point. The graphs are built once."""
+    log10 half_flops), then three refinements around the best point. The graphs are built once.
+    ``progress`` advances once per evaluation (:data:`FIT_EVALUATIONS` in all)."""
     graphs = [(c, mode, build_graph(study(c, mode))) for c in CONFIGS for mode in modes]
 
     def loss(pf: float, lh: float) -> float:
+        if progress is not None:
+            progress.advance()
         gpu_model.CALIBRATED["A100"] = gpu_model.GemmEfficiency(peak_fraction=min(pf, 1.0), half_flops=10**lh)
         total = 0.0
         for c, mode, graph in graphs:
@@ -154,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fit-all", action="store_true", help="(for comparison) refit on all eight rows")
     args = ap.parse_args(argv)
     if args.fit or args.fit_all:
-        e = fit(("full", "sp+selective") if args.fit_all else ("full",))
+        e = fit(("full", "sp+selective") if args.fit_all else ("full",), Progress(FIT_EVALUATIONS, "fit", every=2.0))
         print(f"peak_fraction={e.peak_fraction} half_flops={e.half_flops:.3g}")
         return 0
     times, memory = time_rows(), memory_rows()

@@ -7,14 +7,13 @@ import itertools
 import json
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analysis.exports import TORCH_SCHEDULE_CLASS, megatron_args, torchtitan_toml, write_schedule_csv
+from analysis.exports import TORCH_SCHEDULE_CLASS
 from schedules import (
     ConfigError,
     ScheduleError,
@@ -22,7 +21,6 @@ from schedules import (
     find_cycle,
     graph_from_programs,
     names,
-    read_torch_csv,
     spec,
     validate,
 )
@@ -231,53 +229,11 @@ def test_plan_counts_and_determinism():
 
 
 # --------------------------------------------------------------------------------------------- exports
-LLAMA = dataclasses.replace(model_preset("llama3-405b"), seq_len=8192)
-
-
-def test_torchtitan_fragment_parses_with_the_keys(tmp_path):
-    c = PlanConfig(8, 16, 4, "interleaved-1f1b", 2, 1, 128, "fsdp", "selective", True)
-    text = torchtitan_toml(c, LLAMA, 2048, None)
-    doc = tomllib.loads(text)
-    assert doc["parallelism"] == {
-        "data_parallel_replicate_degree": 1, "data_parallel_shard_degree": 4, "tensor_parallel_degree": 8,
-        "pipeline_parallel_degree": 16, "pipeline_parallel_schedule": "Interleaved1F1B",
-        "pipeline_parallel_microbatch_size": 1}  # 126 layers do not split into 32 stages evenly: no layers_per_stage
-    assert doc["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
-    assert doc["training"] == {"local_batch_size": 512, "global_batch_size": 2048, "seq_len": 8192}
-    assert "pipeline_parallel_split_points" in text  # the uneven split is said
-
-
-def test_torchtitan_fragment_with_our_csv(tmp_path):
-    space = _space(global_batch=8)
-    c = PlanConfig(1, 2, 4, "zb-h1", 1, 1, 2, "ddp", "full", False)
-    study = Study(schedule=c.schedule, microbatches=c.microbatches, chunks=c.chunks, costs=Bounds(space).costs(c))
-    csv = write_schedule_csv(c, study, tmp_path / "schedule.csv")
-    doc = tomllib.loads(torchtitan_toml(c, TINY, 8, csv))
-    par = doc["parallelism"]
-    assert par["pipeline_parallel_schedule"] == "PipelineScheduleMulti"
-    assert Path(par["pipeline_parallel_schedule_csv"]) == csv
-    assert par["data_parallel_replicate_degree"] == 4 and par["data_parallel_shard_degree"] == 1
-    assert par["pipeline_parallel_layers_per_stage"] == 2
-    assert doc["activation_checkpoint"] == {"mode": "full"}
-    assert read_torch_csv(csv).programs == build("zb-h1", pp=2, microbatches=2).programs
-
-
+# (checked by torchtitan's and Megatron-LM's own rules in test_exports.py)
 def test_every_torch_class_name_is_torchs():
     torch_schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
     for ours, theirs in TORCH_SCHEDULE_CLASS.items():
         assert torch_schedules.get_schedule_class(theirs) is not None, ours
-
-
-def test_megatron_line():
-    c = PlanConfig(8, 8, 8, "interleaved-1f1b", 2, 1, 256, "zero1", "full", True)
-    model = dataclasses.replace(model_preset("llama-70b"), seq_len=4096)
-    assert megatron_args(c, model, 2048) == (
-        "--tensor-model-parallel-size 8 --pipeline-model-parallel-size 8 --num-layers-per-virtual-pipeline-stage 5 "
-        "--micro-batch-size 1 --global-batch-size 2048 --seq-length 4096 --num-layers 80 --sequence-parallel "
-        "--recompute-granularity full --recompute-method uniform --recompute-num-layers 1 --use-distributed-optimizer\n")
-    line = megatron_args(c._replace(schedule="zb-v", recompute="selective", dp_mode="ddp"), model, 2048)
-    assert line.startswith("# note: schedule zb-v has no Megatron-LM flag")
-    assert line.splitlines()[-1].endswith("--sequence-parallel --recompute-granularity selective")
 
 
 # --------------------------------------------------------------------------------------------- command line
@@ -296,8 +252,11 @@ def test_cli_json_and_exports(tmp_path):
     d = json.loads(lines[0])
     assert d["candidates"] >= d["feasible"] >= d["simulated"] > 0 and len(d["top"]) == 3
     assert d["top"][0]["step_time"] <= d["top"][1]["step_time"]
-    doc = tomllib.loads((tmp_path / "torchtitan.toml").read_text())
-    assert doc["parallelism"]["tensor_parallel_degree"] == d["top"][0]["config"]["tp"]
+    titan = (tmp_path / "torchtitan_plan.py").read_text()
+    assert f"tensor_parallel_degree={d['top'][0]['config']['tp']}," in titan
+    assert d["export_targets"] == {"torchtitan": "0.3.0", "megatron-lm": "d98e8a64ddf34856e74b24714e3bedb2f5a39553"}
+    assert sorted(Path(f).name for f in d["files"]) == ["megatron.txt", "pareto.png", "schedule.csv",
+                                                         "torchtitan_plan.py"]
     assert (tmp_path / "pareto.png").stat().st_size > 0 and (tmp_path / "schedule.csv").is_file()
     assert (tmp_path / "megatron.txt").read_text().splitlines()[-1].startswith("--tensor-model-parallel-size")
 

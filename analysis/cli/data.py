@@ -1,15 +1,21 @@
-"""``python -m real.data prepare --input FILES --out PATH``: text to a byte-level token file.
+"""``python -m real.data prepare --input FILES --out PATH``: text, JSON Lines or Parquet to a token file.
 
     python -m real.data prepare --input README.md --out out/corpus.u16
+    python -m real.data prepare --input docs.jsonl --field text --tokenizer tokenizer.json --out out/docs.tok
+    python -m real.data prepare --input docs.parquet --train-tokenizer bpe:4096 --out out/docs.tok
     schedlab run --schedule 1f1b --pp 2 --microbatches 4 --data out/corpus.u16 --vocab 256 --seq 32
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
+from pathlib import Path
 
 from analysis.cli.common import OneLineParser, errors_to_exit, guarded
+from real.data.documents import Tokenizer, load_tokenizer, parse_train_spec, read_documents, train_bpe
 from real.data.tokens import prepare
+from schedules import ConfigError
 
 __all__ = ["main"]
 
@@ -17,9 +23,18 @@ __all__ = ["main"]
 def parser(prog: str) -> OneLineParser:
     p = OneLineParser(prog=prog, description="Prepare token files for real training (--data).")
     sub = p.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
-    prep = sub.add_parser("prepare", help="tokenize text files at byte level (vocabulary 256)")
-    prep.add_argument("--input", nargs="+", required=True, metavar="FILE", help="text files, concatenated")
-    prep.add_argument("--out", required=True, metavar="PATH", help="the token file (uint16); PATH.json: its sidecar")
+    prep = sub.add_parser("prepare", help="tokenize documents (byte level by default, vocabulary 256)")
+    prep.add_argument("--input", nargs="+", required=True, metavar="FILE",
+                      help="text files (one document each), .jsonl (one per line) or .parquet (one per row)")
+    prep.add_argument("--out", required=True, metavar="PATH",
+                      help="the token file (uint16, uint32 past 65536 tokens); PATH.json: its sidecar")
+    prep.add_argument("--field", default="text", metavar="NAME", help="the text field of .jsonl/.parquet (text)")
+    tok = prep.add_mutually_exclusive_group()
+    tok.add_argument("--tokenizer", metavar="tokenizer.json", help="a Hugging Face tokenizer.json")
+    tok.add_argument("--train-tokenizer", metavar="bpe:VOCAB",
+                     help="train a byte-level BPE of VOCAB tokens on the inputs (saved as PATH.tokenizer.json)")
+    prep.add_argument("--eot", metavar="TOKEN", help="the tokenizer's end-of-text token (default: the first of "
+                      "<|endoftext|>, <|end_of_text|>, </s>, <eos> it has)")
     return p
 
 
@@ -28,7 +43,24 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m real.data") -
     p = parser(prog)
     args = p.parse_args(argv)
     with errors_to_exit(p):
-        meta = prepare(args.input, args.out)
-    print(f"wrote {args.out}: {meta['tokens']} tokens (byte level, vocabulary {meta['vocab']}) from "
-          f"{len(args.input)} file(s)")
+        tokenizer = _tokenizer(args)
+        meta = prepare(args.input, args.out, tokenizer, args.field)
+    kind = "byte level" if tokenizer is None else tokenizer.kind
+    print(f"wrote {args.out}: {meta['tokens']} tokens ({kind}, vocabulary {meta['vocab']}) from "
+          f"{meta['documents']} document(s) in {len(args.input)} file(s)")
     return 0
+
+
+def _tokenizer(args) -> Tokenizer | None:
+    if args.eot is not None and args.tokenizer is None:
+        raise ConfigError("--eot names a token of --tokenizer; give --tokenizer too", field="eot")
+    if args.tokenizer is not None:
+        return load_tokenizer(args.tokenizer, args.eot)
+    if args.train_tokenizer is not None:
+        vocab = parse_train_spec(args.train_tokenizer)
+        for path in args.input:  # every input exists before the training reads them
+            if not Path(path).is_file():
+                raise ConfigError(f"input {path!r} is not a file", field="input")
+        docs = itertools.chain.from_iterable(read_documents(path, args.field) for path in args.input)
+        return train_bpe(docs, vocab, f"{args.out}.tokenizer.json")
+    return None

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from analysis.cli.common import OneLineParser, errors_to_exit, guarded, int_list, name_list, print_json
-from schedules.util import atomic_write, check_output_dir
+from schedules.util import check_output_dir
 
 __all__ = ["plan_main"]
 
@@ -40,7 +40,9 @@ def _parser(prog: str) -> OneLineParser:
 def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") -> int:
     p = _parser(prog)
     args = p.parse_args(argv)
-    from analysis.exports import megatron_args, torchtitan_toml, write_schedule_csv
+    from analysis.export_megatron import MEGATRON_COMMIT
+    from analysis.export_torchtitan import TORCHTITAN_VERSION
+    from analysis.exports import write_exports
     from analysis.plan_report import format_plan, plot_pareto, why_winner
     from sim.cluster import cluster_preset
     from sim.plan import plan
@@ -74,29 +76,27 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
         finally:
             if bar is not None:
                 bar.close()
-        files = []
+        files, exports = [], {}
         if result.top:
             from sim.study import Study
 
             win = result.top[0].config
             study = Study(schedule=win.schedule, microbatches=win.microbatches, chunks=win.chunks,
                           costs=_costs(space, win))
-            csv = write_schedule_csv(win, study, out / "schedule.csv")
-            toml_text = torchtitan_toml(win, model, args.global_batch, csv.resolve())
-            megatron = megatron_args(win, model, args.global_batch)
-            files = [csv, atomic_write(out / "torchtitan.toml", lambda tmp: tmp.write_text(toml_text), "torchtitan TOML"),
-                     atomic_write(out / "megatron.txt", lambda tmp: tmp.write_text(megatron), "Megatron-LM arguments")]
+            exports = write_exports(win, model, args.global_batch, study, out)
+            files = list(exports.values())
         if result.entries:
             files.append(plot_pareto(result, out / "pareto.png"))
     if args.json:
-        print_json({**result.to_dict(), "files": [str(f) for f in files]})
+        print_json({**result.to_dict(), "files": [str(f) for f in files],
+                    "export_targets": {"torchtitan": TORCHTITAN_VERSION, "megatron-lm": MEGATRON_COMMIT}})
         return 0
     print(format_plan(result))
     if result.top:
         print()
         print(why_winner(result))
-        print(f"\ntorchtitan ({files[1]}):\n{toml_text}")
-        print(f"Megatron-LM ({files[2]}):\n{megatron}")
+        print(f"\ntorchtitan {TORCHTITAN_VERSION}: {exports['torchtitan']} (a config module, see docs/exports.md)")
+        print(f"Megatron-LM main {MEGATRON_COMMIT[:12]} ({exports['megatron']}):\n{exports['megatron'].read_text()}")
     print("wrote " + ", ".join(str(f) for f in files) if files else "nothing written")
     return 0
 

@@ -28,6 +28,7 @@ from analysis.cli.common import (
     int_list,
     print_json,
 )
+from analysis.progress import format_seconds
 from analysis.timeline import check_figure_path, plot_timeline
 from real.checkpoint import CheckpointConfig
 from real.config import (
@@ -51,6 +52,7 @@ from real.config import (
 )
 from real.launch import torchrun
 from real.mesh import env_world
+from real.metrics_log import MetricsLog, check_log_dir
 from real.model_api import UserModel, from_factory, plan_for
 from real.train import RunResult, resolve_backend, restart_count, resume_point, run
 from schedules import ConfigError
@@ -133,6 +135,8 @@ def parser(prog: str) -> OneLineParser:
     r.add_argument("--plot", metavar="FILE", help="draw the traced step's timeline (.png, .svg or .pdf; rank 0)")
     r.add_argument("--save-params", metavar="FILE", help="rank 0 saves the final parameters (torch.save)")
     r.add_argument("--json", action="store_true", help="print exactly one JSON object at the end (rank 0)")
+    r.add_argument("--log-dir", metavar="DIR", help="rank 0 writes TensorBoard event files and metrics.jsonl "
+                   "(loss, step time, tokens/s, lr, memory per rank) here")
     f = p.add_argument_group("fault tolerance (see README: torchrun --max-restarts)")
     f.add_argument("--checkpoint-dir", metavar="DIR", help="save DCP checkpoints here and resume from the newest")
     f.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
@@ -230,16 +234,42 @@ def _checked(args: argparse.Namespace, world: int) -> tuple[RunConfig, UserModel
         check_output_file(args.save_params, "parameter file")
     if args.checkpoint_dir:
         check_output_dir(args.checkpoint_dir, "checkpoint directory")
+    if args.log_dir:
+        check_log_dir(args.log_dir)
     return config, user
 
 
-def _print_step(quiet: bool):
+def _on_step(config: RunConfig, quiet: bool, metrics: MetricsLog | None):
+    """Rank 0's per-step output: a line with the time left (stderr with --json), and the metrics log.
+
+    The time left is the mean time of the steps run so far times the steps left.
+    """
     out = sys.stderr if quiet else sys.stdout
+    model = config.data.model
+    per_step = config.data.batch_size * model.seq if model.kind == "gpt" and not config.data.factory else None
+    spent = []
 
     def show(step: int, loss: float, seconds: float) -> None:
-        print(f"step {step:>4}  loss {loss:.4f}  {seconds * 1e3:8.1f} ms", file=out, flush=True)
+        spent.append(seconds)
+        left = sum(spent) / len(spent) * (config.steps - step - 1)
+        print(f"step {step:>4} of {config.steps}  loss {loss:.4f}  {seconds * 1e3:8.1f} ms  left {format_seconds(left)}",
+              file=out, flush=True)
+        if metrics is not None:
+            metrics.log(step, {"loss": loss, "step_time_s": seconds, "lr": config.optim.lr,
+                               "tokens_per_s": per_step / seconds if per_step and seconds > 0 else None})
 
     return show
+
+
+def _log_memory(metrics: MetricsLog, config: RunConfig, result: RunResult) -> None:
+    """Every rank's measured memory, at the step it was measured."""
+    values = {}
+    for m in result.memory or ():
+        if m:
+            for key in ("peak_activation_bytes", "max_memory_allocated"):
+                values[f"memory/rank{m['rank']}/{key}"] = m[key]
+    if values:
+        metrics.log(max(config.metered_step, result.start_step), values)
 
 
 def _report(result: RunResult, args: argparse.Namespace) -> None:
@@ -272,7 +302,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int
                         format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
     with errors_to_exit(p, f"[rank {rank}] " if world > 1 else ""):
         config, user = _checked(args, world)
-        result = run(config, trace_path=args.trace, on_step=_print_step(args.json), user=user)
+        metrics = MetricsLog(args.log_dir) if args.log_dir and rank == 0 else None
+        try:
+            result = run(config, trace_path=args.trace, on_step=_on_step(config, args.json, metrics), user=user)
+            if metrics is not None:
+                _log_memory(metrics, config, result)
+        finally:
+            if metrics is not None:
+                metrics.close()
         if rank == 0:
             _report(result, args)
     return 0

@@ -5,7 +5,9 @@ A file of N tokens holds ``(N - 1) // seq`` windows: window ``i`` is tokens
 consecutive windows share one token and every token is predicted once. A
 sidecar ``PATH.json`` (written by :func:`prepare`) gives the dtype and the
 vocabulary; without one the file is read as uint16. :func:`prepare` tokenizes
-text at byte level (vocabulary 256: nothing to download).
+text, JSON Lines or Parquet documents (:mod:`real.data.documents`): at byte
+level (vocabulary 256: nothing to download), with a tokenizer.json or a BPE
+trained on the inputs.
 
 :class:`TokenBatches` is the data source of a run on a token file: the global
 batch of a step is the next ``batch_size`` windows of an
@@ -25,6 +27,7 @@ import numpy as np
 import torch
 
 from real.config import RunConfig
+from real.data.documents import Tokenizer, byte_tokenizer, encode_documents
 from real.sampler import EpochSampler
 from schedules import CheckpointError, ConfigError
 from schedules.util import atomic_write
@@ -140,23 +143,17 @@ class TokenBatches:
                  self.file.num_windows)
 
 
-def prepare(inputs: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
-    """Tokenize ``inputs`` at byte level (one token per byte, a newline between files) into ``out`` (uint16).
+def prepare(inputs: Sequence[str | Path], out: str | Path, tokenizer: Tokenizer | None = None,
+            field: str = "text") -> dict[str, Any]:
+    """Tokenize ``inputs`` (text, JSON Lines or Parquet: :mod:`real.data.documents`) into ``out``.
 
+    ``tokenizer`` None is byte level (one uint16 token per byte, a newline between documents).
     Writes ``out`` and its sidecar ``out.json`` atomically; returns the sidecar's record.
     """
-    chunks = []
-    for path in inputs:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"input {str(p)!r} is not a file", field="input")
-        chunks.append(p.read_bytes())
-    data = b"\n".join(chunks)
-    if not data:
-        raise ConfigError("the inputs hold no text to tokenize", field="input")
-    tokens = np.frombuffer(data, dtype=np.uint8).astype(np.uint16)
-    meta = {"dtype": "uint16", "vocab": BYTE_VOCAB, "tokens": len(tokens), "tokenizer": "bytes",
-            "sources": [str(p) for p in inputs]}
+    tokenizer = tokenizer or byte_tokenizer()
+    tokens, docs = encode_documents(inputs, tokenizer, field)
+    meta = {"dtype": str(tokens.dtype), "vocab": tokenizer.vocab, "tokens": len(tokens),
+            "tokenizer": tokenizer.describe(), "documents": docs, "field": field, "sources": [str(p) for p in inputs]}
     atomic_write(out, lambda tmp: tokens.tofile(tmp), "token file")
     atomic_write(f"{out}.json", lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=1)), "token file sidecar")
     return meta

@@ -1,0 +1,143 @@
+"""A planned configuration as Megatron-LM arguments (``pretrain_gpt.py``), for Megatron-LM's main branch.
+
+No package on the index ships Megatron-LM's argument parser (megatron-core
+0.16.1's wheel has no ``megatron/training``), so every flag this module can
+write is in :data:`FLAG_SOURCES` with the upstream file and line it was checked
+against (NVIDIA/Megatron-LM at :data:`MEGATRON_COMMIT`). Many flags are
+generated from dataclass fields by ``ArgumentGroupFactory``
+(``megatron/training/argument_utils.py``: ``--`` + the field name with ``_``
+as ``-``; a bool field that defaults to True becomes ``--no-``/``--disable-``);
+for those the source is the field and the ``arguments.py`` line that builds
+the group.
+
+Checked constraints of ``validate_args`` (``megatron/training/arguments.py``)
+the line respects: ``--use-torch-fsdp2`` is refused with pp > 1 (line 1035), so
+ZeRO-2/3 go through Megatron-FSDP (``--use-megatron-fsdp``, which needs
+``--ckpt-format fsdp_dtensor``, line 1169); one of
+``--num-layers-per-virtual-pipeline-stage`` and ``--pipeline-model-parallel-layout``
+at most (line 928), and the layout's stage count sets the virtual stages
+(line 941), so the layout alone says the split, even or not.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from analysis.exports import PlanLayout
+from sim.plan_space import PlanConfig
+from sim.transformer import TransformerConfig
+
+__all__ = ["FLAG_SOURCES", "MEGATRON_COMMIT", "megatron_args", "megatron_layout", "megatron_notes"]
+
+#: The Megatron-LM commit (main, 2026-08-22) the flags were checked against.
+MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
+
+_ARGS = "megatron/training/arguments.py"
+_TC = "megatron/core/transformer/transformer_config.py"  # fields -> flags by the factory at arguments.py:2373
+_MPC = "megatron/core/model_parallel_config.py"  # TransformerConfig's base class, same factory
+_TRAIN = "megatron/training/config/training_config.py"
+_COMMON = "megatron/training/config/common_config.py"
+
+#: Every flag :func:`megatron_args` can write -> (file, line, what is there) at :data:`MEGATRON_COMMIT`.
+FLAG_SOURCES: dict[str, tuple[str, int, str]] = {
+    "--tensor-model-parallel-size": (_MPC, 55, "field tensor_model_parallel_size: int = 1"),
+    "--pipeline-model-parallel-size": (_MPC, 83, "field pipeline_model_parallel_size: int = 1"),
+    "--sequence-parallel": (_MPC, 94, "field sequence_parallel: bool = False (store_true)"),
+    "--pipeline-model-parallel-layout": (_ARGS, 3103, "add_argument, type=str; E, t, L stages split by |"),
+    "--micro-batch-size": (_TRAIN, 11, "TrainingConfig.micro_batch_size (factory at arguments.py:2863)"),
+    "--global-batch-size": (_TRAIN, 15, "TrainingConfig.global_batch_size (factory at arguments.py:2863)"),
+    "--seq-length": (_ARGS, 3305, "add_argument, type=int"),
+    "--max-position-embeddings": (_ARGS, 2394, "add_argument, type=int"),
+    "--num-layers": (_TC, 65, "field num_layers"),
+    "--hidden-size": (_TC, 145, "field hidden_size"),
+    "--num-attention-heads": (_TC, 148, "field num_attention_heads"),
+    "--group-query-attention": (_ARGS, 2382, "add_argument, store_true"),
+    "--num-query-groups": (_TC, 175, "field num_query_groups"),
+    "--ffn-hidden-size": (_TC, 180, "field ffn_hidden_size"),
+    "--disable-bias-linear": (_TC, 212, "field add_bias_linear, arg_names ['--disable-bias-linear']"),
+    "--normalization": (_TC, 256, "field normalization: Literal['LayerNorm', 'RMSNorm']"),
+    "--swiglu": (_ARGS, 2450, "add_argument, store_true"),
+    "--position-embedding-type": (_ARGS, 2397, "add_argument, choices learned_absolute, rope, ..."),
+    "--untie-embeddings-and-output-weights": (_ARGS, 2460, "add_argument, store_true"),
+    "--recompute-granularity": (_TC, 532, "field recompute_granularity: Literal['full', 'selective']"),
+    "--recompute-method": (_TC, 543, "field recompute_method: Literal['uniform', 'block']"),
+    "--recompute-num-layers": (_TC, 551, "field recompute_num_layers"),
+    "--use-distributed-optimizer": (_ARGS, 3156, "add_argument, store_true"),
+    "--use-megatron-fsdp": (_COMMON, 92, "DistributedInitConfig.use_megatron_fsdp (factory at arguments.py:3092)"),
+    "--data-parallel-sharding-strategy": (_ARGS, 3190, "add_argument, choices no_shard, optim, optim_grads, "
+                                                       "optim_grads_params"),
+    "--ckpt-format": (_TRAIN, 486, "CheckpointConfig.ckpt_format, fsdp_dtensor among the choices "
+                                   "(factory at arguments.py:3008)"),
+    "--tokenizer-type": (_TRAIN, 698, "TokenizerConfig.tokenizer_type, NullTokenizer among the choices "
+                                      "(factory at arguments.py:3246)"),
+    "--vocab-size": (_TRAIN, 679, "TokenizerConfig.vocab_size (factory at arguments.py:3246)"),
+    "--mock-data": (_ARGS, 3302, "add_argument, store_true"),
+}
+
+
+def megatron_layout(layout: PlanLayout) -> str:
+    """``--pipeline-model-parallel-layout``: stage i lists its decoder layers ``t*n``; E first, L last."""
+    stages = []
+    for i, n in enumerate(layout.layers):
+        body = "t" if n == 1 else f"t*{n}" if n else ""
+        stages.append(("E" if i == 0 else "") + body + ("L" if i == layout.stages - 1 else ""))
+    return "|".join(stages)
+
+
+def megatron_notes(c: PlanConfig, layout: PlanLayout) -> list[str]:
+    """What Megatron-LM cannot express for ``c``, each with the setting the line uses instead."""
+    if c.pp == 1:
+        return []
+    if layout.placement != "loop":
+        return [f"schedule {c.schedule} places stages {','.join(map(str, layout.ranks))} (a V); Megatron-LM places "
+                "stage s on rank s mod pp and runs interleaved 1F1B on them: the nearest, with the same split"]
+    exact = "interleaved-1f1b" if c.chunks > 1 else "1f1b"
+    if c.schedule != exact:
+        return [f"schedule {c.schedule} has no Megatron-LM flag (it runs 1F1B, or interleaved 1F1B with virtual "
+                f"stages); this line runs {exact} with the same split, the nearest; the planned order is "
+                "schedule.csv for torch.distributed.pipelining"]
+    return []
+
+
+def _model_flags(model: TransformerConfig) -> list[str]:
+    flags = [f"--num-layers {model.layers}", f"--hidden-size {model.hidden}", f"--ffn-hidden-size {model.ffn}",
+             f"--num-attention-heads {model.heads}"]
+    if model.kv_heads != model.heads:
+        flags += ["--group-query-attention", f"--num-query-groups {model.kv_heads}"]
+    flags += [f"--seq-length {model.seq_len}", f"--max-position-embeddings {model.seq_len}",
+              f"--position-embedding-type {'learned_absolute' if model.learned_positions else 'rope'}"]
+    if model.gated_mlp:
+        flags.append("--swiglu")
+    if not model.bias:
+        flags += ["--disable-bias-linear", "--normalization RMSNorm"]
+    if not model.tied_embeddings:
+        flags.append("--untie-embeddings-and-output-weights")
+    return flags
+
+
+def _dp_flags(c: PlanConfig) -> list[str]:
+    if c.dp == 1 or c.dp_mode == "ddp":
+        return []
+    if c.dp_mode == "zero1":
+        return ["--use-distributed-optimizer"]
+    strategy = "optim_grads" if c.dp_mode == "zero2" else "optim_grads_params"
+    return ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}", "--ckpt-format fsdp_dtensor"]
+
+
+def megatron_args(c: PlanConfig, model: TransformerConfig, global_batch: int, layout: PlanLayout) -> str:
+    """Comment lines (the version, the notes), then one line of ``pretrain_gpt.py`` arguments for ``c``."""
+    args = [f"--tensor-model-parallel-size {c.tp}", f"--pipeline-model-parallel-size {c.pp}"]
+    if c.pp > 1:
+        args.append(f"--pipeline-model-parallel-layout {shlex.quote(megatron_layout(layout))}")
+    args += [f"--micro-batch-size {c.microbatch_size}", f"--global-batch-size {global_batch}", *_model_flags(model)]
+    if c.sp and c.tp > 1:
+        args.append("--sequence-parallel")
+    if c.recompute == "full":
+        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    elif c.recompute == "selective":
+        args.append("--recompute-granularity selective")
+    args += [*_dp_flags(c), "--tokenizer-type NullTokenizer", f"--vocab-size {model.vocab}", "--mock-data"]
+    head = [f"# Megatron-LM main ({MEGATRON_COMMIT[:12]}) arguments of the schedlab plan {c.label()}",
+            f"# torchrun --nproc-per-node ... pretrain_gpt.py on {c.tp * c.pp * c.dp} GPUs; "
+            "replace --mock-data with --data-path PREFIX for real data"]
+    return "\n".join(head + [f"# note: {n}" for n in megatron_notes(c, layout)] + [" ".join(args)]) + "\n"

@@ -1,0 +1,67 @@
+"""Training metrics where users look for them: TensorBoard event files and a JSON Lines file of the same.
+
+:class:`MetricsLog` writes, into one folder, the event files TensorBoard reads
+(through ``torch.utils.tensorboard.SummaryWriter``; the ``metrics`` extra installs
+tensorboard) and ``metrics.jsonl``: one JSON object per logged step,
+``{"step": S, "tag": value, ...}``, with the same tags and values. Tags:
+
+* ``loss``, ``step_time_s``, ``tokens_per_s``, ``lr``: every step of a run;
+* ``memory/rank{R}/{what}``: per rank, at the step whose memory was measured;
+* any other scalar a caller logs (the validation grid: ``error/...``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+
+from schedules import ConfigError
+from schedules.util import check_output_dir
+
+__all__ = ["JSONL_NAME", "MetricsLog", "check_log_dir"]
+
+log = logging.getLogger(__name__)
+
+JSONL_NAME = "metrics.jsonl"
+
+
+def check_log_dir(path: str | Path) -> Path:
+    """The folder for ``--log-dir``, checked (and tensorboard importable) before anything runs."""
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        raise ConfigError("--log-dir writes TensorBoard event files and needs tensorboard: "
+                          "pip install -e '.[metrics]'", field="log_dir") from None
+    return check_output_dir(path, "log directory")
+
+
+class MetricsLog:
+    """Scalars per step into TensorBoard event files and ``metrics.jsonl`` in ``log_dir``."""
+
+    def __init__(self, log_dir: str | Path) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.dir = check_log_dir(log_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.writer = SummaryWriter(log_dir=str(self.dir))
+        self.jsonl = (self.dir / JSONL_NAME).open("a")
+
+    def log(self, step: int, values: Mapping[str, float | int | None]) -> None:
+        """One step's scalars (None values are left out)."""
+        kept = {k: float(v) for k, v in values.items() if v is not None}
+        for tag, value in kept.items():
+            self.writer.add_scalar(tag, value, global_step=step)
+        self.jsonl.write(json.dumps({"step": step, **kept}) + "\n")
+        self.jsonl.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+        self.jsonl.close()
+
+    def __enter__(self) -> MetricsLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,355 @@
+"""The planner's exports checked by their targets' own code.
+
+torchtitan 0.3.0 (the ``exports`` extra): its ``ConfigManager`` builds the
+config from each exported module (running ``Trainer.Config``'s validation), its
+``ParallelDims`` reads the degrees, and its stage builder
+(``_pipeline_module_split``, ``_build_pipeline_schedule``) places the stages and
+loads the schedule CSV on a fake process group, one pp rank at a time; a slow
+test runs one step of a V-shaped CSV schedule on 2 gloo ranks and compares
+the loss and gradients with the unsplit model. Megatron-LM: no package ships
+its parser, so the flags are checked against :data:`FLAG_SOURCES` (upstream file
+and line) and the layout string is decoded by its documented format.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.export_megatron import FLAG_SOURCES, megatron_args, megatron_layout
+from analysis.exports import PlanLayout, plan_layout, plan_schedule, write_exports
+from schedules.torch_csv import read_torch_csv
+from sim.cluster import cluster_preset
+from sim.plan import plan
+from sim.plan_space import PlanConfig, PlanSpace
+from sim.transformer import TransformerConfig
+
+# 7 layers: 4 stages of interleaved 1F1B on pp=2 split unevenly (2, 2, 2, 1).
+TINY = TransformerConfig(name="tiny-llama", layers=7, hidden=64, heads=4, vocab=256, seq_len=32, ffn=128, kv_heads=2,
+                         gated_mlp=True, bias=False, tied_embeddings=False, learned_positions=False)
+# Five planning questions on one DGX H100 node (8 devices), global batch 16, microbatch size 1.
+QUESTIONS = {
+    "1f1b": dict(schedules=("1f1b",), pp=(2,), tp=(1,), dp_modes=("ddp",), recompute=("none",)),
+    "interleaved-uneven": dict(schedules=("interleaved-1f1b",), pp=(2,), tp=(1,), chunks=(2,), dp_modes=("ddp",)),
+    "zb-v": dict(schedules=("zb-v",), pp=(2,), tp=(1,), dp_modes=("ddp",), recompute=("selective",)),
+    "fsdp-tp-recompute": dict(schedules=("1f1b",), pp=(1,), tp=(2,), dp_modes=("fsdp",), recompute=("full",),
+                              sp=(True,)),
+    "zero1": dict(schedules=("1f1b", "zb-h1"), pp=(2,), tp=(1,), dp_modes=("zero1",), recompute=("none",)),
+}
+# What each question's winner must be.
+EXPECTED = {
+    "1f1b": lambda c: c.schedule == "1f1b" and c.pp == 2 and c.dp_mode == "ddp",
+    "interleaved-uneven": lambda c: c.schedule == "interleaved-1f1b" and c.chunks == 2,
+    "zb-v": lambda c: c.schedule == "zb-v" and c.recompute == "selective",
+    "fsdp-tp-recompute": lambda c: c.dp_mode == "fsdp" and c.tp == 2 and c.sp and c.recompute == "full",
+    "zero1": lambda c: c.dp_mode == "zero1" and c.pp == 2,
+}
+
+
+def _winner(cluster: str, global_batch: int, **choices) -> PlanConfig:
+    space = PlanSpace(model=TINY, cluster=cluster_preset(cluster), global_batch=global_batch,
+                      microbatch_sizes=(1,), **choices)
+    return plan(space, top=1, workers=1).top[0].config
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory) -> dict[str, tuple[PlanConfig, PlanLayout, dict[str, Path]]]:
+    out = {}
+    for name, choices in QUESTIONS.items():
+        c = _winner("dgx-h100:1", 16, **choices)
+        assert EXPECTED[name](c), (name, c)
+        layout = plan_layout(c, TINY, plan_schedule(c))
+        out[name] = c, layout, write_exports(c, TINY, 16, None, tmp_path_factory.mktemp(name))
+    return out
+
+
+# --------------------------------------------------------------------------------------------- layout
+def test_layouts_of_the_five_winners(exported):
+    got = {name: (lay.layers, lay.ranks, lay.placement) for name, (_, lay, _) in exported.items()}
+    assert got == {
+        "1f1b": ((4, 3), (0, 1), "loop"),
+        "interleaved-uneven": ((2, 2, 2, 1), (0, 1, 0, 1), "loop"),
+        "zb-v": ((2, 2, 2, 1), (0, 1, 1, 0), "v"),
+        "fsdp-tp-recompute": ((7,), (0,), "loop"),
+        "zero1": ((4, 3), (0, 1), "loop"),
+    }
+
+
+def test_csv_is_the_planned_order(exported):
+    for c, _, files in exported.values():
+        assert read_torch_csv(files["schedule.csv"]).programs == plan_schedule(c).programs
+
+
+# --------------------------------------------------------------------------------------------- Megatron-LM
+def _decode_layout(text: str) -> list[str]:
+    """Megatron's layout format (pipeline_parallel_layer_layout.py, parse_str_to_list): x*n repeats x; | splits."""
+    import re
+
+    return re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text).split("|")
+
+
+def _flags(line: str) -> dict[str, str | None]:
+    words, flags = shlex.split(line), {}
+    for i, w in enumerate(words):
+        if w.startswith("--"):
+            nxt = words[i + 1] if i + 1 < len(words) else None
+            flags[w] = None if nxt is None or nxt.startswith("--") else nxt
+    return flags
+
+
+def test_megatron_lines_of_the_five_winners(exported):
+    for name, (c, layout, files) in exported.items():
+        lines = files["megatron"].read_text().splitlines()
+        flags = _flags(lines[-1])
+        assert set(flags) <= set(FLAG_SOURCES), name
+        assert (flags["--tensor-model-parallel-size"], flags["--pipeline-model-parallel-size"]) == (str(c.tp), str(c.pp))
+        assert flags["--micro-batch-size"] == "1" and flags["--global-batch-size"] == "16"
+        shape = {k: flags[k] for k in ("--num-layers", "--hidden-size", "--ffn-hidden-size", "--num-attention-heads",
+                                       "--num-query-groups", "--seq-length", "--max-position-embeddings",
+                                       "--position-embedding-type", "--normalization", "--vocab-size")}
+        assert shape == {"--num-layers": "7", "--hidden-size": "64", "--ffn-hidden-size": "128",
+                         "--num-attention-heads": "4", "--num-query-groups": "2", "--seq-length": "32",
+                         "--max-position-embeddings": "32", "--position-embedding-type": "rope",
+                         "--normalization": "RMSNorm", "--vocab-size": "256"}
+        assert {"--group-query-attention", "--swiglu", "--disable-bias-linear",
+                "--untie-embeddings-and-output-weights"} <= set(flags)
+        if c.pp > 1:
+            stages = _decode_layout(flags["--pipeline-model-parallel-layout"])
+            assert [s.count("t") for s in stages] == list(layout.layers)
+            assert stages[0].startswith("E") and stages[-1].endswith("L") and "".join(stages).count("E") == 1
+            assert len(stages) == c.pp * c.chunks  # Megatron: virtual stages = stages / pp
+        else:
+            assert "--pipeline-model-parallel-layout" not in flags
+    notes = {name: [x for x in files["megatron"].read_text().splitlines() if x.startswith("# note:")]
+             for name, (_, _, files) in exported.items()}
+    assert notes["1f1b"] == notes["interleaved-uneven"] == notes["fsdp-tp-recompute"] == []
+    assert notes["zb-v"] == ["# note: schedule zb-v places stages 0,1,1,0 (a V); Megatron-LM places stage s on rank "
+                             "s mod pp and runs interleaved 1F1B on them: the nearest, with the same split"]
+    assert notes["zero1"][0].startswith("# note: schedule zb-h1 has no Megatron-LM flag")
+    fl = {name: _flags(files["megatron"].read_text().splitlines()[-1]) for name, (_, _, files) in exported.items()}
+    assert "--use-distributed-optimizer" in fl["zero1"] and "--use-megatron-fsdp" not in fl["zero1"]
+    assert (fl["fsdp-tp-recompute"]["--data-parallel-sharding-strategy"], fl["fsdp-tp-recompute"]["--ckpt-format"]) \
+        == ("optim_grads_params", "fsdp_dtensor")
+    assert (fl["fsdp-tp-recompute"]["--recompute-granularity"], fl["fsdp-tp-recompute"]["--recompute-method"],
+            fl["fsdp-tp-recompute"]["--recompute-num-layers"]) == ("full", "uniform", "1")
+    assert "--sequence-parallel" in fl["fsdp-tp-recompute"] and fl["zb-v"]["--recompute-granularity"] == "selective"
+
+
+def test_flag_table_covers_every_flag_the_exporter_writes():
+    """Every flag of every (dp mode, recompute, sp, model variant, schedule) is in the table, and every row is used."""
+    gpt = TransformerConfig(name="gpt", layers=8, hidden=64, heads=4, vocab=256, seq_len=32)
+    seen: set[str] = set()
+    for model in (TINY, gpt):
+        for sched, chunks in (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-v", 2)):
+            for mode in ("none", "ddp", "zero1", "zero2", "fsdp", "zero3"):
+                for rc in ("none", "selective", "full"):
+                    for tp, sp in ((1, False), (2, True)):
+                        c = PlanConfig(tp, 2, 2, sched, chunks, 1, 4, mode, rc, sp)
+                        line = megatron_args(c, model, 8, plan_layout(c, model, plan_schedule(c)))
+                        seen |= set(_flags(line.splitlines()[-1]))
+    assert seen == set(FLAG_SOURCES)
+
+
+def test_megatron_zero2_and_layouts():
+    c = PlanConfig(1, 4, 2, "1f1b", 1, 1, 8, "zero2", "none", False)
+    line = megatron_args(c, TINY, 16, plan_layout(c, TINY, plan_schedule(c))).splitlines()[-1]
+    assert "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads --ckpt-format fsdp_dtensor" in line
+    assert "--use-torch-fsdp2" not in line  # validate_args refuses it with pp > 1
+    assert "--pipeline-model-parallel-layout 'Et*2|t*2|t*2|tL'" in line
+    assert megatron_layout(PlanLayout((1, 0, 3), (0, 1, 2), "loop")) == "Et||t*3L"
+
+
+# --------------------------------------------------------------------------------------------- torchtitan
+def _titan_config(path: Path):
+    """torchtitan's ConfigManager on the exported module, as ``--module torchtitan_plan --config schedlab_plan``."""
+    from torchtitan.config import ConfigManager
+
+    sys.modules.pop("torchtitan_plan", None)
+    sys.path.insert(0, str(path.parent))
+    try:
+        return ConfigManager().parse_args(["--module", "torchtitan_plan", "--config", "schedlab_plan"])
+    finally:
+        sys.path.remove(str(path.parent))
+        sys.modules.pop("torchtitan_plan", None)
+
+
+def _stages_on(cfg, world: int, global_rank: int):
+    """torchtitan's stage builder for one rank on a fake process group: (pp rank, stages, schedule)."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn import functional
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import pipeline_parallel as ttpp
+
+    dist.init_process_group("fake", store=FakeStore(), rank=global_rank, world_size=world)
+    try:
+        dims = ParallelDims.from_config(cfg.parallelism, world)
+        dims.build_mesh()
+        with torch.device("meta"):
+            model = cfg.model_spec.model.build()
+        pp_mesh = dims.get_mesh("pp")
+        stages, _ = ttpp._pipeline_module_split(model, pp_mesh, cfg.parallelism.pipeline_parallel_schedule,
+                                                 torch.device("cpu"), cfg.parallelism.module_fqns_per_model_part)
+        sched = ttpp._build_pipeline_schedule(
+            parallelism=cfg.parallelism, local_batch_size=cfg.training.local_batch_size, stages=stages,
+            loss_fn=lambda pred, labels: (functional.cross_entropy(pred.flatten(0, 1), labels.flatten()), None))
+        return pp_mesh.get_local_rank(), stages, sched
+    finally:
+        dist.destroy_process_group()
+
+
+def test_torchtitan_builds_and_places_the_five_winners(exported):
+    pytest.importorskip("torchtitan", reason="the exports extra: pip install -e '.[exports]'")
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed.activation_checkpoint import FullAC
+
+    for name, (c, layout, files) in exported.items():
+        cfg = _titan_config(files["torchtitan"])
+        world = c.tp * c.pp * c.dp
+        dims = ParallelDims.from_config(cfg.parallelism, world)
+        assert (dims.dp_replicate * dims.dp_shard, dims.tp, dims.pp) == (c.dp, c.tp, c.pp), name
+        assert dims.dp_shard == (c.dp if c.dp_mode in ("fsdp", "zero1") else 1), name
+        assert isinstance(cfg.activation_checkpoint, FullAC.Config) == (c.recompute == "full"), name
+        assert cfg.activation_checkpoint is None or c.recompute == "full", name
+        assert cfg.parallelism.enable_sequence_parallel == c.sp, name
+        assert (cfg.training.global_batch_size, cfg.training.seq_len) == (16, 32), name
+        mc = cfg.model_spec.model
+        attn = mc.layers[0].attention
+        assert (len(mc.layers), mc.dim, mc.vocab_size, attn.n_heads, attn.n_kv_heads) == (7, 64, 256, 4, 2), name
+        mc.update_from_config(config=cfg)  # torchtitan's own checks of the model against the parallelism
+        if c.pp == 1:
+            assert cfg.training.local_batch_size * c.dp * c.microbatches == 16, name  # accumulation steps
+            continue
+        assert cfg.training.local_batch_size // cfg.parallelism.pipeline_parallel_microbatch_size == c.microbatches
+        for pp_rank in range(c.pp):
+            got_rank, stages, sched = _stages_on(cfg, world, pp_rank * (world // c.pp))
+            assert got_rank == pp_rank
+            assert [s.stage_index for s in stages] == [s for s, r in enumerate(layout.ranks) if r == pp_rank], name
+            assert [len(s.submod.layers) for s in stages] == [layout.layers[s.stage_index] for s in stages], name
+            assert sched.stage_index_to_group_rank == dict(enumerate(layout.ranks)), name
+            assert sched._n_microbatches == c.microbatches, name
+
+
+def test_torchtitan_notes(exported):
+    notes = {name: [x for x in files["torchtitan"].read_text().splitlines() if x.startswith("# note:")]
+             for name, (_, _, files) in exported.items()}
+    assert notes["1f1b"] == notes["interleaved-uneven"] == notes["fsdp-tp-recompute"] == []
+    assert len(notes["zb-v"]) == 1 and notes["zb-v"][0].startswith("# note: selective recomputation of the attention")
+    assert len(notes["zero1"]) == 1 and notes["zero1"][0].startswith("# note: zero1: torchtitan has no ZeRO-1/2")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_torchtitan_places_405b_interleaved_on_16_ranks(tmp_path):
+    """Llama 3 405B, tp8 pp16 dp4 interleaved v2 FSDP: 126 layers in 32 stages (30 of 4, 2 of 3), placed as planned."""
+    pytest.importorskip("torchtitan", reason="the exports extra: pip install -e '.[exports]'")
+    import dataclasses
+
+    from sim.transformer import model_preset
+
+    model = dataclasses.replace(model_preset("llama3-405b"), seq_len=8192)
+    c = PlanConfig(8, 16, 4, "interleaved-1f1b", 2, 1, 128, "fsdp", "none", True)
+    layout = plan_layout(c, model, plan_schedule(c))
+    assert layout.layers == (4,) * 30 + (3, 3)
+    cfg = _titan_config(write_exports(c, model, 2048, None, tmp_path)["torchtitan"])
+    cfg.model_spec.model.update_from_config(config=cfg)
+    for pp_rank in (0, 15):
+        got_rank, stages, sched = _stages_on(cfg, 8 * 16 * 4, pp_rank * 32)
+        assert (got_rank, [s.stage_index for s in stages]) == (pp_rank, [pp_rank, pp_rank + 16])
+        assert [len(s.submod.layers) for s in stages] == ([4, 4] if pp_rank == 0 else [4, 3])
+        assert sched._n_microbatches == 128 and sched.stage_index_to_group_rank == dict(enumerate(layout.ranks))
+
+
+# --------------------------------------------------------------------------------------------- one real step
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_torchtitan_runs_a_v_shaped_csv_step_on_two_gloo_ranks(tmp_path):
+    """The planner's zb-v winner on a 2-core CPU host: torchtitan's stage builder and CSV runtime run one step.
+
+    FlexAttention (torchtitan's attention for language models) has no backward on CPU in torch 2.13.0, so the
+    worker swaps in torchtitan's SDPA attention; torchtitan 0.3.0's trainer calls ``step(arg_mbs=...)``, which
+    torch 2.13.0 lacks, so the worker calls ``_step_microbatches`` as 2.13's ``step`` does after splitting.
+    """
+    pytest.importorskip("torchtitan", reason="the exports extra: pip install -e '.[exports]'")
+    from tests.conftest import launch_worker
+
+    c = _winner("cpu-host", 4, schedules=("zb-v",), dp_modes=("ddp",))
+    assert (c.pp, c.dp, c.chunks, c.microbatches) == (2, 1, 2, 4)
+    files = write_exports(c, TINY, 4, None, tmp_path / "plan")
+    res = launch_worker(__file__, 2, {"module": str(files["torchtitan"])}, tmp_path, timeout=240)
+    assert res["stages"] == [[0, 3], [1, 2]]
+    assert res["placement"] == {0: 0, 1: 1, 2: 1, 3: 0}
+    assert res["loss"] == pytest.approx(res["reference_loss"], rel=1e-5)
+    assert max(res["grad_error"]) < 1e-5
+
+
+def _worker(payload_file: str, out_file: str) -> None:
+    import copy
+    import json
+
+    import torch
+    import torch.distributed as dist
+    import torchtitan.distributed.parallel_dims as titan_dims
+    from torch.nn import functional
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import pipeline_parallel as ttpp
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+
+    cfg = _titan_config(Path(json.loads(Path(payload_file).read_text())["module"]))
+    dist.init_process_group("gloo")
+    titan_dims.device_type = "cpu"  # torchtitan picks "cuda" on a build without accelerators
+    dims = ParallelDims.from_config(cfg.parallelism, dist.get_world_size())
+    dims.build_mesh()
+    mc = cfg.model_spec.model
+    mc.update_from_config(config=cfg)
+    for layer in mc.layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    torch.manual_seed(0)
+    model = mc.build()
+    model.init_weights(buffer_device=None)
+    reference = copy.deepcopy(model)
+
+    def loss_fn(pred, labels):
+        return functional.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(), reduction="sum"), None
+
+    stages, parts = ttpp._pipeline_module_split(model, dims.get_mesh("pp"), cfg.parallelism.pipeline_parallel_schedule,
+                                                torch.device("cpu"), cfg.parallelism.module_fqns_per_model_part)
+    sched = ttpp._build_pipeline_schedule(parallelism=cfg.parallelism, local_batch_size=cfg.training.local_batch_size,
+                                          stages=stages, loss_fn=loss_fn)
+    batch, seq, mb = cfg.training.local_batch_size, cfg.training.seq_len, cfg.parallelism.pipeline_parallel_microbatch_size
+    tokens = torch.randint(0, mc.vocab_size, (batch, seq + 1), generator=torch.Generator().manual_seed(1))
+    inputs, labels = tokens[:, :-1], tokens[:, 1:]
+    n = batch // mb
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+    losses = [] if last else None
+    for stage in stages:  # what torch 2.13's step() does before _step_microbatches
+        stage.has_backward = sched._has_backward
+        stage.clear_runtime_states()
+    sched._step_microbatches(
+        arg_mbs=[(inputs[i * mb:(i + 1) * mb],) for i in range(n)] if first else None,
+        kwarg_mbs=[{"positions": torch.arange(seq).expand(mb, seq)} for _ in range(n)],
+        target_mbs=[labels[i * mb:(i + 1) * mb] for i in range(n)] if last else None, losses=losses,
+        return_outputs=False)
+    ref_loss = loss_fn(reference(inputs, positions=torch.arange(seq).expand(batch, seq)), labels)[0]
+    ref_loss.backward()
+    ref_grads = dict(reference.named_parameters())
+    errors = [float((p.grad - ref_grads[name].grad).abs().max()) for part in parts
+              for name, p in part.named_parameters()]
+    mine = {"stages": [s.stage_index for s in stages], "errors": errors,
+            "loss": None if losses is None else float(sum(x.detach() for x in losses))}
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    if dist.get_rank() == 0:
+        loss = next(x["loss"] for x in every if x["loss"] is not None)
+        torch.save({"stages": [x["stages"] for x in every], "placement": dict(sched.stage_index_to_group_rank),
+                    "loss": loss, "reference_loss": float(ref_loss.detach()),
+                    "grad_error": [e for x in every for e in x["errors"]]}, out_file)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _worker(sys.argv[1], sys.argv[2])
