@@ -22,10 +22,13 @@ at most (line 928), and the layout's stage count sets the virtual stages
 from __future__ import annotations
 
 import shlex
+from typing import TYPE_CHECKING
 
-from analysis.exports import PlanLayout
 from sim.plan_space import PlanConfig
 from sim.transformer import TransformerConfig
+
+if TYPE_CHECKING:  # only a type here: analysis.exports imports this module
+    from analysis.exports import PlanLayout
 
 __all__ = ["FLAG_SOURCES", "MEGATRON_COMMIT", "megatron_args", "megatron_layout", "megatron_notes"]
 

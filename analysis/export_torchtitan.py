@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from analysis.exports import PlanLayout
 from sim.plan_space import PlanConfig
 from sim.transformer import TransformerConfig
+
+if TYPE_CHECKING:  # only a type here: analysis.exports imports this module
+    from analysis.exports import PlanLayout
 
 __all__ = ["TORCHTITAN_VERSION", "torchtitan_config", "torchtitan_notes"]
 

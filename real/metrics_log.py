@@ -32,7 +32,7 @@ def check_log_dir(path: str | Path) -> Path:
     try:
         import tensorboard  # noqa: F401
     except ImportError:
-        raise ConfigError("--log-dir writes TensorBoard event files and needs tensorboard: "
+        raise ConfigError("log_dir writes TensorBoard event files and needs tensorboard: "
                           "pip install -e '.[metrics]'", field="log_dir") from None
     return check_output_dir(path, "log directory")
 

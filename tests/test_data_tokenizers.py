@@ -106,9 +106,9 @@ def test_parquet_with_a_named_field_and_a_trained_bpe(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--field", "body"], "d.jsonl:1: no string field 'body' (it has: id, text); choose one with --field"),
-    (["--train-tokenizer", "bpe:100"], "--train-tokenizer 'bpe:100': write bpe:VOCAB with VOCAB >= 257 "
-                                       "(256 bytes and <|endoftext|>), e.g. bpe:4096"),
+    (["--field", "body"], "d.jsonl:1: no string field 'body' (it has: id, text); choose one as field (flag --field)"),
+    (["--train-tokenizer", "bpe:100"], "train_tokenizer 'bpe:100': write bpe:VOCAB with VOCAB >= 257 "
+                                       "(256 bytes and <|endoftext|>), e.g. bpe:4096 (flag --train-tokenizer)"),
     (["--eot", "</s>"], "--eot names a token of --tokenizer; give --tokenizer too"),
     (["--tokenizer", "missing.json"], "tokenizer 'missing.json' is not a file; give a Hugging Face tokenizer.json"),
 ])
@@ -122,7 +122,7 @@ def test_bad_input_is_one_line(tmp_path, capsys, args, message):
 def test_a_tokenizer_without_an_end_of_text_token_is_refused_unless_named(tmp_path):
     tj = _tokenizer_json(tmp_path / "tokenizer.json", eot="[END]")
     with pytest.raises(ConfigError, match=r"has none of the end-of-text tokens <\|endoftext\|>, <\|end_of_text\|>, "
-                                          r"</s>, <eos>; name its end-of-text token with --eot"):
+                                          r"</s>, <eos>; name its end-of-text token as eot"):
         load_tokenizer(tj)
     tok = load_tokenizer(tj, eot="[END]")
     assert tok.separator == tokenizers.Tokenizer.from_file(tj).token_to_id("[END]")

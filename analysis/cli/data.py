@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import argparse
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,13 +43,17 @@ def parser(prog: str) -> OneLineParser:
 def main(argv: Sequence[str] | None = None, prog: str = "python -m real.data") -> int:
     p = parser(prog)
     args = p.parse_args(argv)
-    with errors_to_exit(p):
+    with errors_to_exit(_subcommand(p, args.command)):  # a field's flag is the subcommand's
         tokenizer = _tokenizer(args)
         meta = prepare(args.input, args.out, tokenizer, args.field)
     kind = "byte level" if tokenizer is None else tokenizer.kind
     print(f"wrote {args.out}: {meta['tokens']} tokens ({kind}, vocabulary {meta['vocab']}) from "
           f"{meta['documents']} document(s) in {len(args.input)} file(s)")
     return 0
+
+
+def _subcommand(p: OneLineParser, name: str) -> OneLineParser:
+    return next(a.choices[name] for a in p._actions if isinstance(a, argparse._SubParsersAction))
 
 
 def _tokenizer(args) -> Tokenizer | None:

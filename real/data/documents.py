@@ -93,9 +93,9 @@ def _eot(backend: Any, name: str | None, where: str) -> tuple[str, int]:
         if tid is not None:
             return token, tid
     if name is not None:
-        raise ConfigError(f"{where} has no token {name!r}; give --eot one of its special tokens", field="eot")
+        raise ConfigError(f"{where} has no token {name!r}; name one of its special tokens as eot", field="eot")
     raise ConfigError(f"{where} has none of the end-of-text tokens {', '.join(EOT_CANDIDATES)}; "
-                      "name its end-of-text token with --eot", field="eot")
+                      "name its end-of-text token as eot", field="eot")
 
 
 def load_tokenizer(path: str | Path, eot: str | None = None) -> Tokenizer:
@@ -117,7 +117,7 @@ def parse_train_spec(text: str) -> int:
     """``bpe:VOCAB`` -> VOCAB (at least 257: the 256 bytes and the end-of-text token)."""
     m = re.fullmatch(r"bpe:(\d+)", text.strip())
     if m is None or int(m[1]) < 257:
-        raise ConfigError(f"--train-tokenizer {text!r}: write bpe:VOCAB with VOCAB >= 257 (256 bytes and "
+        raise ConfigError(f"train_tokenizer {text!r}: write bpe:VOCAB with VOCAB >= 257 (256 bytes and "
                           "<|endoftext|>), e.g. bpe:4096", field="train_tokenizer")
     return int(m[1])
 
@@ -164,7 +164,7 @@ def _jsonl(p: Path, field: str) -> Iterator[bytes]:
             value = record.get(field) if isinstance(record, dict) else None
             if not isinstance(value, str):
                 keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-                raise ConfigError(f"{p}:{n}: no string field {field!r} (it has: {keys}); choose one with --field",
+                raise ConfigError(f"{p}:{n}: no string field {field!r} (it has: {keys}); choose one as field",
                                   field="field")
             yield value.encode("utf-8")
 
@@ -177,7 +177,7 @@ def _parquet(p: Path, field: str) -> Iterator[bytes]:
     names = pf.schema_arrow.names
     kind = pf.schema_arrow.field(field).type if field in names else None
     if kind is None or not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        raise ConfigError(f"{p}: no string column {field!r} (it has: {', '.join(names)}); choose one with --field",
+        raise ConfigError(f"{p}: no string column {field!r} (it has: {', '.join(names)}); choose one as field",
                           field="field")
     for batch in pf.iter_batches(columns=[field]):
         for value in batch.column(0).to_pylist():
