@@ -107,7 +107,8 @@ def _page(lowering: list[dict], plans: list[dict], args: argparse.Namespace) -> 
     pl = [[f"{r['model']} on {r['cluster']}, batch {r['global_batch']} x {r['seq_len']}", f"{r['candidates']:,}",
            f"{r['feasible']:,}", r["simulated"], f"{r['seconds']:.1f}", f"{r['candidates_per_s']:,.0f}",
            f"{r['best']}: {r['best_step_time']:.3f} s, MFU {r['best_mfu']:.1%}"] for r in plans]
-    reduced = " The Llama 3 405B case is left out (`--skip-405b`)." if args.skip_405b else ""
+    reduced = (" **A reduced run**: the Llama 3 405B case is left out (`--skip-405b`); the full page comes from the "
+               "same command without that flag.") if args.skip_405b else ""
     workers = args.workers if args.workers is not None else "all cores"
     return f"""\
 **Planning** (`sim.plan.plan`, top 5, workers: {workers}). Goal: 10,000 candidates in at most 60 s on 2

@@ -74,7 +74,7 @@ def main() -> None:
 
 
 def _page(rows: list[tuple], args: argparse.Namespace) -> str:
-    cells = [[model, p, m, f"{heur:.2%}", f"{ours:.2%}", f"{paper:.2%}", f"{100 * (ours - paper):+.2f}", f"{secs:.1f}"]
+    cells = [[model, p, m, f"{heur:.2%}", f"{ours:.2%}", f"{paper:.2%}", f"{round(100 * (ours - paper), 2) + 0.0:+.2f}", f"{secs:.1f}"]
              for model, p, m, heur, ours, paper, secs in rows]
     worst = max((abs(ours - paper) for *_, ours, paper, _ in rows), default=0.0)
     return f"""\
