@@ -2,7 +2,7 @@
 
 Markers (docs/index.md, "Writing docs"): a ```sh block is runnable unless its first line is
 ``# not run: <reason>``. A block that must fail starts with ``# expect exit N``; each ``# error: TEXT``
-line in it is a line its stderr must hold (TEXT ending in ``...`` is a prefix). A block runs under
+line in it is the line ``error: TEXT`` that its stderr must hold (TEXT ending in ``...``: a prefix). A block runs under
 ``bash -e -o pipefail`` (its status is the first failing command's) with a hard timeout, in a fresh
 temporary folder holding a copy of README.md, docs/ and experiments/ (what the commands read from the
 repository root, where a user who cloned the repository runs them), with the venv's bin first on PATH and
@@ -205,7 +205,7 @@ def _run(block: Block, folder: Path) -> subprocess.CompletedProcess:
 def test_shell_block_runs_as_documented(block, tmp_path):
     m = _EXPECT.match(block.lines[0]) if block.lines else None
     expected = int(m.group(1)) if m else 0
-    errors = [x[len("# error: "):] for x in block.lines if x.startswith("# error: ")]
+    errors = [x[len("# "):] for x in block.lines if x.startswith("# error: ")]  # the line as printed
     before = _repo_state()
     done = _run(block, tmp_path)
     assert done.returncode == expected, (f"{block.name}: exit {done.returncode}, documented {expected}\n"
