@@ -69,7 +69,8 @@ def _blocks(page: Path) -> list[Block]:
         indent, start, body = len(m.group(1)), i, []
         i += 1
         while i < len(lines) and not re.match(r"^\s*```\s*$", lines[i]):
-            body.append(lines[i][indent:] if lines[i][:indent].isspace() else lines[i].lstrip())
+            line = lines[i]
+            body.append(line[indent:] if line[:indent].strip() == "" else line.lstrip())  # the fence's indent off
             i += 1
         assert i < len(lines), f"{page.relative_to(ROOT)}:{start + 1}: a code block is never closed"
         out.append(Block(page, start + 1, m.group(2), tuple(body)))
@@ -115,7 +116,7 @@ def test_readme_is_short_and_starts_with_the_two_setup_commands():
     lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
     assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines, more than {README_MAX_LINES}"
     first = _blocks(ROOT / "README.md")[0]
-    commands = [x for x in first.lines if x and not x.startswith("#")]
+    commands = [x for x in first.lines if x.strip() and not x.lstrip().startswith("#")]
     assert [c.split()[:2] for c in commands[:2]] == [["make", "demo"], ["make", "test"]]
 
 
