@@ -3,20 +3,22 @@
 Markers (docs/index.md, "Writing docs"): a ```sh block is runnable unless its first line is
 ``# not run: <reason>``. A block that must fail starts with ``# expect exit N``; each ``# error: TEXT``
 line in it is the line ``error: TEXT`` that its stderr must hold (TEXT ending in ``...``: a prefix). A block runs under
-``bash -e -o pipefail`` (its status is the first failing command's) with a hard timeout, in a fresh
-temporary folder holding a copy of README.md, docs/ and experiments/ (what the commands read from the
+``bash -e -o pipefail`` (its status is the first failing command's) with a hard timeout, two at a time,
+each in a fresh temporary folder holding a copy of README.md, docs/ and experiments/ (what the commands read from the
 repository root, where a user who cloned the repository runs them), with the venv's bin first on PATH and
 the repository on PYTHONPATH: the commands run as written, and nothing is written into the repository.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +37,8 @@ PENDING = {
     "docs/published.md",
 }
 COPIED = ("README.md", "docs", "experiments")  # what a block may read relative to the repository root
-TIMEOUT_S = 60  # per block
+TIMEOUT_S = 120  # per block, with room for a busy 2-core machine
+WORKERS = 2  # blocks run at a time, each in its own folder (torchrun --standalone picks a free port)
 README_MAX_LINES = 250
 HISTORY = ROOT / "docs" / "results" / "history.md"  # the frozen notebook: not written by an experiment
 
@@ -184,7 +187,14 @@ def _repo_state() -> list[str]:
     return [x for x in out.splitlines() if not x[3:].startswith(skip) and "__pycache__/" not in x]
 
 
-def _run(block: Block, folder: Path) -> subprocess.CompletedProcess:
+@dataclass(frozen=True)
+class Ran:
+    returncode: int | None  # None: killed at the timeout
+    stdout: str
+    stderr: str
+
+
+def _run(block: Block, folder: Path) -> Ran:
     for name in COPIED:
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, folder / name)
@@ -195,24 +205,64 @@ def _run(block: Block, folder: Path) -> subprocess.CompletedProcess:
     try:
         out, err = proc.communicate(timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the block's whole process group: torchrun and its workers too
-        proc.communicate()
-        pytest.fail(f"{block.name}: no end within {TIMEOUT_S} s; mark it '# not run: <reason>' or make it shorter")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        _kill_tree(proc.pid)
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # something outside the tree still holds the pipes: stop reading
+            proc.kill()
+            out, err = "", ""
+        return Ran(None, out, err)
+    return Ran(proc.returncode, out, err)
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL a block's processes: its session, and every descendant (torchrun starts each worker in a session
+    of its own, so killing the session alone would leave the workers holding the block's output pipes)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    for p in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def block_runs(request, tmp_path_factory) -> tuple[dict[Block, Ran], list[str]]:
+    """Every selected block, run two at a time (each in its own folder), and what they wrote into the repository."""
+    selected = [item.callspec.params["block"] for item in request.session.items
+                if hasattr(item, "callspec") and "block" in item.callspec.params]
+    folders = [tmp_path_factory.mktemp("block") for _ in selected]
+    before = _repo_state()
+    with ThreadPoolExecutor(WORKERS) as pool:
+        ran = dict(zip(selected, pool.map(_run, selected, folders), strict=True))
+    return ran, sorted(set(_repo_state()) ^ set(before))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("block", _runnable(), ids=lambda b: b.name)
-def test_shell_block_runs_as_documented(block, tmp_path):
+def test_shell_block_runs_as_documented(block, block_runs):
+    ran, written = block_runs
+    done = ran[block]
     m = _EXPECT.match(block.lines[0]) if block.lines else None
     expected = int(m.group(1)) if m else 0
     errors = [x[len("# "):] for x in block.lines if x.startswith("# error: ")]  # the line as printed
-    before = _repo_state()
-    done = _run(block, tmp_path)
+    assert done.returncode is not None, (f"{block.name}: no end within {TIMEOUT_S} s; mark it "
+                                         f"'# not run: <reason>' or make it shorter")
     assert done.returncode == expected, (f"{block.name}: exit {done.returncode}, documented {expected}\n"
                                          f"stderr: {done.stderr[-3000:]}")
     got = done.stderr.splitlines()
     for want in errors:
         hit = [g for g in got if (g.startswith(want[:-3]) if want.endswith("...") else g == want)]
         assert hit, f"{block.name}: stderr lacks the documented line {want!r}; it was:\n{done.stderr[-3000:]}"
-    assert _repo_state() == before, f"{block.name} wrote into the repository"
+    assert written == [], f"the docs' blocks wrote into the repository: {written}"
