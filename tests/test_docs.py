@@ -266,3 +266,26 @@ def test_shell_block_runs_as_documented(block, block_runs):
         hit = [g for g in got if (g.startswith(want[:-3]) if want.endswith("...") else g == want)]
         assert hit, f"{block.name}: stderr lacks the documented line {want!r}; it was:\n{done.stderr[-3000:]}"
     assert written == [], f"the docs' blocks wrote into the repository: {written}"
+
+
+# -- the checker itself, on pages written here -----------------------------------------------------------------
+
+
+def test_blocks_keep_their_lines_less_the_fences_indent(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("text\n\n```sh\n# not run: why\ncat <<'EOF'\n  two spaces\nEOF\n```\n\n"
+                    "- item:\n\n  ```sh\n  # expect exit 2\n  false\n  ```\n\n```python\nx = 1\n```\n")
+    assert [(b.line, b.lang, b.lines) for b in _blocks(page)] == [
+        (3, "sh", ("# not run: why", "cat <<'EOF'", "  two spaces", "EOF")),
+        (12, "sh", ("# expect exit 2", "false")),
+        (17, "python", ("x = 1",)),
+    ]
+
+
+def test_links_in_code_are_not_links_and_urls_and_anchors_are_not_files(tmp_path):
+    page = tmp_path / "p.md"
+    page.write_text("[a](a.md) ![img](pics/b.png \"title\") `[c](c.md)` [d](https://x.org/d.md) [e](#here)\n"
+                    "```\n[f](f.md)\n```\n[g]: g.md#part\n")
+    assert _links(page) == ["a.md", "pics/b.png", "https://x.org/d.md", "#here", "g.md#part"]
+    assert [_local_target(ROOT / "docs" / "index.md", x) for x in _links(page)] == [
+        "docs/a.md", "docs/pics/b.png", None, None, "docs/g.md"]
