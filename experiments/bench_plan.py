@@ -1,6 +1,6 @@
 """Planner and lowering speed: candidates planned per second, and lower+validate tasks per second.
 
-    python experiments/bench_plan.py [--workers 2] [--json] [--skip-405b]
+    python experiments/bench_plan.py [--workers 2] [--json] [--skip-405b] [--markdown docs/results/bench_plan.md]
 
 Plan cases (``sim.plan.plan``, all cores unless --workers): Llama 3 405B on 64
 DGX H100 nodes (global batch 2048 x 8192 tokens, the issue's "done when"
@@ -19,9 +19,12 @@ import dataclasses
 import json
 import platform
 import statistics
+import sys
 import time
 from unittest import mock
 
+from analysis.cli.common import errors_to_exit
+from analysis.results_page import check_page, table, write_page
 from schedules import build, check, lower, validate
 from schedules.lower import _GraphBuilder
 from sim.cluster import cluster_preset
@@ -72,9 +75,16 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--skip-405b", action="store_true")
+    ap.add_argument("--markdown", metavar="PAGE.md", help="also write the results page (docs/results/bench_plan.md)")
     args = ap.parse_args()
+    if args.markdown:
+        with errors_to_exit():
+            check_page(args.markdown)
     lowering = [bench_lower(*g, args.reps) for g in GRAPHS]
     plans = [bench_plan(*p, args.workers) for p in PLANS if not (args.skip_405b and p[0] == "llama3-405b")]
+    if args.markdown:
+        print(f"wrote {write_page(args.markdown, 'Planner and lowering speed', _page(lowering, plans, args))}",
+              file=sys.stderr)
     if args.json:
         print(json.dumps({"machine": platform.platform(), "python": platform.python_version(), "lowering": lowering,
                           "plans": plans}))
@@ -89,6 +99,30 @@ def main() -> None:
               f"candidates, {r['feasible']:,} fit, {r['simulated']} simulated in {r['seconds']:.1f} s "
               f"({r['candidates_per_s']:,.0f} candidates/s); best {r['best']}: {r['best_step_time']:.3f} s, "
               f"MFU {r['best_mfu']:.1%}")
+
+
+def _page(lowering: list[dict], plans: list[dict], args: argparse.Namespace) -> str:
+    low = [[r["schedule"], r["pp"], r["microbatches"], r["chunks"], f"{r['tasks']:,}", f"{r['fast_tasks_per_s']:,.0f}",
+            f"{r['checked_tasks_per_s']:,.0f}", f"{r['speedup']:.2f}"] for r in lowering]
+    pl = [[f"{r['model']} on {r['cluster']}, batch {r['global_batch']} x {r['seq_len']}", f"{r['candidates']:,}",
+           f"{r['feasible']:,}", r["simulated"], f"{r['seconds']:.1f}", f"{r['candidates_per_s']:,.0f}",
+           f"{r['best']}: {r['best_step_time']:.3f} s, MFU {r['best_mfu']:.1%}"] for r in plans]
+    reduced = (" **A reduced run**: the Llama 3 405B case is left out (`--skip-405b`); the full page comes from the "
+               "same command without that flag.") if args.skip_405b else ""
+    workers = args.workers if args.workers is not None else "all cores"
+    return f"""\
+**Planning** (`sim.plan.plan`, top 5, workers: {workers}). Goal: 10,000 candidates in at most 60 s on 2
+cores.{reduced}
+
+{table(["case", "candidates", "fit in memory", "simulated", "seconds", "candidates/s", "best"], pl)}
+
+**Lowering and validation** (`lower()` + `validate()`), median of {args.reps} repetitions: the fast paths
+against the same code with them switched off (the checked paths), alternating in one run. Goal: at least
+300,000 tasks/s. Timings move with the machine's load (see the load average above): compare figures taken
+in one run.
+
+{table(["schedule", "p", "m", "v", "tasks", "fast paths (tasks/s)", "checked paths (tasks/s)", "speedup"], low)}
+"""
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
     python experiments/bench_real.py                 # table
     python experiments/bench_real.py --json          # exactly one JSON object
     python experiments/bench_real.py --reps 5 --steps 8 --schedules gpipe,1f1b
+    python experiments/bench_real.py --reps 5 --markdown docs/results/bench_real.md   # also the results page
 
 Two gloo processes on this machine (torchrun). For each schedule the same
 GPT model (same stage modules, same data, same optimizer, same per-step loss
@@ -54,6 +55,7 @@ def _args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32, help="global batch (default 32)")
     add_model_args(p, MODEL)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    p.add_argument("--markdown", metavar="PAGE.md", help="also write the results page (docs/results/bench_real.md)")
     p.add_argument("--worker", metavar="OUT", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -212,6 +214,32 @@ def _table(results: dict, a: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def _page(results: dict, a: argparse.Namespace) -> str:
+    from analysis.results_page import table
+
+    def ms(reps: list[float]) -> str:
+        return f"{1000 * min(reps):.1f}-{1000 * max(reps):.1f}"
+
+    cells = [[r["schedule"], r["torch_class"], {True: "yes", False: "NO", None: "-"}[r.get("same_order")],
+              f"{1000 * r['ours']:.1f}", ms(r["ours_reps"]), f"{1000 * r['torch']:.1f}", ms(r["torch_reps"]),
+              f"{r['ratio']:.2f}"] for r in [*results["pipeline"], results["data_parallel"]]]
+    return f"""\
+Two gloo processes (torchrun) on this machine, OMP_NUM_THREADS=1. The same GPT ({a.layers} blocks, dim {a.dim},
+{a.heads} heads, seq {a.seq}, vocab {a.vocab}), the same stage modules, data, AdamW and per-step loss all-reduce,
+global batch {a.batch_size} in {a.microbatches} microbatches, trained by our executor (`real.run`) and by torch's
+class for the schedule; data parallelism: our hook-driven `ddp` mode (1F1B at pp=1: F and B per microbatch)
+against `DistributedDataParallel` with `no_sync` on all but the last microbatch. A repetition's figure is the
+median of {a.steps} measured steps (after {a.warmup} warm-up steps) on rank 0; the table gives the median of
+{a.reps} repetitions, ours and torch's alternating, and their range. "same order": torch's multi-stage class runs
+exactly our schedule's per-rank order (checked action for action; "-": a single-stage class with its own loop).
+ratio = ours / torch (below 1: ours is faster). Step times on a shared machine move by 10-20% between runs:
+compare figures from one run.
+
+{table(["schedule", "torch class", "same order", "ours (ms/step)", "ours, range", "torch (ms/step)",
+        "torch, range", "ratio"], cells, right=[False, False, False, True, True, True, True, True])}
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     if a.worker:
@@ -221,6 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"error: no torch counterpart for {unknown}; valid: {', '.join(PAIRS)}", file=sys.stderr)
         return 2
+    if a.markdown:
+        from analysis.cli.common import errors_to_exit
+        from analysis.results_page import check_page
+
+        with errors_to_exit():
+            check_page(a.markdown)
     from real.launch import torchrun
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -231,6 +265,12 @@ def main(argv: list[str] | None = None) -> int:
             print(proc.stderr[-6000:], file=sys.stderr)
             return proc.returncode
         results = json.loads(out.read_text())
+    if a.markdown:
+        from analysis.results_page import write_page
+
+        page = write_page(a.markdown, "Our executor against torch.distributed.pipelining and DDP", _page(results, a),
+                          argv=[__file__, *(argv if argv is not None else sys.argv[1:])])
+        print(f"wrote {page}", file=sys.stderr)
     print(json.dumps(results) if a.json else _table(results, a))
     return 0
 

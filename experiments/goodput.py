@@ -1,6 +1,6 @@
 """Goodput of a Llama-3-scale job under failures, and the best checkpoint interval.
 
-    python experiments/goodput.py [--out out/] [--trials 20] [--json]
+    python experiments/goodput.py [--out out/] [--trials 20] [--json] [--markdown docs/results/goodput.md]
 
 Facts: Llama 3 pre-training saw 419 unexpected interruptions in 54 days on
 16,384 H100 GPUs (Dubey et al. 2024, "The Llama 3 Herd of Models", sec. 3.3.4),
@@ -20,8 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
+from analysis.cli.common import errors_to_exit
+from analysis.results_page import check_page, table, write_page
 from sim.failures import FailureModel, daly_interval, simulate_elastic, sweep_intervals, young_interval
 
 GPUS = 16_384
@@ -37,7 +40,11 @@ def main() -> None:
     ap.add_argument("--out", default="out")
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--markdown", metavar="PAGE.md", help="also write the results page (docs/results/goodput.md)")
     args = ap.parse_args()
+    if args.markdown:
+        with errors_to_exit():
+            check_page(args.markdown)
     failures = FailureModel(devices=GPUS, mtbf_device=JOB_MTBF * GPUS)
     steps = int(HOURS * 3600 / STEP)
     ks = [int(m * 60 / STEP) for m in INTERVALS_MIN]
@@ -66,6 +73,9 @@ def main() -> None:
     }
     png = _plot(summary, elastic["wait"][0], elastic["shrink"][0], Path(args.out))
     summary["plot"] = str(png)
+    if args.markdown:
+        page = write_page(args.markdown, "Goodput under failures", _page(summary, args.markdown, png))
+        print(f"wrote {page}", file=sys.stderr)
     if args.json:
         print(json.dumps(summary))
         return
@@ -81,6 +91,31 @@ def main() -> None:
     print(f"elastic (128 replicas x 128 GPUs, 2 h repair): wait {summary['elastic']['wait']:.3f}, "
           f"shrink and continue {summary['elastic']['shrink']:.3f}")
     print(f"wrote {png}")
+
+
+def _page(summary: dict, markdown: str, png: Path) -> str:
+    cells = [[f"{r['interval_min']:g}", f"{r['goodput_sync']:.3f}", f"{r['goodput_async']:.3f}"]
+             for r in summary["sweep"]]
+    figure = os.path.relpath(png.resolve(), Path(markdown).resolve().parent)
+    bs, ba, el = summary["best_sync"], summary["best_async"], summary["elastic"]
+    return f"""\
+`sim/failures.py` on a Llama-3-scale job: {GPUS:,} GPUs with the job MTBF of Llama 3's pre-training
+(419 interruptions in 54 days: {summary['job_mtbf_h']:.2f} h; Dubey et al. 2024, sec. 3.3.4). Assumed: a
+{STEP:g} s step, a {CKPT:g} s checkpoint ({CKPT_BLOCKING:g} s blocking when asynchronous), a
+{RESTART / 60:g} min restart, {HOURS} h of training; mean goodput (useful time / wall time) over
+{summary['assumptions']['trials']} seeds.
+
+{table(["checkpoint interval (min)", "goodput, synchronous", "goodput, asynchronous"], cells)}
+
+Best simulated interval: synchronous {bs['interval_min']:g} min (goodput {bs['goodput']:.3f}), asynchronous
+{ba['interval_min']:g} min ({ba['goodput']:.3f}). Young's interval sqrt(2 C M): {summary['young_min']:.1f} min;
+Daly's: {summary['daly_min']:.1f} min.
+
+Elastic, 128 replicas of 128 GPUs with 2 h repairs (checkpoints at Daly's interval): waiting for the repair
+keeps {el['wait']:.3f} of the time useful, shrinking dp and continuing {el['shrink']:.3f}.
+
+![goodput against checkpoint interval; elastic shrink against wait]({figure})
+"""
 
 
 def _plot(summary: dict, wait, shrink, out: Path) -> Path:

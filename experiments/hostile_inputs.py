@@ -3,6 +3,7 @@
     python experiments/hostile_inputs.py            # table of outcomes, then every case that went wrong
     python experiments/hostile_inputs.py --json     # exactly one JSON object
     python experiments/hostile_inputs.py --only names,outputs
+    python experiments/hostile_inputs.py --markdown docs/results/hostile_inputs.md   # also the results page
 
 Each case is one command run as a subprocess (as a user runs it), with a
 timeout. Outcomes:
@@ -357,13 +358,40 @@ def _run(case: Case, cwd: Path, timeout: float) -> dict:
             "seconds": round(time.monotonic() - start, 2)}
 
 
+def _page(rows: list[dict], groups: dict[str, dict[str, int]], bad: list[dict], args: argparse.Namespace) -> str:
+    from analysis.results_page import table
+
+    outcomes = ["clean error", "ok", "wrong", "unclean", "traceback", "hang"]
+    cells = [[name, *(g.get(o, 0) for o in outcomes)] for name, g in groups.items()]
+    cells.append(["**all**", *(sum(g.get(o, 0) for g in groups.values()) for o in outcomes)])
+    subset = f" Only the groups starting {args.only!r} (`--only`): not the whole set." if args.only else ""
+    problems = "\n".join(f"- [{r['outcome']}] `{r['argv']}`: exit {r['rc']}, expected {r['expect']}" for r in bad)
+    return f"""\
+{len(rows)} commands a hostile new user might type, each run as a subprocess with a {args.timeout:g} s timeout.
+"clean error": exit status 2 and one line on stderr starting `error:`; "ok": exit 0 (strict JSON with
+`--json`); "wrong": a clean result of the other kind than the case expects; "unclean": any other failure;
+"traceback" and "hang" as they say. The goal: every case a clean error or ok, as it expects.{subset}
+
+{table(["group", *outcomes], cells)}
+
+{"Every case went as expected." if not bad else "Cases that went wrong:" + chr(10) + chr(10) + problems}
+"""
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--only", help="comma-separated group prefixes to run")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per case (default 60)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--markdown", metavar="PAGE.md", help="also write the results page (docs/results/hostile_inputs.md)")
     args = p.parse_args(argv)
+    if args.markdown:
+        from analysis.cli.common import errors_to_exit
+        from analysis.results_page import check_page
+
+        with errors_to_exit():
+            check_page(args.markdown)
     with tempfile.TemporaryDirectory(prefix="schedlab-hostile-") as tmp:
         d = Path(tmp)
         cases = _cases(d)
@@ -379,6 +407,12 @@ def main(argv: list[str] | None = None) -> int:
         g = groups.setdefault(r["group"], {})
         g[r["outcome"]] = g.get(r["outcome"], 0) + 1
     bad = [r for r in rows if r["outcome"] not in ("clean error", "ok")]
+    if args.markdown:
+        from analysis.results_page import write_page
+
+        page = write_page(args.markdown, "Hostile inputs", _page(rows, groups, bad, args),
+                          argv=[__file__, *(argv if argv is not None else sys.argv[1:])])
+        print(f"wrote {page}", file=sys.stderr)
     if args.json:
         print(json.dumps({"cases": len(rows), "outcomes": counts, "groups": groups, "problems": bad}))
         return 0

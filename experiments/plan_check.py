@@ -45,9 +45,10 @@ from analysis.calibration import (
     dp_graph,
     predict,
 )
-from analysis.cli.common import OneLineParser, print_json
+from analysis.cli.common import OneLineParser, errors_to_exit, print_json
 from analysis.cli.train import add_model_args, model_from_args
-from analysis.results_page import json_ready, markdown_table, results_page, write_results_page
+from analysis.results_page import check_page, json_ready, write_page
+from analysis.results_page import table as markdown_table
 from analysis.validation import (
     GOAL_GAP,
     GOAL_TAU,
@@ -102,8 +103,9 @@ def _check(p: OneLineParser, a) -> None:
             p.error(f"--{flag.replace('_', '-')} must be an integer >= 1, got {getattr(a, flag)}")
     if not 0 < a.noise_limit < 1 or math.isnan(a.noise_limit):
         p.error(f"--noise-limit must be a fraction in (0, 1) (0.05 is 5%), got {a.noise_limit}")
-    if a.markdown is not None and not a.markdown.endswith(".md"):
-        p.error(f"--markdown {a.markdown!r}: give a Markdown file name ending in .md")
+    if a.markdown is not None:
+        with errors_to_exit(p):
+            check_page(a.markdown)
     try:
         a.ms = [int(x) for x in a.microbatches.split(",") if x]
         cal_s, cal_m = a.calibrate_from.split(":")
@@ -224,8 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     Path(a.out, "plan_check.json").write_text(json.dumps(json_ready(summary), indent=1))
     if a.markdown:
-        write_results_page(a.markdown, results_page("The planner's ranking against real runs", summary["command"],
-                                                    sections(summary)))
+        write_page(a.markdown, "The planner's ranking against real runs", "\n\n".join(sections(summary)))
     if a.json:
         print_json(json_ready(summary))
     else:

@@ -5,13 +5,18 @@ pass (after Mario, PPoPP 2025: drop the R's the limit does not need, move the re
 memory limits of 1, 2 and 3 M_B (:func:`sim.sweep.recompute_tradeoff`, what the report shows).
 
 Usage: python experiments/recompute_tradeoff.py [--pp 4] [--microbatches 8] [--plot docs/recompute-tradeoff.png]
+       [--markdown docs/results/recompute_tradeoff.md]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from pathlib import Path
 
+from analysis.cli.common import errors_to_exit
+from analysis.results_page import check_page, table, write_page
 from schedules import ScheduleError
 from sim.sweep import recompute_tradeoff
 
@@ -24,7 +29,12 @@ def main() -> None:
     ap.add_argument("--pp", type=int, default=4)
     ap.add_argument("--microbatches", type=int, default=8)
     ap.add_argument("--plot", metavar="FILE.png", help="also draw the trade-off (the report's figure)")
+    ap.add_argument("--markdown", metavar="PAGE.md",
+                    help="also write the results page (docs/results/recompute_tradeoff.md)")
     args = ap.parse_args()
+    if args.markdown:
+        with errors_to_exit():
+            check_page(args.markdown)
     points = []
     for name in SCHEDULES:
         try:
@@ -36,10 +46,35 @@ def main() -> None:
     for name in dict.fromkeys(pt.schedule for pt in points):
         cells = [f"{pt.makespan:g}/{pt.peak_activations:g}" for pt in points if pt.schedule == name]
         print(f"{name:<18} " + " ".join(f"{c:>11}" for c in cells))
+    png = None
     if args.plot:
         from analysis.report import plot_recompute_tradeoff
 
-        print(f"wrote {plot_recompute_tradeoff(points, Path(args.plot))}")
+        png = plot_recompute_tradeoff(points, Path(args.plot))
+        print(f"wrote {png}")
+    if args.markdown:
+        print(f"wrote {write_page(args.markdown, 'Recomputation: step time against memory', _page(points, args, png))}",
+              file=sys.stderr)
+
+
+def _page(points: list, args: argparse.Namespace, png: Path | None) -> str:
+    labels = list(dict.fromkeys(pt.label for pt in points))
+    names = list(dict.fromkeys(pt.schedule for pt in points))
+    cells = [[name, *(f"{pt.makespan:g} / {pt.peak_activations:g}" for pt in points if pt.schedule == name)]
+             for name in names]
+    figure = ""
+    if png is not None:
+        rel = os.path.relpath(Path(png).resolve(), Path(args.markdown).resolve().parent)
+        figure = f"\n![step time against peak activations: none, full, bubbles at 1, 2, 3 M_B]({rel})\n"
+    return f"""\
+Uniform costs tf = tb = tw = 1, tcomm = 0, at p={args.pp}, m={args.microbatches} (interleaved schedules at
+their default chunks). Each cell is the step (makespan) / the largest peak of activations over ranks (M_B).
+"full": an R right before every backward; "bubbles@L": the recompute-in-the-bubbles pass within L M_B per
+rank (drop the R's the limit does not need, move the rest into earlier idle time), as
+`sim.sweep.recompute_tradeoff` computes for the report.
+
+{table([f"p={args.pp}, m={args.microbatches}", *labels], cells)}
+{figure}"""
 
 
 if __name__ == "__main__":

@@ -37,9 +37,10 @@ from analysis.calibration import (
     dp_graph,
     grid_rows,
 )
-from analysis.cli.common import OneLineParser, print_json
+from analysis.cli.common import OneLineParser, errors_to_exit, print_json
 from analysis.cli.train import add_model_args, model_from_args
-from analysis.results_page import json_ready, markdown_table, results_page, write_results_page
+from analysis.results_page import check_page, json_ready, write_page
+from analysis.results_page import table as markdown_table
 from analysis.validation import NOISE_LIMIT, exit_status, format_tau, noise_verdict, score_grid, verdict_line
 from real import ModelConfig
 from real.protocol import MODEL_SHAPE, dp_buckets, dp_config, pipeline_config, profile_machine
@@ -90,8 +91,9 @@ def _check(p: OneLineParser, a) -> None:
             p.error(f"--{flag.replace('_', '-')} must be an integer >= 1, got {getattr(a, flag)}")
     if not 0 < a.noise_limit < 1 or math.isnan(a.noise_limit):
         p.error(f"--noise-limit must be a fraction in (0, 1) (0.05 is 5%), got {a.noise_limit}")
-    if a.markdown is not None and not a.markdown.endswith(".md"):
-        p.error(f"--markdown {a.markdown!r}: give a Markdown file name ending in .md")
+    if a.markdown is not None:
+        with errors_to_exit(p):
+            check_page(a.markdown)
     a.grid = _grid(p, a)
     if a.calibrate_from not in a.grid[0]:
         p.error(f"--calibrate-from {a.calibrate_from!r} is not in the grid {','.join(a.grid[0])}; give one of them")
@@ -215,8 +217,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     Path(a.out, "validation.json").write_text(json.dumps(json_ready(summary), indent=1))
     if a.markdown:
-        write_results_page(a.markdown, results_page("The simulator against real runs", summary["command"],
-                                                    sections(summary)))
+        write_page(a.markdown, "The simulator against real runs", "\n\n".join(sections(summary)))
     if a.json:
         print_json(json_ready(summary))
     else:

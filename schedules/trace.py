@@ -89,7 +89,7 @@ def work_span(part: pd.DataFrame) -> float:
 
     A rank that starts its step early (its previous optimizer step was shorter)
     posts its receives and waits: that wait belongs to no work, and counting it
-    would stretch the span by the ranks' skew (about 2 ms on a V schedule at
+    would stretch the span by the ranks' skew (largest on a V schedule at
     pp=2, whose rank 0 steps the first and the last stage).
     """
     work = part[part["stream"] != "recv"] if "stream" in part else part

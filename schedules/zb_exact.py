@@ -5,10 +5,10 @@ schedule with an ILP. We state the same problem for CP-SAT (OR-Tools), which
 takes the heuristic schedule as a complete hint, has interval and no-overlap
 constraints built in, and improves on the hint within its time limit. The
 paper's form, a big-M MILP, is :mod:`schedules.zb_milp`; on Table 5 rows
-HiGHS found no schedule at all in 10 s (nor in 120 s) through
+HiGHS found no schedule at all within the same time limit through
 ``scipy.optimize.milp``, which takes no starting solution, and, given the seed
-through highspy, did not improve on it in 10 s (nor in 60 s), where CP-SAT
-proves 1.5B p=8 m=24's optimum in 6 to 11 s (experiments/zb_solvers.py).
+through highspy, did not improve on it, where CP-SAT
+proves 1.5B p=8 m=24's optimum (experiments/zb_solvers.py measures all three).
 
 Variables: the start of every pass F, I, W of every (rank, microbatch), one
 stage per rank, times in integer ticks (the pass times scaled to at least
@@ -82,7 +82,7 @@ def solve(
     ``seed`` has one stage per rank (stage r on rank r), I/W split. ``time_limit``
     bounds the search in wall-clock seconds. ``workers``: CP-SAT's parallel
     portfolio (its large-neighbourhood workers find the improvements; one
-    worker alone found none on the paper's configurations in 10 s). A search
+    worker alone found none on the paper's configurations within the default limit). A search
     stopped by the limit may return a different, equally valid schedule from
     one run to the next; one that proves optimality returns the optimal cost.
     """

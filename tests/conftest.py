@@ -11,7 +11,7 @@ import pytest
 
 # One OpenMP thread per process, before anything imports torch: the in-process torch tests run tiny
 # models, and on a small shared machine torch's default (a thread per core) makes them several times
-# slower (test_real_* in-process: 45 s instead of 7 s here under load). real.launch does the same for torchrun.
+# slower (several times, for the in-process test_real_* under load). real.launch does the same for torchrun.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import schedules

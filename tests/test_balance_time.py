@@ -28,7 +28,7 @@ from real.launch import torchrun  # noqa: E402
 from real.reference import reference_user_run  # noqa: E402
 
 TOL = 1e-5
-LAUNCH_TIMEOUT = 40  # seconds (the test measured 11-15 s with the 2 cores at load 4)
+LAUNCH_TIMEOUT = 40  # seconds, with room for a busy 2-core machine
 BATCH = 8
 
 

@@ -195,7 +195,7 @@ def test_send_cpu_delays_the_producer_only():
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(90)  # measured 20-35 s on 2 busy cores
+@pytest.mark.timeout(90)  # real runs, with room for 2 busy cores
 def test_protocol_runs_configs_interleaved_and_traces_every_step(tmp_path):
     """Two configs x 2 rounds in one torchrun group: per round the measured steps, their median, every step traced;
     the traces calibrate a model and replay."""

@@ -132,7 +132,7 @@ def test_schedlab_unknown_command(capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(10)  # measured 0.3 s (two subprocesses); a 10 s floor for interpreter start-up on a busy host
+@pytest.mark.timeout(10)  # two subprocesses; a 10 s floor for interpreter start-up on a busy host
 def test_python_dash_m_sim_subprocess():
     """The module entry point as a user runs it: one JSON object on stdout, nothing on stderr."""
     proc = subprocess.run(

@@ -152,7 +152,7 @@ def asap_makespan(s: Schedule, tf: float = 1, tb: float = 1, tw: float = 1) -> f
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(10)  # measured 0.1 s (a subprocess); a 10 s floor for interpreter start-up on a busy host
+@pytest.mark.timeout(10)  # a subprocess; a 10 s floor for interpreter start-up on a busy host
 def test_schedules_import_and_csv_work_without_torch(tmp_path):
     code = f"""
 import sys

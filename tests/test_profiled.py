@@ -199,7 +199,7 @@ def test_cli_costs_errors_one_line_exit_2(profile_path, tmp_path, capsys, argv, 
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(25)  # measured 6.2-9.9 s
+@pytest.mark.timeout(25)  # a torchrun launch
 def test_tiny_real_profile_loads_and_simulates(tmp_path):
     """Two gloo processes profile a tiny model; the file loads and predicts a finite positive step time."""
     from real.launch import torchrun
@@ -246,7 +246,7 @@ def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(10)  # measured 2.5-3 s (a subprocess)
+@pytest.mark.timeout(10)  # a subprocess
 def test_profile_bad_flag_one_line_exit_2():
     import subprocess
 

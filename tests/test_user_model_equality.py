@@ -31,7 +31,7 @@ from real.reference import reference_user_run  # noqa: E402
 from schedules import SchedlabError  # noqa: E402
 
 TOL = 1e-5
-LAUNCH_TIMEOUT = 45  # seconds for the launch (measured 11-14 s here); a hang fails the test
+LAUNCH_TIMEOUT = 45  # seconds for the launch; a hang fails the test
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(LAUNCH_TIMEOUT + 10)]
 BATCH = 16
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import datetime
 import math
 
 import pytest
 
-from analysis.results_page import json_ready, markdown_table, results_page
+from analysis.results_page import json_ready
 from analysis.validation import (
     TOO_NOISY_EXIT,
     decomposition,
@@ -135,18 +134,6 @@ def test_noise_below_the_limit_is_judged_and_no_noise_is_undefined():
     assert noise_verdict(0.06, (0, 0, 0), (0, 0, 0), 0.1)["verdict"] == "judged"  # the limit is a flag
     one_round = noise_verdict(math.nan, (0.1, 0.1, 0.1), (0.2, 0.1, 0.1))
     assert (one_round["verdict"], one_round["judged"], exit_status(one_round)) == ("noise undefined", False, 3)
-
-
-def test_results_page_header():
-    when = datetime.datetime(2026, 12, 1, 17, 5, tzinfo=datetime.UTC)
-    host = {"platform": "Linux-6.1-x86_64", "processor": "x86_64", "cores": 2, "python": "3.11.9", "torch": "2.13.0"}
-    page = results_page("T", "python experiments/x.py --quick", [markdown_table(["a", "b"], [(1, "x")]), "end"],
-                        when=when, host=host)
-    assert page == (
-        "# T\n\n```sh\n# not run: measures this machine for minutes (the lead runs it on a quiet one)\n"
-        "python experiments/x.py --quick\n```\n\n"
-        "Machine: Linux-6.1-x86_64, x86_64, 2 cores; Python 3.11.9, torch 2.13.0. Run 2026-12-01 17:05 UTC.\n\n"
-        "| a | b |\n|---|---|\n| 1 | x |\n\nend\n")
 
 
 def test_json_ready_writes_nan_as_null():

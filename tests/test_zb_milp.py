@@ -23,8 +23,8 @@ def _seed(p, m, t, limit):
 ])
 @pytest.mark.parametrize("solver", ["cp-sat", "scipy", "highspy"])
 def test_solvers_reach_the_same_optimum_on_small_cases(p, m, t, limit, seed_cost, optimum, solver):
-    """The heuristic leaves idle time; each solver finds the smallest largest span (all prove it in about a
-    second here, the limit is 30 s), within the memory limit and no later than the seed."""
+    """The heuristic leaves idle time; each solver finds the smallest largest span (each proves it well within
+    the limit of 30 s), within the memory limit and no later than the seed."""
     if solver != "cp-sat":
         pytest.importorskip("scipy" if solver == "scipy" else "highspy")
     seed = _seed(p, m, t, limit)
