@@ -24,6 +24,7 @@ from schedules.dp import DP_MODES
 from schedules.errors import ClusterError, ConfigError, check_choice, check_positive, check_positive_ints
 from sim import collectives as coll
 from sim.cluster import Cluster, Link
+from sim.network import LINK_MODELS
 
 __all__ = ["DPGroup", "ParallelConfig"]
 
@@ -40,6 +41,7 @@ class ParallelConfig:
     bucket_mb: float = 25.0  # PyTorch DDP's default bucket_cap_mb (MiB)
     collective: str = "auto"
     sp: bool = False  # sequence parallelism in the tensor-parallel group (Korthikanti et al. 2022)
+    link_model: str = "fair"  # transfers on one port: max-min fair flows, or fcfs (one at a time); sim.network
 
     def __post_init__(self) -> None:
         check_positive_ints("parallel", pp=self.pp, dp=self.dp, tp=self.tp)
@@ -52,6 +54,7 @@ class ParallelConfig:
         check_choice("parallel", "order", self.order, ("dp-inner", "pp-inner"))
         check_choice("parallel", "collective", self.collective, coll.ALGORITHMS)
         check_positive("parallel", "bucket_mb", self.bucket_mb, " MiB")
+        check_choice("parallel", "link_model", self.link_model, LINK_MODELS)
 
     @property
     def world(self) -> int:

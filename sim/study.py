@@ -47,6 +47,7 @@ from sim.cluster import (
 from sim.engine import SimResult, simulate
 from sim.gpu_model import RECOMPUTE_MODES
 from sim.memory import DeviceMemory, model_state_bytes
+from sim.network import LINK_MODELS
 from sim.parallel import ParallelConfig
 from sim.transformer import TransformerConfig, model_from_dict
 from sim.transformer_costs import TransformerCosts
@@ -220,7 +221,9 @@ class StudyResult:
             f"(alpha-beta), {p.bucket_mb:g} MiB buckets; "
             + (f"tp={p.tp}: 2 collectives per layer in F and in the backward, on NVLink, not overlapped"
                if p.tp > 1 else "no tensor parallelism"),
-            f"links: FIFO per port, each transfer holds its ports; rank order {p.order}; network core non-blocking",
+            ("links: transfers on a port share its bandwidth, max-min fair (flows)" if p.link_model == "fair" else
+             "links: FIFO per port, each transfer holds its ports (fcfs)")
+            + f"; rank order {p.order}; network core non-blocking",
             "optimizer step: 28 bytes per parameter at HBM bandwidth"
             + (", after each rank's last pass (dp mode none adds no OPTIM task)" if p.dp_mode == "none" else ""),
         ]
@@ -286,6 +289,7 @@ PARALLEL_TABLE: dict[str, KeyCheck] = {
     "pp": key_positive_int, "dp": key_positive_int, "tp": key_positive_int,
     "dp_mode": key_choice(DP_MODES), "order": key_choice(("dp-inner", "pp-inner")),
     "bucket_mb": key_positive(" MiB"), "collective": key_choice(coll.ALGORITHMS), "sp": key_flag,
+    "link_model": key_choice(LINK_MODELS),
 }
 _TABLES = ("model", "cluster", "parallel", "run")
 

@@ -60,6 +60,7 @@ from schedules.timing import action_held_freed
 from sim.cluster import Cluster
 from sim.costs import memoized_durations, recomputed_in
 from sim.gpu_model import CALIBRATED, RECOMPUTE_MODES, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
+from sim.network import Network
 from sim.parallel import DPGroup, ParallelConfig
 from sim.transformer import TransformerConfig, partition_layers
 
@@ -337,8 +338,9 @@ class TransformerCosts:
                                  self._check_recompute(graph), kept_of=lambda a: self.recompute_kept(a.stage, n_st))
 
     # --- contention: delays and ports (the engine's optional ``network`` hook) -------------------------
-    def network(self, graph: TaskGraph, dur: list[float]) -> tuple[list[float], list[tuple[int, ...]]]:
-        """Per task: the delay after its dependencies before it is ready, and the ports it holds."""
+    def network(self, graph: TaskGraph, dur: list[float]) -> Network:
+        """Per task: the delay after its dependencies before it is ready, the ports it crosses, and its
+        latency (its duration at zero bytes); ports shared as ``parallel.link_model`` says (:mod:`sim.network`)."""
         lag = [0.0] * len(graph.tasks)
         plan = graph.plan if isinstance(graph, DataParallelGraph) else None
         if plan is not None:
@@ -358,7 +360,18 @@ class TransformerCosts:
                 links.append(self._collective_ports(t.rank, port, ps0))
             else:
                 links.append(())
-        return lag, links
+        latency = [self.latency(t, graph) if ports else 0.0 for t, ports in zip(graph.tasks, links, strict=True)]
+        return Network(lag=lag, links=links, latency=latency, model=p.link_model)
+
+    def latency(self, task: Task, graph: TaskGraph) -> float:
+        """The part of a transfer's duration that moves no bytes: its formula at zero bytes (the alpha terms)."""
+        if task.stream is Stream.SEND:
+            p = self.parallel
+            return self.cluster.link_between(p.device(task.rank), p.device(task.peer)).alpha
+        group = self.group(task.rank)
+        if self.parallel.dp_mode == "ps":
+            return group.ps(0.0)
+        return group.allreduce(0.0) if task.action.kind is Kind.ALLREDUCE else group.gather(0.0)
 
     def _collective_ports(self, rank: int, port: dict[str, int], ps0: int) -> tuple[int, ...]:
         g = self.parallel.device(rank)
@@ -380,5 +393,5 @@ class TransformerCosts:
             "gemm_efficiency": None if (e := self.gemm_efficiency) is None else {
                 "peak_fraction": e.peak_fraction, "half_flops": e.half_flops, "source": e.source},
             "sp": p.sp, "recompute": self.recompute,
-            "pair_overlap": self.pair_overlap,
+            "pair_overlap": self.pair_overlap, "link_model": p.link_model,
         }

@@ -76,6 +76,9 @@ def add_units_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bucket-mb", type=float, default=None, metavar="MIB", help="gradient bucket size (default 25)")
     g.add_argument("--collective", default=None, metavar="ALG", help="auto, ring, tree, hierarchical (default auto)")
     g.add_argument("--order", default=None, metavar="ORDER", help="rank order dp-inner (default) or pp-inner")
+    g.add_argument("--link-model", default=None, metavar="MODEL",
+                   help="transfers on one port: fair (default; they share its bandwidth, max-min fair) or fcfs "
+                   "(one at a time, first come first served, the model before fair sharing); see docs/links.md")
     g.add_argument("--efficiency", type=float, default=None,
                    help="fraction of dense peak the matmuls reach, a constant that overrides the device's calibrated "
                    "efficiency model (default: calibrated where the device has one, else 0.6)")
@@ -99,7 +102,7 @@ def units_overrides(args: argparse.Namespace) -> dict[str, dict]:
         tables["model"]["seq_len"] = args.seq_len
     if args.cluster:
         tables["cluster"] = {"preset": args.cluster}
-    for table, keys in (("parallel", ("pp", "dp", "tp", "dp_mode", "bucket_mb", "collective", "order", "sp")),
+    for table, keys in (("parallel", ("pp", "dp", "tp", "dp_mode", "bucket_mb", "collective", "order", "sp", "link_model")),
                         ("run", ("schedule", "microbatches", "microbatch_size", "chunks", "efficiency", "recompute"))):
         tables[table].update({k: getattr(args, k) for k in keys if getattr(args, k) is not None})
     if args.pair_overlap is not None:
@@ -185,7 +188,7 @@ def _list() -> int:
 
 
 UNITS_ONLY = ("dp", "tp", "dp_mode", "microbatch_size", "bucket_mb", "collective", "order", "efficiency", "sp",
-              "seq_len")
+              "seq_len", "link_model")
 
 
 @guarded
