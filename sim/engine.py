@@ -21,6 +21,7 @@ bandwidth as max-min fair flows (``fair``). One event loop serves every case.
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -202,7 +203,9 @@ def _counters(graph: TaskGraph, end: list[float]) -> tuple[Callable[[int, float,
     return finish, [i for i in range(len(waiting) - 1, -1, -1) if waiting[i] == 0]
 
 
-_JOIN, _DONE = 0, 1  # network events: a transfer's latency is over; a flow's bytes have moved (if still current)
+# network events: a transfer's latency is over; a flow's bytes have moved (if still current); a queued task
+# that moves no bytes ends
+_JOIN, _DONE, _END = 0, 1, 2
 
 
 def _run(graph: TaskGraph, dur: list[float], start: list[float], end: list[float], net: Network | None) -> None:
@@ -283,9 +286,11 @@ def _links(net: Network, dur: list[float], start: list[float], finish: Callable[
     fcfs: a ready task reserves every port in ``net.links[i]``: it starts when
     the last of them is free and holds them all until it ends; reservations
     follow the order tasks become ready (event time, then task order), so each
-    port is a FIFO queue. fair: a task on ports pays its latency, then joins as
-    a flow; joins and completions of one instant are handed to
-    :class:`FairLinks` together (``flush``), which says which flows' ends moved.
+    port is a FIFO queue. fair: a task waits for the running task of its
+    ``net.queue`` (one communicator's collectives run in order), pays its
+    latency, then joins as a flow; joins and completions of one instant are
+    handed to :class:`FairLinks` together (``flush``), which says which flows'
+    ends moved.
     """
     links = net.links
     if net.model == "fcfs":
@@ -307,28 +312,56 @@ def _links(net: Network, dur: list[float], start: list[float], finish: Callable[
         return acquire, None, None
 
     latency, fair = net.latency, FairLinks(links)
+    queue = net.queue or [-1] * len(dur)
+    busy: set[int] = set()
+    waiting: dict[int, deque[int]] = {}
     joins: list[tuple[int, float, float]] = []
     leaves: list[int] = []
 
     def begin(i: int, now: float, ready: list[int]) -> None:
-        d = dur[i]
-        lat = latency[i]
+        q = queue[i]
+        if q < 0 or dur[i] <= 0.0:
+            go(i, now, ready)
+        elif q in busy:
+            waiting.setdefault(q, deque()).append(i)
+        else:
+            busy.add(q)
+            go(i, now, ready)
+
+    def go(i: int, now: float, ready: list[int]) -> None:
+        d, lat = dur[i], latency[i]
         if not links[i] or lat >= d:  # on no port, or nothing but latency: timed alone
-            run_alone(i, now, ready)
-            return
-        start[i] = now
-        if lat > 0.0:
+            if queue[i] < 0 or d <= 0.0:
+                run_alone(i, now, ready)
+            else:
+                start[i] = now
+                at(now + d, d, (_END, i, 0))
+        elif lat > 0.0:
+            start[i] = now
             at(now + lat, lat, (_JOIN, i, now))
         else:
+            start[i] = now
             joins.append((i, d, now + d))
+
+    def done(i: int, now: float, ready: list[int]) -> None:
+        finish(i, now, ready)
+        q = queue[i]
+        if q >= 0:
+            line = waiting.get(q)
+            if line:
+                go(line.popleft(), now, ready)
+            else:
+                busy.discard(q)
 
     def on_network(item: tuple[int, int, float], now: float, ready: list[int]) -> None:
         what, i, x = item
         if what == _JOIN:
             joins.append((i, dur[i] - latency[i], x + dur[i]))
+        elif what == _END:
+            done(i, now, ready)
         elif fair.current(i, x):
             leaves.append(i)
-            finish(i, now, ready)
+            done(i, now, ready)
 
     def flush(now: float) -> None:
         if joins or leaves:

@@ -22,6 +22,13 @@ the ports are shared (``model``):
   completions rescheduled. Two equal transfers on one port both end at twice
   one's time; a transfer alone ends exactly when it would under ``fcfs``.
 
+A communicator runs its collectives one at a time, in the order they are
+issued (NCCL executes the operations of a communicator in order): tasks that
+share a ``queue`` number wait for each other, and only the running one is a
+flow. So a rank's data-parallel buckets follow each other, and the running
+bucket shares the port with the pipeline's sends, each at half speed, where
+under ``fcfs`` a send waits for the bucket to end.
+
 Rates are fractions of a transfer's full speed: a flow of rate 1/2 moves its
 bytes at half its port's bandwidth. A transfer's full speed is the one its
 duration was timed at, so a collective that alternates between NVLink and
@@ -54,6 +61,7 @@ class Network:
     links: Sequence[tuple[int, ...]]  # the ports it crosses; () = none (timed alone)
     latency: Sequence[float]  # the part of its duration paid before it moves bytes (alpha terms)
     model: str = "fair"
+    queue: Sequence[int] | None = None  # fair: tasks of one queue (>= 0) run one at a time, in ready order
 
     def __post_init__(self) -> None:
         check_link_model("network", self.model)

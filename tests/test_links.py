@@ -20,8 +20,8 @@ A, B = 0, 1  # two ports
 class Flows:
     """A cost model of transfers only: each task's duration, ports, latency and ready delay given."""
 
-    def __init__(self, dur, links, *, latency=None, lag=None, model="fair"):
-        self.dur, self.links, self.model = dur, links, model
+    def __init__(self, dur, links, *, latency=None, lag=None, model="fair", queue=None):
+        self.dur, self.links, self.model, self.queue = dur, links, model, queue
         self.latency = latency or [0.0] * len(dur)
         self.lag = lag or [0.0] * len(dur)
 
@@ -38,7 +38,7 @@ class Flows:
         return {"model": "flows"}
 
     def network(self, graph, dur):
-        return Network(lag=self.lag, links=self.links, latency=self.latency, model=self.model)
+        return Network(lag=self.lag, links=self.links, latency=self.latency, model=self.model, queue=self.queue)
 
 
 def _transfers(n: int) -> TaskGraph:
@@ -99,6 +99,18 @@ def test_a_flow_alone_ends_exactly_as_under_fcfs():
     # ready at 0.1 (a lag): 0.1 + 0.3 is not 0.1 + 0.05 + 0.25 in floating point, the flow still ends at 0.1 + 0.3
     start, end = _ends([0.3], [(A,)], latency=[0.05], lag=[0.1])
     assert (start, end) == _ends([0.3], [(A,)], lag=[0.1], model="fcfs") == ([0.1], [0.1 + 0.3])
+
+
+def test_a_communicators_collectives_run_in_order_and_share_the_port_with_a_send():
+    # two 2 s collectives of one communicator (queue 0) and a 2 s send, all ready at 0 on port A: the first
+    # collective and the send share A at half speed (both end at 4), then the second collective runs alone
+    start, end = _ends([2.0, 2.0, 2.0], [(A,), (A,), (A,)], queue=[0, 0, -1])
+    assert (start, end) == ([0.0, 4.0, 0.0], [4.0, 6.0, 4.0])
+    # fcfs: one at a time on the port, in ready order
+    assert _ends([2.0, 2.0, 2.0], [(A,), (A,), (A,)], model="fcfs") == ([0.0, 2.0, 4.0], [2.0, 4.0, 6.0])
+    # a queued task on no port still holds its queue: 1 s, then the next collective, shared with the send
+    start, end = _ends([1.0, 2.0, 2.0], [(), (A,), (A,)], queue=[0, 0, -1])
+    assert (start, end) == ([0.0, 1.0, 0.0], [1.0, 4.0, 3.0])
 
 
 def test_transfers_on_no_port_or_of_latency_only_are_timed_alone():
