@@ -25,7 +25,6 @@ from schedules.errors import (
     ClusterError,
     ConfigError,
     check_choice,
-    check_fraction,
     check_positive,
     check_positive_ints,
 )
@@ -53,7 +52,6 @@ class ParallelConfig:
     link_model: str = "fair"  # transfers on one port: max-min fair flows, or fcfs (one at a time); sim.network
     fsdp_reshard_after_forward: bool = True  # zero3/fsdp: False keeps a forward's gathered parameters for the backward
     fsdp_prefetch: int = 1  # zero3/fsdp: a pass's all-gathers issued this many passes ahead (0: on demand)
-    async_tp: float = 0.0  # fraction of the tensor-parallel collectives' time hidden behind the GEMMs (async TP)
     embedding_allreduce: str = "auto"  # the tied embedding's gradient between the first and last stage: auto|on|off
 
     def __post_init__(self) -> None:
@@ -71,7 +69,7 @@ class ParallelConfig:
         self._check_overlap()
 
     def _check_overlap(self) -> None:
-        """The FSDP, async-TP and embedding options: each of its kind, and only where it has an effect."""
+        """The FSDP and embedding options: each of its kind, and only where it has an effect."""
         if not isinstance(self.fsdp_reshard_after_forward, bool):
             raise ConfigError(f"parallel: fsdp_reshard_after_forward must be true or false (on or off), got "
                               f"{self.fsdp_reshard_after_forward!r}", field="fsdp_reshard_after_forward")
@@ -85,10 +83,6 @@ class ParallelConfig:
         if given and not fsdp:
             raise ConfigError(f"parallel: {given[0]} applies to dp_mode zero3 (fsdp), not {self.dp_mode!r}; "
                               "use dp_mode fsdp or leave it out", field=given[0])
-        check_fraction("parallel", "async_tp", self.async_tp, "the fraction of the TP collectives hidden")
-        if self.async_tp and self.tp == 1:
-            raise ConfigError("parallel: async_tp hides tensor-parallel collectives, so it needs tp > 1; give tp > 1 "
-                              "or leave async_tp out", field="async_tp")
         check_choice("parallel", "embedding_allreduce", self.embedding_allreduce, EMBEDDING_ALLREDUCE)
         if self.embedding_allreduce == "on" and self.dp_mode == "ps":
             raise ConfigError("parallel: embedding_allreduce on does not combine with dp_mode ps (the servers hold "

@@ -314,7 +314,7 @@ PARALLEL_TABLE: dict[str, KeyCheck] = {
     "dp_mode": key_choice(DP_MODES), "order": key_choice(("dp-inner", "pp-inner")),
     "bucket_mb": key_positive(" MiB"), "collective": key_choice(coll.ALGORITHMS), "sp": key_flag,
     "link_model": key_choice(LINK_MODELS), "fsdp_reshard_after_forward": key_flag,
-    "fsdp_prefetch": key_whole, "async_tp": key_fraction("the fraction of the TP collectives hidden"),
+    "fsdp_prefetch": key_whole,
     "embedding_allreduce": key_choice(EMBEDDING_ALLREDUCE),
 }
 _TABLES = ("model", "cluster", "parallel", "run")

@@ -212,7 +212,7 @@ class TransformerCosts:
             count += 1
         if kind is Kind.I and last:
             count += 1
-        return count * one * (1.0 - p.async_tp)  # async TP hides that fraction behind the GEMMs (sim.parallel)
+        return count * one
 
     def _edge_ops(self, first: bool, last: bool) -> list[Op]:
         """Forward operations outside the layers: the embedding (stage 0); final norm, LM head, loss (last)."""
@@ -423,7 +423,7 @@ class TransformerCosts:
             "gemm_efficiency": None if (e := self.gemm_efficiency) is None else {
                 "peak_fraction": e.peak_fraction, "half_flops": e.half_flops, "source": e.source},
             "sp": p.sp, "recompute": self.recompute,
-            "pair_overlap": self.pair_overlap, "link_model": p.link_model, "async_tp": p.async_tp,
+            "pair_overlap": self.pair_overlap, "link_model": p.link_model,
             "fsdp_reshard_after_forward": p.fsdp_reshard_after_forward, "fsdp_prefetch": p.fsdp_prefetch,
             "embedding_allreduce": p.embedding_allreduce,
         }

@@ -1,4 +1,4 @@
-"""FSDP reshard-after-forward and prefetch, async TP, the embedding gradient all-reduce: hand arithmetic."""
+"""FSDP reshard-after-forward and prefetch, the embedding gradient all-reduce: hand arithmetic."""
 
 from __future__ import annotations
 
@@ -19,13 +19,14 @@ from sim.transformer_costs import TransformerCosts
 GPT6 = model_preset("gpt-6.2b")
 
 
+TIMES = {Kind.F: 1.0, Kind.B: 2.0, Kind.ALL_GATHER: 0.5}
+
+
 class KindCosts:
     """F 1 s, B 2 s, an all-gather 0.5 s, everything else free; no links (so no queueing)."""
 
-    times = {Kind.F: 1.0, Kind.B: 2.0, Kind.ALL_GATHER: 0.5}
-
     def duration(self, task, graph):
-        return self.times.get(task.action.kind, 0.0)
+        return TIMES.get(task.action.kind, 0.0)
 
     def bytes(self, task, graph):
         return 0.0
@@ -95,19 +96,6 @@ def test_reshard_off_holds_every_stage_gathered_and_skips_the_backward_gathers()
     gathers = [sum(t.action.kind is Kind.ALL_GATHER for t in r.sim.graph.tasks) for r in (on, off)]
     per_pass = sum(costs.buckets(4))  # every stage's buckets, once per pass that gathers
     assert gathers == [2 * 4 * per_pass, 4 * per_pass]  # F and B of 4 microbatches; F only
-
-
-def test_async_tp_hides_its_fraction_of_the_tp_collectives():
-    plain = TransformerCosts(model=GPT6, cluster=cluster_preset("dgx-h100:1"), parallel=ParallelConfig(pp=2, tp=4))
-    hidden = TransformerCosts(model=GPT6, cluster=cluster_preset("dgx-h100:1"),
-                              parallel=ParallelConfig(pp=2, tp=4, async_tp=0.25))
-    for kind in (Kind.F, Kind.I, Kind.B, Kind.W):
-        comm = plain.tp_comm(kind, 0, 2)
-        assert hidden.tp_comm(kind, 0, 2) == comm * 0.75
-        assert hidden.pass_time(kind, 0, 2) == pytest.approx(plain.pass_time(kind, 0, 2) - 0.25 * comm, rel=1e-12)
-    assert plain.tp_comm(Kind.F, 0, 2) > 0
-    with pytest.raises(ConfigError, match=r"^parallel: async_tp hides tensor-parallel collectives, so it needs tp > 1"):
-        ParallelConfig(pp=2, async_tp=0.5)
 
 
 def _embedding_tasks(result):

@@ -93,7 +93,7 @@ def add_units_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_comm_args(g: argparse._ArgumentGroup) -> None:
-    """The links and the communication-overlap options (docs/links.md); each lands in [parallel]."""
+    """The links, FSDP and embedding all-reduce options (docs/links.md); each lands in [parallel]."""
     g.add_argument("--link-model", default=None, metavar="MODEL",
                    help="transfers on one port: fair (default; they share its bandwidth, max-min fair) or fcfs "
                    "(one at a time, first come first served, the model before fair sharing)")
@@ -102,15 +102,12 @@ def add_comm_args(g: argparse._ArgumentGroup) -> None:
                    "the backward (no second all-gather, more memory)")
     g.add_argument("--fsdp-prefetch", type=int, default=None, metavar="K",
                    help="dp-mode fsdp: issue a pass's all-gathers K passes ahead (default 1; 0: on demand)")
-    g.add_argument("--async-tp", type=float, default=None, metavar="F",
-                   help="fraction of the tensor-parallel collectives' time hidden behind the GEMMs they feed "
-                   "(async TP; default 0: not overlapped)")
     g.add_argument("--embedding-allreduce", default=None, choices=("auto", "on", "off"),
                    help="all-reduce the tied word embedding's gradient between the first and the last stage "
                    "(auto, the default: when the model ties its embeddings and pp > 1, as Megatron-LM)")
 
 
-COMM_KEYS = ("link_model", "fsdp_reshard_after_forward", "fsdp_prefetch", "async_tp", "embedding_allreduce")
+COMM_KEYS = ("link_model", "fsdp_reshard_after_forward", "fsdp_prefetch", "embedding_allreduce")
 
 
 def comm_overrides(args: argparse.Namespace) -> dict[str, Any]:
