@@ -142,3 +142,15 @@ def test_fair_sharing_is_deterministic_and_differs_from_fcfs_under_contention():
     a, b = _run(4, 2, "ddp", "fair"), _run(4, 2, "ddp", "fair")
     assert a.start == b.start and a.end == b.end
     assert a.end != _run(4, 2, "ddp", "fcfs").end
+
+
+@pytest.mark.parametrize(("mode", "cluster", "makespan"), [
+    ("ddp", "dgx-h100:2", 0.13744090434102652), ("zero2", "dgx-h100:2", 0.1355778466730996),
+    ("fsdp", "dgx-h100:2", 0.13557784667309944), ("ps", "dgx-h100:2+ps2", 0.6058125780431436)])
+def test_fcfs_reproduces_the_engine_before_fair_sharing(mode, cluster, makespan):
+    # the makespans of the FIFO-port engine of commit b81a9a7 (whose start and end times fcfs matches bit for
+    # bit on these graphs); the embedding all-reduce, which that engine's graphs did not have, left out
+    c = TransformerCosts(model=GPT6, cluster=cluster_preset(cluster), parallel=ParallelConfig(
+        pp=8, dp=2, dp_mode=mode, link_model="fcfs", embedding_allreduce="off"))
+    graph = add_data_parallel(lower(build("1f1b", pp=8, microbatches=8)), mode, c.buckets(8))
+    assert simulate(graph, c).makespan == makespan
