@@ -173,6 +173,11 @@ def _simulate(graph: TaskGraph, costs: CostModel) -> SimResult:
     if hooks is not None and not isinstance(hooks, Network):  # (lag, links): the older hook, first come first served
         lag, links = hooks
         hooks = Network(lag=lag, links=links, latency=[0.0] * n, model="fcfs")
+    if hooks is not None:
+        sizes = {k: len(v) for k, v in (("lag", hooks.lag), ("links", hooks.links), ("latency", hooks.latency),
+                                        ("queue", hooks.queue or [0] * n))}
+        if any(size != n for size in sizes.values()):
+            raise ValueError(f"the cost model's network gives {sizes} entries for a graph of {n} tasks; give one per task")
     _run(graph, dur, start, end, hooks)
     if n and not math.isfinite(max(end)):
         raise ScheduleError(f"schedule {graph.schedule.name!r}: the simulated step overflows to {max(end)} "

@@ -9,7 +9,7 @@ from schedules.dp import add_data_parallel
 from schedules.errors import ConfigError
 from sim import simulate
 from sim.cluster import cluster_preset
-from sim.network import Network, max_min_rates
+from sim.network import FairLinks, Network, max_min_rates
 from sim.parallel import ParallelConfig
 from sim.transformer import model_preset
 from sim.transformer_costs import TransformerCosts
@@ -154,3 +154,20 @@ def test_fcfs_reproduces_the_engine_before_fair_sharing(mode, cluster, makespan)
         pp=8, dp=2, dp_mode=mode, link_model="fcfs", embedding_allreduce="off"))
     graph = add_data_parallel(lower(build("1f1b", pp=8, microbatches=8)), mode, c.buckets(8))
     assert simulate(graph, c).makespan == makespan
+
+
+def test_a_join_rebalances_only_the_flows_connected_to_it():
+    fair = FairLinks([(A,), (B,), (A,)])
+    assert fair.update(0.0, joins=[(0, 2.0, 2.0), (1, 2.0, 2.0)]) == [(0, 2.0, 0), (1, 2.0, 0)]
+    # flow 2 joins on A at 1.0: flow 0 (1 s left) drops to half speed and ends at 3; flow 1 on B is not touched
+    assert fair.update(1.0, joins=[(2, 2.0, 3.0)]) == [(0, 3.0, 1), (2, 5.0, 0)]
+    assert fair.current(1, 0) and not fair.current(0, 0) and fair.current(0, 1)
+    # flow 0 leaves at 3.0: flow 2 has moved 1 s of its 2 and runs the rest at full speed
+    assert fair.update(3.0, leaves=[0]) == [(2, 4.0, 1)]
+
+
+def test_a_network_of_the_wrong_length_is_refused():
+    graph = _transfers(2)
+    with pytest.raises(ValueError, match=r"^the cost model's network gives \{'lag': 2, 'links': 1, 'latency': 2, "
+                                         r"'queue': 2\} entries for a graph of 2 tasks; give one per task$"):
+        simulate(graph, Flows([1.0, 1.0], [(A,)], latency=[0.0, 0.0]), check=False)
