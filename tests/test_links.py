@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from schedules import Action, Kind, Stream, Task, TaskGraph, build, lower
@@ -125,9 +127,9 @@ def test_bad_link_model_is_refused_in_one_line():
 GPT6 = model_preset("gpt-6.2b")
 
 
-def _run(pp, dp, mode, link_model, microbatches=4):
-    c = TransformerCosts(model=GPT6, cluster=cluster_preset("dgx-h100:2"),
-                         parallel=ParallelConfig(pp=pp, dp=dp, dp_mode=mode, link_model=link_model))
+def _run(pp, dp, mode, link_model, microbatches=4, embedding="auto"):
+    c = TransformerCosts(model=GPT6, cluster=cluster_preset("dgx-h100:2"), parallel=ParallelConfig(
+        pp=pp, dp=dp, dp_mode=mode, link_model=link_model, embedding_allreduce=embedding))
     graph = add_data_parallel(lower(build("1f1b", pp=pp, microbatches=microbatches)), mode, c.buckets(pp))
     return simulate(graph, c)
 
@@ -171,3 +173,31 @@ def test_a_network_of_the_wrong_length_is_refused():
     with pytest.raises(ValueError, match=r"^the cost model's network gives \{'lag': 2, 'links': 1, 'latency': 2, "
                                          r"'queue': 2\} entries for a graph of 2 tasks; give one per task$"):
         simulate(graph, Flows([1.0, 1.0], [(A,)], latency=[0.0, 0.0]), check=False)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--schedule", "1f1b", "--pp", "4", "--microbatches", "8", "--link-model", "fcfs"],
+     "error: --link-model has no effect without physical units: add --model and --cluster (or --config)\n"),
+    (["--model", "gpt-6.2b", "--cluster", "dgx-h100:2", "--pp", "8", "--schedule", "1f1b", "--microbatches", "8",
+      "--link-model", "fifo"], "error: config [parallel]: unknown link model 'fifo'; valid: fair, fcfs (flag --link-model)\n"),
+])
+def test_link_model_flag_errors_are_one_line(capsys, argv, message):
+    from analysis.cli.simulate import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and capsys.readouterr().err == message
+
+
+def test_link_model_flag_reaches_the_simulation(capsys):
+    from analysis.cli.simulate import main
+
+    argv = ["--model", "gpt-6.2b", "--cluster", "dgx-h100:2", "--pp", "8", "--dp", "2", "--dp-mode", "ddp",
+            "--schedule", "1f1b", "--microbatches", "8", "--embedding-allreduce", "off", "--json"]
+    spans = {}
+    for model in ("fcfs", "fair"):
+        assert main([*argv, "--link-model", model]) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert d["costs"]["link_model"] == model
+        spans[model] = d["makespan"]
+    assert spans == {"fcfs": 0.13744090434102652, "fair": _run(8, 2, "ddp", "fair", 8, embedding="off").makespan}
