@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-__all__ = ["Progress", "format_seconds"]
+__all__ = ["Progress", "format_seconds", "run_progress"]
 
 
 def format_seconds(s: float) -> str:
@@ -57,3 +57,15 @@ class Progress:
         if now - self.printed >= self.every or self.done >= self.total:
             self.printed = now
             print(self.line() + (f"  {note}" if note else ""), file=self.out, flush=True)
+
+
+def run_progress(desc: str, out: TextIO | None = None) -> Callable[[int, int, str], None]:
+    """A callback ``(done, total, label)`` that prints a :class:`Progress` line per finished run (the measurement
+    protocol's ``on_run``); the total comes with the first call."""
+    state: dict[str, Progress] = {}
+
+    def on_run(done: int, total: int, label: str) -> None:
+        bar = state.setdefault("bar", Progress(total, desc, out))
+        bar.advance(done - bar.done, note=label)
+
+    return on_run

@@ -47,6 +47,7 @@ from analysis.calibration import (
 )
 from analysis.cli.common import OneLineParser, errors_to_exit, print_json
 from analysis.cli.train import add_model_args, model_from_args
+from analysis.progress import run_progress
 from analysis.results_page import check_page, json_ready, write_page
 from analysis.results_page import table as markdown_table
 from analysis.validation import (
@@ -62,6 +63,7 @@ from analysis.validation import (
     verdict_line,
 )
 from real import ModelConfig
+from real.metrics_log import check_log_dir, log_rows
 from real.protocol import MODEL_SHAPE, dp_buckets, dp_config, pipeline_config, profile_machine
 
 DP_SCHEDULES = ("gpipe", "1f1b")
@@ -87,6 +89,8 @@ def _args(argv: list[str] | None = None):
     p.add_argument("--noise-limit", type=float, default=NOISE_LIMIT, metavar="FRACTION",
                    help=f"too noisy to judge above this measured noise (default {NOISE_LIMIT}: 5%%; exit status 3)")
     p.add_argument("--markdown", metavar="PATH.md", help="also write the results page (e.g. docs/results/plan_check.md)")
+    p.add_argument("--log-dir", metavar="DIR", help="also write each measured candidate's prediction and "
+                   "measurement, and the scores, as TensorBoard event files and metrics.jsonl (docs/metrics.md)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
     if a.smoke:
@@ -106,6 +110,9 @@ def _check(p: OneLineParser, a) -> None:
     if a.markdown is not None:
         with errors_to_exit(p):
             check_page(a.markdown)
+    if a.log_dir is not None:
+        with errors_to_exit(p):
+            check_log_dir(a.log_dir)
     try:
         a.ms = [int(x) for x in a.microbatches.split(",") if x]
         cal_s, cal_m = a.calibrate_from.split(":")
@@ -155,7 +162,8 @@ def check(a) -> dict:
     dp_profile = profile_machine(model, mbs, [1], a.profile_reps, out / "profile-dp2.json", dp=2)
     calibration = measure_interleaved([_run_config(model, mbs, *a.cal)], rounds=1, steps=a.steps, warmup=a.warmup,
                                       trace_dir=str(out / "traces" / "calibration"), attempts=a.attempts,
-                                      max_foreign=a.max_foreign, timeout=a.timeout)[0]
+                                      max_foreign=a.max_foreign, timeout=a.timeout,
+                                      on_run=run_progress("calibration run"))[0]
     cal = Calibration.of(profile, calibration.traces, dp_profile)
 
     def costs_for(c: tuple):
@@ -168,7 +176,8 @@ def check(a) -> dict:
     print(f"planned {len(a.candidates)} candidates ({time.monotonic() - t0:.0f} s); measuring the top 5 and "
           f"bottom 3 x {a.rounds} rounds", file=sys.stderr)
     measured = measure_interleaved([_run_config(model, mbs, *c) for c in chosen], rounds=a.rounds, steps=a.steps,
-                                   warmup=a.warmup, attempts=a.attempts, max_foreign=a.max_foreign, timeout=a.timeout)
+                                   warmup=a.warmup, attempts=a.attempts, max_foreign=a.max_foreign, timeout=a.timeout,
+                                   on_run=run_progress("plan_check runs"))
     rows = [plan_row(c, r, samples[c], predicted[c], ranked.index(c) + 1, c == a.cal)
             for c, r in zip(chosen, measured, strict=True)]
     summary = score_plan(rows)
@@ -225,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     Path(a.out, "plan_check.json").write_text(json.dumps(json_ready(summary), indent=1))
+    if a.log_dir:
+        log_rows(a.log_dir, summary["rows"], {"plan/kendall_tau_b": summary["kendall_tau_b"],
+                                              "plan/predicted_best_gap": summary["predicted_best_gap"],
+                                              "plan/noise": summary["noise_verdict"]["noise"]})
     if a.markdown:
         write_page(a.markdown, "The planner's ranking against real runs", "\n\n".join(sections(summary)))
     if a.json:

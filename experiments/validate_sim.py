@@ -39,10 +39,12 @@ from analysis.calibration import (
 )
 from analysis.cli.common import OneLineParser, errors_to_exit, print_json
 from analysis.cli.train import add_model_args, model_from_args
+from analysis.progress import run_progress
 from analysis.results_page import check_page, json_ready, write_page
 from analysis.results_page import table as markdown_table
 from analysis.validation import NOISE_LIMIT, exit_status, format_tau, noise_verdict, score_grid, verdict_line
 from real import ModelConfig
+from real.metrics_log import check_log_dir, log_rows
 from real.protocol import MODEL_SHAPE, dp_buckets, dp_config, pipeline_config, profile_machine
 
 MODEL = ModelConfig(**MODEL_SHAPE)
@@ -76,6 +78,8 @@ def _args(argv: list[str] | None = None):
     p.add_argument("--noise-limit", type=float, default=NOISE_LIMIT, metavar="FRACTION",
                    help=f"too noisy to judge above this measured noise (default {NOISE_LIMIT}: 5%%; exit status 3)")
     p.add_argument("--markdown", metavar="PATH.md", help="also write the results page (e.g. docs/results/validation.md)")
+    p.add_argument("--log-dir", metavar="DIR", help="also write each row's prediction, measurement and error, and "
+                   "the scores, as TensorBoard event files and metrics.jsonl (docs/metrics.md)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     a = p.parse_args(argv)
     if a.tiny:
@@ -94,6 +98,9 @@ def _check(p: OneLineParser, a) -> None:
     if a.markdown is not None:
         with errors_to_exit(p):
             check_page(a.markdown)
+    if a.log_dir is not None:
+        with errors_to_exit(p):
+            check_log_dir(a.log_dir)
     a.grid = _grid(p, a)
     if a.calibrate_from not in a.grid[0]:
         p.error(f"--calibrate-from {a.calibrate_from!r} is not in the grid {','.join(a.grid[0])}; give one of them")
@@ -142,7 +149,7 @@ def validate_all(a) -> dict:
           f"x {a.rounds} rounds", file=sys.stderr)
     measured = measure_interleaved(list(configs.values()), rounds=a.rounds, steps=a.steps, warmup=a.warmup,
                                    trace_dir=str(out / "traces"), attempts=a.attempts, max_foreign=a.max_foreign,
-                                   timeout=a.timeout)
+                                   timeout=a.timeout, on_run=run_progress("grid"))
     by_key = dict(zip(configs, measured, strict=True))
     cal_key = (a.calibrate_from, ms[len(ms) // 2])
     cal = Calibration.of(profile, by_key[cal_key].traces, dp_profile)
@@ -216,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     Path(a.out, "validation.json").write_text(json.dumps(json_ready(summary), indent=1))
+    if a.log_dir:
+        log_rows(a.log_dir, summary["schedules"], {"grid/mean_abs_error": summary["mean_abs_error"],
+                                                   "grid/kendall_tau_b": summary["kendall_tau_b"],
+                                                   "grid/noise": summary["decomposition"]["noise"]})
     if a.markdown:
         write_page(a.markdown, "The simulator against real runs", "\n\n".join(sections(summary)))
     if a.json:

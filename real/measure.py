@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -219,6 +219,7 @@ def measure_interleaved(
     attempts: int = 3,
     max_foreign: float = 0.1,
     timeout: float = 900.0,
+    on_run: Callable[[int, int, str], None] | None = None,
 ) -> list[Measured]:
     """Run every config ``rounds`` times, interleaved (A B C ... A B C ...), in one torchrun group.
 
@@ -226,8 +227,10 @@ def measure_interleaved(
     (with ``trace_dir``: traces every one of them). A run disturbed by other
     processes (more than ``max_foreign`` cores used meanwhile) is repeated,
     up to ``attempts`` times (see :mod:`real.rounds`). All configs must have the
-    same world size (pp x dp). Raises SchedlabError for bad input before
-    anything runs, RuntimeError if the group fails.
+    same world size (pp x dp). ``on_run(done, total, label)`` is called (from
+    a helper thread, within about a second) as each run finishes: a progress
+    line. Raises SchedlabError for bad input before anything runs,
+    RuntimeError if the group fails.
     """
     import json
     import statistics
@@ -261,8 +264,10 @@ def measure_interleaved(
         spec_path.write_text(json.dumps({"configs": [c.to_dict() for c in runs], "rounds": rounds,
                                          "attempts": attempts, "max_foreign": max_foreign,
                                          "trace_dir": str(trace_dir) if trace_dir else None,
-                                         "result": str(result_path)}))
-        done = torchrun(worlds[0], ["-m", "real.rounds", str(spec_path)], timeout=timeout, capture=True)
+                                         "result": str(result_path),
+                                         "progress": str(Path(tmp) / "progress.jsonl") if on_run else None}))
+        with _following(Path(tmp) / "progress.jsonl", on_run):
+            done = torchrun(worlds[0], ["-m", "real.rounds", str(spec_path)], timeout=timeout, capture=True)
         if done.returncode != 0 or not result_path.exists():
             tail = "\n".join((done.stderr or "").strip().splitlines()[-12:])
             raise RuntimeError(f"measurement rounds failed (exit {done.returncode}):\n{tail}")
@@ -275,3 +280,35 @@ def measure_interleaved(
                             tuple(medians), tuple(per_round), tuple(x["foreign_cores"] for x in r["rounds"]),
                             tuple(x["trace"] for x in r["rounds"] if x["trace"])))
     return out
+
+
+@contextmanager
+def _following(path: Any, on_run: Callable[[int, int, str], None] | None) -> Iterator[None]:
+    """Call ``on_run`` for each line the rounds worker appends to ``path``, until the block ends."""
+    import json
+    import threading
+
+    if on_run is None:
+        yield
+        return
+    stop, seen = threading.Event(), [0]
+
+    def poll() -> None:
+        while True:
+            ended = stop.wait(1.0)
+            lines = path.read_text().splitlines() if path.exists() else []
+            for line in lines[seen[0]:]:
+                if line.endswith("}"):
+                    x = json.loads(line)
+                    on_run(x["done"], x["total"], x["label"])
+                    seen[0] += 1
+            if ended:
+                return
+
+    thread = threading.Thread(target=poll, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()

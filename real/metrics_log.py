@@ -20,7 +20,7 @@ from pathlib import Path
 from schedules import ConfigError
 from schedules.util import check_output_dir
 
-__all__ = ["JSONL_NAME", "MetricsLog", "check_log_dir"]
+__all__ = ["JSONL_NAME", "MetricsLog", "check_log_dir", "log_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -65,3 +65,17 @@ class MetricsLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def log_rows(log_dir: str | Path, rows: list[Mapping[str, object]], summary: Mapping[str, float | None]) -> Path:
+    """A table of results (the validation grid's rows, plan_check's candidates) as steps 0..n-1: each row's
+    numeric fields under ``row/``; then ``summary`` at step n. Returns the folder."""
+    out = MetricsLog(log_dir)
+    try:
+        for i, row in enumerate(rows):
+            out.log(i, {f"row/{k}": v for k, v in row.items()
+                        if isinstance(v, int | float) and not isinstance(v, bool) and v == v})
+        out.log(len(rows), {k: v for k, v in summary.items() if v is None or v == v})
+    finally:
+        out.close()
+    return out.dir

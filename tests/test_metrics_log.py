@@ -90,3 +90,30 @@ def test_progress_says_the_time_left_from_the_mean_time_per_item():
     assert quiet.getvalue().splitlines() == ["fit 1/3  elapsed 1 s  left 2 s", "fit 3/3  elapsed 12 s  left 0 s"]
     assert [format_seconds(s) for s in (0.4, 59.6, 3599, 7620, float("inf"))] == ["0 s", "1 min 00 s", "59 min 59 s",
                                                                                    "2 h 07 min", "?"]
+
+
+def test_a_results_table_is_logged_row_by_row(tmp_path):
+    """The validation grid's and plan_check's --log-dir: numeric fields per row, then the scores (NaN left out)."""
+    from real.metrics_log import JSONL_NAME, log_rows
+
+    rows = [{"schedule": "1f1b", "microbatches": 4, "in_sample": True, "error": 0.05, "replay_error": float("nan")},
+            {"schedule": "gpipe", "microbatches": 8, "in_sample": False, "error": -0.02}]
+    log_rows(tmp_path / "log", rows, {"grid/mean_abs_error": 0.02, "grid/kendall_tau_b": float("nan")})
+    lines = [json.loads(x) for x in (tmp_path / "log" / JSONL_NAME).read_text().splitlines()]
+    assert lines == [{"step": 0, "row/microbatches": 4.0, "row/error": 0.05},
+                     {"step": 1, "row/microbatches": 8.0, "row/error": -0.02},
+                     {"step": 2, "grid/mean_abs_error": 0.02}]
+
+
+def test_run_progress_feeds_one_line_per_run():
+    import io
+
+    from analysis.progress import run_progress
+
+    out = io.StringIO()
+    on_run = run_progress("grid", out)
+    on_run(1, 3, "round 1: 1f1b m=4")
+    on_run(3, 3, "round 1: zb-h1 m=4")  # a poll may see two runs at once
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("grid 1/3  elapsed ") and lines[0].endswith("round 1: 1f1b m=4")
+    assert lines[1].startswith("grid 3/3  elapsed ") and " left 0 s  round 1: zb-h1 m=4" in lines[1]

@@ -6,7 +6,7 @@
 result; a user rarely starts this by hand. SPEC is::
 
     {"configs": [RunConfig.to_dict(), ...], "rounds": R, "attempts": A, "max_foreign": cores,
-     "trace_dir": DIR | null, "result": FILE}
+     "trace_dir": DIR | null, "result": FILE, "progress": FILE | null}
 
 Round r runs every config once, in the given order (A B C ... A B C ...), so
 a machine's drift hits every config alike. Starting the process group once
@@ -16,11 +16,15 @@ meanwhile (``/proc/stat`` busy time less this group's own CPU time); else it
 is run again, up to ``attempts`` times, keeping the least disturbed. Rank 0
 writes FILE: per config and round, the run's step times, how many cores others
 used, and its trace file (``DIR/{index}-{schedule}-m{microbatches}-r{round}.csv``,
-every measured step). All configs need the same world size.
+every measured step). With ``progress``, rank 0 appends one JSON line per
+finished run to that file (``{"done": k, "total": n, "label": ...}``), which
+:func:`real.measure.measure_interleaved` follows. All configs need the same
+world size.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -61,12 +65,18 @@ def _timed_run(config: RunConfig, mesh: Mesh, trace: Path | None) -> tuple[list[
     return result.step_times, max(0.0, float(own[1] - own[0])) / max(wall, 1e-9)
 
 
+def _report(path: Path, done: int, total: int, label: str) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps({"done": done, "total": total, "label": label}) + "\n")
+
+
 def run_rounds(spec: dict[str, Any]) -> dict[str, Any] | None:
     """Run ``spec`` (see the module doc) on this rank; rank 0 returns the results, the others None."""
     configs = [RunConfig.from_dict(c) for c in spec["configs"]]
     rounds, attempts = int(spec.get("rounds", 5)), int(spec.get("attempts", 3))
     max_foreign = float(spec.get("max_foreign", 0.1))
     trace_dir = Path(spec["trace_dir"]) if spec.get("trace_dir") else None
+    progress = Path(spec["progress"]) if spec.get("progress") and env_world()[0] == 0 else None
     rank, world, _ = env_world()
     plans = [make_plan(c, world) for c in configs]  # every check before the group exists
     meshes: dict[tuple[int, int], Mesh] = {}
@@ -90,6 +100,9 @@ def run_rounds(spec: dict[str, Any]) -> dict[str, Any] | None:
                                 config.layout.schedule, foreign)
                 out[i]["rounds"].append({"step_times": best[0], "foreign_cores": best[1],
                                          "trace": str(trace) if trace is not None else None})
+                if progress is not None:
+                    _report(progress, r * len(configs) + i + 1, rounds * len(configs),
+                            f"round {r + 1}: {config.layout.schedule} m={config.layout.microbatches}")
     finally:
         owner = next((m for m in meshes.values() if m.owns_process_group), None)
         if owner is not None:
