@@ -210,8 +210,8 @@ def test_protocol_runs_configs_interleaved_and_traces_every_step(tmp_path):
     out = measure_interleaved(cfgs, rounds=2, steps=3, warmup=1, trace_dir=str(tmp_path), max_foreign=100.0,
                               timeout=80, on_run=lambda *x: seen.append(x))
     assert [m.config.layout.schedule for m in out] == ["1f1b", "zb-h1"]
-    assert seen == [(1, 4, "round 1: 1f1b m=4"), (2, 4, "round 1: zb-h1 m=4"), (3, 4, "round 2: 1f1b m=4"),
-                    (4, 4, "round 2: zb-h1 m=4")]  # the progress line's feed: each run as it finishes
+    assert seen == [(1, 4, "round 1: 1f1b pp=2 m=4"), (2, 4, "round 1: zb-h1 pp=2 m=4"),
+                    (3, 4, "round 2: 1f1b pp=2 m=4"), (4, 4, "round 2: zb-h1 pp=2 m=4")]  # the progress line's feed: each run as it finishes
     for m in out:
         assert len(m.step_times) == 2 and all(len(t) == 3 for t in m.step_times)
         medians = sorted(sorted(t)[1] for t in m.step_times)

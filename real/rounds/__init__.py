@@ -65,6 +65,11 @@ def _timed_run(config: RunConfig, mesh: Mesh, trace: Path | None) -> tuple[list[
     return result.step_times, max(0.0, float(own[1] - own[0])) / max(wall, 1e-9)
 
 
+def _label(c: RunConfig) -> str:
+    dp = f" dp={c.layout.dp} {c.sync.dp_mode}" if c.layout.dp > 1 else ""
+    return f"{c.layout.schedule} pp={c.layout.pp} m={c.layout.microbatches}{dp}"
+
+
 def _report(path: Path, done: int, total: int, label: str) -> None:
     with path.open("a") as f:
         f.write(json.dumps({"done": done, "total": total, "label": label}) + "\n")
@@ -101,8 +106,7 @@ def run_rounds(spec: dict[str, Any]) -> dict[str, Any] | None:
                 out[i]["rounds"].append({"step_times": best[0], "foreign_cores": best[1],
                                          "trace": str(trace) if trace is not None else None})
                 if progress is not None:
-                    _report(progress, r * len(configs) + i + 1, rounds * len(configs),
-                            f"round {r + 1}: {config.layout.schedule} m={config.layout.microbatches}")
+                    _report(progress, r * len(configs) + i + 1, rounds * len(configs), f"round {r + 1}: {_label(config)}")
     finally:
         owner = next((m for m in meshes.values() if m.owns_process_group), None)
         if owner is not None:
