@@ -29,7 +29,8 @@ from analysis.cli.common import (
     print_json,
 )
 from analysis.timeline import check_figure_path, plot_timeline
-from real.checkpoint import CheckpointConfig
+from real import stop
+from real.checkpoint import CheckpointConfig, check_unlocked
 from real.config import (
     BACKENDS,
     BALANCE,
@@ -47,11 +48,12 @@ from real.config import (
     RuntimeConfig,
     SyncConfig,
 )
-from real.launch import torchrun
+from real.launch import launch
 from real.mesh import env_world
 from real.model_api import UserModel, from_factory, plan_for
+from real.p2p import PeerError
 from real.train import RunResult, resolve_backend, restart_count, resume_point, run
-from schedules import ConfigError
+from schedules import ConfigError, SchedlabError
 from schedules.recompute import RECOMPUTE_PLACEMENTS
 from schedules.trace import check_trace_path
 from schedules.util import atomic_write, check_output_dir, check_output_file
@@ -274,9 +276,22 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int
     rank, world, _ = env_world()
     logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
                         format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
-    with errors_to_exit(p, f"[rank {rank}] " if world > 1 else ""):
-        config, user = _checked(args, world)
-        result = run(config, trace_path=args.trace, on_step=_print_step(args.json), user=user)
+    prefix = f"[rank {rank}] " if world > 1 else ""
+    with stop.handle_signals(), errors_to_exit(p, prefix):
+        try:
+            config, user = _checked(args, world)
+            result = run(config, trace_path=args.trace, on_step=_print_step(args.json), user=user)
+        except stop.Interrupted as exc:  # every rank stopped after the same step; rank 0 says where
+            if rank == 0:
+                sys.stderr.write(f"{exc}\n")
+            return stop.exit_status(exc.signum)
+        except PeerError as exc:  # a peer died or hangs (torchrun restarts the group, if allowed): one line
+            sys.stderr.write(f"error: {prefix}{str(exc).splitlines()[0]}\n")
+            return 1
+        except SchedlabError as exc:
+            if getattr(exc, "every_rank", False) and rank != 0:  # the same error on every rank: rank 0 says it
+                return 2
+            raise
         if rank == 0:
             _report(result, args)
     return 0
@@ -305,5 +320,8 @@ def launch_main(argv: Sequence[str] | None = None, prog: str = "schedlab run") -
     if _under_torchrun() or (nproc == 1 and known.nproc_per_node is None):
         return main(rest, prog=prog)  # checks everything itself
     with errors_to_exit(p):  # refuse here, before any process starts: the same checks every rank makes
-        resume_point(_checked(args, nproc)[0])
-    return torchrun(nproc, ["-m", "real", *rest]).returncode
+        config = _checked(args, nproc)[0]
+        if config.checkpoint is not None:
+            check_unlocked(config.checkpoint.directory)
+        resume_point(config)
+    return launch(nproc, ["-m", "real", *rest])
