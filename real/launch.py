@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-from real.stop import GRACE_S, exit_status
+from real.stop import GRACE_S, exit_status, message
 
 __all__ = ["KEEP_FREED_MEMORY", "STOP_GRACE", "descendants", "launch", "torchrun", "torchrun_command"]
 
@@ -151,8 +151,10 @@ class _StderrFilter:
         self.skipping = 0  # rules of '=' still to skip in torchrun's failure block
         self.in_root_cause = False
         self.root_exitcode: int | None = None
+        self.interrupted_said = False  # rank 0 printed the "interrupted at step N" line
 
     def feed(self, line: str) -> None:
+        self.interrupted_said |= line.startswith("interrupted ")
         if self.skipping:
             self._skip(line)
         elif self.traceback:
@@ -224,10 +226,12 @@ def _running(pid: int) -> bool:
 
 
 def launch(nproc: int, target: Sequence[str], *, env: Mapping[str, str] | None = None,
-           launcher_args: Sequence[str] = ()) -> int:
+           launcher_args: Sequence[str] = (), checkpoint_dir: str | None = None) -> int:
     """``schedlab run``: torchrun ``target`` on ``nproc`` processes in the foreground; the exit status.
 
-    See the module doc for signals and for what of torchrun's stderr is shown.
+    See the module doc for signals and for what of torchrun's stderr is shown. A signal that stops the
+    workers before they could say where (still starting) is reported here, with ``checkpoint_dir``'s newest
+    complete checkpoint.
     """
     signals = _Signals()
     previous = {s: signal.signal(s, signals) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -249,8 +253,19 @@ def launch(nproc: int, target: Sequence[str], *, env: Mapping[str, str] | None =
         for s, h in previous.items():
             signal.signal(s, h)
     if signals.received:
+        if not relay.interrupted_said:
+            sys.stderr.write(f"{message(None, _newest(checkpoint_dir))}\n")
         return exit_status(signals.received[0])
     return _status(proc.returncode, relay.root_exitcode)
+
+
+def _newest(checkpoint_dir: str | None) -> str | None:
+    if checkpoint_dir is None:
+        return None
+    from real.checkpoint import latest_complete
+
+    restored = latest_complete(checkpoint_dir)
+    return restored.path.name if restored is not None else None
 
 
 def _status(code: int, worker_code: int | None) -> int:

@@ -148,7 +148,13 @@ def resume_point(config: RunConfig) -> ckpt.Restored | None:
     restored = ckpt.latest_complete(config.checkpoint.directory)
     if restored is None:
         return None
+    if restored.step > config.steps:
+        raise CheckpointError(f"checkpoint {restored.path} is of step {restored.step}, past this run's {config.steps} "
+                              f"steps; give steps {restored.step} or more, or another checkpoint directory",
+                              field="steps")
     saved = restored.info.get("config", {})
+    if not isinstance(saved, dict):
+        saved = {}
     mine = config.to_dict()
     for part, key in _MUST_MATCH:
         if key == "batch_size" and config.data.token_file is not None:

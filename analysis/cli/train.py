@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -24,9 +25,11 @@ from analysis.cli.common import (
     add_schedule_args,
     errors_to_exit,
     fail,
+    given,
     guarded,
     int_list,
     print_json,
+    refuse,
 )
 from analysis.timeline import check_figure_path, plot_timeline
 from real import stop
@@ -48,6 +51,7 @@ from real.config import (
     RuntimeConfig,
     SyncConfig,
 )
+from real.data.tokens import sidecar_vocab
 from real.launch import launch
 from real.mesh import env_world
 from real.model_api import UserModel, from_factory, plan_for
@@ -58,7 +62,8 @@ from schedules.recompute import RECOMPUTE_PLACEMENTS
 from schedules.trace import check_trace_path
 from schedules.util import atomic_write, check_output_dir, check_output_file
 
-__all__ = ["add_model_args", "config_from_args", "launch_main", "main", "model_argv", "model_from_args", "parser"]
+__all__ = ["add_model_args", "config_from_args", "launch_main", "main", "model_argv", "model_from_args", "parser",
+           "refuse_model_flags"]
 
 MODEL_FLAGS = ("layers", "dim", "heads", "vocab", "seq")
 
@@ -66,14 +71,15 @@ MODEL_FLAGS = ("layers", "dim", "heads", "vocab", "seq")
 def add_model_args(p: argparse.ArgumentParser, defaults: ModelConfig | None = None) -> None:
     """The built-in model's flags (``python -m real``, ``python -m real.profile``, the experiments)."""
     d = defaults or ModelConfig()
+    p.set_defaults(model_defaults=d)  # the flags default to None, so that a flag given can be told from one not
     m = p.add_argument_group("model")
     m.add_argument("--model", type=_model_kind, default=d.kind, metavar="{gpt,mlp,pkg.module:factory}",
                    help=f"gpt decoder, mlp, or a factory returning a real.UserModel (default {d.kind})")
-    m.add_argument("--layers", type=int, default=d.layers, help=f"decoder blocks / hidden layers (default {d.layers})")
-    m.add_argument("--dim", type=int, default=d.dim, help=f"hidden size (default {d.dim})")
-    m.add_argument("--heads", type=int, default=d.heads, help=f"attention heads (default {d.heads})")
-    m.add_argument("--vocab", type=int, default=d.vocab, help=f"vocabulary (gpt) or classes (mlp) (default {d.vocab})")
-    m.add_argument("--seq", type=int, default=d.seq, help=f"sequence length (gpt; default {d.seq})")
+    m.add_argument("--layers", type=int, help=f"decoder blocks / hidden layers (default {d.layers})")
+    m.add_argument("--dim", type=int, help=f"hidden size (default {d.dim})")
+    m.add_argument("--heads", type=int, help=f"attention heads (default {d.heads})")
+    m.add_argument("--vocab", type=int, help=f"vocabulary (gpt) or classes (mlp) (default {d.vocab})")
+    m.add_argument("--seq", type=int, help=f"sequence length (gpt; default {d.seq})")
 
 
 def _model_kind(text: str) -> str:
@@ -83,10 +89,21 @@ def _model_kind(text: str) -> str:
                                      "(a function returning a real.UserModel)")
 
 
-def model_from_args(args: argparse.Namespace) -> ModelConfig:
-    """The built-in model's config (the defaults when ``--model`` names a factory)."""
-    kind = args.model if args.model in MODEL_KINDS else ModelConfig().kind
-    return ModelConfig(kind=kind, **{k: getattr(args, k) for k in MODEL_FLAGS})
+def model_from_args(args: argparse.Namespace, vocab: int | None = None) -> ModelConfig:
+    """The built-in model's config (the defaults when ``--model`` names a factory); ``vocab``: the vocabulary
+    when ``--vocab`` is not given (a token file's)."""
+    d = getattr(args, "model_defaults", None) or ModelConfig()
+    kind = args.model if args.model in MODEL_KINDS else d.kind
+    values = {k: getattr(args, k) if getattr(args, k) is not None else getattr(d, k) for k in MODEL_FLAGS}
+    if args.vocab is None and vocab is not None:
+        values["vocab"] = vocab
+    return ModelConfig(kind=kind, **values)
+
+
+def refuse_model_flags(args: argparse.Namespace) -> None:
+    """The built-in model's flags do nothing with ``--model pkg.module:factory``: an error."""
+    if args.model not in MODEL_KINDS:
+        refuse(given(args, *MODEL_FLAGS), f"with --model {args.model} (the factory builds the model; leave them out)")
 
 
 def _factory(args: argparse.Namespace) -> str | None:
@@ -120,8 +137,8 @@ def parser(prog: str) -> OneLineParser:
     o = p.add_argument_group("training")
     o.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
     o.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
-    o.add_argument("--dp-mode", choices=DP_MODES, default="ddp", help="gradient sync (default ddp)")
-    o.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket cap in MiB (default 25)")
+    o.add_argument("--dp-mode", choices=DP_MODES, help="gradient sync, with dp > 1 (default ddp)")
+    o.add_argument("--bucket-mb", type=float, help="gradient bucket cap in MiB, with dp > 1 (default 25)")
     o.add_argument("--recompute", choices=RECOMPUTE_PLACEMENTS, default="none",
                    help="activation recomputation: none (default); full: an R (the forward again, with grad) right "
                    "before every backward, its F keeps only its input; bubbles: each R moved into idle time "
@@ -131,7 +148,8 @@ def parser(prog: str) -> OneLineParser:
     r = p.add_argument_group("runtime and output")
     r.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, gloo otherwise")
     r.add_argument("--timeout", type=float, default=300.0, metavar="S", help="collective timeout (default 300 s)")
-    r.add_argument("--recv-ahead", type=int, metavar="K", help="receives posted ahead per peer (default: all)")
+    r.add_argument("--recv-ahead", type=int, metavar="K",
+                   help="receives posted ahead per peer, with pp > 1 (default: all)")
     r.add_argument("--trace", metavar="FILE", help="write the merged trace of the traced steps (.csv or .parquet)")
     r.add_argument("--trace-step", type=int, default=-1, metavar="K", help="step to trace (default -1: the last)")
     r.add_argument("--trace-steps", type=int, default=1, metavar="N",
@@ -141,10 +159,11 @@ def parser(prog: str) -> OneLineParser:
     r.add_argument("--json", action="store_true", help="print exactly one JSON object at the end (rank 0)")
     f = p.add_argument_group("fault tolerance (see README: torchrun --max-restarts)")
     f.add_argument("--checkpoint-dir", metavar="DIR", help="save DCP checkpoints here and resume from the newest")
-    f.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
-                   help="save every K steps (default 0: only resume)")
-    f.add_argument("--keep-last", type=int, default=2, metavar="N", help="complete checkpoints kept (default 2)")
-    f.add_argument("--async-checkpoint", action="store_true", help="save with dcp.async_save (one in flight)")
+    f.add_argument("--checkpoint-every", type=int, metavar="K",
+                   help="with --checkpoint-dir: save every K steps (default 0: only resume)")
+    f.add_argument("--keep-last", type=int, metavar="N",
+                   help="with --checkpoint-dir: complete checkpoints kept (default 2)")
+    f.add_argument("--async-checkpoint", action="store_true", help="with --checkpoint-dir: save with dcp.async_save (one in flight)")
     f.add_argument("--fail-at-step", type=int, metavar="S", help="inject a fault at step S (first attempt only)")
     f.add_argument("--fail-rank", type=int, default=0, metavar="R", help="the rank that fails (default 0)")
     f.add_argument("--fail-mode", choices=FAIL_MODES, default="kill", help="kill (SIGKILL) or hang (default kill)")
@@ -194,13 +213,15 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
     A ``csv:FILE`` schedule gives pp and microbatches when the flags leave them out.
     """
     _shape_from_file(args)
-    model = model_from_args(args)
+    _refuse_idle_flags(args)
+    model = model_from_args(args, sidecar_vocab(args.data) if args.data else None)
     checkpoint = None
     if args.checkpoint_dir is not None:
-        checkpoint = CheckpointConfig(directory=args.checkpoint_dir, every=args.checkpoint_every,
-                                      keep_last=args.keep_last, async_save=args.async_checkpoint)
+        checkpoint = CheckpointConfig(directory=args.checkpoint_dir, every=_or(args.checkpoint_every, 0),
+                                      keep_last=_or(args.keep_last, 2), async_save=args.async_checkpoint)
+    dp = _resolve_dp(args.dp, args.pp, world)
     return RunConfig(
-        layout=Layout(schedule=args.schedule, pp=args.pp, dp=_resolve_dp(args.dp, args.pp, world),
+        layout=Layout(schedule=args.schedule, pp=args.pp, dp=dp,
                       microbatches=args.microbatches, chunks=args.chunks, split=args.split,
                       boundaries=args.boundaries, balance=args.balance, recompute=args.recompute,
                       recompute_limit=args.recompute_limit),
@@ -208,12 +229,28 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
         data=DataConfig(model=model, batch_size=args.batch_size, seed=args.seed, factory=_factory(args),
                         token_file=args.data, data_master=args.data_master),
         optim=OptimConfig(optimizer=args.optimizer, lr=args.lr),
-        sync=SyncConfig(dp_mode=args.dp_mode, bucket_mb=args.bucket_mb),
+        sync=SyncConfig(dp_mode=_or(args.dp_mode, "ddp"), bucket_mb=_or(args.bucket_mb, 25.0)),
         runtime=RuntimeConfig(backend=args.backend, timeout_s=args.timeout, recv_ahead=args.recv_ahead,
                               trace_step=args.trace_step, trace_steps=args.trace_steps, dtype=args.dtype),
         checkpoint=checkpoint,
         faults=FaultConfig(fail_at_step=args.fail_at_step, fail_rank=args.fail_rank, fail_mode=args.fail_mode),
     )
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _refuse_idle_flags(args: argparse.Namespace) -> None:
+    """A flag that would do nothing in this run is an error (exit 2), never silently accepted."""
+    if args.checkpoint_dir is None:
+        refuse(given(args, "checkpoint_every", "keep_last") + (["--async-checkpoint"] if args.async_checkpoint else []),
+               "without --checkpoint-dir (nothing would be saved; give --checkpoint-dir DIR)")
+    if args.dp == 1:  # with --dp auto the same command may run at dp 1 or more: the flags stay valid
+        refuse(given(args, "dp_mode", "bucket_mb"), "at dp 1 (one replica: no gradients to synchronize)")
+    if args.pp == 1:
+        refuse(given(args, "recv_ahead"), "at pp 1 (one pipeline rank: no messages between stages)")
+    refuse_model_flags(args)
 
 
 def _user(config: RunConfig) -> UserModel | None:
@@ -324,4 +361,4 @@ def launch_main(argv: Sequence[str] | None = None, prog: str = "schedlab run") -
         if config.checkpoint is not None:
             check_unlocked(config.checkpoint.directory)
         resume_point(config)
-    return launch(nproc, ["-m", "real", *rest])
+    return launch(nproc, ["-m", "real", *rest], checkpoint_dir=args.checkpoint_dir)
