@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from real import checkpoint as ckpt
-from real import stop
+from real import stop, usercode
 from real.config import Plan, RunConfig, make_plan
 from real.data import DataSource, microbatches, step_seed
 from real.datamaster import MasterBatches
@@ -52,7 +52,7 @@ from real.model_api import (
 )
 from real.models import make_optimizer
 from real.p2p import PeerError, PipeComm, matching_sends
-from schedules import Action, CheckpointError, ConfigError, Kind, Stream
+from schedules import Action, CheckpointError, ConfigError, Kind, SchedlabError, Stream
 from schedules.trace import check_trace_path, make_trace, write_trace
 
 if TYPE_CHECKING:
@@ -190,6 +190,7 @@ def run(
     held = None
     try:
         held = _lock(config, mesh)
+        _check_user_model(config, mesh, model, plan, data)
         if config.layout.balance is not None:
             config = resolve_balance(config, model, plan.num_stages, data.sample(config.microbatch_size)[0],
                                      lambda split: _from_rank0(split, mesh))
@@ -201,6 +202,26 @@ def run(
             ckpt.unlock(held)
         if own:
             mesh.close()
+
+
+def _check_user_model(config: RunConfig, mesh: Mesh, model: StagedModel, plan: Plan, data: DataSource) -> None:
+    """Rank 0 runs one microbatch through a user's whole model with gradients (see :func:`usercode.check_model`);
+    every rank raises its error alike, so that rank 0 alone prints it."""
+    if model.what is None:
+        return
+    refusal = None
+    if mesh.rank == 0:
+        try:
+            blocks = model.blocks if model.blocks is not None else tuple(model.layers(range(model.num_layers)))
+            usercode.check_model(blocks, plan.layers, model.loss, data.sample(config.microbatch_size), model.what)
+        except SchedlabError as exc:
+            refusal = (str(exc), exc.field, getattr(exc, "frames", []))
+    refusal = _from_rank0(refusal, mesh)
+    if refusal is not None:
+        message, field_, frames = refusal
+        error = usercode.UserCodeError(message, field=field_, frames=frames)
+        error.every_rank = True
+        raise error
 
 
 def _lock(config: RunConfig, mesh: Mesh) -> Path | None:

@@ -30,6 +30,7 @@ from analysis.cli.common import (
     int_list,
     print_json,
     refuse,
+    with_flag,
 )
 from analysis.timeline import check_figure_path, plot_timeline
 from real import stop
@@ -57,6 +58,7 @@ from real.mesh import env_world
 from real.model_api import UserModel, from_factory, plan_for
 from real.p2p import PeerError
 from real.train import RunResult, resolve_backend, restart_count, resume_point, run
+from real.usercode import UserCodeError, check_model, raised, user_frames
 from schedules import ConfigError, SchedlabError
 from schedules.recompute import RECOMPUTE_PLACEMENTS
 from schedules.trace import check_trace_path
@@ -328,10 +330,38 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int
         except SchedlabError as exc:
             if getattr(exc, "every_rank", False) and rank != 0:  # the same error on every rank: rank 0 says it
                 return 2
+            if isinstance(exc, UserCodeError):
+                return _user_error(str(exc), exc.field, exc.frames, p, prefix, args.verbose)
             raise
+        except Exception as exc:  # a user's block failed mid-training: one line naming the user's frame, if any
+            frames = user_frames(exc)
+            if not frames:
+                raise
+            error = raised("the model's code", exc, "model")
+            return _user_error(str(error), None, error.frames, p, prefix, args.verbose)
         if rank == 0:
             _report(result, args)
     return 0
+
+
+def _user_error(message: str, field: str | None, frames: list[str], p: OneLineParser, prefix: str,
+                verbose: int) -> int:
+    """The user's code failed: one line, and under -v the user's own traceback frames (never the runtime's)."""
+    text = f"error: {prefix}{with_flag(message, field, p)}\n"
+    if verbose and frames:
+        text += "the traceback's frames in your code (most recent call last):\n" + "".join(frames)
+    sys.stderr.write(text)
+    sys.stderr.flush()
+    return 2
+
+
+def _precheck_user_model(config: RunConfig, user: UserModel | None, world: int) -> None:
+    """``schedlab run``, before torchrun starts: one microbatch through the user's whole model (as rank 0 will)."""
+    if user is None:
+        return
+    plan, model, data = plan_for(config, world, user)
+    blocks = model.blocks if model.blocks is not None else tuple(model.layers(range(model.num_layers)))
+    check_model(blocks, plan.layers, model.loss, data.sample(config.microbatch_size), model.what)
 
 
 def _under_torchrun() -> bool:
@@ -357,7 +387,8 @@ def launch_main(argv: Sequence[str] | None = None, prog: str = "schedlab run") -
     if _under_torchrun() or (nproc == 1 and known.nproc_per_node is None):
         return main(rest, prog=prog)  # checks everything itself
     with errors_to_exit(p):  # refuse here, before any process starts: the same checks every rank makes
-        config = _checked(args, nproc)[0]
+        config, user = _checked(args, nproc)
+        _precheck_user_model(config, user, nproc)
         if config.checkpoint is not None:
             check_unlocked(config.checkpoint.directory)
         resume_point(config)
