@@ -319,6 +319,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int
     with stop.handle_signals(), errors_to_exit(p, prefix):
         try:
             config, user = _checked(args, world)
+            if rank == 0 and user is not None and user.batches is not None and config.data.token_file:
+                sys.stderr.write(f"warning: --data {config.data.token_file} trains the model; the batches function "
+                                 f"of {config.data.factory} is not used\n")
             result = run(config, trace_path=args.trace, on_step=_print_step(args.json), user=user)
         except stop.Interrupted as exc:  # every rank stopped after the same step; rank 0 says where
             if rank == 0:

@@ -124,11 +124,17 @@ class TokenFile:
         return best, at
 
     def check_vocab(self, vocab: int, whose: str) -> None:
-        """ConfigError naming the first largest token if it is not below ``vocab``."""
-        if self.max_token >= vocab:
-            raise ConfigError(f"token file {str(self.path)!r} holds token {self.max_token} (at token {self.max_at}), "
-                              f"not below {whose} {vocab}: every token must be < the vocabulary (is the sidecar's "
-                              "dtype or vocab right?)", field="token_file")
+        """ConfigError naming the first largest token if it is not below ``vocab`` (``whose`` vocabulary it is)."""
+        if self.max_token < vocab:
+            return
+        if whose.startswith("its sidecar"):
+            fix = f"the sidecar's dtype ({self.dtype}) or vocab is wrong"
+            field = "token_file"
+        else:
+            fix = f"use a vocab of {self.max_token + 1} or more"
+            field = "vocab"
+        raise ConfigError(f"token file {str(self.path)!r} holds token {self.max_token} (at token {self.max_at}), "
+                          f"not below {whose} {vocab}: {fix}", field=field)
 
     def windows(self, ids: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of windows ``ids``: int64 tensors of shape (len(ids), seq)."""
