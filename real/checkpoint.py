@@ -189,7 +189,8 @@ def _record(path: Path) -> dict[str, Any]:
     losses = info.get("losses")
     if not isinstance(losses, list) or len(losses) != step or not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) for x in losses):
-        what = f"{len(losses)} losses" if isinstance(losses, list) else f"losses {_quote_json(losses)}"
+        what = (f"{len(losses)} losses" if isinstance(losses, list) else
+                f"losses {_quote_json(losses)}" if "losses" in info else "no losses")
         raise ValueError(f"its {MARKER} marker holds {what}; a checkpoint of step {step} holds a list of {step} numbers")
     if METADATA not in files:
         raise ValueError(f"no DCP {METADATA} file")
