@@ -144,16 +144,16 @@ def load_factory(spec: str) -> Callable[[], Any]:
             loader = importlib.util.spec_from_file_location(f"schedlab_user_{path.stem}", path)
             module = importlib.util.module_from_spec(loader)
             sys.modules[loader.name] = module
-            usercode.call(f"model {spec!r}: importing {module_name}", loader.loader.exec_module, module,
-                          field="factory")
+            loader.loader.exec_module(module)
         else:
             if "" not in sys.path and str(Path.cwd()) not in sys.path:
                 sys.path.insert(0, str(Path.cwd()))  # a module next to the command, as `python -m` finds it
-            module = usercode.call(f"model {spec!r}: importing {module_name}", importlib.import_module,
-                                   module_name, field="factory")
+            module = importlib.import_module(module_name)
     except ConfigError:
         raise
-    except Exception as exc:  # the module cannot be found or loaded at all: one line with the error
+    except SystemExit as exc:  # the module's own code exits while it is imported
+        raise usercode.raised(f"model {spec!r}: importing {module_name}", exc, "factory") from exc
+    except Exception as exc:  # the user's module failed to import: one line with its error
         raise ConfigError(f"model {spec!r}: importing {module_name} failed ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else ''})", field="factory") from exc
     factory = getattr(module, attr, None)
