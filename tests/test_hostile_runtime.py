@@ -628,3 +628,32 @@ def test_runs_in_one_process_retain_nothing() -> None:
         after.append(_live_tensors() - before)
     assert after == [0] * 12
     assert _rss_mb() - rss < 20.0  # MiB: the leak grew by the graph of every run; allocator noise stays far below
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_second_run_on_a_directory_in_use_is_refused(tmp_path: Path) -> None:
+    """Run A trains with checkpoints; run B on the same directory is refused (by schedlab run before torchrun
+    starts, and by a worker's rank 0 when started alone), and A goes on to stop cleanly on SIGTERM."""
+    root = tmp_path / "ck"
+    flags = ["--steps", "100000", "--checkpoint-dir", str(root), "--checkpoint-every", "3"]
+    a = subprocess.Popen([sys.executable, "-m", "analysis", "run", *PP2, *flags], cwd=ROOT, env=_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _wait_for_step(a, 5)
+        holder = json.loads((root / "LOCK").read_text())
+        refusal = (f"error: checkpoint directory {str(root)!r} is in use by another run (PID {holder['pid']} on this "
+                   f"host, since {holder['since']}); wait for it to end or give another checkpoint directory "
+                   "(flag --checkpoint-dir)\n")
+        for b in ([sys.executable, "-m", "analysis", "run", *PP2, *flags],
+                  [sys.executable, "-m", "real", *ONE[:-2], *SMALL, *flags]):
+            done = subprocess.run(b, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
+            assert (done.returncode, done.stderr) == (2, refusal)
+        _wait_for_step(a, 12)  # A trains on, undisturbed
+        a.send_signal(signal.SIGTERM)
+        _, err = a.communicate(timeout=STOP_BOUND)
+    finally:
+        if a.poll() is None:
+            os.killpg(a.pid, signal.SIGKILL)
+    assert a.returncode == 143
+    _only_complete(root, err)
