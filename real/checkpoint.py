@@ -7,6 +7,13 @@ Layout of ``--checkpoint-dir``::
         __0_0.distcp ...    DCP's data files, one per writing rank
         COMPLETE            JSON, written last of all (atomically): step, layout, losses, each file's size and CRC-32
     .tmp-step_000006-a0/    a checkpoint being written (attempt 0); never read
+    LOCK                    the run using the directory (rank 0): host, PID, its start time, since when
+
+Only what a save wrote is ever removed (DCP's files, the marker, their
+temporaries): a file of the user's in a checkpoint's folder stays, and so
+does its folder. One run uses a directory at a time (:func:`lock`); a lock
+whose holder has ended (this host: PID gone or reused) is taken over. A
+COMPLETE whose losses are not a list of ``step`` numbers is not trusted.
 
 A checkpoint is written into a temporary directory; once DCP has finished on
 every rank, rank 0 renames it to ``step_NNNNNN`` and then writes ``COMPLETE``
