@@ -117,7 +117,8 @@ def guarded(main: Callable[..., int]) -> Callable[..., int]:
             _stdout_to_devnull()
             return 1
         except KeyboardInterrupt:  # Ctrl-C outside a run's own handling (real.stop): the shell's status, no traceback
-            sys.stderr.write("interrupted\n")
+            if os.environ.get("RANK", "0") == "0":  # one line for a launched group, not one per rank
+                sys.stderr.write("interrupted\n")
             return 130
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
