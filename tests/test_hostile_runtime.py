@@ -657,3 +657,28 @@ def test_a_second_run_on_a_directory_in_use_is_refused(tmp_path: Path) -> None:
             os.killpg(a.pid, signal.SIGKILL)
     assert a.returncode == 143
     _only_complete(root, err)
+
+
+TOKEN_MODEL = textwrap.dedent('''
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    from real import UserModel
+
+
+    def build():
+        net = nn.Sequential(nn.Embedding(256, 8), nn.Linear(8, 256))
+        return UserModel(model=net, loss=lambda out, y: F.cross_entropy(out.flatten(0, 1), y.flatten()),
+                         batches=lambda step: (torch.zeros(4, 8, dtype=torch.long), torch.zeros(4, 8, dtype=torch.long)))
+''')
+
+
+def test_a_factorys_batches_with_a_token_file_says_which_trains(capsys, tmp_path: Path) -> None:
+    (tmp_path / "tok.py").write_text(TOKEN_MODEL)
+    data = _tokens(tmp_path / "t.bin", list(range(200)), {"dtype": "uint16", "vocab": 256})
+    spec = f"{tmp_path / 'tok.py'}:build"
+    code, err = _main(capsys, ["--model", spec, "--schedule", "gpipe", "--pp", "1", "--microbatches", "1",
+                               "--batch-size", "4", "--steps", "1", "--data", data, "--json"])
+    assert (code, err.splitlines()[0]) == (0, f"warning: --data {data} trains the model; the batches function of "
+                                              f"{spec} is not used")
