@@ -73,12 +73,13 @@ def test_keep_last_removes_only_what_a_save_wrote(tmp_path: Path) -> None:
     (root / ".tmp-step_000002-mine").mkdir()
     (root / ".tmp-step_000002-mine" / "keep.txt").write_text("x")
     (root / ".tmp-notes").mkdir()
+    (root / ".tmp-step_notes").mkdir()
     (root / ".tmp-step_000002-a7").mkdir()  # a save's own temporary (attempt 7), left by a killed run
     (root / ".tmp-step_000002-a7" / "__0_0.distcp").write_bytes(b"partial")
     _save(saver, 2)
     _save(saver, 3)
     assert _tree(root) == [
-        ".tmp-notes/", ".tmp-step_000002-mine/", ".tmp-step_000002-mine/keep.txt",
+        ".tmp-notes/", ".tmp-step_000002-mine/", ".tmp-step_000002-mine/keep.txt", ".tmp-step_notes/",
         "step_000001/", "step_000001/mine.txt",
         "step_000003/", "step_000003/.metadata", "step_000003/COMPLETE", "step_000003/__0_0.distcp",
     ]
