@@ -32,6 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 PY = sys.executable
 SIM = [PY, "-m", "sim"]
 SCHEDLAB = [PY, "-m", "analysis"]
@@ -308,7 +310,127 @@ def _cases(d: Path) -> list[Case]:
                   ["--out", str(d / "p.json"), "--reps", "0"], ["--out", str(d / "p.json"), "--split", "3,1",
                                                                  "--stages", "2,4"]):
         add("profiler", [*PROFILE, *SMALL, *extra])
+
+    # -- hardening, runtime: flags that do nothing, the user's code, token files, a NaN at pp 2 --------------------
+    one = ["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--steps", "2", *SMALL]
+    for extra in (["--checkpoint-every", "2"], ["--keep-last", "3"], ["--async-checkpoint"], ["--dp-mode", "zero1"],
+                  ["--bucket-mb", "5"], ["--recv-ahead", "2"], ["--seed", str(2**64)], ["--seed", "-1"]):
+        add("runtime: idle flags", [*REAL, *one, *extra])
+    models = d / "hostile_models.py"
+    models.write_text(HOSTILE_MODELS)
+    user = ["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--batch-size", "8", "--steps", "3"]
+    add("runtime: idle flags", [*REAL, *user, "--model", f"{models}:good", "--heads", "4"])
+    add("runtime: idle flags", [*PROFILE, "--model", f"{models}:good", "--out", str(d / "p.json")])
+    for factory in ("stage_tuple", "last_tuple", "last_none", "zero_d", "int_inputs", "width_changes", "loss_vector",
+                    "loss_float", "loss_nograd", "exits", "exits_text"):
+        add("runtime: your code", [*REAL, *user, "--model", f"{models}:{factory}"])
+    add("runtime: your code", [*REAL, *user, "--model", f"{models}:good", "--json"], "ok")
+    add("runtime: your code", [*SCHEDLAB, "run", *user, "--pp", "2", "--model", f"{models}:stage_tuple"])
+    gpt = ["--schedule", "gpipe", "--pp", "1", "--microbatches", "1", "--batch-size", "2", "--steps", "1",
+           "--layers", "1", "--dim", "8", "--heads", "2", "--seq", "4"]
+    for name, tokens, dtype, sidecar in (("big", [1, 2, 300, 4], "uint16", {"dtype": "uint16", "vocab": 256}),
+                                         ("dtype_lie", [1, 2, 3, 4], "uint16", {"dtype": "uint32", "vocab": 256}),
+                                         ("vocab_lie", [1, 2, 3, 40], "uint16", {"dtype": "uint16", "vocab": 16}),
+                                         ("vocab_str", [1, 2, 3, 4], "uint16", {"dtype": "uint16", "vocab": "256"}),
+                                         ("no_sidecar", [1, 2, 3, 99], "uint16", None),
+                                         ("good", [1, 2, 3, 200], "uint16", {"dtype": "uint16", "vocab": 256})):
+        path = d / f"tokens_{name}.bin"
+        np.asarray(tokens * 5, dtype=dtype).tofile(path)
+        if sidecar is not None:
+            Path(f"{path}.json").write_text(json.dumps(sidecar))
+        add("runtime: token files", [*REAL, *gpt, "--data", str(path), *(["--json"] if name == "good" else [])],
+            "ok" if name == "good" else "error")
+    add("runtime: failures", [*SCHEDLAB, "run", "--schedule", "1f1b", "--pp", "2", "--microbatches", "2", "--steps",
+                              "3", "--batch-size", "4", "--lr", "1e30", *SMALL])  # NaN at pp 2: one line
     return cases
+
+
+HOSTILE_MODELS = """
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from real import UserModel
+
+
+class Pair(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.lin(x), x
+
+
+class Nothing(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8)
+
+    def forward(self, x):
+        self.lin(x)
+
+
+def data(step):
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(8, 8, generator=g), torch.randint(4, (8,), generator=g)
+
+
+def net():
+    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
+
+
+def good():
+    return UserModel(model=net(), loss=F.cross_entropy, batches=data)
+
+
+def stage_tuple():
+    return UserModel(model=nn.Sequential(Pair(), nn.Linear(8, 4)), loss=F.cross_entropy, batches=data)
+
+
+def last_tuple():
+    return UserModel(model=nn.Sequential(nn.Linear(8, 8), Pair()), loss=F.cross_entropy, batches=data)
+
+
+def last_none():
+    return UserModel(model=nn.Sequential(nn.Linear(8, 8), Nothing()), loss=F.cross_entropy, batches=data)
+
+
+def zero_d():
+    return UserModel(model=net(), loss=F.cross_entropy, batches=lambda step: (torch.tensor(1.0), torch.tensor(1)))
+
+
+def int_inputs():
+    return UserModel(model=net(), loss=F.cross_entropy,
+                     batches=lambda step: (torch.randint(3, (8, 8)), torch.randint(4, (8,))))
+
+
+def width_changes():
+    return UserModel(model=net(), loss=F.cross_entropy,
+                     batches=lambda step: data(step) if step == 0 else (torch.randn(8, 9), data(step)[1]))
+
+
+def loss_vector():
+    return UserModel(model=net(), loss=lambda out, y: F.cross_entropy(out, y, reduction="none"), batches=data)
+
+
+def loss_float():
+    return UserModel(model=net(), loss=lambda out, y: float(F.cross_entropy(out, y)), batches=data)
+
+
+def loss_nograd():
+    return UserModel(model=net(), loss=lambda out, y: F.cross_entropy(out, y).detach(), batches=data)
+
+
+def exits():
+    sys.exit(0)
+
+
+def exits_text():
+    sys.exit("bye")
+"""
 
 
 def _classify(case: Case, rc: int | None, out: str, err: str) -> str:

@@ -7,6 +7,13 @@ Layout of ``--checkpoint-dir``::
         __0_0.distcp ...    DCP's data files, one per writing rank
         COMPLETE            JSON, written last of all (atomically): step, layout, losses, each file's size and CRC-32
     .tmp-step_000006-a0/    a checkpoint being written (attempt 0); never read
+    LOCK                    the run using the directory (rank 0): host, PID, its start time, since when
+
+Only what a save wrote is ever removed (DCP's files, the marker, their
+temporaries): a file of the user's in a checkpoint's folder stays, and so
+does its folder. One run uses a directory at a time (:func:`lock`); a lock
+whose holder has ended (this host: PID gone or reused) is taken over. A
+COMPLETE whose losses are not a list of ``step`` numbers is not trusted.
 
 A checkpoint is written into a temporary directory; once DCP has finished on
 every rank, rank 0 renames it to ``step_NNNNNN`` and then writes ``COMPLETE``
@@ -31,7 +38,8 @@ import json
 import logging
 import os
 import re
-import shutil
+import socket
+import time
 import warnings
 import zlib
 from collections.abc import Iterator
@@ -52,15 +60,21 @@ from schedules import CheckpointError
 from schedules.errors import MAX_QUOTE, check_positive_ints
 
 __all__ = [
-    "MARKER", "CheckpointConfig", "Checkpointer", "Restored", "complete_checkpoints", "latest_complete", "load",
-    "state_dict",
+    "LOCK", "MARKER", "CheckpointConfig", "Checkpointer", "Restored", "check_unlocked", "complete_checkpoints",
+    "latest_complete", "load", "lock", "state_dict", "unlock",
 ]
 
 log = logging.getLogger(__name__)
 
 MARKER = "COMPLETE"
 METADATA = ".metadata"
+LOCK = "LOCK"
 _STEP_DIR = re.compile(r"^step_(\d{6,})$")
+_TMP_DIR = re.compile(r"^\.tmp-step_(\d{6,})-a(\d+)$")
+# What a save writes into a checkpoint's directory: DCP's index (and its temporary), DCP's data files
+# (``__{rank}_{n}.distcp``; ``__{rank}.metadata`` without a coordinator), the marker and its temporary.
+# Nothing else in a checkpoint directory is ever removed.
+_RUNTIME_FILE = re.compile(r"^(\.metadata(\.tmp)?|__\d+(\.metadata(\.tmp)?|_\d+\.distcp)|COMPLETE|\.COMPLETE\.part)$")
 _CHUNK = 1 << 20  # bytes read at a time for a checksum
 _warned: set[str] = set()  # warnings this process has logged: each once per rank, however often a directory is scanned
 
@@ -119,9 +133,30 @@ def _crc32(path: Path) -> str:
 
 
 def _files(path: Path) -> dict[str, dict[str, Any]]:
-    """Every file of the checkpoint but the marker: its size and CRC-32, for COMPLETE."""
-    return {p.name: {"bytes": p.stat().st_size, "crc32": _crc32(p)}
-            for p in sorted(path.iterdir()) if p.is_file() and p.name != MARKER}
+    """Every file DCP wrote into the checkpoint: its size and CRC-32, for COMPLETE."""
+    return {p.name: {"bytes": p.stat().st_size, "crc32": _crc32(p)} for p in sorted(path.iterdir())
+            if p.is_file() and p.name != MARKER and _RUNTIME_FILE.match(p.name)}
+
+
+def _remove_runtime_files(path: Path) -> list[str]:
+    """Remove what a save wrote into ``path`` (the marker first) and ``path`` itself if nothing else is left.
+
+    Returns the names of the entries left (files or folders the runtime did not write); they are never removed.
+    """
+    marker = path / MARKER
+    if marker.is_file():
+        marker.unlink()
+    left = []
+    for p in sorted(path.iterdir()):
+        if p.is_file() and _RUNTIME_FILE.match(p.name):
+            p.unlink(missing_ok=True)
+        else:
+            left.append(p.name)
+    if left:
+        _warn_once(f"{path}: kept {', '.join(left)} (not written by schedlab); the checkpoint's own files are removed")
+    else:
+        path.rmdir()
+    return left
 
 
 def _one_line(exc: BaseException) -> str:
@@ -155,11 +190,23 @@ def _record(path: Path) -> dict[str, Any]:
                                                for f in files.values()):
         raise ValueError(f"its {MARKER} marker lists no checksum per file (written by an older schedlab?); "
                          "it cannot be verified")
-    if info.get("step") != int(_STEP_DIR.match(path.name)[1]):
+    step = int(_STEP_DIR.match(path.name)[1])
+    if info.get("step") != step or isinstance(info.get("step"), bool):
         raise ValueError(f"its {MARKER} marker is of step {info.get('step')!r}, not of this directory's")
+    losses = info.get("losses")
+    if not isinstance(losses, list) or len(losses) != step or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in losses):
+        what = (f"{len(losses)} losses" if isinstance(losses, list) else
+                f"losses {_quote_json(losses)}" if "losses" in info else "no losses")
+        raise ValueError(f"its {MARKER} marker holds {what}; a checkpoint of step {step} holds a list of {step} numbers")
     if METADATA not in files:
         raise ValueError(f"no DCP {METADATA} file")
     return info
+
+
+def _quote_json(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= MAX_QUOTE else text[: MAX_QUOTE - 3] + "..."
 
 
 def _check_sizes(path: Path, info: dict[str, Any]) -> None:
@@ -218,6 +265,107 @@ def latest_complete(directory: str | Path) -> Restored | None:
         _warn_once(f"checkpoint directory {directory}: none of its {len(dirs)} checkpoints verifies; "
                    "training starts at step 0")
     return None
+
+
+# -- one run per directory ---------------------------------------------------------------------------------------
+
+
+def _start_time(pid: int) -> str | None:
+    """The start time of process ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat), None if unknown."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()  # after the command name, which may hold spaces: fields 3, 4, ...
+    return fields[19] if len(fields) > 19 else None
+
+
+def _holder(path: Path) -> dict[str, Any] | None:
+    """The record of the lock file ``path``: None if there is none, {} if it cannot be read."""
+    try:
+        record = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def _alive(holder: dict[str, Any]) -> bool | None:
+    """Whether the lock's holder still runs: None if it runs on another host (this one cannot tell)."""
+    if holder.get("host") != socket.gethostname():
+        return None if holder.get("host") else False
+    pid = holder.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: it exists
+        pass
+    start = holder.get("start")
+    return start is None or _start_time(pid) in (None, start)  # another start time: the PID was reused
+
+
+def _refuse_held(directory: Path, holder: dict[str, Any]) -> None:
+    alive = _alive(holder)
+    if alive is False:
+        return
+    since = holder.get("since", "?")
+    if alive is None:
+        raise CheckpointError(f"checkpoint directory {str(directory)!r} is locked by PID {holder.get('pid')} on host "
+                              f"{holder.get('host')!r} (since {since}); if that run has ended, remove "
+                              f"{directory / LOCK}", field="directory")
+    raise CheckpointError(f"checkpoint directory {str(directory)!r} is in use by another run (PID {holder['pid']} "
+                          f"on this host, since {since}); wait for it to end or give another checkpoint directory",
+                          field="directory")
+
+
+def check_unlocked(directory: str | Path) -> None:
+    """CheckpointError if a run that still runs holds ``directory``'s lock (reads only)."""
+    holder = _holder(Path(directory) / LOCK)
+    if holder:
+        _refuse_held(Path(directory), holder)
+
+
+def lock(directory: str | Path) -> Path:
+    """Take ``directory``'s lock for this process (rank 0 of a run): a file naming the host, PID and start time.
+
+    A lock whose holder has ended (this host: its PID is gone or reused) is taken over, with a warning;
+    CheckpointError if a live run holds it (or one on another host: this host cannot tell whether it ended).
+    """
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / LOCK
+    record = {"host": socket.gethostname(), "pid": os.getpid(), "start": _start_time(os.getpid()),
+              "since": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+    part = root / f".{LOCK}.{os.getpid()}"
+    part.write_text(json.dumps(record))
+    try:
+        for _ in range(2):
+            try:
+                os.link(part, path)  # atomic: fails if the lock exists, and the lock is never seen half written
+                return path
+            except FileExistsError:
+                holder = _holder(path)
+                if holder is None:
+                    continue
+                _refuse_held(root, holder)
+                log.warning("checkpoint directory %s: taking over the lock of PID %s, which has ended", root,
+                            holder.get("pid"))
+                path.unlink(missing_ok=True)
+        raise CheckpointError(f"checkpoint directory {str(root)!r}: another run took its lock meanwhile; give "
+                              "another checkpoint directory", field="directory")
+    finally:
+        part.unlink(missing_ok=True)
+
+
+def unlock(path: Path) -> None:
+    """Remove the lock ``path`` if this process holds it."""
+    holder = _holder(path)
+    if holder and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+        path.unlink(missing_ok=True)
 
 
 @contextmanager
@@ -298,6 +446,7 @@ class Checkpointer:
     attempt: int = 0
     _pending: tuple[Future, Path, Path, dict[str, Any]] | None = field(default=None, init=False)
     _group: dist.ProcessGroup | None = field(default=None, init=False)
+    last: str | None = field(default=None, init=False)  # the newest checkpoint marked complete (rank 0 knows)
 
     def __post_init__(self) -> None:
         # The background save runs its own collectives: on a group of its own, never interleaved with training's.
@@ -323,8 +472,9 @@ class Checkpointer:
         info = json.loads(json.dumps({**info, "step": steps_done}))
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
-            if tmp.exists():
-                shutil.rmtree(tmp)
+            if tmp.is_dir() and _remove_runtime_files(tmp):
+                raise CheckpointError(f"checkpoint: {tmp} holds files schedlab did not write; move them out of "
+                                      "the checkpoint directory", field="directory")
         if dist.is_initialized():
             dist.barrier()
         if self.config.async_save:
@@ -355,19 +505,26 @@ class Checkpointer:
         """Rank 0, once DCP is done on every rank (its coordinator wrote .metadata): rename, then mark complete."""
         if self.rank != 0:
             return
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+        if final.is_dir() and _remove_runtime_files(final):  # the user's files stay: move DCP's in beside them
+            for p in tmp.iterdir():
+                os.replace(p, final / p.name)
+            tmp.rmdir()
+        else:
+            os.replace(tmp, final)
         record = {**info, "files": _files(final)}
         part = final / f".{MARKER}.part"
         part.write_text(json.dumps(record))
         os.replace(part, final / MARKER)
+        self.last = final.name
         log.info("checkpoint %s complete (%d files)", final, len(record["files"]))
         self._prune()
 
     def _prune(self) -> None:
         """Keep the last ``keep_last`` checkpoints with a marker and the right sizes (no checksums: they were
-        just written; a checkpoint is verified when it is chosen), and drop the temporaries they supersede."""
+        just written; a checkpoint is verified when it is chosen), and drop the temporaries they supersede.
+
+        Only what a save wrote is removed (see :func:`_remove_runtime_files`): a user's file stays where it is.
+        """
         done = []
         for path in _step_dirs(self.root):
             try:
@@ -377,9 +534,9 @@ class Checkpointer:
                 continue
             done.append(Restored(path, info))
         for old in done[: max(0, len(done) - self.config.keep_last)]:
-            shutil.rmtree(old.path, ignore_errors=True)
+            _remove_runtime_files(old.path)
         newest = done[-1].step if done else -1
-        for path in self.root.glob(".tmp-step_*"):
-            step = int(path.name.split("_")[1].split("-")[0])
-            if step <= newest:
-                shutil.rmtree(path, ignore_errors=True)
+        for path in self.root.iterdir():
+            m = _TMP_DIR.match(path.name)
+            if m and path.is_dir() and int(m[1]) <= newest:
+                _remove_runtime_files(path)

@@ -52,6 +52,7 @@ BACKENDS = ("gloo", "nccl")
 DTYPES = ("float32", "bfloat16")  # bfloat16: autocast passes and bf16 messages, float32 master weights
 BALANCE = ("time",)  # split a model's blocks into stages of equal profiled forward+backward time
 FAIL_MODES = ("kill", "hang")  # an injected fault: SIGKILL itself, or stop answering (sleep)
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes up to 2**64 - 1; one signed 64-bit range keeps every use safe
 # Kinds the executor runs. A schedule with anything else is refused before any communication.
 SUPPORTED_KINDS = frozenset({
     Kind.F, Kind.I, Kind.W, Kind.B, Kind.R, Kind.OVERLAP_F_B, Kind.SEND_F, Kind.RECV_F, Kind.SEND_B, Kind.RECV_B,
@@ -159,6 +160,9 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         check_positive_ints("data", batch_size=self.batch_size)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"data: seed must be an integer from 0 to 2**63 - 1 = {MAX_SEED} (torch's seeds), "
+                              f"got {self.seed!r}", field="seed")
         if self.data_master and self.token_file is None:
             raise ConfigError("data_master hands out the windows of a token file; give a token_file",
                               field="data_master")

@@ -51,7 +51,12 @@ class ActivationMeter:
 
         def pack(t: torch.Tensor) -> torch.Tensor:
             self._count(key, t)
-            return t
+            # Not ``t`` itself: a node that saves its own output (softmax, log_softmax, tanh) would then hold, in
+            # C++, a Python tensor whose grad_fn is that node. Such a cycle is invisible to Python's collector,
+            # and after a split backward (I then W: retain_graph=True, so backward never frees what was saved)
+            # it kept the metered step's whole graph, parameters included, alive for good: the rounds worker grew
+            # by that graph per configuration. ``detach()`` shares the storage and the version counter.
+            return t.detach()
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             yield

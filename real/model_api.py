@@ -48,6 +48,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from real import usercode
 from real.config import Plan, RunConfig, make_plan
 from real.data import DataSource, GlobalBatches, SyntheticData
 from real.models import activation_shape, build_layers, loss_fn
@@ -149,6 +150,8 @@ def load_factory(spec: str) -> Callable[[], Any]:
             module = _import_beside_command(module_name)
     except ConfigError:
         raise
+    except SystemExit as exc:  # the module's own code exits while it is imported
+        raise usercode.raised(f"model {spec!r}: importing {module_name}", exc, "factory") from exc
     except Exception as exc:  # the user's module failed to import: one line with its error
         raise ConfigError(f"model {spec!r}: importing {module_name} failed ({type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else ''})", field="factory") from exc
@@ -185,11 +188,7 @@ def from_factory(spec: str, seed: int) -> UserModel:
     factory = load_factory(spec)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        try:
-            made = factory()
-        except Exception as exc:  # the user's code: one line naming the factory and its error
-            raise ConfigError(f"model {spec!r}: the factory raised {type(exc).__name__}: "
-                              f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}", field="factory") from exc
+        made = usercode.call(f"model {spec!r}: the factory", factory, field="factory")
     if not isinstance(made, UserModel):
         raise ConfigError(f"model {spec!r}: the factory returned {type(made).__name__}; it must return "
                           "real.UserModel(model=..., loss=..., batches=...)", field="factory")
@@ -224,7 +223,8 @@ def prepare(user: UserModel, config: RunConfig, data: DataSource) -> StagedModel
         if config.layout.split is not None or config.layout.boundaries is not None or config.layout.balance:
             raise ConfigError(f"model {user.name} is split by its pipe_split()/SplitPoint marks; give no split, "
                               "boundaries or balance", field="split")
-    return StagedModel(len(blocks), lambda r: [blocks[i] for i in r], user.loss, f"model {user.name}", blocks)
+    return StagedModel(len(blocks), lambda r: [blocks[i] for i in r], usercode.checked_loss(user.loss),
+                       f"model {user.name}", blocks)
 
 
 def _traced(user: UserModel, config: RunConfig, data: DataSource) -> tuple[nn.Module, ...]:
@@ -272,7 +272,7 @@ def infer_boundaries(model: StagedModel, plan: Plan, sample: torch.Tensor, dtype
             b.eval()  # no running statistics move (batch norm), no dropout mask drawn from the global RNG
         with torch.no_grad(), autocast_for(dtype, sample.device)():
             for s, r in enumerate(plan.layers[:-1]):
-                x = _run(model.layers(r), x)
+                x = usercode.call(f"{model.what}: stage {s} (blocks {r.start}..{r.stop - 1})", _run, model.layers(r), x)
                 out[s] = _boundary(model, s, r, x, dtype)
                 x = x.to(out[s][1])
     finally:

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from real import checkpoint as ckpt
+from real import stop, usercode
 from real.config import Plan, RunConfig, make_plan
 from real.data import DataSource, microbatches, step_seed
 from real.datamaster import MasterBatches
@@ -51,7 +52,7 @@ from real.model_api import (
 )
 from real.models import make_optimizer
 from real.p2p import PeerError, PipeComm, matching_sends
-from schedules import Action, CheckpointError, ConfigError, Kind, Stream
+from schedules import Action, CheckpointError, ConfigError, Kind, SchedlabError, Stream
 from schedules.trace import check_trace_path, make_trace, write_trace
 
 if TYPE_CHECKING:
@@ -147,7 +148,13 @@ def resume_point(config: RunConfig) -> ckpt.Restored | None:
     restored = ckpt.latest_complete(config.checkpoint.directory)
     if restored is None:
         return None
+    if restored.step > config.steps:
+        raise CheckpointError(f"checkpoint {restored.path} is of step {restored.step}, past this run's {config.steps} "
+                              f"steps; give steps {restored.step} or more, or another checkpoint directory",
+                              field="steps")
     saved = restored.info.get("config", {})
+    if not isinstance(saved, dict):
+        saved = {}
     mine = config.to_dict()
     for part, key in _MUST_MATCH:
         if key == "batch_size" and config.data.token_file is not None:
@@ -180,7 +187,10 @@ def run(
     restored = resume_point(config)
     own = mesh is None
     mesh = mesh if mesh is not None else Mesh.create(plan, backend, config.runtime.timeout_s)
+    held = None
     try:
+        held = _lock(config, mesh)
+        _check_user_model(config, mesh, model, plan, data)
         if config.layout.balance is not None:
             config = resolve_balance(config, model, plan.num_stages, data.sample(config.microbatch_size)[0],
                                      lambda split: _from_rank0(split, mesh))
@@ -188,6 +198,8 @@ def run(
             check_stages(model, plan)
         return _Trainer(plan, mesh, backend, model, data).train(path, on_step, restored)
     finally:
+        if held is not None:
+            ckpt.unlock(held)
         if own:
             mesh.close()
 
@@ -200,6 +212,46 @@ def fit(user: UserModel, *, trace_path: str | Path | None = None, **fields: Any)
     steps = fields.pop("steps", 10)
     checkpoint = fields.pop("checkpoint", None)
     return run(RunConfig.of(steps=steps, checkpoint=checkpoint, **fields), trace_path=trace_path, user=user)
+
+
+def _check_user_model(config: RunConfig, mesh: Mesh, model: StagedModel, plan: Plan, data: DataSource) -> None:
+    """Rank 0 runs one microbatch through a user's whole model with gradients (see :func:`usercode.check_model`);
+    every rank raises its error alike, so that rank 0 alone prints it."""
+    if model.what is None:
+        return
+    refusal = None
+    if mesh.rank == 0:
+        try:
+            blocks = model.blocks if model.blocks is not None else tuple(model.layers(range(model.num_layers)))
+            usercode.check_model(blocks, plan.layers, model.loss, data.sample(config.microbatch_size), model.what)
+        except SchedlabError as exc:
+            refusal = (str(exc), exc.field, getattr(exc, "frames", []))
+    refusal = _from_rank0(refusal, mesh)
+    if refusal is not None:
+        message, field_, frames = refusal
+        error = usercode.UserCodeError(message, field=field_, frames=frames)
+        error.every_rank = True
+        raise error
+
+
+def _lock(config: RunConfig, mesh: Mesh) -> Path | None:
+    """Rank 0 takes the checkpoint directory's lock (one run per directory); every rank raises alike if it cannot.
+
+    A resume-only run (``every`` 0) of a directory that does not exist has nothing to guard.
+    """
+    cfg = config.checkpoint
+    if cfg is None or (cfg.every == 0 and not Path(cfg.directory).is_dir()):
+        return None
+    held, refusal = None, None
+    if mesh.rank == 0:
+        try:
+            held = ckpt.lock(cfg.directory)
+        except CheckpointError as exc:
+            refusal = str(exc)
+    refusal = _from_rank0(refusal, mesh)
+    if refusal is not None:
+        raise CheckpointError(refusal, field="directory")
+    return held
 
 
 def _from_rank0(value: Any, mesh: Mesh) -> Any:
@@ -312,12 +364,14 @@ class _Trainer:
             self.sync.after_step()
         return loss
 
-    def _global_loss(self, loss: torch.Tensor | None) -> float:
-        """The step's mean loss over the whole batch: summed over pipelines' last stages, / dp."""
-        value = torch.tensor([0.0 if loss is None else float(loss)], dtype=torch.float64)
+    def _global_loss(self, loss: torch.Tensor | None) -> tuple[float, bool]:
+        """The step's mean loss over the whole batch (summed over pipelines' last stages, / dp), and whether
+        any rank received a signal: one all-reduce, so every rank stops after the same step."""
+        value = torch.tensor([0.0 if loss is None else float(loss), stop.requested() is not None],
+                             dtype=torch.float64)
         if self.mesh.distributed:
             dist.all_reduce(value)
-        return float(value[0]) / self.plan.config.layout.dp
+        return float(value[0]) / self.plan.config.layout.dp, bool(value[1])
 
     def _load(self, restored: ckpt.Restored | None) -> tuple[int, list[float]]:
         """(first step to run, losses of the steps before it) from ``restored``, loaded into this rank."""
@@ -338,8 +392,9 @@ class _Trainer:
             info["data"] = position
         saver.save(steps_done, state, info)
 
-    def _guarded(self, step: int) -> float:
-        """One step and its global loss; a collective that fails (timeout, dead peer) names the group's ranks."""
+    def _guarded(self, step: int) -> tuple[float, bool]:
+        """One step, its global loss and whether to stop (a signal); a collective that fails (timeout, dead peer)
+        names the group's ranks."""
         try:
             return self._global_loss(self._step(step))
         except PeerError:
@@ -359,6 +414,8 @@ class _Trainer:
         if start >= cfg.steps:
             log.warning("the checkpoint is at step %d, steps is %d: nothing left to train", start, cfg.steps)
         saver = ckpt.Checkpointer(cfg.checkpoint, self.mesh.rank, restart_count()) if cfg.checkpoint else None
+        if saver is not None and restored is not None:
+            saver.last = restored.path.name
         offset = clock_offset() if self.mesh.distributed else 0.0
         log.info("rank %d (pipeline rank %d, replica %d): stages %s, layers %s, clock offset to rank 0 %.6f s",
                  self.mesh.rank, self.mesh.pp_rank, self.mesh.dp_rank, sorted(self.stages),
@@ -372,12 +429,16 @@ class _Trainer:
             dist.barrier()
         times, rows, memory, traced_times = [], [], {}, {}
         t_prev = time.perf_counter()
+        last = restored.path.name if restored is not None else None
         for step in range(start, cfg.steps):
-            loss = self._guarded(step)
+            stop.progress(step, saver.last if saver is not None else last)
+            loss, interrupted = self._guarded(step)
             if leased:
                 self.data.step_done(step)  # every rank has the step's loss: the step is done everywhere
             if not math.isfinite(loss):
                 self._diverged(step, loss, saver)
+            if interrupted:
+                self._interrupted(step + 1, saver, last)
             now = time.perf_counter()
             losses.append(loss)
             times.append(now - t_prev)
@@ -401,6 +462,15 @@ class _Trainer:
         result = self._gather(losses, times, rows, memory, path, traced_times)
         return replace(result, start_step=start, resumed_from=str(restored.path) if restored else None)
 
+    def _interrupted(self, steps_done: int, saver: ckpt.Checkpointer | None, last: str | None) -> NoReturn:
+        """Stop after a signal (every rank after the same step): an asynchronous save in flight is finished
+        (it is whole), none is started; Interrupted says where training stopped and what it resumes from."""
+        if saver is not None:
+            saver.wait()
+            last = saver.last
+        signum = stop.requested() or signal.SIGTERM  # another rank's signal: this one stops alike
+        raise stop.Interrupted(int(signum), steps_done, last)
+
     def _diverged(self, step: int, loss: float, saver: ckpt.Checkpointer | None) -> NoReturn:
         """Stop at a non-finite loss (every rank at the same step: the loss is all-reduced); ConfigError naming it.
 
@@ -409,8 +479,10 @@ class _Trainer:
         if saver is not None:
             saver.wait()
         optim = self.plan.config.optim
-        raise ConfigError(f"step {step}: the loss is {loss}; training diverged with {optim.optimizer} at lr "
-                          f"{optim.lr:g}: try a smaller lr", field="lr")
+        error = ConfigError(f"step {step}: the loss is {loss}; training diverged with {optim.optimizer} at lr "
+                            f"{optim.lr:g}: try a smaller lr", field="lr")
+        error.every_rank = True  # the loss is all-reduced: every rank raises this same error, one line says it
+        raise error
 
     def _trace_rows(self, step: int, offset: float) -> list[_Row]:
         """This rank's rows of a traced step on rank 0's clock.

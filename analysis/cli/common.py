@@ -104,7 +104,8 @@ def _stdout_to_devnull() -> None:
 
 
 def guarded(main: Callable[..., int]) -> Callable[..., int]:
-    """A command's entry point: a closed pipe ends it quietly (exit 1), a full disk with one line (exit 2)."""
+    """A command's entry point: a closed pipe ends it quietly (exit 1), a full disk with one line (exit 2),
+    Ctrl-C with one line (exit 130)."""
 
     @functools.wraps(main)
     def run(*args: Any, **kwargs: Any) -> int:
@@ -115,6 +116,10 @@ def guarded(main: Callable[..., int]) -> Callable[..., int]:
         except BrokenPipeError:
             _stdout_to_devnull()
             return 1
+        except KeyboardInterrupt:  # Ctrl-C outside a run's own handling (real.stop): the shell's status, no traceback
+            if os.environ.get("RANK", "0") == "0":  # one line for a launched group, not one per rank
+                sys.stderr.write("interrupted\n")
+            return 130
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
                 raise

@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from analysis.cli.common import OneLineParser, errors_to_exit, guarded, int_list
 from analysis.cli.train import add_model_args, model_from_args
-from real.config import OPTIMIZERS
+from real.config import MODEL_KINDS, OPTIMIZERS
 from real.mesh import env_world
 from real.profile import ProfileConfig, profile
 from schedules import ConfigError
@@ -51,6 +51,10 @@ def _parser() -> OneLineParser:
 
 
 def config_from_args(args: argparse.Namespace) -> ProfileConfig:
+    if args.model not in MODEL_KINDS:  # never profile the built-in model in its place
+        raise ConfigError(f"python -m real.profile profiles the built-in models ({', '.join(MODEL_KINDS)}), not "
+                          f"{args.model}; for your model's costs, train it with schedlab run --trace FILE.csv and give "
+                          "the trace as --costs", field="factory")
     mb = args.microbatch_size
     if mb is None and args.batch_size is not None:
         if not args.microbatches:

@@ -16,6 +16,7 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -24,13 +25,17 @@ from analysis.cli.common import (
     add_schedule_args,
     errors_to_exit,
     fail,
+    given,
     guarded,
     int_list,
     print_json,
+    refuse,
+    with_flag,
 )
 from analysis.progress import format_seconds
 from analysis.timeline import check_figure_path, plot_timeline
-from real.checkpoint import CheckpointConfig
+from real import stop
+from real.checkpoint import CheckpointConfig, check_unlocked
 from real.config import (
     BACKENDS,
     BALANCE,
@@ -50,31 +55,36 @@ from real.config import (
     SyncConfig,
     model_argv,
 )
-from real.launch import torchrun
+from real.data.tokens import sidecar_vocab
+from real.launch import launch
 from real.mesh import env_world
 from real.metrics_log import MetricsLog, check_log_dir
 from real.model_api import UserModel, from_factory, plan_for
+from real.p2p import PeerError
 from real.train import RunResult, resolve_backend, restart_count, resume_point, run
-from schedules import ConfigError
+from real.usercode import UserCodeError, check_model, raised, user_frames
+from schedules import ConfigError, SchedlabError
 from schedules.recompute import RECOMPUTE_PLACEMENTS
 from schedules.trace import check_trace_path
 from schedules.util import atomic_write, check_output_dir, check_output_file
 
-__all__ = ["add_model_args", "config_from_args", "launch_main", "main", "model_argv", "model_from_args", "parser"]
+__all__ = ["add_model_args", "config_from_args", "launch_main", "main", "model_argv", "model_from_args", "parser",
+           "refuse_model_flags"]
 
 
 
 def add_model_args(p: argparse.ArgumentParser, defaults: ModelConfig | None = None) -> None:
     """The built-in model's flags (``python -m real``, ``python -m real.profile``, the experiments)."""
     d = defaults or ModelConfig()
+    p.set_defaults(model_defaults=d)  # the flags default to None, so that a flag given can be told from one not
     m = p.add_argument_group("model")
     m.add_argument("--model", type=_model_kind, default=d.kind, metavar="{gpt,mlp,pkg.module:factory}",
                    help=f"gpt decoder, mlp, or a factory returning a real.UserModel (default {d.kind})")
-    m.add_argument("--layers", type=int, default=d.layers, help=f"decoder blocks / hidden layers (default {d.layers})")
-    m.add_argument("--dim", type=int, default=d.dim, help=f"hidden size (default {d.dim})")
-    m.add_argument("--heads", type=int, default=d.heads, help=f"attention heads (default {d.heads})")
-    m.add_argument("--vocab", type=int, default=d.vocab, help=f"vocabulary (gpt) or classes (mlp) (default {d.vocab})")
-    m.add_argument("--seq", type=int, default=d.seq, help=f"sequence length (gpt; default {d.seq})")
+    m.add_argument("--layers", type=int, help=f"decoder blocks / hidden layers (default {d.layers})")
+    m.add_argument("--dim", type=int, help=f"hidden size (default {d.dim})")
+    m.add_argument("--heads", type=int, help=f"attention heads (default {d.heads})")
+    m.add_argument("--vocab", type=int, help=f"vocabulary (gpt) or classes (mlp) (default {d.vocab})")
+    m.add_argument("--seq", type=int, help=f"sequence length (gpt; default {d.seq})")
 
 
 def _model_kind(text: str) -> str:
@@ -84,10 +94,21 @@ def _model_kind(text: str) -> str:
                                      "(a function returning a real.UserModel)")
 
 
-def model_from_args(args: argparse.Namespace) -> ModelConfig:
-    """The built-in model's config (the defaults when ``--model`` names a factory)."""
-    kind = args.model if args.model in MODEL_KINDS else ModelConfig().kind
-    return ModelConfig(kind=kind, **{k: getattr(args, k) for k in MODEL_FLAGS})
+def model_from_args(args: argparse.Namespace, vocab: int | None = None) -> ModelConfig:
+    """The built-in model's config (the defaults when ``--model`` names a factory); ``vocab``: the vocabulary
+    when ``--vocab`` is not given (a token file's)."""
+    d = getattr(args, "model_defaults", None) or ModelConfig()
+    kind = args.model if args.model in MODEL_KINDS else d.kind
+    values = {k: getattr(args, k) if getattr(args, k) is not None else getattr(d, k) for k in MODEL_FLAGS}
+    if args.vocab is None and vocab is not None:
+        values["vocab"] = vocab
+    return ModelConfig(kind=kind, **values)
+
+
+def refuse_model_flags(args: argparse.Namespace) -> None:
+    """The built-in model's flags do nothing with ``--model pkg.module:factory``: an error."""
+    if args.model not in MODEL_KINDS:
+        refuse(given(args, *MODEL_FLAGS), f"with --model {args.model} (the factory builds the model; leave them out)")
 
 
 def _factory(args: argparse.Namespace) -> str | None:
@@ -116,8 +137,8 @@ def parser(prog: str) -> OneLineParser:
     o = p.add_argument_group("training")
     o.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw", help="default adamw")
     o.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
-    o.add_argument("--dp-mode", choices=DP_MODES, default="ddp", help="gradient sync (default ddp)")
-    o.add_argument("--bucket-mb", type=float, default=25.0, help="gradient bucket cap in MiB (default 25)")
+    o.add_argument("--dp-mode", choices=DP_MODES, help="gradient sync, with dp > 1 (default ddp)")
+    o.add_argument("--bucket-mb", type=float, help="gradient bucket cap in MiB, with dp > 1 (default 25)")
     o.add_argument("--recompute", choices=RECOMPUTE_PLACEMENTS, default="none",
                    help="activation recomputation: none (default); full: an R (the forward again, with grad) right "
                    "before every backward, its F keeps only its input; bubbles: each R moved into idle time "
@@ -127,7 +148,8 @@ def parser(prog: str) -> OneLineParser:
     r = p.add_argument_group("runtime and output")
     r.add_argument("--backend", choices=BACKENDS, help="default: nccl with CUDA, gloo otherwise")
     r.add_argument("--timeout", type=float, default=300.0, metavar="S", help="collective timeout (default 300 s)")
-    r.add_argument("--recv-ahead", type=int, metavar="K", help="receives posted ahead per peer (default: all)")
+    r.add_argument("--recv-ahead", type=int, metavar="K",
+                   help="receives posted ahead per peer, with pp > 1 (default: all)")
     r.add_argument("--trace", metavar="FILE", help="write the merged trace of the traced steps (.csv or .parquet)")
     r.add_argument("--trace-step", type=int, default=-1, metavar="K", help="step to trace (default -1: the last)")
     r.add_argument("--trace-steps", type=int, default=1, metavar="N",
@@ -139,10 +161,11 @@ def parser(prog: str) -> OneLineParser:
                    "(loss, step time, tokens/s, lr, memory per rank) here")
     f = p.add_argument_group("fault tolerance (see README: torchrun --max-restarts)")
     f.add_argument("--checkpoint-dir", metavar="DIR", help="save DCP checkpoints here and resume from the newest")
-    f.add_argument("--checkpoint-every", type=int, default=0, metavar="K",
-                   help="save every K steps (default 0: only resume)")
-    f.add_argument("--keep-last", type=int, default=2, metavar="N", help="complete checkpoints kept (default 2)")
-    f.add_argument("--async-checkpoint", action="store_true", help="save with dcp.async_save (one in flight)")
+    f.add_argument("--checkpoint-every", type=int, metavar="K",
+                   help="with --checkpoint-dir: save every K steps (default 0: only resume)")
+    f.add_argument("--keep-last", type=int, metavar="N",
+                   help="with --checkpoint-dir: complete checkpoints kept (default 2)")
+    f.add_argument("--async-checkpoint", action="store_true", help="with --checkpoint-dir: save with dcp.async_save (one in flight)")
     f.add_argument("--fail-at-step", type=int, metavar="S", help="inject a fault at step S (first attempt only)")
     f.add_argument("--fail-rank", type=int, default=0, metavar="R", help="the rank that fails (default 0)")
     f.add_argument("--fail-mode", choices=FAIL_MODES, default="kill", help="kill (SIGKILL) or hang (default kill)")
@@ -192,13 +215,15 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
     A ``csv:FILE`` schedule gives pp and microbatches when the flags leave them out.
     """
     _shape_from_file(args)
-    model = model_from_args(args)
+    _refuse_idle_flags(args)
+    model = model_from_args(args, sidecar_vocab(args.data) if args.data else None)
     checkpoint = None
     if args.checkpoint_dir is not None:
-        checkpoint = CheckpointConfig(directory=args.checkpoint_dir, every=args.checkpoint_every,
-                                      keep_last=args.keep_last, async_save=args.async_checkpoint)
+        checkpoint = CheckpointConfig(directory=args.checkpoint_dir, every=_or(args.checkpoint_every, 0),
+                                      keep_last=_or(args.keep_last, 2), async_save=args.async_checkpoint)
+    dp = _resolve_dp(args.dp, args.pp, world)
     return RunConfig(
-        layout=Layout(schedule=args.schedule, pp=args.pp, dp=_resolve_dp(args.dp, args.pp, world),
+        layout=Layout(schedule=args.schedule, pp=args.pp, dp=dp,
                       microbatches=args.microbatches, chunks=args.chunks, split=args.split,
                       boundaries=args.boundaries, balance=args.balance, recompute=args.recompute,
                       recompute_limit=args.recompute_limit),
@@ -206,12 +231,28 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
         data=DataConfig(model=model, batch_size=args.batch_size, seed=args.seed, factory=_factory(args),
                         token_file=args.data, data_master=args.data_master),
         optim=OptimConfig(optimizer=args.optimizer, lr=args.lr),
-        sync=SyncConfig(dp_mode=args.dp_mode, bucket_mb=args.bucket_mb),
+        sync=SyncConfig(dp_mode=_or(args.dp_mode, "ddp"), bucket_mb=_or(args.bucket_mb, 25.0)),
         runtime=RuntimeConfig(backend=args.backend, timeout_s=args.timeout, recv_ahead=args.recv_ahead,
                               trace_step=args.trace_step, trace_steps=args.trace_steps, dtype=args.dtype),
         checkpoint=checkpoint,
         faults=FaultConfig(fail_at_step=args.fail_at_step, fail_rank=args.fail_rank, fail_mode=args.fail_mode),
     )
+
+
+def _or(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+def _refuse_idle_flags(args: argparse.Namespace) -> None:
+    """A flag that would do nothing in this run is an error (exit 2), never silently accepted."""
+    if args.checkpoint_dir is None:
+        refuse(given(args, "checkpoint_every", "keep_last") + (["--async-checkpoint"] if args.async_checkpoint else []),
+               "without --checkpoint-dir (nothing would be saved; give --checkpoint-dir DIR)")
+    if args.dp == 1:  # with --dp auto the same command may run at dp 1 or more: the flags stay valid
+        refuse(given(args, "dp_mode", "bucket_mb"), "at dp 1 (one replica: no gradients to synchronize)")
+    if args.pp == 1:
+        refuse(given(args, "recv_ahead"), "at pp 1 (one pipeline rank: no messages between stages)")
+    refuse_model_flags(args)
 
 
 def _user(config: RunConfig) -> UserModel | None:
@@ -300,19 +341,63 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int
     rank, world, _ = env_world()
     logging.basicConfig(level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
                         format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
-    with errors_to_exit(p, f"[rank {rank}] " if world > 1 else ""):
-        config, user = _checked(args, world)
-        metrics = MetricsLog(args.log_dir) if args.log_dir and rank == 0 else None
+    prefix = f"[rank {rank}] " if world > 1 else ""
+    with stop.handle_signals(), errors_to_exit(p, prefix):
+        metrics = None
         try:
+            config, user = _checked(args, world)
+            if rank == 0 and user is not None and user.batches is not None and config.data.token_file:
+                sys.stderr.write(f"warning: --data {config.data.token_file} trains the model; the batches function "
+                                 f"of {config.data.factory} is not used\n")
+            metrics = MetricsLog(args.log_dir) if args.log_dir and rank == 0 else None
             result = run(config, trace_path=args.trace, on_step=_on_step(config, args.json, metrics), user=user)
             if metrics is not None:
                 _log_memory(metrics, config, result)
+        except stop.Interrupted as exc:  # every rank stopped after the same step; rank 0 says where
+            if rank == 0:
+                sys.stderr.write(f"{exc}\n")
+            return stop.exit_status(exc.signum)
+        except PeerError as exc:  # a peer died or hangs (torchrun restarts the group, if allowed): one line
+            sys.stderr.write(f"error: {prefix}{str(exc).splitlines()[0]}\n")
+            return 1
+        except SchedlabError as exc:
+            if getattr(exc, "every_rank", False) and rank != 0:  # the same error on every rank: rank 0 says it
+                return 2
+            if isinstance(exc, UserCodeError):
+                return _user_error(str(exc), exc.field, exc.frames, p, prefix, args.verbose)
+            raise
+        except Exception as exc:  # a user's block failed mid-training: one line naming the user's frame, if any
+            frames = user_frames(exc)
+            if not frames:
+                raise
+            error = raised("the model's code", exc, "model")
+            return _user_error(str(error), None, error.frames, p, prefix, args.verbose)
         finally:
             if metrics is not None:
                 metrics.close()
         if rank == 0:
             _report(result, args)
     return 0
+
+
+def _user_error(message: str, field: str | None, frames: list[str], p: OneLineParser, prefix: str,
+                verbose: int) -> int:
+    """The user's code failed: one line, and under -v the user's own traceback frames (never the runtime's)."""
+    text = f"error: {prefix}{with_flag(message, field, p)}\n"
+    if verbose and frames:
+        text += "the traceback's frames in your code (most recent call last):\n" + "".join(frames)
+    sys.stderr.write(text)
+    sys.stderr.flush()
+    return 2
+
+
+def _precheck_user_model(config: RunConfig, user: UserModel | None, world: int) -> None:
+    """``schedlab run``, before torchrun starts: one microbatch through the user's whole model (as rank 0 will)."""
+    if user is None:
+        return
+    plan, model, data = plan_for(config, world, user)
+    blocks = model.blocks if model.blocks is not None else tuple(model.layers(range(model.num_layers)))
+    check_model(blocks, plan.layers, model.loss, data.sample(config.microbatch_size), model.what)
 
 
 def _under_torchrun() -> bool:
@@ -338,5 +423,9 @@ def launch_main(argv: Sequence[str] | None = None, prog: str = "schedlab run") -
     if _under_torchrun() or (nproc == 1 and known.nproc_per_node is None):
         return main(rest, prog=prog)  # checks everything itself
     with errors_to_exit(p):  # refuse here, before any process starts: the same checks every rank makes
-        resume_point(_checked(args, nproc)[0])
-    return torchrun(nproc, ["-m", "real", *rest]).returncode
+        config, user = _checked(args, nproc)
+        _precheck_user_model(config, user, nproc)
+        if config.checkpoint is not None:
+            check_unlocked(config.checkpoint.directory)
+        resume_point(config)
+    return launch(nproc, ["-m", "real", *rest], checkpoint_dir=args.checkpoint_dir)

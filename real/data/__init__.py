@@ -79,6 +79,12 @@ def microbatches(
     ]
 
 
+def _every_rank(error: ConfigError) -> ConfigError:
+    """Mark ``error`` as one rank 0 raises too: the command line prints it once, from rank 0."""
+    error.every_rank = True
+    return error
+
+
 class DataSource(Protocol):
     """What a run reads its batches from (every rank holds one; all of them agree)."""
 
@@ -125,17 +131,43 @@ class GlobalBatches:
     """A user's function ``step -> (inputs, targets)`` of the whole global batch (``batch_size`` rows each)."""
 
     def __init__(self, fn: Callable[[int], tuple[torch.Tensor, torch.Tensor]], batch_size: int) -> None:
+        from real.usercode import describe
+
         self.fn, self.batch_size = fn, batch_size
+        self.what = describe(fn, "batches")
+        self._first: tuple[tuple[int, ...], torch.dtype, tuple[int, ...], torch.dtype] | None = None  # step 0's rows
 
     def _batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        got = self.fn(step)
+        """The user's batch of ``step``, checked: (inputs, targets) of batch_size rows each, shaped as step 0's.
+
+        Every error is raised alike by every rank that reads data, rank 0 among them (it holds stage 0).
+        """
+        from real.usercode import UserCodeError, call
+
+        try:
+            got = call(f"{self.what} at step {step}", self.fn, step, field="batches")
+        except UserCodeError as exc:
+            raise _every_rank(exc) from exc.__cause__
         if not (isinstance(got, (tuple, list)) and len(got) == 2 and all(isinstance(t, torch.Tensor) for t in got)):
-            raise ConfigError(f"batches({step}) returned {type(got).__name__}; it must return (inputs, targets) "
-                              "tensors", field="batches")
+            raise _every_rank(UserCodeError(f"{self.what} returned {type(got).__name__} at step {step}; it must "
+                                            "return (inputs, targets) tensors", field="batches"))
         x, y = got
+        if x.dim() == 0 or y.dim() == 0:
+            raise _every_rank(UserCodeError(f"{self.what} returned a 0-d tensor at step {step}; inputs and targets "
+                                            f"need a first dimension of batch_size = {self.batch_size} rows",
+                                            field="batches"))
         if x.shape[0] != self.batch_size or y.shape[0] != self.batch_size:
-            raise ConfigError(f"batches({step}) returned {x.shape[0]} inputs and {y.shape[0]} targets; the global "
-                              f"batch_size is {self.batch_size}: return that many rows", field="batch_size")
+            raise _every_rank(ConfigError(f"batches({step}) returned {x.shape[0]} inputs and {y.shape[0]} targets; "
+                                          f"the global batch_size is {self.batch_size}: return that many rows",
+                                          field="batch_size"))
+        rows = (tuple(x.shape[1:]), x.dtype, tuple(y.shape[1:]), y.dtype)
+        if self._first is None:
+            self._first = rows
+        elif rows != self._first:
+            raise _every_rank(UserCodeError(
+                f"{self.what} returned rows of inputs {rows[0]} {rows[1]}, targets {rows[2]} {rows[3]} at step "
+                f"{step}, where the first batch had {self._first[0]} {self._first[1]}, {self._first[2]} "
+                f"{self._first[3]}; every step's rows must have the same shape and dtype", field="batches"))
         return x, y
 
     def replica_batch(self, step: int, dp: int, dp_rank: int) -> tuple[torch.Tensor, torch.Tensor]:

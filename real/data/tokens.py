@@ -1,4 +1,4 @@
-"""Token files: a flat uint16 or uint32 array read through a memmap, cut into windows of seq+1 tokens.
+"""Token files: a flat uint16 or uint32 array read with pread (checked when opened), cut into windows of seq+1 tokens.
 
 A file of N tokens holds ``(N - 1) // seq`` windows: window ``i`` is tokens
 ``i*seq .. i*seq + seq`` (inputs the first seq, targets the last seq), so
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ from real.sampler import EpochSampler
 from schedules import CheckpointError, ConfigError
 from schedules.util import atomic_write
 
-__all__ = ["BYTE_VOCAB", "DTYPES", "TokenBatches", "TokenFile", "prepare"]
+__all__ = ["BYTE_VOCAB", "DTYPES", "TokenBatches", "TokenFile", "prepare", "sidecar_vocab"]
 
 log = logging.getLogger(__name__)
 
@@ -40,46 +41,107 @@ DTYPES = ("uint16", "uint32")
 BYTE_VOCAB = 256
 
 
+_CHUNK_TOKENS = 1 << 22  # tokens read at a time for the range check (8-16 MiB)
+
+
+def _sidecar(path: Path) -> dict[str, Any]:
+    """The checked sidecar ``PATH.json`` of a token file ({} if there is none): dtype and vocab, if given, valid."""
+    side = path.with_name(path.name + ".json")
+    if not side.is_file():
+        return {}
+    try:
+        meta = json.loads(side.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"token file sidecar {str(side)!r} is not valid JSON ({exc})", field="token_file") from None
+    if not isinstance(meta, dict):
+        raise ConfigError(f"token file sidecar {str(side)!r} must hold a JSON object", field="token_file")
+    if meta.get("dtype", "uint16") not in DTYPES:
+        raise ConfigError(f"token file {str(path)!r}: dtype {meta.get('dtype')!r} in its sidecar; valid: "
+                          f"{', '.join(DTYPES)}", field="token_file")
+    vocab = meta.get("vocab")
+    if vocab is not None and (not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1):
+        raise ConfigError(f"token file sidecar {str(side)!r}: vocab must be a positive integer, got {vocab!r}",
+                          field="token_file")
+    return meta
+
+
+def sidecar_vocab(path: str | Path) -> int | None:
+    """The vocabulary a token file's sidecar gives (None: no sidecar, or none given there); ConfigError if invalid."""
+    p = Path(path)
+    return _sidecar(p).get("vocab") if p.is_file() else None
+
+
 class TokenFile:
-    """The tokens of ``path`` (memory-mapped) and their windows of ``seq + 1``."""
+    """The tokens of ``path`` and their windows of ``seq + 1``.
+
+    Read with ``pread``, not a memory map: a file truncated while a run reads it is a ConfigError naming it,
+    where a map would end the process with SIGBUS. Opening reads the file once in chunks for its largest
+    token (:attr:`max_token`): a token the model's vocabulary does not hold is refused before training.
+    """
 
     def __init__(self, path: str | Path, seq: int) -> None:
         self.path = Path(path)
         if not self.path.is_file():
             raise ConfigError(f"token file {str(self.path)!r} does not exist; make one with "
                               "python -m real.data prepare", field="token_file")
-        meta = self._meta()
+        meta = _sidecar(self.path)
         self.dtype = meta.get("dtype", "uint16")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"token file {str(self.path)!r}: dtype {self.dtype!r} in its sidecar; valid: "
-                              f"{', '.join(DTYPES)}", field="token_file")
         self.vocab: int | None = meta.get("vocab")
-        size, item = self.path.stat().st_size, np.dtype(self.dtype).itemsize
-        if size % item:
-            raise ConfigError(f"token file {str(self.path)!r} has {size} bytes, not a whole number of {self.dtype} "
-                              "tokens", field="token_file")
-        self.tokens = np.memmap(self.path, dtype=self.dtype, mode="r") if size else np.zeros(0, self.dtype)
+        self.bytes, self.item = self.path.stat().st_size, np.dtype(self.dtype).itemsize
+        if self.bytes % self.item:
+            raise ConfigError(f"token file {str(self.path)!r} has {self.bytes} bytes, not a whole number of "
+                              f"{self.dtype} tokens (is its sidecar's dtype right?)", field="token_file")
+        self.num_tokens = self.bytes // self.item
         self.seq = seq
-        self.num_windows = (len(self.tokens) - 1) // seq if len(self.tokens) else 0
+        self.num_windows = (self.num_tokens - 1) // seq if self.num_tokens else 0
         if self.num_windows < 1:
-            raise ConfigError(f"token file {str(self.path)!r} has {len(self.tokens)} tokens, fewer than one window "
+            raise ConfigError(f"token file {str(self.path)!r} has {self.num_tokens} tokens, fewer than one window "
                               f"of seq + 1 = {seq + 1}", field="token_file")
+        self._fd = os.open(self.path, os.O_RDONLY)
+        self.max_token, self.max_at = self._max()
+        if self.vocab is not None:
+            self.check_vocab(self.vocab, "its sidecar's vocab")
 
-    def _meta(self) -> dict[str, Any]:
-        side = self.path.with_name(self.path.name + ".json")
-        if not side.is_file():
-            return {}
-        try:
-            meta = json.loads(side.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ConfigError(f"token file sidecar {str(side)!r} is not valid JSON ({exc})", field="token_file") from None
-        if not isinstance(meta, dict):
-            raise ConfigError(f"token file sidecar {str(side)!r} must hold a JSON object", field="token_file")
-        return meta
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", None)
+        if fd is not None:
+            os.close(fd)
+
+    def _read(self, first: int, count: int) -> np.ndarray:
+        """Tokens ``first .. first + count - 1``; ConfigError if the file has fewer now than when it was opened."""
+        data = os.pread(self._fd, count * self.item, first * self.item)
+        if len(data) != count * self.item:
+            now = self.path.stat().st_size if self.path.exists() else 0
+            raise ConfigError(f"token file {str(self.path)!r} was {self.bytes} bytes when opened and is {now} now: "
+                              "it changed during the run; do not write a token file a run reads", field="token_file")
+        return np.frombuffer(data, dtype=self.dtype)
+
+    def _max(self) -> tuple[int, int]:
+        """(the largest token, its first position), read in chunks."""
+        best, at = -1, 0
+        for first in range(0, self.num_tokens, _CHUNK_TOKENS):
+            chunk = self._read(first, min(_CHUNK_TOKENS, self.num_tokens - first))
+            i = int(chunk.argmax())
+            if int(chunk[i]) > best:
+                best, at = int(chunk[i]), first + i
+        return best, at
+
+    def check_vocab(self, vocab: int, whose: str) -> None:
+        """ConfigError naming the first largest token if it is not below ``vocab`` (``whose`` vocabulary it is)."""
+        if self.max_token < vocab:
+            return
+        if whose.startswith("its sidecar"):
+            fix = f"the sidecar's dtype ({self.dtype}) or vocab is wrong"
+            field = "token_file"
+        else:
+            fix = f"use a vocab of {self.max_token + 1} or more"
+            field = "vocab"
+        raise ConfigError(f"token file {str(self.path)!r} holds token {self.max_token} (at token {self.max_at}), "
+                          f"not below {whose} {vocab}: {fix}", field=field)
 
     def windows(self, ids: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of windows ``ids``: int64 tensors of shape (len(ids), seq)."""
-        rows = np.stack([np.asarray(self.tokens[i * self.seq : i * self.seq + self.seq + 1], dtype=np.int64)
+        rows = np.stack([self._read(i * self.seq, self.seq + 1).astype(np.int64)
                          for i in map(int, ids)]) if len(ids) else np.zeros((0, self.seq + 1), np.int64)
         t = torch.from_numpy(rows)
         return t[:, :-1].contiguous(), t[:, 1:].contiguous()
@@ -104,6 +166,7 @@ class TokenBatches:
             if file.vocab is not None and file.vocab > data.model.vocab:
                 raise ConfigError(f"token file {data.token_file!r} has a vocabulary of {file.vocab}, the model "
                                   f"{data.model.vocab}; use vocab {file.vocab} or more", field="vocab")
+            file.check_vocab(data.model.vocab, "the model's vocab")
         return cls(file, data.batch_size, data.seed)
 
     def consumed(self, step: int) -> int:
