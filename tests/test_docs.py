@@ -32,7 +32,6 @@ PENDING = {
     "docs/results/validation.md",
     "docs/results/plan_check.md",
     "docs/results/published.md",
-    "docs/guarantees.md",
     "docs/devices.md",
     "docs/published.md",
 }
