@@ -43,8 +43,8 @@ __all__ = [
 ]
 
 MODEL_KINDS = ("gpt", "mlp")
-# The data-parallel modes of schedules.dp that the runtime implements (real.dp).
-DP_MODES = ("sync", "ddp", "zero1")
+# The data-parallel modes of schedules.dp that the runtime implements (real.dp; zero2, zero3 = fsdp: real.zero).
+DP_MODES = ("sync", "ddp", "zero1", "zero2", "zero3", "fsdp")
 if not set(DP_MODES) <= set(SCHEDULE_DP_MODES):
     raise ImportError(f"real.config.DP_MODES {DP_MODES} must be modes of schedules.dp {SCHEDULE_DP_MODES}")
 OPTIMIZERS = ("sgd", "adamw")

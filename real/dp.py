@@ -160,6 +160,17 @@ class GradSync:
     def poll(self) -> None:
         self.works.poll()
 
+    on_gather: Callable[[], None] = staticmethod(lambda: None)  # ZeRO-3 (real.zero) re-allocates parameters
+
+    def before_task(self, tid: int) -> None:
+        """Called before each compute task; parameters are whole here, nothing to gather."""
+
+    def after_task(self, tid: int) -> None:
+        """Called after each compute task."""
+
+    def gather_all(self) -> None:
+        """Parameters are whole on every replica in these modes."""
+
     def finish(self) -> None:
         """Launch what is left (sync mode; parameters without a gradient) and wait for every bucket."""
         for b in self.buckets:

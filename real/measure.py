@@ -91,7 +91,11 @@ class ActivationMeter:
             raise RuntimeError(f"activations of {sorted(self._keys)} were never released")
         self.enabled, self.current, self.peak, self.first_bytes = enabled, 0, 0, {}
         if enabled:
-            self._exclude = {p.untyped_storage().data_ptr() for p in self._params}
+            self.exclude_parameters()
+
+    def exclude_parameters(self) -> None:
+        """Take the parameters' storages anew (ZeRO-3 re-allocates them at every gather)."""
+        self._exclude = {p.untyped_storage().data_ptr() for p in self._params}
 
 
 @dataclass

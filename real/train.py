@@ -32,7 +32,6 @@ from real import checkpoint as ckpt
 from real.config import Plan, RunConfig, make_plan
 from real.data import DataSource, microbatches, step_seed
 from real.datamaster import MasterBatches
-from real.dp import GradSync
 from real.executor import Executor, Stage
 from real.measure import ActivationMeter, Recorder, clock_offset
 from real.mesh import Mesh, env_world
@@ -51,6 +50,7 @@ from real.model_api import (
 )
 from real.models import make_optimizer
 from real.p2p import PeerError, PipeComm, matching_sends
+from real.zero import make_sync
 from schedules import Action, CheckpointError, ConfigError, Kind, Stream
 from schedules.trace import check_trace_path, make_trace, write_trace
 
@@ -239,8 +239,11 @@ class _Trainer:
         by_stage = {s: [p for _, p in self.stages[s].global_parameters()] for s in sorted(self.stages)}
         self.sync = None
         if mesh.dp_group is not None:
-            self.sync = GradSync(by_stage, group=mesh.dp_group, mode=cfg.sync.dp_mode, bucket_mb=cfg.sync.bucket_mb,
-                                 accumulations=cfg.layout.microbatches, stamp=self.recorder.stamp, record=self.recorder.add)
+            self.sync = make_sync(by_stage, graph=self.plan.graph, pp_rank=mesh.pp_rank, group=mesh.dp_group,
+                                  mode=cfg.sync.dp_mode, bucket_mb=cfg.sync.bucket_mb,
+                                  accumulations=cfg.layout.microbatches, stamp=self.recorder.stamp,
+                                  record=self.recorder.add)
+            self.sync.on_gather = self.meter.exclude_parameters
         # One optimizer per stage (element-wise optimizers: the same as one over all), so that with data
         # parallelism each stage's update is traced as {s}OPTIM, as the simulator's data-parallel pass has it.
         shares = self.sync.optimizer_params() if self.sync else by_stage
@@ -248,7 +251,8 @@ class _Trainer:
         self.executor = Executor(self.plan.graph, mesh.pp_rank, self.stages, comm=self._comm(), meter=self.meter,
                                  recorder=self.recorder, poll=self.sync.poll if self.sync else lambda: None,
                                  loss=self.model.loss, autocast=autocast_for(cfg.runtime.dtype, mesh.device),
-                                 message_dtypes={s: dt for s, (_, dt) in self.boundaries.items()})
+                                 message_dtypes={s: dt for s, (_, dt) in self.boundaries.items()},
+                                 around=(self.sync.before_task, self.sync.after_task) if self.sync else None)
         self.needs_data = 0 in self.stages or last in self.stages
         self.metered = cfg.metered_step  # train() moves it to the first step a resumed run runs
 
@@ -442,6 +446,8 @@ class _Trainer:
 
     def _gather(self, losses: list[float], times: list[float], rows: list[_Row], memory: dict[str, Any],
                 path: Path | None, traced_times: dict[int, float]) -> RunResult:
+        if self.sync is not None:
+            self.sync.gather_all()
         params = [(name, p.detach().cpu().clone()) for name, p in self.named] if self.mesh.dp_rank == 0 else []
         mine = (rows, memory, params)
         parts = [mine]
