@@ -281,11 +281,6 @@ class RunConfig:
                 f"{owner}: fail_rank {f.fail_rank!r} is not a rank of pp x dp = {self.world_size} processes; "
                 f"valid: 0..{self.world_size - 1}", field="fail_rank"
             )
-        if self.checkpoint is not None and self.sync.dp_mode == "zero1" and self.layout.dp > 1:
-            raise ConfigError(
-                f"{owner}: checkpoints with dp mode zero1 are not supported (its optimizer state is sharded "
-                "over flat buckets); use dp_mode ddp or sync", field="dp_mode"
-            )
 
     @classmethod
     def of(cls, *, steps: int = 10, checkpoint: CheckpointConfig | None = None, **fields: Any) -> RunConfig:

@@ -50,7 +50,7 @@ from real.model_api import (
 )
 from real.models import make_optimizer
 from real.p2p import PeerError, PipeComm, matching_sends
-from real.zero import make_sync
+from real.zero import SHARDED_MODES, full_state, load_full, make_sync
 from schedules import Action, CheckpointError, ConfigError, Kind, Stream
 from schedules.trace import check_trace_path, make_trace, write_trace
 
@@ -254,6 +254,7 @@ class _Trainer:
                                  message_dtypes={s: dt for s, (_, dt) in self.boundaries.items()},
                                  around=(self.sync.before_task, self.sync.after_task) if self.sync else None)
         self.needs_data = 0 in self.stages or last in self.stages
+        self._sharded = self.sync is not None and self.sync.mode in ("zero1", *SHARDED_MODES)  # checkpoints gather
         self.metered = cfg.metered_step  # train() moves it to the first step a resumed run runs
 
     def _boundaries(self) -> Boundaries:
@@ -327,14 +328,20 @@ class _Trainer:
         """(first step to run, losses of the steps before it) from ``restored``, loaded into this rank."""
         if restored is None:
             return 0, []
-        ckpt.load(restored, self.named, list(self.optimizers.values()), self.mesh.rank)
+        if self._sharded:
+            load_full(restored, self.sync, self.named, self.optimizers, self.mesh.rank)
+        else:
+            ckpt.load(restored, self.named, list(self.optimizers.values()), self.mesh.rank)
         self.data.restore(restored.step, restored.info.get("data"))
         log.info("rank %d: resumed from %s (step %d)", self.mesh.rank, restored.path, restored.step)
         return restored.step, [float(x) for x in restored.info["losses"]]
 
     def _save(self, saver: ckpt.Checkpointer, steps_done: int, losses: list[float]) -> None:
         cfg = self.plan.config
-        state = ckpt.state_dict(self.named, list(self.optimizers.values()), self.mesh.rank)
+        if self._sharded:
+            state = full_state(self.sync, self.named, self.optimizers, self.mesh.rank)
+        else:
+            state = ckpt.state_dict(self.named, list(self.optimizers.values()), self.mesh.rank)
         info = {"losses": losses, "world_size": cfg.world_size, "pp": cfg.layout.pp, "dp": cfg.layout.dp,
                 "config": cfg.to_dict()}
         position = self.data.state(steps_done)

@@ -38,11 +38,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from real import checkpoint as ckpt
 from real.dp import GradSync, _Bucket
 from schedules import Action, Kind
 from schedules.graph import TaskGraph
 
-__all__ = ["SHARDED_MODES", "ShardedSync", "make_sync"]
+__all__ = ["SHARDED_MODES", "ShardedSync", "full_state", "load_full", "make_sync"]
 
 log = logging.getLogger(__name__)
 
@@ -233,3 +234,81 @@ class ShardedSync(GradSync):
         if self.mode == "zero3":
             for s in sorted({b.stage for b in self.buckets}):
                 self._wait_gather(s)
+
+
+# Checkpoints of the sharded modes (zero1, zero2, zero3): whole tensors under whole-model names, as the
+# replicated modes write them, so a run resumes with any dp and any mode.
+def _gathered(sync: GradSync, shard: torch.Tensor) -> torch.Tensor:
+    full = torch.empty(shard.numel() * sync.world, dtype=shard.dtype, device=shard.device)
+    dist.all_gather_into_tensor(full, shard.contiguous(), group=sync.group)
+    return full
+
+
+def _pieces(b: _Bucket, flat: torch.Tensor) -> list[torch.Tensor]:
+    out, offset = [], 0
+    for p in b.params:
+        out.append(flat[offset:offset + p.numel()].view(p.shape).clone())
+        offset += p.numel()
+    return out
+
+
+@torch.no_grad()
+def full_state(sync: GradSync, named: list[tuple[str, nn.Parameter]], optimizers: dict[int, torch.optim.Optimizer],
+               rank: int) -> dict[str, Any]:
+    """This rank's checkpoint state with every parameter and optimizer tensor whole (gathered over dp)."""
+    name_of = {id(p): n for n, p in named}
+    state: dict[str, Any] = {}
+    for b in sync.buckets:
+        for p, t in zip(b.params, _pieces(b, _gathered(sync, b.shard)), strict=True):
+            state[f"model.{name_of[id(p)]}"] = t
+        for key, value in optimizers[b.stage].state.get(b.shard, {}).items():
+            if not isinstance(value, torch.Tensor):
+                continue
+            whole = _pieces(b, _gathered(sync, value)) if value.shape == b.shard.shape else [value.clone()] * len(b.params)
+            for p, t in zip(b.params, whole, strict=True):
+                state[f"optim.{name_of[id(p)]}.{key}"] = t
+    state[f"rng.rank{rank}"] = torch.get_rng_state()
+    return state
+
+
+@torch.no_grad()
+def load_full(restored: ckpt.Restored, sync: GradSync, named: list[tuple[str, nn.Parameter]],
+              optimizers: dict[int, torch.optim.Optimizer], rank: int) -> None:
+    """Load a checkpoint (of any mode and dp) into this replica's shards and optimizer state."""
+    meta = ckpt.read_metadata(restored.path).state_dict_metadata
+    name_of = {id(p): n for n, p in named}
+    state: dict[str, Any] = {f"model.{n}": torch.empty(p.shape, dtype=p.dtype) for n, p in named}
+    for n, _ in named:
+        for key, m in meta.items():
+            if key.startswith(f"optim.{n}.") and "." not in key[len(f"optim.{n}."):]:
+                state[key] = torch.empty(m.size, dtype=m.properties.dtype)
+    rng_key = f"rng.rank{rank}"
+    if rng_key in meta:
+        state[rng_key] = torch.empty_like(torch.get_rng_state())
+    ckpt.load_state(restored, state, rank)
+    for b in sync.buckets:
+        names = [name_of[id(p)] for p in b.params]
+        flat = _flat(b, [state[f"model.{n}"] for n in names])
+        size = b.shard.numel()
+        b.shard.copy_(flat[sync.rank * size:(sync.rank + 1) * size])
+        if b.data.untyped_storage().nbytes():  # zero1, zero2: whole parameters here too (zero3: freed)
+            b.data.copy_(flat)
+        keys = {k[len(f"optim.{names[0]}."):] for k in state if k.startswith(f"optim.{names[0]}.")}
+        opt = optimizers[b.stage]
+        for key in sorted(keys):
+            parts = [state[f"optim.{n}.{key}"] for n in names]
+            if parts[0].shape == b.params[0].shape:
+                opt.state[b.shard][key] = _flat(b, parts)[sync.rank * size:(sync.rank + 1) * size].clone()
+            else:
+                opt.state[b.shard][key] = parts[0].clone()
+    if rng_key in state:
+        torch.set_rng_state(state[rng_key])
+
+
+def _flat(b: _Bucket, tensors: list[torch.Tensor]) -> torch.Tensor:
+    flat = torch.zeros(b.data.numel(), dtype=b.shard.dtype, device=b.shard.device)
+    offset = 0
+    for t in tensors:
+        flat[offset:offset + t.numel()].copy_(t.reshape(-1))
+        offset += t.numel()
+    return flat
