@@ -33,7 +33,7 @@ from real.config import Plan, RunConfig, make_plan
 from real.data import DataSource, microbatches, step_seed
 from real.datamaster import MasterBatches
 from real.executor import Executor, Stage
-from real.measure import ActivationMeter, Recorder, clock_offset
+from real.measure import ActivationMeter, Recorder, clock_offset, held_bytes
 from real.mesh import Mesh, env_world
 from real.model_api import (
     Boundaries,
@@ -449,6 +449,8 @@ class _Trainer:
             "peak_activation_bytes": self.meter.peak, "activation_bytes_per_microbatch": per_mb,
             "peak_activations_mb": self.meter.peak / per_mb if per_mb else 0.0,
             "max_memory_allocated": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
+            **held_bytes([p for _, p in self.named], self.optimizers.values()),
+            **(self.sync.transient() if self.sync is not None else {}),
         }
 
     def _gather(self, losses: list[float], times: list[float], rows: list[_Row], memory: dict[str, Any],

@@ -70,6 +70,8 @@ class ShardedSync(GradSync):
         self._pending: deque[tuple[_Bucket, dist.Work, torch.Tensor, torch.Tensor, list | None]] = deque()
         self._gathering: dict[int, list[tuple[_Bucket, dist.Work, list | None]]] = {}
         self._whole: set[int] = set()  # zero3: stages whose parameters are gathered now
+        self._peaks = {"inflight_grad_bytes": 0, "gathered_param_bytes": 0}  # since begin_step
+        self._inflight = 0  # bytes of flat gradients being reduce-scattered
         super().__init__(stage_params, mode="zero3" if mode == "fsdp" else mode, **kw)
         self.reads, self.next = self._program(graph, pp_rank)
         self.on_gather = lambda: None  # zero3: called after parameters are re-allocated (the meter's exclusions)
@@ -102,7 +104,9 @@ class ShardedSync(GradSync):
             p.grad = None
             offset += p.numel()
         bucket = _Bucket(stage, index, params, torch.empty(0, dtype=p0.dtype, device=p0.device), data=data)
-        bucket.shard = data[self.rank * size:(self.rank + 1) * size].clone()
+        bucket.shard = data[self.rank * size:(self.rank + 1) * size]  # zero2: stepped in place, as zero1
+        if self.mode == "zero3":
+            bucket.shard = bucket.shard.clone()  # its own storage: the whole parameters are freed between passes
         bucket.shard_grad = torch.zeros(size, dtype=p0.dtype, device=p0.device)
         bucket.shard.grad = bucket.shard_grad
         return bucket
@@ -117,6 +121,11 @@ class ShardedSync(GradSync):
         for b in self.buckets:
             b.shard_grad.zero_()
             b.counts, b.ready = {}, 0
+        self._peaks = dict.fromkeys(self._peaks, 0)
+
+    def transient(self) -> dict[str, int]:
+        """Peaks of the step so far: flat gradients in flight, whole parameters gathered (zero3) at once."""
+        return dict(self._peaks)
 
     def _on_grad(self, p: nn.Parameter) -> None:
         bucket = self._bucket_of[id(p)]
@@ -139,13 +148,16 @@ class ShardedSync(GradSync):
         row = self._record(Action(Kind.REDUCE_SCATTER, bucket.stage, bucket.ready, bucket=bucket.index), start, None,
                            flat.numel() * flat.element_size())
         self._pending.append((bucket, work, out, flat, row))
+        self._inflight += flat.numel() * flat.element_size()
+        self._peaks["inflight_grad_bytes"] = max(self._peaks["inflight_grad_bytes"], self._inflight)
         bucket.ready += 1  # reduce-scatters of this bucket in this step
         bucket.counts = {}
 
     def _fold(self, wait: bool) -> None:
         while self._pending and (wait or self._pending[0][1].is_completed()):
-            bucket, work, out, _, row = self._pending.popleft()
+            bucket, work, out, flat, row = self._pending.popleft()
             work.wait()
+            self._inflight -= flat.numel() * flat.element_size()
             bucket.shard_grad.add_(out)
             if row is not None:
                 row[2] = self._stamp()
@@ -175,11 +187,12 @@ class ShardedSync(GradSync):
 
     def _gather_bucket(self, b: _Bucket, keep: list | None) -> None:
         start = self._stamp()
-        work = dist.all_gather_into_tensor(b.data, b.shard, group=self.group, async_op=True)
+        source = b.shard.clone() if self.mode == "zero2" else b.shard  # zero2: the shard is a slice of the output
+        work = dist.all_gather_into_tensor(b.data, source, group=self.group, async_op=True)
         row = self._record(Action(Kind.ALL_GATHER, b.stage, bucket=b.index), start, None,
                            b.data.numel() * b.data.element_size())
         if keep is None:
-            self.works.add(work, row)
+            self.works.add(work, row, keepalive=source)
         else:
             keep.append((b, work, row))
 
@@ -194,6 +207,8 @@ class ShardedSync(GradSync):
                 b.data.untyped_storage().resize_(b.data.numel() * b.data.element_size())
                 self._gather_bucket(b, keep=works)
         self._gathering[stage] = works
+        whole = sum(b.data.untyped_storage().nbytes() for b in self.buckets)
+        self._peaks["gathered_param_bytes"] = max(self._peaks["gathered_param_bytes"], whole)
         self.on_gather()
 
     def _wait_gather(self, stage: int) -> None:

@@ -21,22 +21,50 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DeviceMemory", "model_state_bytes"]
+__all__ = ["DeviceMemory", "ModelStates", "model_state_bytes", "model_states"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStates:
+    """Bytes of one device's weights, gradients and optimizer state (and ZeRO-3's gathered weights)."""
+
+    params: float
+    grads: float
+    optimizer: float
+    gathered: float = 0.0  # zero3: one stage's whole weights while it computes, not part of the total
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+
+_SHARDED = {  # mode -> which of (weights, gradients, optimizer state) are split over the N replicas
+    "none": (False, False, False), "sync": (False, False, False), "ddp": (False, False, False),
+    "zero1": (False, False, True), "zero2": (False, True, True), "zero3": (True, True, True),
+    "fsdp": (True, True, True),
+}
+
+
+def model_states(psi: float, mode: str, dp: int, *, weight_bytes: float = 2, grad_bytes: float = 2,
+                 optimizer_bytes: float = 12, stage_psi: float = 0.0) -> ModelStates:
+    """Model states of ``psi`` parameters by category; bytes per parameter default to mixed-precision Adam.
+
+    The runtime's fp32 training is ``weight_bytes=4, grad_bytes=4`` and ``optimizer_bytes`` 4 (SGD with
+    momentum: one buffer) or 8 (AdamW: two moments; its step counters are not counted). ``stage_psi``: the
+    largest stage of the rank, whose whole weights zero3 gathers. ps: the optimizer runs on the servers.
+    """
+    if mode == "ps":
+        return ModelStates(weight_bytes * psi, grad_bytes * psi, 0.0)
+    if mode not in _SHARDED:
+        raise ValueError(f"unknown dp mode {mode!r}")
+    w, g, o = (dp if split else 1 for split in _SHARDED[mode])
+    gathered = weight_bytes * stage_psi if mode in ("zero3", "fsdp") else 0.0
+    return ModelStates(weight_bytes * psi / w, grad_bytes * psi / g, optimizer_bytes * psi / o, gathered)
 
 
 def model_state_bytes(psi: float, mode: str, dp: int) -> float:
     """Bytes of weights, gradients and optimizer states of ``psi`` parameters under ``mode``."""
-    if mode in ("none", "sync", "ddp"):
-        return 16 * psi
-    if mode == "zero1":
-        return 4 * psi + 12 * psi / dp
-    if mode == "zero2":
-        return 2 * psi + 14 * psi / dp
-    if mode in ("zero3", "fsdp"):
-        return 16 * psi / dp
-    if mode == "ps":
-        return 4 * psi
-    raise ValueError(f"unknown dp mode {mode!r}")
+    return model_states(psi, mode, dp).total
 
 
 @dataclass(frozen=True, slots=True)

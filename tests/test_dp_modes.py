@@ -19,6 +19,10 @@ torch = pytest.importorskip("torch")
 
 from real import ModelConfig, RunConfig, reference_run  # noqa: E402
 from real.checkpoint import CheckpointConfig  # noqa: E402
+from real.config import make_plan  # noqa: E402
+from sim.costs import UniformCosts  # noqa: E402
+from sim.engine import simulate  # noqa: E402
+from sim.memory import model_states  # noqa: E402
 
 LAUNCH_TIMEOUT = 60  # seconds for the launch (12 runs of 2-4 steps on 2 processes)
 MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
@@ -33,7 +37,9 @@ def _config(mode: str, steps: int, directory: Path | None, optimizer: str = "ada
 
 
 def _runs(tmp: Path) -> dict[str, RunConfig]:
-    runs: dict[str, RunConfig] = {}
+    runs: dict[str, RunConfig] = {"none plain": RunConfig.of(schedule="1f1b", pp=2, microbatches=2, batch_size=16, steps=4,
+                                                             model=MODEL, optimizer="adamw", lr=0.01, timeout_s=60)}
+    runs.update({f"{mode} plain": _config(mode, 4, None) for mode in ("sync", "ddp")})
     for mode in MODES:
         runs[f"{mode} first"] = _config(mode, 2, tmp / mode)
         runs[f"{mode} resumed"] = _config(mode, 4, tmp / mode)
@@ -75,22 +81,58 @@ def test_a_zero3_checkpoint_resumes_under_zero1_as_plain_training(launched):
         assert diff <= 1e-5, f"{name}: {diff:.3g}"  # microbatches summed in another order than the reference
 
 
+def _predicted(cfg: RunConfig, params: dict[str, torch.Tensor], rank: int, per_mb: int) -> dict[str, float]:
+    """The simulator's bytes for pipeline rank ``rank``: model states by mode (fp32 weights and gradients,
+    AdamW's two moments) and the engine's activation peak in M_B times the measured bytes of one M_B."""
+    plan = make_plan(cfg, cfg.world_size)
+    stages = plan.graph.schedule.stages_of(rank)
+    def stage_psi(s: int) -> int:
+        return sum(t.numel() for n, t in params.items() if int(n.split(".", 1)[0]) in plan.layers[s])
+    psi = sum(stage_psi(s) for s in stages)
+    mode = "none" if cfg.layout.dp == 1 else cfg.sync.dp_mode
+    states = model_states(psi, mode, cfg.layout.dp, weight_bytes=4, grad_bytes=4, optimizer_bytes=8,
+                          stage_psi=max(stage_psi(s) for s in stages))
+    peak_mb = simulate(plan.graph, UniformCosts()).ranks[rank].peak_activations
+    return {"param_bytes": states.params, "grad_bytes": states.grads, "optimizer_bytes": states.optimizer,
+            "gathered_param_bytes": states.gathered, "peak_activation_bytes": peak_mb * per_mb}
+
+
+MEMORY_TOL = 0.05  # the issue's bound; measured off by < 1% (bucket padding, AdamW's step counters)
+
+
+@pytest.mark.parametrize("mode", ["none", "sync", "ddp", *MODES])
+def test_memory_per_rank_by_category_is_the_simulators_within_5_percent(launched, mode):
+    runs, got = launched
+    cfg, run_ = runs[f"{mode} plain"], got[f"{mode} plain"]
+    for mem in run_["memory"]:
+        want = _predicted(cfg, run_["params"], mem["pp_rank"], mem["activation_bytes_per_microbatch"])
+        if mode not in ("zero3",):
+            assert mem.get("gathered_param_bytes", 0) == 0 and want["gathered_param_bytes"] == 0
+        for key, value in want.items():
+            if key == "gathered_param_bytes" and mode != "zero3":
+                continue
+            assert abs(mem[key] - value) <= MEMORY_TOL * value, f"{mode} rank {mem['rank']} {key}: {mem[key]} vs {value}"
+
+
 def _worker(cfg_file: str, out_file: str) -> None:
     import json
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    from real import Mesh, make_plan, run
+    from real import Mesh, run
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-    mesh, results = None, {}
+    meshes, results = {}, {}
     for label, d in json.loads(Path(cfg_file).read_text()).items():
         cfg = RunConfig.from_dict(d)
-        mesh = mesh or Mesh.create(make_plan(cfg, dist.get_world_size()), "gloo", cfg.runtime.timeout_s)
-        r = run(cfg, mesh=mesh)
+        key = (cfg.layout.pp, cfg.layout.dp)
+        if key not in meshes:
+            meshes[key] = Mesh.create(make_plan(cfg, dist.get_world_size()), "gloo", cfg.runtime.timeout_s)
+        r = run(cfg, mesh=meshes[key])
         if dist.get_rank() == 0:
-            results[label] = {"losses": r.losses, "params": r.parameters, "start_step": r.start_step}
+            results[label] = {"losses": r.losses, "params": r.parameters, "start_step": r.start_step,
+                              "memory": r.memory}
     if dist.get_rank() == 0:
         torch.save(results, out_file)
     dist.destroy_process_group()
