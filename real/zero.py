@@ -52,6 +52,10 @@ SHARDED_MODES = ("zero2", "zero3")
 # AccumulateGrad read the parameter tensors (a freed one fails "data is not allocated"), which the IR's
 # zero3 gathers (F, I and B only) do not yet say.
 _READS = (Kind.F, Kind.I, Kind.W, Kind.B, Kind.R)
+# Reduce-scatters in flight at most; launching one more first waits for the oldest. Without a bound, a step's
+# flat gradients pile up until the next poll (measured: twice a whole gradient), and ZeRO-2 saves nothing at
+# its peak. Two keep one bucket's transfer overlapping the next bucket's backward.
+MAX_INFLIGHT = 2
 
 
 def make_sync(stage_params: dict[int, Sequence[nn.Parameter]], *, graph: TaskGraph, pp_rank: int, mode: str,
@@ -150,11 +154,13 @@ class ShardedSync(GradSync):
         self._pending.append((bucket, work, out, flat, row))
         self._inflight += flat.numel() * flat.element_size()
         self._peaks["inflight_grad_bytes"] = max(self._peaks["inflight_grad_bytes"], self._inflight)
+        self._fold(wait=True, keep=MAX_INFLIGHT)
         bucket.ready += 1  # reduce-scatters of this bucket in this step
         bucket.counts = {}
 
-    def _fold(self, wait: bool) -> None:
-        while self._pending and (wait or self._pending[0][1].is_completed()):
+    def _fold(self, wait: bool, keep: int = 0) -> None:
+        """Add completed reduce-scatters into the shards (``wait``: all but the newest ``keep``, waiting)."""
+        while len(self._pending) > keep and (wait or self._pending[0][1].is_completed()):
             bucket, work, out, flat, row = self._pending.popleft()
             work.wait()
             self._inflight -= flat.numel() * flat.element_size()

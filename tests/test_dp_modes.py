@@ -112,6 +112,8 @@ def test_memory_per_rank_by_category_is_the_simulators_within_5_percent(launched
             if key == "gathered_param_bytes" and mode != "zero3":
                 continue
             assert abs(mem[key] - value) <= MEMORY_TOL * value, f"{mode} rank {mem['rank']} {key}: {mem[key]} vs {value}"
+        if mode in ("zero2", "zero3"):  # at its peak too, shard + in flight < a whole gradient (dp 2: twice the shard)
+            assert 0 < mem["grad_bytes"] + mem["inflight_grad_bytes"] < 2 * mem["grad_bytes"], mem
 
 
 def _worker(cfg_file: str, out_file: str) -> None:
