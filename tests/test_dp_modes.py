@@ -1,10 +1,15 @@
-"""The sharded data-parallel modes (zero1, zero2, zero3/fsdp) resume from a checkpoint bit for bit.
+"""The sharded data-parallel modes (zero1, zero2, zero3/fsdp): resume, memory, every schedule.
 
-One torchrun launch (gloo, 2 processes, dp=2; this file is also the worker). Per mode: a run of 2 steps
-that checkpoints at step 2, a run of 4 steps in the same directory (it resumes at step 2), and an
-uninterrupted run of 4 steps; the resumed run's losses and parameters equal the uninterrupted run's
-exactly. Checkpoints hold whole tensors under whole-model names in every mode, so one written by zero3
-resumes under zero1 and ends equal to plain single-process training (1e-5, SGD).
+Two torchrun launches (gloo; this file is also the worker):
+
+* 4 processes: every registered schedule at pp 2 x dp 2, with zero2 or zero3 in turn, equals
+  single-process training to 1e-5 after 3 steps.
+* 2 processes (dp 2), per sharded mode: 2 steps that checkpoint at step 2, 4 steps in the same
+  directory (resumed at step 2) and 4 uninterrupted steps; the resumed run's losses and parameters equal
+  the uninterrupted run's exactly. Checkpoints hold whole tensors under whole-model names in every
+  mode, so one written by zero3 resumes under zero1 and ends equal to plain training (1e-5, SGD).
+  The uninterrupted runs of every mode (and none: pp 2) give the memory per rank and category, checked
+  against the simulator's figure within 5%.
 """
 
 from __future__ import annotations
@@ -114,6 +119,40 @@ def test_memory_per_rank_by_category_is_the_simulators_within_5_percent(launched
             assert abs(mem[key] - value) <= MEMORY_TOL * value, f"{mode} rank {mem['rank']} {key}: {mem[key]} vs {value}"
         if mode in ("zero2", "zero3"):  # at its peak too, shard + in flight < a whole gradient (dp 2: twice the shard)
             assert 0 < mem["grad_bytes"] + mem["inflight_grad_bytes"] < 2 * mem["grad_bytes"], mem
+
+
+FOUR_TIMEOUT = 90  # seconds for the 4-process launch of 12 runs (measured 37 s on 2 shared cores)
+SHARDED = ("zero2", "zero3")  # sync, ddp and zero1 at pp 2 x dp 2: test_real_equality's FOUR
+
+
+def _every_schedule() -> dict[str, RunConfig]:
+    """Every registered schedule at pp 2 x dp 2 (its pp=2 configuration of test_real_equality, batch 32),
+    zero2 and zero3 taken in turn: each meets six schedules."""
+    from tests.test_real_equality import PP2
+
+    return {f"{name} pp2 dp2 {SHARDED[i % 2]}":
+            RunConfig.of(**{**cfg.to_dict()["layout"], "dp": 2}, batch_size=32, steps=3, model=cfg.data.model,
+                         optimizer="sgd", lr=0.1, timeout_s=60, dp_mode=SHARDED[i % 2],
+                         bucket_mb=0.004)
+            for i, (name, cfg) in enumerate(sorted(PP2.items()))}
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory) -> tuple[dict[str, RunConfig], dict]:
+    from tests.conftest import launch_worker
+
+    runs = _every_schedule()
+    return runs, launch_worker(__file__, 4, {k: c.to_dict() for k, c in runs.items()},
+                               tmp_path_factory.mktemp("dpmodes4"), FOUR_TIMEOUT)
+
+
+@pytest.mark.timeout(FOUR_TIMEOUT + 10)
+@pytest.mark.parametrize("label", list(_every_schedule()) if __name__ != "__main__" else [])
+def test_every_schedule_at_pp2_dp2_equals_plain_training(four, label):
+    from tests.test_real_equality import _assert_equal_to_reference
+
+    runs, got = four
+    _assert_equal_to_reference(label, runs[label], got[label])
 
 
 def _worker(cfg_file: str, out_file: str) -> None:
