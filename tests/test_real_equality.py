@@ -76,6 +76,8 @@ RECOMPUTE2 = {f"{name} recompute full": _config(name, pp=2, microbatches=cfg.lay
               for name, cfg in PP2.items()}
 RECOMPUTE2["1f1b dp2 ddp recompute full"] = _config("1f1b", dp=2, microbatches=4, dp_mode="ddp", bucket_mb=0.002,
                                                    recompute="full")  # buckets launched from R-rebuilt backwards
+RECOMPUTE2["1f1b dp2 zero3 recompute full"] = _config("1f1b", dp=2, microbatches=4, dp_mode="zero3", bucket_mb=0.002,
+                                                     recompute="full")  # parameters gathered for R passes too
 BUBBLES = ("1f1b", "zb-h1", "interleaved-1f1b", "dualpipe-v")  # B; I and W; two chunks; overlapped F/B pairs
 RECOMPUTE2.update({f"{name} recompute bubbles 1": _config(name, pp=2, microbatches=4, recompute="bubbles",
                                                           recompute_limit=1.0) for name in BUBBLES})
