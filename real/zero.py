@@ -16,8 +16,9 @@ flat parameters (``shard``, what the optimizer steps), its gradient
 * ``zero3``: the flat parameters are freed (their storage resized to 0, so
   every view, and every tensor autograd saved from them, stays valid but
   empty) and all-gathered before each compute task that reads the stage (F,
-  I, W, B, R), one task ahead, as the IR's gathers say; after the task, a stage
-  the next task does not read is freed again.
+  I, W, B, R) and freed after it, as the IR's gathers say; the gathers of the
+  next reading task are launched when a task starts (one task ahead), or, for
+  a stage the running task holds, as soon as it ends.
 
 Why not FSDP2 (``fully_shard``): it works on CPU with gloo in torch 2.13 (two
 processes, DTensor shards of a Linear), but its unshard and reduce hooks are
@@ -232,23 +233,25 @@ class ShardedSync(GradSync):
         self._whole.discard(stage)
 
     def before_task(self, tid: int) -> None:
-        """zero3: the task's stages gathered (waited for), the next reading task's gathers launched."""
+        """zero3: the task's stages gathered (waited for); the next reading task's other stages launched."""
         if self.mode != "zero3" or tid not in self.reads:
             return
         for s in self.reads[tid]:
             self._wait_gather(s)
-        nxt = self.next[tid]
-        for s in self.reads.get(nxt, ()):
-            self._launch_gather(s)
+        for s in self.reads.get(self.next[tid], ()):
+            if s not in self.reads[tid]:
+                self._launch_gather(s)
 
     def after_task(self, tid: int) -> None:
-        """zero3: free the task's stages that the next reading task does not read."""
+        """zero3: free the task's stages, as the IR does after every pass; a stage the next reading task
+        reads too is gathered again at once (its buffer is in use until now, so it cannot be prefetched)."""
         if self.mode != "zero3" or tid not in self.reads:
             return
-        keep = set(self.reads.get(self.next[tid], ()))
+        again = set(self.reads.get(self.next[tid], ()))
         for s in self.reads[tid]:
-            if s not in keep:
-                self._free(s)
+            self._free(s)
+            if s in again:
+                self._launch_gather(s)
 
     def gather_all(self) -> None:
         """zero3: every stage's parameters whole (to read them after training); the others hold them already."""
