@@ -19,9 +19,14 @@ at its end). Not counted: framework workspace, fragmentation, communication buff
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["DeviceMemory", "ModelStates", "model_state_bytes", "model_states"]
+from schedules import TaskGraph
+from sim.costs import UniformCosts
+from sim.engine import simulate
+
+__all__ = ["DeviceMemory", "ModelStates", "model_state_bytes", "model_states", "rank_memory"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +65,22 @@ def model_states(psi: float, mode: str, dp: int, *, weight_bytes: float = 2, gra
     w, g, o = (dp if split else 1 for split in _SHARDED[mode])
     gathered = weight_bytes * stage_psi if mode in ("zero3", "fsdp") else 0.0
     return ModelStates(weight_bytes * psi / w, grad_bytes * psi / g, optimizer_bytes * psi / o, gathered)
+
+
+def rank_memory(graph: TaskGraph, stage_params: Sequence[int], rank: int, mode: str, dp: int, *,
+                microbatch_bytes: float, weight_bytes: float = 4, grad_bytes: float = 4,
+                optimizer_bytes: float = 8) -> dict[str, float]:
+    """The simulator's bytes on pipeline rank ``rank``, by category, in the keys of the runtime's
+    ``RunResult.memory``: model states of its stages (``stage_params[s]`` parameters each) under ``mode``, and
+    the engine's activation peak (in M_B, uniform costs) times ``microbatch_bytes`` (one M_B of the rank).
+    Bytes per parameter default to the runtime's fp32 training with AdamW."""
+    stages = graph.schedule.stages_of(rank)
+    states = model_states(sum(stage_params[s] for s in stages), mode if dp > 1 else "none", dp,
+                          weight_bytes=weight_bytes, grad_bytes=grad_bytes, optimizer_bytes=optimizer_bytes,
+                          stage_psi=max(stage_params[s] for s in stages))
+    peak = simulate(graph, UniformCosts()).ranks[rank].peak_activations
+    return {"param_bytes": states.params, "grad_bytes": states.grads, "optimizer_bytes": states.optimizer,
+            "gathered_param_bytes": states.gathered, "peak_activation_bytes": peak * microbatch_bytes}
 
 
 def model_state_bytes(psi: float, mode: str, dp: int) -> float:

@@ -25,9 +25,7 @@ torch = pytest.importorskip("torch")
 from real import ModelConfig, RunConfig, reference_run  # noqa: E402
 from real.checkpoint import CheckpointConfig  # noqa: E402
 from real.config import make_plan  # noqa: E402
-from sim.costs import UniformCosts  # noqa: E402
-from sim.engine import simulate  # noqa: E402
-from sim.memory import model_states  # noqa: E402
+from sim.memory import rank_memory  # noqa: E402
 
 LAUNCH_TIMEOUT = 60  # seconds for the launch (12 runs of 2-4 steps on 2 processes)
 MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
@@ -87,19 +85,11 @@ def test_a_zero3_checkpoint_resumes_under_zero1_as_plain_training(launched):
 
 
 def _predicted(cfg: RunConfig, params: dict[str, torch.Tensor], rank: int, per_mb: int) -> dict[str, float]:
-    """The simulator's bytes for pipeline rank ``rank``: model states by mode (fp32 weights and gradients,
-    AdamW's two moments) and the engine's activation peak in M_B times the measured bytes of one M_B."""
+    """The simulator's bytes for pipeline rank ``rank`` (fp32 weights and gradients, AdamW)."""
     plan = make_plan(cfg, cfg.world_size)
-    stages = plan.graph.schedule.stages_of(rank)
-    def stage_psi(s: int) -> int:
-        return sum(t.numel() for n, t in params.items() if int(n.split(".", 1)[0]) in plan.layers[s])
-    psi = sum(stage_psi(s) for s in stages)
-    mode = "none" if cfg.layout.dp == 1 else cfg.sync.dp_mode
-    states = model_states(psi, mode, cfg.layout.dp, weight_bytes=4, grad_bytes=4, optimizer_bytes=8,
-                          stage_psi=max(stage_psi(s) for s in stages))
-    peak_mb = simulate(plan.graph, UniformCosts()).ranks[rank].peak_activations
-    return {"param_bytes": states.params, "grad_bytes": states.grads, "optimizer_bytes": states.optimizer,
-            "gathered_param_bytes": states.gathered, "peak_activation_bytes": peak_mb * per_mb}
+    sizes = [sum(t.numel() for n, t in params.items() if int(n.split(".", 1)[0]) in plan.layers[s])
+             for s in range(plan.num_stages)]
+    return rank_memory(plan.graph, sizes, rank, cfg.sync.dp_mode, cfg.layout.dp, microbatch_bytes=per_mb)
 
 
 MEMORY_TOL = 0.05  # the issue's bound; measured off by < 1% (bucket padding, AdamW's step counters)
