@@ -61,7 +61,7 @@ from schedules.errors import MAX_QUOTE, check_positive_ints
 
 __all__ = [
     "LOCK", "MARKER", "CheckpointConfig", "Checkpointer", "Restored", "check_unlocked", "complete_checkpoints",
-    "latest_complete", "load", "lock", "state_dict", "unlock",
+    "latest_complete", "load", "load_state", "lock", "read_metadata", "state_dict", "unlock",
 ]
 
 log = logging.getLogger(__name__)
@@ -424,6 +424,22 @@ def load(restored: Restored, named: list[tuple[str, torch.nn.Parameter]], optimi
             del state[rng_key]
         else:
             state[rng_key] = torch.empty_like(state[rng_key])
+    except ValueError as exc:
+        raise CheckpointError(f"checkpoint {restored.path}: {exc}; remove it to resume from the one before",
+                              field="directory") from None
+    load_state(restored, state, rank)
+    if rng_key in state:
+        torch.set_rng_state(state[rng_key])
+
+
+def read_metadata(path: Path) -> Metadata:
+    """DCP's index of the checkpoint at ``path``."""
+    return _read_metadata(path)
+
+
+def load_state(restored: Restored, state: dict[str, Any], rank: int) -> None:
+    """DCP-load ``restored`` into ``state`` (tensors of the saved shapes) in place; CheckpointError if it cannot."""
+    try:
         with _quiet_single_process():
             dcp.load(state, checkpoint_id=str(restored.path), no_dist=not dist.is_initialized())
     except ValueError as exc:
@@ -433,8 +449,6 @@ def load(restored: Restored, named: list[tuple[str, torch.nn.Parameter]], optimi
         rank_failed, (cause, _) = next(iter(sorted(exc.failures.items())))
         raise CheckpointError(f"checkpoint {restored.path} cannot be loaded (rank {rank_failed}: {_one_line(cause)}); "
                               "remove it to resume from the one before", field="directory") from None
-    if rng_key in state:
-        torch.set_rng_state(state[rng_key])
 
 
 @dataclass(eq=False)

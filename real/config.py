@@ -43,8 +43,8 @@ __all__ = [
 ]
 
 MODEL_KINDS = ("gpt", "mlp")
-# The data-parallel modes of schedules.dp that the runtime implements (real.dp).
-DP_MODES = ("sync", "ddp", "zero1")
+# The data-parallel modes of schedules.dp that the runtime implements (real.dp; zero2, zero3 = fsdp: real.zero).
+DP_MODES = ("sync", "ddp", "zero1", "zero2", "zero3", "fsdp")
 if not set(DP_MODES) <= set(SCHEDULE_DP_MODES):
     raise ImportError(f"real.config.DP_MODES {DP_MODES} must be modes of schedules.dp {SCHEDULE_DP_MODES}")
 OPTIMIZERS = ("sgd", "adamw")
@@ -284,11 +284,6 @@ class RunConfig:
             raise ConfigError(
                 f"{owner}: fail_rank {f.fail_rank!r} is not a rank of pp x dp = {self.world_size} processes; "
                 f"valid: 0..{self.world_size - 1}", field="fail_rank"
-            )
-        if self.checkpoint is not None and self.sync.dp_mode == "zero1" and self.layout.dp > 1:
-            raise ConfigError(
-                f"{owner}: checkpoints with dp mode zero1 are not supported (its optimizer state is sharded "
-                "over flat buckets); use dp_mode ddp or sync", field="dp_mode"
             )
 
     @classmethod

@@ -49,7 +49,7 @@ class _Bucket:
     params: list[nn.Parameter]
     grad: torch.Tensor  # flat, padded to a multiple of the replica count
     data: torch.Tensor | None = None  # zero1: flat parameters, each parameter a view into it
-    shard_grad: torch.Tensor | None = None  # zero1: this replica's reduced shard
+    shard_grad: torch.Tensor | None = None  # zero1: this replica's reduced shard (its slice of ``grad``)
     shard: torch.Tensor | None = None  # zero1: this replica's slice of ``data`` (what the optimizer steps)
     ready: int = 0
     launched: bool = False
@@ -89,7 +89,7 @@ class GradSync:
         self.rank = dist.get_rank(group)
         self._stamp, self._record = stamp, record
         self.works = Inflight(stamp)
-        self._launched: list[tuple[_Bucket, dist.Work]] = []
+        self._launched: list[tuple[_Bucket, torch.Tensor | None]] = []  # zero1: with the reduce-scatter's output
         self.buckets = [self._bucket(s, k, b) for s, params in stage_params.items()
                         for k, b in enumerate(make_buckets(params, bucket_mb * 2**20))]
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
@@ -117,7 +117,8 @@ class GradSync:
         if bucket.data is not None:
             size = padded // self.world
             bucket.shard = bucket.data[self.rank * size : (self.rank + 1) * size]
-            bucket.shard_grad = torch.zeros(size, dtype=p0.dtype, device=p0.device)
+            # No gradient memory beyond the flat buffer: the shard's gradient is its own slice of it.
+            bucket.shard_grad = grad[self.rank * size : (self.rank + 1) * size]
             bucket.shard.grad = bucket.shard_grad
         return bucket
 
@@ -147,18 +148,35 @@ class GradSync:
     def _launch(self, bucket: _Bucket) -> None:
         bucket.launched = True
         start = self._stamp()
+        out = None
         if self.mode == "zero1":
-            work = dist.reduce_scatter_tensor(bucket.shard_grad, bucket.grad, group=self.group, async_op=True)
+            out = torch.empty_like(bucket.shard_grad)  # the input cannot be the output: copied in at finish()
+            work = dist.reduce_scatter_tensor(out, bucket.grad, group=self.group, async_op=True)
         else:
             work = dist.all_reduce(bucket.grad, group=self.group, async_op=True)
         kind = Kind.REDUCE_SCATTER if self.mode == "zero1" else Kind.ALLREDUCE
         row = self._record(Action(kind, bucket.stage, bucket=bucket.index), start, None,
                            bucket.grad.numel() * bucket.grad.element_size())
         self.works.add(work, row)
-        self._launched.append((bucket, work))
+        self._launched.append((bucket, out))
 
     def poll(self) -> None:
         self.works.poll()
+
+    on_gather: Callable[[], None] = staticmethod(lambda: None)  # ZeRO-3 (real.zero) re-allocates parameters
+
+    def before_task(self, tid: int) -> None:
+        """Called before each compute task; parameters are whole here, nothing to gather."""
+
+    def after_task(self, tid: int) -> None:
+        """Called after each compute task."""
+
+    def transient(self) -> dict[str, int]:
+        """Peak bytes of buffers that live only around a collective (ZeRO-2/3); none here."""
+        return {}
+
+    def gather_all(self) -> None:
+        """Parameters are whole on every replica in these modes."""
 
     def finish(self) -> None:
         """Launch what is left (sync mode; parameters without a gradient) and wait for every bucket."""
@@ -169,8 +187,11 @@ class GradSync:
                               b.stage, b.index, b.ready, len(b.params))
                 self._launch(b)
         self.works.drain()
-        for b, _ in self._launched:
+        for b, out in self._launched:
+            if out is not None:
+                b.shard_grad.copy_(out)
             (b.shard_grad if self.mode == "zero1" else b.grad).div_(self.world)
+        self._launched = []
 
     @torch.no_grad()
     def after_step(self) -> None:

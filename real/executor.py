@@ -99,12 +99,15 @@ class Executor:
         loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = loss_fn,
         autocast: Callable[[], AbstractContextManager] = nullcontext,
         message_dtypes: dict[int, torch.dtype] | None = None,
+        around: tuple[Callable[[int], None], Callable[[int], None]] | None = None,
     ) -> None:
         """``loss(output, targets)`` of the last stage; ``autocast()`` wraps every forward; the output of
-        stage ``s`` is cast to ``message_dtypes[s]`` (inside the graph, so its gradient comes back in that dtype)."""
+        stage ``s`` is cast to ``message_dtypes[s]`` (inside the graph, so its gradient comes back in that dtype);
+        ``around = (before, after)`` are called with each compute task's id around it (ZeRO-3's gathers)."""
         self.graph, self.pp_rank, self.stages = graph, pp_rank, stages
         self.comm, self.meter, self.recorder, self._poll = comm, meter, recorder, poll
         self._loss, self._autocast, self._message_dtypes = loss, autocast, message_dtypes or {}
+        self._before, self._after = around or (lambda tid: None, lambda tid: None)
         self.here = set(graph.schedule.stages_of(pp_rank))
         self.last = graph.schedule.num_stages - 1
         self.num_microbatches = graph.schedule.num_microbatches
@@ -134,8 +137,11 @@ class Executor:
             if kind in (Kind.RECV_F, Kind.RECV_B):
                 nbytes = self._receive(task, step)
             else:
+                self._before(tid)
+                start = rec.stamp()  # a gather waited for is not the task's time
                 for part in task.action.parts():
                     self._compute[part.kind](part, step)
+                self._after(tid)
                 nbytes = 0
                 self._poll()
                 if self.comm is not None:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["ActivationMeter", "Measured", "Recorder", "clock_offset", "measure_interleaved"]
+__all__ = ["ActivationMeter", "Measured", "Recorder", "clock_offset", "held_bytes", "measure_interleaved"]
 
 
 class ActivationMeter:
@@ -96,7 +96,32 @@ class ActivationMeter:
             raise RuntimeError(f"activations of {sorted(self._keys)} were never released")
         self.enabled, self.current, self.peak, self.first_bytes = enabled, 0, 0, {}
         if enabled:
-            self._exclude = {p.untyped_storage().data_ptr() for p in self._params}
+            self.exclude_parameters()
+
+    def exclude_parameters(self) -> None:
+        """Take the parameters' storages anew (ZeRO-3 re-allocates them at every gather)."""
+        self._exclude = {p.untyped_storage().data_ptr() for p in self._params}
+
+
+def held_bytes(params: Iterable[torch.Tensor], optimizers: Iterable[torch.optim.Optimizer]) -> dict[str, int]:
+    """Bytes this rank holds now for parameters, gradients and optimizer state, each storage counted once.
+
+    Parameters: the model's parameters and what the optimizers step (a ZeRO shard of its own); gradients:
+    their ``.grad``; optimizer state: every tensor in the optimizers' state. A freed storage (ZeRO-3's
+    parameters between passes) counts 0.
+    """
+    stepped = [p for opt in optimizers for g in opt.param_groups for p in g["params"]]
+    tensors = {
+        "param_bytes": [*params, *stepped],
+        "grad_bytes": [p.grad for p in [*params, *stepped] if p.grad is not None],
+        "optimizer_bytes": [v for opt in optimizers for st in opt.state.values() for v in st.values()
+                            if isinstance(v, torch.Tensor)],
+    }
+    out = {}
+    for key, ts in tensors.items():
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in ts}
+        out[key] = sum(n for ptr, n in storages.items() if n)
+    return out
 
 
 @dataclass

@@ -33,9 +33,8 @@ from real import stop, usercode
 from real.config import Plan, RunConfig, make_plan
 from real.data import DataSource, microbatches, step_seed
 from real.datamaster import MasterBatches
-from real.dp import GradSync
 from real.executor import Executor, Stage
-from real.measure import ActivationMeter, Recorder, clock_offset
+from real.measure import ActivationMeter, Recorder, clock_offset, held_bytes
 from real.mesh import Mesh, env_world
 from real.model_api import (
     Boundaries,
@@ -52,6 +51,7 @@ from real.model_api import (
 )
 from real.models import make_optimizer
 from real.p2p import PeerError, PipeComm, matching_sends
+from real.zero import SHARDED_MODES, full_state, load_full, make_sync
 from schedules import Action, CheckpointError, ConfigError, Kind, SchedlabError, Stream
 from schedules.trace import check_trace_path, make_trace, write_trace
 
@@ -291,8 +291,11 @@ class _Trainer:
         by_stage = {s: [p for _, p in self.stages[s].global_parameters()] for s in sorted(self.stages)}
         self.sync = None
         if mesh.dp_group is not None:
-            self.sync = GradSync(by_stage, group=mesh.dp_group, mode=cfg.sync.dp_mode, bucket_mb=cfg.sync.bucket_mb,
-                                 accumulations=cfg.layout.microbatches, stamp=self.recorder.stamp, record=self.recorder.add)
+            self.sync = make_sync(by_stage, graph=self.plan.graph, pp_rank=mesh.pp_rank, group=mesh.dp_group,
+                                  mode=cfg.sync.dp_mode, bucket_mb=cfg.sync.bucket_mb,
+                                  accumulations=cfg.layout.microbatches, stamp=self.recorder.stamp,
+                                  record=self.recorder.add)
+            self.sync.on_gather = self.meter.exclude_parameters
         # One optimizer per stage (element-wise optimizers: the same as one over all), so that with data
         # parallelism each stage's update is traced as {s}OPTIM, as the simulator's data-parallel pass has it.
         shares = self.sync.optimizer_params() if self.sync else by_stage
@@ -300,8 +303,10 @@ class _Trainer:
         self.executor = Executor(self.plan.graph, mesh.pp_rank, self.stages, comm=self._comm(), meter=self.meter,
                                  recorder=self.recorder, poll=self.sync.poll if self.sync else lambda: None,
                                  loss=self.model.loss, autocast=autocast_for(cfg.runtime.dtype, mesh.device),
-                                 message_dtypes={s: dt for s, (_, dt) in self.boundaries.items()})
+                                 message_dtypes={s: dt for s, (_, dt) in self.boundaries.items()},
+                                 around=(self.sync.before_task, self.sync.after_task) if self.sync else None)
         self.needs_data = 0 in self.stages or last in self.stages
+        self._sharded = self.sync is not None and self.sync.mode in ("zero1", *SHARDED_MODES)  # checkpoints gather
         self.metered = cfg.metered_step  # train() moves it to the first step a resumed run runs
 
     def _boundaries(self) -> Boundaries:
@@ -377,14 +382,20 @@ class _Trainer:
         """(first step to run, losses of the steps before it) from ``restored``, loaded into this rank."""
         if restored is None:
             return 0, []
-        ckpt.load(restored, self.named, list(self.optimizers.values()), self.mesh.rank)
+        if self._sharded:
+            load_full(restored, self.sync, self.named, self.optimizers, self.mesh.rank)
+        else:
+            ckpt.load(restored, self.named, list(self.optimizers.values()), self.mesh.rank)
         self.data.restore(restored.step, restored.info.get("data"))
         log.info("rank %d: resumed from %s (step %d)", self.mesh.rank, restored.path, restored.step)
         return restored.step, [float(x) for x in restored.info["losses"]]
 
     def _save(self, saver: ckpt.Checkpointer, steps_done: int, losses: list[float]) -> None:
         cfg = self.plan.config
-        state = ckpt.state_dict(self.named, list(self.optimizers.values()), self.mesh.rank)
+        if self._sharded:
+            state = full_state(self.sync, self.named, self.optimizers, self.mesh.rank)
+        else:
+            state = ckpt.state_dict(self.named, list(self.optimizers.values()), self.mesh.rank)
         info = {"losses": losses, "world_size": cfg.world_size, "pp": cfg.layout.pp, "dp": cfg.layout.dp,
                 "config": cfg.to_dict()}
         position = self.data.state(steps_done)
@@ -510,10 +521,14 @@ class _Trainer:
             "peak_activation_bytes": self.meter.peak, "activation_bytes_per_microbatch": per_mb,
             "peak_activations_mb": self.meter.peak / per_mb if per_mb else 0.0,
             "max_memory_allocated": torch.cuda.max_memory_allocated(dev) if dev.type == "cuda" else None,
+            **held_bytes([p for _, p in self.named], self.optimizers.values()),
+            **(self.sync.transient() if self.sync is not None else {}),
         }
 
     def _gather(self, losses: list[float], times: list[float], rows: list[_Row], memory: dict[str, Any],
                 path: Path | None, traced_times: dict[int, float]) -> RunResult:
+        if self.sync is not None:
+            self.sync.gather_all()
         params = [(name, p.detach().cpu().clone()) for name, p in self.named] if self.mesh.dp_rank == 0 else []
         mine = (rows, memory, params)
         parts = [mine]

@@ -19,24 +19,73 @@ at its end). Not counted: framework workspace, fragmentation, communication buff
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["DeviceMemory", "model_state_bytes"]
+from schedules import TaskGraph
+from sim.costs import UniformCosts
+from sim.engine import simulate
+
+__all__ = ["DeviceMemory", "ModelStates", "model_state_bytes", "model_states", "rank_memory"]
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStates:
+    """Bytes of one device's weights, gradients and optimizer state (and ZeRO-3's gathered weights)."""
+
+    params: float
+    grads: float
+    optimizer: float
+    gathered: float = 0.0  # zero3: one stage's whole weights while it computes, not part of the total
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+
+_SHARDED = {  # mode -> which of (weights, gradients, optimizer state) are split over the N replicas
+    "none": (False, False, False), "sync": (False, False, False), "ddp": (False, False, False),
+    "zero1": (False, False, True), "zero2": (False, True, True), "zero3": (True, True, True),
+    "fsdp": (True, True, True),
+}
+
+
+def model_states(psi: float, mode: str, dp: int, *, weight_bytes: float = 2, grad_bytes: float = 2,
+                 optimizer_bytes: float = 12, stage_psi: float = 0.0) -> ModelStates:
+    """Model states of ``psi`` parameters by category; bytes per parameter default to mixed-precision Adam.
+
+    The runtime's fp32 training is ``weight_bytes=4, grad_bytes=4`` and ``optimizer_bytes`` 4 (SGD with
+    momentum: one buffer) or 8 (AdamW: two moments; its step counters are not counted). ``stage_psi``: the
+    largest stage of the rank, whose whole weights zero3 gathers. ps: the optimizer runs on the servers.
+    """
+    if mode == "ps":
+        return ModelStates(weight_bytes * psi, grad_bytes * psi, 0.0)
+    if mode not in _SHARDED:
+        raise ValueError(f"unknown dp mode {mode!r}")
+    w, g, o = (dp if split else 1 for split in _SHARDED[mode])
+    gathered = weight_bytes * stage_psi if mode in ("zero3", "fsdp") else 0.0
+    return ModelStates(weight_bytes * psi / w, grad_bytes * psi / g, optimizer_bytes * psi / o, gathered)
+
+
+def rank_memory(graph: TaskGraph, stage_params: Sequence[int], rank: int, mode: str, dp: int, *,
+                microbatch_bytes: float, weight_bytes: float = 4, grad_bytes: float = 4,
+                optimizer_bytes: float = 8) -> dict[str, float]:
+    """The simulator's bytes on pipeline rank ``rank``, by category, in the keys of the runtime's
+    ``RunResult.memory``: model states of its stages (``stage_params[s]`` parameters each) under ``mode``, and
+    the engine's activation peak (in M_B, uniform costs) times ``microbatch_bytes`` (one M_B of the rank).
+    Bytes per parameter default to the runtime's fp32 training with AdamW."""
+    stages = graph.schedule.stages_of(rank)
+    states = model_states(sum(stage_params[s] for s in stages), mode if dp > 1 else "none", dp,
+                          weight_bytes=weight_bytes, grad_bytes=grad_bytes, optimizer_bytes=optimizer_bytes,
+                          stage_psi=max(stage_params[s] for s in stages))
+    peak = simulate(graph, UniformCosts()).ranks[rank].peak_activations
+    return {"param_bytes": states.params, "grad_bytes": states.grads, "optimizer_bytes": states.optimizer,
+            "gathered_param_bytes": states.gathered, "peak_activation_bytes": peak * microbatch_bytes}
 
 
 def model_state_bytes(psi: float, mode: str, dp: int) -> float:
     """Bytes of weights, gradients and optimizer states of ``psi`` parameters under ``mode``."""
-    if mode in ("none", "sync", "ddp"):
-        return 16 * psi
-    if mode == "zero1":
-        return 4 * psi + 12 * psi / dp
-    if mode == "zero2":
-        return 2 * psi + 14 * psi / dp
-    if mode in ("zero3", "fsdp"):
-        return 16 * psi / dp
-    if mode == "ps":
-        return 4 * psi
-    raise ValueError(f"unknown dp mode {mode!r}")
+    return model_states(psi, mode, dp).total
 
 
 @dataclass(frozen=True, slots=True)

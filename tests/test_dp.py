@@ -8,7 +8,7 @@ from schedules import Action, Kind, ScheduleError, Stream, build, lower, validat
 from schedules.dp import DataParallelGraph, add_data_parallel
 from sim import collectives as coll
 from sim.cluster import cluster_preset
-from sim.memory import model_state_bytes
+from sim.memory import model_state_bytes, model_states
 from sim.parallel import ParallelConfig
 from sim.study import Study, run_study
 from sim.transformer import model_preset
@@ -102,6 +102,22 @@ def test_model_state_memory_per_device_equals_zero_formula(mode):
         assert dev.gather_bytes == (2 * psi if mode == "zero3" else 0.0)
         assert dev.memory_bytes == dev.model_state_bytes + dev.activation_bytes + dev.gather_bytes
         assert dev.activation_bytes == r.sim.ranks[dev.rank].peak_activations > 0
+
+
+@pytest.mark.parametrize(("mode", "split"), [
+    ("none", (4000, 4000, 8000, 0)), ("sync", (4000, 4000, 8000, 0)), ("ddp", (4000, 4000, 8000, 0)),
+    ("zero1", (4000, 4000, 2000, 0)), ("zero2", (4000, 1000, 2000, 0)), ("zero3", (1000, 1000, 2000, 1200)),
+    ("fsdp", (1000, 1000, 2000, 1200)), ("ps", (4000, 4000, 0, 0))])
+def test_model_states_by_category_in_fp32_with_adamw(mode, split):
+    """1000 parameters (a largest stage of 300) over 4 replicas, 4-byte weights and gradients, AdamW's 8."""
+    states = model_states(1000, mode, 4, weight_bytes=4, grad_bytes=4, optimizer_bytes=8, stage_psi=300)
+    assert (states.params, states.grads, states.optimizer, states.gathered) == split
+    assert states.total == sum(split[:3])
+
+
+def test_model_states_reject_an_unknown_mode():
+    with pytest.raises(ValueError, match="unknown dp mode 'zero4'"):
+        model_states(1000, "zero4", 4)
 
 
 @pytest.mark.parametrize("servers", [1, 4])

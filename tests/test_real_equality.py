@@ -67,6 +67,8 @@ EXTRA2 = {
     # SGD with momentum: sharded optimizer state. (AdamW divides near-zero gradients by their own size, so
     # float reordering alone moves some parameters by ~1e-5; it is no good for a 1e-5 equality check.)
     "1f1b dp2 zero1": _config("1f1b", dp=2, microbatches=2, dp_mode="zero1", bucket_mb=0.002),
+    "1f1b dp2 zero2": _config("1f1b", dp=2, microbatches=2, dp_mode="zero2", bucket_mb=0.002),
+    "1f1b dp2 zero3": _config("1f1b", dp=2, microbatches=2, dp_mode="zero3", bucket_mb=0.002),
 }
 # Recomputation at pp=2: every schedule with an R right before each backward (its F runs without grad), and
 # the Mario-style pass at 1 M_B, where it drops some R's and keeps or moves others (checked below).
@@ -74,6 +76,8 @@ RECOMPUTE2 = {f"{name} recompute full": _config(name, pp=2, microbatches=cfg.lay
               for name, cfg in PP2.items()}
 RECOMPUTE2["1f1b dp2 ddp recompute full"] = _config("1f1b", dp=2, microbatches=4, dp_mode="ddp", bucket_mb=0.002,
                                                    recompute="full")  # buckets launched from R-rebuilt backwards
+RECOMPUTE2["1f1b dp2 zero3 recompute full"] = _config("1f1b", dp=2, microbatches=4, dp_mode="zero3", bucket_mb=0.002,
+                                                     recompute="full")  # parameters gathered for R passes too
 BUBBLES = ("1f1b", "zb-h1", "interleaved-1f1b", "dualpipe-v")  # B; I and W; two chunks; overlapped F/B pairs
 RECOMPUTE2.update({f"{name} recompute bubbles 1": _config(name, pp=2, microbatches=4, recompute="bubbles",
                                                           recompute_limit=1.0) for name in BUBBLES})
@@ -82,6 +86,11 @@ FOUR = {
     "zb-h1 pp2 dp2 ddp": _config("zb-h1", pp=2, dp=2, microbatches=4, batch_size=32, dp_mode="ddp"),
     "interleaved-1f1b pp2 dp2 zero1": _config("interleaved-1f1b", pp=2, dp=2, microbatches=2, dp_mode="zero1",
                                              bucket_mb=0.004),
+    "zb-h1 pp2 dp2 zero2": _config("zb-h1", pp=2, dp=2, microbatches=4, batch_size=32, dp_mode="zero2",
+                                   bucket_mb=0.002),
+    "interleaved-1f1b pp2 dp2 zero3": _config("interleaved-1f1b", pp=2, dp=2, microbatches=2, dp_mode="zero3",
+                                              bucket_mb=0.004),
+    "zb-h1 pp2 dp2 fsdp": _config("zb-h1", pp=2, dp=2, microbatches=4, batch_size=32, dp_mode="fsdp"),
     "1f1b pp4": _config("1f1b", pp=4, microbatches=4),
     "interleaved-1f1b pp4 v2": _config("interleaved-1f1b", pp=4, microbatches=4, chunks=2,
                                        model=ModelConfig(kind="gpt", layers=6, dim=16, heads=2, vocab=32, seq=8)),
