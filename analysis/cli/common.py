@@ -116,6 +116,9 @@ def guarded(main: Callable[..., int]) -> Callable[..., int]:
             _stdout_to_devnull()
             return 1
         except OSError as exc:
+            if exc.errno == errno.ENAMETOOLONG:  # a path no check met first (an input): still one line
+                sys.stderr.write(f"error: file name too long: {quote(exc.filename or '')}\n")
+                return 2
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
                 raise
             _stdout_to_devnull()

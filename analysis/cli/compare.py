@@ -21,7 +21,7 @@ from analysis.cli.common import (
     uniform_costs,
 )
 from schedules import ScheduleError
-from schedules.util import atomic_write, check_output_dir, check_output_file
+from schedules.outputs import check_distinct, check_output_dir, check_output_file, write_files_into
 
 __all__ = ["compare_main", "perfetto_main", "report_main"]
 
@@ -65,10 +65,16 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
         results = simulate_many(chosen, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks,
                                 costs=uniform_costs(args), profile=args.costs, costs_profile=args.costs_profile)
         table = comparison_table(results)
-        written = [plot_timelines([r.trace for r in results], out / "timelines.png")] if results else []
-        written += [plot_timeline(r.trace, out / f"timeline-{r.schedule}.png") for r in results]
-        written.append(atomic_write(out / "comparison.csv", lambda tmp: table.to_csv(tmp, index=False),
-                                    "comparison table"))
+
+        def fill(stage: Path) -> None:  # every file first into a temporary folder: all of them, or none
+            if results:
+                plot_timelines([r.trace for r in results], stage / "timelines.png")
+            for r in results:
+                plot_timeline(r.trace, stage / f"timeline-{r.schedule}.png")
+            table.to_csv(stage / "comparison.csv", index=False)
+
+        order = ["timelines.png"] * bool(results) + [f"timeline-{r.schedule}.png" for r in results] + ["comparison.csv"]
+        written = sorted(write_files_into(out, fill, "output folder"), key=lambda q: order.index(q.name))
     if args.json:
         print_json({"schedules": json.loads(table.to_json(orient="records")), "skipped": skipped,
                     "files": [str(w) for w in written]})
@@ -131,7 +137,7 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
     add_cost_args(p)
     args = p.parse_args(argv)
     check_cost_flags(args)
-    from analysis.report import write_report
+    from analysis.report import check_report_dir, write_report
     from analysis.validation import load_validation
     from sim.sweep import SweepConfig, run_sweep
 
@@ -144,7 +150,10 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
             return tqdm(jobs, desc="bubble sweep", unit="sim", leave=False)
 
     with errors_to_exit(p):
-        check_output_dir(args.out, "report folder")
+        check_report_dir(args.out)
+        inputs = {**{f"--real #{i + 1}": t for i, t in enumerate(args.real)}, "--validation": args.validation, "--costs": args.costs,
+                  "--costs-profile": args.costs_profile}
+        check_distinct({}, inputs, folders={"--out": args.out})
         cfg = SweepConfig(pp=args.pp, microbatches=args.microbatches, chunks=args.chunks, schedules=chosen,
                           costs=uniform_costs(args), real_traces=tuple(Path(t) for t in args.real),
                           profile=Path(args.costs) if args.costs else None)
@@ -169,6 +178,7 @@ def perfetto_main(argv: Sequence[str] | None = None, prog: str = "schedlab perfe
         if not src.is_file():
             raise ScheduleError(f"trace file {str(src)!r} not found")
         check_output_file(out, "chrome trace file", (".json",))
+        check_distinct({"OUT.json": out}, {"TRACE": src})
         path = write_chrome_trace(read_trace(src), out)
     print(f"wrote {path} (open it in the Perfetto UI or chrome://tracing)")
     return 0

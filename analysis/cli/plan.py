@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from analysis.cli.common import OneLineParser, errors_to_exit, guarded, int_list, name_list, print_json
-from schedules.util import atomic_write, check_output_dir
+from schedules.outputs import check_output_dir, write_files_into
 
 __all__ = ["plan_main"]
 
@@ -74,30 +75,33 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
         finally:
             if bar is not None:
                 bar.close()
-        files = []
-        if result.top:
-            from sim.study import Study
+        if not result.top:
+            raise PlanError(no_configuration(result))
+        from sim.study import Study
 
-            win = result.top[0].config
-            study = Study(schedule=win.schedule, microbatches=win.microbatches, chunks=win.chunks,
-                          costs=_costs(space, win))
-            csv = write_schedule_csv(win, study, out / "schedule.csv")
-            toml_text = torchtitan_toml(win, model, args.global_batch, csv.resolve())
-            megatron = megatron_args(win, model, args.global_batch)
-            files = [csv, atomic_write(out / "torchtitan.toml", lambda tmp: tmp.write_text(toml_text), "torchtitan TOML"),
-                     atomic_write(out / "megatron.txt", lambda tmp: tmp.write_text(megatron), "Megatron-LM arguments")]
-        if result.entries:
-            files.append(plot_pareto(result, out / "pareto.png"))
+        win = result.top[0].config
+        study = Study(schedule=win.schedule, microbatches=win.microbatches, chunks=win.chunks,
+                      costs=_costs(space, win))
+        toml_text = torchtitan_toml(win, model, args.global_batch, (out / "schedule.csv").resolve())
+        megatron = megatron_args(win, model, args.global_batch)
+        names = ["schedule.csv", "torchtitan.toml", "megatron.txt", "pareto.png"]
+
+        def fill(stage: Path) -> None:  # the four files, all or none
+            write_schedule_csv(win, study, stage / names[0])
+            (stage / names[1]).write_text(toml_text)
+            (stage / names[2]).write_text(megatron)
+            plot_pareto(result, stage / names[3])
+
+        files = sorted(write_files_into(out, fill, "output folder"), key=lambda f: names.index(f.name))
     if args.json:
         print_json({**result.to_dict(), "files": [str(f) for f in files]})
         return 0
     print(format_plan(result))
-    if result.top:
-        print()
-        print(why_winner(result))
-        print(f"\ntorchtitan ({files[1]}):\n{toml_text}")
-        print(f"Megatron-LM ({files[2]}):\n{megatron}")
-    print("wrote " + ", ".join(str(f) for f in files) if files else "nothing written")
+    print()
+    print(why_winner(result))
+    print(f"\ntorchtitan ({files[1]}):\n{toml_text}")
+    print(f"Megatron-LM ({files[2]}):\n{megatron}")
+    print("wrote " + ", ".join(str(f) for f in files))
     return 0
 
 

@@ -31,6 +31,7 @@ from analysis.cli.common import (
 )
 from analysis.timeline import check_figure_path, plot_timeline
 from schedules import load_graph, lower, names, spec, validate, write_torch_csv
+from schedules.outputs import check_distinct
 from schedules.recompute import RECOMPUTE_PLACEMENTS, place_recompute
 from schedules.torch_csv import check_csv_path
 from schedules.trace import check_trace_path, write_trace
@@ -113,6 +114,11 @@ def _outputs(args: argparse.Namespace) -> tuple:
     plot_path = check_figure_path(args.plot) if args.plot else None
     exports = {comms: check_csv_path(path) for comms, path in ((False, args.export_csv), (True, args.export_csv_comms))
                if path}
+    schedule_file = args.schedule[4:] if (args.schedule or "").startswith("csv:") else None
+    check_distinct({f: getattr(args, f[2:].replace("-", "_")) for f in ("--trace", "--plot", "--export-csv",
+                                                                        "--export-csv-comms")},
+                   {"--schedule": schedule_file, "--costs": getattr(args, "costs", None),
+                    "--costs-profile": getattr(args, "costs_profile", None), "--config": args.config})
     return trace_path, plot_path, exports
 
 

@@ -52,9 +52,9 @@ from real.mesh import env_world
 from real.model_api import UserModel, from_factory, plan_for
 from real.train import RunResult, resolve_backend, restart_count, resume_point, run
 from schedules import ConfigError
+from schedules.outputs import atomic_write, check_distinct, check_output_dir, check_output_file
 from schedules.recompute import RECOMPUTE_PLACEMENTS
 from schedules.trace import check_trace_path
-from schedules.util import atomic_write, check_output_dir, check_output_file
 
 __all__ = ["add_model_args", "config_from_args", "launch_main", "main", "model_argv", "model_from_args", "parser"]
 
@@ -234,6 +234,7 @@ def _checked(args: argparse.Namespace, world: int) -> tuple[RunConfig, UserModel
         check_output_file(args.save_params, "parameter file")
     if args.checkpoint_dir:
         check_output_dir(args.checkpoint_dir, "checkpoint directory")
+    check_distinct({"--trace": args.trace, "--plot": args.plot, "--save-params": args.save_params}, {"--data": args.data})
     return config, user
 
 

@@ -27,7 +27,7 @@ import torch
 from real.config import RunConfig
 from real.sampler import EpochSampler
 from schedules import CheckpointError, ConfigError
-from schedules.util import atomic_write
+from schedules.outputs import atomic_write_all, check_distinct, check_output_file
 
 __all__ = ["BYTE_VOCAB", "DTYPES", "TokenBatches", "TokenFile", "prepare"]
 
@@ -145,6 +145,10 @@ def prepare(inputs: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
 
     Writes ``out`` and its sidecar ``out.json`` atomically; returns the sidecar's record.
     """
+    outputs = {"token file": out, "token file sidecar": f"{out}.json"}
+    for what, path in outputs.items():
+        check_output_file(path, what)
+    check_distinct(outputs, {f"input #{i + 1}": p for i, p in enumerate(inputs)})
     chunks = []
     for path in inputs:
         p = Path(path)
@@ -157,6 +161,6 @@ def prepare(inputs: Sequence[str | Path], out: str | Path) -> dict[str, Any]:
     tokens = np.frombuffer(data, dtype=np.uint8).astype(np.uint16)
     meta = {"dtype": "uint16", "vocab": BYTE_VOCAB, "tokens": len(tokens), "tokenizer": "bytes",
             "sources": [str(p) for p in inputs]}
-    atomic_write(out, lambda tmp: tokens.tofile(tmp), "token file")
-    atomic_write(f"{out}.json", lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=1)), "token file sidecar")
+    atomic_write_all([(out, lambda tmp: tokens.tofile(tmp), "token file"),  # both files, or neither
+                      (f"{out}.json", lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=1)), "token file sidecar")])
     return meta
