@@ -75,8 +75,6 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
         finally:
             if bar is not None:
                 bar.close()
-        if not result.top:
-            raise PlanError(no_configuration(result))
         from sim.study import Study
 
         win = result.top[0].config
