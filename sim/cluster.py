@@ -30,10 +30,10 @@ from typing import Any
 from schedules.errors import (
     ClusterError,
     ConfigError,
-    check_choice,
     check_fraction,
     check_positive,
     check_positive_ints,
+    choice,
     find_name,
     quote,
 )
@@ -311,7 +311,7 @@ def key_fraction(what: str = "a fraction", *, open_low: bool = False) -> KeyChec
 def key_choice(valid: Collection[str]) -> KeyCheck:
     """One of ``valid``."""
     def check(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
-        check_choice(owner, key, value, tuple(valid), error)  # a tuple: an unhashable value is just not in it
+        choice(owner, key, value, tuple(valid), error)  # any case: the config taking the value names it canonically
     return check
 
 

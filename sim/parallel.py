@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from schedules.dp import DP_MODES
-from schedules.errors import ClusterError, ConfigError, check_choice, check_positive, check_positive_ints
+from schedules.errors import ClusterError, ConfigError, check_positive, check_positive_ints, choice
 from sim import collectives as coll
 from sim.cluster import Cluster, Link
 
@@ -48,9 +48,8 @@ class ParallelConfig:
         if self.sp and self.tp == 1:  # nothing to split the sequence over: the setting would have no effect
             raise ConfigError("parallel: sequence parallelism splits across the tensor-parallel group, so it needs "
                               "tp > 1; give tp > 1 or leave sp out", field="sp")
-        check_choice("parallel", "dp_mode", self.dp_mode, DP_MODES)
-        check_choice("parallel", "order", self.order, ("dp-inner", "pp-inner"))
-        check_choice("parallel", "collective", self.collective, coll.ALGORITHMS)
+        for key, valid in (("dp_mode", DP_MODES), ("order", ("dp-inner", "pp-inner")), ("collective", coll.ALGORITHMS)):
+            object.__setattr__(self, key, choice("parallel", key, getattr(self, key), valid))  # DDP is ddp
         check_positive("parallel", "bucket_mb", self.bucket_mb, " MiB")
 
     @property

@@ -31,6 +31,7 @@ from analysis.cli.common import (
 )
 from analysis.timeline import check_figure_path, plot_timeline
 from schedules import load_graph, lower, names, spec, validate, write_torch_csv
+from schedules.errors import find_name
 from schedules.outputs import check_distinct
 from schedules.recompute import RECOMPUTE_PLACEMENTS, place_recompute
 from schedules.torch_csv import check_csv_path
@@ -200,6 +201,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
     args = parser.parse_args(argv)
     if args.list:
         return _list()
+    if args.recompute is not None:  # names in any case, as everywhere
+        args.recompute = find_name(args.recompute, (*RECOMPUTE_PLACEMENTS, "selective")) or args.recompute
     if args.model or args.cluster or args.config:
         if args.costs:
             fail(f"{prog}: --costs (a profiled cost file) does not combine with --model/--cluster/--config")
