@@ -281,10 +281,13 @@ def plan(space: PlanSpace, *, top: int = 5, workers: int | None = None,
         pool.shutdown()
     done = sorted((e for e in search.entries if e is not None), key=lambda e: (e.step_time, e.config))
     if not done:
-        raise ConfigError(f"plan: no configuration fits in {space.capacity / 1e9:g} GB per device: the smallest "
-                          f"needs at least {min(floors) / 1e9:.4g} GB (model states and one microbatch) and the "
-                          "others more once their activations are counted; raise memory_limit or add nodes",
-                          field="memory_limit")
+        least = min(floors) / 1e9
+        why = (f"the smallest needs at least {least:.4g} GB (model states and one microbatch)"
+               if least > space.capacity / 1e9 else
+               f"model states and one microbatch fit ({least:.4g} GB at least), the microbatches each schedule "
+               "holds in flight do not")
+        raise ConfigError(f"plan: no configuration fits in {space.capacity / 1e9:g} GB per device: {why}; raise "
+                          "memory_limit, add nodes or give smaller microbatch sizes", field="memory_limit")
     return PlanResult(space=space, candidates=len(configs), feasible=len(configs) - search.pruned_memory - search.unchecked,
                       simulated=len(done), pruned_memory=search.pruned_memory, pruned_bound=search.pruned_bound,
                       memory_unchecked=search.unchecked, seconds=time.perf_counter() - t0, top=tuple(done[:top]),

@@ -37,10 +37,11 @@ __all__ = ["MAX_GLOBAL_BATCH", "MAX_MICROBATCHES", "PLAN_DP_MODES", "PlanConfig"
            "shape_ok", "tp_choices", "why_empty"]
 
 PLAN_DP_MODES = ("ddp", "zero1", "zero2", "fsdp")
-# Microbatches per step the planner tries at most: published plans use tens to a few hundred (Megatron-LM's
-# 1T run: 512 x 1 per pipeline, arXiv 2104.04473 table 1); each one more is seven tasks per stage to build and
-# simulate, so a batch of 10^8 sequences in microbatches of one would be millions of schedules of millions of tasks.
-MAX_MICROBATCHES = 4096
+# Microbatches per step the planner tries at most: twice the most the 405B example's top five use (512 x 1). Each
+# one more is seven tasks per stage to build, bound and simulate: with 4096, a batch of 10^8 sequences on one node
+# had not finished after 4.5 minutes (schedules of ~10^6 tasks); with 1024 it takes ~12 s (gpt-tiny, dgx-h100:1,
+# 1 worker, 2 busy cores).
+MAX_MICROBATCHES = 1024
 MAX_GLOBAL_BATCH = 2**40  # sequences per step: 10^12, beyond any real run (Llama 3 405B: 2,048 of 8,192 tokens)
 
 
