@@ -133,7 +133,8 @@ def flag_of(field: str | None, parser: OneLineParser | None) -> str | None:
     if field is None or parser is None:
         return None
     flags = parser.flags()
-    for flag in (FLAG_ALIASES.get(field), "--" + field.replace("_", "-")):
+    plain = "--" + field.replace("_", "-")
+    for flag in (FLAG_ALIASES.get(field), plain, plain + "s"):  # --dp-modes sets the plan's dp_mode choices
         if flag in flags:
             return flag
     return None
