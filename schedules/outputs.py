@@ -148,7 +148,8 @@ def check_output_dir(path: str | os.PathLike, what: str, *, replaced: Callable[[
     p = check_name_length(path, what)
     st = _stat(p, what)
     if st is not None and not stat.S_ISDIR(st.st_mode):
-        raise OutputError(f"{what} {_show(p)} is a file; give a folder")
+        kind = next((k for test, k in _KINDS if test(st.st_mode)), "a file")
+        raise OutputError(f"{what} {_show(p)} is {kind}; give a folder")
     if replaced is not None and st is not None and any(p.iterdir()) and not replaced(p):
         raise OutputError(f"{what} {_show(p)} holds files this command does not write; it replaces the folder "
                           "as a whole: give a new or empty folder")

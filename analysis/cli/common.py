@@ -34,8 +34,14 @@ __all__ = [
     "guarded",
     "int_list",
     "name_list",
+    "nonnegative_float",
+    "nonnegative_int",
+    "positive_float",
+    "positive_int",
+    "positive_int_list",
     "print_json",
     "refuse",
+    "schedule_list",
     "uniform_costs",
 ]
 
@@ -167,6 +173,48 @@ def int_list(text: str) -> tuple[int, ...]:
     except ValueError:
         raise argparse.ArgumentTypeError(f"invalid value {quote(text)}: give integers separated by commas, "
                                          "e.g. 2,4") from None
+
+
+def _number(kind: type, low: float, closed: bool, what: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or value != value or value in (float("inf"), float("-inf")) or not (
+                value >= low if closed else value > low):
+            raise argparse.ArgumentTypeError(f"invalid value {quote(text)}: give {what}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in its own messages
+    return parse
+
+
+positive_int = _number(int, 1, True, "an integer >= 1")
+nonnegative_int = _number(int, 0, True, "an integer >= 0")
+positive_float = _number(float, 0, False, "a finite number > 0")
+nonnegative_float = _number(float, 0, True, "a finite number >= 0")
+
+
+def positive_int_list(text: str) -> tuple[int, ...]:
+    """``4,8,16`` -> (4, 8, 16), each an integer >= 1; an argparse type."""
+    values = int_list(text)
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"invalid value {quote(text)}: give integers >= 1 separated by commas, "
+                                         "e.g. 4,8")
+    return values
+
+
+def schedule_list(text: str) -> list[str]:
+    """``1f1b,zb-h1`` -> the registered names (any case); an unknown one is refused in one line; an argparse type."""
+    chosen = [s.strip() for s in text.split(",") if s.strip()]
+    if not chosen:
+        raise argparse.ArgumentTypeError(f"no names in {quote(text)}: give comma-separated schedule names")
+    found = [lookup(s) for s in chosen]
+    bad = [s for s, f in zip(chosen, found, strict=True) if f is None]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown schedule {quote(bad[0])}; valid: {', '.join(names())}")
+    return list(dict.fromkeys(f.name for f in found))
 
 
 def name_list(text: str, all_names: Sequence[str] | None = None) -> list[str]:

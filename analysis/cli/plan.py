@@ -60,7 +60,7 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
             dp_modes=tuple(name_list(args.dp_modes, [])))
         out = check_output_dir(args.out, "output folder")
         bar = None
-        if not args.no_progress:
+        if not args.no_progress and sys.stderr.isatty():  # a bar in a log or a pipe is noise around the one line
             from tqdm import tqdm
 
             bar = tqdm(total=1, desc="plan", unit="config", file=sys.stderr, leave=False, mininterval=0.5)
