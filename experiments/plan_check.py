@@ -37,30 +37,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import validate_sim as vs
 
+from analysis.cli.common import OneLineParser, guarded
+from analysis.cli.scripts import add_grid_args, check_grid_args
 from analysis.cli.train import add_model_args, model_from_args
+from schedules.outputs import atomic_write
 
 DP_SCHEDULES = ("gpipe", "1f1b")
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python experiments/plan_check.py", description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="a short run: 1f1b and zb-h1, m 2 and 4, 1 round of 2 steps")
     p.add_argument("--schedules", help="comma-separated (default: every schedule the runtime has)")
     p.add_argument("--microbatches", default="2,4,6,8,10,12,14,16", help="comma-separated (default 2..16 by 2)")
-    p.add_argument("--microbatch-size", type=int, default=2, help="samples per microbatch (default 2)")
     p.add_argument("--calibrate-from", default="1f1b:8", metavar="SCHEDULE:M", help="default 1f1b:8")
     add_model_args(p, vs.MODEL)
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--profile-reps", type=int, default=15)
-    p.add_argument("--costs", metavar="PROFILE.json", help="use this profile instead of profiling")
     p.add_argument("--out", default="out/plan_check")
-    p.add_argument("--timeout", type=float, default=1800.0)
-    p.add_argument("--max-foreign", type=float, default=0.1, metavar="CORES")
-    p.add_argument("--attempts", type=int, default=3)
-    p.add_argument("--json", action="store_true")
+    add_grid_args(p, timeout=1800.0)
     a = p.parse_args(argv)
+    check_grid_args(p, a, calibrate_with_m=True)
     if a.smoke:
         a.schedules, a.microbatches = a.schedules or "1f1b,zb-h1", "2,4"
         a.calibrate_from, a.rounds, a.steps, a.profile_reps = "1f1b:4", 1, 2, 3
@@ -175,10 +170,12 @@ def _table(s: dict) -> str:
     return "\n".join(lines)
 
 
+@guarded
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     summary = check(a)
-    Path(a.out, "plan_check.json").write_text(json.dumps(summary, indent=1))
+    atomic_write(Path(a.out, "plan_check.json"), lambda tmp: tmp.write_text(json.dumps(summary, indent=1)),
+                 "plan check result")
     print(json.dumps(summary) if a.json else _table(summary))
     return 0
 

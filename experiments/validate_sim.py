@@ -45,8 +45,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from analysis.cli.common import OneLineParser, guarded, schedule_list
+from analysis.cli.scripts import add_grid_args, check_grid_args
 from analysis.cli.train import add_model_args, model_argv, model_from_args
 from real import ModelConfig
+from schedules.outputs import atomic_write
 
 MODEL = ModelConfig(kind="gpt", layers=6, dim=128, heads=4, vocab=256, seq=64)  # the validation's default model
 QUICK = (("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"), (4, 16))
@@ -54,26 +57,20 @@ DEFAULT_M = (4, 8, 16)
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python experiments/validate_sim.py", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v at m = 4, 16")
     p.add_argument("--schedules", help="comma-separated pipeline schedules (default: every one the runtime has)")
     p.add_argument("--microbatches", help="comma-separated counts (default 4,8,16; --quick 4,16)")
     p.add_argument("--no-dp", action="store_true", help="leave out the pp=1, dp=2 ddp/sync pair")
     p.add_argument("--calibrate-from", default="1f1b", metavar="SCHEDULE", help="default 1f1b")
-    p.add_argument("--microbatch-size", type=int, default=2, help="samples per microbatch (default 2)")
     add_model_args(p, MODEL)
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
-    p.add_argument("--steps", type=int, default=10, help="measured steps per run (default 10)")
-    p.add_argument("--warmup", type=int, default=1, help="unmeasured first steps per run (default 1)")
-    p.add_argument("--profile-reps", type=int, default=15, help="timed repetitions of the profile (default 15)")
-    p.add_argument("--costs", metavar="PROFILE.json", help="use this profile instead of profiling")
     p.add_argument("--out", default="out/validate", help="profile, traces and result go here (default out/validate)")
-    p.add_argument("--timeout", type=float, default=1200.0, help="seconds for all the real runs (default 1200)")
-    p.add_argument("--max-foreign", type=float, default=0.1, metavar="CORES",
-                   help="a run counts only if other processes used at most this many cores meanwhile (default 0.1)")
-    p.add_argument("--attempts", type=int, default=3, help="runs of a disturbed configuration (default 3)")
-    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
-    return p.parse_args(argv)
+    add_grid_args(p)
+    a = p.parse_args(argv)
+    check_grid_args(p, a, calibrate_with_m=False)
+    if schedule_list(a.calibrate_from)[0] not in _grid(a)[0]:
+        p.error(f"argument --calibrate-from: {a.calibrate_from!r} is not in the grid {_grid(a)[0]}")
+    return a
 
 
 def _grid(a: argparse.Namespace) -> tuple[list[str], list[int]]:
@@ -271,11 +268,12 @@ def _table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+@guarded
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     summary = validate_all(a)
-    out = Path(a.out) / "validation.json"
-    out.write_text(json.dumps(summary, indent=1))
+    atomic_write(Path(a.out) / "validation.json", lambda tmp: tmp.write_text(json.dumps(summary, indent=1)),
+                 "validation result")
     print(json.dumps(summary) if a.json else _table(summary))
     return 0
 
