@@ -14,7 +14,6 @@ run), median of --reps. Goal: >= 300,000 tasks/s.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import platform
@@ -22,6 +21,7 @@ import statistics
 import time
 from unittest import mock
 
+from analysis.cli.common import OneLineParser, positive_int
 from schedules import build, check, lower, validate
 from schedules.lower import _GraphBuilder
 from sim.cluster import cluster_preset
@@ -67,9 +67,9 @@ def bench_lower(name: str, pp: int, m: int, v: int, reps: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workers", type=int, default=None)
-    ap.add_argument("--reps", type=int, default=5)
+    ap = OneLineParser(prog="python experiments/bench_plan.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=positive_int, default=None)
+    ap.add_argument("--reps", type=positive_int, default=5)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--skip-405b", action="store_true")
     args = ap.parse_args()

@@ -12,12 +12,12 @@ and few tasks share an end time (the harder case for the event queue).
 
 from __future__ import annotations
 
-import argparse
 import json
 import platform
 import statistics
 import time
 
+from analysis.cli.common import OneLineParser, positive_int
 from schedules import build, lower, validate
 from sim import UniformCosts, simulate
 
@@ -43,8 +43,8 @@ def measure(name: str, pp: int, m: int, chunks: int | None, reps: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=3)
+    ap = OneLineParser(prog="python experiments/bench_sim.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=positive_int, default=3)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--skip-million", action="store_true", help="leave out the ~1M-task graph")
     args = ap.parse_args()

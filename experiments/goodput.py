@@ -17,11 +17,11 @@ repair with shrinking and continuing. Writes out/goodput.png.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 from pathlib import Path
 
+from analysis.cli.common import OneLineParser, errors_to_exit, positive_int
+from schedules.outputs import atomic_write, check_output_dir
 from sim.failures import FailureModel, daly_interval, simulate_elastic, sweep_intervals, young_interval
 
 GPUS = 16_384
@@ -33,11 +33,13 @@ INTERVALS_MIN = [2, 4, 6, 8, 10, 12, 15, 20, 25, 30, 40, 60, 90, 120]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="python experiments/goodput.py", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="out")
-    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--trials", type=positive_int, default=20)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
+    with errors_to_exit(ap):
+        check_output_dir(args.out, "output folder")
     failures = FailureModel(devices=GPUS, mtbf_device=JOB_MTBF * GPUS)
     steps = int(HOURS * 3600 / STEP)
     ks = [int(m * 60 / STEP) for m in INTERVALS_MIN]
@@ -110,13 +112,10 @@ def _plot(summary: dict, wait, shrink, out: Path) -> Path:
     ax2.set_title("elastic: 128 replicas x 128 GPUs, 2 h repair (one seed)", fontsize=10, loc="left")
     ax2.legend(fontsize=8)
     fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "goodput.png"
-    tmp = out / ".goodput.png.tmp"
-    fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    try:
+        return atomic_write(out / "goodput.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"), "figure")
+    finally:
+        plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,9 @@ Usage: python experiments/recompute_tradeoff.py [--pp 4] [--microbatches 8] [--p
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
+from analysis.cli.common import OneLineParser, errors_to_exit, positive_int
 from schedules import ScheduleError
 from sim.sweep import recompute_tradeoff
 
@@ -20,11 +20,16 @@ LIMITS = (1.0, 2.0, 3.0)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pp", type=int, default=4)
-    ap.add_argument("--microbatches", type=int, default=8)
+    ap = OneLineParser(prog="python experiments/recompute_tradeoff.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--pp", type=positive_int, default=4)
+    ap.add_argument("--microbatches", type=positive_int, default=8)
     ap.add_argument("--plot", metavar="FILE.png", help="also draw the trade-off (the report's figure)")
     args = ap.parse_args()
+    if args.plot:
+        from analysis.timeline import check_figure_path
+
+        with errors_to_exit(ap):
+            check_figure_path(args.plot)
     points = []
     for name in SCHEDULES:
         try:

@@ -13,11 +13,11 @@ Usage: python experiments/zb_solvers.py [--time-limit 10] [--rows 0 1 3 6]   (ro
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
+from analysis.cli.common import OneLineParser, nonnegative_float, nonnegative_int
 from schedules.registry import PipelineParams
 from schedules.timing import evaluate
 from schedules.zb_auto import _best_heuristic
@@ -36,9 +36,10 @@ SOLVERS = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--time-limit", type=float, default=10.0)
-    ap.add_argument("--rows", type=int, nargs="*", default=[0, 1, 3, 6])
+    ap = OneLineParser(prog="python experiments/zb_solvers.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--time-limit", type=nonnegative_float, default=10.0)
+    ap.add_argument("--rows", type=nonnegative_int, nargs="*", default=[0, 1, 3, 6], choices=range(len(TABLE5)),
+                    metavar="ROW", help=f"rows of the table, 0..{len(TABLE5) - 1}")
     args = ap.parse_args()
     print(f"{'model':>6} {'p':>3} {'m':>4}  {'seed':>6}  {'solver':<24} {'bubble':>7}  {'paper':>6}  seconds")
     for row in args.rows:

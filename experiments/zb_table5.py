@@ -13,9 +13,9 @@ those rows)
 
 from __future__ import annotations
 
-import argparse
 import time
 
+from analysis.cli.common import OneLineParser, nonnegative_float, positive_int
 from schedules import build
 from schedules.timing import evaluate
 
@@ -45,9 +45,9 @@ def zb2p(p: int, m: int, tf: float, tb: float, tw: float, tc: float, time_limit:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--time-limit", type=float, default=10.0)
-    ap.add_argument("--pp", type=int, nargs="*", help="only the rows with these p (default: all)")
+    ap = OneLineParser(prog="python experiments/zb_table5.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--time-limit", type=nonnegative_float, default=10.0)
+    ap.add_argument("--pp", type=positive_int, nargs="*", help="only the rows with these p (default: all)")
     args = ap.parse_args()
     print(f"{'model':>6} {'p':>3} {'m':>4}  {'heuristic':>9}  {'zb-auto':>8}  {'paper':>6}  {'diff pp':>7}  seconds")
     for model, p, m, tf, tb, tw, tc, paper in TABLE5:
