@@ -375,8 +375,10 @@ def cluster_from_dict(data: Mapping[str, Any], *, name: str = "custom") -> Clust
             or not all(isinstance(p, str) for p in placements)):
         raise ClusterError(f"{owner}: devices must be a non-empty list of placements (strings), "
                            f"e.g. ['/trainer/GPU:0-7'], got {quote(placements)}", field="devices")
-    parsed = [d for p in placements for d in parse_placement(p)]
-    check_cluster_size(str(data.get("name", name)), len(parsed))  # each placement is bounded; so is their sum
+    parsed: list[Device] = []
+    for placement in placements:  # each placement is bounded, and so is the sum so far: never past 2 x MAX_DEVICES
+        parsed += parse_placement(placement)
+        check_cluster_size(str(data.get("name", name)), len(parsed))
     intra = Link(alpha=data.get("intra_alpha_s", 3e-6), bandwidth=data.get("intra_GBps", 450) * GB)
     inter = Link(alpha=data.get("inter_alpha_s", 5e-6), bandwidth=data.get("inter_GBps", 50) * GB)
     return Cluster(

@@ -277,6 +277,9 @@ def plan(space: PlanSpace, *, top: int = 5, workers: int | None = None,
     pool = _executor(space, workers)
     try:
         search.run(pool, floor_ok)
+    except BrokenProcessPool:  # a worker killed (out of memory?) after the pool started
+        raise ConfigError(f"plan: a worker process died during the search (killed for memory?); run again with "
+                          f"fewer workers than {workers}", field="workers") from None
     finally:
         pool.shutdown()
     done = sorted((e for e in search.entries if e is not None), key=lambda e: (e.step_time, e.config))

@@ -388,11 +388,18 @@ def test_a_cluster_too_large_is_refused_before_its_devices_are_built(text, messa
     assert str(err.value) == message
 
 
-def test_a_placement_range_too_large_is_refused():
+@pytest.mark.parametrize(("devices", "message"), [
+    (["/trainer/GPU:0-99999999999"], "cluster '/trainer/GPU:0-99999999999' would hold 100,000,000,000 devices; at "
+                                     "most 1,048,576 (2^20) are supported: give fewer nodes"),
+    ([f"node{n}/trainer/GPU:0-999999" for n in range(1000)], "cluster 'custom' would hold 2,000,000 devices; at most "
+                                                             "1,048,576 (2^20) are supported: give fewer nodes"),
+])
+def test_placements_too_large_are_refused_before_they_are_built(devices, message):
     from sim.cluster import cluster_from_dict
 
-    with pytest.raises(ClusterError, match=r"^cluster '/trainer/GPU:0-99999999999' would hold 100,000,000,000 "):
-        cluster_from_dict({"devices": ["/trainer/GPU:0-99999999999"]})
+    with pytest.raises(ClusterError) as err:
+        cluster_from_dict({"devices": devices})
+    assert str(err.value) == message
 
 
 def _space():
@@ -425,6 +432,21 @@ def test_a_pool_that_cannot_fork_falls_back_to_fewer_workers(monkeypatch, caplog
     assert [r.getMessage() for r in caplog.records if r.name == "sim.plan"][:2] == [
         "plan: 4 worker processes could not start ([Errno 11] Resource temporarily unavailable); trying 2",
         "plan: 2 worker processes could not start ([Errno 11] Resource temporarily unavailable); trying 1"]
+    assert multiprocessing.active_children() == []
+
+
+def _killed(*args: object) -> None:
+    os._exit(9)  # a worker ended as the kernel's out-of-memory killer would end it
+
+
+def test_a_worker_that_dies_mid_search_is_one_error(monkeypatch):
+    import sim.plan
+
+    monkeypatch.setattr(sim.plan, "_refine_job", _killed)
+    with pytest.raises(ConfigError) as err:
+        sim.plan.plan(_space(), top=3, workers=2)
+    assert str(err.value) == ("plan: a worker process died during the search (killed for memory?); run again with "
+                              "fewer workers than 2")
     assert multiprocessing.active_children() == []
 
 
