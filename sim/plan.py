@@ -254,8 +254,12 @@ def plan(space: PlanSpace, *, top: int = 5, workers: int | None = None,
          progress: Callable[[int, int], None] | None = None) -> PlanResult:
     """Search ``space``; the ``top`` fastest simulated configurations, exactly.
 
-    ``workers``: processes (None: every core); ``progress(done, total)`` is
-    called as candidates are settled (dropped or simulated).
+    ``workers``: processes (None: every core; fewer if the system refuses
+    them); ``progress(done, total)`` is called as candidates are settled
+    (dropped or simulated). A space with no configuration, or none that fits in
+    memory, raises :class:`ConfigError` naming the constraint that leaves
+    nothing (:func:`sim.plan_space.why_empty`); so does one of more than
+    :data:`MAX_CANDIDATES` configurations.
     """
     check_positive_ints("plan", top=top)
     workers = (os.cpu_count() or 1) if workers is None else workers
