@@ -150,9 +150,15 @@ def check_output_dir(path: str | os.PathLike, what: str, *, replaced: Callable[[
     if st is not None and not stat.S_ISDIR(st.st_mode):
         kind = next((k for test, k in _KINDS if test(st.st_mode)), "a file")
         raise OutputError(f"{what} {_show(p)} is {kind}; give a folder")
-    if replaced is not None and st is not None and any(p.iterdir()) and not replaced(p):
-        raise OutputError(f"{what} {_show(p)} holds files this command does not write; it replaces the folder "
-                          "as a whole: give a new or empty folder")
+    if replaced is not None and st is not None:
+        try:
+            foreign = any(p.iterdir()) and not replaced(p)
+        except OSError as exc:
+            raise OutputError(f"{what} {_show(p)} cannot be read ({exc.strerror or exc}); give a new or empty "
+                              "folder") from None
+        if foreign:
+            raise OutputError(f"{what} {_show(p)} holds files this command does not write; it replaces the folder "
+                              "as a whole: give a new or empty folder")
     _writable_folder(p, what, p)
     return p
 
