@@ -478,3 +478,11 @@ def test_profile_microbatch_size(extra, expect):
     with pytest.raises(ConfigError) as err:
         config_from_args(args)
     assert str(err.value) == expect
+
+
+@pytest.mark.parametrize(("text", "expect"), [("all", True), ("ALL", True), (" All ", True), ("al", False),
+                                              ("all,1f1b", False)])
+def test_all_in_any_case(text, expect):
+    from analysis.cli.common import is_all
+
+    assert is_all(text) is expect

@@ -33,6 +33,7 @@ __all__ = [
     "given",
     "guarded",
     "int_list",
+    "is_all",
     "name_list",
     "nonnegative_float",
     "nonnegative_int",
@@ -217,9 +218,14 @@ def schedule_list(text: str) -> list[str]:
     return list(dict.fromkeys(f.name for f in found))
 
 
+def is_all(text: str) -> bool:
+    """``all`` in any case (a list flag's word for every name)."""
+    return text.strip().casefold() == "all"
+
+
 def name_list(text: str, all_names: Sequence[str] | None = None) -> list[str]:
     """``a,b`` -> [a, b]; ``all`` -> ``all_names`` (default: every registered schedule, by family)."""
-    if text == "all":
+    if is_all(text):
         return list(all_names if all_names is not None else names(by_family=True))
     chosen = [s.strip() for s in text.split(",") if s.strip()]
     if not chosen:

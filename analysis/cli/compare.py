@@ -15,6 +15,7 @@ from analysis.cli.common import (
     fail,
     given,
     guarded,
+    is_all,
     name_list,
     print_json,
     refuse,
@@ -58,7 +59,7 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     from sim.sweep import applicable, simulate_many
 
     skipped: dict[str, str] = {}
-    if args.schedules == "all":  # every schedule that takes the shape; the others are listed, not fatal
+    if is_all(args.schedules):  # every schedule that takes the shape; the others are listed, not fatal
         chosen, skipped = applicable(chosen, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks)
     with errors_to_exit(p):
         out = check_output_dir(args.out, "output folder")
@@ -141,7 +142,7 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
     from analysis.validation import load_validation
     from sim.sweep import SweepConfig, run_sweep
 
-    chosen = () if args.schedules == "all" else tuple(name_list(args.schedules))
+    chosen = () if is_all(args.schedules) else tuple(name_list(args.schedules))
     progress = None
     if not args.no_progress and sys.stderr.isatty():
         from tqdm import tqdm

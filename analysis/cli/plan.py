@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from analysis.cli.common import OneLineParser, errors_to_exit, guarded, int_list, name_list, print_json
+from analysis.cli.common import OneLineParser, errors_to_exit, guarded, int_list, is_all, name_list, print_json
 from schedules.outputs import check_output_dir, write_files_into
 
 __all__ = ["plan_main"]
@@ -55,7 +55,7 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
         space = PlanSpace(
             model=model, cluster=cluster_preset(args.cluster), global_batch=args.global_batch,
             memory_limit=None if args.memory_limit is None else args.memory_limit * 1e9,
-            schedules=None if args.schedules == "all" else tuple(name_list(args.schedules)),
+            schedules=None if is_all(args.schedules) else tuple(name_list(args.schedules)),
             chunks=tuple(args.chunks), microbatch_sizes=None if args.microbatch_sizes is None else tuple(args.microbatch_sizes),
             dp_modes=tuple(name_list(args.dp_modes, [])))
         out = check_output_dir(args.out, "output folder")
