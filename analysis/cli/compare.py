@@ -23,6 +23,7 @@ from analysis.cli.common import (
 )
 from schedules import ScheduleError
 from schedules.outputs import check_distinct, check_output_dir, check_output_file, write_files_into
+from schedules.registry import lookup
 
 __all__ = ["compare_main", "perfetto_main", "report_main"]
 
@@ -63,6 +64,8 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
         chosen, skipped = applicable(chosen, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks)
     with errors_to_exit(p):
         out = check_output_dir(args.out, "output folder")
+        for name in ("timelines.png", "comparison.csv", *(f"timeline-{_canonical(s)}.png" for s in chosen)):
+            check_output_file(out / name, "output file")  # a directory or fifo of that name: refused before work
         results = simulate_many(chosen, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks,
                                 costs=uniform_costs(args), profile=args.costs, costs_profile=args.costs_profile)
         table = comparison_table(results)
@@ -86,6 +89,11 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     print(f"\nwrote {len(written)} files under {out}/: timelines.png (all schedules, one time axis), "
           "timeline-<schedule>.png, comparison.csv")
     return 0
+
+
+def _canonical(name: str) -> str:
+    found = lookup(name)
+    return found.name if found is not None else name
 
 
 def _units_compare(args, chosen: list[str], parser: OneLineParser, prog: str) -> int:

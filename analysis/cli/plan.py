@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from analysis.cli.common import OneLineParser, errors_to_exit, guarded, int_list, is_all, name_list, print_json
-from schedules.outputs import check_output_dir, write_files_into
+from schedules.outputs import check_output_dir, check_output_file, write_files_into
 
 __all__ = ["plan_main"]
 
@@ -59,6 +59,8 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
             chunks=tuple(args.chunks), microbatch_sizes=None if args.microbatch_sizes is None else tuple(args.microbatch_sizes),
             dp_modes=tuple(name_list(args.dp_modes, [])))
         out = check_output_dir(args.out, "output folder")
+        for name in ("schedule.csv", "torchtitan.toml", "megatron.txt", "pareto.png"):
+            check_output_file(out / name, "output file")  # a directory or fifo of that name: refused before work
         bar = None
         if not args.no_progress and sys.stderr.isatty():  # a bar in a log or a pipe is noise around the one line
             from tqdm import tqdm
