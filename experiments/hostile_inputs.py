@@ -337,6 +337,8 @@ def _hardening_files(h: Path) -> None:
     (h / "home" / "notes.txt").write_text("mine")
     (h / "rep" / "traces").mkdir(parents=True)
     (h / "rep" / "traces" / "gpipe.csv").write_text("a trace")
+    (h / "cmp" / "comparison.csv").mkdir(parents=True)  # a folder in the way of one file of a set
+    (h / "pl" / "pareto.png").mkdir(parents=True)
 
 
 def _hardening_cases(d: Path) -> list[Case]:
@@ -394,6 +396,10 @@ def _hardening_cases(d: Path) -> list[Case]:
     add("data loss", [*SCHEDLAB, "report", "--schedules", "gpipe", "--out", rep, "--real", rep / "traces" / "gpipe.csv"],
         f"the input --real #1 {q(rep / 'traces' / 'gpipe.csv')} lies in --out {q(rep)}, which is replaced as a "
         "whole: move the input out, or give another folder", (rep / "traces" / "gpipe.csv",))
+    for argv, target in (([*SCHEDLAB, "compare", "--pp", "2", "--microbatches", "2", "--out", h / "cmp"],
+                          h / "cmp" / "comparison.csv"),
+                         ([*PLAN, "--global-batch", "8", "--out", h / "pl"], h / "pl" / "pareto.png")):
+        add("data loss", argv, f"output file {q(target)} is a directory; give a file name", (target,))
 
     fits = "raise memory_limit, add nodes or give smaller microbatch sizes (flag --memory-limit)"
     add("runaway", [*PLAN, "--global-batch", "100000000", "--out", h / "plan1"], None, expect="ok")
