@@ -90,8 +90,11 @@ def write_schedule_csv(c: PlanConfig, study: Study | None, path: str | os.PathLi
 
 
 def write_exports(c: PlanConfig, model: TransformerConfig, global_batch: int, study: Study | None,
-                  out: str | os.PathLike) -> dict[str, Path]:
-    """``schedule.csv``, ``torchtitan_plan.py`` and ``megatron.txt`` for ``c`` in folder ``out``."""
+                  out: str | os.PathLike, final: str | os.PathLike | None = None) -> dict[str, Path]:
+    """``schedule.csv``, ``torchtitan_plan.py`` and ``megatron.txt`` for ``c`` in folder ``out``.
+
+    ``final``: the folder the files will be moved to (when ``out`` is a staging folder), which the torchtitan
+    module's schedule-CSV path names; default ``out``."""
     from analysis.export_megatron import megatron_args
     from analysis.export_torchtitan import torchtitan_config
 
@@ -99,7 +102,7 @@ def write_exports(c: PlanConfig, model: TransformerConfig, global_batch: int, st
     sched = plan_schedule(c, study)
     layout = plan_layout(c, model, sched)
     csv = write_torch_csv(sched, out / "schedule.csv")
-    titan = torchtitan_config(c, model, global_batch, layout, csv.resolve())
+    titan = torchtitan_config(c, model, global_batch, layout, (Path(final) / csv.name if final else csv).resolve())
     megatron = megatron_args(c, model, global_batch, layout)
     return {
         "schedule.csv": csv,

@@ -32,8 +32,6 @@ def format_plan(result: PlanResult) -> str:
             f"{f'{c.microbatches}x{c.microbatch_size}':>9} {c.dp_mode:<6} {c.recompute:<9} {e.step_time:>8.3f} "
             f"{e.tokens_per_s:>11,.0f} {e.mfu:>6.1%} {e.peak_memory_bytes / GB:>7.1f} {e.bubble_ratio:>7.1%} "
             f"{e.exposed_comm:>10.4f}")
-    if not result.top:
-        lines.append("   (no configuration fits; raise the memory limit or add devices)")
     return "\n".join(lines)
 
 

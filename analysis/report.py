@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -28,16 +26,15 @@ from analysis.compare import comparison_table
 from analysis.theory import bubble_ratio as closed_form_bubble
 from analysis.timeline import plot_timeline, plot_timelines
 from analysis.validation import compare_pair, format_tau, plot_validation, validation_summary
-from schedules.errors import OutputError
+from schedules.outputs import check_output_dir, replace_folder
 from schedules.trace import write_trace
-from schedules.util import check_output_dir
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from sim.sweep import RecomputePoint, Sweep, SweepConfig
 
-__all__ = ["plot_recompute_tradeoff", "write_report"]
+__all__ = ["check_report_dir", "is_report_folder", "plot_recompute_tradeoff", "write_report"]
 
 
 def _savefig(fig, path: Path) -> Path:
@@ -255,28 +252,35 @@ def _real_section(sweep: Sweep, out: Path) -> list[str]:
 def write_report(out: str | os.PathLike, sweep: Sweep, validation: dict[str, Any] | None = None) -> Path:
     """Plot what ``sweep`` simulated and write ``out/report.md``; returns its path.
 
-    Everything is written into a staging folder beside ``out`` first and moved
-    in at the end, ``report.md`` last: a failure leaves no figures without a report.
+    The report is written into a fresh folder beside ``out`` and swapped in
+    whole (:func:`schedules.outputs.replace_folder`): a failure leaves the
+    previous report as it was, and no file of a previous report remains. An
+    existing ``out`` must be empty or hold only what a report writes
+    (:func:`is_report_folder`); anything else is refused, never removed.
     """
-    final = check_output_dir(out, "report folder")
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
-    except OSError as exc:
-        raise OutputError(f"cannot write report folder {str(final)!r}: {exc.strerror or exc}") from None
-    try:
-        _write_report(stage, sweep, validation)
-        final.mkdir(parents=True, exist_ok=True)
-        for item in sorted(stage.rglob("*"), key=lambda q: (q.name == "report.md", len(q.parts))):
-            if item.is_file():
-                target = final / item.relative_to(stage)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(item, target)
-    except OSError as exc:
-        raise OutputError(f"cannot write report folder {str(final)!r}: {exc.strerror or exc}") from None
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+    final = check_report_dir(out)
+    replace_folder(final, lambda stage: _write_report(stage, sweep, validation), "report folder")
     return final / "report.md"
+
+
+_REPORT_FILES = ("report.md",)
+_REPORT_SUFFIXES = (".png", ".perfetto.json")
+
+
+def is_report_folder(folder: Path) -> bool:
+    """Whether ``folder`` holds only what a report writes: report.md, PNG figures, Perfetto JSON, traces/*.csv."""
+    for item in folder.iterdir():
+        if item.is_dir() and not item.is_symlink() and item.name == "traces":
+            if not all(t.is_file() and t.suffix == ".csv" for t in item.iterdir()):
+                return False
+        elif not (item.is_file() and (item.name in _REPORT_FILES or item.name.endswith(_REPORT_SUFFIXES))):
+            return False
+    return True
+
+
+def check_report_dir(out: str | os.PathLike) -> Path:
+    """Check a report folder before any work (the folder is replaced as a whole when the report is written)."""
+    return check_output_dir(out, "report folder", replaced=is_report_folder)
 
 
 def _validation_section(data: dict[str, Any] | None, out: Path) -> list[str]:

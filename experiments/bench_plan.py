@@ -23,7 +23,7 @@ import sys
 import time
 from unittest import mock
 
-from analysis.cli.common import errors_to_exit
+from analysis.cli.common import OneLineParser, errors_to_exit, positive_int
 from analysis.results_page import check_page, table, write_page
 from schedules import build, check, lower, validate
 from schedules.lower import _GraphBuilder
@@ -70,9 +70,9 @@ def bench_lower(name: str, pp: int, m: int, v: int, reps: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workers", type=int, default=None)
-    ap.add_argument("--reps", type=int, default=5)
+    ap = OneLineParser(prog="python experiments/bench_plan.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--workers", type=positive_int, default=None)
+    ap.add_argument("--reps", type=positive_int, default=5)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--skip-405b", action="store_true")
     ap.add_argument("--markdown", metavar="PAGE.md", help="also write the results page (docs/results/bench_plan.md)")

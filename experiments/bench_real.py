@@ -30,6 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from analysis.cli.common import OneLineParser, nonnegative_int, positive_int
 from analysis.cli.train import add_model_args, model_from_args
 from real import ModelConfig
 
@@ -46,18 +47,22 @@ PAIRS = {  # our schedule -> torch's class for it
 
 
 def _args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python experiments/bench_real.py", description=__doc__.splitlines()[0])
     p.add_argument("--schedules", default=",".join(PAIRS), help="comma-separated (default: all pairs)")
-    p.add_argument("--reps", type=int, default=3, help="repetitions per implementation (default 3)")
-    p.add_argument("--steps", type=int, default=6, help="measured steps per repetition (default 6)")
-    p.add_argument("--warmup", type=int, default=2, help="unmeasured first steps (default 2)")
-    p.add_argument("--microbatches", type=int, default=8, help="default 8")
-    p.add_argument("--batch-size", type=int, default=32, help="global batch (default 32)")
+    p.add_argument("--reps", type=positive_int, default=3, help="repetitions per implementation (default 3)")
+    p.add_argument("--steps", type=positive_int, default=6, help="measured steps per repetition (default 6)")
+    p.add_argument("--warmup", type=nonnegative_int, default=2, help="unmeasured first steps (default 2)")
+    p.add_argument("--microbatches", type=positive_int, default=8, help="default 8")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="global batch (default 32)")
     add_model_args(p, MODEL)
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--markdown", metavar="PAGE.md", help="also write the results page (docs/results/bench_real.md)")
     p.add_argument("--worker", metavar="OUT", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    unknown = [s for s in a.schedules.split(",") if s not in PAIRS]
+    if unknown or not a.schedules:
+        p.error(f"argument --schedules: {a.schedules!r}: give comma-separated names of {', '.join(PAIRS)}")
+    return a
 
 
 def _config(a: argparse.Namespace, schedule: str, pp: int, dp: int):

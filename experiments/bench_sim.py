@@ -19,7 +19,7 @@ import statistics
 import sys
 import time
 
-from analysis.cli.common import errors_to_exit
+from analysis.cli.common import OneLineParser, errors_to_exit, positive_int
 from analysis.results_page import check_page, table, write_page
 from schedules import build, lower, validate
 from sim import UniformCosts, simulate
@@ -46,8 +46,8 @@ def measure(name: str, pp: int, m: int, chunks: int | None, reps: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--reps", type=int, default=3)
+    ap = OneLineParser(prog="python experiments/bench_sim.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=positive_int, default=3)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--skip-million", action="store_true", help="leave out the ~1M-task graph")
     ap.add_argument("--markdown", metavar="PAGE.md", help="also write the results page (docs/results/bench_sim.md)")

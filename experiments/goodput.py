@@ -17,14 +17,14 @@ repair with shrinking and continuing. Writes out/goodput.png.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from pathlib import Path
 
-from analysis.cli.common import errors_to_exit
+from analysis.cli.common import OneLineParser, errors_to_exit, positive_int
 from analysis.results_page import check_page, table, write_page
+from schedules.outputs import atomic_write, check_output_dir
 from sim.failures import FailureModel, daly_interval, simulate_elastic, sweep_intervals, young_interval
 
 GPUS = 16_384
@@ -36,14 +36,15 @@ INTERVALS_MIN = [2, 4, 6, 8, 10, 12, 15, 20, 25, 30, 40, 60, 90, 120]
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="python experiments/goodput.py", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="out")
-    ap.add_argument("--trials", type=int, default=20)
+    ap.add_argument("--trials", type=positive_int, default=20)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--markdown", metavar="PAGE.md", help="also write the results page (docs/results/goodput.md)")
     args = ap.parse_args()
-    if args.markdown:
-        with errors_to_exit():
+    with errors_to_exit(ap):
+        check_output_dir(args.out, "output folder")
+        if args.markdown:
             check_page(args.markdown)
     failures = FailureModel(devices=GPUS, mtbf_device=JOB_MTBF * GPUS)
     steps = int(HOURS * 3600 / STEP)
@@ -145,13 +146,10 @@ def _plot(summary: dict, wait, shrink, out: Path) -> Path:
     ax2.set_title("elastic: 128 replicas x 128 GPUs, 2 h repair (one seed)", fontsize=10, loc="left")
     ax2.legend(fontsize=8)
     fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "goodput.png"
-    tmp = out / ".goodput.png.tmp"
-    fig.savefig(tmp, dpi=110, format="png")
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    try:
+        return atomic_write(out / "goodput.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"), "figure")
+    finally:
+        plt.close(fig)
 
 
 if __name__ == "__main__":

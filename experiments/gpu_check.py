@@ -18,12 +18,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
 import torch
 
+from analysis.cli.common import OneLineParser
 from real import ModelConfig, RunConfig, reference_run, run
 from real.launch import torchrun
 from real.profile import profile_stage
@@ -91,7 +91,7 @@ def _two_gpus() -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python experiments/gpu_check.py", description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     a = p.parse_args(argv)
     if a.device == "cuda" and not torch.cuda.is_available():

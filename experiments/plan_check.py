@@ -45,7 +45,8 @@ from analysis.calibration import (
     dp_graph,
     predict,
 )
-from analysis.cli.common import OneLineParser, errors_to_exit, print_json
+from analysis.cli.common import OneLineParser, errors_to_exit, guarded, print_json
+from analysis.cli.scripts import add_grid_args, check_grid_args
 from analysis.cli.train import add_model_args, model_from_args
 from analysis.progress import run_progress
 from analysis.results_page import check_page, json_ready, write_page
@@ -65,34 +66,27 @@ from analysis.validation import (
 from real import ModelConfig
 from real.metrics_log import check_log_dir, log_rows
 from real.protocol import MODEL_SHAPE, dp_buckets, dp_config, pipeline_config, profile_machine
+from schedules.outputs import atomic_write
 
 DP_SCHEDULES = ("gpipe", "1f1b")
 
 
 def _args(argv: list[str] | None = None):
-    p = OneLineParser(prog="plan_check.py", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python experiments/plan_check.py", description=__doc__.splitlines()[0])
     p.add_argument("--smoke", action="store_true", help="a short run: 1f1b and zb-h1, m 2 and 4, 2 rounds of 2 steps")
     p.add_argument("--schedules", help="comma-separated (default: every schedule the runtime has)")
     p.add_argument("--microbatches", default="2,4,6,8,10,12,14,16", help="comma-separated (default 2..16 by 2)")
-    p.add_argument("--microbatch-size", type=int, default=2, help="samples per microbatch (default 2)")
     p.add_argument("--calibrate-from", default="1f1b:8", metavar="SCHEDULE:M", help="default 1f1b:8")
     add_model_args(p, ModelConfig(**MODEL_SHAPE))
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--profile-reps", type=int, default=15)
-    p.add_argument("--costs", metavar="PROFILE.json", help="use this profile instead of profiling")
     p.add_argument("--out", default="out/plan_check")
-    p.add_argument("--timeout", type=float, default=1800.0)
-    p.add_argument("--max-foreign", type=float, default=0.1, metavar="CORES")
-    p.add_argument("--attempts", type=int, default=3)
+    add_grid_args(p, timeout=1800.0)
     p.add_argument("--noise-limit", type=float, default=NOISE_LIMIT, metavar="FRACTION",
                    help=f"too noisy to judge above this measured noise (default {NOISE_LIMIT}: 5%%; exit status 3)")
     p.add_argument("--markdown", metavar="PATH.md", help="also write the results page (e.g. docs/results/plan_check.md)")
     p.add_argument("--log-dir", metavar="DIR", help="also write each measured candidate's prediction and "
                    "measurement, and the scores, as TensorBoard event files and metrics.jsonl (docs/metrics.md)")
-    p.add_argument("--json", action="store_true")
     a = p.parse_args(argv)
+    check_grid_args(p, a, calibrate_with_m=True)
     if a.smoke:
         a.schedules, a.microbatches = a.schedules or "1f1b,zb-h1", "2,4"
         a.calibrate_from, a.rounds, a.steps, a.profile_reps = "1f1b:4", 2, 2, 3
@@ -225,6 +219,7 @@ def _warnings(s: dict) -> str:
             + "\n".join(f"- {w}" for w in warned)) if warned else "No guesses in the cost models (no warnings)."
 
 
+@guarded
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     a = _args(argv)
@@ -233,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    Path(a.out, "plan_check.json").write_text(json.dumps(json_ready(summary), indent=1))
+    atomic_write(Path(a.out, "plan_check.json"), lambda tmp: tmp.write_text(json.dumps(json_ready(summary), indent=1)),
+                 "plan check result")
     if a.log_dir:
         log_rows(a.log_dir, summary["rows"], {"plan/kendall_tau_b": summary["kendall_tau_b"],
                                               "plan/predicted_best_gap": summary["predicted_best_gap"],

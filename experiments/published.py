@@ -26,7 +26,6 @@ Every row runs the same simulator with the same calibrated parameters (sim.gpu_m
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -35,6 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from analysis.cli.common import OneLineParser
 from analysis.progress import Progress
 from sim import gpu_model
 from sim.cluster import cluster_preset
@@ -156,7 +156,7 @@ def fit(modes: tuple[str, ...] = ("full",), progress: Progress | None = None) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = OneLineParser(prog="python experiments/published.py", description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print exactly one JSON object")
     ap.add_argument("--fit", action="store_true", help="refit the A100 GEMM efficiency on the full-recompute rows")
     ap.add_argument("--fit-all", action="store_true", help="(for comparison) refit on all eight rows")

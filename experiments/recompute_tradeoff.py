@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from analysis.cli.common import errors_to_exit
+from analysis.cli.common import OneLineParser, errors_to_exit, positive_int
 from analysis.results_page import check_page, table, write_page
 from schedules import ScheduleError
 from sim.sweep import recompute_tradeoff
@@ -25,15 +25,20 @@ LIMITS = (1.0, 2.0, 3.0)
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--pp", type=int, default=4)
-    ap.add_argument("--microbatches", type=int, default=8)
+    ap = OneLineParser(prog="python experiments/recompute_tradeoff.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--pp", type=positive_int, default=4)
+    ap.add_argument("--microbatches", type=positive_int, default=8)
     ap.add_argument("--plot", metavar="FILE.png", help="also draw the trade-off (the report's figure)")
     ap.add_argument("--markdown", metavar="PAGE.md",
                     help="also write the results page (docs/results/recompute_tradeoff.md)")
     args = ap.parse_args()
+    if args.plot:
+        from analysis.timeline import check_figure_path
+
+        with errors_to_exit(ap):
+            check_figure_path(args.plot)
     if args.markdown:
-        with errors_to_exit():
+        with errors_to_exit(ap):
             check_page(args.markdown)
     points = []
     for name in SCHEDULES:

@@ -37,7 +37,8 @@ from analysis.calibration import (
     dp_graph,
     grid_rows,
 )
-from analysis.cli.common import OneLineParser, errors_to_exit, print_json
+from analysis.cli.common import OneLineParser, errors_to_exit, guarded, print_json
+from analysis.cli.scripts import add_grid_args, check_grid_args
 from analysis.cli.train import add_model_args, model_from_args
 from analysis.progress import run_progress
 from analysis.results_page import check_page, json_ready, write_page
@@ -46,6 +47,7 @@ from analysis.validation import NOISE_LIMIT, exit_status, format_tau, noise_verd
 from real import ModelConfig
 from real.metrics_log import check_log_dir, log_rows
 from real.protocol import MODEL_SHAPE, dp_buckets, dp_config, pipeline_config, profile_machine
+from schedules.outputs import atomic_write
 
 MODEL = ModelConfig(**MODEL_SHAPE)
 QUICK = (("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"), (4, 16))
@@ -54,7 +56,7 @@ DEFAULT_M = (4, 8, 16)
 
 
 def _args(argv: list[str] | None = None):
-    p = OneLineParser(prog="validate_sim.py", description=__doc__.splitlines()[0])
+    p = OneLineParser(prog="python experiments/validate_sim.py", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v at m = 4, 16")
     p.add_argument("--tiny", action="store_true",
                    help="gpipe and 1f1b at m=4 and the dp pair, 2 rounds of 2 steps, 3 profile reps: checks the "
@@ -63,27 +65,18 @@ def _args(argv: list[str] | None = None):
     p.add_argument("--microbatches", help="comma-separated counts (default 4,8,16; --quick 4,16)")
     p.add_argument("--no-dp", action="store_true", help="leave out the pp=1, dp=2 ddp/sync pair")
     p.add_argument("--calibrate-from", default="1f1b", metavar="SCHEDULE", help="default 1f1b")
-    p.add_argument("--microbatch-size", type=int, default=2, help="samples per microbatch (default 2)")
     add_model_args(p, MODEL)
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
-    p.add_argument("--steps", type=int, default=10, help="measured steps per run (default 10)")
-    p.add_argument("--warmup", type=int, default=1, help="unmeasured first steps per run (default 1)")
-    p.add_argument("--profile-reps", type=int, default=15, help="timed repetitions of the profile (default 15)")
-    p.add_argument("--costs", metavar="PROFILE.json", help="use this profile instead of profiling")
     p.add_argument("--out", default="out/validate", help="profile, traces and result go here (default out/validate)")
-    p.add_argument("--timeout", type=float, default=1200.0, help="seconds for all the real runs (default 1200)")
-    p.add_argument("--max-foreign", type=float, default=0.1, metavar="CORES",
-                   help="a run counts only if other processes used at most this many cores meanwhile (default 0.1)")
-    p.add_argument("--attempts", type=int, default=3, help="runs of a disturbed configuration (default 3)")
+    add_grid_args(p)
     p.add_argument("--noise-limit", type=float, default=NOISE_LIMIT, metavar="FRACTION",
                    help=f"too noisy to judge above this measured noise (default {NOISE_LIMIT}: 5%%; exit status 3)")
     p.add_argument("--markdown", metavar="PATH.md", help="also write the results page (e.g. docs/results/validation.md)")
     p.add_argument("--log-dir", metavar="DIR", help="also write each row's prediction, measurement and error, and "
                    "the scores, as TensorBoard event files and metrics.jsonl (docs/metrics.md)")
-    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     a = p.parse_args(argv)
     if a.tiny:
         a.rounds, a.steps, a.profile_reps = 2, 2, 3
+    check_grid_args(p, a, calibrate_with_m=False)
     _check(p, a)
     return a
 
@@ -214,6 +207,7 @@ def _warnings(s: dict) -> str:
             + "\n".join(f"- {w}" for w in warned)) if warned else "No guesses in the cost models (no warnings)."
 
 
+@guarded
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     a = _args(argv)
@@ -222,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    Path(a.out, "validation.json").write_text(json.dumps(json_ready(summary), indent=1))
+    atomic_write(Path(a.out) / "validation.json", lambda tmp: tmp.write_text(json.dumps(json_ready(summary), indent=1)),
+                 "validation result")
     if a.log_dir:
         log_rows(a.log_dir, summary["schedules"], {"grid/mean_abs_error": summary["mean_abs_error"],
                                                    "grid/kendall_tau_b": summary["kendall_tau_b"],

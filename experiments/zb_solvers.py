@@ -18,7 +18,7 @@ import argparse
 import sys
 import time
 
-from analysis.cli.common import errors_to_exit
+from analysis.cli.common import OneLineParser, errors_to_exit, nonnegative_float, nonnegative_int
 from analysis.results_page import check_page, table, write_page
 from schedules import build
 from schedules.timing import evaluate
@@ -35,9 +35,10 @@ SOLVERS = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--time-limit", type=float, default=10.0)
-    ap.add_argument("--rows", type=int, nargs="*", default=[0, 1, 3, 6])
+    ap = OneLineParser(prog="python experiments/zb_solvers.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--time-limit", type=nonnegative_float, default=10.0)
+    ap.add_argument("--rows", type=nonnegative_int, nargs="*", default=[0, 1, 3, 6], choices=range(len(TABLE5)),
+                    metavar="ROW", help=f"rows of the table, 0..{len(TABLE5) - 1}")
     ap.add_argument("--markdown", metavar="PAGE.md", help="also write the results page (docs/results/zb_solvers.md)")
     args = ap.parse_args()
     if args.markdown:

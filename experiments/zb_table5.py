@@ -21,15 +21,15 @@ import argparse
 import sys
 import time
 
-from analysis.cli.common import errors_to_exit
+from analysis.cli.common import OneLineParser, errors_to_exit, nonnegative_float, positive_int
 from analysis.results_page import check_page, table, write_page
 from schedules.zb_paper import TABLE5, zb2p, zb2p_refined
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--time-limit", type=float, default=10.0)
-    ap.add_argument("--pp", type=int, nargs="*", help="only the rows with these p (default: all)")
+    ap = OneLineParser(prog="python experiments/zb_table5.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--time-limit", type=nonnegative_float, default=10.0)
+    ap.add_argument("--pp", type=positive_int, nargs="*", help="only the rows with these p (default: all)")
     ap.add_argument("--markdown", metavar="PAGE.md", help="also write the results page (docs/results/zb_table5.md)")
     args = ap.parse_args()
     if args.markdown:

@@ -33,6 +33,7 @@ __all__ = [
     "check_multiple_of_pp",
     "check_positive",
     "check_positive_ints",
+    "choice",
     "quote",
 ]
 
@@ -105,6 +106,26 @@ def check_choice(owner: str, name: str, value: Any, valid: Collection[str],
     """``value`` one of ``valid``."""
     if value not in valid:
         raise error(f"{owner}: unknown {name.replace('_', ' ')} {quote(value)}; valid: {', '.join(valid)}", field=name)
+
+
+def find_name(value: Any, valid: Collection[str]) -> str | None:
+    """The member of ``valid`` that ``value`` names, compared without regard to case (``DDP`` is ``ddp``), or None.
+
+    Every name a user types (a mode, a preset, an algorithm) is looked up through this one helper.
+    """
+    if not isinstance(value, str):
+        return None
+    folded = value.casefold()
+    return next((member for member in valid if member.casefold() == folded), None)
+
+
+def choice(owner: str, name: str, value: Any, valid: Collection[str],
+           error: type[SchedlabError] = ConfigError) -> str:
+    """The member of ``valid`` that ``value`` names (:func:`find_name`); else one line listing the valid names."""
+    found = find_name(value, valid)
+    if found is not None:
+        return found
+    raise error(f"{owner}: unknown {name.replace('_', ' ')} {quote(value)}; valid: {', '.join(valid)}", field=name)
 
 
 def check_multiple_of_pp(name: str, pp: int, microbatches: int) -> None:

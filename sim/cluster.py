@@ -30,10 +30,11 @@ from typing import Any
 from schedules.errors import (
     ClusterError,
     ConfigError,
-    check_choice,
     check_fraction,
     check_positive,
     check_positive_ints,
+    choice,
+    find_name,
     quote,
 )
 
@@ -159,6 +160,7 @@ def parse_placement(text: str) -> list[Device]:
     first, last = int(lo), int(hi if hi is not None else lo)
     if last < first:
         raise ClusterError(f"malformed placement {text!r}: range {first}-{last} is empty; write the low index first")
+    check_cluster_size(text, last - first + 1)
     return [Device(int(node or 0), job, typ, i) for i in range(first, last + 1)]
 
 
@@ -222,18 +224,41 @@ _NODE_PRESETS: dict[str, tuple[DeviceSpec, int, Link, Link]] = {
 CLUSTER_PRESETS = tuple(_NODE_PRESETS)
 
 
+# The most devices a cluster may list (trainers and parameter servers): every device is an object, and the largest
+# training clusters reported hold about 10^5 accelerators (Llama 3: 16,384 H100s, arXiv 2407.21783), so 2^20 is
+# far beyond any real one while its device list still takes well under a second and a few hundred MB to build.
+MAX_DEVICES = 2**20
+
+
+def check_cluster_size(name: str, devices: int) -> None:
+    """A cluster of more than :data:`MAX_DEVICES` devices is refused before any device is built."""
+    if devices > MAX_DEVICES:
+        raise ClusterError(f"cluster {quote(name)} would hold {devices:,} devices; at most {MAX_DEVICES:,} "
+                           "(2^20) are supported: give fewer nodes", field="cluster")
+
+
+def _count(text: str, digits: str) -> int:
+    """A node or server count; one too large to hold is refused by its digits, before int() is asked."""
+    if len(digits) > 18:
+        raise ClusterError(f"cluster {quote(text)}: a count of {len(digits)} digits; at most {MAX_DEVICES:,} (2^20) "
+                           "devices are supported: give fewer nodes", field="cluster")
+    return int(digits)
+
+
 def cluster_preset(text: str) -> Cluster:
     """``dgx-h100:2`` = two DGX H100 nodes; ``dgx-h100:2+ps4`` adds four CPU parameter servers."""
-    m = re.match(r"^([a-z0-9-]+)(?::(\d+))?(?:\+ps(\d+))?$", text.strip())
-    if m is None or m.group(1) not in _NODE_PRESETS:
+    m = re.match(r"^([a-z0-9-]+)(?::(\d+))?(?:\+ps(\d+))?$", text.strip(), re.IGNORECASE)
+    if m is None or find_name(m.group(1), _NODE_PRESETS) is None:
         raise ClusterError(
             f"unknown cluster {text!r}: valid presets are {', '.join(CLUSTER_PRESETS)}, written NAME[:NODES][+psK] "
             "(e.g. 'dgx-h100:2', 'dgx-a100:4+ps2'), or a [cluster] table in a TOML config", field="cluster"
         )
-    name, nodes, ps = m.group(1), int(m.group(2) or 1), int(m.group(3) or 0)
+    name = find_name(m.group(1), _NODE_PRESETS)
+    nodes, ps = _count(text, m.group(2) or "1"), _count(text, m.group(3) or "0")
     if nodes < 1:
         raise ClusterError(f"cluster {text!r}: the node count must be >= 1, got {nodes}")
     spec, per_node, intra, inter = _NODE_PRESETS[name]
+    check_cluster_size(text, nodes * per_node + ps)
     kind = "CPU" if spec.name.startswith("CPU") else "GPU"
     devices = [Device(n, "trainer", kind, i) for n in range(nodes) for i in range(per_node)]
     pservers = [Device(nodes + j, "pserver", "CPU", 0) for j in range(ps)]  # one host per node of their own
@@ -286,7 +311,7 @@ def key_fraction(what: str = "a fraction", *, open_low: bool = False) -> KeyChec
 def key_choice(valid: Collection[str]) -> KeyCheck:
     """One of ``valid``."""
     def check(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
-        check_choice(owner, key, value, tuple(valid), error)  # a tuple: an unhashable value is just not in it
+        choice(owner, key, value, tuple(valid), error)  # any case: the config taking the value names it canonically
     return check
 
 
@@ -350,7 +375,10 @@ def cluster_from_dict(data: Mapping[str, Any], *, name: str = "custom") -> Clust
             or not all(isinstance(p, str) for p in placements)):
         raise ClusterError(f"{owner}: devices must be a non-empty list of placements (strings), "
                            f"e.g. ['/trainer/GPU:0-7'], got {quote(placements)}", field="devices")
-    parsed = [d for p in placements for d in parse_placement(p)]
+    parsed: list[Device] = []
+    for placement in placements:  # each placement is bounded, and so is the sum so far: never past 2 x MAX_DEVICES
+        parsed += parse_placement(placement)
+        check_cluster_size(str(data.get("name", name)), len(parsed))
     intra = Link(alpha=data.get("intra_alpha_s", 3e-6), bandwidth=data.get("intra_GBps", 450) * GB)
     inter = Link(alpha=data.get("inter_alpha_s", 5e-6), bandwidth=data.get("inter_GBps", 50) * GB)
     return Cluster(
@@ -374,10 +402,11 @@ def _device_spec(value: Any, key: str) -> DeviceSpec:
                                "and memory_GBps", field=key)
         return DeviceSpec(name=value.get("name", "custom"), peak_flops=value["peak_TFLOPs"] * 1e12,
                           memory_bytes=value["memory_GB"] * GB, memory_bw=value["memory_GBps"] * GB)
-    if not isinstance(value, str) or value not in DEVICE_PRESETS:
+    found = find_name(value, DEVICE_PRESETS)
+    if found is None:
         raise ClusterError(f"config [cluster]: unknown {key.replace('_', ' ')} {quote(value)}; "
                            f"valid: {', '.join(DEVICE_PRESETS)} or a table", field=key)
-    return DEVICE_PRESETS[value]
+    return DEVICE_PRESETS[found]
 
 
 def load_cluster(path: str | Path) -> Cluster:

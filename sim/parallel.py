@@ -27,6 +27,7 @@ from schedules.errors import (
     check_choice,
     check_positive,
     check_positive_ints,
+    choice,
 )
 from sim import collectives as coll
 from sim.cluster import Cluster, Link
@@ -61,9 +62,8 @@ class ParallelConfig:
         if self.sp and self.tp == 1:  # nothing to split the sequence over: the setting would have no effect
             raise ConfigError("parallel: sequence parallelism splits across the tensor-parallel group, so it needs "
                               "tp > 1; give tp > 1 or leave sp out", field="sp")
-        check_choice("parallel", "dp_mode", self.dp_mode, DP_MODES)
-        check_choice("parallel", "order", self.order, ("dp-inner", "pp-inner"))
-        check_choice("parallel", "collective", self.collective, coll.ALGORITHMS)
+        for key, valid in (("dp_mode", DP_MODES), ("order", ("dp-inner", "pp-inner")), ("collective", coll.ALGORITHMS)):
+            object.__setattr__(self, key, choice("parallel", key, getattr(self, key), valid))  # DDP is ddp
         check_positive("parallel", "bucket_mb", self.bucket_mb, " MiB")
         check_choice("parallel", "link_model", self.link_model, LINK_MODELS)
         self._check_overlap()

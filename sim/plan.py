@@ -30,6 +30,7 @@
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import multiprocessing
 import os
@@ -37,23 +38,28 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
 from schedules import Schedule, TaskGraph, build, validate
 from schedules.dp import add_data_parallel
-from schedules.errors import check_positive_ints
+from schedules.errors import ConfigError, check_positive_ints
 from schedules.registry import lookup
 from schedules.timing import CompiledTiming, compile_timing
 from sim.engine import simulate
 from sim.plan_bounds import Bounds, MemoryRows, memory_rows, small_m
-from sim.plan_space import PlanConfig, PlanSpace, enumerate_configs
+from sim.plan_space import PlanConfig, PlanSpace, enumerate_configs, why_empty
 from sim.study import Study, StudyResult, dp_options, exposed_comm
 
 __all__ = ["PlanEntry", "PlanResult", "plan"]
 
 log = logging.getLogger(__name__)
 
+# The most configurations one search takes (the 405B example on 512 H100s has ~54,000): each is kept with its
+# bounds, so a space of millions would take minutes and gigabytes before the first simulation.
+MAX_CANDIDATES = 1_000_000
+_START_TIMEOUT = 120.0  # seconds for a pool's workers to start and answer (forked: well under one)
 _SLACK = 1e-9  # the bound and the simulation sum the same times in different orders
 _OPEN, _TAKEN, _DONE = 0, 1, 2  # a candidate: waiting (for refinement or simulation), in a worker, settled
 
@@ -213,39 +219,83 @@ class _Inline:
         pass
 
 
+def _ready() -> bool:
+    return True
+
+
+def _abandon(pool: ProcessPoolExecutor) -> None:
+    """A pool whose workers could not all start: end the ones that did (else they wait for work forever, and the
+    interpreter waits for them at exit)."""
+    for proc in list(getattr(pool, "_processes", {}).values()):
+        proc.terminate()
+        proc.join(timeout=5)
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
 def _executor(space: PlanSpace, workers: int) -> Any:
+    """A pool of ``workers`` processes, started and answering; if the system refuses processes (a fork fails under
+    a process or memory limit), half as many, down to this process alone, with a warning: never a hang."""
     _init(space)
-    if workers <= 1:
-        return _Inline()
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
-                               initializer=_init, initargs=(space,))
+    while workers > 1:
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
+                                   initializer=_init, initargs=(space,))
+        try:
+            pool.submit(_ready).result(timeout=_START_TIMEOUT)  # with fork, every worker starts at the first submit
+            return pool
+        except (OSError, BrokenProcessPool, TimeoutError) as exc:
+            _abandon(pool)
+            log.warning("plan: %d worker processes could not start (%s); trying %d", workers,
+                        type(exc).__name__ if not str(exc) else exc, workers // 2)
+            workers //= 2
+    return _Inline()
 
 
 def plan(space: PlanSpace, *, top: int = 5, workers: int | None = None,
          progress: Callable[[int, int], None] | None = None) -> PlanResult:
     """Search ``space``; the ``top`` fastest simulated configurations, exactly.
 
-    ``workers``: processes (None: every core); ``progress(done, total)`` is
-    called as candidates are settled (dropped or simulated).
+    ``workers``: processes (None: every core; fewer if the system refuses
+    them); ``progress(done, total)`` is called as candidates are settled
+    (dropped or simulated). A space with no configuration, or none that fits in
+    memory, raises :class:`ConfigError` naming the constraint that leaves
+    nothing (:func:`sim.plan_space.why_empty`); so does one of more than
+    :data:`MAX_CANDIDATES` configurations.
     """
     check_positive_ints("plan", top=top)
     workers = (os.cpu_count() or 1) if workers is None else workers
     check_positive_ints("plan", workers=workers)
     t0 = time.perf_counter()
     search = _Search(space, top, workers, progress)
-    configs = list(enumerate_configs(space))
+    configs = list(itertools.islice(enumerate_configs(space), MAX_CANDIDATES + 1))
+    if len(configs) > MAX_CANDIDATES:
+        raise ConfigError(f"plan: the search space holds more than {MAX_CANDIDATES:,} configurations; narrow it "
+                          "(schedules, microbatch_sizes, dp_modes, chunks)", field="schedules")
+    if not configs:
+        raise why_empty(space)
     search.total = len(configs)
-    floor_ok = [c for c in configs if search.bounds.memory_floor(c) <= space.capacity]
+    floors = [search.bounds.memory_floor(c) for c in configs]
+    floor_ok = [c for c, f in zip(configs, floors, strict=True) if f <= space.capacity]
     search.settle(len(configs) - len(floor_ok), memory=len(configs) - len(floor_ok))
     log.info("plan: %d candidates, %d pass the memory floor (%.1f s)", len(configs), len(floor_ok),
              time.perf_counter() - t0)
     pool = _executor(space, workers)
     try:
         search.run(pool, floor_ok)
+    except BrokenProcessPool:  # a worker killed (out of memory?) after the pool started
+        raise ConfigError(f"plan: a worker process died during the search (killed for memory?); run again with "
+                          f"fewer workers than {workers}", field="workers") from None
     finally:
         pool.shutdown()
     done = sorted((e for e in search.entries if e is not None), key=lambda e: (e.step_time, e.config))
+    if not done:
+        least = min(floors) / 1e9
+        why = (f"the smallest needs at least {least:.4g} GB (model states and one microbatch)"
+               if least > space.capacity / 1e9 else
+               f"model states and one microbatch fit ({least:.4g} GB at least), the microbatches each schedule "
+               "holds in flight do not")
+        raise ConfigError(f"plan: no configuration fits in {space.capacity / 1e9:g} GB per device: {why}; raise "
+                          "memory_limit, add nodes or give smaller microbatch sizes", field="memory_limit")
     return PlanResult(space=space, candidates=len(configs), feasible=len(configs) - search.pruned_memory - search.unchecked,
                       simulated=len(done), pruned_memory=search.pruned_memory, pruned_bound=search.pruned_bound,
                       memory_unchecked=search.unchecked, seconds=time.perf_counter() - t0, top=tuple(done[:top]),

@@ -27,16 +27,23 @@ from typing import Any, NamedTuple
 
 from schedules import ScheduleError, build, names, spec
 from schedules.dp import DP_MODES
-from schedules.errors import ConfigError, check_choice, check_positive, check_positive_ints, quote
+from schedules.errors import ConfigError, check_choice, check_positive, check_positive_ints, choice, quote
 from schedules.registry import MAX_TASKS, TASKS_PER_PASS
 from sim.cluster import Cluster
 from sim.gpu_model import RECOMPUTE_MODES
 from sim.network import LINK_MODELS
 from sim.transformer import TransformerConfig
 
-__all__ = ["PLAN_DP_MODES", "PlanConfig", "PlanSpace", "enumerate_configs", "shape_ok", "tp_choices"]
+__all__ = ["MAX_GLOBAL_BATCH", "MAX_MICROBATCHES", "PLAN_DP_MODES", "PlanConfig", "PlanSpace", "enumerate_configs",
+           "shape_ok", "tp_choices", "why_empty"]
 
 PLAN_DP_MODES = ("ddp", "zero1", "zero2", "fsdp")
+# Microbatches per step the planner tries at most: twice the most the 405B example's top five use (512 x 1). Each
+# one more is seven tasks per stage to build, bound and simulate: with 4096, a batch of 10^8 sequences on one node
+# had not finished after 4.5 minutes (schedules of ~10^6 tasks); with 1024 it takes ~12 s (gpt-tiny, dgx-h100:1,
+# 1 worker, 2 busy cores).
+MAX_MICROBATCHES = 1024
+MAX_GLOBAL_BATCH = 2**40  # sequences per step: 10^12, beyond any real run (Llama 3 405B: 2,048 of 8,192 tokens)
 
 
 class PlanConfig(NamedTuple):
@@ -70,7 +77,8 @@ class PlanSpace:
     ``memory_limit`` is bytes per device (None: the device's capacity).
     ``chunks`` are the stage counts per rank tried for schedules that take
     several; ``microbatch_sizes`` None tries every divisor of the batch per
-    replica. ``schedules`` None is every registered schedule except the
+    replica; sizes that leave more than :data:`MAX_MICROBATCHES` microbatches
+    are not tried. ``schedules`` None is every registered schedule except the
     adaptive ones (zb-auto): an adaptive schedule is a search of its own,
     rebuilt for every set of pass times (each (tp, sp, b, recompute)), and
     its memory is known only once built; name it to include it.
@@ -101,6 +109,10 @@ class PlanSpace:
 
     def __post_init__(self) -> None:
         check_positive_ints("plan", global_batch=self.global_batch)
+        if self.global_batch > MAX_GLOBAL_BATCH:
+            raise ConfigError(f"plan: global_batch {self.global_batch:,} is beyond {MAX_GLOBAL_BATCH:,} (2^40) "
+                              "sequences; give a smaller batch", field="global_batch")
+        self._normalize()
         if self.memory_limit is not None:
             check_positive("plan", "memory_limit", self.memory_limit, " bytes")
         for name in self.schedule_names:
@@ -109,10 +121,6 @@ class PlanSpace:
             check_positive_ints("plan", chunks=v)
         for b in self.microbatch_sizes or ():
             check_positive_ints("plan", microbatch_size=b)
-        for mode in self.dp_modes:
-            check_choice("plan", "dp_mode", mode, [m for m in DP_MODES if m not in ("none", "sync", "ps")])
-        for r in self.recompute:
-            check_choice("plan", "recompute", r, RECOMPUTE_MODES)
         if self.bucket_mb is not None:
             check_positive("plan", "bucket_mb", self.bucket_mb, " MiB")
         check_choice("plan", "link_model", self.link_model, LINK_MODELS)
@@ -120,6 +128,21 @@ class PlanSpace:
             check_positive_ints("plan", degree=value)
         if not (self.chunks and self.dp_modes and self.recompute and self.sp):
             raise ConfigError("plan: chunks, dp_modes, recompute and sp each need at least one choice", field="plan")
+
+    def _normalize(self) -> None:
+        """Every choice once, names in their canonical case (``DDP`` is ``ddp``): a repeated value would list
+        one configuration twice."""
+        modes = [m for m in DP_MODES if m not in ("none", "sync", "ps")]
+        fixed = {
+            "schedules": None if self.schedules is None else [spec(n).name for n in self.schedules],
+            "dp_modes": [choice("plan", "dp_mode", m, modes) for m in self.dp_modes],
+            "recompute": [choice("plan", "recompute", r, RECOMPUTE_MODES) for r in self.recompute],
+            "chunks": self.chunks, "microbatch_sizes": self.microbatch_sizes, "sp": self.sp, "tp": self.tp,
+            "pp": self.pp,
+        }
+        for key, values in fixed.items():
+            if values is not None:
+                object.__setattr__(self, key, tuple(dict.fromkeys(values)))
 
     @property
     def schedule_names(self) -> tuple[str, ...]:
@@ -143,8 +166,18 @@ def tp_choices(model: TransformerConfig, cluster: Cluster) -> list[int]:
     return [t for t in range(1, per_node + 1) if all(n % t == 0 for n in sizes)]
 
 
+@lru_cache(maxsize=256)
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n``, ascending, by trial division up to sqrt(n) (n <= 2^40: at most 2^20 steps)."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
 
 
 def chunk_choices(name: str, chunks: Sequence[int]) -> tuple[int, ...]:
@@ -207,12 +240,53 @@ def enumerate_configs(space: PlanSpace) -> Iterator[PlanConfig]:
                         continue
                     for b in sizes:
                         m = per_replica // b
-                        if not shape_ok(name, pp, m, v):
+                        if m > MAX_MICROBATCHES or not shape_ok(name, pp, m, v):
                             continue
                         for mode in modes:
                             for rc in space.recompute:
                                 for sp in sps:
                                     yield PlanConfig(tp, pp, dp, name, v, b, m, mode, rc, sp)
+
+
+def why_empty(space: PlanSpace) -> ConfigError:
+    """The constraint that leaves no configuration in ``space`` (the first of the enumeration's filters to reject
+    everything), as the error to raise."""
+    model, devices, batch = space.model, space.devices, space.global_batch
+    tps = [t for t in tp_choices(model, space.cluster) if space.tp is None or t in space.tp]
+    if not tps:
+        return ConfigError(f"plan: no tensor degree of {quote(list(space.tp or ()))} divides the heads, hidden size "
+                           f"and devices per node; valid: {tp_choices(model, space.cluster)}", field="tp")
+    pairs = [(tp, pp) for tp in tps if devices % tp == 0 for pp in _divisors(devices // tp)
+             if space.pp is None or pp in space.pp]
+    if not pairs:
+        return ConfigError(f"plan: no pipeline degree of {quote(list(space.pp or ()))} divides the {devices} devices "
+                           "over the tensor degrees", field="pp")
+    split = [(tp, pp, devices // (tp * pp)) for tp, pp in pairs if batch % (devices // (tp * pp)) == 0]
+    if not split:
+        dps = sorted({devices // (tp * pp) for tp, pp in pairs})
+        return ConfigError(f"plan: the global batch {batch} cannot be split: it is not a multiple of any "
+                           f"data-parallel degree the devices allow ({quote(dps)}, devices / (tp x pp))",
+                           field="global_batch")
+    replicas = sorted({batch // dp for _, _, dp in split})
+    if space.microbatch_sizes is not None and not any(r % b == 0 for r in replicas for b in space.microbatch_sizes):
+        return ConfigError(f"plan: no microbatch size of {quote(list(space.microbatch_sizes))} divides the batch "
+                           f"per replica ({quote(replicas)})", field="microbatch_sizes")
+    sizes = space.microbatch_sizes or [b for r in replicas for b in _divisors(r)]
+    if not any(r % b == 0 and r // b <= MAX_MICROBATCHES for r in replicas for b in sizes):
+        return ConfigError(f"plan: every microbatch size leaves more than {MAX_MICROBATCHES} microbatches per step "
+                           f"(batch per replica {quote(replicas)}); give larger microbatch sizes",
+                           field="microbatch_sizes")
+    shapes = [(name, v) for name in space.schedule_names for v in chunk_choices(name, space.chunks)]
+    if not shapes:
+        return ConfigError(f"plan: chunks {quote(list(space.chunks))} leave no stage count for "
+                           f"{', '.join(space.schedule_names)}: each takes 2 or more stages per rank", field="chunks")
+    if not any(pp * v <= model.layers for _, pp, _ in split for _, v in shapes):
+        return ConfigError(f"plan: every split has more stages (pp x chunks) than the model's {model.layers} "
+                           "layers; give fewer nodes or fewer chunks", field="cluster")
+    return ConfigError(f"plan: no schedule of {', '.join(space.schedule_names)} takes the shapes left (pipeline "
+                       f"degrees {quote(sorted({pp for _, pp, _ in split}))}, batch per replica {quote(replicas)}); "
+                       f"interleaved schedules need microbatches a multiple of pp, dualpipe-v at least 2 x pp, and "
+                       f"a schedule at most {MAX_TASKS:,} tasks", field="schedules")
 
 
 def describe_space(space: PlanSpace) -> str:

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from schedules.errors import ConfigError, check_positive_ints, quote
+from schedules.errors import ConfigError, check_positive_ints, find_name, quote
 from schedules.partition import split_layers
 from sim.cluster import KeyCheck, check_table, key_flag, key_positive_int, key_string
 
@@ -212,9 +212,10 @@ MODEL_PRESETS: dict[str, TransformerConfig] = {
 
 
 def model_preset(name: str) -> TransformerConfig:
-    if name not in MODEL_PRESETS:
+    found = find_name(name, MODEL_PRESETS)  # case-insensitive, as every name
+    if found is None:
         raise ConfigError(f"unknown model {name!r}; valid presets: {', '.join(MODEL_PRESETS)} (or a [model] table)")
-    return MODEL_PRESETS[name]
+    return MODEL_PRESETS[found]
 
 
 def _key_size(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:

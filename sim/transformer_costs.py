@@ -55,7 +55,7 @@ from typing import Any
 
 from schedules import Action, Kind, Stream, Task, TaskGraph
 from schedules.dp import DataParallelGraph
-from schedules.errors import ConfigError, check_choice, check_fraction, check_positive_ints, quote
+from schedules.errors import ConfigError, check_fraction, check_positive_ints, choice, quote
 from schedules.timing import action_held_freed
 from sim import collectives as coll
 from sim.cluster import Cluster, Link
@@ -100,7 +100,7 @@ class TransformerCosts:
         check_positive_ints("costs", microbatch_size=self.microbatch_size)
         if self.efficiency is not None:
             check_fraction("costs", "efficiency", self.efficiency, "a fraction of peak", open_low=True)
-        check_choice("costs", "recompute", self.recompute, RECOMPUTE_MODES)
+        object.__setattr__(self, "recompute", choice("costs", "recompute", self.recompute, RECOMPUTE_MODES))
         check_fraction("costs", "pair_overlap", self.pair_overlap)
         if self.layers_per_stage is not None:
             if isinstance(self.layers_per_stage, str) or not isinstance(self.layers_per_stage, Sequence):

@@ -33,9 +33,16 @@ __all__ = [
     "given",
     "guarded",
     "int_list",
+    "is_all",
     "name_list",
+    "nonnegative_float",
+    "nonnegative_int",
+    "positive_float",
+    "positive_int",
+    "positive_int_list",
     "print_json",
     "refuse",
+    "schedule_list",
     "uniform_costs",
 ]
 
@@ -121,6 +128,9 @@ def guarded(main: Callable[..., int]) -> Callable[..., int]:
                 sys.stderr.write("interrupted\n")
             return 130
         except OSError as exc:
+            if exc.errno == errno.ENAMETOOLONG:  # a path no check met first (an input): still one line
+                sys.stderr.write(f"error: file name too long: {quote(exc.filename or '')}\n")
+                return 2
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO):
                 raise
             _stdout_to_devnull()
@@ -135,7 +145,8 @@ def flag_of(field: str | None, parser: OneLineParser | None) -> str | None:
     if field is None or parser is None:
         return None
     flags = parser.flags()
-    for flag in (FLAG_ALIASES.get(field), "--" + field.replace("_", "-")):
+    plain = "--" + field.replace("_", "-")
+    for flag in (FLAG_ALIASES.get(field), plain, plain + "s"):  # --dp-modes sets the plan's dp_mode choices
         if flag in flags:
             return flag
     return None
@@ -170,9 +181,56 @@ def int_list(text: str) -> tuple[int, ...]:
                                          "e.g. 2,4") from None
 
 
+def _number(kind: type, low: float, closed: bool, what: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or value != value or value in (float("inf"), float("-inf")) or not (
+                value >= low if closed else value > low):
+            raise argparse.ArgumentTypeError(f"invalid value {quote(text)}: give {what}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in its own messages
+    return parse
+
+
+positive_int = _number(int, 1, True, "an integer >= 1")
+nonnegative_int = _number(int, 0, True, "an integer >= 0")
+positive_float = _number(float, 0, False, "a finite number > 0")
+nonnegative_float = _number(float, 0, True, "a finite number >= 0")
+
+
+def positive_int_list(text: str) -> tuple[int, ...]:
+    """``4,8,16`` -> (4, 8, 16), each an integer >= 1; an argparse type."""
+    values = int_list(text)
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"invalid value {quote(text)}: give integers >= 1 separated by commas, "
+                                         "e.g. 4,8")
+    return values
+
+
+def schedule_list(text: str) -> list[str]:
+    """``1f1b,zb-h1`` -> the registered names (any case); an unknown one is refused in one line; an argparse type."""
+    chosen = [s.strip() for s in text.split(",") if s.strip()]
+    if not chosen:
+        raise argparse.ArgumentTypeError(f"no names in {quote(text)}: give comma-separated schedule names")
+    found = [lookup(s) for s in chosen]
+    bad = [s for s, f in zip(chosen, found, strict=True) if f is None]
+    if bad:
+        raise argparse.ArgumentTypeError(f"unknown schedule {quote(bad[0])}; valid: {', '.join(names())}")
+    return list(dict.fromkeys(f.name for f in found))
+
+
+def is_all(text: str) -> bool:
+    """``all`` in any case (a list flag's word for every name)."""
+    return text.strip().casefold() == "all"
+
+
 def name_list(text: str, all_names: Sequence[str] | None = None) -> list[str]:
     """``a,b`` -> [a, b]; ``all`` -> ``all_names`` (default: every registered schedule, by family)."""
-    if text == "all":
+    if is_all(text):
         return list(all_names if all_names is not None else names(by_family=True))
     chosen = [s.strip() for s in text.split(",") if s.strip()]
     if not chosen:

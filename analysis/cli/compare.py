@@ -15,6 +15,7 @@ from analysis.cli.common import (
     fail,
     given,
     guarded,
+    is_all,
     name_list,
     print_json,
     refuse,
@@ -22,7 +23,8 @@ from analysis.cli.common import (
 )
 from analysis.cli.simulate import COMM_KEYS, add_comm_args, comm_overrides
 from schedules import ScheduleError
-from schedules.util import atomic_write, check_output_dir, check_output_file
+from schedules.outputs import check_distinct, check_output_dir, check_output_file, write_files_into
+from schedules.registry import lookup
 
 __all__ = ["compare_main", "perfetto_main", "report_main"]
 
@@ -60,17 +62,25 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     from sim.sweep import applicable, simulate_many
 
     skipped: dict[str, str] = {}
-    if args.schedules == "all":  # every schedule that takes the shape; the others are listed, not fatal
+    if is_all(args.schedules):  # every schedule that takes the shape; the others are listed, not fatal
         chosen, skipped = applicable(chosen, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks)
     with errors_to_exit(p):
         out = check_output_dir(args.out, "output folder")
+        for name in ("timelines.png", "comparison.csv", *(f"timeline-{_canonical(s)}.png" for s in chosen)):
+            check_output_file(out / name, "output file")  # a directory or fifo of that name: refused before work
         results = simulate_many(chosen, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks,
                                 costs=uniform_costs(args), profile=args.costs, costs_profile=args.costs_profile)
         table = comparison_table(results)
-        written = [plot_timelines([r.trace for r in results], out / "timelines.png")] if results else []
-        written += [plot_timeline(r.trace, out / f"timeline-{r.schedule}.png") for r in results]
-        written.append(atomic_write(out / "comparison.csv", lambda tmp: table.to_csv(tmp, index=False),
-                                    "comparison table"))
+
+        def fill(stage: Path) -> None:  # every file first into a temporary folder: all of them, or none
+            if results:
+                plot_timelines([r.trace for r in results], stage / "timelines.png")
+            for r in results:
+                plot_timeline(r.trace, stage / f"timeline-{r.schedule}.png")
+            table.to_csv(stage / "comparison.csv", index=False)
+
+        order = ["timelines.png"] * bool(results) + [f"timeline-{r.schedule}.png" for r in results] + ["comparison.csv"]
+        written = sorted(write_files_into(out, fill, "output folder"), key=lambda q: order.index(q.name))
     if args.json:
         print_json({"schedules": json.loads(table.to_json(orient="records")), "skipped": skipped,
                     "files": [str(w) for w in written]})
@@ -81,6 +91,11 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     print(f"\nwrote {len(written)} files under {out}/: timelines.png (all schedules, one time axis), "
           "timeline-<schedule>.png, comparison.csv")
     return 0
+
+
+def _canonical(name: str) -> str:
+    found = lookup(name)
+    return found.name if found is not None else name
 
 
 def _units_compare(args, chosen: list[str], parser: OneLineParser, prog: str) -> int:
@@ -133,11 +148,11 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
     add_cost_args(p)
     args = p.parse_args(argv)
     check_cost_flags(args)
-    from analysis.report import write_report
+    from analysis.report import check_report_dir, write_report
     from analysis.validation import load_validation
     from sim.sweep import SweepConfig, run_sweep
 
-    chosen = () if args.schedules == "all" else tuple(name_list(args.schedules))
+    chosen = () if is_all(args.schedules) else tuple(name_list(args.schedules))
     progress = None
     if not args.no_progress and sys.stderr.isatty():
         from tqdm import tqdm
@@ -146,7 +161,10 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
             return tqdm(jobs, desc="bubble sweep", unit="sim", leave=False)
 
     with errors_to_exit(p):
-        check_output_dir(args.out, "report folder")
+        check_report_dir(args.out)
+        inputs = {**{f"--real #{i + 1}": t for i, t in enumerate(args.real)}, "--validation": args.validation, "--costs": args.costs,
+                  "--costs-profile": args.costs_profile}
+        check_distinct({}, inputs, folders={"--out": args.out})
         cfg = SweepConfig(pp=args.pp, microbatches=args.microbatches, chunks=args.chunks, schedules=chosen,
                           costs=uniform_costs(args), real_traces=tuple(Path(t) for t in args.real),
                           profile=Path(args.costs) if args.costs else None)
@@ -171,6 +189,7 @@ def perfetto_main(argv: Sequence[str] | None = None, prog: str = "schedlab perfe
         if not src.is_file():
             raise ScheduleError(f"trace file {str(src)!r} not found")
         check_output_file(out, "chrome trace file", (".json",))
+        check_distinct({"OUT.json": out}, {"TRACE": src})
         path = write_chrome_trace(read_trace(src), out)
     print(f"wrote {path} (open it in the Perfetto UI or chrome://tracing)")
     return 0

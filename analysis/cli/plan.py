@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from analysis.cli.common import OneLineParser, errors_to_exit, guarded, int_list, name_list, print_json
-from schedules.util import check_output_dir
+from analysis.cli.common import OneLineParser, errors_to_exit, guarded, int_list, is_all, name_list, print_json
+from schedules.outputs import check_output_dir, check_output_file, write_files_into
 
 __all__ = ["plan_main"]
 
@@ -58,12 +59,14 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
         space = PlanSpace(
             model=model, cluster=cluster_preset(args.cluster), global_batch=args.global_batch,
             memory_limit=None if args.memory_limit is None else args.memory_limit * 1e9,
-            schedules=None if args.schedules == "all" else tuple(name_list(args.schedules)),
+            schedules=None if is_all(args.schedules) else tuple(name_list(args.schedules)),
             chunks=tuple(args.chunks), microbatch_sizes=None if args.microbatch_sizes is None else tuple(args.microbatch_sizes),
             dp_modes=tuple(name_list(args.dp_modes, [])), link_model=args.link_model)
         out = check_output_dir(args.out, "output folder")
+        for name in ("schedule.csv", "torchtitan_plan.py", "megatron.txt", "pareto.png"):
+            check_output_file(out / name, "output file")  # a directory or fifo of that name: refused before work
         bar = None
-        if not args.no_progress:
+        if not args.no_progress and sys.stderr.isatty():  # a bar in a log or a pipe is noise around the one line
             from tqdm import tqdm
 
             bar = tqdm(total=1, desc="plan", unit="config", file=sys.stderr, leave=False, mininterval=0.5)
@@ -78,28 +81,29 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
         finally:
             if bar is not None:
                 bar.close()
-        files, exports = [], {}
-        if result.top:
-            from sim.study import Study
+        from sim.study import Study
 
-            win = result.top[0].config
-            study = Study(schedule=win.schedule, microbatches=win.microbatches, chunks=win.chunks,
-                          costs=_costs(space, win))
-            exports = write_exports(win, model, args.global_batch, study, out)
-            files = list(exports.values())
-        if result.entries:
-            files.append(plot_pareto(result, out / "pareto.png"))
+        win = result.top[0].config  # plan() refuses a question with no configuration
+        study = Study(schedule=win.schedule, microbatches=win.microbatches, chunks=win.chunks,
+                      costs=_costs(space, win))
+        staged: dict[str, Path] = {}
+
+        def fill(stage: Path) -> None:  # the exports and the Pareto plot, all or none
+            staged.update(write_exports(win, model, args.global_batch, study, stage, final=out))
+            plot_pareto(result, stage / "pareto.png")
+
+        files = write_files_into(out, fill, "output folder")
+        exports = {k: out / v.name for k, v in staged.items()}
     if args.json:
         print_json({**result.to_dict(), "files": [str(f) for f in files],
                     "export_targets": {"torchtitan": TORCHTITAN_VERSION, "megatron-lm": MEGATRON_COMMIT}})
         return 0
     print(format_plan(result))
-    if result.top:
-        print()
-        print(why_winner(result))
-        print(f"\ntorchtitan {TORCHTITAN_VERSION}: {exports['torchtitan']} (a config module, see docs/exports.md)")
-        print(f"Megatron-LM main {MEGATRON_COMMIT[:12]} ({exports['megatron']}):\n{exports['megatron'].read_text()}")
-    print("wrote " + ", ".join(str(f) for f in files) if files else "nothing written")
+    print()
+    print(why_winner(result))
+    print(f"\ntorchtitan {TORCHTITAN_VERSION}: {exports['torchtitan']} (a config module, see docs/exports.md)")
+    print(f"Megatron-LM main {MEGATRON_COMMIT[:12]} ({exports['megatron']}):\n{exports['megatron'].read_text()}")
+    print("wrote " + ", ".join(str(f) for f in files))
     return 0
 
 

@@ -23,6 +23,7 @@ from real.config import MODEL_KINDS, OPTIMIZERS
 from real.mesh import env_world
 from real.profile import ProfileConfig, profile
 from schedules import ConfigError
+from schedules.errors import check_positive_ints
 from schedules.util import atomic_write, check_output_file
 
 __all__ = ["config_from_args", "main"]
@@ -50,20 +51,35 @@ def _parser() -> OneLineParser:
     return p
 
 
+def _microbatch_size(args: argparse.Namespace) -> int:
+    """--microbatch-size as given (a bad one is refused by ProfileConfig, never replaced by the default), or
+    --batch-size / (--microbatches x --dp) when that is a whole number >= 1, or 4."""
+    if args.batch_size is None:
+        return 4 if args.microbatch_size is None else args.microbatch_size
+    if args.microbatch_size is not None:
+        raise ConfigError("batch_size and microbatch_size both set the microbatch: give one of them",
+                          field="batch_size")
+    if args.microbatches is None:
+        raise ConfigError("batch_size needs microbatches (microbatch = batch / (microbatches x dp))",
+                          field="microbatches")
+    check_positive_ints("profile", microbatches=args.microbatches, dp=args.dp)
+    share = args.microbatches * args.dp
+    if args.batch_size < share or args.batch_size % share:
+        raise ConfigError(f"batch_size {args.batch_size} does not split into microbatches x dp = "
+                          f"{args.microbatches} x {args.dp} equal microbatches of at least one sample; give a "
+                          f"multiple of {share}", field="batch_size")
+    return args.batch_size // share
+
+
 def config_from_args(args: argparse.Namespace) -> ProfileConfig:
     if args.model not in MODEL_KINDS:  # never profile the built-in model in its place
         raise ConfigError(f"python -m real.profile profiles the built-in models ({', '.join(MODEL_KINDS)}), not "
                           f"{args.model}; for your model's costs, train it with schedlab run --trace FILE.csv and give "
                           "the trace as --costs", field="factory")
-    mb = args.microbatch_size
-    if mb is None and args.batch_size is not None:
-        if not args.microbatches:
-            raise ConfigError("batch_size needs microbatches (microbatch = batch / (microbatches x dp))",
-                              field="microbatches")
-        mb = args.batch_size // (args.microbatches * args.dp)
-    return ProfileConfig(model=model_from_args(args), stages=args.stages, split=args.split, microbatch_size=mb or 4,
-                         microbatches=args.microbatches or 1, pp=args.pp, dp=args.dp, optimizer=args.optimizer,
-                         lr=args.lr, reps=args.reps, warmup=args.warmup, seed=args.seed)
+    return ProfileConfig(model=model_from_args(args), stages=args.stages, split=args.split,
+                         microbatch_size=_microbatch_size(args),
+                         microbatches=1 if args.microbatches is None else args.microbatches, pp=args.pp, dp=args.dp,
+                         optimizer=args.optimizer, lr=args.lr, reps=args.reps, warmup=args.warmup, seed=args.seed)
 
 
 @guarded

@@ -32,6 +32,8 @@ from analysis.cli.common import (
 )
 from analysis.timeline import check_figure_path, plot_timeline
 from schedules import load_graph, lower, names, spec, validate, write_torch_csv
+from schedules.errors import find_name
+from schedules.outputs import check_distinct
 from schedules.recompute import RECOMPUTE_PLACEMENTS, place_recompute
 from schedules.torch_csv import check_csv_path
 from schedules.trace import check_trace_path, write_trace
@@ -142,6 +144,11 @@ def _outputs(args: argparse.Namespace) -> tuple:
     plot_path = check_figure_path(args.plot) if args.plot else None
     exports = {comms: check_csv_path(path) for comms, path in ((False, args.export_csv), (True, args.export_csv_comms))
                if path}
+    schedule_file = args.schedule[4:] if (args.schedule or "").startswith("csv:") else None
+    check_distinct({f: getattr(args, f[2:].replace("-", "_")) for f in ("--trace", "--plot", "--export-csv",
+                                                                        "--export-csv-comms")},
+                   {"--schedule": schedule_file, "--costs": getattr(args, "costs", None),
+                    "--costs-profile": getattr(args, "costs_profile", None), "--config": args.config})
     return trace_path, plot_path, exports
 
 
@@ -226,6 +233,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
     args = parser.parse_args(argv)
     if args.list:
         return _list()
+    if args.recompute is not None:  # names in any case, as everywhere
+        args.recompute = find_name(args.recompute, (*RECOMPUTE_PLACEMENTS, "selective")) or args.recompute
     if args.model or args.cluster or args.config:
         if args.costs:
             fail(f"{prog}: --costs (a profiled cost file) does not combine with --model/--cluster/--config")

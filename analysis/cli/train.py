@@ -64,9 +64,9 @@ from real.p2p import PeerError
 from real.train import RunResult, resolve_backend, restart_count, resume_point, run
 from real.usercode import UserCodeError, check_model, raised, user_frames
 from schedules import ConfigError, SchedlabError
+from schedules.outputs import atomic_write, check_distinct, check_output_dir, check_output_file
 from schedules.recompute import RECOMPUTE_PLACEMENTS
 from schedules.trace import check_trace_path
-from schedules.util import atomic_write, check_output_dir, check_output_file
 
 __all__ = ["add_model_args", "config_from_args", "launch_main", "main", "model_argv", "model_from_args", "parser",
            "refuse_model_flags"]
@@ -277,6 +277,7 @@ def _checked(args: argparse.Namespace, world: int) -> tuple[RunConfig, UserModel
         check_output_dir(args.checkpoint_dir, "checkpoint directory")
     if args.log_dir:
         check_log_dir(args.log_dir)
+    check_distinct({"--trace": args.trace, "--plot": args.plot, "--save-params": args.save_params}, {"--data": args.data})
     return config, user
 
 

@@ -31,7 +31,7 @@ from real.config import RunConfig
 from real.data.documents import Tokenizer, byte_tokenizer, encode_documents
 from real.sampler import EpochSampler
 from schedules import CheckpointError, ConfigError
-from schedules.util import atomic_write
+from schedules.outputs import atomic_write_all, check_distinct, check_output_file
 
 __all__ = ["BYTE_VOCAB", "DTYPES", "TokenBatches", "TokenFile", "prepare", "sidecar_vocab"]
 
@@ -213,10 +213,17 @@ def prepare(inputs: Sequence[str | Path], out: str | Path, tokenizer: Tokenizer 
     ``tokenizer`` None is byte level (one uint16 token per byte, a newline between documents).
     Writes ``out`` and its sidecar ``out.json`` atomically; returns the sidecar's record.
     """
+    outputs = {"token file": out, "token file sidecar": f"{out}.json"}
+    for what, path in outputs.items():
+        check_output_file(path, what)
+    check_distinct(outputs, {f"input #{i + 1}": p for i, p in enumerate(inputs)})
+    for path in inputs:
+        if not Path(path).is_file():
+            raise ConfigError(f"input {str(path)!r} is not a file", field="input")
     tokenizer = tokenizer or byte_tokenizer()
     tokens, docs = encode_documents(inputs, tokenizer, field)
     meta = {"dtype": str(tokens.dtype), "vocab": tokenizer.vocab, "tokens": len(tokens),
             "tokenizer": tokenizer.describe(), "documents": docs, "field": field, "sources": [str(p) for p in inputs]}
-    atomic_write(out, lambda tmp: tokens.tofile(tmp), "token file")
-    atomic_write(f"{out}.json", lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=1)), "token file sidecar")
+    atomic_write_all([(out, lambda tmp: tokens.tofile(tmp), "token file"),  # both files, or neither
+                      (f"{out}.json", lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=1)), "token file sidecar")])
     return meta

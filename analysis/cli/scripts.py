@@ -1,0 +1,74 @@
+"""The flags the measuring scripts in ``experiments/`` share, checked as the CLI checks its own: one line, exit 2.
+
+    p = OneLineParser(prog="python experiments/validate_sim.py", ...)
+    add_grid_args(p)
+    a = p.parse_args(argv)
+    check_grid_args(p, a, calibrate_with_m=False)
+
+:func:`add_grid_args` declares the run-grid flags with their value types;
+:func:`check_grid_args` checks what one flag alone cannot: the names in
+``--schedules``, ``--calibrate-from`` against the grid, the model flags,
+the ``--costs`` file and the ``--out`` folder, before anything runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from analysis.cli.common import (
+    OneLineParser,
+    errors_to_exit,
+    nonnegative_float,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    positive_int_list,
+    schedule_list,
+)
+from schedules.errors import quote
+
+__all__ = ["add_grid_args", "check_grid_args"]
+
+
+def add_grid_args(p: argparse.ArgumentParser, *, rounds: int = 5, timeout: float = 1200.0) -> None:
+    """The typed flags of a measured grid (the model flags come from ``add_model_args``)."""
+    p.add_argument("--microbatch-size", type=positive_int, default=2, help="samples per microbatch (default 2)")
+    p.add_argument("--rounds", type=positive_int, default=rounds, help=f"interleaved rounds (default {rounds})")
+    p.add_argument("--steps", type=positive_int, default=10, help="measured steps per run (default 10)")
+    p.add_argument("--warmup", type=nonnegative_int, default=1, help="unmeasured first steps per run (default 1)")
+    p.add_argument("--profile-reps", type=positive_int, default=15, help="timed repetitions of the profile (default 15)")
+    p.add_argument("--costs", metavar="PROFILE.json", help="use this profile instead of profiling")
+    p.add_argument("--timeout", type=positive_float, default=timeout,
+                   help=f"seconds for all the real runs (default {timeout:g})")
+    p.add_argument("--max-foreign", type=nonnegative_float, default=0.1, metavar="CORES",
+                   help="a run counts only if other processes used at most this many cores meanwhile (default 0.1)")
+    p.add_argument("--attempts", type=positive_int, default=3, help="runs of a disturbed configuration (default 3)")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+
+
+def check_grid_args(p: OneLineParser, a: argparse.Namespace, *, calibrate_with_m: bool) -> None:
+    """What the types cannot check alone; ``p.error`` (one line, exit 2) on the first bad value."""
+    from analysis.cli.train import model_from_args
+    from schedules.outputs import check_output_dir
+
+    for flag, parse in (("schedules", schedule_list), ("microbatches", positive_int_list)):
+        text = getattr(a, flag)
+        if text:
+            try:
+                parse(text)
+            except argparse.ArgumentTypeError as exc:
+                p.error(f"argument --{flag}: {exc}")
+    name, _, m = a.calibrate_from.partition(":")
+    try:
+        schedule_list(name)
+        if calibrate_with_m or m:
+            positive_int(m)
+    except argparse.ArgumentTypeError:
+        form = "SCHEDULE:M, e.g. 1f1b:8" if calibrate_with_m else "a schedule name, e.g. 1f1b"
+        p.error(f"argument --calibrate-from: invalid value {quote(a.calibrate_from)}: give {form}")
+    if a.costs is not None and not Path(a.costs).is_file():
+        p.error(f"argument --costs: {quote(a.costs)} is not a file; give a profile written by python -m real.profile")
+    with errors_to_exit(p):
+        model_from_args(a)
+        check_output_dir(a.out, "output folder")
