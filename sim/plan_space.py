@@ -31,6 +31,7 @@ from schedules.errors import ConfigError, check_choice, check_positive, check_po
 from schedules.registry import MAX_TASKS, TASKS_PER_PASS
 from sim.cluster import Cluster
 from sim.gpu_model import RECOMPUTE_MODES
+from sim.recompute_modes import check_recompute
 from sim.transformer import TransformerConfig
 
 __all__ = ["PLAN_DP_MODES", "PlanConfig", "PlanSpace", "enumerate_configs", "shape_ok", "tp_choices"]
@@ -110,7 +111,7 @@ class PlanSpace:
         for mode in self.dp_modes:
             check_choice("plan", "dp_mode", mode, [m for m in DP_MODES if m not in ("none", "sync", "ps")])
         for r in self.recompute:
-            check_choice("plan", "recompute", r, RECOMPUTE_MODES)
+            check_recompute("plan", r)
         if self.bucket_mb is not None:
             check_positive("plan", "bucket_mb", self.bucket_mb, " MiB")
         for value in (*(self.tp or ()), *(self.pp or ())):

@@ -45,7 +45,8 @@ from sim.cluster import (
     read_toml,
 )
 from sim.engine import SimResult, simulate
-from sim.gpu_model import RECOMPUTE_MODES
+from sim.recompute_modes import key_recompute
+from sim.transformer_costs import DTYPES
 from sim.memory import DeviceMemory, model_state_bytes
 from sim.parallel import ParallelConfig
 from sim.transformer import TransformerConfig, model_from_dict
@@ -273,14 +274,14 @@ def run_study(study: Study) -> StudyResult:
 
 
 _STUDY_KEYS = ("schedule", "microbatches", "chunks")
-_COST_KEYS = ("microbatch_size", "efficiency", "pair_overlap", "layers_per_stage", "recompute")
+_COST_KEYS = ("microbatch_size", "efficiency", "pair_overlap", "layers_per_stage", "recompute", "dtype")
 #: The [run] and [parallel] tables: their keys and their kinds ([model]: sim.transformer.MODEL_TABLE,
 #: [cluster]: sim.cluster.cluster_from_dict).
 RUN_TABLE: dict[str, KeyCheck] = {
     "schedule": key_string("a schedule name, torch:CLASS or csv:FILE"),
     "microbatches": key_positive_int, "chunks": key_positive_int, "microbatch_size": key_positive_int,
     "efficiency": key_fraction("a fraction of peak", open_low=True), "pair_overlap": key_fraction(),
-    "layers_per_stage": key_layer_counts, "recompute": key_choice(RECOMPUTE_MODES),
+    "layers_per_stage": key_layer_counts, "recompute": key_recompute, "dtype": key_choice(DTYPES),
 }
 PARALLEL_TABLE: dict[str, KeyCheck] = {
     "pp": key_positive_int, "dp": key_positive_int, "tp": key_positive_int,

@@ -59,13 +59,16 @@ from schedules.errors import ConfigError, check_choice, check_fraction, check_po
 from schedules.timing import action_held_freed
 from sim.cluster import Cluster
 from sim.costs import memoized_durations, recomputed_in
-from sim.gpu_model import CALIBRATED, RECOMPUTE_MODES, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
+from sim.devices import DEVICE_MODELS
+from sim.gpu_model import DeviceModel, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
+from sim.recompute_modes import check_recompute, layer_every
 from sim.parallel import DPGroup, ParallelConfig
 from sim.transformer import TransformerConfig, partition_layers
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "TransformerCosts"]
 
 ADAM_BYTES_PER_PARAM = 28  # see the module docstring
+DTYPES = ("bf16", "fp8")
 FALLBACK_EFFICIENCY = 0.6  # a device without a calibration: the matmuls' assumed fraction of peak
 _PORTS = ("intra-out", "intra-in", "inter-out", "inter-in")
 
@@ -87,12 +90,18 @@ class TransformerCosts:
     pair_overlap: float = 0.0
     layers_per_stage: tuple[int, ...] | None = None
     recompute: str = "none"
+    dtype: str = "bf16"  # fp8: the weight GEMMs at the device's FP8 peak (sim.gpu_model)
+    device_model: DeviceModel | None = None  # None: sim.devices.DEVICE_MODELS of the cluster's device
 
     def __post_init__(self) -> None:
         check_positive_ints("costs", microbatch_size=self.microbatch_size)
         if self.efficiency is not None:
             check_fraction("costs", "efficiency", self.efficiency, "a fraction of peak", open_low=True)
-        check_choice("costs", "recompute", self.recompute, RECOMPUTE_MODES)
+        check_recompute("costs", self.recompute)
+        check_choice("costs", "dtype", self.dtype, DTYPES)
+        if self.dtype == "fp8" and not (self.cluster.spec.fp8_flops and self.device and self.device.fp8_gemm):
+            raise ConfigError(f"costs: dtype fp8 needs a device with FP8 tensor cores and an FP8 GEMM model; "
+                              f"{self.cluster.spec.name} has none (valid there: bf16)", field="dtype")
         check_fraction("costs", "pair_overlap", self.pair_overlap)
         if self.layers_per_stage is not None:
             if isinstance(self.layers_per_stage, str) or not isinstance(self.layers_per_stage, Sequence):
@@ -154,11 +163,16 @@ class TransformerCosts:
 
     # --- seconds of a pass -----------------------------------------------------------------------------
     @property
+    def device(self) -> DeviceModel | None:
+        """The device model timing each operation (sim.devices); None for a device without one."""
+        return self.device_model or DEVICE_MODELS.get(self.cluster.spec.name)
+
+    @property
     def gemm_efficiency(self) -> GemmEfficiency | None:
         """The operation-level model's GEMM efficiency; None when a constant ``efficiency`` applies."""
-        if self.efficiency is not None:
+        if self.efficiency is not None or self.device is None:
             return None
-        return CALIBRATED.get(self.cluster.spec.name)
+        return self.device.gemm
 
     @property
     def matmul_efficiency(self) -> float:
@@ -168,11 +182,12 @@ class TransformerCosts:
     def layer_costs(self) -> LayerCosts:
         m, p = self.model, self.parallel
         ops = layer_ops(hidden=m.hidden, heads=m.heads, kv_hidden=m.kv_hidden, ffn=m.ffn, gated=m.gated_mlp,
-                        seq_len=m.seq_len, b=self.microbatch_size, tp=p.tp, sp=p.sp)
+                        seq_len=m.seq_len, b=self.microbatch_size, tp=p.tp, sp=p.sp, attention=m.attention)
         return LayerCosts(ops=tuple(ops), spec=self.cluster.spec,
                           efficiency=self.gemm_efficiency or GemmEfficiency(peak_fraction=self.matmul_efficiency,
                                                                             half_flops=0.0),
-                          link=self.cluster.intra, tp=p.tp, sp=p.sp, activation_bytes=self.tp_bytes())
+                          link=self.cluster.intra, tp=p.tp, sp=p.sp, activation_bytes=self.tp_bytes(),
+                          device=self.device if self.gemm_efficiency is not None else None, fp8=self.dtype == "fp8")
 
     def tp_bytes(self) -> float:
         """Bytes of one tensor-parallel collective's full buffer: the 16-bit activation, 2sbh."""
@@ -194,7 +209,7 @@ class TransformerCosts:
         one = tp_collective(self.tp_bytes(), p.tp, self.cluster.intra, p.sp)
         if kind is Kind.R:
             return layers * 2 * one
-        per_layer = 2 + (2 if kind is Kind.I and self.recompute == "full" else 0)
+        per_layer = 2 + (self._recompute_collectives() if kind is Kind.I else 0)
         if kind is Kind.I and p.sp and self.recompute != "full":
             # SP keeps only its shard of the inputs of QKV and fc1 and gathers them again for the weight
             # gradients: two more all-gathers, half a collective pair each (Korthikanti et al. 2022, sec. 4.2.2)
@@ -205,6 +220,14 @@ class TransformerCosts:
         if kind is Kind.I and last:
             count += 1
         return count * one
+
+    def _recompute_collectives(self) -> float:
+        """TP collectives per layer the recomputation repeats: full 2, layer:N 2/N, selective-op 1 (out-proj's)."""
+        if self.recompute == "full":
+            return 2.0
+        if n := layer_every(self.recompute):
+            return 2.0 / n
+        return 1.0 if self.recompute == "selective-op" else 0.0
 
     def _edge_ops(self, first: bool, last: bool) -> list[Op]:
         """Forward operations outside the layers: the embedding (stage 0); final norm, LM head, loss (last)."""
@@ -234,9 +257,8 @@ class TransformerCosts:
         if kind is Kind.B:
             return self.time_of(Kind.I, layers, first, last) + self.time_of(Kind.W, layers, first, last)
         lc, n = self.layer_costs(), layers
-        spec, eff = self.cluster.spec, self.gemm_efficiency
-        edge = [op.time(spec, eff) for op in self._edge_ops(first, last)]
-        edge_w = [op.time(spec, eff) for op in self._edge_ops(first, last) if op.weight]
+        edge = [lc._t(op) for op in self._edge_ops(first, last)]
+        edge_w = [lc._t(op) for op in self._edge_ops(first, last) if op.weight]
         if kind is Kind.F:
             return n * lc.forward() + sum(edge) + comm
         if kind is Kind.R:
@@ -379,6 +401,6 @@ class TransformerCosts:
             "efficiency": self.matmul_efficiency if self.gemm_efficiency is None else "calibrated",
             "gemm_efficiency": None if (e := self.gemm_efficiency) is None else {
                 "peak_fraction": e.peak_fraction, "half_flops": e.half_flops, "source": e.source},
-            "sp": p.sp, "recompute": self.recompute,
+            "sp": p.sp, "recompute": self.recompute, "attention": self.model.attention, "dtype": self.dtype,
             "pair_overlap": self.pair_overlap,
         }

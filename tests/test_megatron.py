@@ -13,7 +13,8 @@ import pytest
 from schedules import ConfigError, Kind
 from sim import collectives as coll
 from sim.cluster import cluster_preset
-from sim.gpu_model import CALIBRATED, GemmEfficiency, Op, layer_ops
+from sim.devices import DEVICE_MODELS
+from sim.gpu_model import GemmEfficiency, Op, layer_ops
 from sim.parallel import ParallelConfig
 from sim.study import Study, load_study, run_study
 from sim.transformer import model_preset
@@ -137,12 +138,15 @@ def test_override_keeps_the_constant_model():
     assert c.pass_time(Kind.I, 1, 8) == pytest.approx(expect)
     h100 = TransformerCosts(model=model_preset("gpt-6.2b"), cluster=cluster_preset("dgx-h100:2"),
                             parallel=ParallelConfig(pp=8))
-    assert h100.gemm_efficiency is None and h100.matmul_efficiency == 0.6  # no calibration: the stated constant
-    assert _costs().gemm_efficiency is CALIBRATED["A100"]
+    assert h100.gemm_efficiency is DEVICE_MODELS["H100"].gemm  # H100 has a device model now (sim.devices)
+    cpu = TransformerCosts(model=model_preset("gpt-tiny"), cluster=cluster_preset("cpu-host"),
+                           parallel=ParallelConfig(pp=2))
+    assert cpu.gemm_efficiency is None and cpu.matmul_efficiency == 0.6  # no device model: the stated constant
+    assert _costs().gemm_efficiency is DEVICE_MODELS["A100"].gemm
 
 
 def test_recompute_and_sp_are_checked_fields():
-    with pytest.raises(Exception, match=re.escape("unknown recompute 'some'; valid: none, selective, full")) as err:
+    with pytest.raises(Exception, match=re.escape("unknown recompute 'some'; valid: none, selective, full, selective-op, layer:N")) as err:
         _costs(recompute="some")
     assert err.value.field == "recompute"
     with pytest.raises(Exception, match="sp must be true or false"):
@@ -224,7 +228,7 @@ def test_published_json_is_one_object(capsys):
     assert published.main(["--json"]) == 0
     d = json.loads(capsys.readouterr().out)
     assert len(d["iteration_times"]) == 8 and d["mean_abs_error"] <= 0.05
-    assert d["calibration"]["peak_fraction"] == CALIBRATED["A100"].peak_fraction
+    assert d["calibration"]["peak_fraction"] == DEVICE_MODELS["A100"].gemm.peak_fraction
 
 
 def test_sequence_parallelism_without_tensor_parallelism_is_refused():

@@ -82,12 +82,18 @@ def add_units_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sp", action="store_true", default=None,
                    help="sequence parallelism in the tensor-parallel group (Korthikanti et al. 2022)")
     g.add_argument("--recompute", default=None, metavar="MODE",
-                   help="activation recomputation: none (default), selective (attention core), full (whole layers); "
+                   help="activation recomputation: none (default), selective (attention core), full (whole layers), "
+                   "selective-op (torchtitan: matmul outputs but every second one kept), layer:N (every N-th layer "
+                   "in full); "
                    "without physical units, full puts an R (a recomputed forward) right before every backward "
                    "and bubbles moves each R into idle time before it (within --recompute-limit)")
     g.add_argument("--recompute-limit", type=float, default=None, metavar="M",
                    help="without physical units, with --recompute bubbles: activation memory per rank in M_B")
     g.add_argument("--seq-len", type=int, default=None, metavar="S", help="sequence length (default: the model's)")
+    g.add_argument("--attention", default=None, metavar="KIND",
+                   help="flash (a fused kernel, no s x s activations) or unfused (default: the model preset's)")
+    g.add_argument("--dtype", default=None, metavar="DTYPE",
+                   help="bf16 (default) or fp8: the weight GEMMs at the device's FP8 peak (H100, H200)")
 
 
 def units_overrides(args: argparse.Namespace) -> dict[str, dict]:
@@ -97,10 +103,13 @@ def units_overrides(args: argparse.Namespace) -> dict[str, dict]:
         tables["model"] = {"preset": args.model}
     if args.seq_len is not None:
         tables["model"]["seq_len"] = args.seq_len
+    if args.attention is not None:
+        tables["model"]["attention"] = args.attention
     if args.cluster:
         tables["cluster"] = {"preset": args.cluster}
     for table, keys in (("parallel", ("pp", "dp", "tp", "dp_mode", "bucket_mb", "collective", "order", "sp")),
-                        ("run", ("schedule", "microbatches", "microbatch_size", "chunks", "efficiency", "recompute"))):
+                        ("run", ("schedule", "microbatches", "microbatch_size", "chunks", "efficiency", "recompute",
+                                 "dtype"))):
         tables[table].update({k: getattr(args, k) for k in keys if getattr(args, k) is not None})
     if args.pair_overlap is not None:
         tables["run"]["pair_overlap"] = args.pair_overlap
@@ -185,7 +194,7 @@ def _list() -> int:
 
 
 UNITS_ONLY = ("dp", "tp", "dp_mode", "microbatch_size", "bucket_mb", "collective", "order", "efficiency", "sp",
-              "seq_len")
+              "seq_len", "attention", "dtype")
 
 
 @guarded
