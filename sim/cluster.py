@@ -92,7 +92,10 @@ class DeviceSpec:
 # (only its memory and NIC matter here: the optimizer runs on it but is not timed).
 DEVICE_PRESETS: dict[str, DeviceSpec] = {
     # FP8 (H100, H200): 1979 TFLOP/s dense (the same datasheets; 3958 is with sparsity).
-    "H100": DeviceSpec(name="H100", peak_flops=989e12, memory_bytes=80 * GB, memory_bw=3.35e12, fp8_flops=1979e12),
+    # H100 capacity: the driver reports 81,559 MiB on an "H100 80GB HBM3" (nvidia-smi / the device plugin's
+    # inventory of a p5.48xlarge), 85.5e9 bytes: the "80 GB" of the name is not the usable decimal figure.
+    "H100": DeviceSpec(name="H100", peak_flops=989e12, memory_bytes=81559 * 2**20, memory_bw=3.35e12,
+                       fp8_flops=1979e12),
     "H200": DeviceSpec(name="H200", peak_flops=989e12, memory_bytes=141 * GB, memory_bw=4.8e12, fp8_flops=1979e12),
     "A100": DeviceSpec(name="A100", peak_flops=312e12, memory_bytes=80 * GB, memory_bw=2.039e12),
     "CPU": DeviceSpec(name="CPU", peak_flops=2e12, memory_bytes=1000 * GB, memory_bw=0.3e12),
