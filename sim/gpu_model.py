@@ -161,10 +161,23 @@ def _attention_ops(attention: str, *, s: int, b: int, heads_t: float, d: float, 
             _gemm("context", s, s, d, batch=b * heads_t, attention_core=True)]
 
 
+# Bytes per element that a memory-bound operation reads and writes, 16-bit activations. "fused": one kernel
+# (Megatron-LM's fused kernels, torch.compile): a norm reads 2 and writes 2, rotary embedding the same, a gated
+# activation reads the 2f-wide input (4) and writes 2, GeLU 4. "eager": PyTorch's eager kernels as torchtitan's
+# Llama runs them (torchtitan/models/llama: RMSNorm upcasts to fp32, squares, averages, scales, casts back,
+# multiplies by the weight: r2 w4, r4 w4, r4, r4 w4, r4 w2, r2 w2 = 36; rotary embedding upcasts to fp32
+# complex, multiplies, casts back: r2 w4, r4 w4, r4 w2 = 20; SwiGLU as silu then mul: r2 w2 + r4 w2 = 10).
+ELEMENTWISE_BYTES = {"fused": {"norm": 4.0, "rope": 4.0, "swiglu": 6.0, "gelu": 4.0},
+                     "eager": {"norm": 36.0, "rope": 20.0, "swiglu": 10.0, "gelu": 4.0}}
+
+
 def layer_ops(*, hidden: int, heads: int, kv_hidden: int, ffn: int, gated: bool, seq_len: int, b: int, tp: int,
-              sp: bool, attention: str = "unfused") -> list[Op]:
+              sp: bool, attention: str = "unfused", elementwise: str = "fused", rotary: bool = False,
+              dropout: bool = True) -> list[Op]:
     """The forward operations of one transformer layer on one tensor shard (module docstring).
 
+    ``elementwise``: the bytes of the norms, rotary embedding and activation (:data:`ELEMENTWISE_BYTES`);
+    ``rotary``: Q and K rotated (Llama); ``dropout``: the residual adds also write a 1-byte mask.
     ``op_share``: what torchtitan's selective-op policy recomputes of each (sim.recompute_modes): every
     memory-bound operation, and every second matmul (GPT: out and fc2; Llama: k, out and up).
     """
@@ -174,17 +187,21 @@ def layer_ops(*, hidden: int, heads: int, kv_hidden: int, ffn: int, gated: bool,
     f_out = (2 if gated else 1) * ffn / t
     kv_share = kv_hidden / h
     qkv_share = kv_hidden / (h + 2 * kv_hidden) if gated else 0.0  # Llama recomputes k of q, k, v
+    per = ELEMENTWISE_BYTES[elementwise]
+    add = 7.0 if dropout else 6.0
+    rope = [Op("rope", 0.0, per["rope"] * tokens * (h + kv_hidden) / t, False)] if rotary else []
     return [
-        Op("layernorm1", 0.0, 4.0 * rep * h, False),
+        Op("layernorm1", 0.0, per["norm"] * rep * h, False),
         _gemm("qkv", tokens, h, (h + 2 * kv_hidden) / t, weight=True, op_share=qkv_share),
+        *rope,
         *_attention_ops(attention, s=s, b=b, heads_t=heads / t, d=h / heads, kv_share=kv_share),
         _gemm("out-proj", tokens, h / t, h, weight=True),
-        Op("dropout-add1", 0.0, 7.0 * rep * h, False),
-        Op("layernorm2", 0.0, 4.0 * rep * h, False),
+        Op("dropout-add1", 0.0, add * rep * h, False),
+        Op("layernorm2", 0.0, per["norm"] * rep * h, False),
         _gemm("fc1", tokens, h, f_out, weight=True, op_share=0.5 if gated else 0.0),
-        Op("gelu", 0.0, (6.0 if gated else 4.0) * tokens * ffn / t, False),
+        Op("gelu", 0.0, per["swiglu" if gated else "gelu"] * tokens * ffn / t, False),
         _gemm("fc2", tokens, ffn / t, h, weight=True, op_share=0.0 if gated else 1.0),
-        Op("dropout-add2", 0.0, 7.0 * rep * h, False),
+        Op("dropout-add2", 0.0, add * rep * h, False),
     ]
 
 

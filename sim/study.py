@@ -274,7 +274,8 @@ def run_study(study: Study) -> StudyResult:
 
 
 _STUDY_KEYS = ("schedule", "microbatches", "chunks")
-_COST_KEYS = ("microbatch_size", "efficiency", "pair_overlap", "layers_per_stage", "recompute", "dtype")
+_COST_KEYS = ("microbatch_size", "efficiency", "pair_overlap", "layers_per_stage", "recompute", "dtype",
+              "reduce_dtype", "elementwise", "tp_overlap")
 #: The [run] and [parallel] tables: their keys and their kinds ([model]: sim.transformer.MODEL_TABLE,
 #: [cluster]: sim.cluster.cluster_from_dict).
 RUN_TABLE: dict[str, KeyCheck] = {
@@ -282,6 +283,7 @@ RUN_TABLE: dict[str, KeyCheck] = {
     "microbatches": key_positive_int, "chunks": key_positive_int, "microbatch_size": key_positive_int,
     "efficiency": key_fraction("a fraction of peak", open_low=True), "pair_overlap": key_fraction(),
     "layers_per_stage": key_layer_counts, "recompute": key_recompute, "dtype": key_choice(DTYPES),
+    "reduce_dtype": key_choice(("bf16", "fp32")), "elementwise": key_choice(("fused", "eager")), "tp_overlap": key_flag,
 }
 PARALLEL_TABLE: dict[str, KeyCheck] = {
     "pp": key_positive_int, "dp": key_positive_int, "tp": key_positive_int,

@@ -91,6 +91,9 @@ class TransformerCosts:
     layers_per_stage: tuple[int, ...] | None = None
     recompute: str = "none"
     dtype: str = "bf16"  # fp8: the weight GEMMs at the device's FP8 peak (sim.gpu_model)
+    reduce_dtype: str = "bf16"  # fp32: gradient reductions move 4 bytes per parameter (collective_bytes)
+    elementwise: str = "fused"  # eager: PyTorch's unfused norm, rotary and activation kernels (sim.gpu_model)
+    tp_overlap: bool = False  # SP collectives hidden behind their GEMMs (Megatron --tp-comm-overlap): exposed_tp
     device_model: DeviceModel | None = None  # None: sim.devices.DEVICE_MODELS of the cluster's device
 
     def __post_init__(self) -> None:
@@ -99,6 +102,12 @@ class TransformerCosts:
             check_fraction("costs", "efficiency", self.efficiency, "a fraction of peak", open_low=True)
         check_recompute("costs", self.recompute)
         check_choice("costs", "dtype", self.dtype, DTYPES)
+        check_choice("costs", "reduce_dtype", self.reduce_dtype, ("bf16", "fp32"))
+        check_choice("costs", "elementwise", self.elementwise, ("fused", "eager"))
+        if self.tp_overlap and not self.parallel.sp:
+            raise ConfigError("costs: tp_overlap hides the sequence-parallel all-gathers and reduce-scatters behind "
+                              "their GEMMs, so it needs sp (and tp > 1); add sp or leave tp_overlap out",
+                              field="tp_overlap")
         if self.dtype == "fp8" and not (self.cluster.spec.fp8_flops and self.device and self.device.fp8_gemm):
             raise ConfigError(f"costs: dtype fp8 needs a device with FP8 tensor cores and an FP8 GEMM model; "
                               f"{self.cluster.spec.name} has none (valid there: bf16)", field="dtype")
@@ -182,7 +191,8 @@ class TransformerCosts:
     def layer_costs(self) -> LayerCosts:
         m, p = self.model, self.parallel
         ops = layer_ops(hidden=m.hidden, heads=m.heads, kv_hidden=m.kv_hidden, ffn=m.ffn, gated=m.gated_mlp,
-                        seq_len=m.seq_len, b=self.microbatch_size, tp=p.tp, sp=p.sp, attention=m.attention)
+                        seq_len=m.seq_len, b=self.microbatch_size, tp=p.tp, sp=p.sp, attention=m.attention,
+                        elementwise=self.elementwise, rotary=not m.learned_positions, dropout=m.dropout)
         return LayerCosts(ops=tuple(ops), spec=self.cluster.spec,
                           efficiency=self.gemm_efficiency or GemmEfficiency(peak_fraction=self.matmul_efficiency,
                                                                             half_flops=0.0),
@@ -259,6 +269,8 @@ class TransformerCosts:
         lc, n = self.layer_costs(), layers
         edge = [lc._t(op) for op in self._edge_ops(first, last)]
         edge_w = [lc._t(op) for op in self._edge_ops(first, last) if op.weight]
+        if kind is not Kind.W:
+            comm = self.exposed_tp(comm, n * lc.weight_grad())  # weight_grad: the weight GEMMs at forward size
         if kind is Kind.F:
             return n * lc.forward() + sum(edge) + comm
         if kind is Kind.R:
@@ -266,6 +278,17 @@ class TransformerCosts:
         if kind is Kind.I:
             return n * (lc.input_grad() + lc.recompute(self.recompute)) + 2 * sum(edge) - sum(edge_w) + comm
         return n * lc.weight_grad() + sum(edge_w)
+
+    def exposed_tp(self, comm: float, gemms: float) -> float:
+        """Seconds of a pass's TP collectives left on its critical path. Without ``tp_overlap``, all of them.
+
+        With it (Megatron-LM --tp-comm-overlap, Transformer Engine's userbuffers), each sequence-parallel
+        all-gather is split into chunks pipelined with the GEMM that consumes it, and each reduce-scatter with
+        the GEMM that produces it: the collectives run under the pass's weight GEMMs (``gemms``: the forward
+        GEMMs in F, the dX and recomputed GEMMs in I), and only what exceeds them is exposed. The GEMMs are
+        not slowed by the SMs the communication kernels take (not modelled).
+        """
+        return max(0.0, comm - gemms) if self.tp_overlap else comm
 
     def stage_activations(self, stage: int, num_stages: int) -> float:
         """Bytes a microbatch's pass of ``stage`` keeps per tensor shard; the last stage adds its fp32 logits."""
@@ -310,9 +333,15 @@ class TransformerCosts:
         shard = self.parallel.dp if self.parallel.dp_mode in ("zero1", "zero2", "zero3", "fsdp") else 1
         return ADAM_BYTES_PER_PARAM * self.stage_params(stage, n_st) / shard / self.cluster.spec.memory_bw
 
+    def collective_bytes(self, kind: Kind, stage: int, num_stages: int, bucket: int) -> float:
+        """Bytes of one bucket's collective: the 16-bit bucket, twice that for a gradient reduction (all-reduce,
+        reduce-scatter) in fp32 (``reduce_dtype``, torchtitan's default ``mixed_precision_reduce``)."""
+        n = self.bucket_sizes(stage, num_stages)[bucket]
+        return 2 * n if self.reduce_dtype == "fp32" and kind in (Kind.ALLREDUCE, Kind.REDUCE_SCATTER) else n
+
     def _collective(self, task: Task, graph: TaskGraph) -> float:
         a, n_st = task.action, graph.schedule.num_stages
-        n = self.bucket_sizes(a.stage, n_st)[a.bucket or 0]
+        n = self.collective_bytes(a.kind, a.stage, n_st, a.bucket or 0)
         group = self.group(task.rank)
         if self.parallel.dp_mode == "ps":
             return group.ps(n)
@@ -349,7 +378,7 @@ class TransformerCosts:
         if a.kind in (Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B):
             return self.model.boundary_bytes(self.microbatch_size) / self.parallel.tp
         if task.stream is Stream.COLLECTIVE:
-            return self.bucket_sizes(a.stage, graph.schedule.num_stages)[a.bucket or 0]
+            return self.collective_bytes(a.kind, a.stage, graph.schedule.num_stages, a.bucket or 0)
         return 0.0
 
     def activations(self, action: Action, graph: TaskGraph) -> tuple[float, float]:
@@ -402,5 +431,6 @@ class TransformerCosts:
             "gemm_efficiency": None if (e := self.gemm_efficiency) is None else {
                 "peak_fraction": e.peak_fraction, "half_flops": e.half_flops, "source": e.source},
             "sp": p.sp, "recompute": self.recompute, "attention": self.model.attention, "dtype": self.dtype,
+            "reduce_dtype": self.reduce_dtype, "elementwise": self.elementwise, "tp_overlap": self.tp_overlap,
             "pair_overlap": self.pair_overlap,
         }

@@ -49,6 +49,9 @@ class PublishedRun:
     recompute: str = "none"
     sp: bool = False
     dtype: str = "bf16"
+    reduce_dtype: str = "bf16"
+    elementwise: str = "fused"
+    tp_overlap: bool = False
     layers_per_stage: tuple[int, ...] | None = None  # None: as even as possible (sim.transformer.partition_layers)
     metric: str = "step_s"
     published: float
@@ -74,10 +77,14 @@ def _korthikanti(name: str, model: str, pp: int, m: int, b: int, v: int, full_s:
 
 
 _TT_DOC = "pytorch/torchtitan docs/performance.md"
+# FSDP2 as torchtitan applies it: bf16 parameters, gradients reduced in fp32 (torchtitan's default
+# [training] mixed_precision_reduce = "float32", torchtitan/config: the MixedPrecisionPolicy it builds).
 _TT_H100 = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md"
 _TT_H100_NOTE = ("H100 96GB HBM2e at a 500 W cap: a device of its own whose peak the source says is unknown; "
                  "no device model, not scored")
 _MEG = "NVIDIA/Megatron-LM README.md, images/model_table.png (commit 937571c)"
+# Settings the README states: --tp-comm-overlap, --overlap-grad-reduce, --overlap-param-gather (README,
+# "Training Speed and Scalability"). The rest is assumed:
 _MEG_ASSUMED = ("microbatch_size=1", "schedule interleaved-1f1b, chunks=4 (pp > 1)", "recompute none",
                 "sequence parallelism", "dp_mode zero1 (distributed optimizer)", "FFN 4h, flash attention, dropout")
 _LLAMA = "Dubey et al. 2024 (arXiv 2407.21783), Table 4"
@@ -87,7 +94,7 @@ def _megatron_h100(model: str, tp: int, pp: int, dp: int, batch: int, tflops: fl
     return PublishedRun(suite="megatron-h100", name=model.removeprefix("gpt-").upper(), model=model,
                         cluster=f"dgx-h100:{tp * pp * dp // 8}", tp=tp, pp=pp, dp=dp, microbatches=batch // dp,
                         schedule="interleaved-1f1b" if pp > 1 else "1f1b", chunks=4 if pp > 1 else 1,
-                        dp_mode="zero1", sp=tp > 1, metric="tflops_per_gpu", published=tflops,
+                        dp_mode="zero1", sp=tp > 1, tp_overlap=tp > 1, metric="tflops_per_gpu", published=tflops,
                         source=f"{_MEG}, row {row}", assumed=_MEG_ASSUMED if tp > 1 else _MEG_ASSUMED[:3] + _MEG_ASSUMED[4:],
                         settings_source=f"{_MEG}, row {row} (heads, hidden, layers, TP, PP, DP, GPUs, batch)")
 
@@ -105,14 +112,19 @@ RUNS: tuple[PublishedRun, ...] = (
     *_korthikanti("1T", "megatron-1t", 64, 512, 1, 1, 94.42, 71.49, "1T"),
     PublishedRun(suite="torchtitan", name="Llama 3 8B, selective op AC", model="llama-8b", cluster="dgx-a100:8", tp=1,
                  pp=1, dp=64, microbatches=1, dp_mode="fsdp", recompute="selective-op", metric="tokens_per_s_per_gpu",
+                 reduce_dtype="fp32", elementwise="eager",
                  published=2973, source=f"{_TT_DOC}, line 11", settings_source=f"{_TT_DOC}, lines 3-14",
-                 assumed=("sequence 8192 (torchtitan's Llama 3 default; consistent with the row's 58.2% MFU)",)),
+                 assumed=("sequence 8192 (torchtitan's Llama 3 default; consistent with the row's 58.2% MFU)",
+                          "eager elementwise kernels (no torch.compile: torchtitan's default then)")),
     PublishedRun(suite="torchtitan", name="Llama 3 70B, full AC", model="llama-70b", cluster="dgx-a100:8", tp=1, pp=1,
                  dp=64, microbatches=1, dp_mode="fsdp", recompute="full", metric="tokens_per_s_per_gpu", published=331,
+                 reduce_dtype="fp32", elementwise="eager",
                  source=f"{_TT_DOC}, line 12", settings_source=f"{_TT_DOC}, lines 3-14",
-                 assumed=("sequence 8192 (torchtitan's Llama 3 default; consistent with the row's 51.7% MFU)",)),
+                 assumed=("sequence 8192 (torchtitan's Llama 3 default; consistent with the row's 51.7% MFU)",
+                          "eager elementwise kernels (no torch.compile: torchtitan's default then)")),
     *(PublishedRun(suite="torchtitan", name=f"Llama 3.1 8B, 8 GPUs, {what}", model="llama-8b", cluster="dgx-h100:1",
                    tp=1, pp=1, dp=8, microbatches=1, microbatch_size=2, dp_mode="fsdp", recompute="selective-op",
+                   reduce_dtype="fp32", elementwise="eager",
                    metric="tokens_per_s_per_gpu", published=tps, source=f"{_TT_H100}, Table 1, row '{what}'",
                    scored=False, note=_TT_H100_NOTE)
       for what, tps in (("FSDP", 5762), ("FSDP + torch.compile", 6667))),

@@ -38,7 +38,8 @@ def study_of(run: PublishedRun, *, device_model: DeviceModel | None = None, reco
         parallel=ParallelConfig(pp=run.pp, tp=run.tp, dp=run.dp, dp_mode=run.dp_mode,
                                 sp=run.sp if sp is None else sp),
         microbatch_size=run.microbatch_size, recompute=run.recompute if recompute is None else recompute,
-        dtype=run.dtype, device_model=device_model, layers_per_stage=run.layers_per_stage)
+        dtype=run.dtype, reduce_dtype=run.reduce_dtype, elementwise=run.elementwise, tp_overlap=run.tp_overlap,
+        device_model=device_model, layers_per_stage=run.layers_per_stage)
     return Study(schedule=run.schedule, microbatches=run.microbatches, costs=costs,
                  chunks=run.chunks if run.chunks > 1 else None)
 
@@ -74,7 +75,8 @@ def score(runs: Iterable[PublishedRun]) -> list[dict[str, Any]]:
                "fit": run.fit, "scored": run.scored, "note": run.note, "command": command(run),
                "settings": {k: getattr(run, k) for k in ("model", "cluster", "tp", "pp", "dp", "microbatches",
                                                          "microbatch_size", "schedule", "chunks", "dp_mode",
-                                                         "recompute", "sp", "dtype")}}
+                                                         "recompute", "sp", "dtype", "reduce_dtype",
+                                                         "elementwise", "tp_overlap")}}
         if run.scored:
             result = run_study(study_of(run))
             predicted = metric_of(run, result)
