@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sim.transformer import model_preset
+
 __all__ = ["KORTHIKANTI_MEMORY", "METRICS", "RUNS", "SUITES", "PublishedRun", "suite_runs"]
 
 SUITES = ("megatron-2022", "torchtitan", "megatron-h100", "llama3")
@@ -52,6 +54,7 @@ class PublishedRun:
     reduce_dtype: str = "bf16"
     elementwise: str = "fused"
     tp_overlap: bool = False
+    bucket_mb: float = 25.0  # gradient/parameter bucket (MiB): PyTorch DDP's default, or one FSDP unit
     layers_per_stage: tuple[int, ...] | None = None  # None: as even as possible (sim.transformer.partition_layers)
     metric: str = "step_s"
     published: float
@@ -99,10 +102,17 @@ def _megatron_h100(model: str, tp: int, pp: int, dp: int, batch: int, tflops: fl
                         settings_source=f"{_MEG}, row {row} (heads, hidden, layers, TP, PP, DP, GPUs, batch)")
 
 
+def _layer_mib(model: str, tp: int) -> float:
+    """One transformer layer's 16-bit weights per tensor shard, MiB: FSDP's communication unit (it wraps each
+    block, as torchtitan and Meta's FSDP do), the bucket the planner also uses (sim.plan_space)."""
+    return 2 * model_preset(model).layer_params / tp / 2**20
+
+
 # 126 layers on 16 x 8 = 128 virtual stages: the first holds only the embedding, the last only the output
 # (Dubey et al. 2024, sec. 3.3.2: one layer fewer on the first and the last stage, for memory balance).
 _META_SPLIT = (0, *(1,) * 126, 0)
-_LLAMA_ASSUMED = ("schedule interleaved-1f1b, chunks=8 (one layer per virtual stage, inferred from 126 = 128 - 2)", "microbatch_size=1", "recompute none", "dp_mode zero2 (FSDP keeping the "
+_LLAMA_ASSUMED = ("schedule interleaved-1f1b, chunks=8 (one layer per virtual stage, inferred from 126 = 128 - 2)",
+                  "buckets of one layer (FSDP's unit)", "microbatch_size=1", "recompute none", "dp_mode zero2 (FSDP keeping the "
                   "weights after the forward)", "sequence parallelism", "flash attention")
 
 RUNS: tuple[PublishedRun, ...] = (
@@ -139,7 +149,7 @@ RUNS: tuple[PublishedRun, ...] = (
     _megatron_h100("gpt-462b", 8, 16, 48, 3072, 459.9, 9),
     *(PublishedRun(suite="llama3", name=f"405B on {gpus:,} H100", model="llama3-405b", cluster=f"dgx-h100:{gpus // 8}",
                    tp=8, pp=16, dp=dp, microbatches=per_dp, schedule="interleaved-1f1b", chunks=8, dp_mode="zero2",
-                   layers_per_stage=_META_SPLIT,
+                   layers_per_stage=_META_SPLIT, bucket_mb=_layer_mib("llama3-405b", 8),
                    sp=True, metric="tflops_per_gpu", published=tflops, source=f"{_LLAMA}, row '{gpus:,} GPUs, CP 1'",
                    settings_source=f"{_LLAMA} (TP, CP, PP, DP, sequence, batch size/DP)",
                    assumed=_LLAMA_ASSUMED)

@@ -35,7 +35,7 @@ def study_of(run: PublishedRun, *, device_model: DeviceModel | None = None, reco
     """The row's layout as a study (``recompute``/``sp`` override the row's, for the memory figures)."""
     costs = TransformerCosts(
         model=model_preset(run.model), cluster=cluster_preset(run.cluster),
-        parallel=ParallelConfig(pp=run.pp, tp=run.tp, dp=run.dp, dp_mode=run.dp_mode,
+        parallel=ParallelConfig(pp=run.pp, tp=run.tp, dp=run.dp, dp_mode=run.dp_mode, bucket_mb=run.bucket_mb,
                                 sp=run.sp if sp is None else sp),
         microbatch_size=run.microbatch_size, recompute=run.recompute if recompute is None else recompute,
         dtype=run.dtype, reduce_dtype=run.reduce_dtype, elementwise=run.elementwise, tp_overlap=run.tp_overlap,
@@ -48,7 +48,7 @@ def command(run: PublishedRun) -> str:
     """The ``python -m sim`` line that simulates the row."""
     sched = f"{run.schedule} --chunks {run.chunks}" if run.chunks > 1 else run.schedule
     return (f"python -m sim --model {run.model} --cluster {run.cluster} --tp {run.tp} --pp {run.pp} --dp {run.dp} "
-            f"--dp-mode {run.dp_mode} --schedule {sched} --microbatches {run.microbatches} "
+            f"--dp-mode {run.dp_mode} --bucket-mb {run.bucket_mb:g} --schedule {sched} --microbatches {run.microbatches} "
             f"--microbatch-size {run.microbatch_size} --recompute {run.recompute}{' --sp' if run.sp else ''}"
             f"{' --dtype fp8' if run.dtype == 'fp8' else ''} --json")
 
