@@ -19,11 +19,26 @@ Modes (``fsdp`` is an alias of ``zero3``):
 * ``zero2``: gradients are kept sharded, so every microbatch's gradient pass
   reduce-scatters its buckets (ready as in ddp); OPTIM, then ALL_GATHER;
 * ``zero3``: parameters are sharded too: before each F, I or B of a stage its
-  buckets are all-gathered (prefetched: released when the compute before it
-  starts), gradients reduce-scattered as in zero2, OPTIM on the shard;
+  buckets are all-gathered, gradients reduce-scattered as in zero2, OPTIM on
+  the shard. ``prefetch`` k >= 1 issues a pass's gathers when the compute k
+  passes before it starts (1, the default: one pass ahead, as FSDP's
+  forward/backward prefetch); 0 issues them when the compute before it ends
+  (on demand, exposed). With ``reshard_after_forward`` False the parameters
+  a forward gathered stay gathered until a backward of the stage has used
+  them (FSDP's ``reshard_after_forward=False``): no gather before that
+  backward, nor before a forward of the stage in between; a backward always
+  reshards (FSDP's ``reshard_after_backward``);
 * ``ps``: each bucket is pushed to the parameter servers (REDUCE_SCATTER) when
   ready, as in ddp, and pulled back (ALL_GATHER) after its push; the update runs
   on the servers.
+
+With ``embedding`` True and the first and the last stage on different ranks,
+the tied word embedding's gradient is all-reduced between those two ranks
+(Megatron-LM's ``_allreduce_word_embedding_grads`` when
+``share_embeddings_and_output_weights``): one ALLREDUCE task on each of the
+two ranks, after both ranks' last gradient pass of that stage and its
+data-parallel gradient collectives, before that stage's OPTIM (modes without
+OPTIM: nothing waits for it). Its task ids are :attr:`DPPlan.embedding`.
 
 Collectives go on the ``collective`` stream and do not wait for each other:
 the cost model's links order them. Which compute task and how far into it
@@ -61,6 +76,7 @@ class DPPlan:
     mode: str
     buckets: tuple[int, ...]
     ready: Mapping[int, tuple[int, float]] = field(default_factory=dict)
+    embedding: frozenset[int] = frozenset()  # the embedding gradient all-reduce's tasks
 
 
 @dataclass(frozen=True, eq=False)
@@ -70,26 +86,38 @@ class DataParallelGraph(TaskGraph):
     plan: DPPlan | None = None
 
 
-def add_data_parallel(graph: TaskGraph, mode: str, buckets: Sequence[int]) -> TaskGraph:
-    """Return a new graph with ``mode``'s collectives and optimizer steps; ``buckets[s]`` per stage."""
+def add_data_parallel(graph: TaskGraph, mode: str, buckets: Sequence[int], *, prefetch: int = 1,
+                      reshard_after_forward: bool = True, embedding: bool = False) -> TaskGraph:
+    """Return a new graph with ``mode``'s collectives and optimizer steps; ``buckets[s]`` per stage.
+
+    ``prefetch`` and ``reshard_after_forward`` apply to zero3 (see the module
+    docstring); ``embedding`` adds the embedding gradient all-reduce.
+    """
     if mode not in DP_MODES:
         raise ScheduleError(f"unknown dp mode {mode!r}; valid modes: {', '.join(DP_MODES)}")
     mode = "zero3" if mode == "fsdp" else mode
     n_st = graph.schedule.num_stages
     if len(buckets) != n_st or any(not isinstance(b, int) or b < 1 for b in buckets):
         raise ScheduleError(f"buckets {list(buckets)} must give {n_st} stage(s) an integer count >= 1 each")
-    if mode == "none":
+    if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
+        raise ScheduleError(f"prefetch {prefetch!r} must be a whole number of passes >= 0 (0: on demand)")
+    s2r = graph.schedule.stage_to_rank
+    embedding = embedding and s2r[0] != s2r[n_st - 1]
+    if mode == "none" and not embedding:
         return graph
     with paused_gc():
-        return _DPBuilder(graph, mode, tuple(buckets)).build()
+        return _DPBuilder(graph, mode, tuple(buckets), prefetch, reshard_after_forward, embedding).build()
 
 
 class _DPBuilder:
-    def __init__(self, graph: TaskGraph, mode: str, buckets: tuple[int, ...]) -> None:
+    def __init__(self, graph: TaskGraph, mode: str, buckets: tuple[int, ...], prefetch: int, reshard: bool,
+                 embedding: bool) -> None:
         self.graph, self.mode, self.buckets = graph, mode, buckets
+        self.prefetch, self.reshard, self.embedding = prefetch, reshard, embedding
         self.tasks: list[Task] = list(graph.tasks)
         self.programs = [list(p) for p in graph.programs]
         self.ready: dict[int, tuple[int, float]] = {}
+        self.embedding_tasks: dict[int, int] = {}  # stage (the first or the last) -> its all-reduce task
 
     def _add(self, rank: int, stream: Stream, action: Action, deps: Sequence[int]) -> int:
         tid = len(self.tasks)
@@ -110,21 +138,39 @@ class _DPBuilder:
         return out
 
     def build(self) -> DataParallelGraph:
-        for rank in range(self.graph.num_ranks):
-            self._rank(rank)
-        plan = DPPlan(self.mode, self.buckets, MappingProxyType(self.ready))
+        ranks = range(self.graph.num_ranks)
+        if self.embedding:  # both ends' gradients first, then the all-reduce, then the optimizer steps
+            grads = [self._grads(rank) for rank in ranks]
+            self._embedding_allreduce(grads)
+            for rank in ranks:
+                self._finish(rank, grads[rank])
+        else:  # rank by rank (the task ids, and so the ties, of the graphs before the embedding all-reduce)
+            for rank in ranks:
+                self._finish(rank, self._grads(rank))
+        plan = DPPlan(self.mode, self.buckets, MappingProxyType(self.ready), frozenset(self.embedding_tasks.values()))
         return DataParallelGraph(self.graph.schedule, tuple(self.tasks), tuple(tuple(p) for p in self.programs), plan)
 
-    def _rank(self, rank: int) -> None:
-        compute = [i for i in self.graph.programs[rank] if self.tasks[i].stream is Stream.COMPUTE]
+    def _compute(self, rank: int) -> list[int]:
+        return [i for i in self.graph.programs[rank] if self.tasks[i].stream is Stream.COMPUTE]
+
+    def _producers(self, rank: int, stage: int) -> list[int]:
+        """The rank's compute tasks that make gradients of ``stage`` (its B's or W's)."""
+        return [i for i in self._compute(rank)
+                if any(p.stage == stage and p.kind in _GRAD_KINDS for p in self.tasks[i].action.parts())]
+
+    def _grads(self, rank: int) -> dict[int, list[int]]:
+        """Stage -> its gradient collectives on ``rank`` (none in mode none)."""
+        compute = self._compute(rank)
         if not compute:
-            return
+            return {}
         stages = self.graph.schedule.stages_of(rank)
-        grads: dict[int, list[int]] = {s: [] for s in stages}  # stage -> its gradient collectives
+        grads: dict[int, list[int]] = {s: [] for s in stages}
         if self.mode == "zero3":
             self._gather_params(rank, compute)
         for s in stages:
-            producers = [i for i in compute if any(p.stage == s and p.kind in _GRAD_KINDS for p in self.tasks[i].action.parts())]
+            producers = self._producers(rank, s)
+            if self.mode == "none":
+                continue
             if self.mode == "sync":
                 grads[s] = self._bucketed(rank, Kind.ALLREDUCE, s, None, None, (compute[-1],))
             elif self.mode in ("zero2", "zero3"):
@@ -135,24 +181,55 @@ class _DPBuilder:
                 kind = Kind.ALLREDUCE if self.mode == "ddp" else Kind.REDUCE_SCATTER
                 last = producers[-1]
                 grads[s] = self._bucketed(rank, kind, s, None, last, self.tasks[last].deps)
+        return grads
+
+    def _embedding_allreduce(self, grads: list[dict[int, list[int]]]) -> None:
+        """One ALLREDUCE on the first stage's rank and one on the last stage's, each waiting for both sides."""
+        last = self.graph.schedule.num_stages - 1
+        s2r = self.graph.schedule.stage_to_rank
+        sides = [(s2r[s], s) for s in (0, last)]
+        deps = [d for r, s in sides for d in (self._producers(r, s)[-1:] + grads[r].get(s, []))]
+        for r, s in sides:
+            self.embedding_tasks[s] = self._add(r, Stream.COLLECTIVE, Action(Kind.ALLREDUCE, s, None), deps)
+
+    def _finish(self, rank: int, grads: dict[int, list[int]]) -> None:
+        """The optimizer steps (and the parameter all-gathers after them), or the parameter servers' pulls."""
+        compute = self._compute(rank)
+        if not compute or self.mode == "none":
+            return
         prev = compute[-1]
-        for s in stages:
+        for s in self.graph.schedule.stages_of(rank):
             if self.mode == "ps":
                 for k, push in enumerate(grads[s]):
                     self._add(rank, Stream.COLLECTIVE, Action(Kind.ALL_GATHER, s, None, bucket=k), (push,))
                 continue
-            prev = self._add(rank, Stream.COMPUTE, Action(Kind.OPTIM, s), (prev, *grads[s]))
+            emb = (self.embedding_tasks[s],) if s in self.embedding_tasks else ()
+            prev = self._add(rank, Stream.COMPUTE, Action(Kind.OPTIM, s), (prev, *grads[s], *emb))
             if self.mode in ("zero1", "zero2"):
                 self._bucketed(rank, Kind.ALL_GATHER, s, None, None, (prev,))
 
+    def _release(self, compute: list[int], pos: int) -> tuple[int, ...]:
+        """When the gathers of the pass at ``pos`` are issued: ``prefetch`` passes ahead, or on demand."""
+        if self.prefetch == 0:
+            return (compute[pos - 1],) if pos > 0 else ()
+        ahead = pos - self.prefetch
+        return self.tasks[compute[ahead]].deps if ahead >= 0 else ()
+
     def _gather_params(self, rank: int, compute: list[int]) -> None:
-        """ZeRO-3: all-gather a stage's parameters before each pass that reads them, one pass ahead."""
+        """ZeRO-3: all-gather a stage's parameters before each pass that reads them and finds them sharded."""
+        gathered: set[int] = set()  # stages whose parameters stay gathered after a forward (reshard off)
         for pos, i in enumerate(compute):
             task = self.tasks[i]
-            release = self.tasks[compute[pos - 1]].deps if pos > 0 else ()
+            release = self._release(compute, pos)
             gathers: list[int] = []
             for p in task.action.parts():
-                if p.kind in _PARAM_KINDS:
+                if p.kind not in _PARAM_KINDS:
+                    continue
+                if p.stage not in gathered:
                     gathers += self._bucketed(rank, Kind.ALL_GATHER, p.stage, p.microbatch, None, release)
+                if p.kind is Kind.F and not self.reshard:
+                    gathered.add(p.stage)
+                else:
+                    gathered.discard(p.stage)
             if gathers:
                 self.tasks[i] = Task(task.id, task.rank, task.stream, task.action, (*task.deps, *gathers), task.peer)

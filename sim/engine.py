@@ -12,11 +12,16 @@ t_comm = 0) finish without an event, and tasks that end at the same instant
 share one event. Ties are broken by SimPy's insertion
 order, which follows task ids, so the same inputs give the same result bit
 for bit.
+
+A cost model with a ``network`` hook (:class:`sim.network.Network`) adds ready
+delays and ports: transfers on one port queue (``fcfs``) or share its
+bandwidth as max-min fair flows (``fair``). One event loop serves every case.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -28,6 +33,7 @@ from schedules import ScheduleError, Stream, TaskGraph, validate
 from schedules.trace import make_trace
 from schedules.util import paused_gc
 from sim.costs import CostModel
+from sim.network import FairLinks, Network
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -164,11 +170,10 @@ def _simulate(graph: TaskGraph, costs: CostModel) -> SimResult:
     end = [math.nan] * n
     network = getattr(costs, "network", None)  # optional: delays and shared links (physical-units models)
     hooks = network(graph, dur) if network is not None else None  # None: nothing for this graph
-    if hooks is None:
-        _run_engine(graph, dur, start, end)
-    else:
+    if hooks is not None and not isinstance(hooks, Network):  # (lag, links): the older hook, first come first served
         lag, links = hooks
-        _run_engine_links(graph, dur, lag, links, start, end)
+        hooks = Network(lag=lag, links=links, latency=[0.0] * n, model="fcfs")
+    _run(graph, dur, start, end, hooks)
     if n and not math.isfinite(max(end)):
         raise ScheduleError(f"schedule {graph.schedule.name!r}: the simulated step overflows to {max(end)} "
                             "(finite pass times whose sum exceeds the largest float); use smaller times")
@@ -183,9 +188,8 @@ def _simulate(graph: TaskGraph, costs: CostModel) -> SimResult:
 
 
 def _counters(graph: TaskGraph, end: list[float]) -> tuple[Callable[[int, float, list[int]], None], list[int]]:
-    """The two engines' shared dependency counting: ``finish(i, now, ready)`` ends task i and appends the
-    successors it frees to ``ready``; the second value is the tasks ready at time 0, highest id first (a
-    stack pops the lowest first)."""
+    """Dependency counting: ``finish(i, now, ready)`` ends task i and appends the successors it frees to
+    ``ready``; the second value is the tasks ready at time 0, highest id first (a stack pops the lowest first)."""
     succ = graph.successors
     waiting = [len(t.deps) for t in graph.tasks]
 
@@ -199,120 +203,174 @@ def _counters(graph: TaskGraph, end: list[float]) -> tuple[Callable[[int, float,
     return finish, [i for i in range(len(waiting) - 1, -1, -1) if waiting[i] == 0]
 
 
-def _drain(env: simpy.Environment, release: Callable[[list[int], float], None], ready: list[int],
-           end: list[float]) -> None:
-    """Release the tasks ready at 0, run the clock out, and refuse a graph some of whose tasks never ran."""
-    release(ready, 0.0)
+# network events: a transfer's latency is over; a flow's bytes have moved (if still current); a queued task
+# that moves no bytes ends
+_JOIN, _DONE, _END = 0, 1, 2
+
+
+def _run(graph: TaskGraph, dur: list[float], start: list[float], end: list[float], net: Network | None) -> None:
+    """The event loop: dependency counters on a SimPy clock, one SimPy event per distinct time.
+
+    An event's items run in the order they were scheduled: a task id (>= 0)
+    ends that task; ``~i`` (< 0) ends task i's ready delay (``net.lag``), and a
+    tuple is a network event (:func:`_links`). What starting a ready task means
+    is ``begin``: run it for its duration, or hand it to the links. The
+    callbacks are closures over plain lists: this loop is the simulator's hot path.
+    """
+    env = simpy.Environment(initial_time=0.0)
+    finish, initial = _counters(graph, end)
+    events: dict[float, list[Any]] = {}  # time -> items due then
+    timeout = env.timeout
+
+    def at(t: float, delay: float, item: Any) -> None:
+        batch = events.get(t)
+        if batch is None:
+            events[t] = [item]
+            timeout(delay, t).callbacks.append(on_event)
+        else:
+            batch.append(item)
+
+    def run_alone(i: int, now: float, ready: list[int]) -> None:
+        start[i] = now
+        d = dur[i]
+        if d > 0.0:
+            at(now + d, d, i)
+        else:
+            finish(i, now, ready)
+
+    begin, on_network, flush = (run_alone, None, None) if net is None else _links(net, dur, start, finish, at, run_alone)
+    lag = None if net is None else net.lag
+
+    def release(stack: list[int], now: float) -> None:
+        # Start every task on the stack; those that finish at once free more (a worklist, no recursion).
+        while stack:
+            i = stack.pop()
+            if lag is not None and lag[i] > 0.0:
+                at(now + lag[i], lag[i], ~i)
+                continue
+            top = len(stack)
+            begin(i, now, stack)
+            if len(stack) - top > 1:
+                stack[top:] = stack[top:][::-1]  # the lowest freed id on top
+
+    def on_event(event: simpy.Event) -> None:
+        now = event.value
+        ready: list[int] = []
+        for item in events.pop(now):
+            if item.__class__ is int:
+                if item >= 0:
+                    finish(item, now, ready)
+                else:
+                    begin(~item, now, ready)
+            else:
+                on_network(item, now, ready)
+        if ready:
+            ready.reverse()
+            release(ready, now)
+        if flush is not None:
+            flush(now)
+
+    release(initial, 0.0)
+    if flush is not None:
+        flush(0.0)
     env.run()
     unfinished = sum(1 for e in end if e != e)  # NaN: never ran
     if unfinished:
         raise RuntimeError(f"simulation stalled with {unfinished} tasks never run; validate the graph first")
 
 
-def _run_engine(graph: TaskGraph, dur: list[float], start: list[float], end: list[float]) -> None:
-    """Dependency counters on a SimPy clock, one SimPy event per distinct end time.
+def _links(net: Network, dur: list[float], start: list[float], finish: Callable[[int, float, list[int]], None],
+           at: Callable[[float, float, Any], None], run_alone: Callable[[int, float, list[int]], None]) -> tuple:
+    """``begin``, ``on_network`` and ``flush`` for tasks on ports, under ``net.model`` (:mod:`sim.network`).
 
-    Tasks that end at the same instant share one event (uniform costs end whole
-    wavefronts together) and finish in the order they started. The callbacks
-    are closures over plain lists: this loop is the simulator's hot path.
+    fcfs: a ready task reserves every port in ``net.links[i]``: it starts when
+    the last of them is free and holds them all until it ends; reservations
+    follow the order tasks become ready (event time, then task order), so each
+    port is a FIFO queue. fair: a task waits for the running task of its
+    ``net.queue`` (one communicator's collectives run in order), pays its
+    latency, then joins as a flow; joins and completions of one instant are
+    handed to :class:`FairLinks` together (``flush``), which says which flows'
+    ends moved.
     """
-    env = simpy.Environment(initial_time=0.0)
-    finish, initial = _counters(graph, end)
-    ending: dict[float, list[int]] = {}  # end time -> tasks running until then
-    timeout = env.timeout
+    links = net.links
+    if net.model == "fcfs":
+        free_at: dict[int, float] = {}
 
-    def release(stack: list[int], now: float) -> None:
-        # Start every task on the stack; zero-length ones finish at once (a worklist, no recursion).
-        while stack:
-            i = stack.pop()
-            start[i] = now
-            d = dur[i]
-            if d > 0.0:
-                t = now + d
-                batch = ending.get(t)
-                if batch is None:
-                    ending[t] = [i]
-                    timeout(d, t).callbacks.append(on_end)
-                else:
-                    batch.append(i)
-                continue
-            more: list[int] = []
-            finish(i, now, more)
-            stack.extend(reversed(more))
-
-    def on_end(event: simpy.Event) -> None:
-        now = event.value
-        ready: list[int] = []
-        for i in ending.pop(now):
-            finish(i, now, ready)
-        if ready:
-            ready.reverse()
-            release(ready, now)
-
-    _drain(env, release, initial, end)
-
-
-def _run_engine_links(
-    graph: TaskGraph, dur: list[float], lag: list[float], links: list[tuple[int, ...]],
-    start: list[float], end: list[float],
-) -> None:
-    """The engine with ready delays and FIFO links, for cost models that define ``network``.
-
-    A task whose dependencies are done waits ``lag[i]`` (e.g. a gradient bucket
-    that is ready part-way through a backward), then reserves every link in
-    ``links[i]``: it starts when the last of them is free and holds them all
-    until it ends. Reservations happen in the order tasks become ready (event
-    time, then task order), so each link is a FIFO queue.
-    """
-    env = simpy.Environment(initial_time=0.0)
-    finish, initial = _counters(graph, end)
-    free_at: dict[int, float] = {}
-    events: dict[float, list[tuple[bool, int]]] = {}  # time -> [(is_end, task)]
-
-    def at(t: float, item: tuple[bool, int]) -> None:
-        batch = events.get(t)
-        if batch is None:
-            events[t] = [item]
-            env.timeout(t - env.now, t).callbacks.append(on_event)
-        else:
-            batch.append(item)
-
-    def acquire(i: int, now: float, ready: list[int]) -> None:
-        s = now
-        for link in links[i]:
-            s = max(s, free_at.get(link, 0.0))
-        e = s + dur[i]
-        for link in links[i]:
-            free_at[link] = e
-        start[i] = s
-        if e > now:
-            at(e, (True, i))
-        else:
-            finish(i, now, ready)
-
-    def release(stack: list[int], now: float) -> None:
-        while stack:
-            i = stack.pop()
-            if lag[i] > 0.0:
-                at(now + lag[i], (False, i))
+        def acquire(i: int, now: float, ready: list[int]) -> None:
+            s = now
+            for link in links[i]:
+                s = max(s, free_at.get(link, 0.0))
+            e = s + dur[i]
+            for link in links[i]:
+                free_at[link] = e
+            start[i] = s
+            if e > now:
+                at(e, e - now, i)
             else:
-                more: list[int] = []
-                acquire(i, now, more)
-                stack.extend(reversed(more))
-
-    def on_event(event: simpy.Event) -> None:
-        now = event.value
-        ready: list[int] = []
-        for is_end, i in events.pop(now):
-            if is_end:
                 finish(i, now, ready)
-            else:
-                acquire(i, now, ready)
-        if ready:
-            ready.reverse()
-            release(ready, now)
 
-    _drain(env, release, initial, end)
+        return acquire, None, None
+
+    latency, fair = net.latency, FairLinks(links)
+    queue = net.queue or [-1] * len(dur)
+    busy: set[int] = set()
+    waiting: dict[int, deque[int]] = {}
+    joins: list[tuple[int, float, float]] = []
+    leaves: list[int] = []
+
+    def begin(i: int, now: float, ready: list[int]) -> None:
+        q = queue[i]
+        if q < 0 or dur[i] <= 0.0:
+            go(i, now, ready)
+        elif q in busy:
+            waiting.setdefault(q, deque()).append(i)
+        else:
+            busy.add(q)
+            go(i, now, ready)
+
+    def go(i: int, now: float, ready: list[int]) -> None:
+        d, lat = dur[i], latency[i]
+        if not links[i] or lat >= d:  # on no port, or nothing but latency: timed alone
+            if queue[i] < 0 or d <= 0.0:
+                run_alone(i, now, ready)
+            else:
+                start[i] = now
+                at(now + d, d, (_END, i, 0))
+        elif lat > 0.0:
+            start[i] = now
+            at(now + lat, lat, (_JOIN, i, now))
+        else:
+            start[i] = now
+            joins.append((i, d, now + d))
+
+    def done(i: int, now: float, ready: list[int]) -> None:
+        finish(i, now, ready)
+        q = queue[i]
+        if q >= 0:
+            line = waiting.get(q)
+            if line:
+                go(line.popleft(), now, ready)
+            else:
+                busy.discard(q)
+
+    def on_network(item: tuple[int, int, float], now: float, ready: list[int]) -> None:
+        what, i, x = item
+        if what == _JOIN:
+            joins.append((i, dur[i] - latency[i], x + dur[i]))
+        elif what == _END:
+            done(i, now, ready)
+        elif fair.current(i, x):
+            leaves.append(i)
+            done(i, now, ready)
+
+    def flush(now: float) -> None:
+        if joins or leaves:
+            for f, e, version in fair.update(now, joins, leaves):
+                at(e, e - now, (_DONE, f, version))
+            joins.clear()
+            leaves.clear()
+
+    return begin, on_network, flush
 
 
 def _rank_stats(graph: TaskGraph, costs: CostModel, start: list[float], end: list[float]) -> tuple[RankStats, ...]:

@@ -21,11 +21,20 @@ from collections import Counter
 from dataclasses import dataclass
 
 from schedules.dp import DP_MODES
-from schedules.errors import ClusterError, ConfigError, check_choice, check_positive, check_positive_ints
+from schedules.errors import (
+    ClusterError,
+    ConfigError,
+    check_choice,
+    check_positive,
+    check_positive_ints,
+)
 from sim import collectives as coll
 from sim.cluster import Cluster, Link
+from sim.network import LINK_MODELS
 
-__all__ = ["DPGroup", "ParallelConfig"]
+__all__ = ["EMBEDDING_ALLREDUCE", "DPGroup", "ParallelConfig"]
+
+EMBEDDING_ALLREDUCE = ("auto", "on", "off")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -40,6 +49,10 @@ class ParallelConfig:
     bucket_mb: float = 25.0  # PyTorch DDP's default bucket_cap_mb (MiB)
     collective: str = "auto"
     sp: bool = False  # sequence parallelism in the tensor-parallel group (Korthikanti et al. 2022)
+    link_model: str = "fair"  # transfers on one port: max-min fair flows, or fcfs (one at a time); sim.network
+    fsdp_reshard_after_forward: bool = True  # zero3/fsdp: False keeps a forward's gathered parameters for the backward
+    fsdp_prefetch: int = 1  # zero3/fsdp: a pass's all-gathers issued this many passes ahead (0: on demand)
+    embedding_allreduce: str = "auto"  # the tied embedding's gradient between the first and last stage: auto|on|off
 
     def __post_init__(self) -> None:
         check_positive_ints("parallel", pp=self.pp, dp=self.dp, tp=self.tp)
@@ -52,6 +65,35 @@ class ParallelConfig:
         check_choice("parallel", "order", self.order, ("dp-inner", "pp-inner"))
         check_choice("parallel", "collective", self.collective, coll.ALGORITHMS)
         check_positive("parallel", "bucket_mb", self.bucket_mb, " MiB")
+        check_choice("parallel", "link_model", self.link_model, LINK_MODELS)
+        self._check_overlap()
+
+    def _check_overlap(self) -> None:
+        """The FSDP and embedding options: each of its kind, and only where it has an effect."""
+        if not isinstance(self.fsdp_reshard_after_forward, bool):
+            raise ConfigError(f"parallel: fsdp_reshard_after_forward must be true or false (on or off), got "
+                              f"{self.fsdp_reshard_after_forward!r}", field="fsdp_reshard_after_forward")
+        p = self.fsdp_prefetch
+        if isinstance(p, bool) or not isinstance(p, int) or p < 0:
+            raise ConfigError(f"parallel: fsdp_prefetch must be a whole number of passes >= 0 (0: on demand), "
+                              f"got {p!r}", field="fsdp_prefetch")
+        fsdp = self.dp_mode in ("zero3", "fsdp")
+        given = [k for k, v in (("fsdp_reshard_after_forward", not self.fsdp_reshard_after_forward),
+                                ("fsdp_prefetch", p != 1)) if v]
+        if given and not fsdp:
+            raise ConfigError(f"parallel: {given[0]} applies to dp_mode zero3 (fsdp), not {self.dp_mode!r}; "
+                              "use dp_mode fsdp or leave it out", field=given[0])
+        check_choice("parallel", "embedding_allreduce", self.embedding_allreduce, EMBEDDING_ALLREDUCE)
+        if self.embedding_allreduce == "on" and self.dp_mode == "ps":
+            raise ConfigError("parallel: embedding_allreduce on does not combine with dp_mode ps (the servers hold "
+                              "the update); use auto or off", field="embedding_allreduce")
+
+    def embedding_sync(self, tied: bool) -> bool:
+        """Whether the first and the last stage all-reduce the word embedding's gradient: ``on``, or ``auto``
+        with tied embeddings (Megatron-LM, ``share_embeddings_and_output_weights``) and no parameter servers."""
+        if self.embedding_allreduce == "auto":
+            return tied and self.pp > 1 and self.dp_mode != "ps"
+        return self.embedding_allreduce == "on"
 
     @property
     def world(self) -> int:

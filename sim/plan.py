@@ -48,7 +48,7 @@ from schedules.timing import CompiledTiming, compile_timing
 from sim.engine import simulate
 from sim.plan_bounds import Bounds, MemoryRows, memory_rows, small_m
 from sim.plan_space import PlanConfig, PlanSpace, enumerate_configs
-from sim.study import Study, StudyResult, exposed_comm
+from sim.study import Study, StudyResult, dp_options, exposed_comm
 
 __all__ = ["PlanEntry", "PlanResult", "plan"]
 
@@ -148,11 +148,12 @@ def _graph(study: Study) -> TaskGraph:
     sched = _schedule(study)
     pipe = _cached(_STATE["pipelines"], (study.schedule, study.pipeline()), lambda: validate(sched))
     buckets = tuple(study.costs.buckets(sched.num_stages))
-    mode = study.parallel.dp_mode
-    key = (study.schedule, study.pipeline(), mode, buckets)
+    mode, options = study.parallel.dp_mode, dp_options(study.costs)
+    key = (study.schedule, study.pipeline(), mode, buckets, tuple(options.items()))
 
     def make() -> TaskGraph:
-        return pipe if mode == "none" else validate(add_data_parallel(pipe, mode, buckets))
+        graph = add_data_parallel(pipe, mode, buckets, **options)
+        return graph if graph is pipe else validate(graph)
 
     return _cached(_STATE["graphs"], key, make)
 

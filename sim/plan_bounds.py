@@ -28,7 +28,12 @@ waiting only adds): for rank r with stages S_r,
   max_s(optim_s + ag_s), min_s(c_s + optim_s + ag_s));
 * with full backwards only (no I/W split), r's last pass is a B of a stage
   >= min S_r, and the input gradient still has to run back through every lower
-  stage: tail_r = sum_{s < min S_r} (B_s + message), then stage 0's rank's dp tail.
+  stage: tail_r = sum_{s < min S_r} (B_s + message), then stage 0's rank's dp tail;
+* with the embedding gradient all-reduce (:mod:`schedules.dp`), it starts after
+  the last pass of both the first and the last stage's ranks a and b, and both
+  stages' optimizer steps follow it (on a, every stage's: stage 0's comes first):
+  max(head + busy over a, b) + its alpha-beta time + the larger of a's optimizer
+  steps and the last stage's.
 
 LB = max_r max(head_r + busy_r + dp_tail_r, head_r + busy_r + tail_r + dp_tail_{rank of stage 0}).
 For uniform stages and no communication this is the closed-form bubble of
@@ -45,6 +50,7 @@ from functools import lru_cache
 from schedules import Action, Kind, Schedule, ScheduleError, build
 from schedules.errors import ConfigError
 from schedules.timing import CompiledTiming, rank_ends
+from sim import collectives as coll
 from sim.memory import model_state_bytes
 from sim.parallel import ParallelConfig
 from sim.plan_space import PlanConfig, PlanSpace, shape_ok
@@ -364,11 +370,30 @@ class Bounds:
         tails = self._dp_tails(c, info)
         head, back = self._chains(c, info)
         m = c.microbatches
-        best = max(h + m * w + t for h, w, t in zip(head, ranks.work, tails, strict=True))
-        if info.full_backward:
-            t0 = tails[info.placement[0]]
-            best = max(best, max(h + m * w + b + t0 for h, w, b in zip(head, ranks.work, back, strict=True)))
+        ends = [h + m * w for h, w in zip(head, ranks.work, strict=True)]
+        best = max(e + t for e, t in zip(ends, tails, strict=True))
+        if info.full_backward:  # stage 0's last B follows every rank's last pass and the chain back to stage 0
+            r0 = info.placement[0]
+            ends[r0] = max(e + b for e, b in zip(ends, back, strict=True))
+            best = max(best, ends[r0] + tails[r0])
+        emb = self._embedding_tail(c, info)
+        if emb is not None:
+            a, b, t = emb
+            best = max(best, max(ends[a], ends[b]) + t)
         return best
+
+    def _embedding_tail(self, c: PlanConfig, info: ShapeInfo) -> tuple[int, int, float] | None:
+        """The embedding gradient all-reduce (schedules.dp): the ranks of the first and the last stage, and what
+        follows the later of their last passes at least: the all-reduce, then on the first stage's rank all its
+        optimizer steps (stage 0's is its first), on the last stage's the last stage's. None when there is none."""
+        costs, n = self.costs(c), len(info.placement)
+        a, b = info.placement[0], info.placement[-1]
+        if a == b or not costs.parallel.embedding_sync(self.space.model.tied_embeddings):
+            return None
+        p = costs.parallel
+        t = coll.ring_allreduce(costs.embedding_bytes(), 2, costs.cluster.link_between(p.device(a), p.device(b)))
+        first = sum(costs.optim_time(s, n) for s in info.rank_stages[a])
+        return a, b, t + max(first, costs.optim_time(n - 1, n))
 
     def tight_bound(self, c: PlanConfig, ct: CompiledTiming) -> float:
         """A step time no simulation of ``c`` can beat, from its schedule's own order (:func:`schedules.timing.compile_timing`).
@@ -399,7 +424,12 @@ class Bounds:
                 hops[2 + 2 * s] = costs.cluster.link_between(p.device(b), p.device(a)).time(nbytes)
         ends = rank_ends(ct, durations, hops)
         tails = self._dp_tails(c, info)
-        return max(self.lower_bound(c), max(e + t for e, t in zip(ends, tails, strict=True)))
+        best = max(self.lower_bound(c), max(e + t for e, t in zip(ends, tails, strict=True)))
+        emb = self._embedding_tail(c, info)
+        if emb is not None:
+            a, b, t = emb
+            best = max(best, max(ends[a], ends[b]) + t)
+        return best
 
     def recompute_time(self, c: PlanConfig) -> float:
         """Seconds per step the busiest rank spends recomputing (I with recomputation less I without)."""

@@ -2,7 +2,7 @@
 
     >>> from sim.study import Study, run_study
     >>> from sim.cluster import cluster_preset
-    >>> from sim.parallel import ParallelConfig
+    >>> from sim.parallel import EMBEDDING_ALLREDUCE, ParallelConfig
     >>> from sim.transformer import model_preset
     >>> from sim.transformer_costs import TransformerCosts
     >>> costs = TransformerCosts(model=model_preset("gpt-6.2b"), cluster=cluster_preset("dgx-h100:2"),
@@ -48,11 +48,12 @@ from sim.engine import SimResult, simulate
 from sim.recompute_modes import key_recompute
 from sim.transformer_costs import DTYPES
 from sim.memory import DeviceMemory, model_state_bytes
-from sim.parallel import ParallelConfig
+from sim.network import LINK_MODELS
+from sim.parallel import EMBEDDING_ALLREDUCE, ParallelConfig
 from sim.transformer import TransformerConfig, model_from_dict
 from sim.transformer_costs import TransformerCosts
 
-__all__ = ["Study", "StudyResult", "exposed_comm", "load_study", "run_study", "study_from_dict"]
+__all__ = ["Study", "StudyResult", "dp_options", "exposed_comm", "load_study", "run_study", "study_from_dict"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Study:
@@ -103,7 +104,14 @@ def build_graph(study: Study) -> TaskGraph:
     graph = validate(load_graph(study.schedule, study.pipeline()))
     n_st = graph.schedule.num_stages
     costs.stage_layers(n_st)  # raises if the model cannot be split into this many stages
-    return validate(add_data_parallel(graph, study.parallel.dp_mode, costs.buckets(n_st)))
+    return validate(add_data_parallel(graph, study.parallel.dp_mode, costs.buckets(n_st), **dp_options(costs)))
+
+
+def dp_options(costs: TransformerCosts) -> dict[str, Any]:
+    """The data-parallel pass's options from the parallel layout (and whether the model ties its embeddings)."""
+    p = costs.parallel
+    return {"prefetch": p.fsdp_prefetch, "reshard_after_forward": p.fsdp_reshard_after_forward,
+            "embedding": p.embedding_sync(costs.model.tied_embeddings)}
 
 
 def spec_adaptive(name: str) -> bool:
@@ -146,13 +154,16 @@ class StudyResult:
     @property
     def step_time(self) -> float:
         """The makespan; without data-parallel tasks (dp mode none) the graph has no OPTIM, so each rank's
-        optimizer step (memory-bound, :meth:`TransformerCosts.optim_time`) follows its last task, as in training."""
+        optimizer step (memory-bound, :meth:`TransformerCosts.optim_time`) follows its last compute and its
+        last collective (the embedding gradient all-reduce, if any), as in training."""
         end = max(self.sim.end, default=0.0)
         graph = self.sim.graph
         if any(t.action.kind is Kind.OPTIM for t in graph.tasks):
             return end
-        n_st, costs = graph.schedule.num_stages, self.study.costs
-        return max([end] + [r.last_end + sum(costs.optim_time(s, n_st) for s in graph.schedule.stages_of(r.rank))
+        n_st, costs, tasks = graph.schedule.num_stages, self.study.costs, graph.tasks
+        ready = [max([r.last_end] + [self.sim.end[i] for i in graph.programs[r.rank]
+                                     if tasks[i].stream is Stream.COLLECTIVE]) for r in self.sim.ranks]
+        return max([end] + [ready[r.rank] + sum(costs.optim_time(s, n_st) for s in graph.schedule.stages_of(r.rank))
                             for r in self.sim.ranks])
 
     @property
@@ -192,7 +203,7 @@ class StudyResult:
         for stats in self.sim.ranks:
             stages = graph.schedule.stages_of(stats.rank)
             psi = sum(costs.stage_params(st, n_st) for st in stages)
-            gather = 2 * max(costs.stage_params(st, n_st) for st in stages) if p.dp_mode in ("zero3", "fsdp") else 0.0
+            gather = _gathered_bytes([costs.stage_params(st, n_st) for st in stages], p)
             dev = s.cluster.devices[p.device(stats.rank)]
             out.append(DeviceMemory(stats.rank, str(dev), model_state_bytes(psi, p.dp_mode, p.dp),
                                     stats.peak_activations, gather, s.cluster.spec.memory_bytes))
@@ -221,7 +232,9 @@ class StudyResult:
             f"(alpha-beta), {p.bucket_mb:g} MiB buckets; "
             + (f"tp={p.tp}: 2 collectives per layer in F and in the backward, on NVLink, not overlapped"
                if p.tp > 1 else "no tensor parallelism"),
-            f"links: FIFO per port, each transfer holds its ports; rank order {p.order}; network core non-blocking",
+            ("links: transfers on a port share its bandwidth, max-min fair (flows)" if p.link_model == "fair" else
+             "links: FIFO per port, each transfer holds its ports (fcfs)")
+            + f"; rank order {p.order}; network core non-blocking",
             "optimizer step: 28 bytes per parameter at HBM bandwidth"
             + (", after each rank's last pass (dp mode none adds no OPTIM task)" if p.dp_mode == "none" else ""),
         ]
@@ -268,9 +281,23 @@ class StudyResult:
         return "\n".join(lines)
 
 
+def _gathered_bytes(stage_params: list[float], p: ParallelConfig) -> float:
+    """ZeRO-3's gathered 16-bit parameters at the peak: one stage's (the largest) while a pass runs; with
+    ``fsdp_reshard_after_forward`` off a forward's stay gathered until its backward, so every stage of the rank."""
+    if p.dp_mode not in ("zero3", "fsdp"):
+        return 0.0
+    return 2 * (max(stage_params) if p.fsdp_reshard_after_forward else sum(stage_params))
+
+
 def run_study(study: Study) -> StudyResult:
     graph = build_graph(study)
     return StudyResult(study, simulate(graph, study.costs, check=False))
+
+
+def key_whole(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
+    """A whole number >= 0 (not 1.0, not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise error(f"{owner}: {key} must be a whole number >= 0, got {quote(value)}", field=key)
 
 
 _STUDY_KEYS = ("schedule", "microbatches", "chunks")
@@ -289,6 +316,9 @@ PARALLEL_TABLE: dict[str, KeyCheck] = {
     "pp": key_positive_int, "dp": key_positive_int, "tp": key_positive_int,
     "dp_mode": key_choice(DP_MODES), "order": key_choice(("dp-inner", "pp-inner")),
     "bucket_mb": key_positive(" MiB"), "collective": key_choice(coll.ALGORITHMS), "sp": key_flag,
+    "link_model": key_choice(LINK_MODELS), "fsdp_reshard_after_forward": key_flag,
+    "fsdp_prefetch": key_whole,
+    "embedding_allreduce": key_choice(EMBEDDING_ALLREDUCE),
 }
 _TABLES = ("model", "cluster", "parallel", "run")
 

@@ -6,7 +6,7 @@
   With ``efficiency`` None (the default) each layer is a list of operations
   timed by :mod:`sim.gpu_model`: GEMMs by FLOPs at the device's calibrated,
   size-dependent efficiency, the rest by the bytes they move at HBM bandwidth
-  (``gpu_model.CALIBRATED``; a device without a calibration falls back to
+  (``sim.devices.DEVICE_MODELS``; a device without a model falls back to
   0.6). A number ``efficiency`` overrides: FLOPs / (tp * peak * efficiency),
   the matmuls only.
 * Tensor parallelism: two all-reduces of the 2sbh-byte activation per layer in
@@ -57,10 +57,12 @@ from schedules import Action, Kind, Stream, Task, TaskGraph
 from schedules.dp import DataParallelGraph
 from schedules.errors import ConfigError, check_choice, check_fraction, check_positive_ints, quote
 from schedules.timing import action_held_freed
-from sim.cluster import Cluster
+from sim import collectives as coll
+from sim.cluster import Cluster, Link
 from sim.costs import memoized_durations, recomputed_in
 from sim.devices import DEVICE_MODELS
 from sim.gpu_model import DeviceModel, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
+from sim.network import Network
 from sim.recompute_modes import check_recompute, layer_every
 from sim.parallel import DPGroup, ParallelConfig
 from sim.transformer import TransformerConfig, partition_layers
@@ -71,6 +73,12 @@ ADAM_BYTES_PER_PARAM = 28  # see the module docstring
 DTYPES = ("bf16", "fp8")
 FALLBACK_EFFICIENCY = 0.6  # a device without a calibration: the matmuls' assumed fraction of peak
 _PORTS = ("intra-out", "intra-in", "inter-out", "inter-in")
+
+
+def _is_embedding(task: Task, graph: TaskGraph) -> bool:
+    """The task is one end of the embedding gradient all-reduce (:attr:`schedules.dp.DPPlan.embedding`)."""
+    plan = getattr(graph, "plan", None)
+    return plan is not None and task.id in plan.embedding
 
 
 @lru_cache(maxsize=64)
@@ -340,6 +348,8 @@ class TransformerCosts:
         return 2 * n if self.reduce_dtype == "fp32" and kind in (Kind.ALLREDUCE, Kind.REDUCE_SCATTER) else n
 
     def _collective(self, task: Task, graph: TaskGraph) -> float:
+        if _is_embedding(task, graph):
+            return coll.ring_allreduce(self.embedding_bytes(), 2, self._embedding_link(graph))
         a, n_st = task.action, graph.schedule.num_stages
         n = self.collective_bytes(a.kind, a.stage, n_st, a.bucket or 0)
         group = self.group(task.rank)
@@ -378,8 +388,19 @@ class TransformerCosts:
         if a.kind in (Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B):
             return self.model.boundary_bytes(self.microbatch_size) / self.parallel.tp
         if task.stream is Stream.COLLECTIVE:
+            if _is_embedding(task, graph):
+                return self.embedding_bytes()
             return self.collective_bytes(a.kind, a.stage, graph.schedule.num_stages, a.bucket or 0)
         return 0.0
+
+    # --- the tied word embedding's gradient all-reduce between the first and the last stage (schedules.dp) ---
+    def embedding_bytes(self) -> float:
+        """The word embedding's 16-bit gradient on one tensor shard: 2 V h / tp bytes."""
+        return 2.0 * self.model.vocab * self.model.hidden / self.parallel.tp
+
+    def _embedding_link(self, graph: TaskGraph) -> Link:
+        s2r, p = graph.schedule.stage_to_rank, self.parallel
+        return self.cluster.link_between(p.device(s2r[0]), p.device(s2r[-1]))
 
     def activations(self, action: Action, graph: TaskGraph) -> tuple[float, float]:
         """Bytes held from the start / freed at the end of a pass (W keeps ``w_held_fraction`` after I)."""
@@ -388,8 +409,9 @@ class TransformerCosts:
                                  self._check_recompute(graph), kept_of=lambda a: self.recompute_kept(a.stage, n_st))
 
     # --- contention: delays and ports (the engine's optional ``network`` hook) -------------------------
-    def network(self, graph: TaskGraph, dur: list[float]) -> tuple[list[float], list[tuple[int, ...]]]:
-        """Per task: the delay after its dependencies before it is ready, and the ports it holds."""
+    def network(self, graph: TaskGraph, dur: list[float]) -> Network:
+        """Per task: the delay after its dependencies before it is ready, the ports it crosses, and its
+        latency (its duration at zero bytes); ports shared as ``parallel.link_model`` says (:mod:`sim.network`)."""
         lag = [0.0] * len(graph.tasks)
         plan = graph.plan if isinstance(graph, DataParallelGraph) else None
         if plan is not None:
@@ -405,11 +427,32 @@ class TransformerCosts:
                 a, b = p.device(t.rank), p.device(t.peer)
                 kind = "intra" if self.cluster.devices[a].node == self.cluster.devices[b].node else "inter"
                 links.append((port[kind + "-out"] + a, port[kind + "-in"] + b))
+            elif t.stream is Stream.COLLECTIVE and dur[t.id] > 0 and _is_embedding(t, graph):
+                kind = "intra" if self._embedding_link(graph) is self.cluster.intra else "inter"
+                links.append((port[kind + "-out"] + p.device(t.rank), port[kind + "-in"] + p.device(t.rank)))
             elif t.stream is Stream.COLLECTIVE and dur[t.id] > 0:
                 links.append(self._collective_ports(t.rank, port, ps0))
             else:
                 links.append(())
-        return lag, links
+        latency = [self.latency(t, graph) if ports else 0.0 for t, ports in zip(graph.tasks, links, strict=True)]
+        # one communicator per rank's data-parallel group (another for the embedding's): each runs its
+        # collectives one at a time, in order
+        n_r = graph.num_ranks
+        queue = [-1 if t.stream is not Stream.COLLECTIVE else n_r + t.rank if _is_embedding(t, graph) else t.rank
+                 for t in graph.tasks]
+        return Network(lag=lag, links=links, latency=latency, model=p.link_model, queue=queue)
+
+    def latency(self, task: Task, graph: TaskGraph) -> float:
+        """The part of a transfer's duration that moves no bytes: its formula at zero bytes (the alpha terms)."""
+        if task.stream is Stream.SEND:
+            p = self.parallel
+            return self.cluster.link_between(p.device(task.rank), p.device(task.peer)).alpha
+        if _is_embedding(task, graph):
+            return coll.ring_allreduce(0.0, 2, self._embedding_link(graph))
+        group = self.group(task.rank)
+        if self.parallel.dp_mode == "ps":
+            return group.ps(0.0)
+        return group.allreduce(0.0) if task.action.kind is Kind.ALLREDUCE else group.gather(0.0)
 
     def _collective_ports(self, rank: int, port: dict[str, int], ps0: int) -> tuple[int, ...]:
         g = self.parallel.device(rank)
@@ -432,5 +475,7 @@ class TransformerCosts:
                 "peak_fraction": e.peak_fraction, "half_flops": e.half_flops, "source": e.source},
             "sp": p.sp, "recompute": self.recompute, "attention": self.model.attention, "dtype": self.dtype,
             "reduce_dtype": self.reduce_dtype, "elementwise": self.elementwise, "tp_overlap": self.tp_overlap,
-            "pair_overlap": self.pair_overlap,
+            "pair_overlap": self.pair_overlap, "link_model": p.link_model,
+            "fsdp_reshard_after_forward": p.fsdp_reshard_after_forward, "fsdp_prefetch": p.fsdp_prefetch,
+            "embedding_allreduce": p.embedding_allreduce,
         }

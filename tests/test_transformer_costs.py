@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -98,23 +99,27 @@ def test_pipeline_send_across_nodes_uses_the_nic():
     assert c.duration(sends["0SEND_F0"], graph) == 3e-6 + n / 450e9
 
 
-def test_two_concurrent_transfers_on_one_link_take_longer_than_one():
-    c = _costs(dp=2, mode="sync")
+@pytest.mark.parametrize("link_model", ["fcfs", "fair"])
+def test_two_concurrent_transfers_on_one_link_take_longer_than_one(link_model):
+    c = TransformerCosts(model=GPT6, cluster=H100,
+                         parallel=ParallelConfig(pp=8, dp=2, dp_mode="sync", link_model=link_model))
     graph = add_data_parallel(lower(build("1f1b", pp=8, microbatches=2)), "sync", c.buckets(8))
     res = simulate(graph, c)
-    ars = [t.id for t in graph.tasks if t.action.kind is Kind.ALLREDUCE and t.rank == 0][:2]
-    a, b = ars
-    one = res.end[a] - res.start[a]
-    assert one > 0
-    assert res.start[a] == res.start[b] - one  # released together, the second waits for the port
+    a, b = [t.id for t in graph.tasks if t.action.kind is Kind.ALLREDUCE and t.rank == 0][:2]
+    dur = c.durations(graph)
+    one = dur[a]
+    assert one > 0 and dur[b] == one
+    # released together; the second waits for the first: its port (fcfs), its communicator (fair)
+    assert res.end[a] - res.start[a] == pytest.approx(one, rel=1e-12)
+    assert res.start[b] == res.end[a]
     assert res.end[b] - res.start[a] == pytest.approx(2 * one)
 
     class NoContention(TransformerCosts):
         __slots__ = ()
 
         def network(self, graph, dur):
-            lag, links = TransformerCosts.network(self, graph, dur)
-            return lag, [()] * len(links)
+            net = TransformerCosts.network(self, graph, dur)
+            return dataclasses.replace(net, links=[()] * len(net.links), queue=None)
 
     free = simulate(graph, NoContention(model=GPT6, cluster=H100, parallel=c.parallel, efficiency=0.6))
     assert free.start[a] == free.start[b] and free.end[b] - free.start[a] == pytest.approx(one)

@@ -20,6 +20,7 @@ from analysis.cli.common import (
     refuse,
     uniform_costs,
 )
+from analysis.cli.simulate import COMM_KEYS, add_comm_args, comm_overrides
 from schedules import ScheduleError
 from schedules.util import atomic_write, check_output_dir, check_output_file
 
@@ -46,12 +47,13 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     g.add_argument("--tp", type=int, help="tensor-parallel ranks per pipeline rank, inside a node (default 1)")
     g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism in the tensor-parallel group")
     g.add_argument("--recompute", metavar="MODE", help="activation recomputation: none (default), selective, full")
+    add_comm_args(g)
     args = p.parse_args(argv)
     check_cost_flags(args)
     chosen = name_list(args.schedules)
     if args.model or args.cluster:
         return _units_compare(args, chosen, p, prog)
-    refuse(given(args, "dp", "dp_mode", "microbatch_size", "tp", "sp", "recompute"),
+    refuse(given(args, "dp", "dp_mode", "microbatch_size", "tp", "sp", "recompute", *COMM_KEYS),
            "without physical units: add --model and --cluster")
     from analysis.compare import comparison_table, format_comparison
     from analysis.timeline import plot_timeline, plot_timelines
@@ -100,7 +102,7 @@ def _units_compare(args, chosen: list[str], parser: OneLineParser, prog: str) ->
     with errors_to_exit(parser):
         costs = TransformerCosts(model=model_preset(args.model), cluster=cluster_preset(args.cluster),
                                  parallel=ParallelConfig(pp=args.pp, dp=args.dp, tp=args.tp, sp=args.sp,
-                                                         dp_mode=args.dp_mode),
+                                                         dp_mode=args.dp_mode, **comm_overrides(args)),
                                  microbatch_size=args.microbatch_size, recompute=args.recompute)
         rows = units_comparison(chosen, chunks=args.chunks, microbatches=args.microbatches, costs=costs)
     if args.json:

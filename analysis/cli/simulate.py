@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import Any
 
 from analysis.cli.common import (
     OneLineParser,
@@ -76,6 +77,7 @@ def add_units_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bucket-mb", type=float, default=None, metavar="MIB", help="gradient bucket size (default 25)")
     g.add_argument("--collective", default=None, metavar="ALG", help="auto, ring, tree, hierarchical (default auto)")
     g.add_argument("--order", default=None, metavar="ORDER", help="rank order dp-inner (default) or pp-inner")
+    add_comm_args(g)
     g.add_argument("--efficiency", type=float, default=None,
                    help="fraction of dense peak the matmuls reach, a constant that overrides the device's calibrated "
                    "efficiency model (default: calibrated where the device has one, else 0.6)")
@@ -96,6 +98,32 @@ def add_units_args(p: argparse.ArgumentParser) -> None:
                    help="bf16 (default) or fp8: the weight GEMMs at the device's FP8 peak (H100, H200)")
 
 
+def add_comm_args(g: argparse._ArgumentGroup) -> None:
+    """The links, FSDP and embedding all-reduce options (docs/links.md); each lands in [parallel]."""
+    g.add_argument("--link-model", default=None, metavar="MODEL",
+                   help="transfers on one port: fair (default; they share its bandwidth, max-min fair) or fcfs "
+                   "(one at a time, first come first served, the model before fair sharing)")
+    g.add_argument("--fsdp-reshard-after-forward", default=None, choices=("on", "off"),
+                   help="dp-mode fsdp: on (default) frees a forward's gathered parameters, off keeps them for "
+                   "the backward (no second all-gather, more memory)")
+    g.add_argument("--fsdp-prefetch", type=int, default=None, metavar="K",
+                   help="dp-mode fsdp: issue a pass's all-gathers K passes ahead (default 1; 0: on demand)")
+    g.add_argument("--embedding-allreduce", default=None, choices=("auto", "on", "off"),
+                   help="all-reduce the tied word embedding's gradient between the first and the last stage "
+                   "(auto, the default: when the model ties its embeddings and pp > 1, as Megatron-LM)")
+
+
+COMM_KEYS = ("link_model", "fsdp_reshard_after_forward", "fsdp_prefetch", "embedding_allreduce")
+
+
+def comm_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The links and overlap flags given, as [parallel] keys (on/off as true/false)."""
+    out = {k: getattr(args, k) for k in COMM_KEYS if getattr(args, k) is not None}
+    if "fsdp_reshard_after_forward" in out:
+        out["fsdp_reshard_after_forward"] = out["fsdp_reshard_after_forward"] == "on"
+    return out
+
+
 def units_overrides(args: argparse.Namespace) -> dict[str, dict]:
     """The flags given, as TOML tables (None = not given, so the file's value stays)."""
     tables: dict[str, dict] = {"model": {}, "cluster": {}, "parallel": {}, "run": {}}
@@ -113,6 +141,7 @@ def units_overrides(args: argparse.Namespace) -> dict[str, dict]:
         tables[table].update({k: getattr(args, k) for k in keys if getattr(args, k) is not None})
     if args.pair_overlap is not None:
         tables["run"]["pair_overlap"] = args.pair_overlap
+    tables["parallel"].update(comm_overrides(args))
     return {k: v for k, v in tables.items() if v}
 
 
@@ -194,7 +223,7 @@ def _list() -> int:
 
 
 UNITS_ONLY = ("dp", "tp", "dp_mode", "microbatch_size", "bucket_mb", "collective", "order", "efficiency", "sp",
-              "seq_len", "attention", "dtype")
+              "seq_len", "attention", "dtype", *COMM_KEYS)
 
 
 @guarded

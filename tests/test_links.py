@@ -1,0 +1,144 @@
+"""Links shared by concurrent transfers: max-min fair rates, the engine's flows, fcfs kept as it was."""
+
+from __future__ import annotations
+
+import pytest
+
+from schedules import Action, Kind, Stream, Task, TaskGraph, build, lower
+from schedules.dp import add_data_parallel
+from schedules.errors import ConfigError
+from sim import simulate
+from sim.cluster import cluster_preset
+from sim.network import Network, max_min_rates
+from sim.parallel import ParallelConfig
+from sim.transformer import model_preset
+from sim.transformer_costs import TransformerCosts
+
+A, B = 0, 1  # two ports
+
+
+class Flows:
+    """A cost model of transfers only: each task's duration, ports, latency and ready delay given."""
+
+    def __init__(self, dur, links, *, latency=None, lag=None, model="fair", queue=None):
+        self.dur, self.links, self.model, self.queue = dur, links, model, queue
+        self.latency = latency or [0.0] * len(dur)
+        self.lag = lag or [0.0] * len(dur)
+
+    def duration(self, task, graph):
+        return self.dur[task.id]
+
+    def bytes(self, task, graph):
+        return 0.0
+
+    def activations(self, action, graph):
+        return 0.0, 0.0
+
+    def describe(self):
+        return {"model": "flows"}
+
+    def network(self, graph, dur):
+        return Network(lag=self.lag, links=self.links, latency=self.latency, model=self.model, queue=self.queue)
+
+
+def _transfers(n: int) -> TaskGraph:
+    """n independent collectives on rank 0 of a one-rank schedule (no compute)."""
+    schedule = build("1f1b", pp=1, microbatches=1)
+    tasks = tuple(Task(i, 0, Stream.COLLECTIVE, Action(Kind.ALLREDUCE, 0, None, bucket=i), ()) for i in range(n))
+    return TaskGraph(schedule, tasks, (tuple(range(n)),))
+
+
+def _ends(dur, links, **kw):
+    r = simulate(_transfers(len(dur)), Flows(dur, links, **kw), check=False)
+    return r.start, r.end
+
+
+def test_max_min_rates_of_one_link_split_equally():
+    assert max_min_rates({7: (A,), 3: (A,)}) == {3: 0.5, 7: 0.5}
+    assert max_min_rates({0: (A,)}) == {0: 1.0}
+
+
+def test_max_min_rates_with_a_bottleneck():
+    # A (capacity 1) carries flows 1 and 2, B (capacity 2) flows 2 and 3: A is the bottleneck (share 1/2),
+    # so flows 1 and 2 get 1/2 and flow 3 takes what B has left, 2 - 1/2 = 3/2.
+    assert max_min_rates({1: (A,), 2: (A, B), 3: (B,)}, {A: 1.0, B: 2.0}) == {1: 0.5, 2: 0.5, 3: 1.5}
+    # equal capacities: B carries three flows (1/3 each), A's other flow takes the rest, 2/3
+    rates = max_min_rates({1: (A,), 2: (A, B), 3: (B,), 4: (B,)})
+    assert rates == {1: 1 - 1 / 3, 2: 1 / 3, 3: 1 / 3, 4: 1 / 3}
+
+
+@pytest.mark.parametrize(("model", "starts", "ends"), [("fair", [0.0, 0.0], [4.0, 4.0]),
+                                                       ("fcfs", [0.0, 2.0], [2.0, 4.0])])
+def test_two_equal_flows_on_one_link_finish_at_twice_one(model, starts, ends):
+    assert _ends([2.0, 2.0], [(A,), (A,)], model=model) == (starts, ends)
+
+
+def test_short_flow_finishes_then_the_long_one_speeds_up():
+    # half speed each until the short one (1 s of bytes) is done at 2; the long one has 3 - 1 = 2 left, at full speed
+    assert _ends([1.0, 3.0], [(A,), (A,)]) == ([0.0, 0.0], [2.0, 4.0])
+    assert _ends([1.0, 3.0], [(A,), (A,)], model="fcfs") == ([0.0, 1.0], [1.0, 4.0])
+
+
+def test_three_flows_over_two_links_with_a_bottleneck():
+    # flows 1-3 cross B with rate 1/3 each (one crosses A too); flow 0 alone on A gets 2/3:
+    # flow 0 (1 s of bytes) ends at 1.5; the others are held at 1/3 by B and end at 3
+    _, end = _ends([1.0, 1.0, 1.0, 1.0], [(A,), (A, B), (B,), (B,)])
+    assert end[1:] == [3.0, 3.0, 3.0]
+    assert end[0] == 1 / (1 - 1 / 3) == pytest.approx(1.5, rel=1e-15)  # 2/3 rounded, once
+
+
+def test_latency_is_paid_before_the_flow_joins():
+    # 0.5 s of latency each, then 1 s of bytes each at half speed: 0.5 + 2
+    assert _ends([1.5, 1.5], [(A,), (A,)], latency=[0.5, 0.5]) == ([0.0, 0.0], [2.5, 2.5])
+    # the second is ready 0.5 s later (a lag) and joins at 1.0: flow 0 (joined at 0.5) has 0.5 left, at half
+    # speed it ends at 2.0; flow 1 has moved 0.5 by then and moves its last 0.5 alone: 2.5
+    assert _ends([1.5, 1.5], [(A,), (A,)], latency=[0.5, 0.5], lag=[0.0, 0.5]) == ([0.0, 0.5], [2.0, 2.5])
+
+
+def test_a_flow_alone_ends_exactly_as_under_fcfs():
+    # ready at 0.1 (a lag): 0.1 + 0.3 is not 0.1 + 0.05 + 0.25 in floating point, the flow still ends at 0.1 + 0.3
+    start, end = _ends([0.3], [(A,)], latency=[0.05], lag=[0.1])
+    assert (start, end) == _ends([0.3], [(A,)], lag=[0.1], model="fcfs") == ([0.1], [0.1 + 0.3])
+
+
+def test_a_communicators_collectives_run_in_order_and_share_the_port_with_a_send():
+    # two 2 s collectives of one communicator (queue 0) and a 2 s send, all ready at 0 on port A: the first
+    # collective and the send share A at half speed (both end at 4), then the second collective runs alone
+    start, end = _ends([2.0, 2.0, 2.0], [(A,), (A,), (A,)], queue=[0, 0, -1])
+    assert (start, end) == ([0.0, 4.0, 0.0], [4.0, 6.0, 4.0])
+    # fcfs: one at a time on the port, in ready order
+    assert _ends([2.0, 2.0, 2.0], [(A,), (A,), (A,)], model="fcfs") == ([0.0, 2.0, 4.0], [2.0, 4.0, 6.0])
+    # a queued task on no port still holds its queue: 1 s, then the next collective, shared with the send
+    start, end = _ends([1.0, 2.0, 2.0], [(), (A,), (A,)], queue=[0, 0, -1])
+    assert (start, end) == ([0.0, 1.0, 0.0], [1.0, 4.0, 3.0])
+
+
+def test_transfers_on_no_port_or_of_latency_only_are_timed_alone():
+    assert _ends([2.0, 2.0, 1.0], [(), (), (A,)], latency=[0.0, 0.0, 1.0]) == ([0.0] * 3, [2.0, 2.0, 1.0])
+
+
+def test_bad_link_model_is_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"^parallel: unknown link model 'fifo'; valid: fair, fcfs$"):
+        ParallelConfig(pp=2, link_model="fifo")
+
+
+GPT6 = model_preset("gpt-6.2b")
+
+
+def _run(pp, dp, mode, link_model, microbatches=4):
+    c = TransformerCosts(model=GPT6, cluster=cluster_preset("dgx-h100:2"),
+                         parallel=ParallelConfig(pp=pp, dp=dp, dp_mode=mode, link_model=link_model))
+    graph = add_data_parallel(lower(build("1f1b", pp=pp, microbatches=microbatches)), mode, c.buckets(pp))
+    return simulate(graph, c)
+
+
+def test_without_concurrent_transfers_fair_equals_fcfs_bit_for_bit():
+    # pp=2, dp=1: rank 0's sends leave by its port 'out', rank 1's by its own; no two transfers share a port
+    fair, fcfs = _run(2, 1, "none", "fair"), _run(2, 1, "none", "fcfs")
+    assert fair.start == fcfs.start and fair.end == fcfs.end
+
+
+def test_fair_sharing_is_deterministic_and_differs_from_fcfs_under_contention():
+    a, b = _run(4, 2, "ddp", "fair"), _run(4, 2, "ddp", "fair")
+    assert a.start == b.start and a.end == b.end
+    assert a.end != _run(4, 2, "ddp", "fcfs").end
