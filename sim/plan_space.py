@@ -3,7 +3,8 @@
 A configuration (:class:`PlanConfig`) is tensor degree ``tp`` (a divisor of the
 devices per node that also divides what tensor parallelism splits: heads, K/V
 heads, hidden size, FFN), pipeline degree ``pp`` (the layers split as evenly
-as possible over ``pp * chunks`` stages, extra layers first; counts that do
+as possible over ``pp * chunks`` stages, extra layers first, or with two stages more than layers the
+first and the last holding only the embedding and the output; counts that do
 not divide are allowed), data degree ``dp = devices / (tp * pp)``, a registered
 schedule with its chunks ``v`` (the choices in ``chunks`` for schedules that
 take several, the fixed count for V-shaped ones, 1 for the rest), a
@@ -201,7 +202,7 @@ def enumerate_configs(space: PlanSpace) -> Iterator[PlanConfig]:
             sps = (False,) if tp == 1 else space.sp
             for name in space.schedule_names:
                 for v in chunk_choices(name, space.chunks):
-                    if pp * v > model.layers:
+                    if pp * v > model.layers and pp * v != model.layers + 2:  # +2: embedding, output alone
                         continue
                     for b in sizes:
                         m = per_replica // b

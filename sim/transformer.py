@@ -312,5 +312,12 @@ def model_from_dict(data: Mapping[str, Any]) -> TransformerConfig:
 
 
 def partition_layers(layers: int, stages: int, explicit: Sequence[int] | None = None) -> tuple[int, ...]:
-    """Layers per stage (:func:`schedules.partition.split_layers`); an explicit split may leave a stage empty."""
+    """Layers per stage (:func:`schedules.partition.split_layers`); an explicit split may leave a stage empty.
+
+    Two stages more than layers: one layer per stage, the first stage holding only the embedding and the last
+    only the output layer, as Llama 3 405B was trained (Dubey et al. 2024, sec. 3.3.2: 126 layers on 16 ranks
+    x 8 virtual stages, the first and the last stage one layer short).
+    """
+    if explicit is None and stages == layers + 2:
+        return (0, *(1,) * layers, 0)
     return split_layers(layers, stages, explicit, min_per_stage=0, field="layers_per_stage")

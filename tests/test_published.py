@@ -64,3 +64,27 @@ def test_llama3_8192_row_fits_in_memory_and_is_scored():
     (row,) = [r for r in score(suite_runs("llama3")[:1])]
     assert row["peak_memory_gb"] * 1e9 <= 81559 * 2**20  # the H100's capacity as the driver reports it
     assert row["error"] is not None
+
+
+def test_meta_split_puts_the_embedding_and_output_alone():
+    from sim.transformer import partition_layers
+
+    assert partition_layers(126, 128) == (0, *(1,) * 126, 0)
+    assert partition_layers(30, 8) == (4, 4, 4, 4, 4, 4, 3, 3)  # otherwise unchanged
+
+
+@pytest.mark.slow
+def test_planner_finds_metas_405b_layout_feasible_and_best():
+    """llama3-405b on 1,024 DGX H100 nodes, global batch 2048 x 8192: Meta's layout (TP 8, PP 16, DP 64,
+    interleaved, no recomputation) fits the H100's memory and is the planner's best."""
+    from sim.plan import plan
+    from sim.plan_space import PlanSpace
+    from sim.cluster import cluster_preset
+    from sim.transformer import model_preset
+
+    space = PlanSpace(model=model_preset("llama3-405b"), cluster=cluster_preset("dgx-h100:1024"), global_batch=2048,
+                      schedules=("interleaved-1f1b", "1f1b"), chunks=(2, 4, 8), dp_modes=("zero1", "zero2"))
+    best = plan(space, top=2, workers=1).top[0]
+    c = best.config
+    assert (c.tp, c.pp, c.dp, c.schedule, c.chunks, c.recompute, c.sp) == (8, 16, 64, "interleaved-1f1b", 8, "none", True)
+    assert best.peak_memory_bytes <= 81559 * 2**20

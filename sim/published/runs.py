@@ -109,8 +109,7 @@ def _layer_mib(model: str, tp: int) -> float:
 
 
 # 126 layers on 16 x 8 = 128 virtual stages: the first holds only the embedding, the last only the output
-# (Dubey et al. 2024, sec. 3.3.2: one layer fewer on the first and the last stage, for memory balance).
-_META_SPLIT = (0, *(1,) * 126, 0)
+# (Dubey et al. 2024, sec. 3.3.2; sim.transformer.partition_layers splits them so).
 _LLAMA_ASSUMED = ("schedule interleaved-1f1b, chunks=8 (one layer per virtual stage, inferred from 126 = 128 - 2)",
                   "buckets of one layer (FSDP's unit)", "microbatch_size=1", "recompute none", "dp_mode zero2 (FSDP keeping the "
                   "weights after the forward)", "sequence parallelism", "flash attention")
@@ -149,7 +148,7 @@ RUNS: tuple[PublishedRun, ...] = (
     _megatron_h100("gpt-462b", 8, 16, 48, 3072, 459.9, 9),
     *(PublishedRun(suite="llama3", name=f"405B on {gpus:,} H100", model="llama3-405b", cluster=f"dgx-h100:{gpus // 8}",
                    tp=8, pp=16, dp=dp, microbatches=per_dp, schedule="interleaved-1f1b", chunks=8, dp_mode="zero2",
-                   layers_per_stage=_META_SPLIT, bucket_mb=_layer_mib("llama3-405b", 8),
+                   bucket_mb=_layer_mib("llama3-405b", 8),
                    sp=True, metric="tflops_per_gpu", published=tflops, source=f"{_LLAMA}, row '{gpus:,} GPUs, CP 1'",
                    settings_source=f"{_LLAMA} (TP, CP, PP, DP, sequence, batch size/DP)",
                    assumed=_LLAMA_ASSUMED)
