@@ -45,13 +45,12 @@ from sim.cluster import (
     read_toml,
 )
 from sim.engine import SimResult, simulate
-from sim.recompute_modes import key_recompute
-from sim.transformer_costs import DTYPES
 from sim.memory import DeviceMemory, model_state_bytes
 from sim.network import LINK_MODELS
 from sim.parallel import EMBEDDING_ALLREDUCE, ParallelConfig
+from sim.recompute_modes import key_recompute
 from sim.transformer import TransformerConfig, model_from_dict
-from sim.transformer_costs import TransformerCosts
+from sim.transformer_costs import DTYPES, TransformerCosts
 
 __all__ = ["Study", "StudyResult", "dp_options", "exposed_comm", "load_study", "run_study", "study_from_dict"]
 

@@ -63,8 +63,8 @@ from sim.costs import memoized_durations, recomputed_in
 from sim.devices import DEVICE_MODELS
 from sim.gpu_model import DeviceModel, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
 from sim.network import Network
-from sim.recompute_modes import check_recompute, layer_every
 from sim.parallel import DPGroup, ParallelConfig
+from sim.recompute_modes import check_recompute, layer_every
 from sim.transformer import TransformerConfig, partition_layers
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "TransformerCosts"]

@@ -77,9 +77,9 @@ def test_meta_split_puts_the_embedding_and_output_alone():
 def test_planner_finds_metas_405b_layout_feasible_and_best():
     """llama3-405b on 1,024 DGX H100 nodes, global batch 2048 x 8192: Meta's layout (TP 8, PP 16, DP 64,
     interleaved, no recomputation) fits the H100's memory and is the planner's best."""
+    from sim.cluster import cluster_preset
     from sim.plan import plan
     from sim.plan_space import PlanSpace
-    from sim.cluster import cluster_preset
     from sim.transformer import model_preset
 
     space = PlanSpace(model=model_preset("llama3-405b"), cluster=cluster_preset("dgx-h100:1024"), global_batch=2048,
@@ -88,3 +88,21 @@ def test_planner_finds_metas_405b_layout_feasible_and_best():
     c = best.config
     assert (c.tp, c.pp, c.dp, c.schedule, c.chunks, c.recompute, c.sp) == (8, 16, 64, "interleaved-1f1b", 8, "none", True)
     assert best.peak_memory_bytes <= 81559 * 2**20
+
+
+def test_script_json_is_one_object_and_a_bad_markdown_path_exits_2(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "experiments/published.py", "--suite", "llama3", "--json"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    d = json.loads(run.stdout)
+    assert d["summary"]["held_out"]["rows"] == 2 and d["summary"]["fit"]["rows"] == 0
+    assert all(r["source"].startswith("Dubey et al. 2024") for r in d["rows"])
+    bad = subprocess.run([sys.executable, "experiments/published.py", "--markdown", str(tmp_path / "no" / "x.md")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr == (f"published.py: --markdown {str(tmp_path / 'no' / 'x.md')!r}: folder "
+                          f"{str(tmp_path / 'no')!r} does not exist; give a path in an existing folder\n")

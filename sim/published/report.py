@@ -55,7 +55,7 @@ def text(rows: Sequence[dict[str, Any]], memory: Sequence[dict[str, Any]] = ()) 
 
 
 def markdown(rows: Sequence[dict[str, Any]], memory: Sequence[dict[str, Any]], command: str) -> str:
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     out = ["# Published training runs: predicted against published", "",
            f"- machine: {platform.node()} ({platform.machine()}, {platform.system()} {platform.release()}, "
            f"Python {platform.python_version()})", f"- date: {now}", f"- command: `{command}`", "",
