@@ -150,9 +150,12 @@ def flash_attention_flops(*, seq_len: int, b: int, heads: float, head_dim: float
     return full / 2 if causal else full
 
 
-def _attention_ops(attention: str, *, s: int, b: int, heads_t: float, d: float, kv_share: float) -> list[Op]:
+def _attention_ops(attention: str, *, s: int, b: int, heads_t: float, d: float, kv_share: float,
+                   context: int = 1) -> list[Op]:
     if attention == "flash":  # reads Q, K, V and writes the output once (16-bit), no s x s tensor in HBM
-        return [Op("flash-attn", flash_attention_flops(seq_len=s, b=b, heads=heads_t, head_dim=d),
+        # with context parallelism (cp ranks of s tokens each), a rank's s queries meet all cp x s keys: causal
+        # and load-balanced, cp times the FLOPs of its own s x s block
+        return [Op("flash-attn", context * flash_attention_flops(seq_len=s, b=b, heads=heads_t, head_dim=d),
                    2.0 * b * s * heads_t * d * (2 + 2 * kv_share), True, attention_core=True, fused_attention=True)]
     score_elems = b * heads_t * s * s
     return [_gemm("scores", s, d, s, batch=b * heads_t, attention_core=True),
@@ -173,11 +176,12 @@ ELEMENTWISE_BYTES = {"fused": {"norm": 4.0, "rope": 4.0, "swiglu": 6.0, "gelu": 
 
 def layer_ops(*, hidden: int, heads: int, kv_hidden: int, ffn: int, gated: bool, seq_len: int, b: int, tp: int,
               sp: bool, attention: str = "unfused", elementwise: str = "fused", rotary: bool = False,
-              dropout: bool = True) -> list[Op]:
+              dropout: bool = True, context: int = 1) -> list[Op]:
     """The forward operations of one transformer layer on one tensor shard (module docstring).
 
     ``elementwise``: the bytes of the norms, rotary embedding and activation (:data:`ELEMENTWISE_BYTES`);
-    ``rotary``: Q and K rotated (Llama); ``dropout``: the residual adds also write a 1-byte mask.
+    ``rotary``: Q and K rotated (Llama); ``dropout``: the residual adds also write a 1-byte mask;
+    ``context``: the context-parallel degree (``seq_len`` is then one rank's share of the sequence).
     ``op_share``: what torchtitan's selective-op policy recomputes of each (sim.recompute_modes): every
     memory-bound operation, and every second matmul (GPT: out and fc2; Llama: k, out and up).
     """
@@ -194,7 +198,7 @@ def layer_ops(*, hidden: int, heads: int, kv_hidden: int, ffn: int, gated: bool,
         Op("layernorm1", 0.0, per["norm"] * rep * h, False),
         _gemm("qkv", tokens, h, (h + 2 * kv_hidden) / t, weight=True, op_share=qkv_share),
         *rope,
-        *_attention_ops(attention, s=s, b=b, heads_t=heads / t, d=h / heads, kv_share=kv_share),
+        *_attention_ops(attention, s=s, b=b, heads_t=heads / t, d=h / heads, kv_share=kv_share, context=context),
         _gemm("out-proj", tokens, h / t, h, weight=True),
         Op("dropout-add1", 0.0, add * rep * h, False),
         Op("layernorm2", 0.0, per["norm"] * rep * h, False),

@@ -312,7 +312,7 @@ RUN_TABLE: dict[str, KeyCheck] = {
     "reduce_dtype": key_choice(("bf16", "fp32")), "elementwise": key_choice(("fused", "eager")), "tp_overlap": key_flag,
 }
 PARALLEL_TABLE: dict[str, KeyCheck] = {
-    "pp": key_positive_int, "dp": key_positive_int, "tp": key_positive_int,
+    "pp": key_positive_int, "dp": key_positive_int, "tp": key_positive_int, "cp": key_positive_int,
     "dp_mode": key_choice(DP_MODES), "order": key_choice(("dp-inner", "pp-inner")),
     "bucket_mb": key_positive(" MiB"), "collective": key_choice(coll.ALGORITHMS), "sp": key_flag,
     "link_model": key_choice(LINK_MODELS), "fsdp_reshard_after_forward": key_flag,

@@ -47,6 +47,7 @@ passes and hold no port.)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -112,6 +113,10 @@ class TransformerCosts:
         check_choice("costs", "dtype", self.dtype, DTYPES)
         check_choice("costs", "reduce_dtype", self.reduce_dtype, ("bf16", "fp32"))
         check_choice("costs", "elementwise", self.elementwise, ("fused", "eager"))
+        if self.parallel.cp > 1 and (self.model.attention != "flash" or self.model.seq_len % self.parallel.cp):
+            raise ConfigError(f"costs: context parallelism (cp={self.parallel.cp}) is ring attention over a fused "
+                              f"kernel: it needs attention flash and a sequence length divisible by cp, got "
+                              f"{self.model.attention} attention and sequence {self.model.seq_len}", field="cp")
         if self.tp_overlap and not self.parallel.sp:
             raise ConfigError("costs: tp_overlap hides the sequence-parallel all-gathers and reduce-scatters behind "
                               "their GEMMs, so it needs sp (and tp > 1); add sp or leave tp_overlap out",
@@ -169,16 +174,47 @@ class TransformerCosts:
         if kind is Kind.B:
             return self.flops_of(Kind.I, layers, last) + self.flops_of(Kind.W, layers, last)
         m, k = self.model, kind.value
+        tokens = self.local.seq_len * self.microbatch_size  # per context-parallel rank
         if kind is Kind.R:  # the stage's layers' forward again (module docstring)
-            tokens = m.seq_len * self.microbatch_size
             return layers * m.layer_flops("F") * tokens / self.parallel.tp
         per_layer = m.layer_flops(k) + (m.recompute_flops(self.recompute) if kind is Kind.I else 0.0)
         per_token = layers * per_layer
         if last:
             per_token += m.head_flops(k)
-        return per_token * m.seq_len * self.microbatch_size / self.parallel.tp
+        return per_token * tokens / self.parallel.tp
 
     # --- seconds of a pass -----------------------------------------------------------------------------
+    @property
+    def local(self) -> TransformerConfig:
+        """The model as one context-parallel rank sees it: s / cp tokens of each sequence (the model itself
+        without context parallelism). Attention still spans the whole sequence (:meth:`cp_exchange`)."""
+        cp = self.parallel.cp
+        return self.model if cp == 1 else dataclasses.replace(self.model, seq_len=self.model.seq_len // cp)
+
+    def cp_exchange(self, kind: Kind) -> float:
+        """Seconds of ring attention's K/V exchange a layer's pass leaves exposed (context parallelism).
+
+        Each of the cp ranks holds s/cp queries and passes its K and V blocks around the ring: cp - 1 steps,
+        each sending 2 x (s/cp) b h_kv / t 16-bit values over the CP link, while the attention kernel works on
+        the block it has (Liu et al. 2023, "Ring Attention"); the backward sends K, V and their gradients
+        (twice the bytes). Only the time the exchange exceeds the attention kernel's is exposed.
+        """
+        p, m = self.parallel, self.local
+        if p.cp == 1 or kind is Kind.W:
+            return 0.0
+        block = 2 * 2.0 * m.seq_len * self.microbatch_size * m.kv_hidden / p.tp
+        width = p.tp * p.cp
+        per_node = min(sum(1 for d in self.cluster.devices if d.node == self.cluster.devices[0].node), width)
+        link = self.cluster.intra if width <= per_node else self.cluster.inter
+        lc = self.layer_costs()
+        attn = [op for op in lc.ops if op.fused_attention]
+        if kind is Kind.I:
+            ring, kernel = 2 * (p.cp - 1) * link.time(block), sum(
+                op.input_grad_time(lc.spec, lc.efficiency, lc.device, lc.fp8) for op in attn)
+        else:
+            ring, kernel = (p.cp - 1) * link.time(block), sum(lc._t(op) for op in attn)
+        return max(0.0, ring - kernel)
+
     @property
     def device(self) -> DeviceModel | None:
         """The device model timing each operation (sim.devices); None for a device without one."""
@@ -197,10 +233,11 @@ class TransformerCosts:
         return self.efficiency if self.efficiency is not None else FALLBACK_EFFICIENCY
 
     def layer_costs(self) -> LayerCosts:
-        m, p = self.model, self.parallel
+        m, p = self.local, self.parallel
         ops = layer_ops(hidden=m.hidden, heads=m.heads, kv_hidden=m.kv_hidden, ffn=m.ffn, gated=m.gated_mlp,
                         seq_len=m.seq_len, b=self.microbatch_size, tp=p.tp, sp=p.sp, attention=m.attention,
-                        elementwise=self.elementwise, rotary=not m.learned_positions, dropout=m.dropout)
+                        elementwise=self.elementwise, rotary=not m.learned_positions, dropout=m.dropout,
+                        context=p.cp)
         return LayerCosts(ops=tuple(ops), spec=self.cluster.spec,
                           efficiency=self.gemm_efficiency or GemmEfficiency(peak_fraction=self.matmul_efficiency,
                                                                             half_flops=0.0),
@@ -209,7 +246,7 @@ class TransformerCosts:
 
     def tp_bytes(self) -> float:
         """Bytes of one tensor-parallel collective's full buffer: the 16-bit activation, 2sbh."""
-        return self.model.boundary_bytes(self.microbatch_size)
+        return self.local.boundary_bytes(self.microbatch_size)
 
     def tp_comm(self, kind: Kind, stage: int, num_stages: int) -> float:
         """Seconds of the pass's tensor-parallel collectives: 2 per layer in F and in I (+2 in I if full
@@ -249,7 +286,7 @@ class TransformerCosts:
 
     def _edge_ops(self, first: bool, last: bool) -> list[Op]:
         """Forward operations outside the layers: the embedding (stage 0); final norm, LM head, loss (last)."""
-        m, p, b = self.model, self.parallel, self.microbatch_size
+        m, p, b = self.local, self.parallel, self.microbatch_size
         tokens = m.seq_len * b
         rep = tokens / p.tp if p.sp else tokens
         ops = []
@@ -279,6 +316,7 @@ class TransformerCosts:
         edge_w = [lc._t(op) for op in self._edge_ops(first, last) if op.weight]
         if kind is not Kind.W:
             comm = self.exposed_tp(comm, n * lc.weight_grad())  # weight_grad: the weight GEMMs at forward size
+            comm += n * self.cp_exchange(Kind.F if kind is Kind.R else kind)
         if kind is Kind.F:
             return n * lc.forward() + sum(edge) + comm
         if kind is Kind.R:
@@ -304,7 +342,7 @@ class TransformerCosts:
 
     def activations_of(self, layers: int, last: bool) -> float:
         """:meth:`stage_activations` of a stage of ``layers`` layers (``last``: it holds the logits)."""
-        m, b, p = self.model, self.microbatch_size, self.parallel
+        m, b, p = self.local, self.microbatch_size, self.parallel
         held = layers * m.layer_activation_bytes(b, p.tp, p.sp, self.recompute)
         if last:
             held += m.head_activation_bytes(b) / p.tp
@@ -312,7 +350,7 @@ class TransformerCosts:
 
     def recompute_kept(self, stage: int, num_stages: int) -> float:
         """Bytes a forward that an R recomputes keeps: its layers' input, and the last stage's logits."""
-        m, b, p = self.model, self.microbatch_size, self.parallel
+        m, b, p = self.local, self.microbatch_size, self.parallel
         kept = m.layer_activation_bytes(b, p.tp, p.sp, "full") if self.stage_layers(num_stages)[stage] else 0.0
         if stage == num_stages - 1:
             kept += m.head_activation_bytes(b) / p.tp
@@ -386,7 +424,7 @@ class TransformerCosts:
     def bytes(self, task: Task, graph: TaskGraph) -> float:
         a = task.action
         if a.kind in (Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B):
-            return self.model.boundary_bytes(self.microbatch_size) / self.parallel.tp
+            return self.local.boundary_bytes(self.microbatch_size) / self.parallel.tp
         if task.stream is Stream.COLLECTIVE:
             if _is_embedding(task, graph):
                 return self.embedding_bytes()

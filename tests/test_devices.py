@@ -80,3 +80,26 @@ def test_recompute_names_are_checked():
         with pytest.raises(ConfigError, match=r"unknown recompute .*; valid: none, selective, full, selective-op, "
                                               r"layer:N \(N >= 1: every N-th layer in full\)"):
             check_recompute("costs", bad)
+
+
+def test_context_parallelism_splits_tokens_and_exposes_the_ring_beyond_the_kernel():
+    """cp ranks of s/cp tokens: GEMMs and activations / cp, attention FLOPs / cp (s/cp queries x s keys, causal),
+    and cp - 1 K/V block transfers per layer forward (twice in the backward) hidden behind the attention kernel."""
+    from sim.cluster import cluster_preset as cp_cluster
+
+    base = dict(model=LLAMA8, cluster=cp_cluster("dgx-h100"))
+    one = TransformerCosts(parallel=ParallelConfig(pp=1), **base)
+    four = TransformerCosts(parallel=ParallelConfig(pp=1, cp=4), **base)
+    assert four.parallel.world == 4 and four.local.seq_len == 2048
+    assert four.activations_of(32, False) == pytest.approx(one.activations_of(32, False) / 4)
+    fa = {o.name: o for o in four.layer_costs().ops}["flash-attn"]
+    assert fa.flops == pytest.approx(flash_attention_flops(seq_len=8192, b=1, heads=32, head_dim=128) / 4)
+    block = 2 * 2.0 * 2048 * 1024  # K and V of 2048 tokens, h_kv 1024, 16-bit
+    ring = 3 * (3e-6 + block / 450e9)  # NVLink 4: 3 us, 450 GB/s
+    kernel = four.layer_costs()._t(fa)
+    assert four.cp_exchange(Kind.F) == pytest.approx(max(0.0, ring - kernel)) == 0.0  # hidden on NVLink
+    slow = TransformerCosts(parallel=ParallelConfig(pp=1, cp=4), model=model_preset("llama-8b"),
+                            cluster=cp_cluster("dgx-h100"), efficiency=None, microbatch_size=1)
+    assert slow.cp_exchange(Kind.W) == 0.0
+    with pytest.raises(ConfigError, match=r"context parallelism \(cp=2\) is ring attention over a fused kernel"):
+        TransformerCosts(parallel=ParallelConfig(pp=1, cp=2, tp=1), model=GPT175, cluster=cp_cluster("dgx-a100"))
