@@ -43,6 +43,8 @@ def test_rows_pin_their_figures_and_layouts():
     assert all(r.source and (r.fit or r.suite != "megatron-2022" or r.recompute == "selective") for r in RUNS)
     assert all(r.assumed for r in RUNS if r.suite in ("megatron-h100", "llama3"))
     assert all(r.note for r in RUNS if not r.scored)
+    assert [r.schedule for r in RUNS if r.suite == "megatron-h100"] == ["1f1b"] * 9  # the README's example script
+    assert all("sequence parallelism" not in r.assumed for r in RUNS if r.suite == "megatron-h100" and r.tp == 1)
 
 
 def test_the_script_is_thin():

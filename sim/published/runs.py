@@ -88,7 +88,8 @@ _TT_H100_NOTE = ("H100 96GB HBM2e at a 500 W cap: a device of its own whose peak
 _MEG = "NVIDIA/Megatron-LM README.md, images/model_table.png (commit 937571c)"
 # Settings the README states: --tp-comm-overlap, --overlap-grad-reduce, --overlap-param-gather (README,
 # "Training Speed and Scalability"). The rest is assumed:
-_MEG_ASSUMED = ("microbatch_size=1", "schedule interleaved-1f1b, chunks=4 (pp > 1)", "recompute none",
+_MEG_ASSUMED = ("microbatch_size=1 and 1F1B without virtual stages, as the README's GPT-3 175B example script "
+                "at the same commit (examples/gpt3/train_gpt3_175b_distributed.sh)", "recompute none",
                 "sequence parallelism", "dp_mode zero1 (distributed optimizer)", "FFN 4h, flash attention, dropout")
 _LLAMA = "Dubey et al. 2024 (arXiv 2407.21783), Table 4"
 
@@ -96,9 +97,8 @@ _LLAMA = "Dubey et al. 2024 (arXiv 2407.21783), Table 4"
 def _megatron_h100(model: str, tp: int, pp: int, dp: int, batch: int, tflops: float, row: int) -> PublishedRun:
     return PublishedRun(suite="megatron-h100", name=model.removeprefix("gpt-").upper(), model=model,
                         cluster=f"dgx-h100:{tp * pp * dp // 8}", tp=tp, pp=pp, dp=dp, microbatches=batch // dp,
-                        schedule="interleaved-1f1b" if pp > 1 else "1f1b", chunks=4 if pp > 1 else 1,
                         dp_mode="zero1", sp=tp > 1, tp_overlap=tp > 1, metric="tflops_per_gpu", published=tflops,
-                        source=f"{_MEG}, row {row}", assumed=_MEG_ASSUMED if tp > 1 else _MEG_ASSUMED[:3] + _MEG_ASSUMED[4:],
+                        source=f"{_MEG}, row {row}", assumed=_MEG_ASSUMED if tp > 1 else _MEG_ASSUMED[:2] + _MEG_ASSUMED[3:],
                         settings_source=f"{_MEG}, row {row} (heads, hidden, layers, TP, PP, DP, GPUs, batch)")
 
 
