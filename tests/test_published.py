@@ -108,3 +108,11 @@ def test_script_json_is_one_object_and_a_bad_markdown_path_exits_2(tmp_path):
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr == (f"published.py: --markdown {str(tmp_path / 'no' / 'x.md')!r}: folder "
                           f"{str(tmp_path / 'no')!r} does not exist; give a path in an existing folder\n")
+
+
+def test_held_out_goals_that_hold():
+    """torchtitan's two A100 rows within 10% each; the Megatron-LM H100 table within 10% on average."""
+    titan = summarize(score(suite_runs("torchtitan")))
+    assert titan["held_out"]["rows"] == 2 and titan["held_out"]["max_abs_error"] < 0.10
+    h100 = summarize(score(suite_runs("megatron-h100")))
+    assert h100["held_out"]["rows"] == 9 and h100["held_out"]["mean_abs_error"] < 0.10
