@@ -173,6 +173,11 @@ def _simulate(graph: TaskGraph, costs: CostModel) -> SimResult:
     if hooks is not None and not isinstance(hooks, Network):  # (lag, links): the older hook, first come first served
         lag, links = hooks
         hooks = Network(lag=lag, links=links, latency=[0.0] * n, model="fcfs")
+    if hooks is not None:
+        sizes = {k: len(v) for k, v in (("lag", hooks.lag), ("links", hooks.links), ("latency", hooks.latency),
+                                        ("queue", hooks.queue or [0] * n))}
+        if any(size != n for size in sizes.values()):
+            raise ValueError(f"the cost model's network gives {sizes} entries for a graph of {n} tasks; give one per task")
     _run(graph, dur, start, end, hooks)
     if n and not math.isfinite(max(end)):
         raise ScheduleError(f"schedule {graph.schedule.name!r}: the simulated step overflows to {max(end)} "
@@ -243,13 +248,28 @@ def _run(graph: TaskGraph, dur: list[float], start: list[float], end: list[float
 
     def release(stack: list[int], now: float) -> None:
         # Start every task on the stack; those that finish at once free more (a worklist, no recursion).
+        # Without a network, run_alone and at are written out here: this is the hot path.
         while stack:
             i = stack.pop()
-            if lag is not None and lag[i] > 0.0:
-                at(now + lag[i], lag[i], ~i)
-                continue
             top = len(stack)
-            begin(i, now, stack)
+            if lag is not None:
+                if lag[i] > 0.0:
+                    at(now + lag[i], lag[i], ~i)
+                    continue
+                begin(i, now, stack)
+            else:
+                start[i] = now
+                d = dur[i]
+                if d > 0.0:
+                    t = now + d
+                    batch = events.get(t)
+                    if batch is None:
+                        events[t] = [i]
+                        timeout(d, t).callbacks.append(on_event)
+                    else:
+                        batch.append(i)
+                    continue
+                finish(i, now, stack)
             if len(stack) - top > 1:
                 stack[top:] = stack[top:][::-1]  # the lowest freed id on top
 

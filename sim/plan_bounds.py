@@ -248,7 +248,7 @@ class Bounds:
             found = self._full[key] = TransformerCosts(
                 model=s.model, cluster=s.cluster,
                 parallel=ParallelConfig(pp=c.pp, dp=c.dp, tp=c.tp, sp=c.sp, dp_mode=c.dp_mode,
-                                        bucket_mb=s.bucket_for(c.tp)),
+                                        bucket_mb=s.bucket_for(c.tp), link_model=s.link_model),
                 microbatch_size=c.microbatch_size, recompute=c.recompute)
         return found
 

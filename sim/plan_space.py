@@ -32,6 +32,7 @@ from schedules.errors import ConfigError, check_choice, check_positive, check_po
 from schedules.registry import MAX_TASKS, TASKS_PER_PASS
 from sim.cluster import Cluster
 from sim.gpu_model import RECOMPUTE_MODES
+from sim.network import LINK_MODELS
 from sim.recompute_modes import check_recompute
 from sim.transformer import TransformerConfig
 
@@ -90,6 +91,7 @@ class PlanSpace:
     tp: tuple[int, ...] | None = None  # None: every valid divisor
     pp: tuple[int, ...] | None = None  # None: every valid divisor
     bucket_mb: float | None = None  # None: one transformer layer's 16-bit weights per tensor shard, at least 25 MiB
+    link_model: str = "fair"  # how transfers share a port in the simulations (sim.network)
 
     def bucket_for(self, tp: int) -> float:
         """Gradient/parameter bucket in MiB. By default one layer per bucket, as FSDP wraps each transformer block
@@ -115,6 +117,7 @@ class PlanSpace:
             check_recompute("plan", r)
         if self.bucket_mb is not None:
             check_positive("plan", "bucket_mb", self.bucket_mb, " MiB")
+        check_choice("plan", "link_model", self.link_model, LINK_MODELS)
         for value in (*(self.tp or ()), *(self.pp or ())):
             check_positive_ints("plan", degree=value)
         if not (self.chunks and self.dp_modes and self.recompute and self.sp):

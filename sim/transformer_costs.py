@@ -472,7 +472,14 @@ class TransformerCosts:
                 links.append(self._collective_ports(t.rank, port, ps0))
             else:
                 links.append(())
-        latency = [self.latency(t, graph) if ports else 0.0 for t, ports in zip(graph.tasks, links, strict=True)]
+        memo: dict[tuple, float] = {}  # a transfer's latency depends on where it runs and what it is, not on the microbatch
+        latency = [0.0] * len(links)
+        for t, ports in zip(graph.tasks, links, strict=True):
+            if ports:
+                key = (t.rank, t.peer, t.action.kind, t.id in plan.embedding if plan is not None else False)
+                if key not in memo:
+                    memo[key] = self.latency(t, graph)
+                latency[t.id] = memo[key]
         # one communicator per rank's data-parallel group (another for the embedding's): each runs its
         # collectives one at a time, in order
         n_r = graph.num_ranks

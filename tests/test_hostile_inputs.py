@@ -69,6 +69,12 @@ def _toml(data: dict) -> str:
     ("parallel", "dp_mode", 3, "config [parallel]: unknown dp mode 3; valid: none, sync, ddp"),
     ("parallel", "order", ["dp-inner"], "config [parallel]: unknown order ['dp-inner']; valid: dp-inner, pp-inner"),
     ("parallel", "collective", True, "config [parallel]: unknown collective True; valid: auto, ring"),
+    ("parallel", "link_model", "fifo", "config [parallel]: unknown link model 'fifo'; valid: fair, fcfs"),
+    ("parallel", "fsdp_reshard_after_forward", "off", "config [parallel]: fsdp_reshard_after_forward must be true or "
+                                                      "false, got 'off'"),
+    ("parallel", "fsdp_prefetch", 1.0, "config [parallel]: fsdp_prefetch must be a whole number >= 0, got 1.0"),
+    ("parallel", "fsdp_prefetch", -1, "config [parallel]: fsdp_prefetch must be a whole number >= 0, got -1"),
+    ("parallel", "embedding_allreduce", True, "config [parallel]: unknown embedding allreduce True; valid: auto, on, off"),
     ("model", "preset", 5, "config [model]: preset must be a model preset such as 'gpt-6.2b' (a string), got 5"),
     ("model", "layers", 6.2, "config [model]: layers must be an integer >= 1, got 6.2"),
     ("model", "layers", 6.0, "config [model]: layers must be an integer >= 1, got 6.0"),

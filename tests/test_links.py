@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from schedules import Action, Kind, Stream, Task, TaskGraph, build, lower
@@ -9,7 +11,7 @@ from schedules.dp import add_data_parallel
 from schedules.errors import ConfigError
 from sim import simulate
 from sim.cluster import cluster_preset
-from sim.network import Network, max_min_rates
+from sim.network import FairLinks, Network, max_min_rates
 from sim.parallel import ParallelConfig
 from sim.transformer import model_preset
 from sim.transformer_costs import TransformerCosts
@@ -125,9 +127,9 @@ def test_bad_link_model_is_refused_in_one_line():
 GPT6 = model_preset("gpt-6.2b")
 
 
-def _run(pp, dp, mode, link_model, microbatches=4):
-    c = TransformerCosts(model=GPT6, cluster=cluster_preset("dgx-h100:2"),
-                         parallel=ParallelConfig(pp=pp, dp=dp, dp_mode=mode, link_model=link_model))
+def _run(pp, dp, mode, link_model, microbatches=4, embedding="auto"):
+    c = TransformerCosts(model=GPT6, cluster=cluster_preset("dgx-h100:2"), parallel=ParallelConfig(
+        pp=pp, dp=dp, dp_mode=mode, link_model=link_model, embedding_allreduce=embedding))
     graph = add_data_parallel(lower(build("1f1b", pp=pp, microbatches=microbatches)), mode, c.buckets(pp))
     return simulate(graph, c)
 
@@ -142,3 +144,60 @@ def test_fair_sharing_is_deterministic_and_differs_from_fcfs_under_contention():
     a, b = _run(4, 2, "ddp", "fair"), _run(4, 2, "ddp", "fair")
     assert a.start == b.start and a.end == b.end
     assert a.end != _run(4, 2, "ddp", "fcfs").end
+
+
+@pytest.mark.parametrize(("mode", "cluster", "makespan"), [
+    ("ddp", "dgx-h100:2", 0.13744090434102652), ("zero2", "dgx-h100:2", 0.1355778466730996),
+    ("fsdp", "dgx-h100:2", 0.13557784667309944), ("ps", "dgx-h100:2+ps2", 0.6058125780431436)])
+def test_fcfs_reproduces_the_engine_before_fair_sharing(mode, cluster, makespan):
+    # the makespans of the FIFO-port engine of commit b81a9a7 (whose start and end times fcfs matches bit for
+    # bit on these graphs); the embedding all-reduce, which that engine's graphs did not have, left out
+    c = TransformerCosts(model=GPT6, cluster=cluster_preset(cluster), parallel=ParallelConfig(
+        pp=8, dp=2, dp_mode=mode, link_model="fcfs", embedding_allreduce="off"))
+    graph = add_data_parallel(lower(build("1f1b", pp=8, microbatches=8)), mode, c.buckets(8))
+    assert simulate(graph, c).makespan == makespan
+
+
+def test_a_join_rebalances_only_the_flows_connected_to_it():
+    fair = FairLinks([(A,), (B,), (A,)])
+    assert fair.update(0.0, joins=[(0, 2.0, 2.0), (1, 2.0, 2.0)]) == [(0, 2.0, 0), (1, 2.0, 0)]
+    # flow 2 joins on A at 1.0: flow 0 (1 s left) drops to half speed and ends at 3; flow 1 on B is not touched
+    assert fair.update(1.0, joins=[(2, 2.0, 3.0)]) == [(0, 3.0, 1), (2, 5.0, 0)]
+    assert fair.current(1, 0) and not fair.current(0, 0) and fair.current(0, 1)
+    # flow 0 leaves at 3.0: flow 2 has moved 1 s of its 2 and runs the rest at full speed
+    assert fair.update(3.0, leaves=[0]) == [(2, 4.0, 1)]
+
+
+def test_a_network_of_the_wrong_length_is_refused():
+    graph = _transfers(2)
+    with pytest.raises(ValueError, match=r"^the cost model's network gives \{'lag': 2, 'links': 1, 'latency': 2, "
+                                         r"'queue': 2\} entries for a graph of 2 tasks; give one per task$"):
+        simulate(graph, Flows([1.0, 1.0], [(A,)], latency=[0.0, 0.0]), check=False)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--schedule", "1f1b", "--pp", "4", "--microbatches", "8", "--link-model", "fcfs"],
+     "error: --link-model has no effect without physical units: add --model and --cluster (or --config)\n"),
+    (["--model", "gpt-6.2b", "--cluster", "dgx-h100:2", "--pp", "8", "--schedule", "1f1b", "--microbatches", "8",
+      "--link-model", "fifo"], "error: config [parallel]: unknown link model 'fifo'; valid: fair, fcfs (flag --link-model)\n"),
+])
+def test_link_model_flag_errors_are_one_line(capsys, argv, message):
+    from analysis.cli.simulate import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2 and capsys.readouterr().err == message
+
+
+def test_link_model_flag_reaches_the_simulation(capsys):
+    from analysis.cli.simulate import main
+
+    argv = ["--model", "gpt-6.2b", "--cluster", "dgx-h100:2", "--pp", "8", "--dp", "2", "--dp-mode", "ddp",
+            "--schedule", "1f1b", "--microbatches", "8", "--embedding-allreduce", "off", "--json"]
+    spans = {}
+    for model in ("fcfs", "fair"):
+        assert main([*argv, "--link-model", model]) == 0
+        d = json.loads(capsys.readouterr().out)
+        assert d["costs"]["link_model"] == model
+        spans[model] = d["makespan"]
+    assert spans == {"fcfs": 0.13744090434102652, "fair": _run(8, 2, "ddp", "fair", 8, embedding="off").makespan}

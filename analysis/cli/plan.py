@@ -31,6 +31,8 @@ def _parser(prog: str) -> OneLineParser:
                    help="data-parallel modes tried (default ddp,zero1,zero2,fsdp)")
     p.add_argument("--out", default="out/plan", metavar="DIR",
                    help="where the exports and the Pareto plot go (default out/plan/)")
+    p.add_argument("--link-model", default="fair", metavar="MODEL",
+                   help="how transfers share a port in the simulations: fair (default) or fcfs (docs/links.md)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
@@ -56,7 +58,7 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
             memory_limit=None if args.memory_limit is None else args.memory_limit * 1e9,
             schedules=None if args.schedules == "all" else tuple(name_list(args.schedules)),
             chunks=tuple(args.chunks), microbatch_sizes=None if args.microbatch_sizes is None else tuple(args.microbatch_sizes),
-            dp_modes=tuple(name_list(args.dp_modes, [])))
+            dp_modes=tuple(name_list(args.dp_modes, [])), link_model=args.link_model)
         out = check_output_dir(args.out, "output folder")
         bar = None
         if not args.no_progress:
