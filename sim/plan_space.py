@@ -83,7 +83,7 @@ class PlanSpace:
     global_batch: int
     memory_limit: float | None = None
     schedules: tuple[str, ...] | None = None
-    chunks: tuple[int, ...] = (2, 3, 4)
+    chunks: tuple[int, ...] = (2, 3, 4, 8)  # 8: one layer per virtual stage, as Llama 3 405B was trained
     microbatch_sizes: tuple[int, ...] | None = None
     dp_modes: tuple[str, ...] = PLAN_DP_MODES
     recompute: tuple[str, ...] = RECOMPUTE_MODES
