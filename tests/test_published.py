@@ -116,3 +116,21 @@ def test_held_out_goals_that_hold():
     assert titan["held_out"]["rows"] == 2 and titan["held_out"]["max_abs_error"] < 0.10
     h100 = summarize(score(suite_runs("megatron-h100")))
     assert h100["held_out"]["rows"] == 9 and h100["held_out"]["mean_abs_error"] < 0.10
+
+
+@pytest.mark.parametrize("index", [8, 14, 21])  # torchtitan 8B, Megatron H100 16B, Llama 3 on 8,192 GPUs
+def test_a_rows_command_reproduces_its_prediction(index, capsys):
+    import json
+    import shlex
+
+    from analysis.cli.simulate import main
+    from sim.published import command, predict
+
+    run = RUNS[index]
+    argv = shlex.split(command(run))[3:]  # after 'python -m sim'
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    world = run.tp * run.pp * run.dp
+    got = {"tokens_per_s_per_gpu": d["tokens_per_s"] / world,
+           "tflops_per_gpu": d["model_flops_per_step"] / d["step_time"] / world / 1e12}[run.metric]
+    assert got == pytest.approx(predict(run), rel=1e-12)

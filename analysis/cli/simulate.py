@@ -96,6 +96,12 @@ def add_units_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seq-len", type=int, default=None, metavar="S", help="sequence length (default: the model's)")
     g.add_argument("--attention", default=None, metavar="KIND",
                    help="flash (a fused kernel, no s x s activations) or unfused (default: the model preset's)")
+    g.add_argument("--reduce-dtype", default=None, metavar="DTYPE",
+                   help="gradient reductions in bf16 (default) or fp32 (torchtitan's default: twice the bytes)")
+    g.add_argument("--elementwise", default=None, metavar="KIND",
+                   help="fused (default) or eager: the bytes of norms, rotary and activation as PyTorch eager runs them")
+    g.add_argument("--tp-overlap", action="store_true", default=None,
+                   help="sequence-parallel collectives hidden behind their GEMMs (Megatron --tp-comm-overlap; needs --sp)")
     g.add_argument("--dtype", default=None, metavar="DTYPE",
                    help="bf16 (default) or fp8: the weight GEMMs at the device's FP8 peak (H100, H200)")
 
@@ -139,7 +145,7 @@ def units_overrides(args: argparse.Namespace) -> dict[str, dict]:
         tables["cluster"] = {"preset": args.cluster}
     for table, keys in (("parallel", ("pp", "dp", "tp", "cp", "dp_mode", "bucket_mb", "collective", "order", "sp")),
                         ("run", ("schedule", "microbatches", "microbatch_size", "chunks", "efficiency", "recompute",
-                                 "dtype"))):
+                                 "dtype", "reduce_dtype", "elementwise", "tp_overlap"))):
         tables[table].update({k: getattr(args, k) for k in keys if getattr(args, k) is not None})
     if args.pair_overlap is not None:
         tables["run"]["pair_overlap"] = args.pair_overlap
@@ -225,7 +231,7 @@ def _list() -> int:
 
 
 UNITS_ONLY = ("dp", "tp", "cp", "dp_mode", "microbatch_size", "bucket_mb", "collective", "order", "efficiency", "sp",
-              "seq_len", "attention", "dtype", *COMM_KEYS)
+              "seq_len", "attention", "dtype", "reduce_dtype", "elementwise", "tp_overlap", *COMM_KEYS)
 
 
 @guarded

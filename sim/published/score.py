@@ -48,9 +48,11 @@ def command(run: PublishedRun) -> str:
     """The ``python -m sim`` line that simulates the row."""
     sched = f"{run.schedule} --chunks {run.chunks}" if run.chunks > 1 else run.schedule
     return (f"python -m sim --model {run.model} --cluster {run.cluster} --tp {run.tp} --pp {run.pp} --dp {run.dp} "
-            f"--dp-mode {run.dp_mode} --bucket-mb {run.bucket_mb:g} --schedule {sched} --microbatches {run.microbatches} "
+            f"--dp-mode {run.dp_mode} --bucket-mb {run.bucket_mb:.12g} --schedule {sched} --microbatches {run.microbatches} "
             f"--microbatch-size {run.microbatch_size} --recompute {run.recompute}{' --sp' if run.sp else ''}"
-            f"{' --dtype fp8' if run.dtype == 'fp8' else ''} --json")
+            f"{' --dtype fp8' if run.dtype == 'fp8' else ''}{' --reduce-dtype fp32' if run.reduce_dtype == 'fp32' else ''}"
+            f"{' --elementwise eager' if run.elementwise == 'eager' else ''}{' --tp-overlap' if run.tp_overlap else ''}"
+            " --json")
 
 
 def metric_of(run: PublishedRun, result: StudyResult) -> float:
