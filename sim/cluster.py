@@ -73,12 +73,16 @@ class DeviceSpec:
     peak_flops: float  # dense BF16/FP16 FLOP/s
     memory_bytes: float
     memory_bw: float  # bytes/s (HBM), used for the memory-bound optimizer step
+    fp8_flops: float = 0.0  # dense FP8 FLOP/s; 0: no FP8 tensor cores
 
     def __post_init__(self) -> None:
         for key in ("peak_flops", "memory_bytes", "memory_bw"):
             value = getattr(self, key)
             if not 0 < value < float("inf"):
                 raise ClusterError(f"device {self.name!r}: {key} must be a finite number > 0, got {value!r}")
+        if not 0 <= self.fp8_flops < float("inf"):
+            raise ClusterError(f"device {self.name!r}: fp8_flops must be a finite number >= 0 (0: no FP8), "
+                               f"got {self.fp8_flops!r}")
 
 
 # Vendor figures (dense, without sparsity):
@@ -88,8 +92,12 @@ class DeviceSpec:
 # Parameter-server host: a dual-socket CPU server; 1 TB DRAM and ~2 TFLOP/s are assumptions
 # (only its memory and NIC matter here: the optimizer runs on it but is not timed).
 DEVICE_PRESETS: dict[str, DeviceSpec] = {
-    "H100": DeviceSpec(name="H100", peak_flops=989e12, memory_bytes=80 * GB, memory_bw=3.35e12),
-    "H200": DeviceSpec(name="H200", peak_flops=989e12, memory_bytes=141 * GB, memory_bw=4.8e12),
+    # FP8 (H100, H200): 1979 TFLOP/s dense (the same datasheets; 3958 is with sparsity).
+    # H100 capacity: the driver reports 81,559 MiB on an "H100 80GB HBM3" (nvidia-smi / the device plugin's
+    # inventory of a p5.48xlarge), 85.5e9 bytes: the "80 GB" of the name is not the usable decimal figure.
+    "H100": DeviceSpec(name="H100", peak_flops=989e12, memory_bytes=81559 * 2**20, memory_bw=3.35e12,
+                       fp8_flops=1979e12),
+    "H200": DeviceSpec(name="H200", peak_flops=989e12, memory_bytes=141 * GB, memory_bw=4.8e12, fp8_flops=1979e12),
     "A100": DeviceSpec(name="A100", peak_flops=312e12, memory_bytes=80 * GB, memory_bw=2.039e12),
     "CPU": DeviceSpec(name="CPU", peak_flops=2e12, memory_bytes=1000 * GB, memory_bw=0.3e12),
     # One core of this project's CPU host (2 vCPU Xeon VM, 24 GiB), one training process per core:

@@ -10,7 +10,17 @@ Each operation costs ``max(FLOPs / (peak x e(shape)), bytes / HBM bandwidth)``:
   near that line;
 * LayerNorm, the fused scale-mask-softmax, dropout (a 1-byte mask), the fused
   bias+GeLU and the fused bias+dropout+residual-add, as Megatron-LM runs them,
-  by the bytes they read and write (16-bit activations).
+  by the bytes they read and write (16-bit activations);
+* with ``attention = "flash"`` the scores, softmax, dropout and context are one
+  fused kernel (:func:`flash_attention_flops`): causal, it computes half of
+  the s x s blocks, 4bs^2h/(2t) FLOPs forward and 2.5 times that backward (the
+  backward recomputes QK^T and runs four more matmuls: Dao 2023,
+  FlashAttention-2, sec. 3.1), at the device's fused-attention fraction of
+  peak (:class:`DeviceModel`), forward and backward apart.
+
+FP8 (``fp8``): the weight GEMMs (forward, input and weight gradients, as
+torchao's float8 training and Transformer Engine run them) at the device's FP8
+peak and FP8 GEMM efficiency; attention and memory-bound operations stay 16-bit.
 
 Per layer, for one microbatch of b sequences of length s on one of t tensor
 shards (hidden h, a heads, FFN f; T = sb tokens): QKV T x h x (h + 2 h_kv)/t,
@@ -38,13 +48,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from schedules.errors import ConfigError, check_choice
+from schedules.errors import ConfigError
 from sim import collectives as coll
 from sim.cluster import DeviceSpec, Link
+from sim.recompute_modes import PLANNER_MODES, layer_every
 
-__all__ = ["CALIBRATED", "RECOMPUTE_MODES", "GemmEfficiency", "LayerCosts", "Op", "layer_ops"]
+__all__ = ["RECOMPUTE_MODES", "DeviceModel", "GemmEfficiency", "LayerCosts", "Op", "flash_attention_flops",
+           "layer_ops"]
 
-RECOMPUTE_MODES = ("none", "selective", "full")
+RECOMPUTE_MODES = PLANNER_MODES  # the planner's default choices; every policy: sim.recompute_modes
+FLASH_BACKWARD_FACTOR = 2.5  # the fused backward's FLOPs over its forward's (module docstring)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -71,15 +84,22 @@ class GemmEfficiency:
         return self.peak_fraction * flops / (flops + self.half_flops)
 
 
-# Calibrated once per device type; see experiments/published.py and the README ("Measured efficiency").
-# A100: the two parameters were fitted (least squares on the relative error) to the four full-recomputation
-# iteration times of Korthikanti et al. 2022, Table 5 (22B 1.42 s, 175B 18.13 s, 530B 49.05 s, 1T 94.42 s);
-# the four sequence-parallel + selective-recomputation rows of the same table were not used in the fit and
-# serve as the held-out check.
-CALIBRATED: dict[str, GemmEfficiency] = {
-    "A100": GemmEfficiency(peak_fraction=0.778, half_flops=3.2e10,
-                           source="fitted on Korthikanti et al. 2022 Table 5, full-recomputation rows"),
-}
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceModel:
+    """How fast one device type runs each kind of operation (the registry with sources: :mod:`sim.devices`).
+
+    ``gemm``: a 16-bit GEMM's fraction of dense peak by its size; ``attention_forward`` and
+    ``attention_backward``: a fused (flash) attention kernel's fraction of dense 16-bit peak, on the FLOPs
+    it computes (causal: half the blocks); ``fp8_gemm``: an FP8 GEMM's fraction of the FP8 peak (None: the
+    device has no FP8 tensor cores). Memory-bound operations run at the vendor's HBM bandwidth.
+    """
+
+    name: str
+    gemm: GemmEfficiency
+    attention_forward: float
+    attention_backward: float
+    fp8_gemm: GemmEfficiency | None = None
+    source: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,42 +112,100 @@ class Op:
     gemm: bool
     weight: bool = False  # a weight GEMM (has a weight-gradient GEMM in W); else an activation-activation one
     attention_core: bool = False  # recomputed by selective recomputation
+    fused_attention: bool = False  # a flash-attention kernel: timed at the device's attention fractions
+    op_share: float = 1.0  # the share of this operation torchtitan's selective-op policy recomputes
 
-    def time(self, spec: DeviceSpec, efficiency: GemmEfficiency) -> float:
+    def time(self, spec: DeviceSpec, efficiency: GemmEfficiency, device: DeviceModel | None = None,
+             fp8: bool = False) -> float:
+        """The forward's seconds: max(FLOPs / (peak x efficiency), bytes / HBM bandwidth)."""
         move = self.bytes / spec.memory_bw
         if not self.gemm:
             return move
+        if self.fused_attention and device is not None:
+            return max(self.flops / (spec.peak_flops * device.attention_forward), move)
+        if fp8 and self.weight and device is not None and device.fp8_gemm is not None:
+            return max(self.flops / (spec.fp8_flops * device.fp8_gemm(self.flops)), move)
         return max(self.flops / (spec.peak_flops * efficiency(self.flops)), move)
 
+    def input_grad_time(self, spec: DeviceSpec, efficiency: GemmEfficiency, device: DeviceModel | None = None,
+                        fp8: bool = False) -> float:
+        """The I pass: dX of a weight GEMM (its forward's size), both operands' gradients of an attention
+        matmul and twice the bytes of a memory-bound operation (2x), the fused attention backward (2.5x its
+        forward's FLOPs at the backward's fraction of peak)."""
+        if self.fused_attention and device is not None:
+            return max(FLASH_BACKWARD_FACTOR * self.flops / (spec.peak_flops * device.attention_backward),
+                       2 * self.bytes / spec.memory_bw)
+        one = self.time(spec, efficiency, device, fp8)
+        return one if (self.gemm and self.weight) else 2 * one
 
-def _gemm(name: str, m: float, k: float, n: float, batch: float = 1, **kind: bool) -> Op:
+
+def _gemm(name: str, m: float, k: float, n: float, batch: float = 1, **kind: bool | float) -> Op:
     return Op(name, 2.0 * batch * m * k * n, 2.0 * batch * (m * k + k * n + m * n), True, **kind)
 
 
+def flash_attention_flops(*, seq_len: int, b: int, heads: float, head_dim: float, causal: bool = True) -> float:
+    """Forward FLOPs a fused attention kernel computes: QK^T and PV, 2 x 2 s^2 d per head, half with a causal mask
+    (the kernel skips the blocks above the diagonal; the diagonal blocks' extra is neglected)."""
+    full = 4.0 * b * heads * seq_len * seq_len * head_dim
+    return full / 2 if causal else full
+
+
+def _attention_ops(attention: str, *, s: int, b: int, heads_t: float, d: float, kv_share: float,
+                   context: int = 1) -> list[Op]:
+    if attention == "flash":  # reads Q, K, V and writes the output once (16-bit), no s x s tensor in HBM
+        # with context parallelism (cp ranks of s tokens each), a rank's s queries meet all cp x s keys: causal
+        # and load-balanced, cp times the FLOPs of its own s x s block
+        return [Op("flash-attn", context * flash_attention_flops(seq_len=s, b=b, heads=heads_t, head_dim=d),
+                   2.0 * b * s * heads_t * d * (2 + 2 * kv_share), True, attention_core=True, fused_attention=True)]
+    score_elems = b * heads_t * s * s
+    return [_gemm("scores", s, d, s, batch=b * heads_t, attention_core=True),
+            Op("softmax", 0.0, 4.0 * score_elems, False, attention_core=True),
+            Op("attn-dropout", 0.0, 5.0 * score_elems, False, attention_core=True),
+            _gemm("context", s, s, d, batch=b * heads_t, attention_core=True)]
+
+
+# Bytes per element that a memory-bound operation reads and writes, 16-bit activations. "fused": one kernel
+# (Megatron-LM's fused kernels, torch.compile): a norm reads 2 and writes 2, rotary embedding the same, a gated
+# activation reads the 2f-wide input (4) and writes 2, GeLU 4. "eager": PyTorch's eager kernels as torchtitan's
+# Llama runs them (torchtitan/models/llama: RMSNorm upcasts to fp32, squares, averages, scales, casts back,
+# multiplies by the weight: r2 w4, r4 w4, r4, r4 w4, r4 w2, r2 w2 = 36; rotary embedding upcasts to fp32
+# complex, multiplies, casts back: r2 w4, r4 w4, r4 w2 = 20; SwiGLU as silu then mul: r2 w2 + r4 w2 = 10).
+ELEMENTWISE_BYTES = {"fused": {"norm": 4.0, "rope": 4.0, "swiglu": 6.0, "gelu": 4.0},
+                     "eager": {"norm": 36.0, "rope": 20.0, "swiglu": 10.0, "gelu": 4.0}}
+
+
 def layer_ops(*, hidden: int, heads: int, kv_hidden: int, ffn: int, gated: bool, seq_len: int, b: int, tp: int,
-              sp: bool) -> list[Op]:
-    """The forward operations of one transformer layer on one tensor shard (module docstring)."""
+              sp: bool, attention: str = "unfused", elementwise: str = "fused", rotary: bool = False,
+              dropout: bool = True, context: int = 1) -> list[Op]:
+    """The forward operations of one transformer layer on one tensor shard (module docstring).
+
+    ``elementwise``: the bytes of the norms, rotary embedding and activation (:data:`ELEMENTWISE_BYTES`);
+    ``rotary``: Q and K rotated (Llama); ``dropout``: the residual adds also write a 1-byte mask;
+    ``context``: the context-parallel degree (``seq_len`` is then one rank's share of the sequence).
+    ``op_share``: what torchtitan's selective-op policy recomputes of each (sim.recompute_modes): every
+    memory-bound operation, and every second matmul (GPT: out and fc2; Llama: k, out and up).
+    """
     h, s, t = hidden, seq_len, tp
     tokens = s * b
     rep = tokens / t if sp else tokens  # tokens of the LayerNorm / dropout region on this shard
-    heads_t = heads / t
-    d = h / heads
     f_out = (2 if gated else 1) * ffn / t
-    score_elems = b * heads_t * s * s
+    kv_share = kv_hidden / h
+    qkv_share = kv_hidden / (h + 2 * kv_hidden) if gated else 0.0  # Llama recomputes k of q, k, v
+    per = ELEMENTWISE_BYTES[elementwise]
+    add = 7.0 if dropout else 6.0
+    rope = [Op("rope", 0.0, per["rope"] * tokens * (h + kv_hidden) / t, False)] if rotary else []
     return [
-        Op("layernorm1", 0.0, 4.0 * rep * h, False),
-        _gemm("qkv", tokens, h, (h + 2 * kv_hidden) / t, weight=True),
-        _gemm("scores", s, d, s, batch=b * heads_t, attention_core=True),
-        Op("softmax", 0.0, 4.0 * score_elems, False, attention_core=True),
-        Op("attn-dropout", 0.0, 5.0 * score_elems, False, attention_core=True),
-        _gemm("context", s, s, d, batch=b * heads_t, attention_core=True),
+        Op("layernorm1", 0.0, per["norm"] * rep * h, False),
+        _gemm("qkv", tokens, h, (h + 2 * kv_hidden) / t, weight=True, op_share=qkv_share),
+        *rope,
+        *_attention_ops(attention, s=s, b=b, heads_t=heads / t, d=h / heads, kv_share=kv_share, context=context),
         _gemm("out-proj", tokens, h / t, h, weight=True),
-        Op("dropout-add1", 0.0, 7.0 * rep * h, False),
-        Op("layernorm2", 0.0, 4.0 * rep * h, False),
-        _gemm("fc1", tokens, h, f_out, weight=True),
-        Op("gelu", 0.0, (6.0 if gated else 4.0) * tokens * ffn / t, False),
-        _gemm("fc2", tokens, ffn / t, h, weight=True),
-        Op("dropout-add2", 0.0, 7.0 * rep * h, False),
+        Op("dropout-add1", 0.0, add * rep * h, False),
+        Op("layernorm2", 0.0, per["norm"] * rep * h, False),
+        _gemm("fc1", tokens, h, f_out, weight=True, op_share=0.5 if gated else 0.0),
+        Op("gelu", 0.0, per["swiglu" if gated else "gelu"] * tokens * ffn / t, False),
+        _gemm("fc2", tokens, ffn / t, h, weight=True, op_share=0.0 if gated else 1.0),
+        Op("dropout-add2", 0.0, add * rep * h, False),
     ]
 
 
@@ -142,28 +220,33 @@ class LayerCosts:
     tp: int
     sp: bool
     activation_bytes: float  # 2Th: the full activation a TP collective reduces or gathers
+    device: DeviceModel | None = None  # None: a fused attention kernel is timed as a GEMM of its FLOPs
+    fp8: bool = False
+
+    def _t(self, op: Op) -> float:
+        return op.time(self.spec, self.efficiency, self.device, self.fp8)
 
     def forward(self) -> float:
-        return sum(op.time(self.spec, self.efficiency) for op in self.ops)
+        return sum(self._t(op) for op in self.ops)
 
     def input_grad(self) -> float:
-        """I: dX of every GEMM, both attention matmuls' operand gradients, memory ops at twice their bytes."""
-        total = 0.0
-        for op in self.ops:
-            one = op.time(self.spec, self.efficiency)
-            total += 2 * one if (not op.gemm or not op.weight) else one
-        return total
+        """I: dX of every GEMM, the attention core's backward, memory ops at twice their bytes (:meth:`Op.input_grad_time`)."""
+        return sum(op.input_grad_time(self.spec, self.efficiency, self.device, self.fp8) for op in self.ops)
 
     def weight_grad(self) -> float:
-        return sum(op.time(self.spec, self.efficiency) for op in self.ops if op.weight)
+        return sum(self._t(op) for op in self.ops if op.weight)
 
     def recompute(self, mode: str) -> float:
-        """Extra forward work inside the backward: the whole forward (full) or the attention core (selective)."""
-        check_choice("costs", "recompute", mode, RECOMPUTE_MODES)
+        """Extra forward work inside the backward (sim.recompute_modes): the whole forward (full), the attention
+        core (selective), each operation's ``op_share`` (selective-op), one layer's forward in N (layer:N)."""
         if mode == "full":
             return self.forward()
         if mode == "selective":
-            return sum(op.time(self.spec, self.efficiency) for op in self.ops if op.attention_core)
+            return sum(self._t(op) for op in self.ops if op.attention_core)
+        if mode == "selective-op":
+            return sum(op.op_share * self._t(op) for op in self.ops if not op.fused_attention)
+        if n := layer_every(mode):
+            return self.forward() / n
         return 0.0
 
     def tp_comm(self, collectives: int = 2) -> float:
@@ -171,7 +254,7 @@ class LayerCosts:
         return collectives * tp_collective(self.activation_bytes, self.tp, self.link, self.sp)
 
     def describe(self) -> dict[str, Any]:
-        return {op.name: op.time(self.spec, self.efficiency) for op in self.ops}
+        return {op.name: self._t(op) for op in self.ops}
 
 
 def tp_collective(n: float, tp: int, link: Link, sp: bool) -> float:

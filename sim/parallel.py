@@ -45,6 +45,7 @@ class ParallelConfig:
     pp: int
     dp: int = 1
     tp: int = 1
+    cp: int = 1  # context parallelism: the sequence split over cp ranks (ring attention, sim.transformer_costs)
     dp_mode: str = "none"
     order: str = "dp-inner"
     bucket_mb: float = 25.0  # PyTorch DDP's default bucket_cap_mb (MiB)
@@ -56,7 +57,7 @@ class ParallelConfig:
     embedding_allreduce: str = "auto"  # the tied embedding's gradient between the first and last stage: auto|on|off
 
     def __post_init__(self) -> None:
-        check_positive_ints("parallel", pp=self.pp, dp=self.dp, tp=self.tp)
+        check_positive_ints("parallel", pp=self.pp, dp=self.dp, tp=self.tp, cp=self.cp)
         if not isinstance(self.sp, bool):
             raise ConfigError(f"parallel: sp must be true or false, got {self.sp!r}", field="sp")
         if self.sp and self.tp == 1:  # nothing to split the sequence over: the setting would have no effect
@@ -97,22 +98,25 @@ class ParallelConfig:
 
     @property
     def world(self) -> int:
-        return self.pp * self.dp * self.tp
+        return self.pp * self.dp * self.tp * self.cp
 
     @property
     def bucket_bytes(self) -> float:
         return self.bucket_mb * 2**20
 
-    def device(self, r: int, d: int = 0, t: int = 0) -> int:
-        """Index into ``cluster.devices`` of pipeline rank r, replica d, tensor rank t."""
+    def device(self, r: int, d: int = 0, t: int = 0, c: int = 0) -> int:
+        """Index into ``cluster.devices`` of pipeline rank r, replica d, tensor rank t, context rank c (the
+        tp x cp ranks of one (r, d) are consecutive, tensor innermost: Llama 3's [TP, CP, PP, DP] order)."""
+        width = self.tp * self.cp
         if self.order == "dp-inner":
-            return (r * self.dp + d) * self.tp + t
-        return (d * self.pp + r) * self.tp + t
+            return (r * self.dp + d) * width + c * self.tp + t
+        return (d * self.pp + r) * width + c * self.tp + t
 
     def check_fits(self, cluster: Cluster) -> None:
         if self.world > cluster.num_devices:
             raise ClusterError(
-                f"pp*dp*tp = {self.pp}*{self.dp}*{self.tp} = {self.world} devices do not fit cluster "
+                f"pp*dp*tp{'*cp' if self.cp > 1 else ''} = {self.pp}*{self.dp}*{self.tp}"
+                f"{f'*{self.cp}' if self.cp > 1 else ''} = {self.world} devices do not fit cluster "
                 f"{cluster.name!r} with {cluster.num_devices}; use fewer ranks or a larger cluster"
             )
         if self.dp_mode == "ps" and not cluster.pservers:
@@ -141,13 +145,14 @@ class ParallelConfig:
             f"valid tp: {', '.join(map(str, valid))}", field="tp")
 
     def group(self, cluster: Cluster, r: int) -> DPGroup:
-        """The dp group of pipeline rank r (its tensor rank 0; the others are symmetric)."""
-        devs = [self.device(r, d) for d in range(self.dp)]
+        """The dp group of pipeline rank r (its tensor rank 0; the others are symmetric). With context
+        parallelism the gradients are reduced over the dp x cp ranks that hold the same weights."""
+        devs = [self.device(r, d, 0, c) for d in range(self.dp) for c in range(self.cp)]
         nodes: dict[int, int] = {}
         for g in devs:
             node = cluster.devices[g].node
             nodes[node] = nodes.get(node, 0) + 1
-        return DPGroup(cluster=cluster, config=self, device=devs[0], size=self.dp,
+        return DPGroup(cluster=cluster, config=self, device=devs[0], size=self.dp * self.cp,
                        nodes=len(nodes), per_node=max(nodes.values()), even=len(set(nodes.values())) == 1)
 
 

@@ -3,7 +3,8 @@
 A configuration (:class:`PlanConfig`) is tensor degree ``tp`` (a divisor of the
 devices per node that also divides what tensor parallelism splits: heads, K/V
 heads, hidden size, FFN), pipeline degree ``pp`` (the layers split as evenly
-as possible over ``pp * chunks`` stages, extra layers first; counts that do
+as possible over ``pp * chunks`` stages, extra layers first, or with two stages more than layers the
+first and the last holding only the embedding and the output; counts that do
 not divide are allowed), data degree ``dp = devices / (tp * pp)``, a registered
 schedule with its chunks ``v`` (the choices in ``chunks`` for schedules that
 take several, the fixed count for V-shaped ones, 1 for the rest), a
@@ -32,6 +33,7 @@ from schedules.registry import MAX_TASKS, TASKS_PER_PASS
 from sim.cluster import Cluster
 from sim.gpu_model import RECOMPUTE_MODES
 from sim.network import LINK_MODELS
+from sim.recompute_modes import check_recompute
 from sim.transformer import TransformerConfig
 
 __all__ = ["MAX_GLOBAL_BATCH", "MAX_MICROBATCHES", "PLAN_DP_MODES", "PlanConfig", "PlanSpace", "enumerate_configs",
@@ -89,7 +91,7 @@ class PlanSpace:
     global_batch: int
     memory_limit: float | None = None
     schedules: tuple[str, ...] | None = None
-    chunks: tuple[int, ...] = (2, 3, 4)
+    chunks: tuple[int, ...] = (2, 3, 4, 8)  # 8: one layer per virtual stage, as Llama 3 405B was trained
     microbatch_sizes: tuple[int, ...] | None = None
     dp_modes: tuple[str, ...] = PLAN_DP_MODES
     recompute: tuple[str, ...] = RECOMPUTE_MODES
@@ -121,6 +123,10 @@ class PlanSpace:
             check_positive_ints("plan", chunks=v)
         for b in self.microbatch_sizes or ():
             check_positive_ints("plan", microbatch_size=b)
+        for mode in self.dp_modes:
+            check_choice("plan", "dp_mode", mode, [m for m in DP_MODES if m not in ("none", "sync", "ps")])
+        for r in self.recompute:
+            check_recompute("plan", r)
         if self.bucket_mb is not None:
             check_positive("plan", "bucket_mb", self.bucket_mb, " MiB")
         check_choice("plan", "link_model", self.link_model, LINK_MODELS)
@@ -136,7 +142,7 @@ class PlanSpace:
         fixed = {
             "schedules": None if self.schedules is None else [spec(n).name for n in self.schedules],
             "dp_modes": [choice("plan", "dp_mode", m, modes) for m in self.dp_modes],
-            "recompute": [choice("plan", "recompute", r, RECOMPUTE_MODES) for r in self.recompute],
+            "recompute": [check_recompute("plan", r.lower() if isinstance(r, str) else r) for r in self.recompute],
             "chunks": self.chunks, "microbatch_sizes": self.microbatch_sizes, "sp": self.sp, "tp": self.tp,
             "pp": self.pp,
         }
@@ -236,7 +242,7 @@ def enumerate_configs(space: PlanSpace) -> Iterator[PlanConfig]:
             sps = (False,) if tp == 1 else space.sp
             for name in space.schedule_names:
                 for v in chunk_choices(name, space.chunks):
-                    if pp * v > model.layers:
+                    if pp * v > model.layers and pp * v != model.layers + 2:  # +2: embedding, output alone
                         continue
                     for b in sizes:
                         m = per_replica // b

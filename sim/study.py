@@ -45,12 +45,12 @@ from sim.cluster import (
     read_toml,
 )
 from sim.engine import SimResult, simulate
-from sim.gpu_model import RECOMPUTE_MODES
 from sim.memory import DeviceMemory, model_state_bytes
 from sim.network import LINK_MODELS
 from sim.parallel import EMBEDDING_ALLREDUCE, ParallelConfig
+from sim.recompute_modes import key_recompute
 from sim.transformer import TransformerConfig, model_from_dict
-from sim.transformer_costs import TransformerCosts
+from sim.transformer_costs import DTYPES, TransformerCosts
 
 __all__ = ["Study", "StudyResult", "dp_options", "exposed_comm", "load_study", "run_study", "study_from_dict"]
 
@@ -305,17 +305,19 @@ def key_whole(owner: str, key: str, value: Any, error: type[ConfigError] = Confi
 
 
 _STUDY_KEYS = ("schedule", "microbatches", "chunks")
-_COST_KEYS = ("microbatch_size", "efficiency", "pair_overlap", "layers_per_stage", "recompute")
+_COST_KEYS = ("microbatch_size", "efficiency", "pair_overlap", "layers_per_stage", "recompute", "dtype",
+              "reduce_dtype", "elementwise", "tp_overlap")
 #: The [run] and [parallel] tables: their keys and their kinds ([model]: sim.transformer.MODEL_TABLE,
 #: [cluster]: sim.cluster.cluster_from_dict).
 RUN_TABLE: dict[str, KeyCheck] = {
     "schedule": key_string("a schedule name, torch:CLASS or csv:FILE"),
     "microbatches": key_positive_int, "chunks": key_positive_int, "microbatch_size": key_positive_int,
     "efficiency": key_fraction("a fraction of peak", open_low=True), "pair_overlap": key_fraction(),
-    "layers_per_stage": key_layer_counts, "recompute": key_choice(RECOMPUTE_MODES),
+    "layers_per_stage": key_layer_counts, "recompute": key_recompute, "dtype": key_choice(DTYPES),
+    "reduce_dtype": key_choice(("bf16", "fp32")), "elementwise": key_choice(("fused", "eager")), "tp_overlap": key_flag,
 }
 PARALLEL_TABLE: dict[str, KeyCheck] = {
-    "pp": key_positive_int, "dp": key_positive_int, "tp": key_positive_int,
+    "pp": key_positive_int, "dp": key_positive_int, "tp": key_positive_int, "cp": key_positive_int,
     "dp_mode": key_choice(DP_MODES), "order": key_choice(("dp-inner", "pp-inner")),
     "bucket_mb": key_positive(" MiB"), "collective": key_choice(coll.ALGORITHMS), "sp": key_flag,
     "link_model": key_choice(LINK_MODELS), "fsdp_reshard_after_forward": key_flag,

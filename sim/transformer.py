@@ -34,11 +34,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from schedules.errors import ConfigError, check_positive_ints, find_name, quote
+from schedules.errors import ConfigError, check_choice, check_positive_ints, find_name, quote
 from schedules.partition import split_layers
-from sim.cluster import KeyCheck, check_table, key_flag, key_positive_int, key_string
+from sim.cluster import KeyCheck, check_table, key_choice, key_flag, key_positive_int, key_string
+from sim.recompute_modes import layer_every
 
-__all__ = ["MODEL_PRESETS", "TransformerConfig", "model_from_dict", "model_preset", "partition_layers"]
+__all__ = ["ATTENTION_KINDS", "MODEL_PRESETS", "TransformerConfig", "model_from_dict", "model_preset", "partition_layers"]
+
+
+ATTENTION_KINDS = ("flash", "unfused")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,6 +64,11 @@ class TransformerConfig:
     bias: bool = True
     tied_embeddings: bool = True
     learned_positions: bool = True
+    dropout: bool = True  # dropout after attention and MLP (GPT); Llama trains without
+    # "flash": a fused attention kernel (FlashAttention, cuDNN): no s x s tensor is stored or written to HBM,
+    # the kernel's backward recomputes the scores; "unfused": the Megatron-LM kernels of 2021-22 (QK^T,
+    # fused scale-mask-softmax, dropout, the product with V as separate operations).
+    attention: str = "flash"
 
     def __post_init__(self) -> None:
         owner = f"model {self.name!r}"
@@ -69,7 +78,8 @@ class TransformerConfig:
             if type(getattr(self, key)) is int and getattr(self, key) == 0:  # 0 (not 0.0, not False): the default
                 object.__setattr__(self, key, default)
         check_positive_ints(owner, ffn=self.ffn, kv_heads=self.kv_heads)
-        for key in ("gated_mlp", "bias", "tied_embeddings", "learned_positions"):
+        check_choice(owner, "attention", self.attention, ATTENTION_KINDS)
+        for key in ("gated_mlp", "bias", "tied_embeddings", "learned_positions", "dropout"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{owner}: {key} must be true or false, got {quote(getattr(self, key))}", field=key)
         if self.hidden % self.heads:
@@ -132,41 +142,85 @@ class TransformerConfig:
     def recompute_flops(self, mode: str) -> float:
         """FLOPs per token of one layer that recomputation adds to the backward (I) pass.
 
-        full: the whole forward again; selective: the attention core's two matmuls,
-        QK^T and the weighted sum over V, 4sh (Korthikanti et al. 2022, sec. 5).
+        full: the whole forward again; selective: the attention core's two matmuls, QK^T and the weighted
+        sum over V, 4sh (Korthikanti et al. 2022, sec. 5); selective-op: the matmuls the policy does not save
+        (:meth:`matmuls`); layer:N: the whole forward of one layer in N.
         """
         if mode == "full":
             return self.layer_flops("F")
         if mode == "selective":
             return 4.0 * self.seq_len * self.hidden
+        if mode == "selective-op":
+            return sum(flops for i, (_, flops, _, _) in enumerate(self.matmuls()) if i % 2)
+        if n := layer_every(mode):
+            return self.layer_flops("F") / n
         return 0.0
 
-    # --- activation bytes per microbatch of ``b`` sequences ------------------------------------------
-    def layer_activation_bytes(self, b: int, tp: int = 1, sp: bool = False, recompute: str = "none") -> float:
-        """Bytes one layer keeps for its backward on one of ``tp`` shards (Korthikanti et al. 2022, Table 2).
+    def matmuls(self) -> list[tuple[str, float, float, bool]]:
+        """The layer's weight matmuls in forward order: (name, FLOPs per token, output bytes per token on one
+        shard of a row-parallel one / all shards, row-parallel). A Llama layer runs q, k, v, out, gate, up,
+        down as separate matmuls (torchtitan's model); a GPT layer a fused qkv, out, fc1, fc2 (Megatron-LM's)."""
+        h, f, kv = self.hidden, self.ffn, self.kv_hidden
+        if self.gated_mlp:
+            return [("q", 2 * h * h, 2 * h, False), ("k", 2 * h * kv, 2 * kv, False), ("v", 2 * h * kv, 2 * kv, False),
+                    ("out", 2 * h * h, 2 * h, True), ("gate", 2 * h * f, 2 * f, False), ("up", 2 * h * f, 2 * f, False),
+                    ("down", 2 * f * h, 2 * h, True)]
+        return [("qkv", 2 * h * (h + 2 * kv), 2 * (h + 2 * kv), False), ("out", 2 * h * h, 2 * h, True),
+                ("fc1", 2 * h * f, 2 * f, False), ("fc2", 2 * f * h, 2 * h, True)]
 
-        none: sbh(10 + 24/t + 5as/(ht)), with sequence parallelism sbh(34/t + 5as/(ht));
-        selective (the 5as/h attention core recomputed): sbh(10 + 24/t), with SP sbh(34/t);
-        full (only the layer input kept): 2sbh, with SP 2sbh/t (the input is split over the sequence).
-        With tp = 1: sbh(34 + 5as/h), eq. 1.
+    # --- activation bytes per microbatch of ``b`` sequences ------------------------------------------
+    def activation_parts(self) -> tuple[float, float, float]:
+        """Bytes per token one layer keeps without recomputation, 16-bit (Korthikanti et al. 2022, sec. 4.1,
+        generalised): (replicated over the tensor-parallel group, split over it, the attention core (split)).
+
+        Replicated: the two norms' inputs (2h each) and outputs (the QKV and fc1 inputs, 2h each) and, with
+        dropout, the two 1-byte dropout masks: 10h (8h without dropout). Split: Q, K, V 2(h + 2h_kv), the
+        attention output 2h, the MLP's fc1 output and fc2 input 2f each (4f; gated: the 2f-wide fc1 output
+        and fc2's input, 6f, as a fused SwiGLU keeps them). Core: unfused, the softmax output 2as, its
+        dropout mask as and output 2as (5as; 2as without dropout); flash, the fp32 log-sum-exp per head, 4a.
+        The GPT shape gives sbh(10 + 24/t + 5as/(ht)), Korthikanti's Table 2.
         """
-        s, h, a, t = self.seq_len, self.hidden, self.heads, tp
-        sbh = s * b * h
+        h, f, a, s = self.hidden, self.ffn, self.heads, self.seq_len
+        replicated = (10 if self.dropout else 8) * h
+        split = 2 * (h + 2 * self.kv_hidden) + 2 * h + (6 if self.gated_mlp else 4) * f
+        core = 4 * a if self.attention == "flash" else (5 if self.dropout else 2) * a * s
+        return replicated, split, core
+
+    def layer_activation_bytes(self, b: int, tp: int = 1, sp: bool = False, recompute: str = "none") -> float:
+        """Bytes one layer keeps for its backward on one of ``tp`` shards (:meth:`activation_parts`).
+
+        none: replicated (/t with sequence parallelism) + split/t + core/t; selective: without the core;
+        full (only the layer input kept): 2sbh, with SP 2sbh/t; selective-op: the layer input, the saved
+        matmuls' outputs (:meth:`matmuls`, every other one; a row-parallel one's output is the full 2h
+        unless SP reduce-scatters it) and the attention output with its core bytes; layer:N: one full layer
+        in N, the others none (the average per layer).
+        """
+        tokens, h, t = self.seq_len * b, self.hidden, tp
+        rep_div = t if sp else 1
+        if n := layer_every(recompute):
+            return (self.layer_activation_bytes(b, tp, sp, "full")
+                    + (n - 1) * self.layer_activation_bytes(b, tp, sp, "none")) / n
         if recompute == "full":
-            return 2 * sbh / (t if sp else 1)
-        core = 0.0 if recompute == "selective" else 5 * a * s / (h * t)
-        return sbh * ((34 / t if sp else 10 + 24 / t) + core)
+            return 2 * tokens * h / rep_div
+        replicated, split, core = self.activation_parts()
+        if recompute == "selective-op":
+            saved = sum(out / (rep_div if row else t) for i, (_, _, out, row) in enumerate(self.matmuls()) if i % 2 == 0)
+            return tokens * (2 * h / rep_div + saved + (2 * h + core) / t)
+        if recompute == "selective":
+            core = 0.0
+        return tokens * (replicated / rep_div + (split + core) / t)
 
     def w_held_fraction(self, recompute: str = "none") -> float:
-        """Fraction of a layer's activations the W pass still holds after I: 14 sbh of sbh(34 + 5as/h).
+        """Fraction of a layer's activations the W pass still holds after I: the inputs of the weight matmuls
+        (QKV, out-proj and fc1 2h each, fc2 2f: 14 sbh of sbh(34 + 5as/h) for the GPT shape).
 
-        With recomputation the held part is the same 14 sbh of less (selective: of 34 sbh); with full
-        recomputation W needs the recomputed inputs, so the layer input is held until W.
+        With full or selective-op recomputation W needs the recomputed inputs, so all is held until W.
         """
-        if recompute == "full":
+        if recompute in ("full", "selective-op"):
             return 1.0
-        core = 0.0 if recompute == "selective" else 5 * self.heads * self.seq_len / self.hidden
-        return 14 / (34 + core)
+        replicated, split, core = self.activation_parts()
+        total = replicated + split + (0.0 if recompute == "selective" else core)
+        return (6 * self.hidden + 2 * self.ffn) / total
 
     def head_activation_bytes(self, b: int) -> float:
         """The last stage's logits in fp32 for the loss: 4sbV."""
@@ -178,35 +232,45 @@ class TransformerConfig:
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "layers": self.layers, "hidden": self.hidden, "heads": self.heads,
-                "ffn": self.ffn, "vocab": self.vocab, "seq_len": self.seq_len, "params": self.params}
+                "ffn": self.ffn, "vocab": self.vocab, "seq_len": self.seq_len, "params": self.params,
+                "attention": self.attention}
 
 
 # GPT models of the zero-bubble paper (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Table 3):
 # 1.5B (22 layers, 24 heads, h 2304), 6.2B (30, 32, 4096), 14.6B (46, 40, 5120), 28.3B (62, 48, 6144);
 # sequence length 1024. Vocabulary 51200 (GPT-2's, padded as Megatron does). "gpt-tiny" is for tests.
+# Their attention is kept unfused, as the figures pinned for them (tests, zb_table5) were computed.
+_ZB = (("gpt-1.5b", 22, 2304, 24), ("gpt-6.2b", 30, 4096, 32), ("gpt-14.6b", 46, 5120, 40), ("gpt-28.3b", 62, 6144, 48))
+# Llama 3 (Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3): 8B has 32 layers, h 4096, FFN 14336,
+# 32 heads, 8 KV heads; 70B has 80 layers, h 8192, FFN 28672, 64 heads, 8 KV heads; 405B 126 layers,
+# h 16384, FFN 53248, 128 heads, 8 KV heads; vocabulary 128,256, SwiGLU, RoPE, untied output, no dropout,
+# flash attention. Sequence 8192 (their pre-training length).
+_LLAMA = (("llama-8b", 32, 4096, 32, 14336), ("llama-70b", 80, 8192, 64, 28672),
+          ("llama3-405b", 126, 16384, 128, 53248))
+# Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", Table 3:
+# 22B 48 layers h 6144 64 heads; GPT-3 175B 96, 12288, 96; MT-NLG 530B 105, 20480, 128;
+# 1T 128, 25600, 160; sequence 2048, vocabulary 51200 (GPT-2's, padded); Megatron-LM's unfused attention.
+_KORTHIKANTI = (("megatron-22b", 48, 6144, 64), ("gpt3-175b", 96, 12288, 96), ("mt-nlg-530b", 105, 20480, 128),
+                ("megatron-1t", 128, 25600, 160))
+# Megatron-LM README (NVIDIA/Megatron-LM, commit 937571c, images/model_table.png, July 2024): the H100
+# weak-scaling GPT models; vocabulary 131,072, sequence 4096 (README text); FFN 4h, flash attention
+# (Transformer Engine) and dropout (Megatron's default) are assumptions: the README does not say.
+_MEGATRON_H100 = (("gpt-1.7b", 24, 2048, 16), ("gpt-7.1b", 30, 4096, 32), ("gpt-16b", 32, 6144, 48),
+                  ("gpt-32b", 48, 7168, 56), ("gpt-70b", 84, 8192, 64), ("gpt-119b", 92, 10240, 80),
+                  ("gpt-177b", 96, 12288, 96), ("gpt-314b", 96, 16384, 128), ("gpt-462b", 112, 18432, 144))
 MODEL_PRESETS: dict[str, TransformerConfig] = {
     m.name: m
     for m in (
-        TransformerConfig(name="gpt-tiny", layers=4, hidden=256, heads=4, vocab=1024, seq_len=128),
-        TransformerConfig(name="gpt-1.5b", layers=22, hidden=2304, heads=24),
-        TransformerConfig(name="gpt-6.2b", layers=30, hidden=4096, heads=32),
-        TransformerConfig(name="gpt-14.6b", layers=46, hidden=5120, heads=40),
-        TransformerConfig(name="gpt-28.3b", layers=62, hidden=6144, heads=48),
-        # Llama 3 (Dubey et al. 2024, "The Llama 3 Herd of Models", Table 3): 8B has 32 layers, h 4096,
-        # FFN 14336, 32 heads, 8 KV heads; 70B has 80 layers, h 8192, FFN 28672, 64 heads, 8 KV heads;
-        # vocabulary 128,256, SwiGLU, RoPE, untied output. Sequence 8192 (their pre-training length).
-        # The activation formula above is the GPT one (Korthikanti et al.): an approximation here.
+        TransformerConfig(name="gpt-tiny", layers=4, hidden=256, heads=4, vocab=1024, seq_len=128,
+                          attention="unfused"),
+        *(TransformerConfig(name=name, layers=n, hidden=h, heads=a, attention="unfused") for name, n, h, a in _ZB),
         *(TransformerConfig(name=name, layers=n, hidden=h, heads=a, kv_heads=8, ffn=f, vocab=128256, seq_len=8192,
-                            gated_mlp=True, bias=False, tied_embeddings=False, learned_positions=False)
-          for name, n, h, a, f in (("llama-8b", 32, 4096, 32, 14336), ("llama-70b", 80, 8192, 64, 28672),
-                                   # 405B (same Table 3): 126 layers, h 16384, FFN 53248, 128 heads, 8 KV heads
-                                   ("llama3-405b", 126, 16384, 128, 53248))),
-        # Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models", Table 3:
-        # 22B 48 layers h 6144 64 heads; GPT-3 175B 96, 12288, 96; MT-NLG 530B 105, 20480, 128;
-        # 1T 128, 25600, 160; sequence 2048, vocabulary 51200 (GPT-2's, padded).
-        *(TransformerConfig(name=name, layers=n, hidden=h, heads=a, seq_len=2048)
-          for name, n, h, a in (("megatron-22b", 48, 6144, 64), ("gpt3-175b", 96, 12288, 96),
-                                ("mt-nlg-530b", 105, 20480, 128), ("megatron-1t", 128, 25600, 160))),
+                            gated_mlp=True, bias=False, tied_embeddings=False, learned_positions=False, dropout=False)
+          for name, n, h, a, f in _LLAMA),
+        *(TransformerConfig(name=name, layers=n, hidden=h, heads=a, seq_len=2048, attention="unfused")
+          for name, n, h, a in _KORTHIKANTI),
+        *(TransformerConfig(name=name, layers=n, hidden=h, heads=a, seq_len=4096, vocab=131072)
+          for name, n, h, a in _MEGATRON_H100),
     )
 }
 
@@ -229,7 +293,8 @@ MODEL_TABLE: dict[str, KeyCheck] = {
     "preset": key_string("a model preset such as 'gpt-6.2b'"), "name": key_string("the model's name"),
     **dict.fromkeys(("layers", "hidden", "heads", "vocab", "seq_len"), key_positive_int),
     "ffn": _key_size, "kv_heads": _key_size,
-    **dict.fromkeys(("gated_mlp", "bias", "tied_embeddings", "learned_positions"), key_flag),
+    **dict.fromkeys(("gated_mlp", "bias", "tied_embeddings", "learned_positions", "dropout"), key_flag),
+    "attention": key_choice(ATTENTION_KINDS),
 }
 
 
@@ -248,5 +313,12 @@ def model_from_dict(data: Mapping[str, Any]) -> TransformerConfig:
 
 
 def partition_layers(layers: int, stages: int, explicit: Sequence[int] | None = None) -> tuple[int, ...]:
-    """Layers per stage (:func:`schedules.partition.split_layers`); an explicit split may leave a stage empty."""
+    """Layers per stage (:func:`schedules.partition.split_layers`); an explicit split may leave a stage empty.
+
+    Two stages more than layers: one layer per stage, the first stage holding only the embedding and the last
+    only the output layer, as Llama 3 405B was trained (Dubey et al. 2024, sec. 3.3.2: 126 layers on 16 ranks
+    x 8 virtual stages, the first and the last stage one layer short).
+    """
+    if explicit is None and stages == layers + 2:
+        return (0, *(1,) * layers, 0)
     return split_layers(layers, stages, explicit, min_per_stage=0, field="layers_per_stage")

@@ -6,7 +6,7 @@
   With ``efficiency`` None (the default) each layer is a list of operations
   timed by :mod:`sim.gpu_model`: GEMMs by FLOPs at the device's calibrated,
   size-dependent efficiency, the rest by the bytes they move at HBM bandwidth
-  (``gpu_model.CALIBRATED``; a device without a calibration falls back to
+  (``sim.devices.DEVICE_MODELS``; a device without a model falls back to
   0.6). A number ``efficiency`` overrides: FLOPs / (tp * peak * efficiency),
   the matmuls only.
 * Tensor parallelism: two all-reduces of the 2sbh-byte activation per layer in
@@ -47,6 +47,7 @@ passes and hold no port.)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -55,19 +56,22 @@ from typing import Any
 
 from schedules import Action, Kind, Stream, Task, TaskGraph
 from schedules.dp import DataParallelGraph
-from schedules.errors import ConfigError, check_fraction, check_positive_ints, choice, quote
+from schedules.errors import ConfigError, check_choice, check_fraction, check_positive_ints, quote
 from schedules.timing import action_held_freed
 from sim import collectives as coll
 from sim.cluster import Cluster, Link
 from sim.costs import memoized_durations, recomputed_in
-from sim.gpu_model import CALIBRATED, RECOMPUTE_MODES, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
+from sim.devices import DEVICE_MODELS
+from sim.gpu_model import DeviceModel, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
 from sim.network import Network
 from sim.parallel import DPGroup, ParallelConfig
+from sim.recompute_modes import check_recompute, layer_every
 from sim.transformer import TransformerConfig, partition_layers
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "TransformerCosts"]
 
 ADAM_BYTES_PER_PARAM = 28  # see the module docstring
+DTYPES = ("bf16", "fp8")
 FALLBACK_EFFICIENCY = 0.6  # a device without a calibration: the matmuls' assumed fraction of peak
 _PORTS = ("intra-out", "intra-in", "inter-out", "inter-in")
 
@@ -95,12 +99,33 @@ class TransformerCosts:
     pair_overlap: float = 0.0
     layers_per_stage: tuple[int, ...] | None = None
     recompute: str = "none"
+    dtype: str = "bf16"  # fp8: the weight GEMMs at the device's FP8 peak (sim.gpu_model)
+    reduce_dtype: str = "bf16"  # fp32: gradient reductions move 4 bytes per parameter (collective_bytes)
+    elementwise: str = "fused"  # eager: PyTorch's unfused norm, rotary and activation kernels (sim.gpu_model)
+    tp_overlap: bool = False  # SP collectives hidden behind their GEMMs (Megatron --tp-comm-overlap): exposed_tp
+    device_model: DeviceModel | None = None  # None: sim.devices.DEVICE_MODELS of the cluster's device
 
     def __post_init__(self) -> None:
         check_positive_ints("costs", microbatch_size=self.microbatch_size)
         if self.efficiency is not None:
             check_fraction("costs", "efficiency", self.efficiency, "a fraction of peak", open_low=True)
-        object.__setattr__(self, "recompute", choice("costs", "recompute", self.recompute, RECOMPUTE_MODES))
+        if isinstance(self.recompute, str):  # names are case-insensitive, as everywhere
+            object.__setattr__(self, "recompute", self.recompute.lower())
+        check_recompute("costs", self.recompute)
+        check_choice("costs", "dtype", self.dtype, DTYPES)
+        check_choice("costs", "reduce_dtype", self.reduce_dtype, ("bf16", "fp32"))
+        check_choice("costs", "elementwise", self.elementwise, ("fused", "eager"))
+        if self.parallel.cp > 1 and (self.model.attention != "flash" or self.model.seq_len % self.parallel.cp):
+            raise ConfigError(f"costs: context parallelism (cp={self.parallel.cp}) is ring attention over a fused "
+                              f"kernel: it needs attention flash and a sequence length divisible by cp, got "
+                              f"{self.model.attention} attention and sequence {self.model.seq_len}", field="cp")
+        if self.tp_overlap and not self.parallel.sp:
+            raise ConfigError("costs: tp_overlap hides the sequence-parallel all-gathers and reduce-scatters behind "
+                              "their GEMMs, so it needs sp (and tp > 1); add sp or leave tp_overlap out",
+                              field="tp_overlap")
+        if self.dtype == "fp8" and not (self.cluster.spec.fp8_flops and self.device and self.device.fp8_gemm):
+            raise ConfigError(f"costs: dtype fp8 needs a device with FP8 tensor cores and an FP8 GEMM model; "
+                              f"{self.cluster.spec.name} has none (valid there: bf16)", field="dtype")
         check_fraction("costs", "pair_overlap", self.pair_overlap)
         if self.layers_per_stage is not None:
             if isinstance(self.layers_per_stage, str) or not isinstance(self.layers_per_stage, Sequence):
@@ -151,22 +176,58 @@ class TransformerCosts:
         if kind is Kind.B:
             return self.flops_of(Kind.I, layers, last) + self.flops_of(Kind.W, layers, last)
         m, k = self.model, kind.value
+        tokens = self.local.seq_len * self.microbatch_size  # per context-parallel rank
         if kind is Kind.R:  # the stage's layers' forward again (module docstring)
-            tokens = m.seq_len * self.microbatch_size
             return layers * m.layer_flops("F") * tokens / self.parallel.tp
         per_layer = m.layer_flops(k) + (m.recompute_flops(self.recompute) if kind is Kind.I else 0.0)
         per_token = layers * per_layer
         if last:
             per_token += m.head_flops(k)
-        return per_token * m.seq_len * self.microbatch_size / self.parallel.tp
+        return per_token * tokens / self.parallel.tp
 
     # --- seconds of a pass -----------------------------------------------------------------------------
     @property
+    def local(self) -> TransformerConfig:
+        """The model as one context-parallel rank sees it: s / cp tokens of each sequence (the model itself
+        without context parallelism). Attention still spans the whole sequence (:meth:`cp_exchange`)."""
+        cp = self.parallel.cp
+        return self.model if cp == 1 else dataclasses.replace(self.model, seq_len=self.model.seq_len // cp)
+
+    def cp_exchange(self, kind: Kind) -> float:
+        """Seconds of ring attention's K/V exchange a layer's pass leaves exposed (context parallelism).
+
+        Each of the cp ranks holds s/cp queries and passes its K and V blocks around the ring: cp - 1 steps,
+        each sending 2 x (s/cp) b h_kv / t 16-bit values over the CP link, while the attention kernel works on
+        the block it has (Liu et al. 2023, "Ring Attention"); the backward sends K, V and their gradients
+        (twice the bytes). Only the time the exchange exceeds the attention kernel's is exposed.
+        """
+        p, m = self.parallel, self.local
+        if p.cp == 1 or kind is Kind.W:
+            return 0.0
+        block = 2 * 2.0 * m.seq_len * self.microbatch_size * m.kv_hidden / p.tp
+        width = p.tp * p.cp
+        per_node = min(sum(1 for d in self.cluster.devices if d.node == self.cluster.devices[0].node), width)
+        link = self.cluster.intra if width <= per_node else self.cluster.inter
+        lc = self.layer_costs()
+        attn = [op for op in lc.ops if op.fused_attention]
+        if kind is Kind.I:
+            ring, kernel = 2 * (p.cp - 1) * link.time(block), sum(
+                op.input_grad_time(lc.spec, lc.efficiency, lc.device, lc.fp8) for op in attn)
+        else:
+            ring, kernel = (p.cp - 1) * link.time(block), sum(lc._t(op) for op in attn)
+        return max(0.0, ring - kernel)
+
+    @property
+    def device(self) -> DeviceModel | None:
+        """The device model timing each operation (sim.devices); None for a device without one."""
+        return self.device_model or DEVICE_MODELS.get(self.cluster.spec.name)
+
+    @property
     def gemm_efficiency(self) -> GemmEfficiency | None:
         """The operation-level model's GEMM efficiency; None when a constant ``efficiency`` applies."""
-        if self.efficiency is not None:
+        if self.efficiency is not None or self.device is None:
             return None
-        return CALIBRATED.get(self.cluster.spec.name)
+        return self.device.gemm
 
     @property
     def matmul_efficiency(self) -> float:
@@ -174,17 +235,20 @@ class TransformerCosts:
         return self.efficiency if self.efficiency is not None else FALLBACK_EFFICIENCY
 
     def layer_costs(self) -> LayerCosts:
-        m, p = self.model, self.parallel
+        m, p = self.local, self.parallel
         ops = layer_ops(hidden=m.hidden, heads=m.heads, kv_hidden=m.kv_hidden, ffn=m.ffn, gated=m.gated_mlp,
-                        seq_len=m.seq_len, b=self.microbatch_size, tp=p.tp, sp=p.sp)
+                        seq_len=m.seq_len, b=self.microbatch_size, tp=p.tp, sp=p.sp, attention=m.attention,
+                        elementwise=self.elementwise, rotary=not m.learned_positions, dropout=m.dropout,
+                        context=p.cp)
         return LayerCosts(ops=tuple(ops), spec=self.cluster.spec,
                           efficiency=self.gemm_efficiency or GemmEfficiency(peak_fraction=self.matmul_efficiency,
                                                                             half_flops=0.0),
-                          link=self.cluster.intra, tp=p.tp, sp=p.sp, activation_bytes=self.tp_bytes())
+                          link=self.cluster.intra, tp=p.tp, sp=p.sp, activation_bytes=self.tp_bytes(),
+                          device=self.device if self.gemm_efficiency is not None else None, fp8=self.dtype == "fp8")
 
     def tp_bytes(self) -> float:
         """Bytes of one tensor-parallel collective's full buffer: the 16-bit activation, 2sbh."""
-        return self.model.boundary_bytes(self.microbatch_size)
+        return self.local.boundary_bytes(self.microbatch_size)
 
     def tp_comm(self, kind: Kind, stage: int, num_stages: int) -> float:
         """Seconds of the pass's tensor-parallel collectives: 2 per layer in F and in I (+2 in I if full
@@ -202,7 +266,7 @@ class TransformerCosts:
         one = tp_collective(self.tp_bytes(), p.tp, self.cluster.intra, p.sp)
         if kind is Kind.R:
             return layers * 2 * one
-        per_layer = 2 + (2 if kind is Kind.I and self.recompute == "full" else 0)
+        per_layer = 2 + (self._recompute_collectives() if kind is Kind.I else 0)
         if kind is Kind.I and p.sp and self.recompute != "full":
             # SP keeps only its shard of the inputs of QKV and fc1 and gathers them again for the weight
             # gradients: two more all-gathers, half a collective pair each (Korthikanti et al. 2022, sec. 4.2.2)
@@ -214,9 +278,17 @@ class TransformerCosts:
             count += 1
         return count * one
 
+    def _recompute_collectives(self) -> float:
+        """TP collectives per layer the recomputation repeats: full 2, layer:N 2/N, selective-op 1 (out-proj's)."""
+        if self.recompute == "full":
+            return 2.0
+        if n := layer_every(self.recompute):
+            return 2.0 / n
+        return 1.0 if self.recompute == "selective-op" else 0.0
+
     def _edge_ops(self, first: bool, last: bool) -> list[Op]:
         """Forward operations outside the layers: the embedding (stage 0); final norm, LM head, loss (last)."""
-        m, p, b = self.model, self.parallel, self.microbatch_size
+        m, p, b = self.local, self.parallel, self.microbatch_size
         tokens = m.seq_len * b
         rep = tokens / p.tp if p.sp else tokens
         ops = []
@@ -242,9 +314,11 @@ class TransformerCosts:
         if kind is Kind.B:
             return self.time_of(Kind.I, layers, first, last) + self.time_of(Kind.W, layers, first, last)
         lc, n = self.layer_costs(), layers
-        spec, eff = self.cluster.spec, self.gemm_efficiency
-        edge = [op.time(spec, eff) for op in self._edge_ops(first, last)]
-        edge_w = [op.time(spec, eff) for op in self._edge_ops(first, last) if op.weight]
+        edge = [lc._t(op) for op in self._edge_ops(first, last)]
+        edge_w = [lc._t(op) for op in self._edge_ops(first, last) if op.weight]
+        if kind is not Kind.W:
+            comm = self.exposed_tp(comm, n * lc.weight_grad())  # weight_grad: the weight GEMMs at forward size
+            comm += n * self.cp_exchange(Kind.F if kind is Kind.R else kind)
         if kind is Kind.F:
             return n * lc.forward() + sum(edge) + comm
         if kind is Kind.R:
@@ -253,13 +327,24 @@ class TransformerCosts:
             return n * (lc.input_grad() + lc.recompute(self.recompute)) + 2 * sum(edge) - sum(edge_w) + comm
         return n * lc.weight_grad() + sum(edge_w)
 
+    def exposed_tp(self, comm: float, gemms: float) -> float:
+        """Seconds of a pass's TP collectives left on its critical path. Without ``tp_overlap``, all of them.
+
+        With it (Megatron-LM --tp-comm-overlap, Transformer Engine's userbuffers), each sequence-parallel
+        all-gather is split into chunks pipelined with the GEMM that consumes it, and each reduce-scatter with
+        the GEMM that produces it: the collectives run under the pass's weight GEMMs (``gemms``: the forward
+        GEMMs in F, the dX and recomputed GEMMs in I), and only what exceeds them is exposed. The GEMMs are
+        not slowed by the SMs the communication kernels take (not modelled).
+        """
+        return max(0.0, comm - gemms) if self.tp_overlap else comm
+
     def stage_activations(self, stage: int, num_stages: int) -> float:
         """Bytes a microbatch's pass of ``stage`` keeps per tensor shard; the last stage adds its fp32 logits."""
         return self.activations_of(self.stage_layers(num_stages)[stage], stage == num_stages - 1)
 
     def activations_of(self, layers: int, last: bool) -> float:
         """:meth:`stage_activations` of a stage of ``layers`` layers (``last``: it holds the logits)."""
-        m, b, p = self.model, self.microbatch_size, self.parallel
+        m, b, p = self.local, self.microbatch_size, self.parallel
         held = layers * m.layer_activation_bytes(b, p.tp, p.sp, self.recompute)
         if last:
             held += m.head_activation_bytes(b) / p.tp
@@ -267,7 +352,7 @@ class TransformerCosts:
 
     def recompute_kept(self, stage: int, num_stages: int) -> float:
         """Bytes a forward that an R recomputes keeps: its layers' input, and the last stage's logits."""
-        m, b, p = self.model, self.microbatch_size, self.parallel
+        m, b, p = self.local, self.microbatch_size, self.parallel
         kept = m.layer_activation_bytes(b, p.tp, p.sp, "full") if self.stage_layers(num_stages)[stage] else 0.0
         if stage == num_stages - 1:
             kept += m.head_activation_bytes(b) / p.tp
@@ -296,11 +381,17 @@ class TransformerCosts:
         shard = self.parallel.dp if self.parallel.dp_mode in ("zero1", "zero2", "zero3", "fsdp") else 1
         return ADAM_BYTES_PER_PARAM * self.stage_params(stage, n_st) / shard / self.cluster.spec.memory_bw
 
+    def collective_bytes(self, kind: Kind, stage: int, num_stages: int, bucket: int) -> float:
+        """Bytes of one bucket's collective: the 16-bit bucket, twice that for a gradient reduction (all-reduce,
+        reduce-scatter) in fp32 (``reduce_dtype``, torchtitan's default ``mixed_precision_reduce``)."""
+        n = self.bucket_sizes(stage, num_stages)[bucket]
+        return 2 * n if self.reduce_dtype == "fp32" and kind in (Kind.ALLREDUCE, Kind.REDUCE_SCATTER) else n
+
     def _collective(self, task: Task, graph: TaskGraph) -> float:
         if _is_embedding(task, graph):
             return coll.ring_allreduce(self.embedding_bytes(), 2, self._embedding_link(graph))
         a, n_st = task.action, graph.schedule.num_stages
-        n = self.bucket_sizes(a.stage, n_st)[a.bucket or 0]
+        n = self.collective_bytes(a.kind, a.stage, n_st, a.bucket or 0)
         group = self.group(task.rank)
         if self.parallel.dp_mode == "ps":
             return group.ps(n)
@@ -335,11 +426,11 @@ class TransformerCosts:
     def bytes(self, task: Task, graph: TaskGraph) -> float:
         a = task.action
         if a.kind in (Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B):
-            return self.model.boundary_bytes(self.microbatch_size) / self.parallel.tp
+            return self.local.boundary_bytes(self.microbatch_size) / self.parallel.tp
         if task.stream is Stream.COLLECTIVE:
             if _is_embedding(task, graph):
                 return self.embedding_bytes()
-            return self.bucket_sizes(a.stage, graph.schedule.num_stages)[a.bucket or 0]
+            return self.collective_bytes(a.kind, a.stage, graph.schedule.num_stages, a.bucket or 0)
         return 0.0
 
     # --- the tied word embedding's gradient all-reduce between the first and the last stage (schedules.dp) ---
@@ -429,7 +520,8 @@ class TransformerCosts:
             "efficiency": self.matmul_efficiency if self.gemm_efficiency is None else "calibrated",
             "gemm_efficiency": None if (e := self.gemm_efficiency) is None else {
                 "peak_fraction": e.peak_fraction, "half_flops": e.half_flops, "source": e.source},
-            "sp": p.sp, "recompute": self.recompute,
+            "sp": p.sp, "recompute": self.recompute, "attention": self.model.attention, "dtype": self.dtype,
+            "reduce_dtype": self.reduce_dtype, "elementwise": self.elementwise, "tp_overlap": self.tp_overlap,
             "pair_overlap": self.pair_overlap, "link_model": p.link_model,
             "fsdp_reshard_after_forward": p.fsdp_reshard_after_forward, "fsdp_prefetch": p.fsdp_prefetch,
             "embedding_allreduce": p.embedding_allreduce,

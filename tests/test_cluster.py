@@ -14,7 +14,7 @@ from sim.cluster import Device, cluster_preset, load_cluster, parse_placement
 def test_presets_load_with_vendor_figures():
     c = cluster_preset("dgx-h100:2")
     assert (c.num_devices, c.num_nodes, c.spec.name) == (16, 2, "H100")
-    assert (c.spec.peak_flops, c.spec.memory_bytes) == (989e12, 80e9)
+    assert (c.spec.peak_flops, c.spec.memory_bytes) == (989e12, 81559 * 2**20)  # the driver's MiB, sim/cluster.py
     assert (c.intra.bandwidth, c.inter.bandwidth) == (450e9, 50e9)
     a = cluster_preset("dgx-a100:4+ps2")
     assert (a.num_devices, len(a.pservers), a.spec.peak_flops, a.intra.bandwidth) == (32, 2, 312e12, 300e9)
@@ -71,7 +71,7 @@ _BASE = ["--model", "gpt-6.2b", "--cluster", "dgx-h100:2", "--pp", "8", "--sched
     (["--dp", "4"], "pp*dp*tp = 8*4*1 = 32 devices do not fit cluster 'dgx-h100:2'"),
     (["--dp", "2", "--dp-mode", "ps"], "dp mode 'ps' needs parameter servers"),
     (["--config", "/nonexistent/x.toml"], "config file '/nonexistent/x.toml' not found"),
-    (["--pp", "32", "--cluster", "dgx-h100:4"], "32 stages but the model has 30 layers"),
+    (["--pp", "40", "--cluster", "dgx-h100:5"], "40 stages but the model has 30 layers"),  # 32: embedding, head alone
     (["--efficiency", "2"], "efficiency must be a fraction of peak in (0, 1], got 2.0 (flag --efficiency)"),
 ])
 def test_bad_real_input_is_one_line_exit_2(change, message, capsys):

@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
 from schedules import ConfigError, Kind
 from sim import collectives as coll
 from sim.cluster import cluster_preset
-from sim.gpu_model import CALIBRATED, GemmEfficiency, Op, layer_ops
+from sim.devices import DEVICE_MODELS
+from sim.gpu_model import GemmEfficiency, Op, layer_ops
 from sim.parallel import ParallelConfig
 from sim.study import Study, load_study, run_study
 from sim.transformer import model_preset
@@ -137,12 +136,15 @@ def test_override_keeps_the_constant_model():
     assert c.pass_time(Kind.I, 1, 8) == pytest.approx(expect)
     h100 = TransformerCosts(model=model_preset("gpt-6.2b"), cluster=cluster_preset("dgx-h100:2"),
                             parallel=ParallelConfig(pp=8))
-    assert h100.gemm_efficiency is None and h100.matmul_efficiency == 0.6  # no calibration: the stated constant
-    assert _costs().gemm_efficiency is CALIBRATED["A100"]
+    assert h100.gemm_efficiency is DEVICE_MODELS["H100"].gemm  # H100 has a device model now (sim.devices)
+    cpu = TransformerCosts(model=model_preset("gpt-tiny"), cluster=cluster_preset("cpu-host"),
+                           parallel=ParallelConfig(pp=2))
+    assert cpu.gemm_efficiency is None and cpu.matmul_efficiency == 0.6  # no device model: the stated constant
+    assert _costs().gemm_efficiency is DEVICE_MODELS["A100"].gemm
 
 
 def test_recompute_and_sp_are_checked_fields():
-    with pytest.raises(Exception, match=re.escape("unknown recompute 'some'; valid: none, selective, full")) as err:
+    with pytest.raises(Exception, match=re.escape("unknown recompute 'some'; valid: none, selective, full, selective-op, layer:N")) as err:
         _costs(recompute="some")
     assert err.value.field == "recompute"
     with pytest.raises(Exception, match="sp must be true or false"):
@@ -179,15 +181,15 @@ def test_no_recomputation_has_hfu_equal_mfu():
 @pytest.mark.slow
 def test_published_table_5_and_memory():
     """Every iteration time within 10% of Table 5, mean |error| <= 5%, activation memory within 5%."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-    import published
+    from sim.published import memory_rows, score, suite_runs, summarize
 
-    times, memory = published.time_rows(), published.memory_rows()
-    assert len(times) == 8
+    times, memory = score(suite_runs("megatron-2022")), memory_rows()
+    assert len(times) == 8 and summarize(times)["fit"]["rows"] == 4 and summarize(times)["held_out"]["rows"] == 4
     assert all(abs(r["error"]) < 0.10 for r in times), [(r["model"], r["mode"], r["error"]) for r in times]
     assert sum(abs(r["error"]) for r in times) / 8 <= 0.05
     assert all(abs(r["error"]) < 0.05 for r in memory)
     assert not math.isnan(sum(r["mfu"] for r in times))
+    assert summarize(times)["held_out"]["mean_abs_error"] <= 0.05
 
 
 def test_optimizer_step_counts_without_data_parallel_tasks():
@@ -217,14 +219,17 @@ def test_compare_takes_tp_sp_and_recompute(capsys):
 
 
 @pytest.mark.slow
-def test_published_json_is_one_object(capsys):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
-    import published
+def test_published_report_keeps_fit_and_held_out_apart():
+    """The text and Markdown tables of the megatron-2022 suite: fit and held-out means apart, the command on top."""
+    from sim.published import memory_rows, score, suite_runs, summarize
+    from sim.published.report import markdown, text
 
-    assert published.main(["--json"]) == 0
-    d = json.loads(capsys.readouterr().out)
-    assert len(d["iteration_times"]) == 8 and d["mean_abs_error"] <= 0.05
-    assert d["calibration"]["peak_fraction"] == CALIBRATED["A100"].peak_fraction
+    rows = score(suite_runs("megatron-2022"))
+    s = summarize(rows)
+    assert s["fit"]["mean_abs_error"] <= 0.05 and s["held_out"]["mean_abs_error"] <= 0.05
+    page = markdown(rows, memory_rows(), "python experiments/published.py --suite megatron-2022")
+    assert page.startswith("# Published training runs") and "- command: `python experiments/published.py" in page
+    assert "fit rows: 4 rows" in text(rows) and "held-out rows: 4 rows" in text(rows)
 
 
 def test_sequence_parallelism_without_tensor_parallelism_is_refused():

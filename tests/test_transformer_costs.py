@@ -23,6 +23,9 @@ GPT6 = model_preset("gpt-6.2b")
 
 
 def _costs(pp=8, dp=1, mode="none", cluster=H100, **kw) -> TransformerCosts:
+    """The constant-efficiency model (0.6 of peak, matmuls only) whose arithmetic these tests check by hand; the
+    H100's device model (sim.devices) is tested in tests/test_devices.py."""
+    kw.setdefault("efficiency", 0.6)
     return TransformerCosts(model=GPT6, cluster=cluster, parallel=ParallelConfig(pp=pp, dp=dp, dp_mode=mode), **kw)
 
 
@@ -118,7 +121,7 @@ def test_two_concurrent_transfers_on_one_link_take_longer_than_one(link_model):
             net = TransformerCosts.network(self, graph, dur)
             return dataclasses.replace(net, links=[()] * len(net.links), queue=None)
 
-    free = simulate(graph, NoContention(model=GPT6, cluster=H100, parallel=c.parallel))
+    free = simulate(graph, NoContention(model=GPT6, cluster=H100, parallel=c.parallel, efficiency=0.6))
     assert free.start[a] == free.start[b] and free.end[b] - free.start[a] == pytest.approx(one)
     assert res.makespan > free.makespan
 

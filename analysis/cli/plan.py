@@ -24,8 +24,8 @@ def _parser(prog: str) -> OneLineParser:
     p.add_argument("--top", type=int, default=5, metavar="K", help="configurations to list (default 5)")
     p.add_argument("--workers", type=int, metavar="N", help="processes (default: every core)")
     p.add_argument("--schedules", default="all", metavar="A,B,...", help="schedules to try (default all)")
-    p.add_argument("--chunks", type=int_list, default=(2, 3, 4), metavar="V,...",
-                   help="stages per rank tried for multi-chunk schedules (default 2,3,4)")
+    p.add_argument("--chunks", type=int_list, default=(2, 3, 4, 8), metavar="V,...",
+                   help="stages per rank tried for multi-chunk schedules (default 2,3,4,8)")
     p.add_argument("--microbatch-sizes", type=int_list, metavar="B,...",
                    help="microbatch sizes tried (default: every divisor of the batch per replica)")
     p.add_argument("--dp-modes", default="ddp,zero1,zero2,fsdp", metavar="A,B,...",

@@ -74,6 +74,8 @@ def add_units_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--config", metavar="FILE.toml", help="tables [model], [cluster], [parallel], [run]; flags override")
     g.add_argument("--dp", type=int, default=None, help="data-parallel replicas (default 1)")
     g.add_argument("--tp", type=int, default=None, help="tensor-parallel divisor (default 1)")
+    g.add_argument("--cp", type=int, default=None,
+                   help="context parallelism: the sequence split over CP ranks, ring attention (default 1)")
     g.add_argument("--dp-mode", default=None, metavar="MODE", help="none, sync, ddp, zero1, zero2, zero3 (fsdp), ps")
     g.add_argument("--microbatch-size", type=int, default=None, metavar="B", help="sequences per microbatch (default 1)")
     g.add_argument("--bucket-mb", type=float, default=None, metavar="MIB", help="gradient bucket size (default 25)")
@@ -86,12 +88,24 @@ def add_units_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sp", action="store_true", default=None,
                    help="sequence parallelism in the tensor-parallel group (Korthikanti et al. 2022)")
     g.add_argument("--recompute", default=None, metavar="MODE",
-                   help="activation recomputation: none (default), selective (attention core), full (whole layers); "
+                   help="activation recomputation: none (default), selective (attention core), full (whole layers), "
+                   "selective-op (torchtitan: matmul outputs but every second one kept), layer:N (every N-th layer "
+                   "in full); "
                    "without physical units, full puts an R (a recomputed forward) right before every backward "
                    "and bubbles moves each R into idle time before it (within --recompute-limit)")
     g.add_argument("--recompute-limit", type=float, default=None, metavar="M",
                    help="without physical units, with --recompute bubbles: activation memory per rank in M_B")
     g.add_argument("--seq-len", type=int, default=None, metavar="S", help="sequence length (default: the model's)")
+    g.add_argument("--attention", default=None, metavar="KIND",
+                   help="flash (a fused kernel, no s x s activations) or unfused (default: the model preset's)")
+    g.add_argument("--reduce-dtype", default=None, metavar="DTYPE",
+                   help="gradient reductions in bf16 (default) or fp32 (torchtitan's default: twice the bytes)")
+    g.add_argument("--elementwise", default=None, metavar="KIND",
+                   help="fused (default) or eager: the bytes of norms, rotary and activation as PyTorch eager runs them")
+    g.add_argument("--tp-overlap", action="store_true", default=None,
+                   help="sequence-parallel collectives hidden behind their GEMMs (Megatron --tp-comm-overlap; needs --sp)")
+    g.add_argument("--dtype", default=None, metavar="DTYPE",
+                   help="bf16 (default) or fp8: the weight GEMMs at the device's FP8 peak (H100, H200)")
 
 
 def add_comm_args(g: argparse._ArgumentGroup) -> None:
@@ -127,10 +141,13 @@ def units_overrides(args: argparse.Namespace) -> dict[str, dict]:
         tables["model"] = {"preset": args.model}
     if args.seq_len is not None:
         tables["model"]["seq_len"] = args.seq_len
+    if args.attention is not None:
+        tables["model"]["attention"] = args.attention
     if args.cluster:
         tables["cluster"] = {"preset": args.cluster}
-    for table, keys in (("parallel", ("pp", "dp", "tp", "dp_mode", "bucket_mb", "collective", "order", "sp")),
-                        ("run", ("schedule", "microbatches", "microbatch_size", "chunks", "efficiency", "recompute"))):
+    for table, keys in (("parallel", ("pp", "dp", "tp", "cp", "dp_mode", "bucket_mb", "collective", "order", "sp")),
+                        ("run", ("schedule", "microbatches", "microbatch_size", "chunks", "efficiency", "recompute",
+                                 "dtype", "reduce_dtype", "elementwise", "tp_overlap"))):
         tables[table].update({k: getattr(args, k) for k in keys if getattr(args, k) is not None})
     if args.pair_overlap is not None:
         tables["run"]["pair_overlap"] = args.pair_overlap
@@ -223,8 +240,8 @@ def _list() -> int:
     return 0
 
 
-UNITS_ONLY = ("dp", "tp", "dp_mode", "microbatch_size", "bucket_mb", "collective", "order", "efficiency", "sp",
-              "seq_len", *COMM_KEYS)
+UNITS_ONLY = ("dp", "tp", "cp", "dp_mode", "microbatch_size", "bucket_mb", "collective", "order", "efficiency", "sp",
+              "seq_len", "attention", "dtype", "reduce_dtype", "elementwise", "tp_overlap", *COMM_KEYS)
 
 
 @guarded

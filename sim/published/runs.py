@@ -1,0 +1,172 @@
+"""Published training runs: each row's figure, its source and every setting, assumed ones marked.
+
+Suites:
+
+* ``megatron-2022``: Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+  Models", arXiv 2205.05198), Table 5 iteration times on A100s (TP 8; configurations from Table 3), and
+  the activation memory of Figures 1 and 7 (:data:`KORTHIKANTI_MEMORY`). The four full-recomputation rows
+  fitted the A100 GEMM curve (sim.devices); the four others are held out.
+* ``torchtitan``: pytorch/torchtitan docs/performance.md (Aug 2024), Llama 3 on 64 A100 80GB with FSDP2:
+  8B selective-op AC 2,973 tok/s/GPU (line 11), 70B full AC 331 tok/s/GPU (line 12). Local batch 1, sequence
+  8192 (torchtitan's Llama 3 default; 2,973 tok/s x 6.1e10 FLOPs/token = 58% of 312 TFLOP/s, the MFU of the
+  row). Its H100 rows (benchmarks/llama3_h100_202412_torchtitan.md) ran on "H100 96GB HBM2e at 500 W",
+  whose peak the source itself says is unknown ("between SXM and NVL", footnote 2): they are listed, not
+  scored (no device model of that part).
+* ``megatron-h100``: NVIDIA/Megatron-LM README, the H100 weak-scaling table (images/model_table.png,
+  commit 937571c, July 2024): per-GPU TFLOP/s of GPT models 1.7B-462B, sequence 4096, vocabulary 131,072.
+* ``llama3``: Dubey et al. 2024 ("The Llama 3 Herd of Models", arXiv 2407.21783), Table 4: 405B on 8,192
+  H100s (TP 8, CP 1, PP 16, DP 64, 430 TFLOP/s per GPU) and 16,384 (DP 128, 400 TFLOP/s); global batch 16M
+  tokens of sequence 8192.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.transformer import model_preset
+
+__all__ = ["KORTHIKANTI_MEMORY", "METRICS", "RUNS", "SUITES", "PublishedRun", "suite_runs"]
+
+SUITES = ("megatron-2022", "torchtitan", "megatron-h100", "llama3")
+#: What a row's figure measures: seconds per step, tokens per second per GPU, model TFLOP/s per GPU.
+METRICS = ("step_s", "tokens_per_s_per_gpu", "tflops_per_gpu")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PublishedRun:
+    """One published training run: the figure, where it is printed, and the layout it ran."""
+
+    suite: str
+    name: str
+    model: str  # a preset of sim.transformer
+    cluster: str  # a preset of sim.cluster, e.g. dgx-a100:8
+    tp: int
+    pp: int
+    dp: int
+    microbatches: int  # per pipeline replica and step
+    microbatch_size: int = 1
+    schedule: str = "1f1b"
+    chunks: int = 1
+    dp_mode: str = "none"
+    recompute: str = "none"
+    sp: bool = False
+    dtype: str = "bf16"
+    reduce_dtype: str = "bf16"
+    elementwise: str = "fused"
+    tp_overlap: bool = False
+    bucket_mb: float = 25.0  # gradient/parameter bucket (MiB): PyTorch DDP's default, or one FSDP unit
+    layers_per_stage: tuple[int, ...] | None = None  # None: as even as possible (sim.transformer.partition_layers)
+    metric: str = "step_s"
+    published: float
+    source: str  # file and line, or table and row
+    assumed: tuple[str, ...] = ()  # the settings the source does not give
+    fit: bool = False  # the row fitted a parameter (sim.devices)
+    scored: bool = True  # False: listed with its reason in ``note``, no prediction scored
+    note: str = ""
+    settings_source: str = ""  # where the settings (not the figure) come from
+    extra: dict = field(default_factory=dict)
+
+
+def _korthikanti(name: str, model: str, pp: int, m: int, b: int, v: int, full_s: float, sel_s: float,
+                 row: str) -> list[PublishedRun]:
+    common = dict(suite="megatron-2022", model=model, cluster=f"dgx-a100:{pp}", tp=8, pp=pp, dp=1, microbatches=m,
+                  microbatch_size=b, schedule="interleaved-1f1b" if v > 1 else "1f1b", chunks=v,
+                  settings_source="Korthikanti et al. 2022, Table 3")
+    return [PublishedRun(name=f"{name} full", recompute="full", published=full_s, fit=True,
+                         source=f"Korthikanti et al. 2022, Table 5, row {row}, 'full recompute'", **common),
+            PublishedRun(name=f"{name} sp+selective", recompute="selective", sp=True, published=sel_s,
+                         source=f"Korthikanti et al. 2022, Table 5, row {row}, 'selective + sequence parallel'",
+                         **common)]
+
+
+_TT_DOC = "pytorch/torchtitan docs/performance.md"
+# FSDP2 as torchtitan applies it: bf16 parameters, gradients reduced in fp32 (torchtitan's default
+# [training] mixed_precision_reduce = "float32", torchtitan/config: the MixedPrecisionPolicy it builds).
+_TT_H100 = "pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md"
+_TT_H100_NOTE = ("H100 96GB HBM2e at a 500 W cap: a device of its own whose peak the source says is unknown; "
+                 "no device model, not scored")
+_MEG = "NVIDIA/Megatron-LM README.md, images/model_table.png (commit 937571c)"
+# Settings the README states: --tp-comm-overlap, --overlap-grad-reduce, --overlap-param-gather (README,
+# "Training Speed and Scalability"). The rest is assumed:
+_MEG_ASSUMED = ("microbatch_size=1 and 1F1B without virtual stages, as the README's GPT-3 175B example script "
+                "at the same commit (examples/gpt3/train_gpt3_175b_distributed.sh)", "recompute none",
+                "sequence parallelism", "dp_mode zero1 (distributed optimizer)", "FFN 4h, flash attention, dropout")
+_LLAMA = "Dubey et al. 2024 (arXiv 2407.21783), Table 4"
+
+
+def _megatron_h100(model: str, tp: int, pp: int, dp: int, batch: int, tflops: float, row: int) -> PublishedRun:
+    return PublishedRun(suite="megatron-h100", name=model.removeprefix("gpt-").upper(), model=model,
+                        cluster=f"dgx-h100:{tp * pp * dp // 8}", tp=tp, pp=pp, dp=dp, microbatches=batch // dp,
+                        dp_mode="zero1", sp=tp > 1, tp_overlap=tp > 1, metric="tflops_per_gpu", published=tflops,
+                        source=f"{_MEG}, row {row}", assumed=_MEG_ASSUMED if tp > 1 else _MEG_ASSUMED[:2] + _MEG_ASSUMED[3:],
+                        settings_source=f"{_MEG}, row {row} (heads, hidden, layers, TP, PP, DP, GPUs, batch)")
+
+
+def _layer_mib(model: str, tp: int) -> float:
+    """One transformer layer's 16-bit weights per tensor shard, MiB: FSDP's communication unit (it wraps each
+    block, as torchtitan and Meta's FSDP do), the bucket the planner also uses (sim.plan_space)."""
+    return 2 * model_preset(model).layer_params / tp / 2**20
+
+
+# 126 layers on 16 x 8 = 128 virtual stages: the first holds only the embedding, the last only the output
+# (Dubey et al. 2024, sec. 3.3.2; sim.transformer.partition_layers splits them so).
+_LLAMA_ASSUMED = ("schedule interleaved-1f1b, chunks=8 (one layer per virtual stage, inferred from 126 = 128 - 2)",
+                  "buckets of one layer (FSDP's unit)", "microbatch_size=1", "recompute none", "dp_mode zero2 (FSDP keeping the "
+                  "weights after the forward)", "sequence parallelism", "flash attention")
+
+RUNS: tuple[PublishedRun, ...] = (
+    *_korthikanti("22B", "megatron-22b", 1, 1, 4, 1, 1.42, 1.10, "22B"),
+    *_korthikanti("175B", "gpt3-175b", 8, 64, 1, 3, 18.13, 13.75, "175B"),
+    *_korthikanti("530B", "mt-nlg-530b", 35, 280, 1, 3, 49.05, 37.83, "530B"),
+    *_korthikanti("1T", "megatron-1t", 64, 512, 1, 1, 94.42, 71.49, "1T"),
+    PublishedRun(suite="torchtitan", name="Llama 3 8B, selective op AC", model="llama-8b", cluster="dgx-a100:8", tp=1,
+                 pp=1, dp=64, microbatches=1, dp_mode="fsdp", recompute="selective-op", metric="tokens_per_s_per_gpu",
+                 reduce_dtype="fp32", elementwise="eager", bucket_mb=_layer_mib("llama-8b", 1),
+                 published=2973, source=f"{_TT_DOC}, line 11", settings_source=f"{_TT_DOC}, lines 3-14",
+                 assumed=("sequence 8192 (torchtitan's Llama 3 default; consistent with the row's 58.2% MFU)",
+                          "eager elementwise kernels (no torch.compile: torchtitan's default then)")),
+    PublishedRun(suite="torchtitan", name="Llama 3 70B, full AC", model="llama-70b", cluster="dgx-a100:8", tp=1, pp=1,
+                 dp=64, microbatches=1, dp_mode="fsdp", recompute="full", metric="tokens_per_s_per_gpu", published=331,
+                 reduce_dtype="fp32", elementwise="eager", bucket_mb=_layer_mib("llama-70b", 1),
+                 source=f"{_TT_DOC}, line 12", settings_source=f"{_TT_DOC}, lines 3-14",
+                 assumed=("sequence 8192 (torchtitan's Llama 3 default; consistent with the row's 51.7% MFU)",
+                          "eager elementwise kernels (no torch.compile: torchtitan's default then)")),
+    *(PublishedRun(suite="torchtitan", name=f"Llama 3.1 8B, 8 GPUs, {what}", model="llama-8b", cluster="dgx-h100:1",
+                   tp=1, pp=1, dp=8, microbatches=1, microbatch_size=2, dp_mode="fsdp", recompute="selective-op",
+                   reduce_dtype="fp32", elementwise="eager", bucket_mb=_layer_mib("llama-8b", 1),
+                   metric="tokens_per_s_per_gpu", published=tps, source=f"{_TT_H100}, Table 1, row '{what}'",
+                   scored=False, note=_TT_H100_NOTE)
+      for what, tps in (("FSDP", 5762), ("FSDP + torch.compile", 6667))),
+    _megatron_h100("gpt-1.7b", 1, 1, 48, 192, 408.8, 1),
+    _megatron_h100("gpt-7.1b", 2, 1, 48, 192, 465.9, 2),
+    _megatron_h100("gpt-16b", 4, 1, 48, 192, 489.1, 3),
+    _megatron_h100("gpt-32b", 8, 1, 48, 192, 459.6, 4),
+    _megatron_h100("gpt-70b", 8, 2, 48, 384, 419.7, 5),
+    _megatron_h100("gpt-119b", 8, 4, 48, 768, 420.5, 6),
+    _megatron_h100("gpt-177b", 8, 6, 48, 1152, 432.8, 7),
+    _megatron_h100("gpt-314b", 8, 8, 48, 1536, 474.4, 8),
+    _megatron_h100("gpt-462b", 8, 16, 48, 3072, 459.9, 9),
+    *(PublishedRun(suite="llama3", name=f"405B on {gpus:,} H100", model="llama3-405b", cluster=f"dgx-h100:{gpus // 8}",
+                   tp=8, pp=16, dp=dp, microbatches=per_dp, schedule="interleaved-1f1b", chunks=8, dp_mode="zero2",
+                   bucket_mb=_layer_mib("llama3-405b", 8),
+                   sp=True, metric="tflops_per_gpu", published=tflops, source=f"{_LLAMA}, row '{gpus:,} GPUs, CP 1'",
+                   settings_source=f"{_LLAMA} (TP, CP, PP, DP, sequence, batch size/DP)",
+                   assumed=_LLAMA_ASSUMED)
+      for gpus, dp, per_dp, tflops in ((8192, 64, 32, 430), (16384, 128, 16, 400))),
+)
+
+
+def suite_runs(suite: str) -> tuple[PublishedRun, ...]:
+    """The rows of ``suite`` ('all': every row)."""
+    return RUNS if suite == "all" else tuple(r for r in RUNS if r.suite == suite)
+
+
+# Korthikanti et al. 2022, activation memory per GPU of the first pipeline stage: Figure 1 (GiB) for the
+# tensor-parallel baseline and with sequence parallelism + selective recomputation; Figure 7 (% of the
+# baseline) for sp, selective, sp+selective, full.
+KORTHIKANTI_MEMORY = {
+    "megatron-22b": ((59.25, 9.5625), (66.84, 49.42, 16.18, 7.64)),
+    "gpt3-175b": ((66.84375, 12.3515625), (62.04, 56.53, 18.49, 8.71)),
+    "mt-nlg-530b": ((114.0234375, 23.076171875), (58.31, 62.04, 20.27, 9.42)),
+    "megatron-1t": ((131.25, 26.5625), (58.31, 62.04, 20.27, 9.42)),
+}

@@ -1,0 +1,136 @@
+"""The published suites: every row's settings and figure pinned, the script thin, the goals that hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sim.published import RUNS, SUITES, score, suite_runs, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_rows_pin_their_figures_and_layouts():
+    table = [(r.suite, r.model, r.tp, r.pp, r.dp, r.microbatches, r.recompute, r.metric, r.published, r.fit, r.scored)
+             for r in RUNS]
+    assert table == [
+        ("megatron-2022", "megatron-22b", 8, 1, 1, 1, "full", "step_s", 1.42, True, True),
+        ("megatron-2022", "megatron-22b", 8, 1, 1, 1, "selective", "step_s", 1.10, False, True),
+        ("megatron-2022", "gpt3-175b", 8, 8, 1, 64, "full", "step_s", 18.13, True, True),
+        ("megatron-2022", "gpt3-175b", 8, 8, 1, 64, "selective", "step_s", 13.75, False, True),
+        ("megatron-2022", "mt-nlg-530b", 8, 35, 1, 280, "full", "step_s", 49.05, True, True),
+        ("megatron-2022", "mt-nlg-530b", 8, 35, 1, 280, "selective", "step_s", 37.83, False, True),
+        ("megatron-2022", "megatron-1t", 8, 64, 1, 512, "full", "step_s", 94.42, True, True),
+        ("megatron-2022", "megatron-1t", 8, 64, 1, 512, "selective", "step_s", 71.49, False, True),
+        ("torchtitan", "llama-8b", 1, 1, 64, 1, "selective-op", "tokens_per_s_per_gpu", 2973, False, True),
+        ("torchtitan", "llama-70b", 1, 1, 64, 1, "full", "tokens_per_s_per_gpu", 331, False, True),
+        ("torchtitan", "llama-8b", 1, 1, 8, 1, "selective-op", "tokens_per_s_per_gpu", 5762, False, False),
+        ("torchtitan", "llama-8b", 1, 1, 8, 1, "selective-op", "tokens_per_s_per_gpu", 6667, False, False),
+        ("megatron-h100", "gpt-1.7b", 1, 1, 48, 4, "none", "tflops_per_gpu", 408.8, False, True),
+        ("megatron-h100", "gpt-7.1b", 2, 1, 48, 4, "none", "tflops_per_gpu", 465.9, False, True),
+        ("megatron-h100", "gpt-16b", 4, 1, 48, 4, "none", "tflops_per_gpu", 489.1, False, True),
+        ("megatron-h100", "gpt-32b", 8, 1, 48, 4, "none", "tflops_per_gpu", 459.6, False, True),
+        ("megatron-h100", "gpt-70b", 8, 2, 48, 8, "none", "tflops_per_gpu", 419.7, False, True),
+        ("megatron-h100", "gpt-119b", 8, 4, 48, 16, "none", "tflops_per_gpu", 420.5, False, True),
+        ("megatron-h100", "gpt-177b", 8, 6, 48, 24, "none", "tflops_per_gpu", 432.8, False, True),
+        ("megatron-h100", "gpt-314b", 8, 8, 48, 32, "none", "tflops_per_gpu", 474.4, False, True),
+        ("megatron-h100", "gpt-462b", 8, 16, 48, 64, "none", "tflops_per_gpu", 459.9, False, True),
+        ("llama3", "llama3-405b", 8, 16, 64, 32, "none", "tflops_per_gpu", 430, False, True),
+        ("llama3", "llama3-405b", 8, 16, 128, 16, "none", "tflops_per_gpu", 400, False, True),
+    ]
+    assert {r.suite for r in RUNS} == set(SUITES)
+    assert all(r.source and (r.fit or r.suite != "megatron-2022" or r.recompute == "selective") for r in RUNS)
+    assert all(r.assumed for r in RUNS if r.suite in ("megatron-h100", "llama3"))
+    assert all(r.note for r in RUNS if not r.scored)
+    assert [r.schedule for r in RUNS if r.suite == "megatron-h100"] == ["1f1b"] * 9  # the README's example script
+    assert all("sequence parallelism" not in r.assumed for r in RUNS if r.suite == "megatron-h100" and r.tp == 1)
+
+
+def test_the_script_is_thin():
+    script = (ROOT / "experiments" / "published.py").read_text()
+    assert "sys.path.insert" not in script and "from sim.published import" in script
+    assert "sys.path.insert" not in (ROOT / "tests" / "test_megatron.py").read_text()
+
+
+def test_summary_keeps_fit_and_held_out_apart():
+    rows = [{"scored": True, "fit": True, "error": 0.02}, {"scored": True, "fit": False, "error": -0.1},
+            {"scored": True, "fit": False, "error": 0.3}, {"scored": False, "fit": False, "error": None}]
+    s = summarize(rows)
+    assert s["fit"] == {"rows": 1, "mean_abs_error": 0.02, "max_abs_error": 0.02}
+    assert s["held_out"] == {"rows": 2, "mean_abs_error": pytest.approx(0.2), "max_abs_error": 0.3}
+    assert s["not_scored"] == 1
+
+
+def test_llama3_8192_row_fits_in_memory_and_is_scored():
+    (row,) = [r for r in score(suite_runs("llama3")[:1])]
+    assert row["peak_memory_gb"] * 1e9 <= 81559 * 2**20  # the H100's capacity as the driver reports it
+    assert row["error"] is not None
+
+
+def test_meta_split_puts_the_embedding_and_output_alone():
+    from sim.transformer import partition_layers
+
+    assert partition_layers(126, 128) == (0, *(1,) * 126, 0)
+    assert partition_layers(30, 8) == (4, 4, 4, 4, 4, 4, 3, 3)  # otherwise unchanged
+
+
+@pytest.mark.slow
+def test_planner_finds_metas_405b_layout_feasible_and_best():
+    """llama3-405b on 1,024 DGX H100 nodes, global batch 2048 x 8192: Meta's layout (TP 8, PP 16, DP 64,
+    interleaved, no recomputation) fits the H100's memory and is the planner's best."""
+    from sim.cluster import cluster_preset
+    from sim.plan import plan
+    from sim.plan_space import PlanSpace
+    from sim.transformer import model_preset
+
+    space = PlanSpace(model=model_preset("llama3-405b"), cluster=cluster_preset("dgx-h100:1024"), global_batch=2048,
+                      schedules=("interleaved-1f1b", "1f1b"), chunks=(2, 4, 8), dp_modes=("zero1", "zero2"))
+    best = plan(space, top=2, workers=1).top[0]
+    c = best.config
+    assert (c.tp, c.pp, c.dp, c.schedule, c.chunks, c.recompute, c.sp) == (8, 16, 64, "interleaved-1f1b", 8, "none", True)
+    assert best.peak_memory_bytes <= 81559 * 2**20
+
+
+def test_script_json_is_one_object_and_a_bad_markdown_path_exits_2(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "experiments/published.py", "--suite", "llama3", "--json"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    d = json.loads(run.stdout)
+    assert d["summary"]["held_out"]["rows"] == 2 and d["summary"]["fit"]["rows"] == 0
+    assert all(r["source"].startswith("Dubey et al. 2024") for r in d["rows"])
+    bad = subprocess.run([sys.executable, "experiments/published.py", "--markdown", str(tmp_path / "no" / "x.md")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr == (f"published.py: --markdown {str(tmp_path / 'no' / 'x.md')!r}: folder "
+                          f"{str(tmp_path / 'no')!r} does not exist; give a path in an existing folder\n")
+
+
+def test_held_out_goals_that_hold():
+    """torchtitan's two A100 rows within 10% each; the Megatron-LM H100 table within 10% on average."""
+    titan = summarize(score(suite_runs("torchtitan")))
+    assert titan["held_out"]["rows"] == 2 and titan["held_out"]["max_abs_error"] < 0.10
+    h100 = summarize(score(suite_runs("megatron-h100")))
+    assert h100["held_out"]["rows"] == 9 and h100["held_out"]["mean_abs_error"] < 0.10
+
+
+@pytest.mark.parametrize("index", [8, 14, 21])  # torchtitan 8B, Megatron H100 16B, Llama 3 on 8,192 GPUs
+def test_a_rows_command_reproduces_its_prediction(index, capsys):
+    import json
+    import shlex
+
+    from analysis.cli.simulate import main
+    from sim.published import command, predict
+
+    run = RUNS[index]
+    argv = shlex.split(command(run))[3:]  # after 'python -m sim'
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    world = run.tp * run.pp * run.dp
+    got = {"tokens_per_s_per_gpu": d["tokens_per_s"] / world,
+           "tflops_per_gpu": d["model_flops_per_step"] / d["step_time"] / world / 1e12}[run.metric]
+    assert got == pytest.approx(predict(run), rel=1e-12)
