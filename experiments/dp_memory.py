@@ -11,16 +11,14 @@ not time: the figures do not depend on what else the machine runs.
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import json
-import os
-import platform
 import tempfile
 from pathlib import Path
 
 import torch
 
+from analysis.cli.common import OneLineParser, errors_to_exit
+from analysis.results_page import check_page, write_page
 from real import ModelConfig, RunConfig, make_plan
 from real.launch import torchrun
 from sim.memory import rank_memory
@@ -29,7 +27,7 @@ MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
 MODES = ("none", "sync", "ddp", "zero1", "zero2", "zero3")
 KEYS = ("param_bytes", "grad_bytes", "optimizer_bytes", "gathered_param_bytes", "peak_activation_bytes")
 ARGV = ["--schedule", "1f1b", "--microbatches", "2", "--batch-size", "16", "--steps", "4", "--optimizer", "adamw",
-        "--lr", "0.01", "--bucket-mb", "0.002", "--layers", "4", "--dim", "16", "--heads", "2", "--vocab", "32",
+        "--lr", "0.01", "--layers", "4", "--dim", "16", "--heads", "2", "--vocab", "32",
         "--seq", "8", "--json"]
 
 
@@ -42,7 +40,7 @@ def config(mode: str) -> RunConfig:
 def measure(mode: str, tmp: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     """(the run's JSON, its final parameters)."""
     params = tmp / f"{mode}.pt"
-    flags = ["--pp", "2"] if mode == "none" else ["--pp", "1", "--dp", "2", "--dp-mode", mode]
+    flags = ["--pp", "2"] if mode == "none" else ["--pp", "1", "--dp", "2", "--dp-mode", mode, "--bucket-mb", "0.002"]
     proc = torchrun(2, ["-m", "real", *ARGV, *flags, "--save-params", str(params)], timeout=120, capture=True,
                     env={"OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
@@ -66,9 +64,12 @@ def rows(mode: str, result: dict, params: dict[str, torch.Tensor]) -> list[str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--markdown", metavar="FILE", help="also write the table, with the machine and date, to FILE")
+    p = OneLineParser(prog="python experiments/dp_memory.py", description=__doc__.splitlines()[0])
+    p.add_argument("--markdown", metavar="PAGE.md", help="also write the results page (docs/results/dp-memory.md)")
     args = p.parse_args()
+    if args.markdown:
+        with errors_to_exit(p):
+            check_page(args.markdown)
     lines = ["| mode | rank | parameters | gradients | optimizer | gathered (zero3) | activation peak | worst |",
              "|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
@@ -77,10 +78,9 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     if args.markdown:
-        head = (f"# Data-parallel memory per rank: measured / simulated (bytes)\n\n"
-                f"{platform.node()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
-                f"{datetime.date.today()}; `python experiments/dp_memory.py`\n\n")
-        Path(args.markdown).write_text(head + table + "\n")
+        write_page(args.markdown, "Data-parallel memory per rank: measured / simulated (bytes)",
+                   "Each cell is measured / simulated bytes on one rank (pp 2, dp 2); *worst* is the largest relative "
+                   "difference in the row.\n\n" + table)
 
 
 if __name__ == "__main__":

@@ -103,11 +103,12 @@ def test_script_json_is_one_object_and_a_bad_markdown_path_exits_2(tmp_path):
     d = json.loads(run.stdout)
     assert d["summary"]["held_out"]["rows"] == 2 and d["summary"]["fit"]["rows"] == 0
     assert all(r["source"].startswith("Dubey et al. 2024") for r in d["rows"])
-    bad = subprocess.run([sys.executable, "experiments/published.py", "--markdown", str(tmp_path / "no" / "x.md")],
+    (tmp_path / "afile").touch()
+    bad = subprocess.run([sys.executable, "experiments/published.py", "--markdown", str(tmp_path / "afile" / "x.md")],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and bad.stdout == ""
-    assert bad.stderr == (f"published.py: --markdown {str(tmp_path / 'no' / 'x.md')!r}: folder "
-                          f"{str(tmp_path / 'no')!r} does not exist; give a path in an existing folder\n")
+    assert bad.stderr == (f"error: --markdown {str(tmp_path / 'afile' / 'x.md')!r}: {str(tmp_path / 'afile')!r} is a "
+                          "file, not a folder\n")
 
 
 def test_held_out_goals_that_hold():

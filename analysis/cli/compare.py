@@ -65,6 +65,10 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     if is_all(args.schedules):  # every schedule that takes the shape; the others are listed, not fatal
         chosen, skipped = applicable(chosen, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks)
     with errors_to_exit(p):
+        from schedules import spec
+
+        for name in chosen:  # an unknown name is the error to report, before the file names made from it
+            spec(name)
         out = check_output_dir(args.out, "output folder")
         for name in ("timelines.png", "comparison.csv", *(f"timeline-{_canonical(s)}.png" for s in chosen)):
             check_output_file(out / name, "output file")  # a directory or fifo of that name: refused before work
