@@ -439,10 +439,10 @@ def _hardening_cases(d: Path) -> list[Case]:
     fits = "raise memory_limit, add nodes or give smaller microbatch sizes (flag --memory-limit)"
     add("runaway", [*PLAN, "--global-batch", "100000000", "--out", h / "plan1"], None, expect="ok")
     add("runaway", [*PLAN, "--global-batch", "1000000000", "--out", h / "plan2"],
-        "plan: no configuration fits in 80 GB per device: model states and one microbatch fit (8.2 GB at least), "
+        "plan: no configuration fits in 85.5 GB per device: model states and one microbatch fit (8.2 GB at least), "
         f"the microbatches each schedule holds in flight do not; {fits}")
     add("runaway", [*PLAN, "--global-batch", str(2**40), "--out", h / "plan3"],
-        "plan: no configuration fits in 80 GB per device: the smallest needs at least 8796 GB (model states and one "
+        "plan: no configuration fits in 85.5 GB per device: the smallest needs at least 8796 GB (model states and one "
         f"microbatch); {fits}")
     add("runaway", [*PLAN, "--global-batch", str(2**40 + 1), "--out", h / "plan4"],
         "plan: global_batch 1,099,511,627,777 is beyond 1,099,511,627,776 (2^40) sequences; give a smaller batch "
@@ -490,7 +490,7 @@ def _hardening_cases(d: Path) -> list[Case]:
                                                               "interleaved-zb, looped-bfs, v-half, v-min, zb-auto, "
                                                               "zb-h1, zb-h2, zb-v"),
             (["validate_sim.py", "--calibrate-from", "zb-v", "--schedules", "1f1b"],
-             "argument --calibrate-from: 'zb-v' is not in the grid ['1f1b']"),
+             "--calibrate-from 'zb-v' is not in the grid 1f1b; give one of them"),
             (["plan_check.py", "--calibrate-from", "1f1b"], "argument --calibrate-from: invalid value '1f1b': give "
                                                             "SCHEDULE:M, e.g. 1f1b:8"),
             (["plan_check.py", "--timeout", "-5"], "argument --timeout: invalid value '-5': give a finite number > 0"),

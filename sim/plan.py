@@ -294,7 +294,7 @@ def plan(space: PlanSpace, *, top: int = 5, workers: int | None = None,
                if least > space.capacity / 1e9 else
                f"model states and one microbatch fit ({least:.4g} GB at least), the microbatches each schedule "
                "holds in flight do not")
-        raise ConfigError(f"plan: no configuration fits in {space.capacity / 1e9:g} GB per device: {why}; raise "
+        raise ConfigError(f"plan: no configuration fits in {space.capacity / 1e9:.3g} GB per device: {why}; raise "
                           "memory_limit, add nodes or give smaller microbatch sizes", field="memory_limit")
     return PlanResult(space=space, candidates=len(configs), feasible=len(configs) - search.pruned_memory - search.unchecked,
                       simulated=len(done), pruned_memory=search.pruned_memory, pruned_bound=search.pruned_bound,

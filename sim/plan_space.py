@@ -298,5 +298,5 @@ def why_empty(space: PlanSpace) -> ConfigError:
 def describe_space(space: PlanSpace) -> str:
     return (f"{space.model.name} on {space.cluster.name} ({space.devices} x {space.cluster.spec.name}), "
             f"global batch {space.global_batch} x {space.model.seq_len} tokens, "
-            f"memory limit {space.capacity / 1e9:g} GB per device; schedules {', '.join(space.schedule_names)}; "
+            f"memory limit {space.capacity / 1e9:.3g} GB per device; schedules {', '.join(space.schedule_names)}; "
             f"chunks {quote(list(space.chunks))}")

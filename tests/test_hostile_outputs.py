@@ -318,7 +318,7 @@ PLAN = ["plan", "--model", "gpt-tiny", "--cluster", "dgx-h100:1", "--no-progress
      "plan: global_batch 1,099,511,627,777 is beyond 1,099,511,627,776 (2^40) sequences; give a smaller batch "
      "(flag --global-batch)"),
     (["--global-batch", "1099511627776", "--top", "1"],
-     "plan: no configuration fits in 85.5208 GB per device: the smallest needs at least 8796 GB (model states and one "
+     "plan: no configuration fits in 85.5 GB per device: the smallest needs at least 8796 GB (model states and one "
      "microbatch); raise memory_limit, add nodes or give smaller microbatch sizes (flag --memory-limit)"),
     (["--global-batch", "8", "--dp-modes", "bogus"],
      "plan: unknown dp mode 'bogus'; valid: ddp, zero1, zero2, zero3, fsdp (flag --dp-modes)"),
