@@ -45,16 +45,15 @@ from analysis.calibration import (
     dp_graph,
     predict,
 )
-from analysis.cli.common import OneLineParser, errors_to_exit, guarded, print_json
+from analysis.cli.common import OneLineParser, guarded, print_json
 from analysis.cli.scripts import add_grid_args, check_grid_args
 from analysis.cli.train import add_model_args, model_from_args
 from analysis.progress import run_progress
-from analysis.results_page import check_page, json_ready, write_page
+from analysis.results_page import json_ready, write_page
 from analysis.results_page import table as markdown_table
 from analysis.validation import (
     GOAL_GAP,
     GOAL_TAU,
-    NOISE_LIMIT,
     decomposition,
     exit_status,
     format_tau,
@@ -64,7 +63,7 @@ from analysis.validation import (
     verdict_line,
 )
 from real import ModelConfig
-from real.metrics_log import check_log_dir, log_rows
+from real.metrics_log import log_rows
 from real.protocol import MODEL_SHAPE, dp_buckets, dp_config, pipeline_config, profile_machine
 from schedules.outputs import atomic_write
 
@@ -80,11 +79,6 @@ def _args(argv: list[str] | None = None):
     add_model_args(p, ModelConfig(**MODEL_SHAPE))
     p.add_argument("--out", default="out/plan_check")
     add_grid_args(p, timeout=1800.0)
-    p.add_argument("--noise-limit", type=float, default=NOISE_LIMIT, metavar="FRACTION",
-                   help=f"too noisy to judge above this measured noise (default {NOISE_LIMIT}: 5%%; exit status 3)")
-    p.add_argument("--markdown", metavar="PATH.md", help="also write the results page (e.g. docs/results/plan_check.md)")
-    p.add_argument("--log-dir", metavar="DIR", help="also write each measured candidate's prediction and "
-                   "measurement, and the scores, as TensorBoard event files and metrics.jsonl (docs/metrics.md)")
     a = p.parse_args(argv)
     check_grid_args(p, a, calibrate_with_m=True)
     if a.smoke:
@@ -96,17 +90,9 @@ def _args(argv: list[str] | None = None):
 
 def _check(p: OneLineParser, a) -> None:
     """Bad input: one line, exit 2, before anything runs."""
-    for flag in ("rounds", "steps", "profile_reps", "attempts", "microbatch_size"):
+    for flag in ("rounds", "steps", "profile_reps"):  # --tiny/--smoke set them after the flags were checked
         if getattr(a, flag) < 1:
             p.error(f"--{flag.replace('_', '-')} must be an integer >= 1, got {getattr(a, flag)}")
-    if not 0 < a.noise_limit < 1 or math.isnan(a.noise_limit):
-        p.error(f"--noise-limit must be a fraction in (0, 1) (0.05 is 5%), got {a.noise_limit}")
-    if a.markdown is not None:
-        with errors_to_exit(p):
-            check_page(a.markdown)
-    if a.log_dir is not None:
-        with errors_to_exit(p):
-            check_log_dir(a.log_dir)
     try:
         a.ms = [int(x) for x in a.microbatches.split(",") if x]
         cal_s, cal_m = a.calibrate_from.split(":")

@@ -14,6 +14,7 @@ the ``--costs`` file and the ``--out`` folder, before anything runs.
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from analysis.cli.common import (
@@ -26,6 +27,7 @@ from analysis.cli.common import (
     positive_int_list,
     schedule_list,
 )
+from analysis.validation import NOISE_LIMIT
 from schedules.errors import quote
 
 __all__ = ["add_grid_args", "check_grid_args"]
@@ -45,11 +47,18 @@ def add_grid_args(p: argparse.ArgumentParser, *, rounds: int = 5, timeout: float
                    help="a run counts only if other processes used at most this many cores meanwhile (default 0.1)")
     p.add_argument("--attempts", type=positive_int, default=3, help="runs of a disturbed configuration (default 3)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
+    p.add_argument("--noise-limit", type=float, default=NOISE_LIMIT, metavar="FRACTION",
+                   help=f"too noisy to judge above this measured noise (default {NOISE_LIMIT}: 5%%; exit status 3)")
+    p.add_argument("--markdown", metavar="PATH.md", help="also write the results page (docs/results/)")
+    p.add_argument("--log-dir", metavar="DIR", help="also write each row's prediction and measurement, and the "
+                   "scores, as TensorBoard event files and metrics.jsonl (docs/metrics.md)")
 
 
 def check_grid_args(p: OneLineParser, a: argparse.Namespace, *, calibrate_with_m: bool) -> None:
     """What the types cannot check alone; ``p.error`` (one line, exit 2) on the first bad value."""
     from analysis.cli.train import model_from_args
+    from analysis.results_page import check_page
+    from real.metrics_log import check_log_dir
     from schedules.outputs import check_output_dir
 
     for flag, parse in (("schedules", schedule_list), ("microbatches", positive_int_list)):
@@ -69,6 +78,12 @@ def check_grid_args(p: OneLineParser, a: argparse.Namespace, *, calibrate_with_m
         p.error(f"argument --calibrate-from: invalid value {quote(a.calibrate_from)}: give {form}")
     if a.costs is not None and not Path(a.costs).is_file():
         p.error(f"argument --costs: {quote(a.costs)} is not a file; give a profile written by python -m real.profile")
+    if not 0 < a.noise_limit < 1 or math.isnan(a.noise_limit):
+        p.error(f"--noise-limit must be a fraction in (0, 1) (0.05 is 5%), got {a.noise_limit}")
     with errors_to_exit(p):
         model_from_args(a)
         check_output_dir(a.out, "output folder")
+        if a.markdown is not None:
+            check_page(a.markdown)
+        if a.log_dir is not None:
+            check_log_dir(a.log_dir)
