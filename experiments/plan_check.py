@@ -31,7 +31,6 @@ Exit status: 0 judged (goal met or not); 3 too noisy to judge (the measurement's
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -45,17 +44,15 @@ from analysis.calibration import (
     dp_graph,
     predict,
 )
-from analysis.cli.common import OneLineParser, guarded, print_json
-from analysis.cli.scripts import add_grid_args, check_grid_args
+from analysis.cli.common import OneLineParser, guarded
+from analysis.cli.scripts import add_grid_args, check_grid_args, report_results
 from analysis.cli.train import add_model_args, model_from_args
 from analysis.progress import run_progress
-from analysis.results_page import json_ready, write_page
 from analysis.results_page import table as markdown_table
 from analysis.validation import (
     GOAL_GAP,
     GOAL_TAU,
     decomposition,
-    exit_status,
     format_tau,
     half_difference,
     noise_verdict,
@@ -63,9 +60,7 @@ from analysis.validation import (
     verdict_line,
 )
 from real import ModelConfig
-from real.metrics_log import log_rows
 from real.protocol import MODEL_SHAPE, dp_buckets, dp_config, pipeline_config, profile_machine
-from schedules.outputs import atomic_write
 
 DP_SCHEDULES = ("gpipe", "1f1b")
 
@@ -90,9 +85,6 @@ def _args(argv: list[str] | None = None):
 
 def _check(p: OneLineParser, a) -> None:
     """Bad input: one line, exit 2, before anything runs."""
-    for flag in ("rounds", "steps", "profile_reps"):  # --tiny/--smoke set them after the flags were checked
-        if getattr(a, flag) < 1:
-            p.error(f"--{flag.replace('_', '-')} must be an integer >= 1, got {getattr(a, flag)}")
     try:
         a.ms = [int(x) for x in a.microbatches.split(",") if x]
         cal_s, cal_m = a.calibrate_from.split(":")
@@ -214,19 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    atomic_write(Path(a.out, "plan_check.json"), lambda tmp: tmp.write_text(json.dumps(json_ready(summary), indent=1)),
-                 "plan check result")
-    if a.log_dir:
-        log_rows(a.log_dir, summary["rows"], {"plan/kendall_tau_b": summary["kendall_tau_b"],
-                                              "plan/predicted_best_gap": summary["predicted_best_gap"],
-                                              "plan/noise": summary["noise_verdict"]["noise"]})
-    if a.markdown:
-        write_page(a.markdown, "The planner's ranking against real runs", "\n\n".join(sections(summary)))
-    if a.json:
-        print_json(json_ready(summary))
-    else:
-        print("\n\n".join(sections(summary)))
-    return exit_status(summary["noise_verdict"])
+    return report_results(a, summary, json_name="plan_check.json", title="The planner's ranking against real runs",
+                          sections=sections(summary), rows=summary["rows"],
+                          scores={"plan/kendall_tau_b": summary["kendall_tau_b"],
+                                  "plan/predicted_best_gap": summary["predicted_best_gap"],
+                                  "plan/noise": summary["noise_verdict"]["noise"]})
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ perfect prediction, is above ``--noise-limit``, default 5%, or could not be meas
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -37,17 +36,14 @@ from analysis.calibration import (
     dp_graph,
     grid_rows,
 )
-from analysis.cli.common import OneLineParser, guarded, print_json
-from analysis.cli.scripts import add_grid_args, check_grid_args
+from analysis.cli.common import OneLineParser, guarded
+from analysis.cli.scripts import add_grid_args, check_grid_args, report_results
 from analysis.cli.train import add_model_args, model_from_args
 from analysis.progress import run_progress
-from analysis.results_page import json_ready, write_page
 from analysis.results_page import table as markdown_table
-from analysis.validation import exit_status, format_tau, noise_verdict, score_grid, verdict_line
+from analysis.validation import format_tau, noise_verdict, score_grid, verdict_line
 from real import ModelConfig
-from real.metrics_log import log_rows
 from real.protocol import MODEL_SHAPE, dp_buckets, dp_config, pipeline_config, profile_machine
-from schedules.outputs import atomic_write
 
 MODEL = ModelConfig(**MODEL_SHAPE)
 QUICK = (("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"), (4, 16))
@@ -78,9 +74,6 @@ def _args(argv: list[str] | None = None):
 
 def _check(p: OneLineParser, a) -> None:
     """Bad input: one line, exit 2, before anything runs."""
-    for flag in ("rounds", "steps", "profile_reps"):  # --tiny/--smoke set them after the flags were checked
-        if getattr(a, flag) < 1:
-            p.error(f"--{flag.replace('_', '-')} must be an integer >= 1, got {getattr(a, flag)}")
     a.grid = _grid(p, a)
     if a.calibrate_from not in a.grid[0]:
         p.error(f"--calibrate-from {a.calibrate_from!r} is not in the grid {','.join(a.grid[0])}; give one of them")
@@ -203,19 +196,11 @@ def main(argv: list[str] | None = None) -> int:
     except (RuntimeError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    atomic_write(Path(a.out) / "validation.json", lambda tmp: tmp.write_text(json.dumps(json_ready(summary), indent=1)),
-                 "validation result")
-    if a.log_dir:
-        log_rows(a.log_dir, summary["schedules"], {"grid/mean_abs_error": summary["mean_abs_error"],
-                                                   "grid/kendall_tau_b": summary["kendall_tau_b"],
-                                                   "grid/noise": summary["decomposition"]["noise"]})
-    if a.markdown:
-        write_page(a.markdown, "The simulator against real runs", "\n\n".join(sections(summary)))
-    if a.json:
-        print_json(json_ready(summary))
-    else:
-        print("\n\n".join(sections(summary)))
-    return exit_status(summary["noise_verdict"])
+    return report_results(a, summary, json_name="validation.json", title="The simulator against real runs",
+                          sections=sections(summary), rows=summary["schedules"],
+                          scores={"grid/mean_abs_error": summary["mean_abs_error"],
+                                  "grid/kendall_tau_b": summary["kendall_tau_b"],
+                                  "grid/noise": summary["decomposition"]["noise"]})
 
 
 if __name__ == "__main__":

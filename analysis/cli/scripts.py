@@ -30,7 +30,7 @@ from analysis.cli.common import (
 from analysis.validation import NOISE_LIMIT
 from schedules.errors import quote
 
-__all__ = ["add_grid_args", "check_grid_args"]
+__all__ = ["add_grid_args", "check_grid_args", "report_results"]
 
 
 def add_grid_args(p: argparse.ArgumentParser, *, rounds: int = 5, timeout: float = 1200.0) -> None:
@@ -87,3 +87,29 @@ def check_grid_args(p: OneLineParser, a: argparse.Namespace, *, calibrate_with_m
             check_page(a.markdown)
         if a.log_dir is not None:
             check_log_dir(a.log_dir)
+
+
+def report_results(a: argparse.Namespace, summary: dict, *, json_name: str, title: str, sections: list[str],
+                   rows: list[dict], scores: dict[str, float | None]) -> int:
+    """A measured grid's outputs: ``OUT/json_name`` (atomic), ``--log-dir`` (each row, then ``scores``),
+    ``--markdown`` (the results page), then stdout (one JSON object with ``--json``, else ``sections``).
+    Returns the exit status of the noise verdict (0 judged, 3 too noisy or undefined)."""
+    import json
+
+    from analysis.cli.common import print_json
+    from analysis.results_page import json_ready, write_page
+    from analysis.validation import exit_status
+    from real.metrics_log import log_rows
+    from schedules.outputs import atomic_write
+
+    atomic_write(Path(a.out) / json_name, lambda tmp: tmp.write_text(json.dumps(json_ready(summary), indent=1)),
+                 "result file")
+    if a.log_dir:
+        log_rows(a.log_dir, rows, scores)
+    if a.markdown:
+        write_page(a.markdown, title, "\n\n".join(sections))
+    if a.json:
+        print_json(json_ready(summary))
+    else:
+        print("\n\n".join(sections))
+    return exit_status(summary["noise_verdict"])
