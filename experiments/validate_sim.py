@@ -37,9 +37,9 @@ from analysis.calibration import (
     grid_rows,
 )
 from analysis.cli.common import OneLineParser, guarded
+from analysis.cli.progress import run_progress
 from analysis.cli.scripts import add_grid_args, check_grid_args, report_results
 from analysis.cli.train import add_model_args, model_from_args
-from analysis.progress import run_progress
 from analysis.results_page import table as markdown_table
 from analysis.validation import format_tau, noise_verdict, score_grid, verdict_line
 from real import ModelConfig

@@ -13,6 +13,7 @@ and line) and the layout string is decoded by its documented format.
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 import sys
 from pathlib import Path
@@ -167,12 +168,13 @@ def _titan_config(path: Path):
     """torchtitan's ConfigManager on the exported module, as ``--module torchtitan_plan --config schedlab_plan``."""
     from torchtitan.config import ConfigManager
 
-    sys.modules.pop("torchtitan_plan", None)
-    sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location("torchtitan_plan", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules["torchtitan_plan"] = module  # torchtitan's import_module("torchtitan_plan") finds it here
     try:
         return ConfigManager().parse_args(["--module", "torchtitan_plan", "--config", "schedlab_plan"])
     finally:
-        sys.path.remove(str(path.parent))
         sys.modules.pop("torchtitan_plan", None)
 
 

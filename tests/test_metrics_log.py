@@ -13,8 +13,8 @@ pytest.importorskip("torch")
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from analysis.cli.progress import Progress, format_seconds
 from analysis.cli.train import main as real_main
-from analysis.progress import Progress, format_seconds
 from real.metrics_log import JSONL_NAME, MetricsLog
 
 SMALL = ["--layers", "2", "--dim", "16", "--heads", "2", "--vocab", "32", "--seq", "8"]
@@ -108,7 +108,7 @@ def test_a_results_table_is_logged_row_by_row(tmp_path):
 def test_run_progress_feeds_one_line_per_run():
     import io
 
-    from analysis.progress import run_progress
+    from analysis.cli.progress import run_progress
 
     out = io.StringIO()
     on_run = run_progress("grid", out)

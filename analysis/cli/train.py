@@ -32,7 +32,7 @@ from analysis.cli.common import (
     refuse,
     with_flag,
 )
-from analysis.progress import format_seconds
+from analysis.cli.progress import format_seconds
 from analysis.timeline import check_figure_path, plot_timeline
 from real import stop
 from real.checkpoint import CheckpointConfig, check_unlocked

@@ -1,8 +1,8 @@
 """The progress line of long commands: done/total, the elapsed time and an estimate of the time left.
 
-The time left is the mean time per item so far times the items left. No
-dependencies: the simulator's scripts and the real runtime's command line
-both use it.
+The time left is the mean time per item so far times the items left. It is
+command-line code (it prints), with no dependencies: the measuring scripts in
+experiments/ and the real runtime's command line use it.
 """
 
 from __future__ import annotations
