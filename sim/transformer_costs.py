@@ -161,8 +161,14 @@ class TransformerCosts:
     def bucket_sizes(self, stage: int, num_stages: int) -> tuple[float, ...]:
         """Bytes of each gradient/parameter bucket of a stage (fp16, 2 bytes per parameter)."""
         total, cap = 2.0 * self.stage_params(stage, num_stages), self.parallel.bucket_bytes
-        count = max(1, math.ceil(total / cap))
-        return tuple(min(cap, total - k * cap) for k in range(count))
+        return tuple(min(cap, total - k * cap) for k in range(max(1, math.ceil(total / cap))))
+
+    def bucket_size(self, stage: int, num_stages: int, bucket: int) -> float:
+        """``bucket_sizes(stage, num_stages)[bucket]`` without building the tuple (once per collective task)."""
+        total, cap = 2.0 * self.stage_params(stage, num_stages), self.parallel.bucket_bytes
+        if not 0 <= bucket < max(1, math.ceil(total / cap)):
+            raise IndexError(f"stage {stage} has no bucket {bucket}")
+        return min(cap, total - bucket * cap)
 
     def buckets(self, num_stages: int) -> list[int]:
         return [len(self.bucket_sizes(s, num_stages)) for s in range(num_stages)]
@@ -384,7 +390,7 @@ class TransformerCosts:
     def collective_bytes(self, kind: Kind, stage: int, num_stages: int, bucket: int) -> float:
         """Bytes of one bucket's collective: the 16-bit bucket, twice that for a gradient reduction (all-reduce,
         reduce-scatter) in fp32 (``reduce_dtype``, torchtitan's default ``mixed_precision_reduce``)."""
-        n = self.bucket_sizes(stage, num_stages)[bucket]
+        n = self.bucket_size(stage, num_stages, bucket)
         return 2 * n if self.reduce_dtype == "fp32" and kind in (Kind.ALLREDUCE, Kind.REDUCE_SCATTER) else n
 
     def _collective(self, task: Task, graph: TaskGraph) -> float:
