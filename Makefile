@@ -28,8 +28,9 @@ demo: $(STAMP)
 run: $(STAMP)
 	$(BIN)/schedlab run --schedule 1f1b --pp 2 --microbatches 8 --steps 20 --trace out/real.csv --plot out/real.png
 
+# Two pytest-xdist workers, one per core; a test file stays on one worker (its fixtures run once).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # The single-process tests only (no torchrun launches or subprocesses, none of the few slowest): under 90 s.
 test-fast: $(STAMP)

@@ -67,3 +67,14 @@ def launch_worker(script: str, nproc: int, payload: Any, tmp: Path, timeout: flo
     if proc.returncode != 0:
         pytest.fail(f"{nproc}-process launch failed (exit {proc.returncode}); stderr:\n{proc.stderr[-6000:]}")
     return torch.load(out_file, weights_only=False)
+
+
+@pytest.fixture
+def tmp_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh temporary folder with a short name (``.../t<N>``), not pytest's ``.../<test name><N>``.
+
+    Error messages quote a path cut at ``schedules.errors.MAX_QUOTE`` characters, and several tests compare
+    such messages whole: under pytest-xdist (``make test`` runs two workers) the per-worker folder
+    ``popen-gw<N>/`` makes pytest's own names longer, and these messages would be cut where they are not now.
+    """
+    return tmp_path_factory.mktemp("t")
