@@ -63,11 +63,12 @@ from real.zero import ShardedSync, full_state, load_full
 from schedules import Action, ConfigError, Kind
 from schedules.graph import TaskGraph
 
-__all__ = ["PSTrainer", "ParamServer", "ServerResult", "bucket_tag"]
+__all__ = ["PSTrainer", "ParamServer", "ServerResult", "bucket_tag", "request_tag", "version_tag"]
 
 log = logging.getLogger(__name__)
 
-_MAX_BUCKETS = 1 << 16  # buckets per stage that the message tags tell apart
+_TAGS = 1 << 16  # message tags per stage: its buckets, then async-ps's request and version messages
+_MAX_BUCKETS = _TAGS - 2
 
 
 def bucket_tag(stage: int, bucket: int) -> int:
@@ -75,7 +76,17 @@ def bucket_tag(stage: int, bucket: int) -> int:
     if bucket >= _MAX_BUCKETS:
         raise ConfigError(f"stage {stage} has more than {_MAX_BUCKETS} gradient buckets; raise bucket_mb",
                           field="bucket_mb")
-    return stage * _MAX_BUCKETS + bucket
+    return stage * _TAGS + bucket
+
+
+def request_tag(stage: int) -> int:
+    """async-ps: the tag of a trainer's request for stage ``stage``'s parameters (:mod:`real.ps_async`)."""
+    return stage * _TAGS + _TAGS - 1
+
+
+def version_tag(stage: int) -> int:
+    """async-ps: the tag of the version a server's answer carries."""
+    return stage * _TAGS + _TAGS - 2
 
 
 def _first_line(exc: BaseException) -> str:
@@ -375,7 +386,7 @@ class ParamServer:
                     self._save(saver, step + 1, losses)
         if saver is not None:
             saver.wait()
-        dist.gather_object(([], memory, []), None, dst=0)
+        dist.gather_object(([], memory, [], None), None, dst=0)
         return ServerResult(losses, times, memory, start)
 
     def _stop(self, step: int, loss: float, signalled: bool, saver: ckpt.Checkpointer | None,

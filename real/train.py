@@ -52,6 +52,7 @@ from real.model_api import (
 from real.models import make_optimizer
 from real.p2p import PeerError, PipeComm, matching_sends
 from real.ps import ParamServer, PSTrainer
+from real.ps_async import AsyncParamServer, AsyncPSTrainer
 from real.zero import SHARDED_MODES, full_state, load_full, make_sync
 from schedules import Action, CheckpointError, ConfigError, Kind, SchedlabError, Stream
 from schedules.trace import check_trace_path, make_trace, write_trace
@@ -96,6 +97,7 @@ class RunResult:
     param_sha256: str | None = None
     start_step: int = 0
     resumed_from: str | None = None
+    staleness: dict[int, list[int]] | None = None  # async-ps: per trainer rank, each step's (real.ps_async)
 
     def to_json(self) -> dict[str, Any]:
         c, lay = self.config, self.config.layout
@@ -107,6 +109,7 @@ class RunResult:
             "losses": self.losses, "step_times": self.step_times, "trace": self.trace_path,
             "start_step": self.start_step, "resumed_from": self.resumed_from, "restart_count": restart_count(),
             "param_norm": self.param_norm, "param_sha256": self.param_sha256, "memory": self.memory,
+            **({"staleness": {str(r): v for r, v in self.staleness.items()}} if self.staleness is not None else {}),
         }
 
 
@@ -210,7 +213,8 @@ def run(
 def _serve(plan: Plan, mesh: Mesh, backend: str, model: StagedModel, restored: ckpt.Restored | None) -> RunResult:
     """A parameter server's run (dp mode ps, :mod:`real.ps`); rank 0, a trainer, gathers the results."""
     cfg = plan.config
-    done = ParamServer(plan, mesh, model).serve(restored, fault=lambda step: _inject_fault(cfg, mesh.rank, step))
+    server = AsyncParamServer if cfg.sync.dp_mode == "async-ps" else ParamServer
+    done = server(plan, mesh, model).serve(restored, fault=lambda step: _inject_fault(cfg, mesh.rank, step))
     return RunResult(cfg, mesh.rank, backend, done.losses, done.step_times, start_step=done.start_step,
                      resumed_from=str(restored.path) if restored else None)
 
@@ -302,7 +306,10 @@ class _Trainer:
         by_stage = {s: [p for _, p in self.stages[s].global_parameters()] for s in sorted(self.stages)}
         self.sync = None
         if cfg.sync.servers:
-            self.sync = PSTrainer(by_stage, graph=self.plan.graph, pp_rank=mesh.pp_rank, rank=mesh.rank,
+            kind, extra = PSTrainer, {}
+            if cfg.sync.dp_mode == "async-ps":
+                kind, extra = AsyncPSTrainer, {"staleness": cfg.sync.staleness, "steps": cfg.steps}
+            self.sync = kind(by_stage, **extra, graph=self.plan.graph, pp_rank=mesh.pp_rank, rank=mesh.rank,
                                   servers=[mesh.server_rank(j) for j in range(mesh.servers)],
                                   bucket_mb=cfg.sync.bucket_mb, accumulations=cfg.layout.microbatches,
                                   stamp=self.recorder.stamp, record=self.recorder.add)
@@ -376,6 +383,8 @@ class _Trainer:
     def _global_loss(self, loss: torch.Tensor | None) -> tuple[float, bool]:
         """The step's mean loss over the whole batch (summed over pipelines' last stages, / dp), and whether
         any rank received a signal: one all-reduce, so every rank stops after the same step."""
+        if isinstance(self.sync, AsyncPSTrainer):  # no step in lockstep: this replica's loss (averaged at the end)
+            return 0.0 if loss is None else float(loss), stop.requested() is not None
         value = torch.tensor([0.0 if loss is None else float(loss), stop.requested() is not None],
                              dtype=torch.float64)
         if self.mesh.distributed:
@@ -538,7 +547,8 @@ class _Trainer:
         if self.sync is not None:
             self.sync.gather_all()
         params = [(name, p.detach().cpu().clone()) for name, p in self.named] if self.mesh.dp_rank == 0 else []
-        mine = (rows, memory, params)
+        staleness = self.sync.history if isinstance(self.sync, AsyncPSTrainer) else None
+        mine = (rows, memory, params, None if staleness is None else (losses, staleness))
         parts = [mine]
         if self.mesh.distributed:
             parts = [None] * self.mesh.world_size if self.mesh.rank == 0 else None
@@ -546,13 +556,18 @@ class _Trainer:
         base = RunResult(self.plan.config, self.mesh.rank, self.backend, losses, times)
         if self.mesh.rank != 0:
             return base
-        named = sorted((np for _, _, ps in parts for np in ps), key=lambda np: int(np[0].split(".", 1)[0]))
+        named = sorted((np for _, _, ps, _ in parts for np in ps), key=lambda np: int(np[0].split(".", 1)[0]))
         norm, sha = param_digest(t for _, t in named)
-        trace = self._make_trace([r for rs, _, _ in parts for r in rs], [m for _, m, _ in parts], traced_times)
+        trace = self._make_trace([r for rs, _, _, _ in parts for r in rs], [m for _, m, _, _ in parts], traced_times)
         if path is not None:
             write_trace(trace, path)
+        by_rank = None
+        if staleness is not None:  # async-ps: the step's loss over the whole batch, from every replica's own
+            mine_too = [(r, x) for r, (*_, x) in enumerate(parts) if x is not None]
+            losses = [sum(ls[i] for _, (ls, _) in mine_too) / self.plan.config.layout.dp for i in range(len(losses))]
+            by_rank = {r: hist for r, (_, hist) in mine_too}
         return RunResult(self.plan.config, 0, self.backend, losses, times, trace, str(path) if path else None,
-                         dict(named), [m for _, m, _ in parts], norm, sha)
+                         dict(named), [m for _, m, _, _ in parts], norm, sha, staleness=by_rank)
 
     def _make_trace(self, rows: list[_Row], memory: list[dict[str, Any]], traced_times: dict[int, float]
                     ) -> pd.DataFrame:

@@ -60,7 +60,7 @@ def model_states(psi: float, mode: str, dp: int, *, weight_bytes: float = 2, gra
     momentum: one buffer) or 8 (AdamW: two moments; its step counters are not counted). ``stage_psi``: the
     largest stage of the rank, whose whole weights zero3 gathers. ps: the optimizer runs on the servers.
     """
-    if mode == "ps":
+    if mode in ("ps", "async-ps"):
         return ModelStates(weight_bytes * psi, grad_bytes * psi, 0.0)
     if mode not in _SHARDED:
         raise ValueError(f"unknown dp mode {mode!r}")
@@ -77,7 +77,7 @@ def rank_memory(graph: TaskGraph, stage_params: Sequence[int], rank: int, mode: 
     the engine's activation peak (in M_B, uniform costs) times ``microbatch_bytes`` (one M_B of the rank).
     Bytes per parameter default to the runtime's fp32 training with AdamW."""
     stages = graph.schedule.stages_of(rank)
-    states = model_states(sum(stage_params[s] for s in stages), mode if dp > 1 or mode == "ps" else "none", dp,
+    states = model_states(sum(stage_params[s] for s in stages), mode if dp > 1 or mode in ("ps", "async-ps") else "none", dp,
                           weight_bytes=weight_bytes, grad_bytes=grad_bytes, optimizer_bytes=optimizer_bytes,
                           stage_psi=max(stage_params[s] for s in stages))
     peak = simulate(graph, UniformCosts()).ranks[rank].peak_activations

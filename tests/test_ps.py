@@ -5,6 +5,9 @@ worker): 2 trainers + 1 server (pp 1), 1 trainer x pp 2 + 1 server (zb-h1: split
 2 servers (every bucket split in two shards), and the pp 2 case checkpointed at step 2 and resumed to
 step 4 beside an uninterrupted 4-step run. Each is compared with :func:`real.reference_run` (losses and
 every parameter to 1e-5, SGD with momentum); the resumed run is bit-identical to the uninterrupted one.
+The same launch runs async-ps (:mod:`real.ps_async`): at staleness 0 bit-identical to ps, and at staleness 2
+with trainer 1 delayed by :data:`DELAY_S` every step, where the logged staleness reaches the bound and never
+passes it.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +45,14 @@ RUNS = {
 }
 
 
+STALENESS, DELAY_S = 2, 0.3
+ASYNC = {
+    "async-ps staleness 0": _config("1f1b", dp=2, microbatches=2, servers=1, dp_mode="async-ps"),
+    "async-ps staleness 2, trainer 1 delayed": _config("1f1b", dp=2, microbatches=2, servers=1, dp_mode="async-ps",
+                                                        staleness=STALENESS, steps=6),
+}
+
+
 def _resume_runs(directory: Path) -> dict[str, RunConfig]:
     ckpt = CheckpointConfig(directory=str(directory), every=2)
     return {"resume: first 2 steps": _config("zb-h1", pp=2, microbatches=4, servers=1, steps=2, checkpoint=ckpt),
@@ -56,7 +68,7 @@ def three(tmp_path_factory) -> dict:
     from tests.conftest import launch_worker  # the torchrun workers run this file without the tests package
 
     tmp = tmp_path_factory.mktemp("ps3")
-    runs = {**RUNS, **_resume_runs(tmp / "ckpt")}
+    runs = {**RUNS, **_resume_runs(tmp / "ckpt"), **ASYNC}
     return launch_worker(__file__, 3, {k: c.to_dict() for k, c in runs.items()}, tmp, LAUNCH_TIMEOUT)
 
 
@@ -116,6 +128,22 @@ def test_ps_resume_is_bit_identical(three):
     assert first["losses"] == whole["losses"][:2]
 
 
+def test_async_ps_at_staleness_0_is_sync_ps_exactly(three):
+    sync, got = three["2 trainers + 1 server"], three["async-ps staleness 0"]
+    assert got["losses"] == sync["losses"] and got["digest"] == sync["digest"]
+    assert got["staleness"] == {0: [0, 0, 0], 1: [0, 0, 0]}
+
+
+def test_async_ps_staleness_reaches_its_bound_and_never_passes_it(three):
+    """Trainer 1 sleeps before every step: trainer 0 runs ahead until the bound holds it back."""
+    got = three["async-ps staleness 2, trainer 1 delayed"]
+    fast, slow = got["staleness"][0], got["staleness"][1]
+    assert len(fast) == len(slow) == 6
+    assert max(fast) == STALENESS and min(fast + slow) >= 0, got["staleness"]
+    assert max(slow) == 0, "the slowest trainer is never ahead"
+    assert all(abs(x) < 10 for x in got["losses"])
+
+
 def _worker(cfg_file: str, out_file: str) -> None:
     """Runs under torchrun: every configuration of ``cfg_file`` in one process group."""
     from datetime import timedelta
@@ -123,6 +151,7 @@ def _worker(cfg_file: str, out_file: str) -> None:
     import torch.distributed as dist
 
     from real import Mesh, run
+    from real.executor import Executor
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -133,10 +162,19 @@ def _worker(cfg_file: str, out_file: str) -> None:
         key = (cfg.layout.pp, cfg.layout.dp, cfg.sync.servers)
         if key not in meshes:
             meshes[key] = Mesh.create(make_plan(cfg, world), "gloo", cfg.runtime.timeout_s)
+        plain = Executor.run_step
+        if "delayed" in label and rank == 1:
+            def slow(self, batches, _plain=plain):
+                time.sleep(DELAY_S)
+                return _plain(self, batches)
+
+            Executor.run_step = slow
         r = run(cfg, mesh=meshes[key])
+        Executor.run_step = plain
         if rank == 0:
             results[label] = {"losses": r.losses, "params": r.parameters, "trace": r.trace, "memory": r.memory,
-                              "start_step": r.start_step, "digest": param_digest(r.parameters.values())}
+                              "start_step": r.start_step, "digest": param_digest(r.parameters.values()),
+                              "staleness": r.staleness}
     if rank == 0:
         torch.save(results, out_file)
     dist.destroy_process_group()

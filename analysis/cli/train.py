@@ -143,6 +143,8 @@ def parser(prog: str) -> OneLineParser:
     o.add_argument("--placement", metavar="DEVICES",
                    help="parameter servers and trainers, e.g. '/pserver/CPU:0-1,/trainer/CPU:0-3': dp mode ps, "
                    "dp = trainers / pp, world = trainers + servers (CPU, gloo)")
+    o.add_argument("--staleness", type=int, metavar="S",
+                   help="with --dp-mode async-ps: the steps a trainer may run ahead of the slowest (default 0)")
     o.add_argument("--recompute", choices=RECOMPUTE_PLACEMENTS, default="none",
                    help="activation recomputation: none (default); full: an R (the forward again, with grad) right "
                    "before every backward, its F keeps only its input; bubbles: each R moved into idle time "
@@ -239,7 +241,7 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
                         token_file=args.data, data_master=args.data_master),
         optim=OptimConfig(optimizer=args.optimizer, lr=args.lr),
         sync=SyncConfig(dp_mode=_or(args.dp_mode, "ps" if servers else "ddp"), bucket_mb=_or(args.bucket_mb, 25.0),
-                        servers=servers),
+                        servers=servers, staleness=_or(args.staleness, 0)),
         runtime=RuntimeConfig(backend=args.backend, timeout_s=args.timeout, recv_ahead=args.recv_ahead,
                               trace_step=args.trace_step, trace_steps=args.trace_steps, dtype=args.dtype),
         checkpoint=checkpoint,
