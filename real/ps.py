@@ -211,9 +211,7 @@ class PSTrainer(GradSync):
             pending.row[2] = self._stamp()
 
     def poll(self) -> None:
-        """Stamp the end of the pushes that have completed, in order."""
-        while self._pushes and all(w.is_completed() for _, w in self._pushes[0].works):
-            self._wait(self._pushes.pop(0))
+        """Nothing: gloo's point-to-point works report completion only once waited for (:meth:`finish`)."""
 
     def before_task(self, tid: int) -> None:
         """The pulls of the stages the task reads are waited for (the parameters are this step's)."""

@@ -76,8 +76,8 @@ BASE = ["--schedule", "1f1b", "--pp", "1", "--microbatches", "2", "--batch-size"
      "'/pserver/CPU:0,/trainer/CPU:0-1': 2 trainers at pp 1 are dp 2; leave --dp out"),
     (["--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--dp-mode", "ddp"], "data-parallel sync: 1 parameter "
      "server(s) with dp_mode ddp; servers serve dp_mode ps or async-ps only (flag --placement)"),
-    (["--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--staleness", "2"], "data-parallel sync: staleness 2 "
-     "applies to dp_mode async-ps only, not ps; leave it out or use async-ps (flag --staleness)"),
+    (["--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--staleness", "0"], "--staleness has no effect without "
+     "--dp-mode async-ps (the other modes do not run ahead)"),
     (["--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--dp-mode", "async-ps", "--checkpoint-dir", "ck"],
      "run of '1f1b': checkpoints are not supported with dp_mode async-ps (its trainers are at different steps); "
      "leave the checkpoint out or use ps (flag --checkpoint-dir)"),

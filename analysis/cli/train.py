@@ -282,6 +282,8 @@ def _refuse_idle_flags(args: argparse.Namespace) -> None:
                "without --checkpoint-dir (nothing would be saved; give --checkpoint-dir DIR)")
     if args.dp == 1 and args.placement is None:  # with --dp auto the same command may run at dp 1 or more
         refuse(given(args, "dp_mode", "bucket_mb"), "at dp 1 (one replica: no gradients to synchronize)")
+    if args.dp_mode != "async-ps":
+        refuse(given(args, "staleness"), "without --dp-mode async-ps (the other modes do not run ahead)")
     if args.pp == 1:
         refuse(given(args, "recv_ahead"), "at pp 1 (one pipeline rank: no messages between stages)")
     refuse_model_flags(args)
