@@ -144,6 +144,27 @@ def test_async_ps_staleness_reaches_its_bound_and_never_passes_it(three):
     assert all(abs(x) < 10 for x in got["losses"])
 
 
+@pytest.mark.timeout(130)
+def test_a_dead_server_is_named_and_torchrun_restarts_the_group_bit_identically(three, tmp_path):
+    """The server is killed at step 1 (first attempt); the trainers name it; the restarted group resumes from the
+    step-1 checkpoint and ends with the parameters of the uninterrupted run above, bit for bit."""
+    from real.launch import torchrun
+
+    cfg, m = RUNS["2 trainers + 1 server"], MODEL
+    argv = ["-m", "real", "--schedule", "1f1b", "--pp", "1", "--microbatches", "2", "--batch-size", "16",
+            "--steps", str(cfg.steps), "--optimizer", "sgd", "--lr", "0.1", "--bucket-mb", "0.002", "--timeout", "60",
+            "--layers", str(m.layers), "--dim", str(m.dim), "--heads", str(m.heads), "--vocab", str(m.vocab),
+            "--seq", str(m.seq), "--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--checkpoint-dir",
+            str(tmp_path / "ck"), "--checkpoint-every", "1", "--fail-at-step", "1", "--fail-rank", "2", "--json"]
+    proc = torchrun(3, argv, timeout=120, capture=True, launcher_args=["--max-restarts=1"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "parameter server 0 (rank 2) failed the push of stage 0 bucket 0: it died or hangs" in proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["restart_count"] == 1 and got["start_step"] == 1
+    assert got["param_sha256"] == three["2 trainers + 1 server"]["digest"][1]
+    assert got["losses"] == three["2 trainers + 1 server"]["losses"]
+
+
 def _worker(cfg_file: str, out_file: str) -> None:
     """Runs under torchrun: every configuration of ``cfg_file`` in one process group."""
     from datetime import timedelta
