@@ -28,6 +28,7 @@ __all__ = [
     "MODEL_FLAGS",
     "MODEL_KINDS",
     "OPTIMIZERS",
+    "PS_MODES",
     "DataConfig",
     "FaultConfig",
     "Layout",
@@ -43,8 +44,10 @@ __all__ = [
 ]
 
 MODEL_KINDS = ("gpt", "mlp")
-# The data-parallel modes of schedules.dp that the runtime implements (real.dp; zero2, zero3 = fsdp: real.zero).
-DP_MODES = ("sync", "ddp", "zero1", "zero2", "zero3", "fsdp")
+# The data-parallel modes of schedules.dp that the runtime implements (real.dp; zero2, zero3 = fsdp: real.zero;
+# ps: real.ps, with parameter servers).
+DP_MODES = ("sync", "ddp", "zero1", "zero2", "zero3", "fsdp", "ps", "async-ps")
+PS_MODES = ("ps", "async-ps")  # the modes with parameter servers (real.ps, real.ps_async)
 if not set(DP_MODES) <= set(SCHEDULE_DP_MODES):
     raise ImportError(f"real.config.DP_MODES {DP_MODES} must be modes of schedules.dp {SCHEDULE_DP_MODES}")
 OPTIMIZERS = ("sgd", "adamw")
@@ -180,14 +183,37 @@ class OptimConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SyncConfig:
-    """Data-parallel gradient synchronization: a mode of :data:`DP_MODES` and the bucket cap."""
+    """Data-parallel gradient synchronization: a mode of :data:`DP_MODES` and the bucket cap.
+
+    ``servers``: parameter-server processes of modes ``ps`` and ``async-ps`` (:mod:`real.ps`), started
+    besides the pp x dp trainers (global ranks pp x dp onwards); required by those, refused by the others.
+    ``staleness``: async-ps's bound, the steps a trainer may run ahead of the slowest (:mod:`real.ps_async`).
+    """
 
     dp_mode: str = "ddp"
     bucket_mb: float = 25.0
+    servers: int = 0
+    staleness: int = 0
 
     def __post_init__(self) -> None:
         check_choice("data-parallel sync", "dp_mode", self.dp_mode, DP_MODES)
         check_positive("data-parallel sync", "bucket_mb", self.bucket_mb, " MiB")
+        if not isinstance(self.servers, int) or isinstance(self.servers, bool) or self.servers < 0:
+            raise ConfigError(f"data-parallel sync: servers must be a whole number >= 0, got {self.servers!r}",
+                              field="servers")
+        if self.dp_mode in PS_MODES and self.servers == 0:
+            raise ConfigError(f"data-parallel sync: dp_mode {self.dp_mode} needs parameter servers; give servers >= 1 "
+                              "(a placement with /pserver devices, e.g. '/pserver/CPU:0,/trainer/CPU:0-1')",
+                              field="servers")
+        if self.dp_mode not in PS_MODES and self.servers:
+            raise ConfigError(f"data-parallel sync: {self.servers} parameter server(s) with dp_mode "
+                              f"{self.dp_mode}; servers serve dp_mode ps or async-ps only", field="servers")
+        if not isinstance(self.staleness, int) or isinstance(self.staleness, bool) or self.staleness < 0:
+            raise ConfigError(f"data-parallel sync: staleness must be a whole number of steps >= 0, got "
+                              f"{self.staleness!r}", field="staleness")
+        if self.staleness and self.dp_mode != "async-ps":
+            raise ConfigError(f"data-parallel sync: staleness {self.staleness} applies to dp_mode async-ps only, not "
+                              f"{self.dp_mode}; leave it out or use async-ps", field="staleness")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -265,6 +291,15 @@ class RunConfig:
                 f"with step {self.traced_step}); valid: 1..{self.traced_step + 1}", field="trace_steps"
             )
         self._check_faults(owner)
+        if self.sync.servers and self.runtime.backend == "nccl":
+            raise ConfigError(f"{owner}: parameter servers run on CPU processes (gloo) only; use backend gloo",
+                              field="backend")
+        if self.sync.dp_mode == "async-ps" and self.checkpoint is not None:
+            raise ConfigError(f"{owner}: checkpoints are not supported with dp_mode async-ps (its trainers are at "
+                              "different steps); leave the checkpoint out or use ps", field="directory")
+        if self.sync.servers and self.data.data_master:
+            raise ConfigError(f"{owner}: data_master with parameter servers is not supported; leave data_master out",
+                              field="data_master")
         per_replica = self.layout.dp * self.layout.microbatches
         if self.data.batch_size % per_replica:
             fits = (self.data.batch_size // per_replica or 1) * per_replica
@@ -305,7 +340,8 @@ class RunConfig:
 
     @property
     def world_size(self) -> int:
-        return self.layout.world_size
+        """Processes: the pp x dp trainers and the parameter servers (ps)."""
+        return self.layout.world_size + self.sync.servers
 
     @property
     def microbatch_size(self) -> int:
@@ -415,10 +451,12 @@ def make_plan(config: RunConfig, world_size: int, *, num_layers: int | None = No
     if lay.recompute != "none" or lay.recompute_limit is not None:
         graph = validate(lower(place_recompute(graph.schedule, lay.recompute, lay.recompute_limit)))
     if world_size != config.world_size:
+        servers = " + servers" if config.sync.servers else ""
+        servers_n = f" + {config.sync.servers}" if config.sync.servers else ""
         raise ConfigError(
-            f"world size {world_size} (processes launched) does not equal pp x dp = "
-            f"{config.layout.pp} x {config.layout.dp} = {config.world_size}; launch {config.world_size} processes "
-            "or change pp/dp"
+            f"world size {world_size} (processes launched) does not equal pp x dp{servers} = "
+            f"{config.layout.pp} x {config.layout.dp}{servers_n} = {config.world_size}; launch {config.world_size} "
+            "processes or change pp/dp"
         )
     for task in graph.tasks:
         for part in task.action.parts():

@@ -7,6 +7,11 @@ rank's replicas share one data-parallel group for the gradient collectives.
 On a GPU the default group is "cpu:gloo,cuda:nccl": CUDA tensors go through
 NCCL, the few CPU control messages (clock offsets, losses, results) through
 gloo. Multi-node runs need nothing more than torchrun's rendezvous.
+
+With parameter servers (dp mode ps, :mod:`real.ps`) the ``servers`` processes
+come after the pp x dp trainers: global ranks pp x dp .. pp x dp + servers - 1;
+they share one group (``server_group``) for gathering their shards into a
+checkpoint, and talk to the trainers point to point on the default group.
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ class Mesh:
     p2p_groups: tuple[dist.ProcessGroup, dist.ProcessGroup] | None
     dp_group: dist.ProcessGroup | None
     owns_process_group: bool = False
+    servers: int = 0
+    server_group: dist.ProcessGroup | None = None
 
     @property
     def pp_rank(self) -> int:
@@ -73,7 +80,16 @@ class Mesh:
 
     @property
     def world_size(self) -> int:
-        return self.pp * self.dp
+        return self.pp * self.dp + self.servers
+
+    @property
+    def is_server(self) -> bool:
+        """A parameter server (dp mode ps) rather than a trainer."""
+        return self.rank >= self.pp * self.dp
+
+    def server_rank(self, index: int) -> int:
+        """The global rank of parameter server ``index``."""
+        return self.pp * self.dp + index
 
     @property
     def distributed(self) -> bool:
@@ -112,8 +128,13 @@ class Mesh:
                 group = dist.new_group(ranks, timeout=timeout)
                 if rank in ranks:
                     dpg = group
+        servers = plan.config.sync.servers
+        server_group = None
+        if servers:
+            group = dist.new_group([pp * dp + j for j in range(servers)], timeout=timeout)
+            server_group = group if rank >= pp * dp else None
         log.debug("rank %d: pipeline rank %d of replica %d on %s", rank, rank % pp, rank // pp, device)
-        return cls(pp, dp, rank, device, p2p, dpg, owns)
+        return cls(pp, dp, rank, device, p2p, dpg, owns, servers, server_group)
 
     def close(self) -> None:
         """Destroy the process group if :meth:`create` made it."""

@@ -51,6 +51,8 @@ from real.model_api import (
 )
 from real.models import make_optimizer
 from real.p2p import PeerError, PipeComm, matching_sends
+from real.ps import ParamServer, PSTrainer
+from real.ps_async import AsyncParamServer, AsyncPSTrainer
 from real.zero import SHARDED_MODES, full_state, load_full, make_sync
 from schedules import Action, CheckpointError, ConfigError, Kind, SchedlabError, Stream
 from schedules.trace import check_trace_path, make_trace, write_trace
@@ -95,6 +97,7 @@ class RunResult:
     param_sha256: str | None = None
     start_step: int = 0
     resumed_from: str | None = None
+    staleness: dict[int, list[int]] | None = None  # async-ps: per trainer rank, each step's (real.ps_async)
 
     def to_json(self) -> dict[str, Any]:
         c, lay = self.config, self.config.layout
@@ -106,6 +109,7 @@ class RunResult:
             "losses": self.losses, "step_times": self.step_times, "trace": self.trace_path,
             "start_step": self.start_step, "resumed_from": self.resumed_from, "restart_count": restart_count(),
             "param_norm": self.param_norm, "param_sha256": self.param_sha256, "memory": self.memory,
+            **({"staleness": {str(r): v for r, v in self.staleness.items()}} if self.staleness is not None else {}),
         }
 
 
@@ -182,7 +186,7 @@ def run(
     """
     _, world, _ = env_world()
     plan, model, data = plan_for(config, world, user)
-    backend = resolve_backend(config.runtime.backend)
+    backend = resolve_backend(config.runtime.backend or ("gloo" if config.sync.servers else None))
     path = check_trace_path(trace_path) if trace_path is not None else None
     restored = resume_point(config)
     own = mesh is None
@@ -196,12 +200,23 @@ def run(
                                      lambda split: _from_rank0(split, mesh))
             plan = make_plan(config, world, num_layers=model.num_layers, what=model.what)
             check_stages(model, plan)
+        if mesh.is_server:
+            return _serve(plan, mesh, backend, model, restored)
         return _Trainer(plan, mesh, backend, model, data).train(path, on_step, restored)
     finally:
         if held is not None:
             ckpt.unlock(held)
         if own:
             mesh.close()
+
+
+def _serve(plan: Plan, mesh: Mesh, backend: str, model: StagedModel, restored: ckpt.Restored | None) -> RunResult:
+    """A parameter server's run (dp mode ps, :mod:`real.ps`); rank 0, a trainer, gathers the results."""
+    cfg = plan.config
+    server = AsyncParamServer if cfg.sync.dp_mode == "async-ps" else ParamServer
+    done = server(plan, mesh, model).serve(restored, fault=lambda step: _inject_fault(cfg, mesh.rank, step))
+    return RunResult(cfg, mesh.rank, backend, done.losses, done.step_times, start_step=done.start_step,
+                     resumed_from=str(restored.path) if restored else None)
 
 
 def fit(user: UserModel, *, trace_path: str | Path | None = None, **fields: Any) -> RunResult:
@@ -290,7 +305,15 @@ class _Trainer:
         self.meter = ActivationMeter(params)
         by_stage = {s: [p for _, p in self.stages[s].global_parameters()] for s in sorted(self.stages)}
         self.sync = None
-        if mesh.dp_group is not None:
+        if cfg.sync.servers:
+            kind, extra = PSTrainer, {}
+            if cfg.sync.dp_mode == "async-ps":
+                kind, extra = AsyncPSTrainer, {"staleness": cfg.sync.staleness, "steps": cfg.steps}
+            self.sync = kind(by_stage, **extra, graph=self.plan.graph, pp_rank=mesh.pp_rank, rank=mesh.rank,
+                                  servers=[mesh.server_rank(j) for j in range(mesh.servers)],
+                                  bucket_mb=cfg.sync.bucket_mb, accumulations=cfg.layout.microbatches,
+                                  stamp=self.recorder.stamp, record=self.recorder.add)
+        elif mesh.dp_group is not None:
             self.sync = make_sync(by_stage, graph=self.plan.graph, pp_rank=mesh.pp_rank, group=mesh.dp_group,
                                   mode=cfg.sync.dp_mode, bucket_mb=cfg.sync.bucket_mb,
                                   accumulations=cfg.layout.microbatches, stamp=self.recorder.stamp,
@@ -298,8 +321,8 @@ class _Trainer:
             self.sync.on_gather = self.meter.exclude_parameters
         # One optimizer per stage (element-wise optimizers: the same as one over all), so that with data
         # parallelism each stage's update is traced as {s}OPTIM, as the simulator's data-parallel pass has it.
-        shares = self.sync.optimizer_params() if self.sync else by_stage
-        self.optimizers = {s: make_optimizer(cfg.optim.optimizer, shares[s], cfg.optim.lr) for s in sorted(self.stages)}
+        shares = self.sync.optimizer_params() if self.sync else by_stage  # ps: none, the servers step
+        self.optimizers = {s: make_optimizer(cfg.optim.optimizer, shares[s], cfg.optim.lr) for s in sorted(shares)}
         self.executor = Executor(self.plan.graph, mesh.pp_rank, self.stages, comm=self._comm(), meter=self.meter,
                                  recorder=self.recorder, poll=self.sync.poll if self.sync else lambda: None,
                                  loss=self.model.loss, autocast=autocast_for(cfg.runtime.dtype, mesh.device),
@@ -333,22 +356,10 @@ class _Trainer:
         dev = self.mesh.device
         return [(x.to(dev), y.to(dev)) for x, y in microbatches(share, 1, 0, cfg.layout.microbatches)]
 
-    def _inject_fault(self, step: int) -> None:
-        """``--fail-at-step``: on the first attempt only, the chosen rank dies (SIGKILL) or stops answering."""
-        cfg = self.plan.config
-        if step != cfg.faults.fail_at_step or self.mesh.rank != cfg.faults.fail_rank or restart_count() > 0:
-            return
-        log.warning("rank %d: injected fault (%s) at step %d", self.mesh.rank, cfg.faults.fail_mode, step)
-        logging.shutdown()
-        if cfg.faults.fail_mode == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        while True:
-            time.sleep(3600)
-
     def _step(self, step: int) -> torch.Tensor | None:
         torch.manual_seed(step_seed(self.plan.config.data.seed, step, self.mesh.rank))
         batches = self._batches(step)  # before the fault: with a data master, a killed rank dies holding a lease
-        self._inject_fault(step)
+        _inject_fault(self.plan.config, self.mesh.rank, step)
         if self.sync is not None:
             self.sync.begin_step()
         else:
@@ -372,6 +383,8 @@ class _Trainer:
     def _global_loss(self, loss: torch.Tensor | None) -> tuple[float, bool]:
         """The step's mean loss over the whole batch (summed over pipelines' last stages, / dp), and whether
         any rank received a signal: one all-reduce, so every rank stops after the same step."""
+        if isinstance(self.sync, AsyncPSTrainer):  # no step in lockstep: this replica's loss (averaged at the end)
+            return 0.0 if loss is None else float(loss), stop.requested() is not None
         value = torch.tensor([0.0 if loss is None else float(loss), stop.requested() is not None],
                              dtype=torch.float64)
         if self.mesh.distributed:
@@ -384,6 +397,8 @@ class _Trainer:
             return 0, []
         if self._sharded:
             load_full(restored, self.sync, self.named, self.optimizers, self.mesh.rank)
+        elif isinstance(self.sync, PSTrainer):  # the parameters (the servers load the optimizer state)
+            ckpt.load(restored, self.named, [], self.mesh.rank)
         else:
             ckpt.load(restored, self.named, list(self.optimizers.values()), self.mesh.rank)
         self.data.restore(restored.step, restored.info.get("data"))
@@ -394,6 +409,8 @@ class _Trainer:
         cfg = self.plan.config
         if self._sharded:
             state = full_state(self.sync, self.named, self.optimizers, self.mesh.rank)
+        elif isinstance(self.sync, PSTrainer):  # the servers write the parameters and the optimizer state
+            state = ckpt.state_dict([], [], self.mesh.rank)
         else:
             state = ckpt.state_dict(self.named, list(self.optimizers.values()), self.mesh.rank)
         info = {"losses": losses, "world_size": cfg.world_size, "pp": cfg.layout.pp, "dp": cfg.layout.dp,
@@ -530,7 +547,8 @@ class _Trainer:
         if self.sync is not None:
             self.sync.gather_all()
         params = [(name, p.detach().cpu().clone()) for name, p in self.named] if self.mesh.dp_rank == 0 else []
-        mine = (rows, memory, params)
+        staleness = self.sync.history if isinstance(self.sync, AsyncPSTrainer) else None
+        mine = (rows, memory, params, None if staleness is None else (losses, staleness))
         parts = [mine]
         if self.mesh.distributed:
             parts = [None] * self.mesh.world_size if self.mesh.rank == 0 else None
@@ -538,13 +556,18 @@ class _Trainer:
         base = RunResult(self.plan.config, self.mesh.rank, self.backend, losses, times)
         if self.mesh.rank != 0:
             return base
-        named = sorted((np for _, _, ps in parts for np in ps), key=lambda np: int(np[0].split(".", 1)[0]))
+        named = sorted((np for _, _, ps, _ in parts for np in ps), key=lambda np: int(np[0].split(".", 1)[0]))
         norm, sha = param_digest(t for _, t in named)
-        trace = self._make_trace([r for rs, _, _ in parts for r in rs], [m for _, m, _ in parts], traced_times)
+        trace = self._make_trace([r for rs, _, _, _ in parts for r in rs], [m for _, m, _, _ in parts], traced_times)
         if path is not None:
             write_trace(trace, path)
+        by_rank = None
+        if staleness is not None:  # async-ps: the step's loss over the whole batch, from every replica's own
+            mine_too = [(r, x) for r, (*_, x) in enumerate(parts) if x is not None]
+            losses = [sum(ls[i] for _, (ls, _) in mine_too) / self.plan.config.layout.dp for i in range(len(losses))]
+            by_rank = {r: hist for r, (_, hist) in mine_too}
         return RunResult(self.plan.config, 0, self.backend, losses, times, trace, str(path) if path else None,
-                         dict(named), [m for _, m, _ in parts], norm, sha)
+                         dict(named), [m for _, m, _, _ in parts], norm, sha, staleness=by_rank)
 
     def _make_trace(self, rows: list[_Row], memory: list[dict[str, Any]], traced_times: dict[int, float]
                     ) -> pd.DataFrame:
@@ -575,6 +598,18 @@ class _Trainer:
             "layers_per_stage": [len(r) for r in self.plan.layers], "memory": memory,
         }
         return make_trace(cols, meta)
+
+
+def _inject_fault(cfg: RunConfig, rank: int, step: int) -> None:
+    """``--fail-at-step``: on the first attempt only, the chosen rank dies (SIGKILL) or stops answering."""
+    if step != cfg.faults.fail_at_step or rank != cfg.faults.fail_rank or restart_count() > 0:
+        return
+    log.warning("rank %d: injected fault (%s) at step %d", rank, cfg.faults.fail_mode, step)
+    logging.shutdown()
+    if cfg.faults.fail_mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    while True:
+        time.sleep(3600)
 
 
 def _bound_send_ends(rows: list[_Row], plan: Plan) -> list[_Row]:

@@ -30,7 +30,11 @@ Modes (``fsdp`` is an alias of ``zero3``):
   reshards (FSDP's ``reshard_after_backward``);
 * ``ps``: each bucket is pushed to the parameter servers (REDUCE_SCATTER) when
   ready, as in ddp, and pulled back (ALL_GATHER) after its push; the update runs
-  on the servers.
+  on the servers;
+* ``async-ps``: the same tasks as ps; the cost model times each push and pull as
+  one trainer's alone at the servers (trainers do not wait for each other's
+  pushes, so they do not arrive together), where ps shares the servers' links
+  among all the trainers' simultaneous pushes.
 
 With ``embedding`` True and the first and the last stage on different ranks,
 the tied word embedding's gradient is all-reduced between those two ranks
@@ -59,7 +63,7 @@ from schedules.util import paused_gc
 
 __all__ = ["DP_MODES", "DPPlan", "DataParallelGraph", "add_data_parallel"]
 
-DP_MODES = ("none", "sync", "ddp", "zero1", "zero2", "zero3", "fsdp", "ps")
+DP_MODES = ("none", "sync", "ddp", "zero1", "zero2", "zero3", "fsdp", "ps", "async-ps")
 _GRAD_KINDS = (Kind.B, Kind.W)
 _PARAM_KINDS = (Kind.F, Kind.I, Kind.B)
 
@@ -199,7 +203,7 @@ class _DPBuilder:
             return
         prev = compute[-1]
         for s in self.graph.schedule.stages_of(rank):
-            if self.mode == "ps":
+            if self.mode in ("ps", "async-ps"):
                 for k, push in enumerate(grads[s]):
                     self._add(rank, Stream.COLLECTIVE, Action(Kind.ALL_GATHER, s, None, bucket=k), (push,))
                 continue

@@ -10,7 +10,9 @@ data-parallel replicas:
 * zero2 (and gradients): 2 Psi + (2 + 12) Psi / N
 * zero3 / fsdp (and weights): 16 Psi / N, plus the gathered fp16 weights of
   the largest stage of the rank while it computes (2 Psi_stage)
-* ps (optimizer on the servers): 2 Psi + 2 Psi on the worker
+* ps (optimizer on the servers): 2 Psi + 2 Psi on the worker; each of K
+  servers holds 1/K of every stage's weights, gradients and optimizer state
+  (:func:`server_memory`)
 
 Psi is the rank's parameters per tensor shard (all its stages). Activations
 are the engine's peak in bytes (program order, held from a pass's start, freed
@@ -26,7 +28,7 @@ from schedules import TaskGraph
 from sim.costs import UniformCosts
 from sim.engine import simulate
 
-__all__ = ["DeviceMemory", "ModelStates", "model_state_bytes", "model_states", "rank_memory"]
+__all__ = ["DeviceMemory", "ModelStates", "model_state_bytes", "model_states", "rank_memory", "server_memory"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +60,7 @@ def model_states(psi: float, mode: str, dp: int, *, weight_bytes: float = 2, gra
     momentum: one buffer) or 8 (AdamW: two moments; its step counters are not counted). ``stage_psi``: the
     largest stage of the rank, whose whole weights zero3 gathers. ps: the optimizer runs on the servers.
     """
-    if mode == "ps":
+    if mode in ("ps", "async-ps"):
         return ModelStates(weight_bytes * psi, grad_bytes * psi, 0.0)
     if mode not in _SHARDED:
         raise ValueError(f"unknown dp mode {mode!r}")
@@ -75,12 +77,21 @@ def rank_memory(graph: TaskGraph, stage_params: Sequence[int], rank: int, mode: 
     the engine's activation peak (in M_B, uniform costs) times ``microbatch_bytes`` (one M_B of the rank).
     Bytes per parameter default to the runtime's fp32 training with AdamW."""
     stages = graph.schedule.stages_of(rank)
-    states = model_states(sum(stage_params[s] for s in stages), mode if dp > 1 else "none", dp,
+    states = model_states(sum(stage_params[s] for s in stages), mode if dp > 1 or mode in ("ps", "async-ps") else "none", dp,
                           weight_bytes=weight_bytes, grad_bytes=grad_bytes, optimizer_bytes=optimizer_bytes,
                           stage_psi=max(stage_params[s] for s in stages))
     peak = simulate(graph, UniformCosts()).ranks[rank].peak_activations
     return {"param_bytes": states.params, "grad_bytes": states.grads, "optimizer_bytes": states.optimizer,
             "gathered_param_bytes": states.gathered, "peak_activation_bytes": peak * microbatch_bytes}
+
+
+def server_memory(stage_params: Sequence[int], servers: int, *, weight_bytes: float = 4, grad_bytes: float = 4,
+                  optimizer_bytes: float = 8) -> dict[str, float]:
+    """One of ``servers`` parameter servers (dp mode ps): 1/servers of every stage's weights, their gradients and
+    optimizer state, in the keys of the runtime's ``RunResult.memory`` (no activations: servers run no passes)."""
+    psi = sum(stage_params) / servers
+    return {"param_bytes": weight_bytes * psi, "grad_bytes": grad_bytes * psi, "optimizer_bytes": optimizer_bytes * psi,
+            "gathered_param_bytes": 0.0, "peak_activation_bytes": 0.0}
 
 
 def model_state_bytes(psi: float, mode: str, dp: int) -> float:

@@ -33,9 +33,10 @@ from sim import collectives as coll
 from sim.cluster import Cluster, Link
 from sim.network import LINK_MODELS
 
-__all__ = ["EMBEDDING_ALLREDUCE", "DPGroup", "ParallelConfig"]
+__all__ = ["EMBEDDING_ALLREDUCE", "PS_MODES", "DPGroup", "ParallelConfig"]
 
 EMBEDDING_ALLREDUCE = ("auto", "on", "off")
+PS_MODES = ("ps", "async-ps")  # the modes with parameter servers (the cluster's pservers)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,15 +86,15 @@ class ParallelConfig:
             raise ConfigError(f"parallel: {given[0]} applies to dp_mode zero3 (fsdp), not {self.dp_mode!r}; "
                               "use dp_mode fsdp or leave it out", field=given[0])
         check_choice("parallel", "embedding_allreduce", self.embedding_allreduce, EMBEDDING_ALLREDUCE)
-        if self.embedding_allreduce == "on" and self.dp_mode == "ps":
-            raise ConfigError("parallel: embedding_allreduce on does not combine with dp_mode ps (the servers hold "
-                              "the update); use auto or off", field="embedding_allreduce")
+        if self.embedding_allreduce == "on" and self.dp_mode in PS_MODES:
+            raise ConfigError(f"parallel: embedding_allreduce on does not combine with dp_mode {self.dp_mode} (the "
+                              "servers hold the update); use auto or off", field="embedding_allreduce")
 
     def embedding_sync(self, tied: bool) -> bool:
         """Whether the first and the last stage all-reduce the word embedding's gradient: ``on``, or ``auto``
         with tied embeddings (Megatron-LM, ``share_embeddings_and_output_weights``) and no parameter servers."""
         if self.embedding_allreduce == "auto":
-            return tied and self.pp > 1 and self.dp_mode != "ps"
+            return tied and self.pp > 1 and self.dp_mode not in PS_MODES
         return self.embedding_allreduce == "on"
 
     @property
@@ -119,9 +120,9 @@ class ParallelConfig:
                 f"{f'*{self.cp}' if self.cp > 1 else ''} = {self.world} devices do not fit cluster "
                 f"{cluster.name!r} with {cluster.num_devices}; use fewer ranks or a larger cluster"
             )
-        if self.dp_mode == "ps" and not cluster.pservers:
+        if self.dp_mode in PS_MODES and not cluster.pservers:
             raise ClusterError(
-                f"dp mode 'ps' needs parameter servers, cluster {cluster.name!r} has none; "
+                f"dp mode {self.dp_mode!r} needs parameter servers, cluster {cluster.name!r} has none; "
                 "add '/pserver/CPU:0' devices or use a preset like 'dgx-h100:2+ps2'"
             )
 
@@ -203,7 +204,9 @@ class DPGroup:
             return coll.ring_gather(n, g, self.cluster.intra) + coll.ring_gather(n / g, self.nodes, self.cluster.inter)
         return coll.ring_gather(n, self.size, self.link)
 
-    def ps(self, n: float) -> float:
-        """One push or pull of n bytes through all the cluster's parameter servers."""
+    def ps(self, n: float, *, alone: bool = False) -> float:
+        """One push or pull of n bytes through all the cluster's parameter servers: with every replica's at once
+        (ps: in lockstep, they share the servers' links), or ``alone`` (async-ps: trainers do not wait for each
+        other, so their transfers are taken not to meet at the servers)."""
         c = self.cluster
-        return coll.ps_transfer(n, self.size, len(c.pservers), c.inter, c.inter)
+        return coll.ps_transfer(n, 1 if alone else self.size, len(c.pservers), c.inter, c.inter)

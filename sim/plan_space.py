@@ -40,6 +40,7 @@ __all__ = ["MAX_GLOBAL_BATCH", "MAX_MICROBATCHES", "PLAN_DP_MODES", "PlanConfig"
            "shape_ok", "tp_choices", "why_empty"]
 
 PLAN_DP_MODES = ("ddp", "zero1", "zero2", "fsdp")
+_NOT_SEARCHED = ("none", "sync", "ps", "async-ps")  # the parameter-server modes need servers the planner does not place
 # Microbatches per step the planner tries at most: twice the most the 405B example's top five use (512 x 1). Each
 # one more is seven tasks per stage to build, bound and simulate: with 4096, a batch of 10^8 sequences on one node
 # had not finished after 4.5 minutes (schedules of ~10^6 tasks); with 1024 it takes ~12 s (gpt-tiny, dgx-h100:1,
@@ -124,7 +125,7 @@ class PlanSpace:
         for b in self.microbatch_sizes or ():
             check_positive_ints("plan", microbatch_size=b)
         for mode in self.dp_modes:
-            check_choice("plan", "dp_mode", mode, [m for m in DP_MODES if m not in ("none", "sync", "ps")])
+            check_choice("plan", "dp_mode", mode, [m for m in DP_MODES if m not in _NOT_SEARCHED])
         for r in self.recompute:
             check_recompute("plan", r)
         if self.bucket_mb is not None:
@@ -138,7 +139,7 @@ class PlanSpace:
     def _normalize(self) -> None:
         """Every choice once, names in their canonical case (``DDP`` is ``ddp``): a repeated value would list
         one configuration twice."""
-        modes = [m for m in DP_MODES if m not in ("none", "sync", "ps")]
+        modes = [m for m in DP_MODES if m not in _NOT_SEARCHED]
         fixed = {
             "schedules": None if self.schedules is None else [spec(n).name for n in self.schedules],
             "dp_modes": [choice("plan", "dp_mode", m, modes) for m in self.dp_modes],

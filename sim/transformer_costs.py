@@ -64,7 +64,7 @@ from sim.costs import memoized_durations, recomputed_in
 from sim.devices import DEVICE_MODELS
 from sim.gpu_model import DeviceModel, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
 from sim.network import Network
-from sim.parallel import DPGroup, ParallelConfig
+from sim.parallel import PS_MODES, DPGroup, ParallelConfig
 from sim.recompute_modes import check_recompute, layer_every
 from sim.transformer import TransformerConfig, partition_layers
 
@@ -399,8 +399,8 @@ class TransformerCosts:
         a, n_st = task.action, graph.schedule.num_stages
         n = self.collective_bytes(a.kind, a.stage, n_st, a.bucket or 0)
         group = self.group(task.rank)
-        if self.parallel.dp_mode == "ps":
-            return group.ps(n)
+        if self.parallel.dp_mode in PS_MODES:
+            return group.ps(n, alone=self.parallel.dp_mode == "async-ps")
         if self.parallel.dp <= 1:
             return 0.0
         return group.allreduce(n) if a.kind is Kind.ALLREDUCE else group.gather(n)
@@ -503,13 +503,13 @@ class TransformerCosts:
         if _is_embedding(task, graph):
             return coll.ring_allreduce(0.0, 2, self._embedding_link(graph))
         group = self.group(task.rank)
-        if self.parallel.dp_mode == "ps":
+        if self.parallel.dp_mode in PS_MODES:
             return group.ps(0.0)
         return group.allreduce(0.0) if task.action.kind is Kind.ALLREDUCE else group.gather(0.0)
 
     def _collective_ports(self, rank: int, port: dict[str, int], ps0: int) -> tuple[int, ...]:
         g = self.parallel.device(rank)
-        if self.parallel.dp_mode == "ps":
+        if self.parallel.dp_mode in PS_MODES:
             servers = len(self.cluster.pservers)
             return (port["inter-out"] + g, port["inter-in"] + g, *range(ps0, ps0 + 2 * servers))
         return tuple(port[f"{kind}-{d}"] + g for kind in self.group(rank).uses for d in ("out", "in"))

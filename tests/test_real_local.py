@@ -251,7 +251,10 @@ def test_layers_built_alone_equal_the_whole_model():
 @pytest.mark.parametrize(("kw", "message"), [
     (dict(batch_size=10), "batch size 10 is not divisible by dp x microbatches = 1 x 4 = 4; use a multiple of 4, e.g. 8"),
     (dict(optimizer="lamb"), "unknown optimizer 'lamb'; valid: sgd, adamw"),
-    (dict(dp_mode="ps"), "unknown dp mode 'ps'; valid: sync, ddp, zero1, zero2, zero3, fsdp"),
+    (dict(dp_mode="nope"), "unknown dp mode 'nope'; valid: sync, ddp, zero1, zero2, zero3, fsdp, ps, async-ps"),
+    (dict(dp_mode="ps"), "dp_mode ps needs parameter servers; give servers >= 1"),
+    (dict(dp_mode="ddp", servers=1), "1 parameter server(s) with dp_mode ddp; servers serve dp_mode ps or async-ps only"),
+    (dict(dp_mode="ps", servers=1, staleness=1), "staleness 1 applies to dp_mode async-ps only, not ps"),
     (dict(lr=0.0), "lr must be a finite number > 0, got 0.0"),
 ])
 def test_config_errors_name_the_value(kw, message):

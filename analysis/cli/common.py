@@ -56,6 +56,7 @@ FLAG_ALIASES: Mapping[str, str] = {
     "seq_len": "--seq-len",
     "kind": "--model",
     "factory": "--model",
+    "servers": "--placement",  # parameter servers (dp mode ps) are the placement's /pserver devices
     "token_file": "--data",
     "batches": "--model",
     "loss": "--model",

@@ -76,7 +76,7 @@ def add_units_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=int, default=None, help="tensor-parallel divisor (default 1)")
     g.add_argument("--cp", type=int, default=None,
                    help="context parallelism: the sequence split over CP ranks, ring attention (default 1)")
-    g.add_argument("--dp-mode", default=None, metavar="MODE", help="none, sync, ddp, zero1, zero2, zero3 (fsdp), ps")
+    g.add_argument("--dp-mode", default=None, metavar="MODE", help="none, sync, ddp, zero1, zero2, zero3 (fsdp), ps, async-ps")
     g.add_argument("--microbatch-size", type=int, default=None, metavar="B", help="sequences per microbatch (default 1)")
     g.add_argument("--bucket-mb", type=float, default=None, metavar="MIB", help="gradient bucket size (default 25)")
     g.add_argument("--collective", default=None, metavar="ALG", help="auto, ring, tree, hierarchical (default auto)")

@@ -67,6 +67,7 @@ from schedules import ConfigError, SchedlabError
 from schedules.outputs import atomic_write, check_distinct, check_output_dir, check_output_file
 from schedules.recompute import RECOMPUTE_PLACEMENTS
 from schedules.trace import check_trace_path
+from sim.cluster import parse_placement
 
 __all__ = ["add_model_args", "config_from_args", "launch_main", "main", "model_argv", "model_from_args", "parser",
            "refuse_model_flags"]
@@ -139,6 +140,11 @@ def parser(prog: str) -> OneLineParser:
     o.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
     o.add_argument("--dp-mode", choices=DP_MODES, help="gradient sync, with dp > 1 (default ddp)")
     o.add_argument("--bucket-mb", type=float, help="gradient bucket cap in MiB, with dp > 1 (default 25)")
+    o.add_argument("--placement", metavar="DEVICES",
+                   help="parameter servers and trainers, e.g. '/pserver/CPU:0-1,/trainer/CPU:0-3': dp mode ps, "
+                   "dp = trainers / pp, world = trainers + servers (CPU, gloo)")
+    o.add_argument("--staleness", type=int, metavar="S",
+                   help="with --dp-mode async-ps: the steps a trainer may run ahead of the slowest (default 0)")
     o.add_argument("--recompute", choices=RECOMPUTE_PLACEMENTS, default="none",
                    help="activation recomputation: none (default); full: an R (the forward again, with grad) right "
                    "before every backward, its F keeps only its input; bubbles: each R moved into idle time "
@@ -222,6 +228,9 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
         checkpoint = CheckpointConfig(directory=args.checkpoint_dir, every=_or(args.checkpoint_every, 0),
                                       keep_last=_or(args.keep_last, 2), async_save=args.async_checkpoint)
     dp = _resolve_dp(args.dp, args.pp, world)
+    servers = 0
+    if args.placement is not None:
+        dp, servers = _placement(args.placement, args.pp, args.dp)
     return RunConfig(
         layout=Layout(schedule=args.schedule, pp=args.pp, dp=dp,
                       microbatches=args.microbatches, chunks=args.chunks, split=args.split,
@@ -231,12 +240,35 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
         data=DataConfig(model=model, batch_size=args.batch_size, seed=args.seed, factory=_factory(args),
                         token_file=args.data, data_master=args.data_master),
         optim=OptimConfig(optimizer=args.optimizer, lr=args.lr),
-        sync=SyncConfig(dp_mode=_or(args.dp_mode, "ddp"), bucket_mb=_or(args.bucket_mb, 25.0)),
+        sync=SyncConfig(dp_mode=_or(args.dp_mode, "ps" if servers else "ddp"), bucket_mb=_or(args.bucket_mb, 25.0),
+                        servers=servers, staleness=_or(args.staleness, 0)),
         runtime=RuntimeConfig(backend=args.backend, timeout_s=args.timeout, recv_ahead=args.recv_ahead,
                               trace_step=args.trace_step, trace_steps=args.trace_steps, dtype=args.dtype),
         checkpoint=checkpoint,
         faults=FaultConfig(fail_at_step=args.fail_at_step, fail_rank=args.fail_rank, fail_mode=args.fail_mode),
     )
+
+
+def _placement(text: str, pp: int, dp: int | str) -> tuple[int, int]:
+    """``--placement``: (dp, servers) from its trainer and parameter-server devices (:func:`sim.cluster.parse_placement`)."""
+    devices = [d for part in text.split(",") for d in parse_placement(part)]
+    trainers = [d for d in devices if d.job == "trainer"]
+    servers = [d for d in devices if d.job == "pserver"]
+    if not servers:
+        raise ConfigError(f"placement {text!r} has no parameter servers; add one, e.g. '/pserver/CPU:0,{text}'",
+                          field="placement")
+    if not trainers or len(trainers) % pp:
+        raise ConfigError(f"placement {text!r} has {len(trainers)} trainer devices, not a multiple of pp {pp} "
+                          f"(each trainer replica is a pipeline of pp ranks); give e.g. '/trainer/CPU:0-{2 * pp - 1}'",
+                          field="placement")
+    gpu = sorted({d.type for d in devices} - {"CPU"})
+    if gpu:
+        raise ConfigError(f"placement {text!r}: the parameter-server runtime runs CPU processes (gloo) only, not "
+                          f"{', '.join(gpu)}; use /trainer/CPU and /pserver/CPU devices", field="placement")
+    if dp not in (1, "auto", len(trainers) // pp):
+        raise ConfigError(f"--dp {dp} does not match placement {text!r}: {len(trainers)} trainers at pp {pp} are "
+                          f"dp {len(trainers) // pp}; leave --dp out", field="dp")
+    return len(trainers) // pp, len(servers)
 
 
 def _or(value: Any, default: Any) -> Any:
@@ -248,8 +280,10 @@ def _refuse_idle_flags(args: argparse.Namespace) -> None:
     if args.checkpoint_dir is None:
         refuse(given(args, "checkpoint_every", "keep_last") + (["--async-checkpoint"] if args.async_checkpoint else []),
                "without --checkpoint-dir (nothing would be saved; give --checkpoint-dir DIR)")
-    if args.dp == 1:  # with --dp auto the same command may run at dp 1 or more: the flags stay valid
+    if args.dp == 1 and args.placement is None:  # with --dp auto the same command may run at dp 1 or more
         refuse(given(args, "dp_mode", "bucket_mb"), "at dp 1 (one replica: no gradients to synchronize)")
+    if args.dp_mode != "async-ps":
+        refuse(given(args, "staleness"), "without --dp-mode async-ps (the other modes do not run ahead)")
     if args.pp == 1:
         refuse(given(args, "recv_ahead"), "at pp 1 (one pipeline rank: no messages between stages)")
     refuse_model_flags(args)
@@ -325,7 +359,7 @@ def _report(result: RunResult, args: argparse.Namespace) -> None:
     if result.resumed_from:
         print(f"resumed from {result.resumed_from} at step {result.start_step} (restart {restart_count()})")
     print(f"param_norm {result.param_norm:.10g}  param_sha256 {result.param_sha256}")
-    measured = [m for m in result.memory if m]  # none if the checkpoint was already at --steps
+    measured = [m for m in result.memory if m and m.get("server") is None]  # none if the checkpoint was at --steps
     peak = ", ".join(f"rank {m['rank']}: {m['peak_activation_bytes'] / 2**20:.2f} MiB ({m['peak_activations_mb']:.2f} M_B)"
                      for m in measured)
     if measured:

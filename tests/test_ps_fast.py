@@ -1,0 +1,93 @@
+"""The parameter-server modes without processes: async-ps in the IR and the cost model, the flags' errors.
+
+The runs themselves (ps and async-ps equal to plain training, memory, resume, the staleness bound) are in
+``tests/test_ps.py`` (one 3-process launch).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from schedules import Stream, build, lower
+from schedules.dp import add_data_parallel
+from sim import collectives as coll
+from sim.cluster import cluster_preset
+from sim.memory import server_memory
+from sim.parallel import ParallelConfig
+from sim.study import Study, run_study
+from sim.transformer import model_preset
+from sim.transformer_costs import TransformerCosts
+
+GPT6 = model_preset("gpt-6.2b")
+
+
+def _study(mode: str, servers: int, link_model: str = "fcfs") -> Study:
+    return Study(schedule="1f1b", microbatches=4, costs=TransformerCosts(
+        model=GPT6, cluster=cluster_preset(f"dgx-h100:2+ps{servers}"),
+        parallel=ParallelConfig(pp=4, dp=4, dp_mode=mode, link_model=link_model)))
+
+
+def test_async_ps_has_the_tasks_of_ps():
+    graph = lower(build("zb-h1", pp=2, microbatches=4))
+    ps, asynchronous = (add_data_parallel(graph, mode, [2, 3]) for mode in ("ps", "async-ps"))
+    assert [(t.rank, t.stream, str(t.action), t.deps) for t in asynchronous.tasks] == \
+           [(t.rank, t.stream, str(t.action), t.deps) for t in ps.tasks]
+    assert asynchronous.plan.mode == "async-ps" and asynchronous.plan.ready == ps.plan.ready
+
+
+@pytest.mark.parametrize("servers", [1, 4])
+def test_async_ps_transfers_are_one_trainers_alone(servers):
+    """alpha + max(n/B, n/(k B)) = alpha + n/B: the server's link carries one trainer's push, not dp of them."""
+    r = run_study(_study("async-ps", servers))
+    costs, graph, link = r.study.costs, r.sim.graph, r.study.cluster.inter
+    collectives = [t for t in graph.tasks if t.stream is Stream.COLLECTIVE]
+    assert collectives
+    for t in collectives:
+        n = costs.bucket_sizes(t.action.stage, 4)[t.action.bucket]
+        assert r.sim.end[t.id] - r.sim.start[t.id] == pytest.approx(link.alpha + n / link.bandwidth, rel=1e-12)
+        assert link.alpha + n / link.bandwidth == coll.ps_transfer(n, 1, servers, link, link)
+
+
+def test_async_ps_predicts_a_shorter_step_than_ps_when_the_servers_are_the_bottleneck():
+    one_server = {mode: run_study(_study(mode, 1, "fair")).step_time for mode in ("ps", "async-ps")}
+    assert one_server["async-ps"] < one_server["ps"]
+
+
+def test_a_server_holds_its_share_of_every_stage():
+    assert server_memory([1000, 3000], 2) == {"param_bytes": 8000.0, "grad_bytes": 8000.0, "optimizer_bytes": 16000.0,
+                                              "gathered_param_bytes": 0.0, "peak_activation_bytes": 0.0}
+
+
+BASE = ["--schedule", "1f1b", "--pp", "1", "--microbatches", "2", "--batch-size", "16"]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--dp", "2", "--dp-mode", "ps"], "data-parallel sync: dp_mode ps needs parameter servers; give servers >= 1 (a "
+     "placement with /pserver devices, e.g. '/pserver/CPU:0,/trainer/CPU:0-1') (flag --placement)"),
+    (["--placement", "/trainer/CPU:0-1"], "placement '/trainer/CPU:0-1' has no parameter servers; add one, e.g. "
+     "'/pserver/CPU:0,/trainer/CPU:0-1' (flag --placement)"),
+    (["--placement", "/pserver/CPU:0,/trainer/CPU:0-2", "--pp", "2"], "placement '/pserver/CPU:0,/trainer/CPU:0-2' has "
+     "3 trainer devices, not a multiple of pp 2 (each trainer replica is a pipeline of pp ranks); give e.g. "
+     "'/trainer/CPU:0-3' (flag --placement)"),
+    (["--placement", "/pserver/CPU:0,/trainer/GPU:0-1"], "placement '/pserver/CPU:0,/trainer/GPU:0-1': the "
+     "parameter-server runtime runs CPU processes (gloo) only, not GPU; use /trainer/CPU and /pserver/CPU devices "
+     "(flag --placement)"),
+    (["--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--dp", "3"], "--dp 3 does not match placement "
+     "'/pserver/CPU:0,/trainer/CPU:0-1': 2 trainers at pp 1 are dp 2; leave --dp out"),
+    (["--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--dp-mode", "ddp"], "data-parallel sync: 1 parameter "
+     "server(s) with dp_mode ddp; servers serve dp_mode ps or async-ps only (flag --placement)"),
+    (["--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--staleness", "0"], "--staleness has no effect without "
+     "--dp-mode async-ps (the other modes do not run ahead)"),
+    (["--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--dp-mode", "async-ps", "--checkpoint-dir", "ck"],
+     "run of '1f1b': checkpoints are not supported with dp_mode async-ps (its trainers are at different steps); "
+     "leave the checkpoint out or use ps (flag --checkpoint-dir)"),
+    (["--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--nproc-per-node", "2"], "world size 2 (processes "
+     "launched) does not equal pp x dp + servers = 1 x 2 + 1 = 3; launch 3 processes or change pp/dp"),
+])
+def test_bad_parameter_server_flags_are_one_line_and_exit_2(capsys, flags, message):
+    from analysis.cli.train import launch_main
+
+    with pytest.raises(SystemExit) as exc:
+        launch_main([*BASE, *flags])  # a later --pp overrides BASE's
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err == f"error: {message}\n"
