@@ -29,7 +29,7 @@ def profile_machine(model: ModelConfig, microbatch_size: int, stages: Sequence[i
     flags = ["-m", "real.profile", *model_argv(model), "--microbatch-size", str(microbatch_size),
              "--stages", ",".join(map(str, stages)), "--reps", str(reps), "--out", str(path)]
     if dp > 1:
-        flags += ["--dp", str(dp), "--pp", "1"]
+        flags += ["--dp", str(dp), "--pp", "1", "--bucket-mb", str(BUCKET_MB)]
     done = torchrun(2, flags, timeout=timeout, capture=True)
     if done.returncode != 0:
         tail = "\n".join((done.stderr or "").strip().splitlines()[-12:])
