@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from schedules import TaskGraph
     from sim.profiled import ProfiledCosts, TraceCalibration
 
-__all__ = ["ABLATIONS", "Calibration", "dp_graph", "grid_rows", "predict"]
+__all__ = ["ABLATIONS", "DP_ABLATIONS", "Calibration", "dp_graph", "grid_rows", "predict"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,8 @@ Measured = Any
 # The mechanisms of the CPU testbed, each switched off in turn to show what it contributes to the error.
 ABLATIONS: dict[str, dict[str, float]] = {"send_cpu": {"send_cpu": 0.0}, "task_overhead": {"task_overhead": 0.0},
                                           "step_overhead": {"step_overhead": 0.0}}
+# The data-parallel rows also switch off compute slowed by concurrent communication (sim.slowdown).
+DP_ABLATIONS: dict[str, dict[str, float]] = {**ABLATIONS, "comm_slowdown": {"comm_slowdown": 1.0}}
 
 
 def dp_graph(schedule: str, mode: str, m: int, buckets: int) -> TaskGraph:
@@ -167,14 +169,20 @@ def pipeline_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calib
 
 
 def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration) -> dict[str, Any]:
-    """One data-parallel configuration: predicted from its own profile scaled by the calibration run."""
+    """One data-parallel configuration: predicted from its own profile scaled by the calibration run; its
+    self-calibrated error (:func:`dp_self_costs`), its replay error (each traced step with its own task and
+    collective times) and each mechanism, comm_slowdown included, switched off in turn."""
+    from analysis.dp_calibration import dp_replay_error, dp_self_costs
+    from schedules.trace import read_trace
     from sim.profiled import load_profile
 
     row = {**_measured_row(key, r), "kind": "data-parallel"}
     row["predicted_step_time"] = predict(graph, cal.data_parallel())
     row["profile_predicted_step_time"] = predict(graph, load_profile(cal.dp_profile, 1))
-    row["without"] = {k: predict(graph, cal.data_parallel(**v)) for k, v in ABLATIONS.items()}
-    row["replay_error"] = None
+    row["without"] = {k: predict(graph, cal.data_parallel(**v)) for k, v in DP_ABLATIONS.items()}
+    frames = [read_trace(t) for t in r.traces]
+    row["self_error"] = (predict(graph, dp_self_costs(frames, cal.dp_profile)) - r.step_time) / r.step_time
+    row["replay_error"], row["replay_abs_p90"] = dp_replay_error(frames, cal.dp_profile)
     _errors(row)
     return row
 

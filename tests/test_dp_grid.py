@@ -1,0 +1,98 @@
+"""The data-parallel rows of the validation grid: self-calibration and replay from a data-parallel trace.
+
+The "real" trace is the simulator's own, with compute slowed 1.5x while a collective is in flight, both
+replicas alike; so every figure read back from it has a known true value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+from analysis.calibration import dp_graph, predict
+from analysis.dp_calibration import dp_replay_error, dp_self_costs, unslowed_passes
+from schedules.formats import PROFILE_SCHEMA
+from sim import simulate
+from sim.profiled import ProfiledCosts, StageCosts
+
+F, B, OPTIM, ALPHA, FACTOR, STEP_OVERHEAD = 0.010, 0.020, 0.003, 0.004, 1.5, 0.002
+
+
+def _truth() -> ProfiledCosts:
+    return ProfiledCosts(stages=(StageCosts(f=F, b=B, i=0.0, w=0.0, optim=OPTIM, param_bytes=3000),),
+                         collectives=(("all_reduce", ALPHA, math.inf),), comm_slowdown=FACTOR)
+
+
+def _trace(mode: str = "ddp", steps: int = 2) -> pd.DataFrame:
+    graph = dp_graph("gpipe", mode, 2, 3)
+    result = simulate(graph, _truth())
+    parts, walls = [], {}
+    for step in range(steps):
+        for replica in (0, 1):
+            df = result.trace.copy()
+            df["rank"] += replica
+            df[["start", "end"]] += step
+            df["step"] = step
+            parts.append(df)
+        walls[str(step)] = result.makespan + STEP_OVERHEAD
+    df = pd.concat(parts, ignore_index=True)
+    df.attrs.update(source="real", schedule="gpipe", params={"pp": 1, "microbatches": 2, "chunks": 1},
+                    step_times=walls, dp=2, dp_mode=mode)
+    return df
+
+
+@pytest.fixture
+def profile(tmp_path):
+    """The pair's profile: passes twice the truth (the self-calibration must not use them), the true
+    collective timing and factor."""
+    path = tmp_path / "dp.json"
+    path.write_text(json.dumps({
+        "schema": PROFILE_SCHEMA, "partitions": [{"num_stages": 1, "stages": [
+            {"stage": 0, "layers": [0, 2], "param_bytes": 3000, "F": 2 * F, "B": 2 * B, "I": 0.0, "W": 0.0,
+             "OPTIM": 2 * OPTIM}]}],
+        "collectives": {"all_reduce": {"alpha": ALPHA, "beta": None}}, "comm_slowdown": {"factor": FACTOR}}))
+    return path
+
+
+def test_self_calibration_takes_the_stretch_out_and_predicts_its_own_step(profile):
+    """The last B ran 20 + 2 x 4 (1 - 1/1.5) ms with buckets 0 and 1 (ready 1/3 and 2/3 of the way through it)
+    in service for 4 ms each; its work is 20 ms again."""
+    df = _trace()
+    raw = unslowed_passes([df], 1.0)["B"]
+    assert sorted(raw)[-1] == pytest.approx(B + 2 * ALPHA * (1 - 1 / FACTOR), rel=1e-9)
+    assert unslowed_passes([df], FACTOR)["B"] == pytest.approx([B] * len(raw), rel=1e-9)
+    costs = dp_self_costs([df], profile)
+    st = costs.stages[0]
+    assert (st.f, st.b, st.optim) == (pytest.approx(F, rel=1e-9), pytest.approx(B, rel=1e-9),
+                                      pytest.approx(OPTIM, rel=1e-9))
+    assert (costs.task_overhead, costs.comm_slowdown) == (0.0, FACTOR)
+    assert costs.step_overhead == pytest.approx(STEP_OVERHEAD, rel=1e-9)
+    graph = dp_graph("gpipe", "ddp", 2, 3)
+    truth = simulate(graph, _truth()).makespan + STEP_OVERHEAD
+    assert predict(graph, costs) == pytest.approx(truth, rel=1e-9)
+
+
+def test_replay_of_a_data_parallel_trace_is_exact_and_not_stretched_twice(profile):
+    """Each step replayed with its own (already stretched) times is the step; a base model with the factor does
+    not stretch them again."""
+    from sim.profiled import from_trace
+    from sim.replay import replay
+
+    median, p90 = dp_replay_error([_trace()], profile)
+    assert abs(median) < 1e-9 and p90 < 1e-9
+    df = _trace()
+    base = replace(from_trace(df), collectives=_truth().collectives, comm_slowdown=FACTOR)
+    assert [abs(s.error) < 1e-9 for s in replay(df, base)] == [True, True]
+
+
+def test_a_trace_whose_collectives_are_not_the_graphs_has_no_replay(profile):
+    df = _trace()
+    extra = df[(df["action"] == "0ALLREDUCE_b0") & (df["rank"] == 0)].copy()
+    extra["action"] = "0ALL_GATHER_b0"  # as zero3's runtime adds gathers the IR does not have
+    bad = pd.concat([df, extra], ignore_index=True)
+    bad.attrs.update(df.attrs)
+    assert dp_replay_error([bad], profile) == (None, None)
