@@ -96,3 +96,47 @@ def test_a_trace_whose_collectives_are_not_the_graphs_has_no_replay(profile):
     bad = pd.concat([df, extra], ignore_index=True)
     bad.attrs.update(df.attrs)
     assert dp_replay_error([bad], profile) == (None, None)
+
+
+def _validate_sim():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "experiments" / "validate_sim.py"
+    spec = importlib.util.spec_from_file_location("validate_sim_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--dp-modes", "ddp,zero9"], "--dp-modes zero9: give comma-separated modes of ddp,sync,zero1,zero2,zero3 "
+                                  "(or --no-dp)"),
+    (["--dp-modes", ","], "--dp-modes '': give comma-separated modes of ddp,sync,zero1,zero2,zero3 (or --no-dp)"),
+])
+def test_validate_sim_refuses_a_bad_dp_mode_before_anything_runs(flags, message, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        _validate_sim().main([*flags, "--tiny", "--out", str(tmp_path / "v")])
+    err = capsys.readouterr().err.strip()
+    assert exc.value.code == 2 and err.splitlines() == [f"error: python experiments/validate_sim.py: {message} "
+                                                        "(see --help)"]
+    assert not (tmp_path / "v").exists()
+
+
+def test_validate_sim_page_takes_the_data_parallel_rows_apart():
+    from analysis.validation import noise_verdict, score_grid
+    from tests.test_validation_scores import GRID
+
+    rows = [*GRID[:3], {**GRID[3], "schedule": "dp2-zero2", "self_error": -0.02, "replay_error": 0.01,
+                        "without": {"send_cpu": 0.14, "comm_slowdown": 0.15}}]
+    s = score_grid(rows)
+    summary = {"schedules": rows, **s, "noise_verdict": noise_verdict(0.01, (0, 0, 0), (0, 0, 0), 0.05, 0.0),
+               "calibrated_from": {"warnings": []}, "grid": {"dp_pair": ["dp2-zero2"]}, "seconds": 1.0,
+               "comm_slowdown": 1.25}
+    text = "\n\n".join(_validate_sim().sections(summary))
+    assert ("| out-of-sample data-parallel rows | mean abs error |\n|---|---:|\n| all | 30.0% |\n"
+            "| without send_cpu | 30.0% |\n| without comm_slowdown | 25.0% |") in text
+    assert ("| out-of-sample data-parallel rows, taken apart | mean abs error |\n|---|---:|\n| replay | 1.0% |\n"
+            "| self_calibrated | 2.0% |\n| transferred | 30.0% |\n") in text
+    assert ("Compute slowed by concurrent communication (comm_slowdown, measured by the data-parallel profile): "
+            "x1.250 while a bucket's collective is in flight.") in text
