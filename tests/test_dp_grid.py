@@ -140,3 +140,31 @@ def test_validate_sim_page_takes_the_data_parallel_rows_apart():
             "| self_calibrated | 2.0% |\n| transferred | 30.0% |\n") in text
     assert ("Compute slowed by concurrent communication (comm_slowdown, measured by the data-parallel profile): "
             "x1.250 while a bucket's collective is in flight.") in text
+
+
+def test_grid_row_of_a_data_parallel_mode_is_taken_apart(profile, tmp_path):
+    """dp_row on the known trace (measured = its true step): self-calibrated and replay errors 0; switching
+    comm_slowdown off predicts less time (the passes no longer stretch)."""
+    pytest.importorskip("torch")
+    from analysis.calibration import Calibration, grid_rows
+    from real.measure import Measured
+    from schedules import load_graph, validate
+    from schedules.trace import write_trace
+    from tests.test_calibrate import _as_recorded, _profile_file
+    from tests.test_calibrate import _costs as pipeline_costs
+
+    pipe = _as_recorded(simulate(validate(load_graph("1f1b", pp=2, microbatches=4)), pipeline_costs(1.0)).trace,
+                        1.0, 0, 0.0)
+    pipe.attrs.update(source="real", schedule="1f1b", params={"pp": 2, "microbatches": 4, "chunks": 1},
+                      step_times={"0": 1.0}, dp=1)
+    cal = Calibration.of(_profile_file(tmp_path), [str(write_trace(pipe, tmp_path / "1f1b.csv"))], profile)
+    graph = dp_graph("gpipe", "ddp", 2, 3)
+    truth = simulate(graph, _truth()).makespan + STEP_OVERHEAD
+    key = ("dp2-ddp", 2)
+    measured = {key: Measured(None, truth, (truth * 0.99, truth * 1.01), (truth, truth), ((truth,), (truth,)),
+                              (0.0, 0.0), (str(write_trace(_trace(), tmp_path / "ddp.csv")),))}
+    (row,) = grid_rows(measured, {key: graph}, cal, ("1f1b", 4), [key])
+    assert (row["kind"], row["in_sample"]) == ("data-parallel", False)
+    assert abs(row["self_error"]) < 1e-9 and abs(row["replay_error"]) < 1e-9
+    assert set(row["without"]) == {"send_cpu", "task_overhead", "step_overhead", "comm_slowdown"}
+    assert row["without"]["comm_slowdown"] < row["predicted_step_time"]
