@@ -11,10 +11,10 @@ come from it (:func:`analysis.calibration.dp_row` uses both):
   work, ``c`` the profile's ``comm_slowdown`` (the inverse of
   :mod:`sim.slowdown`), so the simulator, which stretches them again, is not
   given the stretch twice. The optimizer step likewise; the collectives'
-  alpha/beta and ``c`` come from the pair's profile. The per-task and
-  per-send gaps are read without the wait of the last gradient pass for its
-  collectives (the rows before an OPTIM), which is the simulator's to model;
-  the step overhead is the step's wall time less the whole span, collectives
+  alpha/beta and ``c`` come from the pair's profile. The per-task gap is read
+  only where none of the rank's collectives ended in it (:func:`task_gaps`: a
+  wait for a collective, before an OPTIM or a zero3 pass, is the simulator's
+  to model; with no such gap, as in zero3, the profile's ``task_overhead``); the step overhead is the step's wall time less the whole span, collectives
   and optimizer included.
 * **replay** (:func:`dp_replay_error`): each traced step simulated with its own
   task and collective times (:func:`sim.replay.replay`), when the trace's
@@ -23,6 +23,7 @@ come from it (:func:`analysis.calibration.dp_row` uses both):
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Sequence
 from dataclasses import replace
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
     from sim.profiled import ProfiledCosts
 
-__all__ = ["dp_replay_error", "dp_self_costs", "unslowed_passes"]
+__all__ = ["dp_replay_error", "dp_self_costs", "task_gaps", "unslowed_passes"]
 
 _KINDS = ("F", "B", "I", "W", "OPTIM")
 
@@ -83,6 +84,27 @@ def _gaps_calibration(frames: Sequence[pd.DataFrame]) -> Any:
     return trace_calibration(kept)
 
 
+def task_gaps(frames: Sequence[pd.DataFrame]) -> list[float]:
+    """Every gap between a rank's consecutive compute rows in which none of its collectives ended: a gap in which
+    one ended may hold a wait for it (zero3's gathers before a pass, every mode's collectives before OPTIM),
+    which is the simulator's to model, not the executor's cost per task."""
+    from schedules.trace import trace_steps
+
+    out = []
+    for df in frames:
+        for part in trace_steps(df).values():
+            ends: dict[int, list[float]] = {}
+            coll = part[part["stream"] == "collective"]
+            for rank, end in zip(coll["rank"], coll["end"], strict=True):
+                ends.setdefault(int(rank), []).append(float(end))
+            comp = part[part["stream"] == "compute"].sort_values(["rank", "start"])
+            rows = list(zip(comp["rank"].astype(int), comp["start"], comp["end"], strict=True))
+            for (rank, _s, end), (nrank, nstart, _e) in itertools.pairwise(rows):
+                if rank == nrank and not any(end < e <= nstart for e in ends.get(rank, ())):
+                    out.append(max(float(nstart - end), 0.0))
+    return out
+
+
 def _step_overhead(frames: Sequence[pd.DataFrame], task_overhead: float) -> float:
     from schedules.trace import trace_steps, work_span
 
@@ -98,10 +120,12 @@ def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path) -> Pro
     own = load_profile(dp_profile, 1)
     work = unslowed_passes(frames, own.comm_slowdown)
     fit = _gaps_calibration(frames)
+    gaps = task_gaps(frames)
+    overhead = _trimmed_mean(gaps) if gaps else own.task_overhead  # none clean (zero3): the profiler's
     times = {k.lower(): _trimmed_mean(v) for k, v in work.items() if v}
     stage = replace(own.stages[0], **times)
-    return replace(own, stages=(stage,), task_overhead=fit.task_overhead, send_cpu=fit.send_cpu,
-                   step_overhead=_step_overhead(frames, fit.task_overhead))
+    return replace(own, stages=(stage,), task_overhead=overhead, send_cpu=fit.send_cpu,
+                   step_overhead=_step_overhead(frames, overhead))
 
 
 def dp_replay_error(frames: Sequence[pd.DataFrame], dp_profile: str | Path) -> tuple[float | None, float | None]:

@@ -168,3 +168,15 @@ def test_grid_row_of_a_data_parallel_mode_is_taken_apart(profile, tmp_path):
     assert abs(row["self_error"]) < 1e-9 and abs(row["replay_error"]) < 1e-9
     assert set(row["without"]) == {"send_cpu", "task_overhead", "step_overhead", "comm_slowdown"}
     assert row["without"]["comm_slowdown"] < row["predicted_step_time"]
+
+
+def test_task_gaps_leave_out_the_waits_for_collectives():
+    """Gaps after 0F0 (1 ms) and 0F1 (3 ms, in which a gather ended: a wait) and 0B0 (1 ms): the executor's gaps
+    are the two 1 ms ones; rank 1's rows are its own."""
+    from analysis.dp_calibration import task_gaps
+
+    rows = [(0, "compute", "0F0", 0.000, 0.010), (0, "compute", "0F1", 0.011, 0.020),
+            (0, "collective", "0ALL_GATHER_b0", 0.012, 0.022), (0, "compute", "0B0", 0.023, 0.040),
+            (0, "compute", "0OPTIM", 0.041, 0.045), (1, "collective", "0ALL_GATHER_b0", 0.040, 0.0405)]
+    df = pd.DataFrame(rows, columns=["rank", "stream", "action", "start", "end"])
+    assert task_gaps([df]) == pytest.approx([0.001, 0.001], rel=1e-9)
