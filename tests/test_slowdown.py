@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from schedules import CostFileError, build, lower, validate
+from schedules import ConfigError, CostFileError, build, lower, validate
 from schedules.dp import add_data_parallel
 from sim import simulate
 from sim.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, load_profile
@@ -119,3 +119,14 @@ def test_bad_profile_field_is_one_line_naming_it(tmp_path, section, got):
 def test_bad_factor_in_costs_is_refused():
     with pytest.raises(CostFileError, match=r"comm_slowdown must be a finite factor > 0 .*got inf"):
         _costs(0.004, math.inf)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.inf, "1", True])
+def test_profile_bucket_is_a_positive_size(bad):
+    """The all-reduce kept in flight while comm_slowdown times the passes: refused before anything runs."""
+    pytest.importorskip("torch")
+    from real.profile import ProfileConfig
+
+    with pytest.raises(ConfigError) as err:
+        ProfileConfig(bucket_mb=bad)
+    assert str(err.value) == f"profile: bucket_mb must be a size > 0 MiB, got {bad!r}"
