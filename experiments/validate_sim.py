@@ -1,6 +1,6 @@
 """How close is the simulator to the real runtime? Calibrate from one real run, predict the grid, compare.
 
-    python experiments/validate_sim.py                   # the default grid (about 10 min on 2 cores)
+    python experiments/validate_sim.py                   # the default grid (about 11 min on 2 cores)
     python experiments/validate_sim.py --quick           # 5 schedules x microbatches 4, 16 (about 4 min)
     python experiments/validate_sim.py --tiny            # gpipe, 1f1b at m=4, 2 rounds of 2 steps: the code path
     python experiments/validate_sim.py --json            # exactly one JSON object
@@ -57,7 +57,7 @@ def _args(argv: list[str] | None = None):
     p.add_argument("--quick", action="store_true", help="gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v at m = 4, 16")
     p.add_argument("--tiny", action="store_true",
                    help="gpipe and 1f1b at m=4 and the dp rows, 2 rounds of 2 steps, 3 profile reps: checks the "
-                        "code path in about a minute (its figures mean nothing)")
+                        "code path in about two minutes (its figures mean nothing)")
     p.add_argument("--schedules", help="comma-separated pipeline schedules (default: every one the runtime has)")
     p.add_argument("--microbatches", help="comma-separated counts (default 4,8,16; --quick 4,16)")
     p.add_argument("--no-dp", action="store_true", help="leave out the pp=1, dp=2 data-parallel rows")
