@@ -10,7 +10,9 @@ come from it (:func:`analysis.calibration.dp_row` uses both):
   its rank's collectives in service for ``o`` of it did ``d - o (1 - 1/c)`` of
   work, ``c`` the profile's ``comm_slowdown`` (the inverse of
   :mod:`sim.slowdown`), so the simulator, which stretches them again, is not
-  given the stretch twice. The optimizer step likewise; the collectives'
+  given the stretch twice; the waits of zero2/zero3's bounded reduce-scatters
+  (:func:`blocked_spans`) are taken out too, as the simulator adds them
+  (``max_inflight``). The optimizer step likewise; the collectives'
   alpha/beta and ``c`` come from the pair's profile. The per-task gap is read
   only where none of the rank's collectives ended in it (:func:`task_gaps`: a
   wait for a collective, before an OPTIM or a zero3 pass, is the simulator's
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
 
     from sim.profiled import ProfiledCosts
 
-__all__ = ["dp_replay_error", "dp_self_costs", "task_gaps", "unslowed_passes"]
+__all__ = ["blocked_spans", "dp_replay_error", "dp_self_costs", "task_gaps", "unslowed_passes"]
 
 _KINDS = ("F", "B", "I", "W", "OPTIM")
 
@@ -51,8 +53,28 @@ def _overlap(start: float, end: float, spans: list[tuple[float, float]]) -> floa
     return covered
 
 
-def unslowed_passes(frames: Sequence[pd.DataFrame], factor: float) -> dict[str, list[float]]:
-    """Kind -> every stage-0 pass's work with the stretch of its rank's collectives in service taken out."""
+def blocked_spans(part: pd.DataFrame, limit: int) -> dict[int, list[tuple[float, float]]]:
+    """Rank -> the intervals of one step in which more than ``limit`` of its gradient reduce-scatters were issued
+    and not done: the zero2/zero3 runtime's compute waits then (sim.slowdown's ``max_inflight``)."""
+    if limit <= 0 or part.attrs.get("dp_mode") not in ("zero2", "zero3", "fsdp"):
+        return {}
+    rs = part[(part["stream"] == "collective") & (part["kind"] == "REDUCE_SCATTER")]
+    out: dict[int, list[tuple[float, float]]] = {}
+    for rank, rows in rs.groupby("rank"):
+        events = sorted([(float(e), -1) for e in rows["end"]] + [(float(s), 1) for s in rows["start"]])
+        count, since = 0, 0.0
+        for t, step in events:
+            if count <= limit < count + step:
+                since = t
+            elif count > limit >= count + step and t > since:
+                out.setdefault(int(rank), []).append((since, t))
+            count += step
+    return out
+
+
+def unslowed_passes(frames: Sequence[pd.DataFrame], factor: float, limit: int = 0) -> dict[str, list[float]]:
+    """Kind -> every stage-0 pass's work: its time less the waits of :func:`blocked_spans` (``limit``), and with
+    the stretch of its rank's collectives in service the rest of the time taken out."""
     from schedules.trace import trace_steps
     from sim.replay import collective_service
 
@@ -64,10 +86,12 @@ def unslowed_passes(frames: Sequence[pd.DataFrame], factor: float) -> dict[str, 
                 spans.setdefault(rank, []).append((s, e))
             for v in spans.values():
                 v.sort()
+            blocked = blocked_spans(part, limit)
             comp = part[(part["stream"] == "compute") & part["kind"].isin(_KINDS)]
             for rank, kind, s, e in zip(comp["rank"], comp["kind"], comp["start"], comp["end"], strict=True):
-                o = _overlap(float(s), float(e), spans.get(int(rank), []))
-                out[str(kind)].append(float(e - s) - o * (1 - 1 / factor))
+                b = _overlap(float(s), float(e), blocked.get(int(rank), []))
+                o = max(_overlap(float(s), float(e), spans.get(int(rank), [])) - b, 0.0)
+                out[str(kind)].append(float(e - s) - b - o * (1 - 1 / factor))
     return out
 
 
@@ -113,12 +137,13 @@ def _step_overhead(frames: Sequence[pd.DataFrame], task_overhead: float) -> floa
     return max(statistics.median(over) - task_overhead, 0.0) if over else 0.0
 
 
-def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path) -> ProfiledCosts:
-    """A pp=1 data-parallel configuration's costs from its own traces and the pair's profile (module doc)."""
+def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_inflight: int = 0) -> ProfiledCosts:
+    """A pp=1 data-parallel configuration's costs from its own traces and the pair's profile (module doc);
+    ``max_inflight``: the runtime's bound on zero2/zero3's reduce-scatters in flight."""
     from sim.profiled import _trimmed_mean, load_profile
 
-    own = load_profile(dp_profile, 1)
-    work = unslowed_passes(frames, own.comm_slowdown)
+    own = replace(load_profile(dp_profile, 1), max_inflight=max_inflight)
+    work = unslowed_passes(frames, own.comm_slowdown, max_inflight)
     fit = _gaps_calibration(frames)
     gaps = task_gaps(frames)
     overhead = _trimmed_mean(gaps) if gaps else own.task_overhead  # none clean (zero3): the profiler's

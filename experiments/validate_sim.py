@@ -45,6 +45,7 @@ from analysis.results_page import table as markdown_table
 from analysis.validation import format_tau, noise_verdict, score_grid, verdict_line
 from real import ModelConfig
 from real.protocol import GRID_DP_MODES, MODEL_SHAPE, dp_buckets, dp_config, pipeline_config, profile_machine
+from real.zero import MAX_INFLIGHT
 
 MODEL = ModelConfig(**MODEL_SHAPE)
 QUICK = (("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"), (4, 16))
@@ -133,7 +134,7 @@ def validate_all(a) -> dict:
                                    timeout=a.timeout, on_run=run_progress("grid"))
     by_key = dict(zip(configs, measured, strict=True))
     cal_key = (a.calibrate_from, ms[len(ms) // 2])
-    cal = Calibration.of(profile, by_key[cal_key].traces, dp_profile)
+    cal = Calibration.of(profile, by_key[cal_key].traces, dp_profile, max_inflight=MAX_INFLIGHT)
     rows = grid_rows(by_key, graphs, cal, cal_key, dp_keys)
     scores = score_grid(rows)
     verdict = noise_verdict(scores["decomposition"]["noise"], load_before, os.getloadavg(), a.noise_limit,

@@ -15,7 +15,8 @@ per stage as the trace has them), each collective taking its measured
 service time: from the later of its issue and its rank's previous collective's
 end, to its end (a rank's collectives are served one at a time). Its compute
 times are the measured ones, already slowed by any collective in flight, so
-the replay's ``comm_slowdown`` is 1.0. A trace whose collectives are not the
+the replay's ``comm_slowdown`` is 1.0 (and its ``max_inflight`` 0: the waits
+for zero2/zero3's reduce-scatters are in the measured times too). A trace whose collectives are not the
 graph's one for one (zero3's runtime also gathers before W passes, which the
 IR does not) has no data-parallel replay (:func:`dp_replayable`).
 """
@@ -141,6 +142,7 @@ class _StepCosts:
     """Each compute task: its occupancy in one step; messages: the calibrated latency."""
 
     comm_slowdown = 1.0  # measured compute times are already slowed by what overlapped them
+    max_inflight = 0  # and hold the runtime's waits for its reduce-scatters in flight
 
     def __init__(self, base: ProfiledCosts, measured: dict[tuple[int, str], float],
                  service: dict[tuple[int, str, int], float] | None = None) -> None:

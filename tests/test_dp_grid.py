@@ -22,14 +22,15 @@ from sim.profiled import ProfiledCosts, StageCosts
 F, B, OPTIM, ALPHA, FACTOR, STEP_OVERHEAD = 0.010, 0.020, 0.003, 0.004, 1.5, 0.002
 
 
-def _truth() -> ProfiledCosts:
+def _truth(limit: int = 0) -> ProfiledCosts:
     return ProfiledCosts(stages=(StageCosts(f=F, b=B, i=0.0, w=0.0, optim=OPTIM, param_bytes=3000),),
-                         collectives=(("all_reduce", ALPHA, math.inf),), comm_slowdown=FACTOR)
+                         collectives=(("all_reduce", ALPHA, math.inf), ("reduce_scatter", 3 * ALPHA, math.inf),
+                                      ("all_gather", ALPHA / 2, math.inf)), comm_slowdown=FACTOR, max_inflight=limit)
 
 
-def _trace(mode: str = "ddp", steps: int = 2) -> pd.DataFrame:
+def _trace(mode: str = "ddp", steps: int = 2, limit: int = 0) -> pd.DataFrame:
     graph = dp_graph("gpipe", mode, 2, 3)
-    result = simulate(graph, _truth())
+    result = simulate(graph, _truth(limit))
     parts, walls = [], {}
     for step in range(steps):
         for replica in (0, 1):
@@ -54,7 +55,9 @@ def profile(tmp_path):
         "schema": PROFILE_SCHEMA, "partitions": [{"num_stages": 1, "stages": [
             {"stage": 0, "layers": [0, 2], "param_bytes": 3000, "F": 2 * F, "B": 2 * B, "I": 0.0, "W": 0.0,
              "OPTIM": 2 * OPTIM}]}],
-        "collectives": {"all_reduce": {"alpha": ALPHA, "beta": None}}, "comm_slowdown": {"factor": FACTOR}}))
+        "collectives": {"all_reduce": {"alpha": ALPHA, "beta": None}, "reduce_scatter": {"alpha": 3 * ALPHA, "beta": None},
+                        "all_gather": {"alpha": ALPHA / 2, "beta": None}},
+        "comm_slowdown": {"factor": FACTOR}}))
     return path
 
 
@@ -74,6 +77,36 @@ def test_self_calibration_takes_the_stretch_out_and_predicts_its_own_step(profil
     graph = dp_graph("gpipe", "ddp", 2, 3)
     truth = simulate(graph, _truth()).makespan + STEP_OVERHEAD
     assert predict(graph, costs) == pytest.approx(truth, rel=1e-9)
+
+
+def test_zero2_self_calibration_takes_the_stretch_out_of_every_microbatchs_backward(profile):
+    """zero2 reduce-scatters every microbatch's buckets (12 ms each) while its B runs: each B's work is 20 ms."""
+    df = _trace("zero2")
+    assert max(unslowed_passes([df], 1.0)["B"]) > B
+    assert unslowed_passes([df], FACTOR)["B"] == pytest.approx([B] * 8, rel=1e-9)  # 2 microbatches x 2 ranks x 2
+    costs = dp_self_costs([df], profile)
+    graph = dp_graph("gpipe", "zero2", 2, 3)
+    assert predict(graph, costs) == pytest.approx(simulate(graph, _truth()).makespan + STEP_OVERHEAD, rel=1e-9)
+
+
+def test_waits_for_bounded_reduce_scatters_are_found_and_taken_out():
+    """As the zero2 runtime records them (start = issue): with at most 2 in flight, the rank waits from the third's
+    issue (2 ms) to the first's end (10 ms), and from the fourth's (12 ms) to the second's (20 ms). A B row over
+    0-40 ms did 40 - 16 ms of work at full speed; at factor 2, with collectives in service the other 19 ms of it
+    (35 ms in service, less the waits), 40 - 16 - 19 / 2 ms."""
+    from analysis.dp_calibration import blocked_spans
+
+    rs = [(0.000, 0.010), (0.001, 0.020), (0.002, 0.030), (0.012, 0.035)]
+    rows = [(0, "compute", "0B0", "B", 0.0, 0.040)] + [
+        (0, "collective", f"0REDUCE_SCATTER0_b{k}", "REDUCE_SCATTER", s, e) for k, (s, e) in enumerate(rs)]
+    df = pd.DataFrame(rows, columns=["rank", "stream", "action", "kind", "start", "end"])
+    df.attrs.update(dp_mode="zero2")
+    assert blocked_spans(df, 2) == {0: [(0.002, 0.010), (0.012, 0.020)]}
+    assert blocked_spans(df, 0) == {} and blocked_spans(df, 4) == {}
+    assert unslowed_passes([df], 1.0, 2)["B"] == pytest.approx([0.024], rel=1e-9)
+    assert unslowed_passes([df], 2.0, 2)["B"] == pytest.approx([0.040 - 0.016 - 0.019 / 2], rel=1e-9)
+    df.attrs.update(dp_mode="ddp")
+    assert blocked_spans(df, 2) == {}
 
 
 def test_replay_of_a_data_parallel_trace_is_exact_and_not_stretched_twice(profile):
@@ -166,7 +199,7 @@ def test_grid_row_of_a_data_parallel_mode_is_taken_apart(profile, tmp_path):
     (row,) = grid_rows(measured, {key: graph}, cal, ("1f1b", 4), [key])
     assert (row["kind"], row["in_sample"]) == ("data-parallel", False)
     assert abs(row["self_error"]) < 1e-9 and abs(row["replay_error"]) < 1e-9
-    assert set(row["without"]) == {"send_cpu", "task_overhead", "step_overhead", "comm_slowdown"}
+    assert set(row["without"]) == {"send_cpu", "task_overhead", "step_overhead", "comm_slowdown", "max_inflight"}
     assert row["without"]["comm_slowdown"] < row["predicted_step_time"]
 
 

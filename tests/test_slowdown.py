@@ -130,3 +130,30 @@ def test_profile_bucket_is_a_positive_size(bad):
     with pytest.raises(ConfigError) as err:
         ProfileConfig(bucket_mb=bad)
     assert str(err.value) == f"profile: bucket_mb must be a size > 0 MiB, got {bad!r}"
+
+
+def _zero(mode: str, buckets: int = 4):
+    return validate(add_data_parallel(lower(build("gpipe", pp=1, microbatches=1)), mode, [buckets]))
+
+
+def _bounded(limit: int) -> ProfiledCosts:
+    return ProfiledCosts(stages=(STAGE,), collectives=(("reduce_scatter", 0.012, math.inf),
+                                                       ("all_gather", 0.001, math.inf)), max_inflight=limit)
+
+
+def test_reduce_scatters_in_flight_bound_stops_the_backward():
+    """zero2, 4 buckets ready at 5, 10, 15, 20 ms of B's 20 ms (B from t = 10 ms), each reduce-scatter 12 ms, one
+    at a time: b0 15-27, b1 queued to 27-39. b2 is issued at 25 ms with b0 and b1 not done: three > 2, so B stops
+    until b0 ends at 27; B ends at 10 + 20 + 2 ms. Without the bound, at 30 ms."""
+    t = _times(simulate(_zero("zero2"), _bounded(2)))
+    assert t["0B0"] == (0.010, pytest.approx(0.032, rel=1e-12))
+    assert [t[f"0REDUCE_SCATTER0_b{k}"][0] for k in range(4)] == pytest.approx([0.015, 0.027, 0.039, 0.051],
+                                                                                rel=1e-12)
+    assert _times(simulate(_zero("zero2"), _bounded(0)))["0B0"] == (0.010, 0.030)
+
+
+def test_the_bound_is_zero2_and_zero3s_only():
+    """zero1's reduce-scatters come from the unbounded sync (real.dp): a bound changes nothing there."""
+    assert _times(simulate(_zero("zero1"), _bounded(1))) == _times(simulate(_zero("zero1"), _bounded(0)))
+    with pytest.raises(CostFileError, match=r"max_inflight must be a whole number of collectives >= 0 .*got -1"):
+        _bounded(-1)
