@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from schedules import TaskGraph
     from sim.profiled import ProfiledCosts, TraceCalibration
 
-__all__ = ["ABLATIONS", "Calibration", "dp_graph", "grid_rows", "predict"]
+__all__ = ["ABLATIONS", "DP_ABLATIONS", "Calibration", "dp_graph", "grid_rows", "predict"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,9 @@ Measured = Any
 # The mechanisms of the CPU testbed, each switched off in turn to show what it contributes to the error.
 ABLATIONS: dict[str, dict[str, float]] = {"send_cpu": {"send_cpu": 0.0}, "task_overhead": {"task_overhead": 0.0},
                                           "step_overhead": {"step_overhead": 0.0}}
+# The data-parallel rows also switch off compute slowed by concurrent communication (sim.slowdown).
+DP_ABLATIONS: dict[str, dict[str, float]] = {**ABLATIONS, "comm_slowdown": {"comm_slowdown": 1.0},
+                                             "max_inflight": {"max_inflight": 0}}
 
 
 def dp_graph(schedule: str, mode: str, m: int, buckets: int) -> TaskGraph:
@@ -73,13 +76,15 @@ class Calibration:
     traces: tuple[str, ...]
     fit: TraceCalibration
     dp_profile: Path | None = None
+    max_inflight: int = 0  # the runtime's bound on zero2/zero3's reduce-scatters in flight (real.zero.MAX_INFLIGHT)
 
     @classmethod
-    def of(cls, profile: str | Path, traces: Sequence[str], dp_profile: str | Path | None = None) -> Calibration:
+    def of(cls, profile: str | Path, traces: Sequence[str], dp_profile: str | Path | None = None,
+           max_inflight: int = 0) -> Calibration:
         from sim.profiled import trace_calibration
 
         return cls(Path(profile), tuple(traces), trace_calibration(list(traces)),
-                   Path(dp_profile) if dp_profile is not None else None)
+                   Path(dp_profile) if dp_profile is not None else None, max_inflight)
 
     def pipeline(self, num_stages: int, **off: float) -> ProfiledCosts:
         """The calibration run's costs for ``num_stages`` stages; ``off``: fields set (an ablation)."""
@@ -104,7 +109,8 @@ class Calibration:
                 for k in (Kind.F, Kind.B)}
 
     def data_parallel(self, **off: float) -> ProfiledCosts:
-        """The pair's own profile, F and B scaled by :meth:`ratios`, the run's send_cpu and task_overhead."""
+        """The pair's own profile, F and B scaled by :meth:`ratios`, the run's send_cpu and task_overhead, and
+        the runtime's ``max_inflight``."""
         from sim.profiled import load_profile
 
         if self.dp_profile is None:
@@ -113,7 +119,8 @@ class Calibration:
         own = load_profile(self.dp_profile, 1)
         st = own.stages[0]
         costs = replace(own, stages=(replace(st, f=st.f * ratio["F"], b=st.b * ratio["B"]),),
-                        send_cpu=self.fit.send_cpu, task_overhead=self.fit.task_overhead)
+                        send_cpu=self.fit.send_cpu, task_overhead=self.fit.task_overhead,
+                        max_inflight=self.max_inflight)
         return replace(costs, **off) if off else costs
 
     def warnings(self) -> list[str]:
@@ -167,14 +174,22 @@ def pipeline_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calib
 
 
 def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration) -> dict[str, Any]:
-    """One data-parallel configuration: predicted from its own profile scaled by the calibration run."""
+    """One data-parallel configuration: predicted from its own profile scaled by the calibration run; its
+    self-calibrated error (:func:`dp_self_costs`), its replay error (each traced step with its own task and
+    collective times) and each mechanism, comm_slowdown included, switched off in turn."""
+    from analysis.dp_calibration import dp_replay_error, dp_self_costs
+    from schedules.trace import read_trace
     from sim.profiled import load_profile
 
     row = {**_measured_row(key, r), "kind": "data-parallel"}
     row["predicted_step_time"] = predict(graph, cal.data_parallel())
-    row["profile_predicted_step_time"] = predict(graph, load_profile(cal.dp_profile, 1))
-    row["without"] = {k: predict(graph, cal.data_parallel(**v)) for k, v in ABLATIONS.items()}
-    row["replay_error"] = None
+    row["profile_predicted_step_time"] = predict(graph, replace(load_profile(cal.dp_profile, 1),
+                                                                max_inflight=cal.max_inflight))
+    row["without"] = {k: predict(graph, cal.data_parallel(**v)) for k, v in DP_ABLATIONS.items()}
+    frames = [read_trace(t) for t in r.traces]
+    own = dp_self_costs(frames, cal.dp_profile, cal.max_inflight)
+    row["self_error"] = (predict(graph, own) - r.step_time) / r.step_time
+    row["replay_error"], row["replay_abs_p90"] = dp_replay_error(frames, cal.dp_profile)
     _errors(row)
     return row
 

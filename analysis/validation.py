@@ -126,8 +126,9 @@ def half_difference(round_medians: Sequence[float], step_time: float) -> float:
     return (statistics.median(even) - statistics.median(odd)) / step_time
 
 
-def decomposition(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Mean |error| of the out-of-sample pipeline rows (a ``replay_error``, not ``in_sample``), taken apart:
+def decomposition(rows: Sequence[dict[str, Any]], kind: str = "pipeline") -> dict[str, float]:
+    """Mean |error| of the out-of-sample rows of ``kind`` (pipeline or data-parallel, not ``in_sample``), taken
+    apart (replay and self-calibrated over the rows that have a ``replay_error``, a ``self_error``):
 
     - ``replay``: each traced step simulated with its own task times (the dependency and message model);
     - ``self_calibrated`` (``self_error``): each configuration predicted from its own runs' pass times, the
@@ -137,14 +138,21 @@ def decomposition(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
       it is the measurement's): for normal noise the halves differ by twice the full median's error, so it is
       mean |half difference| / 2.
     """
-    pipe = [r for r in rows if r.get("replay_error") is not None and not r.get("in_sample")]
+    pipe = [r for r in rows if _kind(r) == kind and not r.get("in_sample")]
+    replayed = [r for r in pipe if r.get("replay_error") is not None]
+    selfed = [r for r in pipe if r.get("self_error") is not None]
     halves = [abs(r["half_difference"]) for r in rows if not math.isnan(r.get("half_difference", math.nan))]
     mean = statistics.fmean
     nan = float("nan")
-    return {"replay": mean(abs(r["replay_error"]) for r in pipe) if pipe else nan,
-            "self_calibrated": mean(abs(r["self_error"]) for r in pipe) if pipe else nan,
+    return {"replay": mean(abs(r["replay_error"]) for r in replayed) if replayed else nan,
+            "self_calibrated": mean(abs(r["self_error"]) for r in selfed) if selfed else nan,
             "transferred": mean(abs(r["error"]) for r in pipe) if pipe else nan,
             "noise": mean(halves) / 2 if halves else nan}
+
+
+def _kind(row: dict[str, Any]) -> str:
+    """A row's kind; a row of an older file without one: pipeline if it has a replay, else data-parallel."""
+    return row.get("kind") or ("pipeline" if row.get("replay_error") is not None else "data-parallel")
 
 
 def _scores(rows: Sequence[dict[str, Any]], predicted: str = "predicted_step_time",
@@ -165,15 +173,12 @@ def score_grid(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     ``profile_*``) is over the out-of-sample rows: every row but the calibration configuration, whose own
     traces fitted the model (scored apart, ``in_sample``). ``by_kind`` splits the out-of-sample rows into
     pipeline and data-parallel; ``mechanisms`` (each testbed mechanism switched off in turn) and
-    :func:`decomposition` are over the out-of-sample pipeline rows.
+    :func:`decomposition` are over the out-of-sample pipeline rows, ``dp_mechanisms`` (comm_slowdown too) and
+    ``dp_decomposition`` over the data-parallel ones.
     """
     out = [r for r in rows if not r.get("in_sample")]
     pipe = [r for r in out if r["kind"] == "pipeline"]
     head, prof = _scores(out), _scores(out, "profile_predicted_step_time", "profile_error")
-    mechanisms = {"all": statistics.fmean(abs(r["error"]) for r in pipe) if pipe else float("nan")}
-    for k in (rows[0].get("without") or {}) if rows else ():
-        mechanisms[f"without {k}"] = statistics.fmean(
-            abs(r["without"][k] - r["measured_step_time"]) / r["measured_step_time"] for r in pipe) if pipe else math.nan
     replays = [abs(r["replay_error"]) for r in rows if r.get("replay_error") is not None]
     return {
         "mean_abs_error": head["mean_abs_error"], "max_abs_error": head["max_abs_error"],
@@ -182,9 +187,20 @@ def score_grid(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "by_kind": {kind: _scores([r for r in out if r["kind"] == kind]) for kind in ("pipeline", "data-parallel")},
         "in_sample": _scores([r for r in rows if r.get("in_sample")]),
         "max_abs_replay_error": max(replays, default=float("nan")),
-        "mechanisms": mechanisms,
+        "mechanisms": _mechanisms(pipe),
         "decomposition": decomposition(rows),
+        "dp_mechanisms": _mechanisms([r for r in out if r["kind"] == "data-parallel"]),
+        "dp_decomposition": decomposition(rows, "data-parallel"),
     }
+
+
+def _mechanisms(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Mean |error| of ``rows``, and with each mechanism of their ``without`` switched off in turn."""
+    out = {"all": statistics.fmean(abs(r["error"]) for r in rows) if rows else float("nan")}
+    for k in (rows[0].get("without") or {}) if rows else ():
+        out[f"without {k}"] = statistics.fmean(
+            abs(r["without"][k] - r["measured_step_time"]) / r["measured_step_time"] for r in rows)
+    return out
 
 
 def noise_verdict(noise: float, load_before: Sequence[float], load_after: Sequence[float],

@@ -1,6 +1,6 @@
 """How close is the simulator to the real runtime? Calibrate from one real run, predict the grid, compare.
 
-    python experiments/validate_sim.py                   # the default grid (about 10 min on 2 cores)
+    python experiments/validate_sim.py                   # the default grid (about 11 min on 2 cores)
     python experiments/validate_sim.py --quick           # 5 schedules x microbatches 4, 16 (about 4 min)
     python experiments/validate_sim.py --tiny            # gpipe, 1f1b at m=4, 2 rounds of 2 steps: the code path
     python experiments/validate_sim.py --json            # exactly one JSON object
@@ -14,7 +14,8 @@ count); predict every configuration; score the grid (:func:`analysis.validation.
 
 The calibration configuration is scored apart (in-sample: its own traces fitted the model); the
 headline error and tau_b are over the other rows, the out-of-sample ones. Rows are labelled pipeline
-(pp=2) or data-parallel (the pp=1, dp=2 ddp/sync pair).
+(pp=2) or data-parallel (pp=1, dp=2: one row per mode of ``--dp-modes``, default ddp, sync, zero1,
+zero2 and zero3), and both kinds are taken apart (replay, self-calibrated, transferred, noise).
 
 Exit status: 0 judged; 3 too noisy to judge (the measurement's own noise, the expected |error| of a
 perfect prediction, is above ``--noise-limit``, default 5%, or could not be measured with one round);
@@ -43,7 +44,8 @@ from analysis.cli.train import add_model_args, model_from_args
 from analysis.results_page import table as markdown_table
 from analysis.validation import format_tau, noise_verdict, score_grid, verdict_line
 from real import ModelConfig
-from real.protocol import MODEL_SHAPE, dp_buckets, dp_config, pipeline_config, profile_machine
+from real.protocol import GRID_DP_MODES, MODEL_SHAPE, dp_buckets, dp_config, pipeline_config, profile_machine
+from real.zero import MAX_INFLIGHT
 
 MODEL = ModelConfig(**MODEL_SHAPE)
 QUICK = (("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"), (4, 16))
@@ -55,11 +57,13 @@ def _args(argv: list[str] | None = None):
     p = OneLineParser(prog="python experiments/validate_sim.py", description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="gpipe, 1f1b, interleaved-1f1b, zb-h1, zb-v at m = 4, 16")
     p.add_argument("--tiny", action="store_true",
-                   help="gpipe and 1f1b at m=4 and the dp pair, 2 rounds of 2 steps, 3 profile reps: checks the "
-                        "code path in about a minute (its figures mean nothing)")
+                   help="gpipe and 1f1b at m=4 and the dp rows, 2 rounds of 2 steps, 3 profile reps: checks the "
+                        "code path in about two minutes (its figures mean nothing)")
     p.add_argument("--schedules", help="comma-separated pipeline schedules (default: every one the runtime has)")
     p.add_argument("--microbatches", help="comma-separated counts (default 4,8,16; --quick 4,16)")
-    p.add_argument("--no-dp", action="store_true", help="leave out the pp=1, dp=2 ddp/sync pair")
+    p.add_argument("--no-dp", action="store_true", help="leave out the pp=1, dp=2 data-parallel rows")
+    p.add_argument("--dp-modes", default=",".join(GRID_DP_MODES), metavar="MODE,MODE",
+                   help=f"the data-parallel rows, one per mode (default {','.join(GRID_DP_MODES)})")
     p.add_argument("--calibrate-from", default="1f1b", metavar="SCHEDULE", help="default 1f1b")
     add_model_args(p, MODEL)
     p.add_argument("--out", default="out/validate", help="profile, traces and result go here (default out/validate)")
@@ -77,6 +81,11 @@ def _check(p: OneLineParser, a) -> None:
     a.grid = _grid(p, a)
     if a.calibrate_from not in a.grid[0]:
         p.error(f"--calibrate-from {a.calibrate_from!r} is not in the grid {','.join(a.grid[0])}; give one of them")
+    a.dp_modes = [] if a.no_dp else [m for m in a.dp_modes.split(",") if m]
+    bad = [m for m in a.dp_modes if m not in GRID_DP_MODES]
+    if bad or (not a.no_dp and not a.dp_modes):
+        p.error(f"--dp-modes {','.join(bad) or repr('')}: give comma-separated modes of {','.join(GRID_DP_MODES)} "
+                "(or --no-dp)")
 
 
 def _grid(p: OneLineParser, a) -> tuple[list[str], list[int]]:
@@ -112,7 +121,7 @@ def validate_all(a) -> dict:
     (out / "traces").mkdir(parents=True, exist_ok=True)
     configs = {(s, m): pipeline_config(model, s, m, mbs) for m in ms for s in scheds}
     graphs = {k: validate(load_graph(k[0], pp=2, microbatches=k[1])) for k in configs}
-    dp_keys = [] if a.no_dp else [(f"dp2-{mode}", ms[0]) for mode in ("ddp", "sync")]
+    dp_keys = [(f"dp2-{mode}", ms[0]) for mode in a.dp_modes]
     configs.update({k: dp_config(model, "gpipe", k[1], mbs, k[0][4:]) for k in dp_keys})
     graphs.update({k: dp_graph("gpipe", k[0][4:], k[1], dp_buckets(model)) for k in dp_keys})
     stages = sorted({graphs[(s, m)].schedule.num_stages for s in scheds for m in ms})
@@ -125,7 +134,7 @@ def validate_all(a) -> dict:
                                    timeout=a.timeout, on_run=run_progress("grid"))
     by_key = dict(zip(configs, measured, strict=True))
     cal_key = (a.calibrate_from, ms[len(ms) // 2])
-    cal = Calibration.of(profile, by_key[cal_key].traces, dp_profile)
+    cal = Calibration.of(profile, by_key[cal_key].traces, dp_profile, max_inflight=MAX_INFLIGHT)
     rows = grid_rows(by_key, graphs, cal, cal_key, dp_keys)
     scores = score_grid(rows)
     verdict = noise_verdict(scores["decomposition"]["noise"], load_before, os.getloadavg(), a.noise_limit,
@@ -137,9 +146,16 @@ def validate_all(a) -> dict:
                  "microbatch_size": mbs, "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
                  "model": model.to_dict()},
         "profile": str(profile),
+        "comm_slowdown": _factor(dp_profile),
         "seconds": time.monotonic() - t_start,
         "command": _command(),
     }
+
+
+def _factor(dp_profile: Path | None) -> float | None:
+    from sim.profiled import load_profile
+
+    return None if dp_profile is None else load_profile(dp_profile, 1).comm_slowdown
 
 
 def _command() -> str:
@@ -177,8 +193,21 @@ def sections(s: dict) -> list[str]:
                           [(k, _pct(v)) for k, v in s["mechanisms"].items()])
     parts = markdown_table(["out-of-sample pipeline rows, taken apart", "mean abs error"],
                            [(k, _pct(v)) for k, v in s["decomposition"].items()])
+    dp = [markdown_table(["out-of-sample data-parallel rows", "mean abs error"],
+                         [(k, _pct(v)) for k, v in s["dp_mechanisms"].items()]),
+          markdown_table(["out-of-sample data-parallel rows, taken apart", "mean abs error"],
+                         [(k, _pct(v)) for k, v in s["dp_decomposition"].items()])] if s["grid"]["dp_pair"] else []
     return [verdict_line(s["noise_verdict"]), rows, scores, f"Worst |replay| error: {_pct(s['max_abs_replay_error'])}.",
-            mech, parts, _warnings(s), f"{s['seconds']:.0f} s."]
+            mech, parts, *dp, _slowdown_line(s), _warnings(s), f"{s['seconds']:.0f} s."]
+
+
+def _slowdown_line(s: dict) -> str:
+    """The measured comm_slowdown the data-parallel rows were predicted with (docs/validation-protocol.md)."""
+    factor = s.get("comm_slowdown")
+    if factor is None:
+        return "No data-parallel profile: compute slowed by concurrent communication not measured."
+    return (f"Compute slowed by concurrent communication (comm_slowdown, measured by the data-parallel profile): "
+            f"x{factor:.3f} while a bucket's collective is in flight.")
 
 
 def _warnings(s: dict) -> str:

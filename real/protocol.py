@@ -13,11 +13,15 @@ from typing import Any
 
 from real.config import ModelConfig, RunConfig, model_argv
 
-__all__ = ["BUCKET_MB", "MODEL_SHAPE", "dp_buckets", "dp_config", "pipeline_config", "profile_machine"]
+__all__ = ["BUCKET_MB", "GRID_DP_MODES", "MODEL_SHAPE", "dp_buckets", "dp_config", "pipeline_config",
+           "profile_machine"]
 
 # The validation's default model (a real.ModelConfig's fields): a GPT small enough for 2 CPU ranks.
 MODEL_SHAPE: dict[str, Any] = {"kind": "gpt", "layers": 6, "dim": 128, "heads": 4, "vocab": 256, "seq": 64}
-BUCKET_MB = 1.0  # the data-parallel pair's gradient buckets: several per model, so ddp has something to overlap
+BUCKET_MB = 1.0  # the data-parallel rows' gradient buckets: several per model, so ddp has something to overlap
+# The data-parallel modes of the validation grid, one pp=1 dp=2 row each (fsdp is zero3 by another name). The
+# parameter server (ps) joins when the runtime serves it: its row needs a placement in dp_config.
+GRID_DP_MODES = ("ddp", "sync", "zero1", "zero2", "zero3")
 
 def profile_machine(model: ModelConfig, microbatch_size: int, stages: Sequence[int], reps: int, path: Path, *,
                     dp: int = 1, timeout: float = 600.0) -> Path:
@@ -29,7 +33,7 @@ def profile_machine(model: ModelConfig, microbatch_size: int, stages: Sequence[i
     flags = ["-m", "real.profile", *model_argv(model), "--microbatch-size", str(microbatch_size),
              "--stages", ",".join(map(str, stages)), "--reps", str(reps), "--out", str(path)]
     if dp > 1:
-        flags += ["--dp", str(dp), "--pp", "1"]
+        flags += ["--dp", str(dp), "--pp", "1", "--bucket-mb", str(BUCKET_MB)]
     done = torchrun(2, flags, timeout=timeout, capture=True)
     if done.returncode != 0:
         tail = "\n".join((done.stderr or "").strip().splitlines()[-12:])

@@ -16,6 +16,12 @@ for bit.
 A cost model with a ``network`` hook (:class:`sim.network.Network`) adds ready
 delays and ports: transfers on one port queue (``fcfs``) or share its
 bandwidth as max-min fair flows (``fair``). One event loop serves every case.
+
+A cost model with a ``comm_slowdown`` factor other than 1.0 (a measured device
+property, :mod:`sim.slowdown`) also stretches the compute of a rank while one
+of its collectives is in flight, and one with a ``max_inflight`` bound stops a
+zero2/zero3 rank's compute while more of its reduce-scatters are in flight;
+1.0 and 0 (or no such attributes) take the path above.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from schedules.trace import make_trace
 from schedules.util import paused_gc
 from sim.costs import CostModel
 from sim.network import FairLinks, Network
+from sim.slowdown import check_factor, check_max_inflight, slowed_links
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -181,7 +188,8 @@ def _simulate(graph: TaskGraph, costs: CostModel) -> SimResult:
                                         ("queue", hooks.queue or [0] * n))}
         if any(size != n for size in sizes.values()):
             raise ValueError(f"the cost model's network gives {sizes} entries for a graph of {n} tasks; give one per task")
-    _run(graph, dur, start, end, hooks)
+    _run(graph, dur, start, end, hooks, check_factor(getattr(costs, "comm_slowdown", 1.0)),
+         check_max_inflight(getattr(costs, "max_inflight", 0)))
     if n and not math.isfinite(max(end)):
         raise ScheduleError(f"schedule {graph.schedule.name!r}: the simulated step overflows to {max(end)} "
                             "(finite pass times whose sum exceeds the largest float); use smaller times")
@@ -216,7 +224,8 @@ def _counters(graph: TaskGraph, end: list[float]) -> tuple[Callable[[int, float,
 _JOIN, _DONE, _END = 0, 1, 2
 
 
-def _run(graph: TaskGraph, dur: list[float], start: list[float], end: list[float], net: Network | None) -> None:
+def _run(graph: TaskGraph, dur: list[float], start: list[float], end: list[float], net: Network | None,
+         slowdown: float = 1.0, max_inflight: int = 0) -> None:
     """The event loop: dependency counters on a SimPy clock, one SimPy event per distinct time.
 
     An event's items run in the order they were scheduled: a task id (>= 0)
@@ -224,6 +233,9 @@ def _run(graph: TaskGraph, dur: list[float], start: list[float], end: list[float
     tuple is a network event (:func:`_links`). What starting a ready task means
     is ``begin``: run it for its duration, or hand it to the links. The
     callbacks are closures over plain lists: this loop is the simulator's hot path.
+    With a network and ``slowdown`` other than 1.0 or a ``max_inflight`` bound,
+    :func:`sim.slowdown.slowed_links` gives ``begin``, ``on_network`` and ``delay`` (ready delays counted in
+    the rank's compute work).
     """
     env = simpy.Environment(initial_time=0.0)
     finish, initial = _counters(graph, end)
@@ -246,7 +258,14 @@ def _run(graph: TaskGraph, dur: list[float], start: list[float], end: list[float
         else:
             finish(i, now, ready)
 
-    begin, on_network, flush = (run_alone, None, None) if net is None else _links(net, dur, start, finish, at, run_alone)
+    delay = None
+    if net is None:
+        begin, on_network, flush = run_alone, None, None
+    elif slowdown != 1.0 or max_inflight:
+        (begin, on_network, delay), flush = slowed_links(graph, net, dur, start, finish, at, slowdown,
+                                                         max_inflight), None
+    else:
+        begin, on_network, flush = _links(net, dur, start, finish, at, run_alone)
     lag = None if net is None else net.lag
 
     def release(stack: list[int], now: float) -> None:
@@ -257,7 +276,10 @@ def _run(graph: TaskGraph, dur: list[float], start: list[float], end: list[float
             top = len(stack)
             if lag is not None:
                 if lag[i] > 0.0:
-                    at(now + lag[i], lag[i], ~i)
+                    if delay is None:
+                        at(now + lag[i], lag[i], ~i)
+                    else:
+                        delay(i, now)
                     continue
                 begin(i, now, stack)
             else:

@@ -32,7 +32,9 @@ the last) cost what they cost. The formulas:
   all-reduce the loss. So step time = max over ranks of (the rank's last
   compute end + its stages' OPTIM) + ``step_overhead`` (zero_grad and the
   loss all-reduce, measured together). A graph that has OPTIM tasks already
-  (data parallel) adds only the overhead.
+  (data parallel) ends with its last task, zero1/zero2's all-gathers after
+  the optimizer step included (the runtime waits for them within the step),
+  and adds only the overhead.
 
 Two mechanisms of the CPU testbed, each with its measured parameter:
 
@@ -40,7 +42,17 @@ Two mechanisms of the CPU testbed, each with its measured parameter:
   tensor), so a compute task whose output goes to another rank keeps its
   core ``send_cpu`` longer before the next task can start (measured by the
   profiler as the time to post one activation-sized isend, or from a trace);
-* the per-task and per-step overheads above.
+* the per-task and per-step overheads above;
+* ``comm_slowdown``: compute runs this factor longer while a collective of its
+  rank is in flight (gloo's communication thread takes the core's cycles and
+  memory bandwidth). Measured by the profiler as a stage's passes timed with a
+  bucket-sized all-reduce in flight over the same passes alone; the engine
+  stretches the compute that overlaps a transfer (:mod:`sim.slowdown`). A file
+  without it (or ``null``) gives 1.0: nothing is stretched;
+* ``max_inflight`` (not in the file: a property of the runtime, set by the
+  caller): a zero2/zero3 rank's compute waits while more of its gradient
+  reduce-scatters are in flight than this (:mod:`sim.slowdown`); 0, the
+  default, bounds nothing.
 
 :func:`from_trace` builds the same model from a real run's trace instead of
 a profile: the (5%-trimmed) mean in-run duration of each pass of each stage over every
@@ -128,12 +140,21 @@ class ProfiledCosts:
     send_cpu: float = 0.0  # seconds a sender's core spends posting one message (gloo copies on the caller)
     missing: tuple[str, ...] = ()  # pass kinds with no measurement (a trace of 1F1B has no I or W)
     warnings: tuple[str, ...] = ()  # each guess in these costs, naming its field (the cost file's, the calibration's)
+    comm_slowdown: float = 1.0  # compute x this while a collective of its rank is in flight (sim.slowdown)
+    max_inflight: int = 0  # zero2/zero3: compute waits while more reduce-scatters are in flight (0: no bound)
 
     def __post_init__(self) -> None:
         if not self.stages:
             raise CostFileError("profiled costs need at least one stage")
         _finite("profiled costs", activation_bytes=self.activation_bytes, p2p_alpha=self.p2p_alpha,
                 task_overhead=self.task_overhead, step_overhead=self.step_overhead, send_cpu=self.send_cpu)
+        if isinstance(self.comm_slowdown, bool) or not isinstance(self.comm_slowdown, int | float) or \
+                not 0 < self.comm_slowdown < math.inf:
+            raise CostFileError(f"profiled costs: comm_slowdown must be a finite factor > 0 (1.0: communication "
+                                f"does not slow compute), got {self.comm_slowdown!r}")
+        if isinstance(self.max_inflight, bool) or not isinstance(self.max_inflight, int) or self.max_inflight < 0:
+            raise CostFileError(f"profiled costs: max_inflight must be a whole number of collectives >= 0 (0: no "
+                                f"bound), got {self.max_inflight!r}")
         for name, beta in (("p2p_beta", self.p2p_beta), *((f"{op} beta", b) for op, _, b in self.collectives)):
             if not beta > 0:  # also NaN
                 raise CostFileError(f"profiled costs: {name} must be a bandwidth > 0 bytes/s, got {beta!r}")
@@ -229,7 +250,8 @@ class ProfiledCosts:
             "task_overhead": self.task_overhead, "step_overhead": self.step_overhead,
             "p2p_alpha": self.p2p_alpha, "p2p_beta": None if math.isinf(self.p2p_beta) else self.p2p_beta,
             "activation_bytes": self.activation_bytes, "send_cpu": self.send_cpu, "missing": list(self.missing),
-            "p2p_measured": self.p2p_measured, "warnings": list(self.warnings),
+            "p2p_measured": self.p2p_measured, "warnings": list(self.warnings), "comm_slowdown": self.comm_slowdown,
+            "max_inflight": self.max_inflight,
         }
 
 
@@ -238,10 +260,11 @@ def step_time(result: SimResult, costs: ProfiledCosts) -> float:
     graph = result.graph
     has_optim = any(t.action.kind is Kind.OPTIM for t in graph.tasks)
     sched = graph.schedule
+    if has_optim:  # the runtime waits for every collective of the step, zero1/zero2's all-gathers after OPTIM too
+        return max(result.end, default=0.0) - min(result.start, default=0.0) + costs.step_overhead
     ends = []
     for r in result.ranks:
-        optim = 0.0 if has_optim else sum(costs.stages[s].optim for s in sched.stages_of(r.rank))
-        ends.append(r.last_end + optim)
+        ends.append(r.last_end + sum(costs.stages[s].optim for s in sched.stages_of(r.rank)))
     return max(ends, default=0.0) - min(result.start, default=0.0) + costs.step_overhead
 
 
@@ -372,7 +395,19 @@ def load_profile(path: str | Path, num_stages: int | None = None) -> ProfiledCos
         p2p_measured=p2p is not None,
         send_cpu=_median(p2p, "send_cpu", where, "p2p.") if isinstance(p2p, dict) and "send_cpu" in p2p else 0.0,
         warnings=tuple(warned),
+        comm_slowdown=_comm_slowdown(data.get("comm_slowdown"), where),
     )
+
+
+def _comm_slowdown(section: Any, where: str) -> float:
+    """The file's ``comm_slowdown.factor`` (absent or null: 1.0, nothing stretched)."""
+    if section is None:
+        return 1.0
+    factor = section.get("factor") if isinstance(section, dict) else None
+    if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor < math.inf:
+        raise CostFileError(f"{where}: comm_slowdown.factor must be a finite factor > 0 (1.0: communication does "
+                            f"not slow compute), got {quote(factor if isinstance(section, dict) else section)}")
+    return float(factor)
 
 
 _warned: set[str] = set()
@@ -577,7 +612,8 @@ def from_trace(trace: Any, profile: str | Path | None = None, *, num_stages: int
         stages=stages, activation_bytes=p2p["activation_bytes"], p2p_alpha=p2p["alpha"], p2p_beta=p2p["beta"],
         p2p_measured=p2p["measured"], task_overhead=fit.task_overhead, step_overhead=fit.step_overhead,
         send_cpu=fit.send_cpu, collectives=target.collectives if target is not None else (),
-        source=source or "trace", missing=missing, warnings=tuple(warnings))
+        source=source or "trace", missing=missing, warnings=tuple(warnings),
+        comm_slowdown=target.comm_slowdown if target is not None else 1.0)
 
 
 _KINDS = ("F", "B", "I", "W")

@@ -9,10 +9,22 @@ is how tasks wait for each other and for messages. A message the receiver
 waited for takes what it took, from the later of the wait and the producer's
 end to its arrival; one that arrived before the wait costs the calibrated
 latency (:func:`sim.profiled.from_trace`).
+
+A data-parallel trace (``dp`` > 1) replays on the graph of its mode (buckets
+per stage as the trace has them), each collective taking its measured
+service time: from the later of its issue and its rank's previous collective's
+end, to its end (a rank's collectives are served one at a time). Its compute
+times are the measured ones, already slowed by any collective in flight, so
+the replay's ``comm_slowdown`` is 1.0 (and its ``max_inflight`` 0: the waits
+for zero2/zero3's reduce-scatters are in the measured times too). A trace whose collectives are not the
+graph's one for one (zero3's runtime also gathers before W passes, which the
+IR does not) has no data-parallel replay (:func:`dp_replayable`).
 """
 
 from __future__ import annotations
 
+import itertools
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +33,7 @@ from schedules.errors import CostFileError
 from sim.engine import simulate
 from sim.profiled import ProfiledCosts, _frames, from_trace, occupancy, trace_calibration
 
-__all__ = ["ReplayStep", "replay", "trace_graph"]
+__all__ = ["ReplayStep", "collective_service", "dp_replayable", "graph_of", "replay", "trace_graph"]
 
 
 @dataclass(frozen=True)
@@ -42,21 +54,112 @@ def trace_graph(attrs: dict[str, Any]) -> TaskGraph:
         pp, m = int(params["pp"]), int(params["microbatches"])
     except (KeyError, TypeError, ValueError):
         raise CostFileError(f"trace of {name!r} does not record its pp and microbatches (params={params!r})") from None
-    return lower(build(name, pp=pp, microbatches=m, chunks=int(params.get("chunks") or spec(name).default_chunks)))
+    graph = lower(build(name, pp=pp, microbatches=m, chunks=int(params.get("chunks") or spec(name).default_chunks)))
+    if int(attrs.get("dp", 1) or 1) == 1:
+        return graph
+    from schedules.dp import add_data_parallel
+
+    return add_data_parallel(graph, str(attrs.get("dp_mode")), _trace_buckets(attrs, graph.schedule.num_stages))
+
+
+def graph_of(df: Any) -> TaskGraph:
+    """The task graph a real trace (a DataFrame) ran: :func:`trace_graph`, a data-parallel one with the trace's
+    buckets per stage."""
+    if int(df.attrs.get("dp", 1) or 1) == 1:
+        return trace_graph(df.attrs)
+    return trace_graph({**df.attrs, "_buckets": _buckets_of(df)})
+
+
+_BUCKET = re.compile(r"_b(\d+)$")
+
+
+def _trace_buckets(attrs: dict[str, Any], num_stages: int) -> list[int]:
+    """Buckets per stage of a data-parallel trace: 1 + the highest bucket index of the stage's collectives."""
+    counts = attrs.get("_buckets")
+    if counts is None:
+        raise CostFileError("a data-parallel trace needs its buckets; replay() reads them from its rows")
+    return [counts.get(s, 1) for s in range(num_stages)]
+
+
+def _buckets_of(df: Any) -> dict[int, int]:
+    out: dict[int, int] = {}
+    coll = df[df["stream"] == "collective"]
+    for stage, action in zip(coll["stage"], coll["action"], strict=True):
+        m = _BUCKET.search(str(action))
+        if m:
+            out[int(stage)] = max(out.get(int(stage), 1), int(m.group(1)) + 1)
+    return out
+
+
+def collective_service(part: Any) -> list[tuple[int, str, int, float, float]]:
+    """One step's collectives as served: (rank, action, occurrence, start, end), start the later of the issue and
+    the end of the rank's previous collective (a rank's collectives are served one at a time), in end order."""
+    out = []
+    coll = part[part["stream"] == "collective"]
+    seen: dict[tuple[int, str], int] = {}
+    free: dict[int, float] = {}
+    for rank, action, start, end in sorted(zip(coll["rank"].astype(int), coll["action"].astype(str), coll["start"],
+                                               coll["end"], strict=True), key=lambda r: (r[0], r[3], r[2])):
+        k = seen[(rank, action)] = seen.get((rank, action), -1) + 1
+        begin = max(float(start), free.get(rank, float(start)))
+        out.append((rank, action, k, min(begin, float(end)), float(end)))
+        free[rank] = max(free.get(rank, float(end)), float(end))
+    return out
+
+
+def _service(part: Any) -> dict[tuple[int, str, int], float]:
+    """(rank, action, occurrence) -> a collective's service time in one step (see the module doc)."""
+    return {(r, a, k): e - s for r, a, k, s, e in collective_service(part)}
+
+
+def dp_replayable(df: Any, graph: TaskGraph) -> bool:
+    """True if each step's collectives of the first replica (trace ranks below pp) are the graph's, one for one."""
+    def counts(pairs) -> dict[tuple[int, str], int]:
+        out: dict[tuple[int, str], int] = {}
+        for key in pairs:
+            out[key] = out.get(key, 0) + 1
+        return out
+
+    mine = counts((t.rank, str(t.action)) for t in graph.tasks if t.stream is Stream.COLLECTIVE)
+    for _, part in (df.groupby("step") if "step" in df.columns else [(0, df)]):
+        coll = part[(part["stream"] == "collective") & (part["rank"] < graph.num_ranks)]
+        if counts(zip(coll["rank"].astype(int), coll["action"].astype(str), strict=True)) != mine:
+            return False
+    return True
+
+
+def _before_optim(part: Any, measured: dict[tuple[int, str], float], overhead: float) -> None:
+    """A compute task followed by an OPTIM held its rank, in the trace, until its collectives were in too; that
+    wait is the replay's to simulate, so the task keeps its body and one task overhead."""
+    comp = part[part["stream"] == "compute"].sort_values(["rank", "start"])
+    rows = list(zip(comp["rank"], comp["action"], comp["kind"], comp["start"], comp["end"], strict=True))
+    for (rank, action, _k, start, end), nxt in itertools.pairwise(rows):
+        if nxt[0] == rank and nxt[2] == "OPTIM":
+            measured[(int(rank), str(action))] = float(end - start) + overhead
 
 
 class _StepCosts:
     """Each compute task: its occupancy in one step; messages: the calibrated latency."""
 
-    def __init__(self, base: ProfiledCosts, measured: dict[tuple[int, str], float]) -> None:
-        self.base, self.measured = base, measured
+    comm_slowdown = 1.0  # measured compute times are already slowed by what overlapped them
+    max_inflight = 0  # and hold the runtime's waits for its reduce-scatters in flight
+
+    def __init__(self, base: ProfiledCosts, measured: dict[tuple[int, str], float],
+                 service: dict[tuple[int, str, int], float] | None = None) -> None:
+        self.base, self.measured, self.service = base, measured, service or {}
 
     def durations(self, graph: TaskGraph) -> list[float]:
-        out = [self.base.duration(t, graph) for t in graph.tasks]
+        out = [0.0 if self.service and t.stream is Stream.COLLECTIVE else self.base.duration(t, graph)
+               for t in graph.tasks]
+        seen: dict[tuple[int, str], int] = {}
         for t in graph.tasks:
-            if t.action.kind in (Kind.SEND_F, Kind.SEND_B):
+            if t.stream is Stream.COLLECTIVE and self.service:
+                key = (t.rank, str(t.action))
+                k = seen[key] = seen.get(key, -1) + 1
+                out[t.id] = self.service[(*key, k)]
+            elif t.action.kind in (Kind.SEND_F, Kind.SEND_B):
                 out[t.id] = self.measured.get((t.rank, str(t.action)), out[t.id])
-            elif t.stream is Stream.COMPUTE and t.action.kind is not Kind.OPTIM:
+            elif t.stream is Stream.COMPUTE and (t.action.kind is not Kind.OPTIM or self.service):
                 key = (t.rank, str(t.action))
                 if key not in self.measured:
                     raise CostFileError(f"the trace has no {t.action} on rank {t.rank}; it is not a run of "
@@ -73,12 +176,18 @@ def replay(trace: Any, costs: ProfiledCosts | None = None) -> list[ReplayStep]:
     from schedules.trace import trace_steps, work_span
 
     (df,) = _frames(trace)
-    graph = trace_graph(df.attrs)
+    dp = int(df.attrs.get("dp", 1) or 1)
+    graph = graph_of(df)
     costs = costs or from_trace(df, calibration=trace_calibration(df))
-    if df.attrs.get("dp", 1) != 1:
-        raise CostFileError("replay takes a pipeline-only trace (dp = 1)")
+    if dp > 1 and not dp_replayable(df, graph):
+        raise CostFileError(f"the trace's collectives are not those of the {df.attrs.get('dp_mode')!r} graph one for "
+                            "one; it has no replay")
     out = []
     for step, part in trace_steps(df).items():
-        result = simulate(graph, _StepCosts(costs, occupancy(part, int(df.attrs["params"]["pp"]))), check=False)
+        measured = occupancy(part, int(df.attrs["params"]["pp"]))
+        if dp > 1:
+            _before_optim(part, measured, costs.task_overhead)
+        step_costs = _StepCosts(costs, measured, _service(part) if dp > 1 else None)
+        result = simulate(graph, step_costs, check=False)
         out.append(ReplayStep(step, result.makespan, work_span(part)))
     return out

@@ -225,22 +225,29 @@ def test_tiny_real_profile_loads_and_simulates(tmp_path):
 @pytest.mark.timeout(40)
 def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
     """--dp 2: every collective is fitted per member of a burst issued as the runtime issues its buckets, with the
-    one-at-a-time timings kept; the file prices a bucketed ddp graph."""
+    one-at-a-time timings kept; the passes are timed alone and with a bucket's all-reduce in flight
+    (comm_slowdown); the file prices a bucketed ddp graph, its compute stretched by that factor."""
     from real.launch import torchrun
     from real.profile import BURST
 
     out = tmp_path / "p.json"
     proc = torchrun(2, ["-m", "real.profile", "--layers", "2", "--dim", "16", "--seq", "8", "--stages", "1", "--dp", "2",
-                        "--pp", "1", "--microbatch-size", "2", "--reps", "3", "--warmup", "1", "--out", str(out)],
-                    timeout=35, capture=True)
+                        "--pp", "1", "--microbatch-size", "2", "--reps", "3", "--warmup", "1", "--bucket-mb", "0.01",
+                        "--out", str(out)], timeout=35, capture=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    colls = json.loads(out.read_text())["collectives"]
+    data = json.loads(out.read_text())
+    colls, slow = data["collectives"], data["comm_slowdown"]
+    assert slow["bucket_bytes"] == int(0.01 * 2**20) // 8 * 8 and slow["in_flight"] >= 2
+    assert slow["factor"] == sum(slow["with_collective"][k]["median"] for k in "FBIW") / sum(
+        slow["alone"][k]["median"] for k in "FBIW")
+    assert all(slow[side][k]["n"] == 6 for side in ("alone", "with_collective") for k in "FBIW")  # 3 reps x 2 ranks
     assert set(colls) == {"all_reduce", "reduce_scatter", "all_gather"}
     for c in colls.values():
         assert c["burst"] == BURST and len(c["sizes"]) == len(c["single"]["sizes"]) == 2
         assert c["alpha"] >= 0 and c["single"]["alpha"] >= 0
     graph = validate(add_data_parallel(lower(build("gpipe", pp=1, microbatches=2)), "ddp", [3]))
     costs = load_profile(out, 1)
+    assert costs.comm_slowdown == slow["factor"]
     t = step_time(simulate(graph, costs), costs)
     assert math.isfinite(t) and t > 0
 

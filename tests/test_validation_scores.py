@@ -106,6 +106,22 @@ def test_score_grid_scores_the_out_of_sample_rows_and_labels_the_kinds():
     assert s["max_abs_replay_error"] == pytest.approx(0.01)
 
 
+def test_data_parallel_rows_are_taken_apart_on_their_own():
+    """zero2 (+5%, self -2%, replay +1%) and zero3 (-15%, self -10%, no replay: its collectives are not the
+    graph's); the comm_slowdown ablation turns zero3's -15% into -20%. The pipeline decomposition is unchanged."""
+    dp = [{**_row("dp2-zero2", 4, "data-parallel", False, 0.210, 0.200, [0.199, 0.201], 0.19, -0.02, 0.01, 0.21,
+                  0.02), "without": {"send_cpu": 0.21, "comm_slowdown": 0.2}},
+          {**_row("dp2-zero3", 4, "data-parallel", False, 0.170, 0.200, [0.199, 0.201], 0.19, -0.10, None, 0.17,
+                  0.02), "without": {"send_cpu": 0.17, "comm_slowdown": 0.16}}]
+    s = score_grid(GRID[:3] + dp)
+    assert s["dp_decomposition"] == pytest.approx({"replay": 0.01, "self_calibrated": 0.06, "transferred": 0.10,
+                                                   "noise": (0.02 + 0.02 + 0.04 + 0.02 + 0.02) / 5 / 2})
+    assert s["dp_mechanisms"] == pytest.approx({"all": 0.10, "without send_cpu": 0.10,
+                                                "without comm_slowdown": (0.0 + 0.2) / 2})
+    assert s["decomposition"] == score_grid(GRID[:3])["decomposition"] | {"noise": s["decomposition"]["noise"]}
+    assert s["mechanisms"] == score_grid(GRID[:3])["mechanisms"]
+
+
 def test_decomposition_leaves_out_the_in_sample_row():
     rows = [{"error": 0.0, "self_error": 0.0, "replay_error": 0.0, "half_difference": 0.02, "in_sample": True},
             {"error": 0.1, "self_error": 0.02, "replay_error": 0.01, "half_difference": 0.02}]

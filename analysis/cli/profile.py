@@ -40,6 +40,9 @@ def _parser() -> OneLineParser:
     p.add_argument("--microbatches", type=int, metavar="M")
     p.add_argument("--pp", type=int, help="pipeline ranks, for the data-parallel groups (default world / dp)")
     p.add_argument("--dp", type=int, default=1, help="data-parallel replicas: collectives over each dp group")
+    p.add_argument("--bucket-mb", type=float, default=25.0, metavar="MIB",
+                   help="with --dp > 1: the all-reduce kept in flight while comm_slowdown times the passes "
+                        "(default 25, the runtime's bucket)")
     p.add_argument("--reps", type=int, default=10, help="timed repetitions (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed repetitions first (default 3)")
     p.add_argument("--seed", type=int, default=0)
@@ -79,7 +82,7 @@ def config_from_args(args: argparse.Namespace) -> ProfileConfig:
     return ProfileConfig(model=model_from_args(args), stages=args.stages, split=args.split,
                          microbatch_size=_microbatch_size(args),
                          microbatches=1 if args.microbatches is None else args.microbatches, pp=args.pp, dp=args.dp,
-                         optimizer=args.optimizer, lr=args.lr, reps=args.reps, warmup=args.warmup, seed=args.seed)
+                         bucket_mb=args.bucket_mb, optimizer=args.optimizer, lr=args.lr, reps=args.reps, warmup=args.warmup, seed=args.seed)
 
 
 @guarded

@@ -33,7 +33,13 @@ Measured, with the same code the executor runs (:mod:`real.backward`):
   burst of :data:`BURST` issued back to back (``async_op``) and waited for
   together, as the runtime issues its gradient buckets. On gloo a collective
   in such a burst takes about twice as long per byte as one called alone
-  (``single``: those timings, kept for reference).
+  (``single``: those timings, kept for reference);
+* ``comm_slowdown`` (``--dp`` > 1): compute slowed by concurrent
+  communication, each stage's passes of the first partition timed alone and
+  with a chain of all-reduces of one bucket (``--bucket-mb``, capped at the
+  stage's parameters) in flight over the data-parallel group
+  (:mod:`real.profile.overlap`); ``factor`` = the with-collective medians'
+  sum over the alone medians' sum.
 
 File schema (JSON, ``"schema": "schedlab.profile/1"``)::
 
@@ -47,6 +53,8 @@ File schema (JSON, ``"schema": "schedlab.profile/1"``)::
      "p2p": {"alpha", "beta" (null: inf), "send_cpu": {...stat}, "sizes": [{"bytes", ...stat}]} | null,
      "collectives": {"all_reduce"|"reduce_scatter"|"all_gather": {"alpha", "beta", "burst", "sizes": [...],
                      "single": {"alpha", "beta", "sizes": [...]}}} | null,
+     "comm_slowdown": {"factor", "bucket_bytes", "in_flight", "passes", "alone"|"with_collective":
+                       {"F"|"B"|"I"|"W": {...stat}}, "short": repetitions the chain ended early} | null,
      "warnings": [str]: every guess an alpha/beta fit made, each naming its field (also under the
                  section's own "warnings"): a time that did not grow with the size (beta null, alpha the
                  fastest time) or a negative intercept (alpha 0). sim.profiled logs them on loading.}
@@ -102,6 +110,7 @@ class ProfileConfig:
     microbatches: int = 1  # per step: the batch the runtime makes each step is microbatch_size x this
     pp: int | None = None  # pipeline ranks, for the data-parallel groups (default: world size / dp)
     dp: int = 1
+    bucket_mb: float = 25.0  # the collective in flight while comm_slowdown times the passes (the runtime's default)
     optimizer: str = "adamw"
     lr: float = 3e-3
     reps: int = 10
@@ -120,6 +129,10 @@ class ProfileConfig:
             raise ConfigError(f"profile: split fixes one partition; give one stage count, not {self.stages}",
                               field="split")
         check_choice("profile", "optimizer", self.optimizer, OPTIMIZERS)
+        if isinstance(self.bucket_mb, bool) or not isinstance(self.bucket_mb, int | float) or \
+                not 0 < self.bucket_mb < math.inf:
+            raise ConfigError(f"profile: bucket_mb must be a size > 0 MiB, got {quote(self.bucket_mb)}",
+                              field="bucket_mb")
         for n in self.stages:
             partition(self.model.num_layers, n, self.split)  # raises naming the bad split / too few layers
 
@@ -363,17 +376,22 @@ def _p2p(activation_bytes: int, warmup: int, reps: int) -> dict[str, Any] | None
 BURST = 4  # collectives in flight at once when timing them: a bucketed backward or a step's end issues several
 
 
+def _dp_group(pp: int, dp: int) -> Any:
+    """This rank's data-parallel group (the ranks with equal ``rank % pp``); every rank creates all of them."""
+    rank, group = dist.get_rank(), None
+    for i in range(pp):
+        g = dist.new_group([d * pp + i for d in range(dp)])
+        if rank % pp == i:
+            group = g
+    return group
+
+
 def _collectives(pp: int, dp: int, param_bytes: int, warmup: int, reps: int) -> dict[str, Any] | None:
     """all_reduce, reduce_scatter and all_gather over this rank's data-parallel group, alpha + n / beta, per
     collective of a burst of BURST (see the module doc), and one at a time (``single``)."""
     if dp < 2:
         return None
-    rank = dist.get_rank()
-    group = None
-    for i in range(pp):
-        g = dist.new_group([d * pp + i for d in range(dp)])
-        if rank % pp == i:
-            group = g
+    group = _dp_group(pp, dp)
     sizes = sorted({max(4 * dp, param_bytes // 4 // dp * dp), max(4 * dp, param_bytes // dp * dp)})
     out: dict[str, Any] = {}
     for op in ("all_reduce", "reduce_scatter", "all_gather"):
@@ -484,12 +502,27 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
         "task_overhead": _stat(_gathered(_task_overhead_samples(device, cfg.warmup, cfg.reps))),
         "p2p": (p2p := _p2p(act_bytes, cfg.warmup, cfg.reps)),
         "collectives": (colls := _collectives(pp, cfg.dp, max_params, cfg.warmup, cfg.reps)),
-        "warnings": fit_warnings(p2p, colls),
+        "comm_slowdown": (slow := _slowdown(cfg, pp, benches[: cfg.stages[0]], timed)),
+        "warnings": fit_warnings(p2p, colls, slow),
     }
 
 
-def fit_warnings(p2p: dict[str, Any] | None, collectives: dict[str, Any] | None) -> list[str]:
-    """Every fit's guesses (``warnings`` of p2p and of each collective, burst then single), for the file's top."""
+def _slowdown(cfg: ProfileConfig, pp: int, benches: Sequence[_StageBench], timed: Callable) -> dict[str, Any] | None:
+    """The ``comm_slowdown`` section (dp > 1): the first partition's passes alone and with a bucket in flight."""
+    if cfg.dp < 2:
+        return None
+    from real.profile.overlap import comm_slowdown
+
+    stage_bytes = max(sum(p.numel() * p.element_size() for p in b.params) for b in benches)
+    bucket = int(min(cfg.bucket_mb * 2**20, stage_bytes)) // (4 * cfg.dp) * (4 * cfg.dp)
+    return comm_slowdown(benches, _dp_group(pp, cfg.dp), max(bucket, 4 * cfg.dp), timed, cfg.warmup, cfg.reps,
+                         _gathered)
+
+
+def fit_warnings(p2p: dict[str, Any] | None, collectives: dict[str, Any] | None,
+                 slowdown: dict[str, Any] | None = None) -> list[str]:
+    """Every fit's guesses (``warnings`` of p2p, of each collective, burst then single, and of comm_slowdown),
+    for the file's top."""
     sections = [p2p or {}] + [x for c in (collectives or {}).values() for x in (c, c.get("single", {}))]
-    return [w for sec in sections for w in sec.get("warnings", [])]
+    return [w for sec in (*sections, slowdown or {}) for w in sec.get("warnings", [])]
 
