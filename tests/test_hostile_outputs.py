@@ -259,7 +259,7 @@ def test_a_second_report_leaves_no_stale_file_and_a_failed_one_leaves_the_first(
     assert "1f1b" not in (rep / "report.md").read_text()
     second = {p.relative_to(rep): p.read_bytes() for p in rep.rglob("*") if p.is_file()}
 
-    def broken(out, sweep, validation=None):
+    def broken(out, sweep, validation=None, dp_modes=None):
         (out / "timelines.png").write_bytes(b"half")
         raise OSError(errno.ENOSPC, "No space left on device")
 
