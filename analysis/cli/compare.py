@@ -64,6 +64,11 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     chosen = name_list(args.schedules)
     if args.dp_modes is None:
         refuse(given(args, "measured", "state_bytes"), "without --dp-modes")
+    else:
+        from analysis.dp_compare import parse_dp_modes
+
+        with errors_to_exit(p):  # a misspelt mode before anything else is checked or built
+            parse_dp_modes(name_list(args.dp_modes, []))
     if args.model or args.cluster:
         return _units_compare(args, chosen, p, prog)
     refuse(given(args, "dp", "dp_mode", "microbatch_size", "tp", "sp", "recompute", "dp_modes", *COMM_KEYS),
