@@ -113,8 +113,12 @@ def _rank_memory(result: StudyResult, rank: int, state: StateBytes) -> dict[str,
     n_st = graph.schedule.num_stages
     params = [costs.stage_params(s, n_st) for s in graph.schedule.stages_of(rank)]
     mode = p.dp_mode if p.dp > 1 else "none"
-    st = model_states(sum(params), mode, p.dp, weight_bytes=state.weight, grad_bytes=state.grad,
-                      optimizer_bytes=state.optimizer, stage_psi=max(params))
+    try:
+        st = model_states(sum(params), mode, p.dp, weight_bytes=state.weight, grad_bytes=state.grad,
+                          optimizer_bytes=state.optimizer, stage_psi=max(params))
+    except ValueError:  # a mode the simulator times but sim.memory does not split
+        raise ConfigError(f"compare: dp mode {mode!r} has no memory model by category (sim.memory.model_states); "
+                          "leave it out of the modes compared", field="dp_modes") from None
     return {"params": st.params, "grads": st.grads, "optimizer": st.optimizer, "gathered": st.gathered,
             "activations": float(result.sim.ranks[rank].peak_activations)}
 
