@@ -24,6 +24,7 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
+from schedules.errors import ConfigError
 from sim.plan_space import PlanConfig
 from sim.transformer import TransformerConfig
 
@@ -142,12 +143,12 @@ DP_FLAGS["fsdp"] = DP_FLAGS["zero3"]
 
 
 def megatron_dp_flags(mode: str, dp: int) -> list[str]:
-    """The flags of data-parallel ``mode`` at ``dp`` replicas; a mode Megatron-LM cannot run is a ValueError."""
+    """The flags of data-parallel ``mode`` at ``dp`` replicas; a mode Megatron-LM cannot run is a ConfigError."""
     if dp == 1:
         return []
     if mode not in DP_FLAGS:
-        raise ValueError(f"dp mode {mode!r} has no Megatron-LM setting (it runs {', '.join(DP_FLAGS)}); "
-                         "plan with one of those")
+        raise ConfigError(f"dp mode {mode!r} has no Megatron-LM setting (it runs {', '.join(DP_FLAGS)}); "
+                          "plan with one of those", field="dp_modes")
     return list(DP_FLAGS[mode])
 
 

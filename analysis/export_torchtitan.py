@@ -29,6 +29,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from schedules.errors import ConfigError
 from sim.plan_space import PlanConfig
 from sim.transformer import TransformerConfig
 
@@ -67,8 +68,8 @@ def torchtitan_notes(c: PlanConfig, model: TransformerConfig, layout: PlanLayout
         notes.append(f"torchtitan refuses tensor_parallel_degree {c.tp}: it must divide the {model.heads} heads and "
                      f"the {model.kv_heads} key/value heads")
     if c.dp > 1 and c.dp_mode not in DP_SETTINGS:
-        raise ValueError(f"dp mode {c.dp_mode!r} has no torchtitan setting (it runs {', '.join(DP_SETTINGS)}); "
-                         "plan with one of those")
+        raise ConfigError(f"dp mode {c.dp_mode!r} has no torchtitan setting (it runs {', '.join(DP_SETTINGS)}); "
+                          "plan with one of those", field="dp_modes")
     if c.dp_mode == "sync" and c.dp > 1:
         notes.append("sync: torchtitan's replicated data parallelism (FSDP2 on the dp_replicate mesh) all-reduces "
                      "each block's gradients while the backward runs; no setting all-reduces after it: "

@@ -40,8 +40,9 @@ __all__ = ["MAX_GLOBAL_BATCH", "MAX_MICROBATCHES", "PLAN_DP_MODES", "PlanConfig"
 
 #: The data-parallel modes the planner searches by default: every mode the runtime runs (``real/``), ``zero3``
 #: under its FSDP name (``schedules.dp``'s alias: ``zero3`` is read as ``fsdp``). ``none`` is what every mode is at
-#: dp = 1; ``ps`` needs parameter servers, which the planner's clusters do not have.
+#: dp = 1. ``ps`` is searched when named (it needs parameter servers: a cluster such as ``dgx-h100:2+ps2``).
 PLAN_DP_MODES = ("sync", "ddp", "zero1", "zero2", "fsdp")
+_PLANNABLE = (*PLAN_DP_MODES, "ps")
 _PLAN_ALIASES = {"zero3": "fsdp"}
 # Microbatches per step the planner tries at most: twice the most the 405B example's top five use (512 x 1). Each
 # one more is seven tasks per stage to build, bound and simulate: with 4096, a batch of 10^8 sequences on one node
@@ -127,7 +128,11 @@ class PlanSpace:
         for b in self.microbatch_sizes or ():
             check_positive_ints("plan", microbatch_size=b)
         for mode in self.dp_modes:
-            check_choice("plan", "dp_mode", mode, PLAN_DP_MODES)
+            check_choice("plan", "dp_mode", mode, _PLANNABLE)
+        if "ps" in self.dp_modes and not self.cluster.pservers:
+            raise ConfigError(f"plan: dp mode 'ps' needs parameter servers and cluster {self.cluster.name!r} has "
+                              "none; give a cluster with servers (e.g. dgx-h100:2+ps2) or leave ps out",
+                              field="dp_modes")
         for r in self.recompute:
             check_recompute("plan", r)
         if self.bucket_mb is not None:
@@ -141,7 +146,7 @@ class PlanSpace:
     def _normalize(self) -> None:
         """Every choice once, names in their canonical case (``DDP`` is ``ddp``): a repeated value would list
         one configuration twice."""
-        modes = (*PLAN_DP_MODES, *_PLAN_ALIASES)
+        modes = (*_PLANNABLE, *_PLAN_ALIASES)
         fixed = {
             "schedules": None if self.schedules is None else [spec(n).name for n in self.schedules],
             "dp_modes": [_PLAN_ALIASES.get(m, m) for m in (choice("plan", "dp_mode", m, modes) for m in self.dp_modes)],

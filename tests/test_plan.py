@@ -230,7 +230,22 @@ def test_the_runtime_modes_are_searched_and_sync_is_pruned_exactly():
     assert [(e.step_time, e.config) for e in result.top] == everything
     for e in result.entries:  # the bound holds for every mode, sync included
         assert e.lower_bound <= e.step_time * (1 + 1e-9), e.config
-    with pytest.raises(ConfigError, match=r"^plan: unknown dp mode 'ps'; valid: sync, ddp, zero1, zero2, fsdp, zero3$"):
+    with pytest.raises(ConfigError, match=r"^plan: unknown dp mode 'none'; valid: sync, ddp, zero1, zero2, fsdp, ps, "
+                                          r"zero3$"):
+        _space(dp_modes=("ddp", "none"))
+
+
+def test_the_parameter_server_is_searched_on_a_cluster_with_servers():
+    space = _space(global_batch=8, cluster=cluster_preset("dgx-h100:1+ps2"), chunks=(2,), schedules=("1f1b",),
+                   recompute=("none",), tp=(1,), pp=(1, 2), microbatch_sizes=(1,), dp_modes=("ps", "ddp"))
+    everything = _all_simulated(space)
+    assert {c.dp_mode for _, c in everything} == {"ps", "ddp"}
+    result = plan(space, top=len(everything), workers=1)
+    assert [(e.step_time, e.config) for e in result.top] == everything
+    for e in result.entries:
+        assert e.lower_bound <= e.step_time * (1 + 1e-9), e.config
+    with pytest.raises(ConfigError, match=r"^plan: dp mode 'ps' needs parameter servers and cluster 'dgx-h100:1' has "
+                                          r"none; give a cluster with servers \(e.g. dgx-h100:2\+ps2\) or leave ps out$"):
         _space(dp_modes=("ddp", "ps"))
 
 
@@ -285,7 +300,9 @@ def test_cli_bad_input_is_one_line():
     r = _cli("--model", "gpt-tiny", "--cluster", "dgx-h100:1", "--global-batch", "0")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--global-batch" in r.stderr
     r = _cli("--model", "gpt-tiny", "--cluster", "dgx-h100:1", "--global-batch", "8", "--dp-modes", "ps")
-    assert r.returncode == 2 and "unknown dp mode 'ps'" in r.stderr and r.stderr.count("\n") == 1
+    assert r.returncode == 2 and r.stderr == ("error: plan: dp mode 'ps' needs parameter servers and cluster "
+                                              "'dgx-h100:1' has none; give a cluster with servers (e.g. "
+                                              "dgx-h100:2+ps2) or leave ps out (flag --dp-modes)\n")
 
 
 # --------------------------------------------------------------------------------------------- fast lowering
