@@ -282,7 +282,9 @@ def plot_dp_modes(rows: Sequence[DPModeRow], path: str | os.PathLike) -> Path:
     ax_t.set_xticks(list(xs), modes)
     ax_t.set_ylabel("step time (s)")
     ax_t.set_title("step time per mode")
-    ax_t.legend(loc="lower right")
+    highest = max([first[m].step_time for m in modes] + [t for _, t in meas], default=0.0)
+    ax_t.set_ylim(0, highest * 1.3 or 1.0)  # room for the legend above the bars
+    ax_t.legend(loc="upper right", fontsize=8)
     top = max((max(r.total, r.measured_total or 0.0) for r in rows), default=0.0)
     unit, scale = next(((u, f) for u, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if top >= f), ("B", 1))
     labels, bottom = [f"{r.mode}\nr{r.rank}" for r in rows], [0.0] * len(rows)
