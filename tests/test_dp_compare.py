@@ -144,20 +144,56 @@ def _cli(tmp_path, *extra: str) -> list[str]:
             "--schedules", "1f1b", "--out", str(tmp_path / "out"), *extra]
 
 
-def test_compare_and_report_cli(tmp_path, capsys):
+def test_compare_cli_writes_the_files(tmp_path, capsys):
     assert compare_main(_cli(tmp_path, "--dp-modes", "ddp,zero1", "--json")) == 0
     printed = json.loads(capsys.readouterr().out)
     written = json.loads((tmp_path / "out" / "dp_modes.json").read_text())
     assert [(d["mode"], d["rank"]) for d in printed["dp_modes"]] == [("ddp", 0), ("ddp", 1), ("zero1", 0), ("zero1", 1)]
     assert written["dp_modes"] == printed["dp_modes"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["dp_modes.csv", "dp_modes.json", "dp_modes.png"]
-    assert report_main(["--out", str(tmp_path / "report"), "--schedules", "1f1b", "--pp", "2",
-                        "--microbatches", "2", "--no-progress", "--dp-compare",
-                        str(tmp_path / "out" / "dp_modes.json")]) == 0
-    md = (tmp_path / "report" / "report.md").read_text()
-    assert "## Data-parallel modes" in md and (tmp_path / "report" / "dp-modes.png").is_file()
-    ddp0 = rows_from_json(written)[0]
-    assert f"| ddp | 0 | {ddp0.step_time:.4g} | - |" in md
+    csv = (tmp_path / "out" / "dp_modes.csv").read_text().splitlines()
+    assert csv[0] == ("mode,rank,step_time,measured_step_time,params,grads,optimizer,gathered,activations,total,"
+                      "measured_params,measured_grads,measured_optimizer,measured_gathered,measured_activations,"
+                      "measured_total")
+    assert len(csv) == 5
+
+
+def test_report_section(tmp_path):
+    from analysis.report import write_report
+    from sim.sweep import SweepConfig, run_sweep
+
+    rows = [DPModeRow("ddp", 0, 0.25, {"params": 2048.0, "grads": 2048.0, "optimizer": 12288.0, "gathered": 0.0,
+                                       "activations": 512.0}, 0.3, {"params": 2000.0, "grads": 2048.0,
+                                                                    "optimizer": 12000.0, "gathered": 0.0,
+                                                                    "activations": 600.0}),
+            DPModeRow("zero1", 0, 0.2, {"params": 2048.0, "grads": 2048.0, "optimizer": 6144.0, "gathered": 0.0,
+                                        "activations": 512.0})]
+    sweep = run_sweep(SweepConfig(pp=2, microbatches=2, schedules=("1f1b",), sweep=(2,), recompute_limits=()))
+    md = write_report(tmp_path / "rep", sweep, dp_modes=rows).read_text()
+    section = md[md.index("## Data-parallel modes"):].splitlines()
+    assert section[4:9] == [
+        "![step time and memory per rank per data-parallel mode](dp-modes.png)",
+        "",
+        "| mode | rank | step s | measured | params | measured | grads | measured | optimizer | measured | gathered | "
+        "measured | activations | measured | total | measured |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ddp | 0 | 0.25 | 0.3 | 2 KiB | 1.953 KiB | 2 KiB | 2 KiB | 12 KiB | 11.72 KiB | 0 B | 0 B | 512 B | 600 B | "
+        "16.5 KiB | 16.26 KiB |",
+    ]
+    assert section[9] == ("| zero1 | 0 | 0.2 | - | 2 KiB | - | 2 KiB | - | 6 KiB | - | 0 B | - | 512 B | - | "
+                          "10.5 KiB | - |")
+    assert (tmp_path / "rep" / "dp-modes.png").is_file()
+
+
+def test_report_cli_reads_the_comparison(tmp_path, capsys):
+    bad = tmp_path / "dp.json"
+    bad.write_text(json.dumps({"schedules": []}))
+    with pytest.raises(SystemExit):
+        report_main(["--out", str(tmp_path / "rep"), "--dp-compare", str(bad)])
+    assert capsys.readouterr().err.strip() == ("error: data-parallel comparison: no 'dp_modes' list; give the "
+                                               "dp_modes.json of a data-parallel comparison (DPModeRow.to_dict rows) "
+                                               "(flag --dp-compare)")
+    assert not (tmp_path / "rep").exists()
 
 
 @pytest.mark.parametrize(("extra", "message"), [
