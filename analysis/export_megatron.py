@@ -24,13 +24,15 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
+from schedules.errors import ConfigError
 from sim.plan_space import PlanConfig
 from sim.transformer import TransformerConfig
 
 if TYPE_CHECKING:  # only a type here: analysis.exports imports this module
     from analysis.exports import PlanLayout
 
-__all__ = ["FLAG_SOURCES", "MEGATRON_COMMIT", "megatron_args", "megatron_layout", "megatron_notes"]
+__all__ = ["DP_FLAGS", "FLAG_SOURCES", "MEGATRON_COMMIT", "megatron_args", "megatron_dp_flags", "megatron_layout",
+           "megatron_notes"]
 
 #: The Megatron-LM commit (main, 2026-08-22) the flags were checked against.
 MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
@@ -66,6 +68,10 @@ FLAG_SOURCES: dict[str, tuple[str, int, str]] = {
     "--recompute-method": (_TC, 543, "field recompute_method: Literal['uniform', 'block']"),
     "--recompute-num-layers": (_TC, 551, "field recompute_num_layers"),
     "--use-distributed-optimizer": (_ARGS, 3156, "add_argument, store_true"),
+    "--overlap-grad-reduce": (_ARGS, 3121, "add_argument, store_true, default False (DDP all-reduces after the "
+                                           "backward)"),
+    "--overlap-param-gather": (_ARGS, 3148, "add_argument, store_true; needs --overlap-grad-reduce and the "
+                                            "distributed optimizer or Megatron-FSDP (line 1024)"),
     "--use-megatron-fsdp": (_COMMON, 92, "DistributedInitConfig.use_megatron_fsdp (factory at arguments.py:3092)"),
     "--data-parallel-sharding-strategy": (_ARGS, 3190, "add_argument, choices no_shard, optim, optim_grads, "
                                                        "optim_grads_params"),
@@ -118,13 +124,32 @@ def _model_flags(model: TransformerConfig) -> list[str]:
     return flags
 
 
-def _dp_flags(c: PlanConfig) -> list[str]:
-    if c.dp == 1 or c.dp_mode == "ddp":
+#: Data-parallel mode -> Megatron-LM's flags (``megatron/core/distributed/distributed_data_parallel_config.py``:
+#: ``overlap_grad_reduce`` and ``overlap_param_gather`` default False, so plain DDP all-reduces after the backward).
+#: zero1's parameter all-gather stays after the optimizer step, as in ``schedules.dp`` (no ``--overlap-param-gather``,
+#: which moves it into the next forward). Megatron-FSDP turns both overlaps on for optim_grads(_params) whatever the
+#: flags (``megatron_fsdp.py``, ``MegatronFSDP.__init__``); the line says so. ``ps`` (parameter servers) and ``none``
+#: with replicas (no gradient exchange) have no Megatron-LM setting: :func:`megatron_dp_flags` refuses them.
+DP_FLAGS: dict[str, tuple[str, ...]] = {
+    "sync": (),
+    "ddp": ("--overlap-grad-reduce",),
+    "zero1": ("--use-distributed-optimizer", "--overlap-grad-reduce"),
+    "zero2": ("--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads", "--ckpt-format fsdp_dtensor",
+              "--overlap-grad-reduce"),
+    "zero3": ("--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
+              "--ckpt-format fsdp_dtensor", "--overlap-grad-reduce", "--overlap-param-gather"),
+}
+DP_FLAGS["fsdp"] = DP_FLAGS["zero3"]
+
+
+def megatron_dp_flags(mode: str, dp: int) -> list[str]:
+    """The flags of data-parallel ``mode`` at ``dp`` replicas; a mode Megatron-LM cannot run is a ConfigError."""
+    if dp == 1:
         return []
-    if c.dp_mode == "zero1":
-        return ["--use-distributed-optimizer"]
-    strategy = "optim_grads" if c.dp_mode == "zero2" else "optim_grads_params"
-    return ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}", "--ckpt-format fsdp_dtensor"]
+    if mode not in DP_FLAGS:
+        raise ConfigError(f"dp mode {mode!r} has no Megatron-LM setting (it runs {', '.join(DP_FLAGS)}); "
+                          "plan with one of those", field="dp_modes")
+    return list(DP_FLAGS[mode])
 
 
 def megatron_args(c: PlanConfig, model: TransformerConfig, global_batch: int, layout: PlanLayout) -> str:
@@ -139,7 +164,7 @@ def megatron_args(c: PlanConfig, model: TransformerConfig, global_batch: int, la
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
     elif c.recompute == "selective":
         args.append("--recompute-granularity selective")
-    args += [*_dp_flags(c), "--tokenizer-type NullTokenizer", f"--vocab-size {model.vocab}", "--mock-data"]
+    args += [*megatron_dp_flags(c.dp_mode, c.dp), "--tokenizer-type NullTokenizer", f"--vocab-size {model.vocab}", "--mock-data"]
     head = [f"# Megatron-LM main ({MEGATRON_COMMIT[:12]}) arguments of the schedlab plan {c.label()}",
             f"# torchrun --nproc-per-node ... pretrain_gpt.py on {c.tp * c.pp * c.dp} GPUs; "
             "replace --mock-data with --data-path PREFIX for real data"]

@@ -29,13 +29,14 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from schedules.errors import ConfigError
 from sim.plan_space import PlanConfig
 from sim.transformer import TransformerConfig
 
 if TYPE_CHECKING:  # only a type here: analysis.exports imports this module
     from analysis.exports import PlanLayout
 
-__all__ = ["TORCHTITAN_VERSION", "torchtitan_config", "torchtitan_notes"]
+__all__ = ["DP_SETTINGS", "TORCHTITAN_VERSION", "torchtitan_config", "torchtitan_notes"]
 
 #: The torchtitan release the module is written for (the ``exports`` extra installs it).
 TORCHTITAN_VERSION = "0.3.0"
@@ -66,6 +67,13 @@ def torchtitan_notes(c: PlanConfig, model: TransformerConfig, layout: PlanLayout
     if c.tp > 1 and (model.heads % c.tp or model.kv_heads % c.tp):
         notes.append(f"torchtitan refuses tensor_parallel_degree {c.tp}: it must divide the {model.heads} heads and "
                      f"the {model.kv_heads} key/value heads")
+    if c.dp > 1 and c.dp_mode not in DP_SETTINGS:
+        raise ConfigError(f"dp mode {c.dp_mode!r} has no torchtitan setting (it runs {', '.join(DP_SETTINGS)}); "
+                          "plan with one of those", field="dp_modes")
+    if c.dp_mode == "sync" and c.dp > 1:
+        notes.append("sync: torchtitan's replicated data parallelism (FSDP2 on the dp_replicate mesh) all-reduces "
+                     "each block's gradients while the backward runs; no setting all-reduces after it: "
+                     "data_parallel_replicate_degree (ddp) is the nearest")
     if c.dp_mode in ("zero1", "zero2") and c.dp > 1:
         notes.append(f"{c.dp_mode}: torchtitan has no ZeRO-1/2; FSDP2 that keeps the parameters gathered from the "
                      "forward through the backward (fsdp_reshard_after_forward never) is the nearest: it "
@@ -81,12 +89,26 @@ def torchtitan_notes(c: PlanConfig, model: TransformerConfig, layout: PlanLayout
     return notes
 
 
+#: Data-parallel mode -> (replicated or sharded, FSDP's ``fsdp_reshard_after_forward``) in torchtitan 0.3.0's
+#: ``ParallelismConfig`` (``torchtitan/config/configs.py``). The llama3 model is always wrapped by FSDP2 per block
+#: (``models/llama3/parallelize.py`` calls ``apply_fsdp_to_decoder`` on the ``dp_replicate`` x ``fsdp`` mesh): a
+#: replicate degree alone keeps whole parameters and all-reduces each block's gradients as the backward makes them
+#: (ddp); a shard degree shards them (``fsdp_reshard_after_forward``: ``torchtitan/distributed/fsdp.py``).
+#: sync and zero1/zero2 have no exact setting (notes say the nearest); ps and none with replicas have none at all.
+DP_SETTINGS: dict[str, tuple[str, str | None]] = {
+    "sync": ("replicate", None), "ddp": ("replicate", None),
+    "zero1": ("shard", "never"), "zero2": ("shard", "never"),
+    "zero3": ("shard", "always"), "fsdp": ("shard", "always"),
+}
+
+
 def _parallelism(c: PlanConfig, layout: PlanLayout, csv_path: str | os.PathLike | None) -> list[str]:
-    shard = c.dp_mode in ("fsdp", "zero3", "zero1", "zero2") and c.dp > 1
+    how, reshard = DP_SETTINGS[c.dp_mode] if c.dp > 1 else ("replicate", None)
+    shard = how == "shard"
     lines = [f"data_parallel_replicate_degree={1 if shard else c.dp}",
              f"data_parallel_shard_degree={c.dp if shard else 1}"]
     if shard:
-        lines.append(f"fsdp_reshard_after_forward={'always' if c.dp_mode in ('fsdp', 'zero3') else 'never'!r}")
+        lines.append(f"fsdp_reshard_after_forward={reshard!r}")
     lines += [f"tensor_parallel_degree={c.tp}", f"enable_sequence_parallel={c.tp > 1 and c.sp}",
               f"pipeline_parallel_degree={c.pp}"]
     if c.pp > 1:

@@ -11,7 +11,8 @@ Sections: the comparison table at one shape, a recommendation, bubble ratio
 against the number of microbatches (with the closed forms where they exist),
 memory against throughput (the Pareto view), recomputation's time against
 memory, timelines, and, when real traces are given, prediction against
-measurement with side-by-side timelines.
+measurement with side-by-side timelines; with ``dp_modes``, the data-parallel
+modes' step time and memory per rank (:mod:`analysis.dp_compare`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from schedules.trace import write_trace
 if TYPE_CHECKING:
     import pandas as pd
 
+    from analysis.dp_compare import DPModeRow
     from sim.sweep import RecomputePoint, Sweep, SweepConfig
 
 __all__ = ["check_report_dir", "is_report_folder", "plot_recompute_tradeoff", "write_report"]
@@ -249,17 +251,19 @@ def _real_section(sweep: Sweep, out: Path) -> list[str]:
             f"ranking agreement (Kendall tau) {format_tau(summary['kendall_tau'])}.", "", *figures]
 
 
-def write_report(out: str | os.PathLike, sweep: Sweep, validation: dict[str, Any] | None = None) -> Path:
+def write_report(out: str | os.PathLike, sweep: Sweep, validation: dict[str, Any] | None = None, *,
+                 dp_modes: Sequence[DPModeRow] | None = None) -> Path:
     """Plot what ``sweep`` simulated and write ``out/report.md``; returns its path.
 
     The report is written into a fresh folder beside ``out`` and swapped in
     whole (:func:`schedules.outputs.replace_folder`): a failure leaves the
-    previous report as it was, and no file of a previous report remains. An
+    previous report as it was, and no file of a previous report remains. ``dp_modes``: the rows of a
+    data-parallel comparison (:mod:`analysis.dp_compare`), a section of their own. An
     existing ``out`` must be empty or hold only what a report writes
     (:func:`is_report_folder`); anything else is refused, never removed.
     """
     final = check_report_dir(out)
-    replace_folder(final, lambda stage: _write_report(stage, sweep, validation), "report folder")
+    replace_folder(final, lambda stage: _write_report(stage, sweep, validation, dp_modes=dp_modes), "report folder")
     return final / "report.md"
 
 
@@ -317,7 +321,10 @@ def _validation_section(data: dict[str, Any] | None, out: Path) -> list[str]:
     return md
 
 
-def _write_report(out: Path, sweep: Sweep, validation: dict[str, Any] | None = None) -> None:
+def _write_report(out: Path, sweep: Sweep, validation: dict[str, Any] | None = None, *,
+                  dp_modes: Sequence[DPModeRow] | None = None) -> None:
+    from analysis.dp_compare import dp_section
+
     cfg, results = sweep.config, sweep.results
     table = comparison_table(results)
     front = _pareto(table)
@@ -361,6 +368,7 @@ def _write_report(out: Path, sweep: Sweep, validation: dict[str, Any] | None = N
         "",
         *_real_section(sweep, out),
         *_validation_section(validation, out),
+        *(dp_section(dp_modes, out) if dp_modes else []),
         "Per-task traces of every simulated schedule are in `traces/` (CSV, the shared trace format).",
         "",
     ]

@@ -1,6 +1,6 @@
 """Memory per rank of every runtime data-parallel mode, measured against the simulator's figure.
 
-    python experiments/dp_memory.py [--markdown docs/results/dp-memory.md]
+    python experiments/dp_memory.py [--markdown docs/results/dp-memory.md] [--json out/dp-runs.json]
 
 Each mode runs once under torchrun (2 gloo processes: dp 2, 1F1B, 2 microbatches; ``none``: pp 2;
 ``ps``: 2 trainers and 1 parameter server, 3 processes),
@@ -22,6 +22,7 @@ from analysis.cli.common import OneLineParser, errors_to_exit
 from analysis.results_page import check_page, write_page
 from real import ModelConfig, RunConfig, make_plan
 from real.launch import torchrun
+from schedules.outputs import atomic_write, check_output_file
 from sim.memory import rank_memory, server_memory
 
 MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
@@ -76,17 +77,27 @@ def rows(mode: str, result: dict, params: dict[str, torch.Tensor]) -> list[str]:
 def main() -> None:
     p = OneLineParser(prog="python experiments/dp_memory.py", description=__doc__.splitlines()[0])
     p.add_argument("--markdown", metavar="PAGE.md", help="also write the results page (docs/results/dp-memory.md)")
+    p.add_argument("--json", metavar="FILE.json", help="also write every run's JSON as {\"runs\": [...]} (what "
+                   "'schedlab compare --dp-modes ... --measured' reads)")
     args = p.parse_args()
-    if args.markdown:
-        with errors_to_exit(p):
+    with errors_to_exit(p):
+        if args.markdown:
             check_page(args.markdown)
+        if args.json:
+            check_output_file(args.json, "runs file", (".json",))
+    runs = []
     lines = ["| mode | rank | parameters | gradients | optimizer | gathered (zero3) | activation peak | worst |",
              "|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
         for mode in MODES:
-            lines += rows(mode, *measure(mode, Path(tmp)))
+            result, params = measure(mode, Path(tmp))
+            runs.append(result)
+            lines += rows(mode, result, params)
     table = "\n".join(lines)
     print(table)
+    if args.json:
+        atomic_write(Path(args.json), lambda tmp: tmp.write_text(json.dumps({"runs": runs}, indent=1) + "\n"),
+                     "runs file")
     if args.markdown:
         write_page(args.markdown, "Data-parallel memory per rank: measured / simulated (bytes)",
                    "Each cell is measured / simulated bytes on one rank (pp 2, dp 2; ps: 2 trainers and 1 server); *worst* is the largest relative "

@@ -23,7 +23,9 @@ waiting only adds): for rank r with stages S_r,
   ``pair_overlap`` 0 cost the sum);
 * after r's last pass (a B or W, a gradient producer): its optimizer steps, and
   before the step of that stage its last gradient bucket's collective (ready at
-  the pass's end), and with zero1/zero2 the all-gathers of the stage's buckets after
+  the pass's end; sync all-reduces every bucket after the rank's last pass, so
+  at least this too; ps: the optimizer steps alone, which the step adds after the
+  pulls), and with zero1/zero2 the all-gathers of the stage's buckets after
   its optimizer step (one port, serial): dp_tail_r = max(sum of optim,
   max_s(optim_s + ag_s), min_s(c_s + optim_s + ag_s));
 * with full backwards only (no I/W split), r's last pass is a B of a stage
@@ -328,14 +330,14 @@ class Bounds:
         tails = []
         for r, stages in enumerate(info.rank_stages):
             optim = [costs.optim_time(s, n) for s in stages]
-            if c.dp <= 1:
+            if c.dp <= 1 or c.dp_mode == "ps":  # ps: no OPTIM in the graph; the step adds it after the pulls
                 tails.append(sum(optim))
                 continue
             group = costs.group(r)
             last, extra = [], []
             for s in stages:
                 buckets = costs.bucket_sizes(s, n)
-                last.append(group.allreduce(buckets[-1]) if c.dp_mode == "ddp" else group.gather(buckets[-1]))
+                last.append(group.allreduce(buckets[-1]) if c.dp_mode in ("ddp", "sync") else group.gather(buckets[-1]))
                 # the all-gathers after the step: every bucket but the last is full-size
                 extra.append((len(buckets) - 1) * group.gather(buckets[0]) + group.gather(buckets[-1])
                              if c.dp_mode in ("zero1", "zero2") else 0.0)

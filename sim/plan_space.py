@@ -27,7 +27,6 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from schedules import ScheduleError, build, names, spec
-from schedules.dp import DP_MODES
 from schedules.errors import ConfigError, check_choice, check_positive, check_positive_ints, choice, quote
 from schedules.registry import MAX_TASKS, TASKS_PER_PASS
 from sim.cluster import Cluster
@@ -39,8 +38,12 @@ from sim.transformer import TransformerConfig
 __all__ = ["MAX_GLOBAL_BATCH", "MAX_MICROBATCHES", "PLAN_DP_MODES", "PlanConfig", "PlanSpace", "enumerate_configs",
            "shape_ok", "tp_choices", "why_empty"]
 
-PLAN_DP_MODES = ("ddp", "zero1", "zero2", "fsdp")
-_NOT_SEARCHED = ("none", "sync", "ps", "async-ps")  # the parameter-server modes need servers the planner does not place
+#: The data-parallel modes the planner searches by default: every mode the runtime runs (``real/``), ``zero3``
+#: under its FSDP name (``schedules.dp``'s alias: ``zero3`` is read as ``fsdp``). ``none`` is what every mode is at
+#: dp = 1. ``ps`` is searched when named (it needs parameter servers: a cluster such as ``dgx-h100:2+ps2``).
+PLAN_DP_MODES = ("sync", "ddp", "zero1", "zero2", "fsdp")
+_PLANNABLE = (*PLAN_DP_MODES, "ps")
+_PLAN_ALIASES = {"zero3": "fsdp"}
 # Microbatches per step the planner tries at most: twice the most the 405B example's top five use (512 x 1). Each
 # one more is seven tasks per stage to build, bound and simulate: with 4096, a batch of 10^8 sequences on one node
 # had not finished after 4.5 minutes (schedules of ~10^6 tasks); with 1024 it takes ~12 s (gpt-tiny, dgx-h100:1,
@@ -125,7 +128,11 @@ class PlanSpace:
         for b in self.microbatch_sizes or ():
             check_positive_ints("plan", microbatch_size=b)
         for mode in self.dp_modes:
-            check_choice("plan", "dp_mode", mode, [m for m in DP_MODES if m not in _NOT_SEARCHED])
+            check_choice("plan", "dp_mode", mode, _PLANNABLE)
+        if "ps" in self.dp_modes and not self.cluster.pservers:
+            raise ConfigError(f"plan: dp mode 'ps' needs parameter servers and cluster {self.cluster.name!r} has "
+                              "none; give a cluster with servers (e.g. dgx-h100:2+ps2) or leave ps out",
+                              field="dp_modes")
         for r in self.recompute:
             check_recompute("plan", r)
         if self.bucket_mb is not None:
@@ -139,10 +146,10 @@ class PlanSpace:
     def _normalize(self) -> None:
         """Every choice once, names in their canonical case (``DDP`` is ``ddp``): a repeated value would list
         one configuration twice."""
-        modes = [m for m in DP_MODES if m not in _NOT_SEARCHED]
+        modes = (*_PLANNABLE, *_PLAN_ALIASES)
         fixed = {
             "schedules": None if self.schedules is None else [spec(n).name for n in self.schedules],
-            "dp_modes": [choice("plan", "dp_mode", m, modes) for m in self.dp_modes],
+            "dp_modes": [_PLAN_ALIASES.get(m, m) for m in (choice("plan", "dp_mode", m, modes) for m in self.dp_modes)],
             "recompute": [check_recompute("plan", r.lower() if isinstance(r, str) else r) for r in self.recompute],
             "chunks": self.chunks, "microbatch_sizes": self.microbatch_sizes, "sp": self.sp, "tp": self.tp,
             "pp": self.pp,

@@ -145,13 +145,52 @@ def test_flag_table_covers_every_flag_the_exporter_writes():
     seen: set[str] = set()
     for model in (TINY, gpt):
         for sched, chunks in (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-v", 2)):
-            for mode in ("none", "ddp", "zero1", "zero2", "fsdp", "zero3"):
+            for mode in ("sync", "ddp", "zero1", "zero2", "fsdp", "zero3"):
                 for rc in ("none", "selective", "full"):
                     for tp, sp in ((1, False), (2, True)):
                         c = PlanConfig(tp, 2, 2, sched, chunks, 1, 4, mode, rc, sp)
                         line = megatron_args(c, model, 8, plan_layout(c, model, plan_schedule(c)))
                         seen |= set(_flags(line.splitlines()[-1]))
     assert seen == set(FLAG_SOURCES)
+
+
+def _mode_config(mode: str, dp: int = 2) -> PlanConfig:
+    return PlanConfig(1, 2, dp, "1f1b", 1, 1, 4, mode, "none", False)
+
+
+def test_megatron_flags_of_every_dp_mode():
+    """Each mode's flags, and validate_args' rules on them (megatron/training/arguments.py at MEGATRON_COMMIT):
+    --overlap-param-gather needs --overlap-grad-reduce and the distributed optimizer or Megatron-FSDP (line 1024),
+    Megatron-FSDP needs --ckpt-format fsdp_dtensor (line 1169), --use-torch-fsdp2 is refused with pp > 1 (1035)."""
+    want = {
+        "sync": set(),  # overlap_grad_reduce defaults False: DDP all-reduces after the backward
+        "ddp": {"--overlap-grad-reduce"},
+        "zero1": {"--use-distributed-optimizer", "--overlap-grad-reduce"},
+        "zero2": {"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format", "--overlap-grad-reduce"},
+        "zero3": {"--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--ckpt-format", "--overlap-grad-reduce",
+                  "--overlap-param-gather"},
+    }
+    want["fsdp"] = want["zero3"]
+    dp_flags = {"--overlap-grad-reduce", "--overlap-param-gather", "--use-distributed-optimizer", "--use-megatron-fsdp",
+                "--data-parallel-sharding-strategy", "--ckpt-format", "--use-torch-fsdp2"}
+    strategy = {"zero2": "optim_grads", "zero3": "optim_grads_params", "fsdp": "optim_grads_params"}
+    for mode, expect in want.items():
+        c = _mode_config(mode)
+        fl = _flags(megatron_args(c, TINY, 8, plan_layout(c, TINY, plan_schedule(c))).splitlines()[-1])
+        assert set(fl) & dp_flags == expect, mode
+        assert fl.get("--data-parallel-sharding-strategy") == strategy.get(mode), mode
+        if "--overlap-param-gather" in fl:
+            assert "--overlap-grad-reduce" in fl and ({"--use-distributed-optimizer", "--use-megatron-fsdp"} & set(fl))
+        if "--use-megatron-fsdp" in fl:
+            assert fl["--ckpt-format"] == "fsdp_dtensor"
+        c1 = _mode_config(mode, dp=1)  # one replica: no data-parallel flag whatever the mode
+        assert not set(_flags(megatron_args(c1, TINY, 4, plan_layout(c1, TINY, plan_schedule(c1))).splitlines()[-1])) \
+            & dp_flags
+    for mode in ("ps", "none"):
+        c = _mode_config(mode)
+        with pytest.raises(ValueError, match=rf"^dp mode '{mode}' has no Megatron-LM setting \(it runs sync, ddp, "
+                                             r"zero1, zero2, zero3, fsdp\); plan with one of those$"):
+            megatron_args(c, TINY, 8, plan_layout(c, TINY, plan_schedule(c)))
 
 
 def test_megatron_zero2_and_layouts():
@@ -242,6 +281,37 @@ def test_torchtitan_notes(exported):
     assert notes["1f1b"] == notes["interleaved-uneven"] == notes["fsdp-tp-recompute"] == []
     assert len(notes["zb-v"]) == 1 and notes["zb-v"][0].startswith("# note: selective recomputation of the attention")
     assert len(notes["zero1"]) == 1 and notes["zero1"][0].startswith("# note: zero1: torchtitan has no ZeRO-1/2")
+
+
+def test_torchtitan_reads_every_dp_mode(tmp_path):
+    """Each mode's degrees and FSDP setting as torchtitan's ConfigManager and ParallelDims read them; the modes
+    torchtitan runs only approximately say so in a note; ps and none with replicas are refused in one line."""
+    pytest.importorskip("torchtitan", reason="the exports extra: pip install -e '.[exports]'")
+    from torchtitan.distributed import ParallelDims
+
+    want = {"sync": (2, 1, "default"), "ddp": (2, 1, "default"), "zero1": (1, 2, "never"), "zero2": (1, 2, "never"),
+            "zero3": (1, 2, "always"), "fsdp": (1, 2, "always")}
+    noted = {"sync": "# note: sync: torchtitan's replicated data parallelism", "zero1": "# note: zero1: torchtitan has "
+             "no ZeRO-1/2", "zero2": "# note: zero2: torchtitan has no ZeRO-1/2"}
+    read: dict[str, object] = {}  # modules of the same parallelism are read once (a read costs ~0.5 s)
+    for mode, expect in want.items():
+        c = _mode_config(mode)
+        (tmp_path / mode).mkdir()
+        path = write_exports(c, TINY, 8, None, tmp_path / mode)["torchtitan"]
+        block = path.read_text().split("config.parallelism = ParallelismConfig(")[1].split(")\n")[0]
+        key = "\n".join(x for x in block.splitlines() if "schedule_csv" not in x)  # the CSV is in the mode's folder
+        cfg = read[key] if key in read else read.setdefault(key, _titan_config(path))
+        dims = ParallelDims.from_config(cfg.parallelism, 4)
+        assert (dims.dp_replicate, dims.dp_shard, cfg.parallelism.fsdp_reshard_after_forward) == expect, mode
+        assert (dims.pp, dims.tp) == (2, 1), mode
+        notes = [x for x in path.read_text().splitlines() if x.startswith("# note:")]
+        assert [n[:len(noted[mode])] for n in notes] == ([noted[mode]] if mode in noted else []), mode
+    assert len(read) == 3  # replicated, sharded kept whole from forward to backward, sharded and resharded
+    for mode in ("ps", "none"):
+        c = _mode_config(mode)
+        with pytest.raises(ValueError, match=rf"^dp mode '{mode}' has no torchtitan setting \(it runs sync, ddp, zero1, "
+                                             r"zero2, zero3, fsdp\); plan with one of those$"):
+            write_exports(c, TINY, 8, None, tmp_path)
 
 
 @pytest.mark.slow

@@ -259,7 +259,7 @@ def test_a_second_report_leaves_no_stale_file_and_a_failed_one_leaves_the_first(
     assert "1f1b" not in (rep / "report.md").read_text()
     second = {p.relative_to(rep): p.read_bytes() for p in rep.rglob("*") if p.is_file()}
 
-    def broken(out, sweep, validation=None):
+    def broken(out, sweep, validation=None, dp_modes=None):
         (out / "timelines.png").write_bytes(b"half")
         raise OSError(errno.ENOSPC, "No space left on device")
 
@@ -321,7 +321,7 @@ PLAN = ["plan", "--model", "gpt-tiny", "--cluster", "dgx-h100:1", "--no-progress
      "plan: no configuration fits in 85.5 GB per device: the smallest needs at least 8796 GB (model states and one "
      "microbatch); raise memory_limit, add nodes or give smaller microbatch sizes (flag --memory-limit)"),
     (["--global-batch", "8", "--dp-modes", "bogus"],
-     "plan: unknown dp mode 'bogus'; valid: ddp, zero1, zero2, zero3, fsdp (flag --dp-modes)"),
+     "plan: unknown dp mode 'bogus'; valid: sync, ddp, zero1, zero2, fsdp, ps, zero3 (flag --dp-modes)"),
 ])
 def test_plan_without_a_configuration_names_the_constraint(tmp_path, capsys, extra, message):
     code, out, err = run(schedlab, [*PLAN, "--out", str(tmp_path / "p"), *extra], capsys)

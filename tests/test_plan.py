@@ -93,7 +93,8 @@ def test_enumeration_misses_nothing_on_a_small_case():
     found = list(enumerate_configs(space))
     assert len(found) == len(set(found))
     assert set(found) == _brute_force(space)
-    assert len(found) == 3456  # 3180 before layouts with two stages more than layers (embedding, output alone)
+    assert len(found) == 4221  # 3456 before sync was searched (765 configurations with dp > 1 more); 3180 before
+    # layouts with two stages more than layers (embedding, output alone)
 
 
 def test_adaptive_schedules_only_when_named():
@@ -198,7 +199,7 @@ def _all_simulated(space: PlanSpace) -> list[tuple[float, PlanConfig]]:
        schedules=st.lists(st.sampled_from([n for n in names() if not spec(n).adaptive]), min_size=2, max_size=3,
                           unique=True),
        recompute=st.sampled_from([("none",), ("none", "full"), ("selective", "full")]),
-       modes=st.sampled_from([("ddp",), ("zero1", "fsdp"), ("ddp", "zero2")]),
+       modes=st.sampled_from([("ddp",), ("zero1", "fsdp"), ("ddp", "zero2"), ("sync", "zero1")]),
        limit=st.floats(0.2, 1.0), top=st.integers(1, 3), workers=st.sampled_from([1, 2]))
 def test_pruning_never_drops_the_winner(layers, batch, cluster, schedules, recompute, modes, limit, top, workers):
     model = dataclasses.replace(TINY, layers=layers)
@@ -216,6 +217,36 @@ def test_pruning_never_drops_the_winner(layers, batch, cluster, schedules, recom
     assert [(e.step_time, e.config) for e in result.top] == expect[:top]
     assert result.simulated <= len(expect)
     assert result.candidates == result.feasible + result.pruned_memory + result.memory_unchecked
+
+
+def test_the_runtime_modes_are_searched_and_sync_is_pruned_exactly():
+    """sync, ddp, zero1, zero2 and zero3 (as fsdp, its other name) in one space: the top equals simulating all."""
+    space = _space(global_batch=8, chunks=(2,), schedules=("1f1b", "gpipe"), recompute=("none",), tp=(1,),
+                   pp=(1, 2), microbatch_sizes=(1,), dp_modes=("SYNC", "zero3", "ddp", "zero1", "zero2", "fsdp"))
+    assert space.dp_modes == ("sync", "fsdp", "ddp", "zero1", "zero2")
+    assert {c.dp_mode for c in enumerate_configs(space)} == {"sync", "fsdp", "ddp", "zero1", "zero2"}
+    everything = _all_simulated(space)
+    result = plan(space, top=len(everything), workers=1)
+    assert [(e.step_time, e.config) for e in result.top] == everything
+    for e in result.entries:  # the bound holds for every mode, sync included
+        assert e.lower_bound <= e.step_time * (1 + 1e-9), e.config
+    with pytest.raises(ConfigError, match=r"^plan: unknown dp mode 'none'; valid: sync, ddp, zero1, zero2, fsdp, ps, "
+                                          r"zero3$"):
+        _space(dp_modes=("ddp", "none"))
+
+
+def test_the_parameter_server_is_searched_on_a_cluster_with_servers():
+    space = _space(global_batch=8, cluster=cluster_preset("dgx-h100:1+ps2"), chunks=(2,), schedules=("1f1b",),
+                   recompute=("none",), tp=(1,), pp=(1, 2), microbatch_sizes=(1,), dp_modes=("ps", "ddp"))
+    everything = _all_simulated(space)
+    assert {c.dp_mode for _, c in everything} == {"ps", "ddp"}
+    result = plan(space, top=len(everything), workers=1)
+    assert [(e.step_time, e.config) for e in result.top] == everything
+    for e in result.entries:
+        assert e.lower_bound <= e.step_time * (1 + 1e-9), e.config
+    with pytest.raises(ConfigError, match=r"^plan: dp mode 'ps' needs parameter servers and cluster 'dgx-h100:1' has "
+                                          r"none; give a cluster with servers \(e.g. dgx-h100:2\+ps2\) or leave ps out$"):
+        _space(dp_modes=("ddp", "ps"))
 
 
 def test_plan_counts_and_determinism():
@@ -269,7 +300,9 @@ def test_cli_bad_input_is_one_line():
     r = _cli("--model", "gpt-tiny", "--cluster", "dgx-h100:1", "--global-batch", "0")
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--global-batch" in r.stderr
     r = _cli("--model", "gpt-tiny", "--cluster", "dgx-h100:1", "--global-batch", "8", "--dp-modes", "ps")
-    assert r.returncode == 2 and "unknown dp mode 'ps'" in r.stderr and r.stderr.count("\n") == 1
+    assert r.returncode == 2 and r.stderr == ("error: plan: dp mode 'ps' needs parameter servers and cluster "
+                                              "'dgx-h100:1' has none; give a cluster with servers (e.g. "
+                                              "dgx-h100:2+ps2) or leave ps out (flag --dp-modes)\n")
 
 
 # --------------------------------------------------------------------------------------------- fast lowering

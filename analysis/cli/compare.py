@@ -50,12 +50,28 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism in the tensor-parallel group")
     g.add_argument("--recompute", metavar="MODE", help="activation recomputation: none (default), selective, full")
     add_comm_args(g)
+    d = p.add_argument_group("data-parallel modes (with --model, --cluster and one schedule: step time and memory "
+                             "per rank under each mode)")
+    d.add_argument("--dp-modes", metavar="A,B,...", help="modes to compare: none, sync, ddp, zero1, zero2, zero3 "
+                   "(fsdp), ps; needs --dp 2 or more")
+    d.add_argument("--measured", metavar="FILE.json", help="real runs to set beside the predictions: the JSON "
+                   "'schedlab run --json' prints (one object, a list, or {\"runs\": [...]})")
+    d.add_argument("--state-bytes", type=_state_bytes, metavar="W,G,O",
+                   help="bytes per parameter of weights, gradients, optimizer state (default 2,2,12: "
+                        "mixed-precision Adam; the runtime's fp32 AdamW is 4,4,8)")
     args = p.parse_args(argv)
     check_cost_flags(args)
     chosen = name_list(args.schedules)
+    if args.dp_modes is None:
+        refuse(given(args, "measured", "state_bytes"), "without --dp-modes")
+    else:
+        from analysis.dp_compare import parse_dp_modes
+
+        with errors_to_exit(p):  # a misspelt mode before anything else is checked or built
+            parse_dp_modes(name_list(args.dp_modes, []))
     if args.model or args.cluster:
         return _units_compare(args, chosen, p, prog)
-    refuse(given(args, "dp", "dp_mode", "microbatch_size", "tp", "sp", "recompute", *COMM_KEYS),
+    refuse(given(args, "dp", "dp_mode", "microbatch_size", "tp", "sp", "recompute", "dp_modes", *COMM_KEYS),
            "without physical units: add --model and --cluster")
     from analysis.compare import comparison_table, format_comparison
     from analysis.timeline import plot_timeline, plot_timelines
@@ -116,6 +132,8 @@ def _units_compare(args, chosen: list[str], parser: OneLineParser, prog: str) ->
         fail(f"{prog}: --costs (a profiled cost file) does not combine with --model/--cluster")
     refuse(given(args, "tf", "tb", "tw", "tcomm", "mw", "pair_overlap"),
            "in physical units (--model/--cluster): the pass times come from the model and the cluster")
+    if args.dp_modes is not None:
+        refuse(given(args, "dp_mode"), "with --dp-modes: the modes compared are --dp-modes")
     args.dp, args.dp_mode, args.microbatch_size = args.dp or 1, args.dp_mode or "none", args.microbatch_size or 1
     args.tp, args.sp, args.recompute = args.tp or 1, bool(args.sp), args.recompute or "none"
     with errors_to_exit(parser):
@@ -123,6 +141,8 @@ def _units_compare(args, chosen: list[str], parser: OneLineParser, prog: str) ->
                                  parallel=ParallelConfig(pp=args.pp, dp=args.dp, tp=args.tp, sp=args.sp,
                                                          dp_mode=args.dp_mode, **comm_overrides(args)),
                                  microbatch_size=args.microbatch_size, recompute=args.recompute)
+        if args.dp_modes is not None:
+            return _dp_compare(args, chosen, costs, prog)
         rows = units_comparison(chosen, chunks=args.chunks, microbatches=args.microbatches, costs=costs)
     if args.json:
         print_json({"schedules": rows})
@@ -137,6 +157,70 @@ def _units_compare(args, chosen: list[str], parser: OneLineParser, prog: str) ->
     return 0
 
 
+def _state_bytes(text: str):
+    """``4,4,8`` -> StateBytes(weight=4, grad=4, optimizer=8); an argparse type."""
+    import argparse
+
+    from analysis.dp_compare import StateBytes
+
+    try:
+        w, g, o = (float(x) for x in text.split(","))
+        return StateBytes(weight=w, grad=g, optimizer=o)
+    except ValueError:  # a non-number, or StateBytes' ConfigError
+        raise argparse.ArgumentTypeError(f"invalid value {text[:80]!r}: give three numbers >= 0 separated by commas "
+                                         "(weights, gradients, optimizer state), e.g. 2,2,12") from None
+
+
+def _dp_compare(args, chosen: list[str], costs, prog: str) -> int:
+    """One schedule under each of --dp-modes: the table, and dp_modes.png/.csv/.json in --out."""
+    from analysis.dp_compare import format_dp_modes, load_measured, parse_dp_modes, plot_dp_modes, predict_dp_modes
+    from schedules import spec
+
+    if is_all(args.schedules) or len(chosen) != 1:
+        fail(f"{prog}: --dp-modes compares the modes on one schedule; give --schedules NAME (e.g. 1f1b), "
+             f"got {args.schedules[:80]!r}")
+    modes = parse_dp_modes(name_list(args.dp_modes, []))
+    if args.dp < 2 and any(m != "none" for m in modes):
+        fail(f"{prog}: --dp-modes {','.join(modes)}: the modes differ only between replicas; give --dp 2 or more, "
+             f"got --dp {args.dp}")
+    name = spec(chosen[0]).name
+    out = check_output_dir(args.out, "output folder")
+    files = ("dp_modes.png", "dp_modes.csv", "dp_modes.json")
+    for f in files:
+        check_output_file(out / f, "output file")
+    if args.measured is not None:
+        check_distinct({f"--out {f}": out / f for f in files}, {"--measured": args.measured})
+    measured = load_measured(args.measured) if args.measured is not None else None
+    rows = predict_dp_modes(modes, schedule=name, microbatches=args.microbatches, costs=costs,
+                            chunks=args.chunks if spec(name).multi_chunk else None, state=args.state_bytes,
+                            measured=measured)
+    data = {"model": args.model, "cluster": args.cluster, "schedule": name, "pp": args.pp, "dp": args.dp,
+            "tp": args.tp, "microbatches": args.microbatches, "microbatch_size": args.microbatch_size,
+            "measured": args.measured, "dp_modes": [r.to_dict() for r in rows]}
+
+    def fill(stage: Path) -> None:
+        import pandas as pd
+
+        plot_dp_modes(rows, stage / "dp_modes.png")
+        flat = [{"mode": r.mode, "rank": r.rank, "step_time": r.step_time, "measured_step_time": r.measured_step_time,
+                 **{c: r.memory[c] for c in r.memory}, "total": r.total,
+                 **{f"measured_{c}": None if r.measured is None else r.measured[c] for c in r.memory},
+                 "measured_total": r.measured_total} for r in rows]
+        pd.DataFrame(flat).to_csv(stage / "dp_modes.csv", index=False)
+        (stage / "dp_modes.json").write_text(json.dumps(data, indent=1) + "\n")
+
+    written = sorted(write_files_into(out, fill, "output folder"), key=lambda q: files.index(q.name))
+    if args.json:
+        print_json({**data, "files": [str(w) for w in written]})
+        return 0
+    print(f"\n{args.model} on {args.cluster}: {name} pp={args.pp} dp={args.dp} microbatches={args.microbatches} "
+          f"x {args.microbatch_size} seq" + (f", measured: {args.measured}" if args.measured else ""))
+    print(format_dp_modes(rows))
+    print(f"\nwrote {len(written)} files under {out}/: dp_modes.png (step time and memory per rank per mode), "
+          "dp_modes.csv, dp_modes.json (schedlab report --dp-compare)")
+    return 0
+
+
 @guarded
 def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report") -> int:
     p = OneLineParser(prog=prog, description="Simulate the schedules, compare them, and write a report with figures.")
@@ -148,6 +232,8 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
     p.add_argument("--real", nargs="*", default=[], metavar="TRACE", help="real runs' traces to set against predictions")
     p.add_argument("--validation", metavar="FILE.json",
                    help="experiments/validate_sim.py's JSON: adds predicted-against-measured and its mechanisms")
+    p.add_argument("--dp-compare", metavar="FILE.json",
+                   help="the dp_modes.json 'schedlab compare --dp-modes' writes: adds the data-parallel section")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_cost_args(p)
     args = p.parse_args(argv)
@@ -167,15 +253,28 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
     with errors_to_exit(p):
         check_report_dir(args.out)
         inputs = {**{f"--real #{i + 1}": t for i, t in enumerate(args.real)}, "--validation": args.validation, "--costs": args.costs,
-                  "--costs-profile": args.costs_profile}
+                  "--costs-profile": args.costs_profile, "--dp-compare": args.dp_compare}
         check_distinct({}, inputs, folders={"--out": args.out})
         cfg = SweepConfig(pp=args.pp, microbatches=args.microbatches, chunks=args.chunks, schedules=chosen,
                           costs=uniform_costs(args), real_traces=tuple(Path(t) for t in args.real),
                           profile=Path(args.costs) if args.costs else None)
         validation = load_validation(args.validation) if args.validation else None
-        path = write_report(args.out, run_sweep(cfg, progress), validation)
+        dp_rows = _load_dp_compare(args.dp_compare) if args.dp_compare else None
+        path = write_report(args.out, run_sweep(cfg, progress), validation, dp_modes=dp_rows)
     print(f"wrote report: {path}")
     return 0
+
+
+def _load_dp_compare(path: str) -> list:
+    from analysis.dp_compare import rows_from_json
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ScheduleError(f"--dp-compare {path[:80]!r}: cannot be read ({exc.strerror or exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ScheduleError(f"--dp-compare {path[:80]!r}: not JSON ({exc})") from None
+    return rows_from_json(data)
 
 
 @guarded

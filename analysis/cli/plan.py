@@ -28,8 +28,9 @@ def _parser(prog: str) -> OneLineParser:
                    help="stages per rank tried for multi-chunk schedules (default 2,3,4,8)")
     p.add_argument("--microbatch-sizes", type=int_list, metavar="B,...",
                    help="microbatch sizes tried (default: every divisor of the batch per replica)")
-    p.add_argument("--dp-modes", default="ddp,zero1,zero2,fsdp", metavar="A,B,...",
-                   help="data-parallel modes tried (default ddp,zero1,zero2,fsdp)")
+    p.add_argument("--dp-modes", default="sync,ddp,zero1,zero2,fsdp", metavar="A,B,...",
+                   help="data-parallel modes tried: sync, ddp, zero1, zero2, fsdp (= zero3), ps (needs a cluster with "
+                        "parameter servers, e.g. dgx-h100:2+ps2) (default sync,ddp,zero1,zero2,fsdp)")
     p.add_argument("--out", default="out/plan", metavar="DIR",
                    help="where the exports and the Pareto plot go (default out/plan/)")
     p.add_argument("--link-model", default="fair", metavar="MODEL",
