@@ -139,6 +139,9 @@ def parser(prog: str) -> OneLineParser:
     o.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
     o.add_argument("--dp-mode", choices=DP_MODES, help="gradient sync, with dp > 1 (default ddp)")
     o.add_argument("--bucket-mb", type=float, help="gradient bucket cap in MiB, with dp > 1 (default 25)")
+    o.add_argument("--grad-compression", metavar="CODEC",
+                   help="codec of the gradient collectives, with dp > 1: none (default), fp16, bf16, int8, "
+                   "powersgd:R (sync/ddp only); only none is exact (docs/compression.md)")
     o.add_argument("--recompute", choices=RECOMPUTE_PLACEMENTS, default="none",
                    help="activation recomputation: none (default); full: an R (the forward again, with grad) right "
                    "before every backward, its F keeps only its input; bubbles: each R moved into idle time "
@@ -231,7 +234,8 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
         data=DataConfig(model=model, batch_size=args.batch_size, seed=args.seed, factory=_factory(args),
                         token_file=args.data, data_master=args.data_master),
         optim=OptimConfig(optimizer=args.optimizer, lr=args.lr),
-        sync=SyncConfig(dp_mode=_or(args.dp_mode, "ddp"), bucket_mb=_or(args.bucket_mb, 25.0)),
+        sync=SyncConfig(dp_mode=_or(args.dp_mode, "ddp"), bucket_mb=_or(args.bucket_mb, 25.0),
+                        grad_compression=_or(args.grad_compression, "none")),
         runtime=RuntimeConfig(backend=args.backend, timeout_s=args.timeout, recv_ahead=args.recv_ahead,
                               trace_step=args.trace_step, trace_steps=args.trace_steps, dtype=args.dtype),
         checkpoint=checkpoint,
@@ -249,7 +253,7 @@ def _refuse_idle_flags(args: argparse.Namespace) -> None:
         refuse(given(args, "checkpoint_every", "keep_last") + (["--async-checkpoint"] if args.async_checkpoint else []),
                "without --checkpoint-dir (nothing would be saved; give --checkpoint-dir DIR)")
     if args.dp == 1:  # with --dp auto the same command may run at dp 1 or more: the flags stay valid
-        refuse(given(args, "dp_mode", "bucket_mb"), "at dp 1 (one replica: no gradients to synchronize)")
+        refuse(given(args, "dp_mode", "bucket_mb", "grad_compression"), "at dp 1 (one replica: no gradients to synchronize)")
     if args.pp == 1:
         refuse(given(args, "recv_ahead"), "at pp 1 (one pipeline rank: no messages between stages)")
     refuse_model_flags(args)
