@@ -35,6 +35,8 @@ The codecs' state (residuals, PowerSGD's error, P and Q memories, iteration and 
 from __future__ import annotations
 
 import logging
+import math
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -45,9 +47,10 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
 from real import checkpoint as ckpt
-from schedules.compression import SCALE_BYTES, Compression
+from schedules.compression import SCALE_BYTES, Compression, parse_compression
 
-__all__ = ["Codec", "Pending", "codec_state", "dequantize", "load_codec", "make_codec", "quantize"]
+__all__ = ["PROFILED", "Codec", "Pending", "codec_state", "dequantize", "load_codec", "make_codec", "profile_codecs",
+           "quantize"]
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +260,52 @@ def load_codec(restored: ckpt.Restored, codec: Codec, rank: int) -> None:
         return
     ckpt.load_state(restored, state, rank)
     codec.load({k[len(prefix):]: v for k, v in state.items()})
+
+
+PROFILED = ("fp16", "bf16", "int8", "powersgd:1", "powersgd:4")
+
+
+def profile_codecs(shapes: list[tuple[int, ...]], *, warmup: int = 2, reps: int = 5,
+                   specs: tuple[str, ...] = PROFILED) -> dict[str, float]:
+    """Nanoseconds per gradient element of each codec's compress and decompress, on this process alone.
+
+    One bucket of parameters of ``shapes``, its codec's all-reduce on a group of this process only (so the
+    collectives move nothing), less the plain all-reduce's time on that group; the median of ``reps``.
+    Every rank of a process group calls it at once (each builds the one-process groups), or none is
+    initialized. This is what ``parallel.codec_ns_per_param`` of the simulator takes.
+    """
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        solo = [dist.new_group([r], backend="gloo") for r in range(dist.get_world_size())][dist.get_rank()]
+        flat = torch.randn(sum(math.prod(s) for s in shapes), generator=torch.Generator().manual_seed(0))
+        plain = _median_seconds(lambda x, _: dist.all_reduce(x, group=solo), flat, shapes, warmup, reps)
+        out = {}
+        for spec in specs:
+            codec = Codec(parse_compression(spec), solo, ["s0b0"])
+            t = _median_seconds(lambda x, g, c=codec: c.allreduce("s0b0", x, g).wait(), flat, shapes, warmup, reps)
+            out[spec] = max(t - plain, 0.0) / flat.numel() * 1e9
+        return out
+    finally:
+        if own:
+            dist.destroy_process_group()
+
+
+def _median_seconds(fn: Callable[[torch.Tensor, list[torch.Tensor]], object], flat: torch.Tensor,
+                    shapes: list[tuple[int, ...]], warmup: int, reps: int) -> float:
+    times = []
+    for i in range(warmup + reps):
+        x = flat.clone()
+        grads, offset = [], 0
+        for s in shapes:
+            grads.append(x[offset:offset + math.prod(s)].view(s))
+            offset += math.prod(s)
+        t0 = time.perf_counter()
+        fn(x, grads)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def make_codec(comp: Compression, group: dist.ProcessGroup, keys: list[str]) -> Codec | None:

@@ -47,6 +47,7 @@ File schema (JSON, ``"schema": "schedlab.profile/1"``)::
      "p2p": {"alpha", "beta" (null: inf), "send_cpu": {...stat}, "sizes": [{"bytes", ...stat}]} | null,
      "collectives": {"all_reduce"|"reduce_scatter"|"all_gather": {"alpha", "beta", "burst", "sizes": [...],
                      "single": {"alpha", "beta", "sizes": [...]}}} | null,
+     "codecs": {"fp16"|"bf16"|"int8"|"powersgd:1"|"powersgd:4": nanoseconds per gradient element},
      "warnings": [str]: every guess an alpha/beta fit made, each naming its field (also under the
                  section's own "warnings"): a time that did not grow with the size (beta null, alpha the
                  fastest time) or a negative intercept (alpha 0). sim.profiled logs them on loading.}
@@ -70,6 +71,7 @@ import torch
 import torch.distributed as dist
 
 from real.backward import backward_full, backward_input, backward_weight
+from real.compress import profile_codecs
 from real.config import OPTIMIZERS, ModelConfig, partition
 from real.data import make_batch
 from real.data import microbatches as microbatches_of
@@ -485,6 +487,9 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
         "p2p": (p2p := _p2p(act_bytes, cfg.warmup, cfg.reps)),
         "collectives": (colls := _collectives(pp, cfg.dp, max_params, cfg.warmup, cfg.reps)),
         "warnings": fit_warnings(p2p, colls),
+        # nanoseconds per gradient element of each codec's compress + decompress (the first stage's parameters
+        # as one bucket): the simulator's parallel.codec_ns_per_param (real.compress.profile_codecs)
+        "codecs": profile_codecs([tuple(p.shape) for p in benches[0].params], warmup=cfg.warmup, reps=cfg.reps),
     }
 
 
