@@ -174,3 +174,25 @@ def test_the_codec_time_stretches_the_gradient_collective():
         times.append((costs.duration(task, graph), costs.latency(task, graph)))
     (d0, l0), (d1, l1) = times
     assert d1 - d0 == pytest.approx(2e-9 * 110336, rel=1e-12) and l1 - l0 == pytest.approx(2e-9 * 110336, rel=1e-12)
+
+
+ONE = ["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--batch-size", "4", "--steps", "2"]
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    ([*ONE, "--dp", "1", "--grad-compression", "int8"],
+     "--grad-compression has no effect at dp 1 (one replica: no gradients to synchronize)"),
+    ([*ONE, "--dp", "2", "--dp-mode", "zero3", "--grad-compression", "powersgd:2"],
+     "grad compression powersgd:2 needs whole gradients (its factors are all-reduced), dp mode zero3 reduce-scatters "
+     "shards; use dp mode ddp or sync, or fp16, bf16 or int8 (flag --grad-compression)"),
+    ([*ONE, "--dp", "2", "--grad-compression", "int4"], f"unknown grad compression 'int4'; {VALID} "
+                                                          "(flag --grad-compression)"),
+])
+def test_schedlab_run_refuses_a_codec_before_anything_runs(capsys, argv, line):
+    from analysis.cli.train import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exc:
+        code = exc.code
+    assert (code, capsys.readouterr().err) == (2, f"error: {line}\n")
