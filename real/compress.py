@@ -127,7 +127,9 @@ class Codec:
         self.keys = keys
         self.residual: dict[str, torch.Tensor] = {}  # int8: this rank's error per bucket
         self.owner_residual: dict[str, torch.Tensor] = {}  # int8 all-reduce: the error of the chunk it sums
-        self.seconds = 0.0  # codec compute on this thread since the last reset (int8: all of it)
+        # codec compute on the training thread since the sync last logged it: int8's all of it; fp16/bf16's cast
+        # and PowerSGD's whole hook (its collectives included) are in the hook call, timed there
+        self.seconds = 0.0
         self.psgd: Any = None
         if comp.codec == "powersgd":
             self.psgd = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=comp.rank,
@@ -140,7 +142,9 @@ class Codec:
         """Average ``flat`` (``grads``: its parameters' views, for powersgd) over the group, compressed."""
         if self.comp.codec in ("fp16", "bf16"):
             hook = default_hooks.fp16_compress_hook if self.comp.codec == "fp16" else default_hooks.bf16_compress_hook
+            t0 = time.perf_counter()
             fut = hook(self.group, (flat,))
+            self.seconds += time.perf_counter() - t0
             return Pending(2 * flat.numel(), fut.wait)
         if self.comp.codec == "int8":
             return self._int8(key, flat, None)
@@ -150,7 +154,9 @@ class Codec:
         state = self.psgd
         before = state.total_numel_after_compression
         index = self.keys.index(key)
+        t0 = time.perf_counter()
         powerSGD_hook.powerSGD_hook(state, _HookBucket(index, flat, grads, index == len(self.keys) - 1)).wait()
+        self.seconds += time.perf_counter() - t0
         sent = (state.total_numel_after_compression - before) * flat.element_size()
         return Pending(sent, lambda: None)
 
@@ -160,8 +166,10 @@ class Codec:
         if self.comp.codec == "int8":
             return self._int8(key, flat, out)
         dtype = torch.float16 if self.comp.codec == "fp16" else torch.bfloat16
+        t0 = time.perf_counter()
         small = flat.to(dtype).div_(self.world)  # as torch's _compress_hook: cast, then divide
         small_out = torch.empty(out.numel(), dtype=dtype, device=out.device)
+        self.seconds += time.perf_counter() - t0
         work = dist.reduce_scatter_tensor(small_out, small, group=self.group, async_op=True)
         return Pending(small.numel() * small.element_size(), lambda: (work.wait(), out.copy_(small_out)))
 

@@ -149,8 +149,13 @@ class GradSync:
         return work, nbytes
 
     def _log_bytes(self) -> None:
-        log.info("dp %s, grad compression %s: %d bytes of gradient collectives this step", self.mode,
-                 "none" if self.codec is None else self.codec.comp.spec, self.step_bytes)
+        """The step's bytes of gradient collectives and (a codec) its compute on this thread, then reset."""
+        if self.codec is None:
+            log.info("dp %s: %d bytes of gradient collectives this step", self.mode, self.step_bytes)
+            return
+        log.info("dp %s, grad compression %s: %d bytes of gradient collectives this step, codec compute %.3f ms "
+                 "on the training thread", self.mode, self.codec.comp.spec, self.step_bytes, self.codec.seconds * 1e3)
+        self.codec.seconds = 0.0
 
     def optimizer_params(self) -> dict[int, list[torch.Tensor]]:
         """What each stage's optimizer steps: its parameters, or (zero1) this replica's shards of them."""
