@@ -14,6 +14,7 @@ from typing import Any
 
 from real.checkpoint import CheckpointConfig
 from schedules import ConfigError, Kind, ScheduleError, TaskGraph, load_graph, lower, validate
+from schedules.compression import check_dp_mode, parse_compression
 from schedules.dp import DP_MODES as SCHEDULE_DP_MODES
 from schedules.errors import check_choice, check_positive, check_positive_ints
 from schedules.partition import split_layers, stage_ranges
@@ -183,7 +184,8 @@ class OptimConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SyncConfig:
-    """Data-parallel gradient synchronization: a mode of :data:`DP_MODES` and the bucket cap.
+    """Data-parallel gradient synchronization: a mode of :data:`DP_MODES`, the bucket cap, and the codec of the
+    gradient collectives (:mod:`schedules.compression`: none, fp16, bf16, int8, powersgd:R).
 
     ``servers``: parameter-server processes of modes ``ps`` and ``async-ps`` (:mod:`real.ps`), started
     besides the pp x dp trainers (global ranks pp x dp onwards); required by those, refused by the others.
@@ -194,6 +196,7 @@ class SyncConfig:
     bucket_mb: float = 25.0
     servers: int = 0
     staleness: int = 0
+    grad_compression: str = "none"
 
     def __post_init__(self) -> None:
         check_choice("data-parallel sync", "dp_mode", self.dp_mode, DP_MODES)
@@ -214,6 +217,9 @@ class SyncConfig:
         if self.staleness and self.dp_mode != "async-ps":
             raise ConfigError(f"data-parallel sync: staleness {self.staleness} applies to dp_mode async-ps only, not "
                               f"{self.dp_mode}; leave it out or use async-ps", field="staleness")
+        comp = parse_compression(self.grad_compression)
+        check_dp_mode(comp, self.dp_mode)
+        object.__setattr__(self, "grad_compression", comp.spec)  # POWERSGD:2 is powersgd:2
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

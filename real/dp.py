@@ -21,7 +21,9 @@ Modes:
   shard, and an all-gather puts the updated parameters back everywhere.
 
 Gradients are averaged over replicas (sum / dp); the loss is already divided
-by the number of microbatches.
+by the number of microbatches. With ``compression`` (``grad_compression``, :mod:`real.compress`) each
+bucket's gradient collective is its codec's, which leaves the average itself; the bytes traced for it are
+what the codec handed to its collectives, and the step's total is logged.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from real.compress import make_codec
 from real.p2p import Inflight
 from schedules import Action, Kind
+from schedules.compression import parse_compression
 
 __all__ = ["GradSync", "make_buckets"]
 
@@ -83,6 +87,7 @@ class GradSync:
         accumulations: int,
         stamp: Callable[[], object],
         record: Callable[[object, object, object, float], list | None],
+        compression: str = "none",
     ) -> None:
         self.mode, self.group, self.accumulations = mode, group, accumulations
         self.world = dist.get_world_size(group)
@@ -93,6 +98,8 @@ class GradSync:
         self.buckets = [self._bucket(s, k, b) for s, params in stage_params.items()
                         for k, b in enumerate(make_buckets(params, bucket_mb * 2**20))]
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
+        self.codec = make_codec(parse_compression(compression), group, [self.key(b) for b in self.buckets])
+        self.step_bytes = 0  # bytes of this step's gradient collectives (the traced rows' sum)
         for b in self.buckets:
             for p in b.params:
                 p.register_post_accumulate_grad_hook(self._on_grad)
@@ -122,6 +129,34 @@ class GradSync:
             bucket.shard.grad = bucket.shard_grad
         return bucket
 
+    @staticmethod
+    def key(b: _Bucket) -> str:
+        """The bucket's name in the codec's state and checkpoints."""
+        return f"s{b.stage}b{b.index}"
+
+    def _grad_collective(self, b: _Bucket, flat: torch.Tensor, out: torch.Tensor | None) -> tuple[object, int]:
+        """Launch ``flat``'s all-reduce (``out`` None) or reduce-scatter into ``out``: (its work, its bytes)."""
+        if self.codec is not None:
+            pending = (self.codec.allreduce(self.key(b), flat, [p.grad for p in b.params]) if out is None
+                       else self.codec.reduce_scatter(self.key(b), flat, out))
+            work, nbytes = pending, pending.nbytes
+        elif out is None:
+            work, nbytes = dist.all_reduce(flat, group=self.group, async_op=True), flat.numel() * flat.element_size()
+        else:
+            work = dist.reduce_scatter_tensor(out, flat, group=self.group, async_op=True)
+            nbytes = flat.numel() * flat.element_size()
+        self.step_bytes += nbytes
+        return work, nbytes
+
+    def _log_bytes(self) -> None:
+        """The step's bytes of gradient collectives and (a codec) its compute on this thread, then reset."""
+        if self.codec is None:
+            log.info("dp %s: %d bytes of gradient collectives this step", self.mode, self.step_bytes)
+            return
+        log.info("dp %s, grad compression %s: %d bytes of gradient collectives this step, codec compute %.3f ms "
+                 "on the training thread", self.mode, self.codec.comp.spec, self.step_bytes, self.codec.seconds * 1e3)
+        self.codec.seconds = 0.0
+
     def optimizer_params(self) -> dict[int, list[torch.Tensor]]:
         """What each stage's optimizer steps: its parameters, or (zero1) this replica's shards of them."""
         out: dict[int, list[torch.Tensor]] = {}
@@ -135,6 +170,7 @@ class GradSync:
             b.ready, b.launched = 0, False
             b.counts = {}
         self._launched = []
+        self.step_bytes = 0
 
     def _on_grad(self, p: nn.Parameter) -> None:
         bucket = self._bucket_of[id(p)]
@@ -151,12 +187,9 @@ class GradSync:
         out = None
         if self.mode == "zero1":
             out = torch.empty_like(bucket.shard_grad)  # the input cannot be the output: copied in at finish()
-            work = dist.reduce_scatter_tensor(out, bucket.grad, group=self.group, async_op=True)
-        else:
-            work = dist.all_reduce(bucket.grad, group=self.group, async_op=True)
+        work, nbytes = self._grad_collective(bucket, bucket.grad, out)
         kind = Kind.REDUCE_SCATTER if self.mode == "zero1" else Kind.ALLREDUCE
-        row = self._record(Action(kind, bucket.stage, bucket=bucket.index), start, None,
-                           bucket.grad.numel() * bucket.grad.element_size())
+        row = self._record(Action(kind, bucket.stage, bucket=bucket.index), start, None, nbytes)
         self.works.add(work, row)
         self._launched.append((bucket, out))
 
@@ -190,8 +223,10 @@ class GradSync:
         for b, out in self._launched:
             if out is not None:
                 b.shard_grad.copy_(out)
-            (b.shard_grad if self.mode == "zero1" else b.grad).div_(self.world)
+            if self.codec is None:  # a codec leaves the average
+                (b.shard_grad if self.mode == "zero1" else b.grad).div_(self.world)
         self._launched = []
+        self._log_bytes()
 
     @torch.no_grad()
     def after_step(self) -> None:

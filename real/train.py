@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from real import checkpoint as ckpt
 from real import stop, usercode
+from real.compress import codec_state, load_codec
 from real.config import Plan, RunConfig, make_plan
 from real.data import DataSource, microbatches, step_seed
 from real.datamaster import MasterBatches
@@ -105,7 +106,8 @@ class RunResult:
             "schedule": c.schedule, "world_size": c.world_size, "pp": lay.pp, "dp": lay.dp,
             "microbatches": lay.microbatches,
             "chunks": self.trace.attrs["params"]["chunks"] if self.trace is not None else lay.chunks,
-            "backend": self.backend, "dp_mode": c.sync.dp_mode, "steps": c.steps,
+            "backend": self.backend, "dp_mode": c.sync.dp_mode,
+            "grad_compression": c.sync.grad_compression, "steps": c.steps,
             "losses": self.losses, "step_times": self.step_times, "trace": self.trace_path,
             "start_step": self.start_step, "resumed_from": self.resumed_from, "restart_count": restart_count(),
             "param_norm": self.param_norm, "param_sha256": self.param_sha256, "memory": self.memory,
@@ -316,6 +318,7 @@ class _Trainer:
         elif mesh.dp_group is not None:
             self.sync = make_sync(by_stage, graph=self.plan.graph, pp_rank=mesh.pp_rank, group=mesh.dp_group,
                                   mode=cfg.sync.dp_mode, bucket_mb=cfg.sync.bucket_mb,
+                                  compression=cfg.sync.grad_compression,
                                   accumulations=cfg.layout.microbatches, stamp=self.recorder.stamp,
                                   record=self.recorder.add)
             self.sync.on_gather = self.meter.exclude_parameters
@@ -401,6 +404,8 @@ class _Trainer:
             ckpt.load(restored, self.named, [], self.mesh.rank)
         else:
             ckpt.load(restored, self.named, list(self.optimizers.values()), self.mesh.rank)
+        if self.sync is not None and self.sync.codec is not None:
+            load_codec(restored, self.sync.codec, self.mesh.rank)
         self.data.restore(restored.step, restored.info.get("data"))
         log.info("rank %d: resumed from %s (step %d)", self.mesh.rank, restored.path, restored.step)
         return restored.step, [float(x) for x in restored.info["losses"]]
@@ -413,6 +418,8 @@ class _Trainer:
             state = ckpt.state_dict([], [], self.mesh.rank)
         else:
             state = ckpt.state_dict(self.named, list(self.optimizers.values()), self.mesh.rank)
+        if self.sync is not None and self.sync.codec is not None:
+            state.update(codec_state(self.sync.codec, self.mesh.rank))
         info = {"losses": losses, "world_size": cfg.world_size, "pp": cfg.layout.pp, "dp": cfg.layout.dp,
                 "config": cfg.to_dict()}
         position = self.data.state(steps_done)

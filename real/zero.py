@@ -126,6 +126,7 @@ class ShardedSync(GradSync):
         for b in self.buckets:
             b.shard_grad.zero_()
             b.counts, b.ready = {}, 0
+        self.step_bytes = 0
         self._peaks = dict.fromkeys(self._peaks, 0)
 
     def transient(self) -> dict[str, int]:
@@ -149,9 +150,9 @@ class ShardedSync(GradSync):
             offset += p.numel()
         out = torch.empty_like(bucket.shard_grad)
         start = self._stamp()
-        work = dist.reduce_scatter_tensor(out, flat, group=self.group, async_op=True)
+        work, nbytes = self._grad_collective(bucket, flat, out)
         row = self._record(Action(Kind.REDUCE_SCATTER, bucket.stage, bucket.ready, bucket=bucket.index), start, None,
-                           flat.numel() * flat.element_size())
+                           nbytes)
         self._pending.append((bucket, work, out, flat, row))
         self._inflight += flat.numel() * flat.element_size()
         self._peaks["inflight_grad_bytes"] = max(self._peaks["inflight_grad_bytes"], self._inflight)
@@ -181,8 +182,10 @@ class ShardedSync(GradSync):
                           b.stage, b.index, len(b.counts), len(b.params))
                 self._reduce(b)
         self._fold(wait=True)
-        for b in self.buckets:
-            b.shard_grad.div_(self.world)
+        if self.codec is None:  # a codec leaves the average
+            for b in self.buckets:
+                b.shard_grad.div_(self.world)
+        self._log_bytes()
 
     @torch.no_grad()
     def after_step(self) -> None:

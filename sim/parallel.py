@@ -20,6 +20,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
+from schedules.compression import check_dp_mode, parse_compression
 from schedules.dp import DP_MODES
 from schedules.errors import (
     ClusterError,
@@ -56,6 +57,8 @@ class ParallelConfig:
     fsdp_reshard_after_forward: bool = True  # zero3/fsdp: False keeps a forward's gathered parameters for the backward
     fsdp_prefetch: int = 1  # zero3/fsdp: a pass's all-gathers issued this many passes ahead (0: on demand)
     embedding_allreduce: str = "auto"  # the tied embedding's gradient between the first and last stage: auto|on|off
+    grad_compression: str = "none"  # codec of the gradient collectives (schedules.compression): bytes and codec time
+    codec_ns_per_param: float = 0.0  # the codec's compress+decompress time per gradient element (real.compress profile)
 
     def __post_init__(self) -> None:
         check_positive_ints("parallel", pp=self.pp, dp=self.dp, tp=self.tp, cp=self.cp)
@@ -68,6 +71,16 @@ class ParallelConfig:
             object.__setattr__(self, key, choice("parallel", key, getattr(self, key), valid))  # DDP is ddp
         check_positive("parallel", "bucket_mb", self.bucket_mb, " MiB")
         check_choice("parallel", "link_model", self.link_model, LINK_MODELS)
+        comp = parse_compression(self.grad_compression)
+        check_dp_mode(comp, self.dp_mode)
+        object.__setattr__(self, "grad_compression", comp.spec)
+        c = self.codec_ns_per_param
+        if isinstance(c, bool) or not isinstance(c, int | float) or not 0 <= c < math.inf:
+            raise ConfigError(f"parallel: codec_ns_per_param must be a finite number >= 0 (nanoseconds per "
+                              f"gradient element), got {c!r}", field="codec_ns_per_param")
+        if c and comp.exact:
+            raise ConfigError("parallel: codec_ns_per_param times a codec; give a grad_compression other than none "
+                              "or leave it out", field="codec_ns_per_param")
         self._check_overlap()
 
     def _check_overlap(self) -> None:

@@ -19,6 +19,7 @@ over all pp*dp*tp devices at dense peak.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -304,6 +305,13 @@ def key_whole(owner: str, key: str, value: Any, error: type[ConfigError] = Confi
         raise error(f"{owner}: {key} must be a whole number >= 0, got {quote(value)}", field=key)
 
 
+def _key_ns(owner: str, key: str, value: Any, error: type[ConfigError]) -> None:
+    """A finite number of nanoseconds >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise error(f"{owner}: {key} must be a finite number >= 0 (nanoseconds per gradient element), got "
+                    f"{quote(value)}", field=key)
+
+
 _STUDY_KEYS = ("schedule", "microbatches", "chunks")
 _COST_KEYS = ("microbatch_size", "efficiency", "pair_overlap", "layers_per_stage", "recompute", "dtype",
               "reduce_dtype", "elementwise", "tp_overlap")
@@ -323,6 +331,8 @@ PARALLEL_TABLE: dict[str, KeyCheck] = {
     "link_model": key_choice(LINK_MODELS), "fsdp_reshard_after_forward": key_flag,
     "fsdp_prefetch": key_whole,
     "embedding_allreduce": key_choice(EMBEDDING_ALLREDUCE),
+    "grad_compression": key_string("a codec: none, fp16, bf16, int8 or powersgd:R"),
+    "codec_ns_per_param": lambda owner, key, value, error=ConfigError: _key_ns(owner, key, value, error),
 }
 _TABLES = ("model", "cluster", "parallel", "run")
 

@@ -55,11 +55,13 @@ from functools import lru_cache
 from typing import Any
 
 from schedules import Action, Kind, Stream, Task, TaskGraph
+from schedules.compression import parse_compression
 from schedules.dp import DataParallelGraph
 from schedules.errors import ConfigError, check_choice, check_fraction, check_positive_ints, quote
 from schedules.timing import action_held_freed
 from sim import collectives as coll
 from sim.cluster import Cluster, Link
+from sim.compression import compressed_bytes, powersgd_ratio
 from sim.costs import memoized_durations, recomputed_in
 from sim.devices import DEVICE_MODELS
 from sim.gpu_model import DeviceModel, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
@@ -391,7 +393,24 @@ class TransformerCosts:
         """Bytes of one bucket's collective: the 16-bit bucket, twice that for a gradient reduction (all-reduce,
         reduce-scatter) in fp32 (``reduce_dtype``, torchtitan's default ``mixed_precision_reduce``)."""
         n = self.bucket_size(stage, num_stages, bucket)
-        return 2 * n if self.reduce_dtype == "fp32" and kind in (Kind.ALLREDUCE, Kind.REDUCE_SCATTER) else n
+        if kind not in (Kind.ALLREDUCE, Kind.REDUCE_SCATTER):
+            return n
+        comp = parse_compression(self.parallel.grad_compression)
+        if comp.exact:
+            return 2 * n if self.reduce_dtype == "fp32" else n
+        # a codec's bytes (sim.compression): int8 + scales, PowerSGD's (n + m) R per matrix, 16-bit casts
+        ratio = 1.0 if comp.codec != "powersgd" else powersgd_ratio(
+            self.model, self.stage_layers(num_stages)[stage], stage == 0, stage == num_stages - 1, num_stages > 1,
+            comp.rank)
+        return compressed_bytes(comp, n, 4 if self.reduce_dtype == "fp32" else 2,
+                                self.parallel.dp * self.parallel.cp, ratio)
+
+    def codec_time(self, kind: Kind, stage: int, num_stages: int, bucket: int) -> float:
+        """Seconds of a gradient reduction's compress and decompress (``parallel.codec_ns_per_param`` per element
+        of the bucket; sim.compression), 0 for other collectives."""
+        if kind not in (Kind.ALLREDUCE, Kind.REDUCE_SCATTER) or not self.parallel.codec_ns_per_param:
+            return 0.0
+        return self.parallel.codec_ns_per_param * 1e-9 * self.bucket_size(stage, num_stages, bucket) / 2
 
     def _collective(self, task: Task, graph: TaskGraph) -> float:
         if _is_embedding(task, graph):
@@ -403,7 +422,8 @@ class TransformerCosts:
             return group.ps(n, alone=self.parallel.dp_mode == "async-ps")
         if self.parallel.dp <= 1:
             return 0.0
-        return group.allreduce(n) if a.kind is Kind.ALLREDUCE else group.gather(n)
+        codec = self.codec_time(a.kind, a.stage, n_st, a.bucket or 0)
+        return codec + (group.allreduce(n) if a.kind is Kind.ALLREDUCE else group.gather(n))
 
     def group(self, rank: int) -> DPGroup:
         return self.parallel.group(self.cluster, rank)
@@ -505,7 +525,9 @@ class TransformerCosts:
         group = self.group(task.rank)
         if self.parallel.dp_mode in PS_MODES:
             return group.ps(0.0)
-        return group.allreduce(0.0) if task.action.kind is Kind.ALLREDUCE else group.gather(0.0)
+        a = task.action
+        codec = self.codec_time(a.kind, a.stage, graph.schedule.num_stages, a.bucket or 0)
+        return codec + (group.allreduce(0.0) if a.kind is Kind.ALLREDUCE else group.gather(0.0))
 
     def _collective_ports(self, rank: int, port: dict[str, int], ps0: int) -> tuple[int, ...]:
         g = self.parallel.device(rank)
@@ -531,4 +553,6 @@ class TransformerCosts:
             "pair_overlap": self.pair_overlap, "link_model": p.link_model,
             "fsdp_reshard_after_forward": p.fsdp_reshard_after_forward, "fsdp_prefetch": p.fsdp_prefetch,
             "embedding_allreduce": p.embedding_allreduce,
+            **({} if p.grad_compression == "none" else {"grad_compression": p.grad_compression,
+                                                        "codec_ns_per_param": p.codec_ns_per_param}),
         }

@@ -202,6 +202,7 @@ def test_cli_costs_errors_one_line_exit_2(profile_path, tmp_path, capsys, argv, 
 @pytest.mark.timeout(25)  # a torchrun launch
 def test_tiny_real_profile_loads_and_simulates(tmp_path):
     """Two gloo processes profile a tiny model; the file loads and predicts a finite positive step time."""
+    from real.compress import PROFILED
     from real.launch import torchrun
 
     out = tmp_path / "p.json"
@@ -214,6 +215,7 @@ def test_tiny_real_profile_loads_and_simulates(tmp_path):
     # Bounds, not values: these are timings measured on this machine, different on every run.
     # beta is null when the fitted time did not grow with the size (noise on a loaded machine): it reads as inf.
     assert data["p2p"]["alpha"] >= 0 and (data["p2p"]["beta"] is None or data["p2p"]["beta"] > 0)
+    assert list(data["codecs"]) == list(PROFILED) and all(math.isfinite(v) and v >= 0 for v in data["codecs"].values())
     for schedule in ("1f1b", "zb-v"):
         graph = validate(load_graph(schedule, pp=2, microbatches=4))
         costs = load_profile(out, graph.schedule.num_stages)

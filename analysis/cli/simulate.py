@@ -121,9 +121,16 @@ def add_comm_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--embedding-allreduce", default=None, choices=("auto", "on", "off"),
                    help="all-reduce the tied word embedding's gradient between the first and the last stage "
                    "(auto, the default: when the model ties its embeddings and pp > 1, as Megatron-LM)")
+    g.add_argument("--grad-compression", default=None, metavar="CODEC",
+                   help="codec of the gradient collectives: none (default), fp16, bf16, int8, powersgd:R "
+                   "(sync/ddp); their bytes shrink as docs/compression.md says")
+    g.add_argument("--codec-ns-per-param", type=float, default=None, metavar="NS",
+                   help="with --grad-compression: the codec's compress+decompress time per gradient element "
+                   "(default 0; measure it with python -m real.compress)")
 
 
-COMM_KEYS = ("link_model", "fsdp_reshard_after_forward", "fsdp_prefetch", "embedding_allreduce")
+COMM_KEYS = ("link_model", "fsdp_reshard_after_forward", "fsdp_prefetch", "embedding_allreduce", "grad_compression",
+             "codec_ns_per_param")
 
 
 def comm_overrides(args: argparse.Namespace) -> dict[str, Any]:

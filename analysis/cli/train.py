@@ -145,6 +145,9 @@ def parser(prog: str) -> OneLineParser:
                    "dp = trainers / pp, world = trainers + servers (CPU, gloo)")
     o.add_argument("--staleness", type=int, metavar="S",
                    help="with --dp-mode async-ps: the steps a trainer may run ahead of the slowest (default 0)")
+    o.add_argument("--grad-compression", metavar="CODEC",
+                   help="codec of the gradient collectives, with dp > 1: none (default), fp16, bf16, int8, "
+                   "powersgd:R (sync/ddp only); only none is exact (docs/compression.md)")
     o.add_argument("--recompute", choices=RECOMPUTE_PLACEMENTS, default="none",
                    help="activation recomputation: none (default); full: an R (the forward again, with grad) right "
                    "before every backward, its F keeps only its input; bubbles: each R moved into idle time "
@@ -241,7 +244,8 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
                         token_file=args.data, data_master=args.data_master),
         optim=OptimConfig(optimizer=args.optimizer, lr=args.lr),
         sync=SyncConfig(dp_mode=_or(args.dp_mode, "ps" if servers else "ddp"), bucket_mb=_or(args.bucket_mb, 25.0),
-                        servers=servers, staleness=_or(args.staleness, 0)),
+                        servers=servers, staleness=_or(args.staleness, 0),
+                        grad_compression=_or(args.grad_compression, "none")),
         runtime=RuntimeConfig(backend=args.backend, timeout_s=args.timeout, recv_ahead=args.recv_ahead,
                               trace_step=args.trace_step, trace_steps=args.trace_steps, dtype=args.dtype),
         checkpoint=checkpoint,
@@ -281,7 +285,7 @@ def _refuse_idle_flags(args: argparse.Namespace) -> None:
         refuse(given(args, "checkpoint_every", "keep_last") + (["--async-checkpoint"] if args.async_checkpoint else []),
                "without --checkpoint-dir (nothing would be saved; give --checkpoint-dir DIR)")
     if args.dp == 1 and args.placement is None:  # with --dp auto the same command may run at dp 1 or more
-        refuse(given(args, "dp_mode", "bucket_mb"), "at dp 1 (one replica: no gradients to synchronize)")
+        refuse(given(args, "dp_mode", "bucket_mb", "grad_compression"), "at dp 1 (one replica: no gradients to synchronize)")
     if args.dp_mode != "async-ps":
         refuse(given(args, "staleness"), "without --dp-mode async-ps (the other modes do not run ahead)")
     if args.pp == 1:

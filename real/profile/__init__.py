@@ -55,6 +55,7 @@ File schema (JSON, ``"schema": "schedlab.profile/1"``)::
                      "single": {"alpha", "beta", "sizes": [...]}}} | null,
      "comm_slowdown": {"factor", "bucket_bytes", "in_flight", "passes", "alone"|"with_collective":
                        {"F"|"B"|"I"|"W": {...stat}}, "short": repetitions the chain ended early} | null,
+     "codecs": {"fp16"|"bf16"|"int8"|"powersgd:1"|"powersgd:4": nanoseconds per gradient element},
      "warnings": [str]: every guess an alpha/beta fit made, each naming its field (also under the
                  section's own "warnings"): a time that did not grow with the size (beta null, alpha the
                  fastest time) or a negative intercept (alpha 0). sim.profiled logs them on loading.}
@@ -78,6 +79,7 @@ import torch
 import torch.distributed as dist
 
 from real.backward import backward_full, backward_input, backward_weight
+from real.compress import profile_codecs
 from real.config import OPTIMIZERS, ModelConfig, partition
 from real.data import make_batch
 from real.data import microbatches as microbatches_of
@@ -504,6 +506,9 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
         "collectives": (colls := _collectives(pp, cfg.dp, max_params, cfg.warmup, cfg.reps)),
         "comm_slowdown": (slow := _slowdown(cfg, pp, benches[: cfg.stages[0]], timed)),
         "warnings": fit_warnings(p2p, colls, slow),
+        # nanoseconds per gradient element of each codec's compress + decompress (the first stage's parameters
+        # as one bucket): the simulator's parallel.codec_ns_per_param (real.compress.profile_codecs)
+        "codecs": profile_codecs([tuple(p.shape) for p in benches[0].params], warmup=cfg.warmup, reps=cfg.reps),
     }
 
 
