@@ -20,7 +20,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from schedules.dp import DP_MODES
+from schedules.dp import DP_MODES, PEER_SELECTIONS
 from schedules.errors import (
     ClusterError,
     ConfigError,
@@ -55,6 +55,8 @@ class ParallelConfig:
     fsdp_reshard_after_forward: bool = True  # zero3/fsdp: False keeps a forward's gathered parameters for the backward
     fsdp_prefetch: int = 1  # zero3/fsdp: a pass's all-gathers issued this many passes ahead (0: on demand)
     embedding_allreduce: str = "auto"  # the tied embedding's gradient between the first and last stage: auto|on|off
+    peer_selection: str = "ring"  # decentralized: both ring neighbours per step, or one random peer (schedules.dp)
+    sync_every: int = 1  # local-sgd: the parameters are averaged once every sync_every steps
 
     def __post_init__(self) -> None:
         check_positive_ints("parallel", pp=self.pp, dp=self.dp, tp=self.tp, cp=self.cp)
@@ -67,6 +69,8 @@ class ParallelConfig:
             object.__setattr__(self, key, choice("parallel", key, getattr(self, key), valid))  # DDP is ddp
         check_positive("parallel", "bucket_mb", self.bucket_mb, " MiB")
         check_choice("parallel", "link_model", self.link_model, LINK_MODELS)
+        check_choice("parallel", "peer_selection", self.peer_selection, PEER_SELECTIONS)
+        check_positive_ints("parallel", sync_every=self.sync_every)
         self._check_overlap()
 
     def _check_overlap(self) -> None:
@@ -202,6 +206,11 @@ class DPGroup:
             g = self.per_node
             return coll.ring_gather(n, g, self.cluster.intra) + coll.ring_gather(n / g, self.nodes, self.cluster.inter)
         return coll.ring_gather(n, self.size, self.link)
+
+    def exchange(self, n: float) -> float:
+        """One decentralized replica's send of n bytes to a peer while the peer's n arrive (full duplex): alpha +
+        n/B on the slowest link of the group (the replicas step together, so the slowest pair sets the time)."""
+        return self.link.time(n) if self.size > 1 else 0.0
 
     def ps(self, n: float) -> float:
         """One push or pull of n bytes through all the cluster's parameter servers."""

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from schedules import Kind, PipelineParams, Stream, TaskGraph, ZBAutoOptions, load_graph, validate
-from schedules.dp import DP_MODES, add_data_parallel
+from schedules.dp import DP_MODES, PEER_SELECTIONS, add_data_parallel, exchange_peers
 from schedules.errors import ConfigError, check_positive_ints, quote
 from schedules.registry import lookup
 from sim import collectives as coll
@@ -115,7 +115,8 @@ def dp_options(costs: TransformerCosts) -> dict[str, Any]:
     """The data-parallel pass's options from the parallel layout (and whether the model ties its embeddings)."""
     p = costs.parallel
     return {"prefetch": p.fsdp_prefetch, "reshard_after_forward": p.fsdp_reshard_after_forward,
-            "embedding": p.embedding_sync(costs.model.tied_embeddings)}
+            "embedding": p.embedding_sync(costs.model.tied_embeddings),
+            "peers": exchange_peers(p.peer_selection, p.dp) if p.dp_mode == "decentralized" else 1}
 
 
 def spec_adaptive(name: str) -> bool:
@@ -323,6 +324,7 @@ PARALLEL_TABLE: dict[str, KeyCheck] = {
     "link_model": key_choice(LINK_MODELS), "fsdp_reshard_after_forward": key_flag,
     "fsdp_prefetch": key_whole,
     "embedding_allreduce": key_choice(EMBEDDING_ALLREDUCE),
+    "peer_selection": key_choice(PEER_SELECTIONS), "sync_every": key_positive_int,
 }
 _TABLES = ("model", "cluster", "parallel", "run")
 

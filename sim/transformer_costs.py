@@ -74,6 +74,9 @@ ADAM_BYTES_PER_PARAM = 28  # see the module docstring
 DTYPES = ("bf16", "fp8")
 FALLBACK_EFFICIENCY = 0.6  # a device without a calibration: the matmuls' assumed fraction of peak
 _PORTS = ("intra-out", "intra-in", "inter-out", "inter-in")
+# Moved in fp32 with reduce_dtype fp32: gradient reductions, and the fp32 master parameters that decentralized SGD
+# exchanges (local SGD's parameter average is an ALLREDUCE too).
+_FP32_KINDS = (Kind.ALLREDUCE, Kind.REDUCE_SCATTER, Kind.EXCHANGE)
 
 
 def _is_embedding(task: Task, graph: TaskGraph) -> bool:
@@ -391,7 +394,7 @@ class TransformerCosts:
         """Bytes of one bucket's collective: the 16-bit bucket, twice that for a gradient reduction (all-reduce,
         reduce-scatter) in fp32 (``reduce_dtype``, torchtitan's default ``mixed_precision_reduce``)."""
         n = self.bucket_size(stage, num_stages, bucket)
-        return 2 * n if self.reduce_dtype == "fp32" and kind in (Kind.ALLREDUCE, Kind.REDUCE_SCATTER) else n
+        return 2 * n if self.reduce_dtype == "fp32" and kind in _FP32_KINDS else n
 
     def _collective(self, task: Task, graph: TaskGraph) -> float:
         if _is_embedding(task, graph):
@@ -403,6 +406,8 @@ class TransformerCosts:
             return group.ps(n)
         if self.parallel.dp <= 1:
             return 0.0
+        if a.kind is Kind.EXCHANGE:
+            return group.exchange(n)
         return group.allreduce(n) if a.kind is Kind.ALLREDUCE else group.gather(n)
 
     def group(self, rank: int) -> DPGroup:
@@ -505,6 +510,8 @@ class TransformerCosts:
         group = self.group(task.rank)
         if self.parallel.dp_mode == "ps":
             return group.ps(0.0)
+        if task.action.kind is Kind.EXCHANGE:
+            return group.exchange(0.0)
         return group.allreduce(0.0) if task.action.kind is Kind.ALLREDUCE else group.gather(0.0)
 
     def _collective_ports(self, rank: int, port: dict[str, int], ps0: int) -> tuple[int, ...]:
@@ -512,7 +519,9 @@ class TransformerCosts:
         if self.parallel.dp_mode == "ps":
             servers = len(self.cluster.pservers)
             return (port["inter-out"] + g, port["inter-in"] + g, *range(ps0, ps0 + 2 * servers))
-        return tuple(port[f"{kind}-{d}"] + g for kind in self.group(rank).uses for d in ("out", "in"))
+        group = self.group(rank)
+        uses = ("inter" if group.nodes > 1 else "intra",) if self.parallel.dp_mode == "decentralized" else group.uses
+        return tuple(port[f"{kind}-{d}"] + g for kind in uses for d in ("out", "in"))
 
     def describe(self) -> dict[str, Any]:
         p = self.parallel
