@@ -15,6 +15,7 @@ from typing import Any
 from real.checkpoint import CheckpointConfig
 from schedules import ConfigError, Kind, ScheduleError, TaskGraph, load_graph, lower, validate
 from schedules.dp import DP_MODES as SCHEDULE_DP_MODES
+from schedules.dp import PEER_SELECTIONS
 from schedules.errors import check_choice, check_positive, check_positive_ints
 from schedules.partition import split_layers, stage_ranges
 from schedules.recompute import check_recompute, place_recompute
@@ -43,8 +44,9 @@ __all__ = [
 ]
 
 MODEL_KINDS = ("gpt", "mlp")
-# The data-parallel modes of schedules.dp that the runtime implements (real.dp; zero2, zero3 = fsdp: real.zero).
-DP_MODES = ("sync", "ddp", "zero1", "zero2", "zero3", "fsdp")
+# The data-parallel modes of schedules.dp that the runtime implements (real.dp; zero2, zero3 = fsdp: real.zero;
+# decentralized, local-sgd: real.peer_sync).
+DP_MODES = ("sync", "ddp", "zero1", "zero2", "zero3", "fsdp", "decentralized", "local-sgd")
 if not set(DP_MODES) <= set(SCHEDULE_DP_MODES):
     raise ImportError(f"real.config.DP_MODES {DP_MODES} must be modes of schedules.dp {SCHEDULE_DP_MODES}")
 OPTIMIZERS = ("sgd", "adamw")
@@ -180,14 +182,27 @@ class OptimConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SyncConfig:
-    """Data-parallel gradient synchronization: a mode of :data:`DP_MODES` and the bucket cap."""
+    """Data-parallel synchronization: a mode of :data:`DP_MODES` and the bucket cap; ``sync_every`` (local-sgd:
+    average the parameters once every that many steps) and ``peer_selection`` (decentralized: ring or random)."""
 
     dp_mode: str = "ddp"
     bucket_mb: float = 25.0
+    sync_every: int = 1
+    peer_selection: str = "ring"
 
     def __post_init__(self) -> None:
-        check_choice("data-parallel sync", "dp_mode", self.dp_mode, DP_MODES)
-        check_positive("data-parallel sync", "bucket_mb", self.bucket_mb, " MiB")
+        owner = "data-parallel sync"
+        check_choice(owner, "dp_mode", self.dp_mode, DP_MODES)
+        check_positive(owner, "bucket_mb", self.bucket_mb, " MiB")
+        check_positive_ints(owner, sync_every=self.sync_every)
+        check_choice(owner, "peer_selection", self.peer_selection, PEER_SELECTIONS)
+        if self.sync_every != 1 and self.dp_mode != "local-sgd":
+            raise ConfigError(f"{owner}: sync_every {self.sync_every} applies to dp_mode local-sgd, not "
+                              f"{self.dp_mode!r}; use dp_mode local-sgd or leave it out", field="sync_every")
+        if self.peer_selection != "ring" and self.dp_mode != "decentralized":
+            raise ConfigError(f"{owner}: peer_selection {self.peer_selection!r} applies to dp_mode decentralized, "
+                              f"not {self.dp_mode!r}; use dp_mode decentralized or leave it out",
+                              field="peer_selection")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -265,6 +280,9 @@ class RunConfig:
                 f"with step {self.traced_step}); valid: 1..{self.traced_step + 1}", field="trace_steps"
             )
         self._check_faults(owner)
+        if self.sync.peer_selection == "random" and self.layout.dp % 2:
+            raise ConfigError(f"{owner}: peer_selection random pairs the replicas and needs an even dp, got dp "
+                              f"{self.layout.dp}; use an even dp or peer_selection ring", field="peer_selection")
         per_replica = self.layout.dp * self.layout.microbatches
         if self.data.batch_size % per_replica:
             fits = (self.data.batch_size // per_replica or 1) * per_replica

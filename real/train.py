@@ -33,6 +33,7 @@ from real import stop, usercode
 from real.config import Plan, RunConfig, make_plan
 from real.data import DataSource, microbatches, step_seed
 from real.datamaster import MasterBatches
+from real.dp import GradSync
 from real.executor import Executor, Stage
 from real.measure import ActivationMeter, Recorder, clock_offset, held_bytes
 from real.mesh import Mesh, env_world
@@ -51,6 +52,7 @@ from real.model_api import (
 )
 from real.models import make_optimizer
 from real.p2p import PeerError, PipeComm, matching_sends
+from real.peer_sync import PEER_MODES, PeerSync
 from real.zero import SHARDED_MODES, full_state, load_full, make_sync
 from schedules import Action, CheckpointError, ConfigError, Kind, SchedlabError, Stream
 from schedules.trace import check_trace_path, make_trace, write_trace
@@ -291,10 +293,7 @@ class _Trainer:
         by_stage = {s: [p for _, p in self.stages[s].global_parameters()] for s in sorted(self.stages)}
         self.sync = None
         if mesh.dp_group is not None:
-            self.sync = make_sync(by_stage, graph=self.plan.graph, pp_rank=mesh.pp_rank, group=mesh.dp_group,
-                                  mode=cfg.sync.dp_mode, bucket_mb=cfg.sync.bucket_mb,
-                                  accumulations=cfg.layout.microbatches, stamp=self.recorder.stamp,
-                                  record=self.recorder.add)
+            self.sync = self._make_sync(by_stage)
             self.sync.on_gather = self.meter.exclude_parameters
         # One optimizer per stage (element-wise optimizers: the same as one over all), so that with data
         # parallelism each stage's update is traced as {s}OPTIM, as the simulator's data-parallel pass has it.
@@ -308,6 +307,16 @@ class _Trainer:
         self.needs_data = 0 in self.stages or last in self.stages
         self._sharded = self.sync is not None and self.sync.mode in ("zero1", *SHARDED_MODES)  # checkpoints gather
         self.metered = cfg.metered_step  # train() moves it to the first step a resumed run runs
+
+    def _make_sync(self, by_stage: dict[int, list[torch.nn.Parameter]]) -> GradSync | PeerSync:
+        cfg, mesh = self.plan.config, self.mesh
+        common = {"group": mesh.dp_group, "mode": cfg.sync.dp_mode, "bucket_mb": cfg.sync.bucket_mb,
+                  "stamp": self.recorder.stamp, "record": self.recorder.add}
+        if cfg.sync.dp_mode in PEER_MODES:
+            return PeerSync(by_stage, sync_every=cfg.sync.sync_every, peer_selection=cfg.sync.peer_selection,
+                            seed=cfg.data.seed, **common)
+        return make_sync(by_stage, graph=self.plan.graph, pp_rank=mesh.pp_rank,
+                         accumulations=cfg.layout.microbatches, **common)
 
     def _boundaries(self) -> Boundaries:
         """(shape, dtype) of every stage's output: the built-in model's hidden state, or inferred on the CPU."""
@@ -384,6 +393,8 @@ class _Trainer:
             return 0, []
         if self._sharded:
             load_full(restored, self.sync, self.named, self.optimizers, self.mesh.rank)
+        elif isinstance(self.sync, PeerSync):
+            self.sync.load(restored, self.named, self.optimizers, self.mesh.rank)
         else:
             ckpt.load(restored, self.named, list(self.optimizers.values()), self.mesh.rank)
         self.data.restore(restored.step, restored.info.get("data"))
@@ -394,6 +405,8 @@ class _Trainer:
         cfg = self.plan.config
         if self._sharded:
             state = full_state(self.sync, self.named, self.optimizers, self.mesh.rank)
+        elif isinstance(self.sync, PeerSync):
+            state = self.sync.state(self.named, self.optimizers, self.mesh.rank)
         else:
             state = ckpt.state_dict(self.named, list(self.optimizers.values()), self.mesh.rank)
         info = {"losses": losses, "world_size": cfg.world_size, "pp": cfg.layout.pp, "dp": cfg.layout.dp,

@@ -22,6 +22,7 @@ from analysis.cli.common import (
     uniform_costs,
 )
 from analysis.cli.simulate import COMM_KEYS, add_comm_args, comm_overrides
+from analysis.cli.time_to_loss import add_time_to_loss_args, time_to_loss_main
 from schedules import ScheduleError
 from schedules.outputs import check_distinct, check_output_dir, check_output_file, write_files_into
 from schedules.registry import lookup
@@ -44,14 +45,19 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     g.add_argument("--model", metavar="NAME", help="transformer preset, e.g. gpt-6.2b")
     g.add_argument("--cluster", metavar="NAME[:NODES]", help="cluster preset, e.g. dgx-h100:2")
     g.add_argument("--dp", type=int, help="data-parallel replicas (default 1)")
-    g.add_argument("--dp-mode", metavar="MODE", help="none, sync, ddp, zero1, zero2, zero3, ps (default none)")
+    g.add_argument("--dp-mode", metavar="MODE", help="none, sync, ddp, zero1, zero2, zero3, ps, decentralized, "
+                   "local-sgd (default none)")
     g.add_argument("--microbatch-size", type=int, metavar="B", help="sequences per microbatch (default 1)")
     g.add_argument("--tp", type=int, help="tensor-parallel ranks per pipeline rank, inside a node (default 1)")
     g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism in the tensor-parallel group")
     g.add_argument("--recompute", metavar="MODE", help="activation recomputation: none (default), selective, full")
     add_comm_args(g)
+    add_time_to_loss_args(p)
     args = p.parse_args(argv)
     check_cost_flags(args)
+    if args.time_to_loss is not None:
+        return time_to_loss_main(args, p, prog)
+    refuse(given(args, "curve"), "without --time-to-loss L")
     chosen = name_list(args.schedules)
     if args.model or args.cluster:
         return _units_compare(args, chosen, p, prog)

@@ -121,9 +121,14 @@ def add_comm_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--embedding-allreduce", default=None, choices=("auto", "on", "off"),
                    help="all-reduce the tied word embedding's gradient between the first and the last stage "
                    "(auto, the default: when the model ties its embeddings and pp > 1, as Megatron-LM)")
+    g.add_argument("--peer-selection", default=None, choices=("ring", "random"),
+                   help="dp-mode decentralized: exchange with both ring neighbours (ring, the default) or one peer")
+    g.add_argument("--sync-every", type=int, default=None, metavar="K",
+                   help="dp-mode local-sgd: the parameters are averaged once every K steps (default 1)")
 
 
-COMM_KEYS = ("link_model", "fsdp_reshard_after_forward", "fsdp_prefetch", "embedding_allreduce")
+COMM_KEYS = ("link_model", "fsdp_reshard_after_forward", "fsdp_prefetch", "embedding_allreduce", "peer_selection",
+             "sync_every")
 
 
 def comm_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -64,6 +64,7 @@ from real.p2p import PeerError
 from real.train import RunResult, resolve_backend, restart_count, resume_point, run
 from real.usercode import UserCodeError, check_model, raised, user_frames
 from schedules import ConfigError, SchedlabError
+from schedules.dp import PEER_SELECTIONS
 from schedules.outputs import atomic_write, check_distinct, check_output_dir, check_output_file
 from schedules.recompute import RECOMPUTE_PLACEMENTS
 from schedules.trace import check_trace_path
@@ -139,6 +140,11 @@ def parser(prog: str) -> OneLineParser:
     o.add_argument("--lr", type=float, default=3e-3, help="learning rate (default 3e-3)")
     o.add_argument("--dp-mode", choices=DP_MODES, help="gradient sync, with dp > 1 (default ddp)")
     o.add_argument("--bucket-mb", type=float, help="gradient bucket cap in MiB, with dp > 1 (default 25)")
+    o.add_argument("--sync-every", type=int, metavar="K",
+                   help="with --dp-mode local-sgd: average the replicas' parameters once every K steps (default 1)")
+    o.add_argument("--peer-selection", choices=PEER_SELECTIONS,
+                   help="with --dp-mode decentralized: average with both ring neighbours (ring, the default) or "
+                   "with one peer per step drawn from the seed (random, even dp)")
     o.add_argument("--recompute", choices=RECOMPUTE_PLACEMENTS, default="none",
                    help="activation recomputation: none (default); full: an R (the forward again, with grad) right "
                    "before every backward, its F keeps only its input; bubbles: each R moved into idle time "
@@ -231,7 +237,8 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
         data=DataConfig(model=model, batch_size=args.batch_size, seed=args.seed, factory=_factory(args),
                         token_file=args.data, data_master=args.data_master),
         optim=OptimConfig(optimizer=args.optimizer, lr=args.lr),
-        sync=SyncConfig(dp_mode=_or(args.dp_mode, "ddp"), bucket_mb=_or(args.bucket_mb, 25.0)),
+        sync=SyncConfig(dp_mode=_or(args.dp_mode, "ddp"), bucket_mb=_or(args.bucket_mb, 25.0),
+                        sync_every=_or(args.sync_every, 1), peer_selection=_or(args.peer_selection, "ring")),
         runtime=RuntimeConfig(backend=args.backend, timeout_s=args.timeout, recv_ahead=args.recv_ahead,
                               trace_step=args.trace_step, trace_steps=args.trace_steps, dtype=args.dtype),
         checkpoint=checkpoint,
@@ -249,7 +256,7 @@ def _refuse_idle_flags(args: argparse.Namespace) -> None:
         refuse(given(args, "checkpoint_every", "keep_last") + (["--async-checkpoint"] if args.async_checkpoint else []),
                "without --checkpoint-dir (nothing would be saved; give --checkpoint-dir DIR)")
     if args.dp == 1:  # with --dp auto the same command may run at dp 1 or more: the flags stay valid
-        refuse(given(args, "dp_mode", "bucket_mb"), "at dp 1 (one replica: no gradients to synchronize)")
+        refuse(given(args, "dp_mode", "bucket_mb", "sync_every", "peer_selection"), "at dp 1 (one replica: no gradients to synchronize)")
     if args.pp == 1:
         refuse(given(args, "recv_ahead"), "at pp 1 (one pipeline rank: no messages between stages)")
     refuse_model_flags(args)
