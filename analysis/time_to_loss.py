@@ -9,7 +9,9 @@ step from the simulator on the cluster of interest
     steps to L = the number of steps done when the loss is first <= L
     time to L  = steps to L x simulated seconds per step (amortized for local-sgd)
 
-A curve that never reaches L reports neither (None, "not reached"), never a
+With ``smooth`` W > 1 the losses are first replaced by their trailing mean
+over W steps (fewer at the start), so that one lucky batch does not count as
+reaching L. A curve that never reaches L reports neither (None, "not reached"), never a
 guess. Curve files: the ``metrics.jsonl`` that ``schedlab train --log-dir``
 writes (one JSON object per line; the lines with a ``loss`` are used, by
 their ``step``, counted from 0), or a CSV with the columns ``step`` and
@@ -30,7 +32,7 @@ from typing import Any
 from schedules import ConfigError
 from schedules.dp import DP_MODES, PEER_SELECTIONS
 
-__all__ = ["LossCurve", "ModeSpec", "format_table", "parse_mode", "plot_loss_vs_time", "read_curve",
+__all__ = ["LossCurve", "ModeSpec", "format_table", "parse_mode", "plot_loss_vs_time", "read_curve", "smoothed",
            "steps_to_loss", "time_to_loss_rows"]
 
 
@@ -121,13 +123,27 @@ def steps_to_loss(steps: Sequence[int], losses: Sequence[float], target: float) 
     return None
 
 
-def time_to_loss_rows(curves: Sequence[LossCurve], step_times: dict[str, float], target: float) -> list[dict]:
-    """Per curve: mode, steps to the target, seconds per step, time to the target, final loss."""
+def smoothed(losses: Sequence[float], window: int) -> tuple[float, ...]:
+    """Trailing mean over ``window`` losses (over the i + 1 so far for the first ones)."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ConfigError(f"time to loss: smooth {window!r} must be a whole number of steps >= 1 (1: raw losses)",
+                          field="smooth")
+    out, total = [], 0.0
+    for i, loss in enumerate(losses):
+        total += loss - (losses[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return tuple(out)
+
+
+def time_to_loss_rows(curves: Sequence[LossCurve], step_times: dict[str, float], target: float,
+                      smooth: int = 1) -> list[dict]:
+    """Per curve: mode, steps to the target (losses smoothed over ``smooth`` steps), seconds per step, time to
+    the target, final loss."""
     if not math.isfinite(target):
         raise ConfigError(f"time to loss: target loss {target} must be a finite number", field="time_to_loss")
     out = []
     for c in curves:
-        n = steps_to_loss(c.steps, c.losses, target)
+        n = steps_to_loss(c.steps, smoothed(c.losses, smooth), target)
         t = step_times[c.spec.label]
         out.append({"mode": c.spec.label, "steps_to_loss": n, "step_time_s": t,
                     "time_to_loss_s": None if n is None else n * t, "final_loss": c.losses[-1],

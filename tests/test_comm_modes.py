@@ -7,7 +7,15 @@ from dataclasses import replace
 
 import pytest
 
-from analysis.time_to_loss import LossCurve, ModeSpec, parse_mode, read_curve, steps_to_loss, time_to_loss_rows
+from analysis.time_to_loss import (
+    LossCurve,
+    ModeSpec,
+    parse_mode,
+    read_curve,
+    smoothed,
+    steps_to_loss,
+    time_to_loss_rows,
+)
 from schedules import Action, ConfigError, Kind, ScheduleError, Stream, build, lower, validate
 from schedules.dp import add_data_parallel, exchange_peers, random_peer, ring_neighbours
 from sim.cluster import Link, cluster_preset
@@ -157,3 +165,42 @@ def test_mode_names():
         parse_mode("local-sgd")
     with pytest.raises(ConfigError, match=r"^time to loss: mode 'allreduce' is not a data-parallel mode; valid: sync"):
         parse_mode("allreduce")
+
+
+def test_smoothing_is_a_trailing_mean():
+    assert smoothed((4.0, 2.0, 3.0, 1.0), 2) == (4.0, 3.0, 2.5, 2.0)
+    assert smoothed(CURVE[1], 1) == CURVE[1]
+    with pytest.raises(ConfigError, match=r"^time to loss: smooth 0 must be a whole number of steps >= 1"):
+        smoothed(CURVE[1], 0)
+
+
+def _compare(capsys, *argv):
+    from analysis.cli.compare import compare_main
+
+    try:
+        code = compare_main(list(argv))
+    except SystemExit as exc:
+        code = exc.code
+    return code, *capsys.readouterr()
+
+
+def test_compare_time_to_loss_reports_each_mode_and_draws_the_curves(tmp_path, capsys):
+    for name, losses in (("ddp", (3.0, 2.5, 2.2)), ("lsgd", (3.0, 2.6, 2.4, 2.2))):
+        (tmp_path / f"{name}.csv").write_text("step,loss\n" + "".join(f"{i},{x}\n" for i, x in enumerate(losses)))
+    argv = ["--model", "gpt-6.2b", "--cluster", "dgx-h100:1", "--pp", "1", "--dp", "8", "--microbatches", "4",
+            "--time-to-loss", "2.3", "--curve", f"ddp={tmp_path / 'ddp.csv'}",
+            "--curve", f"local-sgd:4={tmp_path / 'lsgd.csv'}", "--out", str(tmp_path / "out"), "--json"]
+    code, out, err = _compare(capsys, *argv)
+    assert code == 0, err
+    got = json.loads(out)
+    ddp = run_study(_study("ddp", dp=8)).step_time
+    lsgd = mode_step_time(_study("local-sgd", dp=8, sync_every=4)).per_step
+    assert [(r["mode"], r["steps_to_loss"], r["step_time_s"], r["time_to_loss_s"]) for r in got["modes"]] == [
+        ("ddp", 3, ddp, 3 * ddp), ("local-sgd:4", 4, lsgd, 4 * lsgd)]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["time-to-loss.csv", "time-to-loss.png"]
+
+
+def test_compare_time_to_loss_needs_curves(capsys):
+    code, _, err = _compare(capsys, "--model", "gpt-6.2b", "--cluster", "dgx-h100:1", "--time-to-loss", "2")
+    assert code == 2 and err == ("error: schedlab compare: --time-to-loss needs at least one --curve MODE=FILE "
+                                 "(e.g. --curve ddp=run/metrics.jsonl)\n")

@@ -57,7 +57,7 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     check_cost_flags(args)
     if args.time_to_loss is not None:
         return time_to_loss_main(args, p, prog)
-    refuse(given(args, "curve"), "without --time-to-loss L")
+    refuse(given(args, "curve", "smooth"), "without --time-to-loss L")
     chosen = name_list(args.schedules)
     if args.model or args.cluster:
         return _units_compare(args, chosen, p, prog)

@@ -23,6 +23,8 @@ def add_time_to_loss_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--curve", action="append", metavar="MODE=FILE",
                    help="a mode's measured losses: MODE ddp, local-sgd:K, decentralized:ring|random...; FILE a "
                    "metrics.jsonl (train --log-dir) or a step,loss CSV; repeat per mode")
+    g.add_argument("--smooth", type=int, metavar="W",
+                   help="with --time-to-loss: compare the trailing mean of W losses with L (default 1: raw losses)")
 
 
 def time_to_loss_main(args: argparse.Namespace, parser: OneLineParser, prog: str) -> int:
@@ -46,7 +48,7 @@ def time_to_loss_main(args: argparse.Namespace, parser: OneLineParser, prog: str
             steps, losses = read_curve(path)
             curves.append(LossCurve(parse_mode(label), steps, losses, path))
         times = _step_times(args, schedules[0], [c.spec for c in curves])
-        rows = time_to_loss_rows(curves, times, args.time_to_loss)
+        rows = time_to_loss_rows(curves, times, args.time_to_loss, 1 if args.smooth is None else args.smooth)
         out = check_output_dir(args.out, "output folder")
         for name in (FIGURE, TABLE):
             check_output_file(out / name, "output file")
