@@ -71,6 +71,7 @@ class ParallelConfig:
         check_choice("parallel", "link_model", self.link_model, LINK_MODELS)
         check_choice("parallel", "peer_selection", self.peer_selection, PEER_SELECTIONS)
         check_positive_ints("parallel", sync_every=self.sync_every)
+        self._check_peer_options()
         self._check_overlap()
 
     def _check_overlap(self) -> None:
@@ -92,6 +93,16 @@ class ParallelConfig:
         if self.embedding_allreduce == "on" and self.dp_mode == "ps":
             raise ConfigError("parallel: embedding_allreduce on does not combine with dp_mode ps (the servers hold "
                               "the update); use auto or off", field="embedding_allreduce")
+
+    def _check_peer_options(self) -> None:
+        """sync_every only with local-sgd, peer_selection only with decentralized; random pairs an even dp."""
+        for key, mode, default in (("sync_every", "local-sgd", 1), ("peer_selection", "decentralized", "ring")):
+            if getattr(self, key) != default and self.dp_mode != mode:
+                raise ConfigError(f"parallel: {key} applies to dp_mode {mode}, not {self.dp_mode!r}; use dp_mode "
+                                  f"{mode} or leave it out", field=key)
+        if self.peer_selection == "random" and self.dp % 2:
+            raise ConfigError(f"parallel: peer_selection random pairs the replicas and needs an even dp, got dp "
+                              f"{self.dp}; use an even dp or peer_selection ring", field="peer_selection")
 
     def embedding_sync(self, tied: bool) -> bool:
         """Whether the first and the last stage all-reduce the word embedding's gradient: ``on``, or ``auto``

@@ -242,6 +242,9 @@ class StudyResult:
             + f"; rank order {p.order}; network core non-blocking",
             "optimizer step: 28 bytes per parameter at HBM bandwidth"
             + (", after each rank's last pass (dp mode none adds no OPTIM task)" if p.dp_mode == "none" else ""),
+            *([f"local-sgd: the step simulated is one that averages (1 in {p.sync_every}); time per step amortized "
+               "over the others: sim.comm_modes.mode_step_time, schedlab compare --time-to-loss"]
+              if p.dp_mode == "local-sgd" else []),
         ]
 
     def to_dict(self) -> dict[str, Any]:

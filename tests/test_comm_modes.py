@@ -204,3 +204,38 @@ def test_compare_time_to_loss_needs_curves(capsys):
     code, _, err = _compare(capsys, "--model", "gpt-6.2b", "--cluster", "dgx-h100:1", "--time-to-loss", "2")
     assert code == 2 and err == ("error: schedlab compare: --time-to-loss needs at least one --curve MODE=FILE "
                                  "(e.g. --curve ddp=run/metrics.jsonl)\n")
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"dp_mode": "ddp", "sync_every": 3}, "parallel: sync_every applies to dp_mode local-sgd, not 'ddp'; use dp_mode "
+                                          "local-sgd or leave it out"),
+    ({"dp_mode": "local-sgd", "peer_selection": "random"}, "parallel: peer_selection applies to dp_mode "
+                                                            "decentralized, not 'local-sgd'; use dp_mode decentralized "
+                                                            "or leave it out"),
+    ({"dp_mode": "decentralized", "peer_selection": "random", "dp": 3}, "parallel: peer_selection random pairs the "
+                                                                        "replicas and needs an even dp, got dp 3; use "
+                                                                        "an even dp or peer_selection ring"),
+    ({"dp_mode": "local-sgd", "sync_every": 0}, "parallel: sync_every must be an integer >= 1, got 0"),
+])
+def test_peer_options_are_refused_where_they_do_nothing_or_cannot_work(kw, message):
+    with pytest.raises(ConfigError) as err:
+        ParallelConfig(pp=1, **{"dp": 4, **kw})
+    assert str(err.value) == message
+
+
+def test_run_config_refuses_peer_options_of_another_mode_and_random_peers_at_odd_dp():
+    from real.config import RunConfig
+
+    with pytest.raises(ConfigError, match=r"^data-parallel sync: sync_every 2 applies to dp_mode local-sgd, not "
+                                          r"'ddp'; use dp_mode local-sgd or leave it out$"):
+        RunConfig.of(schedule="1f1b", dp=2, sync_every=2)
+    with pytest.raises(ConfigError, match=r"^run of '1f1b': peer_selection random pairs the replicas and needs an "
+                                          r"even dp, got dp 3; use an even dp or peer_selection ring$"):
+        RunConfig.of(schedule="1f1b", dp=3, batch_size=30, dp_mode="decentralized", peer_selection="random")
+
+
+@pytest.mark.parametrize("mode", ["decentralized", "local-sgd"])
+def test_each_replica_holds_its_whole_model_states(mode):
+    from sim.memory import model_state_bytes
+
+    assert model_state_bytes(1000, mode, 8) == model_state_bytes(1000, "ddp", 8) == 16 * 1000
