@@ -239,3 +239,19 @@ def test_each_replica_holds_its_whole_model_states(mode):
     from sim.memory import model_state_bytes
 
     assert model_state_bytes(1000, mode, 8) == model_state_bytes(1000, "ddp", 8) == 16 * 1000
+
+
+def test_a_cost_file_times_an_exchange_as_one_measured_message_of_the_bucket(tmp_path):
+    from sim.profiled import load_profile
+    from tests.test_profiled import PROFILE
+
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(PROFILE))
+    costs = load_profile(path, 2)
+    graph = add_data_parallel(lower(build("1f1b", pp=2, microbatches=2)), "decentralized", [2, 4], peers=2)
+    ex = [t for t in graph.tasks if t.action.kind is Kind.EXCHANGE]
+    assert len(ex) == 2 * (2 + 4)
+    for t in ex:
+        n = (1000 / 2, 2000 / 4)[t.action.stage]  # the stage's param_bytes over its buckets
+        assert costs.bytes(t, graph) == n
+        assert costs.duration(t, graph) == 0.0001 + n / 1e8
