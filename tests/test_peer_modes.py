@@ -3,6 +3,10 @@
 One torchrun launch (this file is also the worker) runs, per mode, 4 steps
 uninterrupted, 2 steps that checkpoint at step 2, and 4 steps resumed from it:
 
+* each mode equals its own single-process definition (``_reference``: dp
+  copies of the whole model in one process, each on its replica's share of
+  the batch, averaged as the algorithm says) to 1e-5, losses and the first
+  replica's parameters (decentralized with SGD, local-sgd K = 3 with AdamW);
 * local-sgd with K = 1 and SGD (momentum 0.9) equals ddp to 1e-5, losses and
   parameters: averaging the parameters after every local step is averaging
   the gradients when the update is linear in the gradient (SGD, with or
@@ -28,11 +32,13 @@ torch = pytest.importorskip("torch")
 from real import ModelConfig, RunConfig  # noqa: E402
 from real.checkpoint import CheckpointConfig  # noqa: E402
 from real.config import make_plan  # noqa: E402
+from real.data import microbatches  # noqa: E402
 from real.data.tokens import prepare  # noqa: E402
 from real.dp import make_buckets  # noqa: E402
-from real.models import build_model  # noqa: E402
+from real.model_api import data_for  # noqa: E402
+from real.models import build_model, loss_fn, make_optimizer  # noqa: E402
 from schedules import Kind  # noqa: E402
-from schedules.dp import add_data_parallel  # noqa: E402
+from schedules.dp import add_data_parallel, random_peer, ring_neighbours  # noqa: E402
 
 LAUNCH_TIMEOUT = 60  # seconds for the launch (8 runs of 2-4 steps on 2 processes)
 SEQ = 8
@@ -70,6 +76,53 @@ def launched(tmp_path_factory) -> tuple[dict[str, RunConfig], dict]:
     tmp = tmp_path_factory.mktemp("peermodes")
     runs = _runs(tmp)
     return runs, launch_worker(__file__, 2, {k: c.to_dict() for k, c in runs.items()}, tmp, LAUNCH_TIMEOUT)
+
+
+def _reference(cfg: RunConfig) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """(losses, replica 0's parameters) of the mode run in one process: dp whole models, each stepping on its
+    replica's share of every batch; decentralized: before the step, each replica's parameters become the mean of
+    its own and its neighbours' (all taken before the step); local-sgd: after steps 0, K, 2K, ..., the mean of
+    every replica's."""
+    dp, m, sync = cfg.layout.dp, cfg.layout.microbatches, cfg.sync
+    models = [build_model(MODEL, cfg.data.seed) for _ in range(dp)]
+    opts = [make_optimizer(cfg.optim.optimizer, model.parameters(), cfg.optim.lr) for model in models]
+    data, losses = data_for(cfg, None), []
+    for step in range(cfg.steps):
+        before = [[p.detach().clone() for p in model.parameters()] for model in models]
+        total = 0.0
+        for d, (model, opt) in enumerate(zip(models, opts, strict=True)):
+            opt.zero_grad(set_to_none=True)
+            for x, y in microbatches(data.replica_batch(step, dp, d), 1, 0, m):
+                loss = loss_fn(model(x), y) / m
+                loss.backward()
+                total += loss.item()
+        with torch.no_grad():
+            if sync.dp_mode == "decentralized":
+                for d, model in enumerate(models):
+                    peers = (ring_neighbours(d, dp) if sync.peer_selection == "ring"
+                             else (random_peer(d, dp, cfg.data.seed, step),))
+                    for i, p in enumerate(model.parameters()):
+                        p.copy_((before[d][i] + sum(before[q][i] for q in peers)) / (1 + len(peers)))
+            for opt in opts:
+                opt.step()
+            if sync.dp_mode == "local-sgd" and step % sync.sync_every == 0:
+                for ps in zip(*(model.parameters() for model in models), strict=True):
+                    mean = sum(p.detach().clone() for p in ps) / dp
+                    for p in ps:
+                        p.copy_(mean)
+        losses.append(total / dp)
+    return losses, {n: p.detach().clone() for n, p in models[0].named_parameters()}
+
+
+@pytest.mark.parametrize("label", ["decentralized plain", "local-sgd K=3 plain"])
+def test_a_peer_mode_equals_its_single_process_definition(launched, label):
+    runs, got = launched
+    ref_losses, ref_params = _reference(runs[label])
+    assert max(abs(a - b) for a, b in zip(got[label]["losses"], ref_losses, strict=True)) <= 1e-5
+    assert list(got[label]["params"]) == list(ref_params)
+    for name, t in ref_params.items():
+        diff = float((got[label]["params"][name] - t).abs().max())
+        assert diff <= 1e-5, f"{label}: {name} differs from the definition by {diff:.3g}"
 
 
 def test_local_sgd_averaging_every_step_with_sgd_equals_ddp(launched):
