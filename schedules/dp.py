@@ -75,10 +75,13 @@ from schedules.graph import Stream, Task, TaskGraph
 from schedules.ir import Action, Kind
 from schedules.util import paused_gc
 
-__all__ = ["DP_MODES", "PEER_SELECTIONS", "DPPlan", "DataParallelGraph", "add_data_parallel", "exchange_peers",
+__all__ = ["APPROXIMATE_MODES", "DP_MODES", "PEER_SELECTIONS", "DPPlan", "DataParallelGraph", "add_data_parallel", "exchange_peers",
            "random_peer", "ring_neighbours"]
 
 DP_MODES = ("none", "sync", "ddp", "zero1", "zero2", "zero3", "fsdp", "ps", "decentralized", "local-sgd")
+# Modes that change the mathematics (each replica steps its own parameters): compared by time to a loss, not by
+# step time alone (the planner leaves them out).
+APPROXIMATE_MODES = ("decentralized", "local-sgd")
 PEER_SELECTIONS = ("ring", "random")  # decentralized: both ring neighbours every step, or one random peer per step
 _GRAD_KINDS = (Kind.B, Kind.W)
 _PARAM_KINDS = (Kind.F, Kind.I, Kind.B)

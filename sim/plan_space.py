@@ -27,7 +27,7 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from schedules import ScheduleError, build, names, spec
-from schedules.dp import DP_MODES
+from schedules.dp import APPROXIMATE_MODES, DP_MODES
 from schedules.errors import ConfigError, check_choice, check_positive, check_positive_ints, choice, quote
 from schedules.registry import MAX_TASKS, TASKS_PER_PASS
 from sim.cluster import Cluster
@@ -40,6 +40,9 @@ __all__ = ["MAX_GLOBAL_BATCH", "MAX_MICROBATCHES", "PLAN_DP_MODES", "PlanConfig"
            "shape_ok", "tp_choices", "why_empty"]
 
 PLAN_DP_MODES = ("ddp", "zero1", "zero2", "fsdp")
+# The modes a plan may choose from: exact ones (a step's time compares them); decentralized and local SGD change
+# the mathematics and are compared by time to a loss (schedlab compare --time-to-loss).
+_PLAN_MODES = [m for m in DP_MODES if m not in ("none", "sync", "ps", *APPROXIMATE_MODES)]
 # Microbatches per step the planner tries at most: twice the most the 405B example's top five use (512 x 1). Each
 # one more is seven tasks per stage to build, bound and simulate: with 4096, a batch of 10^8 sequences on one node
 # had not finished after 4.5 minutes (schedules of ~10^6 tasks); with 1024 it takes ~12 s (gpt-tiny, dgx-h100:1,
@@ -124,7 +127,7 @@ class PlanSpace:
         for b in self.microbatch_sizes or ():
             check_positive_ints("plan", microbatch_size=b)
         for mode in self.dp_modes:
-            check_choice("plan", "dp_mode", mode, [m for m in DP_MODES if m not in ("none", "sync", "ps")])
+            check_choice("plan", "dp_mode", mode, _PLAN_MODES)
         for r in self.recompute:
             check_recompute("plan", r)
         if self.bucket_mb is not None:
@@ -138,7 +141,7 @@ class PlanSpace:
     def _normalize(self) -> None:
         """Every choice once, names in their canonical case (``DDP`` is ``ddp``): a repeated value would list
         one configuration twice."""
-        modes = [m for m in DP_MODES if m not in ("none", "sync", "ps")]
+        modes = _PLAN_MODES
         fixed = {
             "schedules": None if self.schedules is None else [spec(n).name for n in self.schedules],
             "dp_modes": [choice("plan", "dp_mode", m, modes) for m in self.dp_modes],
