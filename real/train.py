@@ -167,7 +167,24 @@ def resume_point(config: RunConfig) -> ckpt.Restored | None:
                 f"checkpoint {restored.path} was written with {key} {theirs!r}, this run has "
                 f"{mine[part][key]!r}; use the same {key} to resume, or another checkpoint directory", field="directory"
             )
+    _check_peer_resume(restored, saved, mine)
     return restored
+
+
+def _check_peer_resume(restored: ckpt.Restored, saved: dict[str, Any], mine: dict[str, Any]) -> None:
+    """decentralized and local-sgd checkpoints hold one state per replica: they resume with the same mode, dp and
+    pp only (checked here, on files, so that no rank waits in a load another rank refused)."""
+    def layout(d: dict[str, Any]) -> tuple[Any, ...]:
+        sync, lay = d.get("sync"), d.get("layout")
+        return (sync.get("dp_mode") if isinstance(sync, dict) else None,
+                *((lay.get("dp"), lay.get("pp")) if isinstance(lay, dict) else (None, None)))
+
+    theirs, ours = layout(saved), layout(mine)
+    if {theirs[0], ours[0]} & set(PEER_MODES) and theirs != ours:
+        raise CheckpointError(f"checkpoint {restored.path} was written with dp mode {theirs[0]} at dp {theirs[1]}, pp "
+                              f"{theirs[2]}; this run has {ours[0]} at dp {ours[1]}, pp {ours[2]}: decentralized and "
+                              "local-sgd checkpoints hold each replica's own state and resume with the same mode, dp "
+                              "and pp only; use those, or another checkpoint directory", field="directory")
 
 
 def run(
