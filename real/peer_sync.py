@@ -47,17 +47,48 @@ from torch import nn
 from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
 from real import checkpoint as ckpt
-from real.dp import make_buckets
+from real.config import RunConfig
+from real.dp import GradSync, make_buckets
 from real.p2p import Inflight
+from real.zero import make_sync
 from schedules import Action, CheckpointError, Kind
 from schedules.dp import random_peer, ring_neighbours
+from schedules.graph import TaskGraph
 
-__all__ = ["PEER_MODES", "PeerSync"]
+__all__ = ["PEER_MODES", "PeerSync", "check_resume", "make_data_sync"]
 
 log = logging.getLogger(__name__)
 
 PEER_MODES = ("decentralized", "local-sgd")
 _STEP_KEY = "peer_sync.step"
+
+
+def make_data_sync(stage_params: dict[int, Sequence[nn.Parameter]], config: RunConfig, *, graph: TaskGraph,
+                   pp_rank: int, group: dist.ProcessGroup, stamp: Callable[[], object],
+                   record: Callable[..., list | None]) -> GradSync | PeerSync:
+    """The data-parallel sync of ``config``'s mode: :class:`PeerSync` here, or :func:`real.zero.make_sync`'s."""
+    sync = config.sync
+    common = {"group": group, "mode": sync.dp_mode, "bucket_mb": sync.bucket_mb, "stamp": stamp, "record": record}
+    if sync.dp_mode in PEER_MODES:
+        return PeerSync(stage_params, sync_every=sync.sync_every, peer_selection=sync.peer_selection,
+                        seed=config.data.seed, **common)
+    return make_sync(stage_params, graph=graph, pp_rank=pp_rank, accumulations=config.layout.microbatches, **common)
+
+
+def check_resume(restored: ckpt.Restored, saved: dict[str, Any], mine: dict[str, Any]) -> None:
+    """decentralized and local-sgd checkpoints hold one state per replica: they resume with the same mode, dp and
+    pp only (checked here, on files, so that no rank waits in a load another rank refused)."""
+    def layout(d: dict[str, Any]) -> tuple[Any, ...]:
+        sync, lay = d.get("sync"), d.get("layout")
+        return (sync.get("dp_mode") if isinstance(sync, dict) else None,
+                *((lay.get("dp"), lay.get("pp")) if isinstance(lay, dict) else (None, None)))
+
+    theirs, ours = layout(saved), layout(mine)
+    if {theirs[0], ours[0]} & set(PEER_MODES) and theirs != ours:
+        raise CheckpointError(f"checkpoint {restored.path} was written with dp mode {theirs[0]} at dp {theirs[1]}, pp "
+                              f"{theirs[2]}; this run has {ours[0]} at dp {ours[1]}, pp {ours[2]}: decentralized and "
+                              "local-sgd checkpoints hold each replica's own state and resume with the same mode, dp "
+                              "and pp only; use those, or another checkpoint directory", field="directory")
 
 
 @dataclass(eq=False)

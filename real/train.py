@@ -33,7 +33,6 @@ from real import stop, usercode
 from real.config import Plan, RunConfig, make_plan
 from real.data import DataSource, microbatches, step_seed
 from real.datamaster import MasterBatches
-from real.dp import GradSync
 from real.executor import Executor, Stage
 from real.measure import ActivationMeter, Recorder, clock_offset, held_bytes
 from real.mesh import Mesh, env_world
@@ -52,8 +51,8 @@ from real.model_api import (
 )
 from real.models import make_optimizer
 from real.p2p import PeerError, PipeComm, matching_sends
-from real.peer_sync import PEER_MODES, PeerSync
-from real.zero import SHARDED_MODES, full_state, load_full, make_sync
+from real.peer_sync import PeerSync, check_resume, make_data_sync
+from real.zero import SHARDED_MODES, full_state, load_full
 from schedules import Action, CheckpointError, ConfigError, Kind, SchedlabError, Stream
 from schedules.trace import check_trace_path, make_trace, write_trace
 
@@ -167,24 +166,8 @@ def resume_point(config: RunConfig) -> ckpt.Restored | None:
                 f"checkpoint {restored.path} was written with {key} {theirs!r}, this run has "
                 f"{mine[part][key]!r}; use the same {key} to resume, or another checkpoint directory", field="directory"
             )
-    _check_peer_resume(restored, saved, mine)
+    check_resume(restored, saved, mine)
     return restored
-
-
-def _check_peer_resume(restored: ckpt.Restored, saved: dict[str, Any], mine: dict[str, Any]) -> None:
-    """decentralized and local-sgd checkpoints hold one state per replica: they resume with the same mode, dp and
-    pp only (checked here, on files, so that no rank waits in a load another rank refused)."""
-    def layout(d: dict[str, Any]) -> tuple[Any, ...]:
-        sync, lay = d.get("sync"), d.get("layout")
-        return (sync.get("dp_mode") if isinstance(sync, dict) else None,
-                *((lay.get("dp"), lay.get("pp")) if isinstance(lay, dict) else (None, None)))
-
-    theirs, ours = layout(saved), layout(mine)
-    if {theirs[0], ours[0]} & set(PEER_MODES) and theirs != ours:
-        raise CheckpointError(f"checkpoint {restored.path} was written with dp mode {theirs[0]} at dp {theirs[1]}, pp "
-                              f"{theirs[2]}; this run has {ours[0]} at dp {ours[1]}, pp {ours[2]}: decentralized and "
-                              "local-sgd checkpoints hold each replica's own state and resume with the same mode, dp "
-                              "and pp only; use those, or another checkpoint directory", field="directory")
 
 
 def run(
@@ -310,7 +293,8 @@ class _Trainer:
         by_stage = {s: [p for _, p in self.stages[s].global_parameters()] for s in sorted(self.stages)}
         self.sync = None
         if mesh.dp_group is not None:
-            self.sync = self._make_sync(by_stage)
+            self.sync = make_data_sync(by_stage, cfg, graph=self.plan.graph, pp_rank=mesh.pp_rank,
+                                       group=mesh.dp_group, stamp=self.recorder.stamp, record=self.recorder.add)
             self.sync.on_gather = self.meter.exclude_parameters
         # One optimizer per stage (element-wise optimizers: the same as one over all), so that with data
         # parallelism each stage's update is traced as {s}OPTIM, as the simulator's data-parallel pass has it.
@@ -324,16 +308,6 @@ class _Trainer:
         self.needs_data = 0 in self.stages or last in self.stages
         self._sharded = self.sync is not None and self.sync.mode in ("zero1", *SHARDED_MODES)  # checkpoints gather
         self.metered = cfg.metered_step  # train() moves it to the first step a resumed run runs
-
-    def _make_sync(self, by_stage: dict[int, list[torch.nn.Parameter]]) -> GradSync | PeerSync:
-        cfg, mesh = self.plan.config, self.mesh
-        common = {"group": mesh.dp_group, "mode": cfg.sync.dp_mode, "bucket_mb": cfg.sync.bucket_mb,
-                  "stamp": self.recorder.stamp, "record": self.recorder.add}
-        if cfg.sync.dp_mode in PEER_MODES:
-            return PeerSync(by_stage, sync_every=cfg.sync.sync_every, peer_selection=cfg.sync.peer_selection,
-                            seed=cfg.data.seed, **common)
-        return make_sync(by_stage, graph=self.plan.graph, pp_rank=mesh.pp_rank,
-                         accumulations=cfg.layout.microbatches, **common)
 
     def _boundaries(self) -> Boundaries:
         """(shape, dtype) of every stage's output: the built-in model's hidden state, or inferred on the CPU."""

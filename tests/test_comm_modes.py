@@ -260,17 +260,17 @@ def test_a_cost_file_times_an_exchange_as_one_measured_message_of_the_bucket(tmp
 def test_a_peer_mode_checkpoint_resumes_with_the_same_mode_dp_and_pp_only(tmp_path):
     from real.checkpoint import Restored
     from real.config import RunConfig
-    from real.train import _check_peer_resume
+    from real.peer_sync import check_resume
     from schedules import CheckpointError
 
     def cfg(mode, dp):
         return RunConfig.of(schedule="1f1b", dp=dp, batch_size=32, dp_mode=mode).to_dict()
 
     restored = Restored(tmp_path / "step_000002", {"step": 2})
-    _check_peer_resume(restored, cfg("local-sgd", 2), cfg("local-sgd", 2))
-    _check_peer_resume(restored, cfg("ddp", 2), cfg("zero1", 4))
+    check_resume(restored, cfg("local-sgd", 2), cfg("local-sgd", 2))
+    check_resume(restored, cfg("ddp", 2), cfg("zero1", 4))
     with pytest.raises(CheckpointError, match=r"was written with dp mode local-sgd at dp 2, pp 1; this run has local-sgd at "
                                           r"dp 4, pp 1: decentralized and local-sgd checkpoints hold each replica's "):
-        _check_peer_resume(restored, cfg("local-sgd", 2), cfg("local-sgd", 4))
+        check_resume(restored, cfg("local-sgd", 2), cfg("local-sgd", 4))
     with pytest.raises(CheckpointError, match=r"written with dp mode ddp at dp 2, pp 1; this run has decentralized at dp 2"):
-        _check_peer_resume(restored, cfg("ddp", 2), cfg("decentralized", 2))
+        check_resume(restored, cfg("ddp", 2), cfg("decentralized", 2))
