@@ -540,4 +540,6 @@ class TransformerCosts:
             "pair_overlap": self.pair_overlap, "link_model": p.link_model,
             "fsdp_reshard_after_forward": p.fsdp_reshard_after_forward, "fsdp_prefetch": p.fsdp_prefetch,
             "embedding_allreduce": p.embedding_allreduce,
+            **({"peer_selection": p.peer_selection} if p.dp_mode == "decentralized" else {}),
+            **({"sync_every": p.sync_every} if p.dp_mode == "local-sgd" else {}),
         }
