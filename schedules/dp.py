@@ -75,8 +75,8 @@ from schedules.graph import Stream, Task, TaskGraph
 from schedules.ir import Action, Kind
 from schedules.util import paused_gc
 
-__all__ = ["APPROXIMATE_MODES", "DP_MODES", "PEER_SELECTIONS", "DPPlan", "DataParallelGraph", "add_data_parallel", "exchange_peers",
-           "random_peer", "ring_neighbours"]
+__all__ = ["APPROXIMATE_MODES", "DP_MODES", "PEER_SELECTIONS", "DPPlan", "DataParallelGraph", "add_data_parallel",
+           "exchange_peers", "random_peer", "ring_neighbours"]
 
 DP_MODES = ("none", "sync", "ddp", "zero1", "zero2", "zero3", "fsdp", "ps", "decentralized", "local-sgd")
 # Modes that change the mathematics (each replica steps its own parameters): compared by time to a loss, not by
@@ -158,19 +158,17 @@ def add_data_parallel(graph: TaskGraph, mode: str, buckets: Sequence[int], *, pr
     if mode == "none" and not embedding:
         return graph
     with paused_gc():
-        builder = _DPBuilder(graph, mode, tuple(buckets), prefetch, reshard_after_forward, embedding)
-        builder.peers, builder.averaging = peers, averaging
-        return builder.build()
+        return _DPBuilder(graph, mode, tuple(buckets), prefetch, reshard_after_forward, embedding,
+                          peers=peers, averaging=averaging).build()
 
 
 class _DPBuilder:
-    peers: int = 1  # decentralized: the neighbours each bucket is exchanged with
-    averaging: bool = True  # local-sgd: this step averages the parameters
-
     def __init__(self, graph: TaskGraph, mode: str, buckets: tuple[int, ...], prefetch: int, reshard: bool,
-                 embedding: bool) -> None:
+                 embedding: bool, *, peers: int = 1, averaging: bool = True) -> None:
         self.graph, self.mode, self.buckets = graph, mode, buckets
         self.prefetch, self.reshard, self.embedding = prefetch, reshard, embedding
+        self.peers = peers  # decentralized: the neighbours each bucket is exchanged with
+        self.averaging = averaging  # local-sgd: this step averages the parameters
         self.tasks: list[Task] = list(graph.tasks)
         self.programs = [list(p) for p in graph.programs]
         self.ready: dict[int, tuple[int, float]] = {}
