@@ -256,7 +256,8 @@ def _refuse_idle_flags(args: argparse.Namespace) -> None:
         refuse(given(args, "checkpoint_every", "keep_last") + (["--async-checkpoint"] if args.async_checkpoint else []),
                "without --checkpoint-dir (nothing would be saved; give --checkpoint-dir DIR)")
     if args.dp == 1:  # with --dp auto the same command may run at dp 1 or more: the flags stay valid
-        refuse(given(args, "dp_mode", "bucket_mb", "sync_every", "peer_selection"), "at dp 1 (one replica: no gradients to synchronize)")
+        refuse(given(args, "dp_mode", "bucket_mb", "sync_every", "peer_selection"),
+               "at dp 1 (one replica: no gradients to synchronize)")
     if args.pp == 1:
         refuse(given(args, "recv_ahead"), "at pp 1 (one pipeline rank: no messages between stages)")
     refuse_model_flags(args)
