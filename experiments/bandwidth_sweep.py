@@ -26,6 +26,7 @@ from analysis.cli.common import OneLineParser, errors_to_exit
 from analysis.results_page import check_page, table, write_page
 from analysis.time_to_loss import LossCurve, parse_mode, plot_loss_vs_time, read_curve, smoothed, steps_to_loss
 from schedules import ConfigError
+from schedules.outputs import check_output_file
 from sim.cluster import Link, cluster_preset
 from sim.comm_modes import mode_step_time
 from sim.parallel import ParallelConfig
@@ -96,6 +97,9 @@ def main() -> None:
     with errors_to_exit(p):
         if args.markdown:
             check_page(args.markdown)
+        for flag, path in (("--figure", args.figure), ("--loss-figure", args.loss_figure)):
+            if path is not None:
+                check_output_file(path, flag, (".png",))
         curves = load_curves(Path(args.curves))
         smooth = {k: smoothed(c.losses, args.smooth) for k, c in curves.items()}
         target = args.target if args.target is not None else max(min(s) for s in smooth.values())

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from analysis.cli.common import OneLineParser, errors_to_exit
+from analysis.cli.common import OneLineParser, errors_to_exit, fail
 from analysis.results_page import check_page, table, write_page
 from analysis.time_to_loss import parse_mode, read_curve
 from real.data.tokens import prepare
@@ -76,7 +76,7 @@ def main() -> None:
         if args.markdown:
             check_page(args.markdown)
         if args.steps < TAIL:
-            raise SystemExit(f"error: --steps {args.steps} must be at least {TAIL} (the steps averaged at the end)")
+            fail(f"--steps {args.steps} must be at least {TAIL} (the steps averaged at the end)")
     tokens = corpus(out)
     curves = {label: measure(label, tokens, out, args.steps) for label in MODES}
     ref = curves["ddp"]
