@@ -16,6 +16,7 @@ from real.checkpoint import CheckpointConfig
 from schedules import ConfigError, Kind, ScheduleError, TaskGraph, load_graph, lower, validate
 from schedules.compression import check_dp_mode, parse_compression
 from schedules.dp import DP_MODES as SCHEDULE_DP_MODES
+from schedules.dp import PEER_SELECTIONS
 from schedules.errors import check_choice, check_positive, check_positive_ints
 from schedules.partition import split_layers, stage_ranges
 from schedules.recompute import check_recompute, place_recompute
@@ -46,8 +47,8 @@ __all__ = [
 
 MODEL_KINDS = ("gpt", "mlp")
 # The data-parallel modes of schedules.dp that the runtime implements (real.dp; zero2, zero3 = fsdp: real.zero;
-# ps: real.ps, with parameter servers).
-DP_MODES = ("sync", "ddp", "zero1", "zero2", "zero3", "fsdp", "ps", "async-ps")
+# ps, async-ps: real.ps / real.ps_async, with parameter servers; decentralized, local-sgd: real.peer_sync).
+DP_MODES = ("sync", "ddp", "zero1", "zero2", "zero3", "fsdp", "ps", "async-ps", "decentralized", "local-sgd")
 PS_MODES = ("ps", "async-ps")  # the modes with parameter servers (real.ps, real.ps_async)
 if not set(DP_MODES) <= set(SCHEDULE_DP_MODES):
     raise ImportError(f"real.config.DP_MODES {DP_MODES} must be modes of schedules.dp {SCHEDULE_DP_MODES}")
@@ -184,12 +185,14 @@ class OptimConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SyncConfig:
-    """Data-parallel gradient synchronization: a mode of :data:`DP_MODES`, the bucket cap, and the codec of the
-    gradient collectives (:mod:`schedules.compression`: none, fp16, bf16, int8, powersgd:R).
+    """Data-parallel synchronization: a mode of :data:`DP_MODES`, the bucket cap, and the codec of the gradient
+    collectives (:mod:`schedules.compression`: none, fp16, bf16, int8, powersgd:R).
 
     ``servers``: parameter-server processes of modes ``ps`` and ``async-ps`` (:mod:`real.ps`), started
     besides the pp x dp trainers (global ranks pp x dp onwards); required by those, refused by the others.
     ``staleness``: async-ps's bound, the steps a trainer may run ahead of the slowest (:mod:`real.ps_async`).
+    ``sync_every`` (local-sgd: average the parameters once every that many steps) and ``peer_selection``
+    (decentralized: ring or random).
     """
 
     dp_mode: str = "ddp"
@@ -197,29 +200,40 @@ class SyncConfig:
     servers: int = 0
     staleness: int = 0
     grad_compression: str = "none"
+    sync_every: int = 1
+    peer_selection: str = "ring"
 
     def __post_init__(self) -> None:
-        check_choice("data-parallel sync", "dp_mode", self.dp_mode, DP_MODES)
-        check_positive("data-parallel sync", "bucket_mb", self.bucket_mb, " MiB")
+        owner = "data-parallel sync"
+        check_choice(owner, "dp_mode", self.dp_mode, DP_MODES)
+        check_positive(owner, "bucket_mb", self.bucket_mb, " MiB")
         if not isinstance(self.servers, int) or isinstance(self.servers, bool) or self.servers < 0:
-            raise ConfigError(f"data-parallel sync: servers must be a whole number >= 0, got {self.servers!r}",
-                              field="servers")
+            raise ConfigError(f"{owner}: servers must be a whole number >= 0, got {self.servers!r}", field="servers")
         if self.dp_mode in PS_MODES and self.servers == 0:
-            raise ConfigError(f"data-parallel sync: dp_mode {self.dp_mode} needs parameter servers; give servers >= 1 "
+            raise ConfigError(f"{owner}: dp_mode {self.dp_mode} needs parameter servers; give servers >= 1 "
                               "(a placement with /pserver devices, e.g. '/pserver/CPU:0,/trainer/CPU:0-1')",
                               field="servers")
         if self.dp_mode not in PS_MODES and self.servers:
-            raise ConfigError(f"data-parallel sync: {self.servers} parameter server(s) with dp_mode "
+            raise ConfigError(f"{owner}: {self.servers} parameter server(s) with dp_mode "
                               f"{self.dp_mode}; servers serve dp_mode ps or async-ps only", field="servers")
         if not isinstance(self.staleness, int) or isinstance(self.staleness, bool) or self.staleness < 0:
-            raise ConfigError(f"data-parallel sync: staleness must be a whole number of steps >= 0, got "
+            raise ConfigError(f"{owner}: staleness must be a whole number of steps >= 0, got "
                               f"{self.staleness!r}", field="staleness")
         if self.staleness and self.dp_mode != "async-ps":
-            raise ConfigError(f"data-parallel sync: staleness {self.staleness} applies to dp_mode async-ps only, not "
+            raise ConfigError(f"{owner}: staleness {self.staleness} applies to dp_mode async-ps only, not "
                               f"{self.dp_mode}; leave it out or use async-ps", field="staleness")
         comp = parse_compression(self.grad_compression)
         check_dp_mode(comp, self.dp_mode)
         object.__setattr__(self, "grad_compression", comp.spec)  # POWERSGD:2 is powersgd:2
+        check_positive_ints(owner, sync_every=self.sync_every)
+        check_choice(owner, "peer_selection", self.peer_selection, PEER_SELECTIONS)
+        if self.sync_every != 1 and self.dp_mode != "local-sgd":
+            raise ConfigError(f"{owner}: sync_every {self.sync_every} applies to dp_mode local-sgd, not "
+                              f"{self.dp_mode!r}; use dp_mode local-sgd or leave it out", field="sync_every")
+        if self.peer_selection != "ring" and self.dp_mode != "decentralized":
+            raise ConfigError(f"{owner}: peer_selection {self.peer_selection!r} applies to dp_mode decentralized, "
+                              f"not {self.dp_mode!r}; use dp_mode decentralized or leave it out",
+                              field="peer_selection")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -306,6 +320,9 @@ class RunConfig:
         if self.sync.servers and self.data.data_master:
             raise ConfigError(f"{owner}: data_master with parameter servers is not supported; leave data_master out",
                               field="data_master")
+        if self.sync.peer_selection == "random" and self.layout.dp % 2:
+            raise ConfigError(f"{owner}: peer_selection random pairs the replicas and needs an even dp, got dp "
+                              f"{self.layout.dp}; use an even dp or peer_selection ring", field="peer_selection")
         per_replica = self.layout.dp * self.layout.microbatches
         if self.data.batch_size % per_replica:
             fits = (self.data.batch_size // per_replica or 1) * per_replica

@@ -52,9 +52,10 @@ from real.model_api import (
 )
 from real.models import make_optimizer
 from real.p2p import PeerError, PipeComm, matching_sends
+from real.peer_sync import PeerSync, check_resume, make_data_sync
 from real.ps import ParamServer, PSTrainer
 from real.ps_async import AsyncParamServer, AsyncPSTrainer
-from real.zero import SHARDED_MODES, full_state, load_full, make_sync
+from real.zero import SHARDED_MODES, full_state, load_full
 from schedules import Action, CheckpointError, ConfigError, Kind, SchedlabError, Stream
 from schedules.trace import check_trace_path, make_trace, write_trace
 
@@ -171,6 +172,7 @@ def resume_point(config: RunConfig) -> ckpt.Restored | None:
                 f"checkpoint {restored.path} was written with {key} {theirs!r}, this run has "
                 f"{mine[part][key]!r}; use the same {key} to resume, or another checkpoint directory", field="directory"
             )
+    check_resume(restored, saved, mine)
     return restored
 
 
@@ -316,11 +318,8 @@ class _Trainer:
                                   bucket_mb=cfg.sync.bucket_mb, accumulations=cfg.layout.microbatches,
                                   stamp=self.recorder.stamp, record=self.recorder.add)
         elif mesh.dp_group is not None:
-            self.sync = make_sync(by_stage, graph=self.plan.graph, pp_rank=mesh.pp_rank, group=mesh.dp_group,
-                                  mode=cfg.sync.dp_mode, bucket_mb=cfg.sync.bucket_mb,
-                                  compression=cfg.sync.grad_compression,
-                                  accumulations=cfg.layout.microbatches, stamp=self.recorder.stamp,
-                                  record=self.recorder.add)
+            self.sync = make_data_sync(by_stage, cfg, graph=self.plan.graph, pp_rank=mesh.pp_rank,
+                                       group=mesh.dp_group, stamp=self.recorder.stamp, record=self.recorder.add)
             self.sync.on_gather = self.meter.exclude_parameters
         # One optimizer per stage (element-wise optimizers: the same as one over all), so that with data
         # parallelism each stage's update is traced as {s}OPTIM, as the simulator's data-parallel pass has it.
@@ -402,6 +401,8 @@ class _Trainer:
             load_full(restored, self.sync, self.named, self.optimizers, self.mesh.rank)
         elif isinstance(self.sync, PSTrainer):  # the parameters (the servers load the optimizer state)
             ckpt.load(restored, self.named, [], self.mesh.rank)
+        elif isinstance(self.sync, PeerSync):
+            self.sync.load(restored, self.named, self.optimizers, self.mesh.rank)
         else:
             ckpt.load(restored, self.named, list(self.optimizers.values()), self.mesh.rank)
         if self.sync is not None and self.sync.codec is not None:
@@ -416,6 +417,8 @@ class _Trainer:
             state = full_state(self.sync, self.named, self.optimizers, self.mesh.rank)
         elif isinstance(self.sync, PSTrainer):  # the servers write the parameters and the optimizer state
             state = ckpt.state_dict([], [], self.mesh.rank)
+        elif isinstance(self.sync, PeerSync):
+            state = self.sync.state(self.named, self.optimizers, self.mesh.rank)
         else:
             state = ckpt.state_dict(self.named, list(self.optimizers.values()), self.mesh.rank)
         if self.sync is not None and self.sync.codec is not None:

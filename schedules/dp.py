@@ -28,6 +28,23 @@ Modes (``fsdp`` is an alias of ``zero3``):
   them (FSDP's ``reshard_after_forward=False``): no gather before that
   backward, nor before a forward of the stage in between; a backward always
   reshards (FSDP's ``reshard_after_backward``);
+* ``decentralized`` (decentralized SGD, Lian et al. 2017, "Can decentralized
+  algorithms outperform centralized algorithms?", as Bagua's
+  ``DecentralizedAlgorithm`` runs it): no gradient collective; each bucket's
+  parameters are exchanged (EXCHANGE, a send and a receive with one peer
+  replica) with each of ``peers`` neighbours, issued when the step starts
+  (Bagua marks the weights ready in its forward pre-hook, so the exchange of
+  x_t overlaps the forward and backward), and the stage's OPTIM waits for its
+  exchanges (Bagua's post-backward hook waits and copies the averaged weights
+  back, then the optimizer applies the local gradient: x_{t+1} = mean of the
+  neighbourhood's x_t - lr g_i(x_t)). ``peers``: 2 for a ring of more than
+  two replicas, 1 for a ring of two or a random peer per step
+  (:func:`exchange_peers`);
+* ``local-sgd`` (Stich 2019, "Local SGD converges fast and communicates
+  little"; torch's ``PeriodicModelAverager``): replicas step alone; on an
+  averaging step (``averaging`` True, one step in ``sync_every``) every bucket
+  of a stage's parameters is all-reduced after its OPTIM; a local step has
+  OPTIM only;
 * ``ps``: each bucket is pushed to the parameter servers (REDUCE_SCATTER) when
   ready, as in ddp, and pulled back (ALL_GATHER) after its push; the update runs
   on the servers;
@@ -52,6 +69,7 @@ the cost model to turn into a delay.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -61,9 +79,14 @@ from schedules.graph import Stream, Task, TaskGraph
 from schedules.ir import Action, Kind
 from schedules.util import paused_gc
 
-__all__ = ["DP_MODES", "DPPlan", "DataParallelGraph", "add_data_parallel"]
+__all__ = ["APPROXIMATE_MODES", "DP_MODES", "PEER_SELECTIONS", "DPPlan", "DataParallelGraph", "add_data_parallel",
+           "exchange_peers", "random_peer", "ring_neighbours"]
 
-DP_MODES = ("none", "sync", "ddp", "zero1", "zero2", "zero3", "fsdp", "ps", "async-ps")
+DP_MODES = ("none", "sync", "ddp", "zero1", "zero2", "zero3", "fsdp", "ps", "async-ps", "decentralized", "local-sgd")
+# Modes that change the mathematics (each replica steps its own parameters): compared by time to a loss, not by
+# step time alone (the planner leaves them out).
+APPROXIMATE_MODES = ("decentralized", "local-sgd")
+PEER_SELECTIONS = ("ring", "random")  # decentralized: both ring neighbours every step, or one random peer per step
 _GRAD_KINDS = (Kind.B, Kind.W)
 _PARAM_KINDS = (Kind.F, Kind.I, Kind.B)
 
@@ -90,15 +113,44 @@ class DataParallelGraph(TaskGraph):
     plan: DPPlan | None = None
 
 
+def exchange_peers(selection: str, dp: int) -> int:
+    """Neighbours a decentralized replica exchanges its parameters with per step: a ring's two (one at dp 2),
+    or one random peer."""
+    if selection not in PEER_SELECTIONS:
+        raise ScheduleError(f"unknown peer selection {selection!r}; valid: {', '.join(PEER_SELECTIONS)}")
+    return min(2, dp - 1) if selection == "ring" else 1
+
+
+def ring_neighbours(replica: int, dp: int) -> tuple[int, ...]:
+    """The ring's next and previous replica of ``replica`` (one at dp 2, none at dp 1)."""
+    return tuple(dict.fromkeys(r for r in ((replica + 1) % dp, (replica - 1) % dp) if r != replica))
+
+
+def random_peer(replica: int, dp: int, seed: int, step: int) -> int:
+    """``replica``'s peer at ``step``: the replicas paired by a shuffle drawn from (seed, step) (dp even)."""
+    if dp % 2:
+        raise ScheduleError(f"random peer selection pairs the replicas and needs an even dp, got dp {dp}; "
+                            "use an even dp or peer selection ring")
+    order = list(range(dp))
+    random.Random(f"decentralized:{seed}:{step}").shuffle(order)
+    at = order.index(replica)
+    return order[at ^ 1]
+
+
 def add_data_parallel(graph: TaskGraph, mode: str, buckets: Sequence[int], *, prefetch: int = 1,
-                      reshard_after_forward: bool = True, embedding: bool = False) -> TaskGraph:
+                      reshard_after_forward: bool = True, embedding: bool = False, peers: int = 1,
+                      averaging: bool = True) -> TaskGraph:
     """Return a new graph with ``mode``'s collectives and optimizer steps; ``buckets[s]`` per stage.
 
     ``prefetch`` and ``reshard_after_forward`` apply to zero3 (see the module
-    docstring); ``embedding`` adds the embedding gradient all-reduce.
+    docstring); ``embedding`` adds the embedding gradient all-reduce; ``peers``
+    (decentralized) is the neighbours each bucket is exchanged with, ``averaging``
+    (local-sgd) whether this step averages the parameters.
     """
     if mode not in DP_MODES:
         raise ScheduleError(f"unknown dp mode {mode!r}; valid modes: {', '.join(DP_MODES)}")
+    if isinstance(peers, bool) or not isinstance(peers, int) or not 1 <= peers <= 2:
+        raise ScheduleError(f"peers {peers!r} must be 1 or 2 (the neighbours of a decentralized replica)")
     mode = "zero3" if mode == "fsdp" else mode
     n_st = graph.schedule.num_stages
     if len(buckets) != n_st or any(not isinstance(b, int) or b < 1 for b in buckets):
@@ -110,14 +162,17 @@ def add_data_parallel(graph: TaskGraph, mode: str, buckets: Sequence[int], *, pr
     if mode == "none" and not embedding:
         return graph
     with paused_gc():
-        return _DPBuilder(graph, mode, tuple(buckets), prefetch, reshard_after_forward, embedding).build()
+        return _DPBuilder(graph, mode, tuple(buckets), prefetch, reshard_after_forward, embedding,
+                          peers=peers, averaging=averaging).build()
 
 
 class _DPBuilder:
     def __init__(self, graph: TaskGraph, mode: str, buckets: tuple[int, ...], prefetch: int, reshard: bool,
-                 embedding: bool) -> None:
+                 embedding: bool, *, peers: int = 1, averaging: bool = True) -> None:
         self.graph, self.mode, self.buckets = graph, mode, buckets
         self.prefetch, self.reshard, self.embedding = prefetch, reshard, embedding
+        self.peers = peers  # decentralized: the neighbours each bucket is exchanged with
+        self.averaging = averaging  # local-sgd: this step averages the parameters
         self.tasks: list[Task] = list(graph.tasks)
         self.programs = [list(p) for p in graph.programs]
         self.ready: dict[int, tuple[int, float]] = {}
@@ -173,9 +228,11 @@ class _DPBuilder:
             self._gather_params(rank, compute)
         for s in stages:
             producers = self._producers(rank, s)
-            if self.mode == "none":
+            if self.mode in ("none", "local-sgd"):
                 continue
-            if self.mode == "sync":
+            if self.mode == "decentralized":  # issued as the step starts: the exchange of x_t overlaps the passes
+                grads[s] = [t for j in range(self.peers) for t in self._bucketed(rank, Kind.EXCHANGE, s, j, None, ())]
+            elif self.mode == "sync":
                 grads[s] = self._bucketed(rank, Kind.ALLREDUCE, s, None, None, (compute[-1],))
             elif self.mode in ("zero2", "zero3"):
                 for a in producers:
@@ -211,6 +268,8 @@ class _DPBuilder:
             prev = self._add(rank, Stream.COMPUTE, Action(Kind.OPTIM, s), (prev, *grads[s], *emb))
             if self.mode in ("zero1", "zero2"):
                 self._bucketed(rank, Kind.ALL_GATHER, s, None, None, (prev,))
+            elif self.mode == "local-sgd" and self.averaging:
+                self._bucketed(rank, Kind.ALLREDUCE, s, None, None, (prev,))
 
     def _release(self, compute: list[int], pos: int) -> tuple[int, ...]:
         """When the gathers of the pass at ``pos`` are issued: ``prefetch`` passes ahead, or on demand."""

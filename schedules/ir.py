@@ -42,6 +42,9 @@ class Kind(StrEnum):
     REDUCE_SCATTER = "REDUCE_SCATTER"
     ALL_GATHER = "ALL_GATHER"
     OPTIM = "OPTIM"
+    # A bucket's parameters sent to one data-parallel peer while the peer's arrive (one send/receive pair, the
+    # neighbour averaging of decentralized SGD, schedules.dp); its microbatch field numbers the neighbour.
+    EXCHANGE = "EXCHANGE"
 
 
 COMPUTE_KINDS = frozenset({Kind.F, Kind.I, Kind.W, Kind.B, Kind.R, Kind.OVERLAP_F_B})
@@ -50,11 +53,11 @@ BACKWARD_KINDS = frozenset({Kind.I, Kind.B})  # the kinds that produce an input 
 
 # Longest alternatives first so that "SEND_F" is not read as "S" + ...
 _ACTION_RE = re.compile(
-    r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|ALLREDUCE|REDUCE_SCATTER|ALL_GATHER|OPTIM|F|I|W|B|R)(\d*)(?:_b(\d+))?$"
+    r"^(\d+)(SEND_F|RECV_F|SEND_B|RECV_B|ALLREDUCE|REDUCE_SCATTER|ALL_GATHER|OPTIM|EXCHANGE|F|I|W|B|R)(\d*)(?:_b(\d+))?$"
 )
 
 
-_NO_MICROBATCH = frozenset({"ALLREDUCE", "REDUCE_SCATTER", "ALL_GATHER", "OPTIM"})  # whole-step actions
+_NO_MICROBATCH = frozenset({"ALLREDUCE", "REDUCE_SCATTER", "ALL_GATHER", "OPTIM", "EXCHANGE"})  # whole-step actions
 
 
 @dataclass(frozen=True, slots=True)

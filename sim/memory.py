@@ -49,6 +49,9 @@ _SHARDED = {  # mode -> which of (weights, gradients, optimizer state) are split
     "none": (False, False, False), "sync": (False, False, False), "ddp": (False, False, False),
     "zero1": (False, False, True), "zero2": (False, True, True), "zero3": (True, True, True),
     "fsdp": (True, True, True),
+    # each replica holds its own whole model; decentralized's exchange buffers (x_t and the neighbours') are
+    # transient and not counted
+    "decentralized": (False, False, False), "local-sgd": (False, False, False),
 }
 
 

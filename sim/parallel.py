@@ -21,7 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from schedules.compression import check_dp_mode, parse_compression
-from schedules.dp import DP_MODES
+from schedules.dp import DP_MODES, PEER_SELECTIONS
 from schedules.errors import (
     ClusterError,
     ConfigError,
@@ -59,6 +59,8 @@ class ParallelConfig:
     embedding_allreduce: str = "auto"  # the tied embedding's gradient between the first and last stage: auto|on|off
     grad_compression: str = "none"  # codec of the gradient collectives (schedules.compression): bytes and codec time
     codec_ns_per_param: float = 0.0  # the codec's compress+decompress time per gradient element (real.compress profile)
+    peer_selection: str = "ring"  # decentralized: both ring neighbours per step, or one random peer (schedules.dp)
+    sync_every: int = 1  # local-sgd: the parameters are averaged once every sync_every steps
 
     def __post_init__(self) -> None:
         check_positive_ints("parallel", pp=self.pp, dp=self.dp, tp=self.tp, cp=self.cp)
@@ -81,6 +83,9 @@ class ParallelConfig:
         if c and comp.exact:
             raise ConfigError("parallel: codec_ns_per_param times a codec; give a grad_compression other than none "
                               "or leave it out", field="codec_ns_per_param")
+        check_choice("parallel", "peer_selection", self.peer_selection, PEER_SELECTIONS)
+        check_positive_ints("parallel", sync_every=self.sync_every)
+        self._check_peer_options()
         self._check_overlap()
 
     def _check_overlap(self) -> None:
@@ -102,6 +107,16 @@ class ParallelConfig:
         if self.embedding_allreduce == "on" and self.dp_mode in PS_MODES:
             raise ConfigError(f"parallel: embedding_allreduce on does not combine with dp_mode {self.dp_mode} (the "
                               "servers hold the update); use auto or off", field="embedding_allreduce")
+
+    def _check_peer_options(self) -> None:
+        """sync_every only with local-sgd, peer_selection only with decentralized; random pairs an even dp."""
+        for key, mode, default in (("sync_every", "local-sgd", 1), ("peer_selection", "decentralized", "ring")):
+            if getattr(self, key) != default and self.dp_mode != mode:
+                raise ConfigError(f"parallel: {key} applies to dp_mode {mode}, not {self.dp_mode!r}; use dp_mode "
+                                  f"{mode} or leave it out", field=key)
+        if self.peer_selection == "random" and self.dp % 2:
+            raise ConfigError(f"parallel: peer_selection random pairs the replicas and needs an even dp, got dp "
+                              f"{self.dp}; use an even dp or peer_selection ring", field="peer_selection")
 
     def embedding_sync(self, tied: bool) -> bool:
         """Whether the first and the last stage all-reduce the word embedding's gradient: ``on``, or ``auto``
@@ -216,6 +231,11 @@ class DPGroup:
             g = self.per_node
             return coll.ring_gather(n, g, self.cluster.intra) + coll.ring_gather(n / g, self.nodes, self.cluster.inter)
         return coll.ring_gather(n, self.size, self.link)
+
+    def exchange(self, n: float) -> float:
+        """One decentralized replica's send of n bytes to a peer while the peer's n arrive (full duplex): alpha +
+        n/B on the slowest link of the group (the replicas step together, so the slowest pair sets the time)."""
+        return self.link.time(n) if self.size > 1 else 0.0
 
     def ps(self, n: float, *, alone: bool = False) -> float:
         """One push or pull of n bytes through all the cluster's parameter servers: with every replica's at once

@@ -38,9 +38,11 @@ from sim.transformer import TransformerConfig
 __all__ = ["MAX_GLOBAL_BATCH", "MAX_MICROBATCHES", "PLAN_DP_MODES", "PlanConfig", "PlanSpace", "enumerate_configs",
            "shape_ok", "tp_choices", "why_empty"]
 
-#: The data-parallel modes the planner searches by default: every mode the runtime runs (``real/``), ``zero3``
+#: The data-parallel modes the planner searches by default: every exact mode the runtime runs (``real/``), ``zero3``
 #: under its FSDP name (``schedules.dp``'s alias: ``zero3`` is read as ``fsdp``). ``none`` is what every mode is at
 #: dp = 1. ``ps`` is searched when named (it needs parameter servers: a cluster such as ``dgx-h100:2+ps2``).
+#: async-ps, decentralized and local SGD change the mathematics: they are compared by time to a loss
+#: (schedlab compare --time-to-loss), not planned by step time.
 PLAN_DP_MODES = ("sync", "ddp", "zero1", "zero2", "fsdp")
 _PLANNABLE = (*PLAN_DP_MODES, "ps")
 _PLAN_ALIASES = {"zero3": "fsdp"}

@@ -206,6 +206,8 @@ class ProfiledCosts:
                 if name == op:
                     return alpha + self._bucket_bytes(action.stage, graph) / beta
             raise CostFileError(f"the cost file has no {op} timing; profile with dp > 1 (real.profile) for data-parallel graphs")
+        if action.kind is Kind.EXCHANGE:  # decentralized SGD: one bucket to a peer, as a measured p2p message
+            return self.message_time(self._bucket_bytes(action.stage, graph))
         return 0.0
 
     def _bucket_bytes(self, stage: int, graph: TaskGraph) -> float:
@@ -237,7 +239,7 @@ class ProfiledCosts:
     def bytes(self, task: Task, graph: TaskGraph) -> float:
         if task.action.kind in (Kind.SEND_F, Kind.SEND_B):
             return self.activation_bytes
-        if task.action.kind in _COLLECTIVES:
+        if task.action.kind in _COLLECTIVES or task.action.kind is Kind.EXCHANGE:
             return self._bucket_bytes(task.action.stage, graph)
         return 0.0
 

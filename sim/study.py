@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from schedules import Kind, PipelineParams, Stream, TaskGraph, ZBAutoOptions, load_graph, validate
-from schedules.dp import DP_MODES, add_data_parallel
+from schedules.dp import DP_MODES, PEER_SELECTIONS, add_data_parallel, exchange_peers
 from schedules.errors import ConfigError, check_positive_ints, quote
 from schedules.registry import lookup
 from sim import collectives as coll
@@ -116,7 +116,8 @@ def dp_options(costs: TransformerCosts) -> dict[str, Any]:
     """The data-parallel pass's options from the parallel layout (and whether the model ties its embeddings)."""
     p = costs.parallel
     return {"prefetch": p.fsdp_prefetch, "reshard_after_forward": p.fsdp_reshard_after_forward,
-            "embedding": p.embedding_sync(costs.model.tied_embeddings)}
+            "embedding": p.embedding_sync(costs.model.tied_embeddings),
+            "peers": exchange_peers(p.peer_selection, p.dp) if p.dp_mode == "decentralized" else 1}
 
 
 def spec_adaptive(name: str) -> bool:
@@ -242,6 +243,9 @@ class StudyResult:
             + f"; rank order {p.order}; network core non-blocking",
             "optimizer step: 28 bytes per parameter at HBM bandwidth"
             + (", after each rank's last pass (dp mode none adds no OPTIM task)" if p.dp_mode == "none" else ""),
+            *([f"local-sgd: the step simulated is one that averages (1 in {p.sync_every}); time per step amortized "
+               "over the others: sim.comm_modes.mode_step_time, schedlab compare --time-to-loss"]
+              if p.dp_mode == "local-sgd" else []),
         ]
 
     def to_dict(self) -> dict[str, Any]:
@@ -333,6 +337,7 @@ PARALLEL_TABLE: dict[str, KeyCheck] = {
     "embedding_allreduce": key_choice(EMBEDDING_ALLREDUCE),
     "grad_compression": key_string("a codec: none, fp16, bf16, int8 or powersgd:R"),
     "codec_ns_per_param": lambda owner, key, value, error=ConfigError: _key_ns(owner, key, value, error),
+    "peer_selection": key_choice(PEER_SELECTIONS), "sync_every": key_positive_int,
 }
 _TABLES = ("model", "cluster", "parallel", "run")
 

@@ -76,6 +76,9 @@ ADAM_BYTES_PER_PARAM = 28  # see the module docstring
 DTYPES = ("bf16", "fp8")
 FALLBACK_EFFICIENCY = 0.6  # a device without a calibration: the matmuls' assumed fraction of peak
 _PORTS = ("intra-out", "intra-in", "inter-out", "inter-in")
+# Moved in fp32 with reduce_dtype fp32: gradient reductions, and the fp32 master parameters that decentralized SGD
+# exchanges (local SGD's parameter average is an ALLREDUCE too).
+_FP32_KINDS = (Kind.ALLREDUCE, Kind.REDUCE_SCATTER, Kind.EXCHANGE)
 
 
 def _is_embedding(task: Task, graph: TaskGraph) -> bool:
@@ -393,10 +396,10 @@ class TransformerCosts:
         """Bytes of one bucket's collective: the 16-bit bucket, twice that for a gradient reduction (all-reduce,
         reduce-scatter) in fp32 (``reduce_dtype``, torchtitan's default ``mixed_precision_reduce``)."""
         n = self.bucket_size(stage, num_stages, bucket)
-        if kind not in (Kind.ALLREDUCE, Kind.REDUCE_SCATTER):
+        if kind not in _FP32_KINDS:
             return n
         comp = parse_compression(self.parallel.grad_compression)
-        if comp.exact:
+        if comp.exact or kind is Kind.EXCHANGE:  # a codec applies to gradient reductions only
             return 2 * n if self.reduce_dtype == "fp32" else n
         # a codec's bytes (sim.compression): int8 + scales, PowerSGD's (n + m) R per matrix, 16-bit casts
         ratio = 1.0 if comp.codec != "powersgd" else powersgd_ratio(
@@ -422,6 +425,8 @@ class TransformerCosts:
             return group.ps(n, alone=self.parallel.dp_mode == "async-ps")
         if self.parallel.dp <= 1:
             return 0.0
+        if a.kind is Kind.EXCHANGE:
+            return group.exchange(n)
         codec = self.codec_time(a.kind, a.stage, n_st, a.bucket or 0)
         return codec + (group.allreduce(n) if a.kind is Kind.ALLREDUCE else group.gather(n))
 
@@ -526,6 +531,8 @@ class TransformerCosts:
         if self.parallel.dp_mode in PS_MODES:
             return group.ps(0.0)
         a = task.action
+        if a.kind is Kind.EXCHANGE:
+            return group.exchange(0.0)
         codec = self.codec_time(a.kind, a.stage, graph.schedule.num_stages, a.bucket or 0)
         return codec + (group.allreduce(0.0) if a.kind is Kind.ALLREDUCE else group.gather(0.0))
 
@@ -534,7 +541,9 @@ class TransformerCosts:
         if self.parallel.dp_mode in PS_MODES:
             servers = len(self.cluster.pservers)
             return (port["inter-out"] + g, port["inter-in"] + g, *range(ps0, ps0 + 2 * servers))
-        return tuple(port[f"{kind}-{d}"] + g for kind in self.group(rank).uses for d in ("out", "in"))
+        group = self.group(rank)
+        uses = ("inter" if group.nodes > 1 else "intra",) if self.parallel.dp_mode == "decentralized" else group.uses
+        return tuple(port[f"{kind}-{d}"] + g for kind in uses for d in ("out", "in"))
 
     def describe(self) -> dict[str, Any]:
         p = self.parallel
@@ -555,4 +564,6 @@ class TransformerCosts:
             "embedding_allreduce": p.embedding_allreduce,
             **({} if p.grad_compression == "none" else {"grad_compression": p.grad_compression,
                                                         "codec_ns_per_param": p.codec_ns_per_param}),
+            **({"peer_selection": p.peer_selection} if p.dp_mode == "decentralized" else {}),
+            **({"sync_every": p.sync_every} if p.dp_mode == "local-sgd" else {}),
         }

@@ -22,6 +22,7 @@ from analysis.cli.common import (
     uniform_costs,
 )
 from analysis.cli.simulate import COMM_KEYS, add_comm_args, comm_overrides
+from analysis.cli.time_to_loss import add_time_to_loss_args, time_to_loss_main
 from schedules import ScheduleError
 from schedules.outputs import check_distinct, check_output_dir, check_output_file, write_files_into
 from schedules.registry import lookup
@@ -44,7 +45,8 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     g.add_argument("--model", metavar="NAME", help="transformer preset, e.g. gpt-6.2b")
     g.add_argument("--cluster", metavar="NAME[:NODES]", help="cluster preset, e.g. dgx-h100:2")
     g.add_argument("--dp", type=int, help="data-parallel replicas (default 1)")
-    g.add_argument("--dp-mode", metavar="MODE", help="none, sync, ddp, zero1, zero2, zero3, ps (default none)")
+    g.add_argument("--dp-mode", metavar="MODE", help="none, sync, ddp, zero1, zero2, zero3, ps, decentralized, "
+                   "local-sgd (default none)")
     g.add_argument("--microbatch-size", type=int, metavar="B", help="sequences per microbatch (default 1)")
     g.add_argument("--tp", type=int, help="tensor-parallel ranks per pipeline rank, inside a node (default 1)")
     g.add_argument("--sp", action="store_true", default=None, help="sequence parallelism in the tensor-parallel group")
@@ -59,8 +61,12 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     d.add_argument("--state-bytes", type=_state_bytes, metavar="W,G,O",
                    help="bytes per parameter of weights, gradients, optimizer state (default 2,2,12: "
                         "mixed-precision Adam; the runtime's fp32 AdamW is 4,4,8)")
+    add_time_to_loss_args(p)
     args = p.parse_args(argv)
     check_cost_flags(args)
+    if args.time_to_loss is not None:
+        return time_to_loss_main(args, p, prog)
+    refuse(given(args, "curve", "smooth"), "without --time-to-loss L")
     chosen = name_list(args.schedules)
     if args.dp_modes is None:
         refuse(given(args, "measured", "state_bytes"), "without --dp-modes")

@@ -127,10 +127,14 @@ def add_comm_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--codec-ns-per-param", type=float, default=None, metavar="NS",
                    help="with --grad-compression: the codec's compress+decompress time per gradient element "
                    "(default 0; measure it with python -m real.compress)")
+    g.add_argument("--peer-selection", default=None, choices=("ring", "random"),
+                   help="dp-mode decentralized: exchange with both ring neighbours (ring, the default) or one peer")
+    g.add_argument("--sync-every", type=int, default=None, metavar="K",
+                   help="dp-mode local-sgd: the parameters are averaged once every K steps (default 1)")
 
 
 COMM_KEYS = ("link_model", "fsdp_reshard_after_forward", "fsdp_prefetch", "embedding_allreduce", "grad_compression",
-             "codec_ns_per_param")
+             "codec_ns_per_param", "peer_selection", "sync_every")
 
 
 def comm_overrides(args: argparse.Namespace) -> dict[str, Any]:

@@ -64,6 +64,7 @@ from real.p2p import PeerError
 from real.train import RunResult, resolve_backend, restart_count, resume_point, run
 from real.usercode import UserCodeError, check_model, raised, user_frames
 from schedules import ConfigError, SchedlabError
+from schedules.dp import PEER_SELECTIONS
 from schedules.outputs import atomic_write, check_distinct, check_output_dir, check_output_file
 from schedules.recompute import RECOMPUTE_PLACEMENTS
 from schedules.trace import check_trace_path
@@ -148,6 +149,11 @@ def parser(prog: str) -> OneLineParser:
     o.add_argument("--grad-compression", metavar="CODEC",
                    help="codec of the gradient collectives, with dp > 1: none (default), fp16, bf16, int8, "
                    "powersgd:R (sync/ddp only); only none is exact (docs/compression.md)")
+    o.add_argument("--sync-every", type=int, metavar="K",
+                   help="with --dp-mode local-sgd: average the replicas' parameters once every K steps (default 1)")
+    o.add_argument("--peer-selection", choices=PEER_SELECTIONS,
+                   help="with --dp-mode decentralized: average with both ring neighbours (ring, the default) or "
+                   "with one peer per step drawn from the seed (random, even dp)")
     o.add_argument("--recompute", choices=RECOMPUTE_PLACEMENTS, default="none",
                    help="activation recomputation: none (default); full: an R (the forward again, with grad) right "
                    "before every backward, its F keeps only its input; bubbles: each R moved into idle time "
@@ -245,7 +251,8 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
         optim=OptimConfig(optimizer=args.optimizer, lr=args.lr),
         sync=SyncConfig(dp_mode=_or(args.dp_mode, "ps" if servers else "ddp"), bucket_mb=_or(args.bucket_mb, 25.0),
                         servers=servers, staleness=_or(args.staleness, 0),
-                        grad_compression=_or(args.grad_compression, "none")),
+                        grad_compression=_or(args.grad_compression, "none"),
+                        sync_every=_or(args.sync_every, 1), peer_selection=_or(args.peer_selection, "ring")),
         runtime=RuntimeConfig(backend=args.backend, timeout_s=args.timeout, recv_ahead=args.recv_ahead,
                               trace_step=args.trace_step, trace_steps=args.trace_steps, dtype=args.dtype),
         checkpoint=checkpoint,
@@ -285,7 +292,8 @@ def _refuse_idle_flags(args: argparse.Namespace) -> None:
         refuse(given(args, "checkpoint_every", "keep_last") + (["--async-checkpoint"] if args.async_checkpoint else []),
                "without --checkpoint-dir (nothing would be saved; give --checkpoint-dir DIR)")
     if args.dp == 1 and args.placement is None:  # with --dp auto the same command may run at dp 1 or more
-        refuse(given(args, "dp_mode", "bucket_mb", "grad_compression"), "at dp 1 (one replica: no gradients to synchronize)")
+        refuse(given(args, "dp_mode", "bucket_mb", "grad_compression", "sync_every", "peer_selection"),
+               "at dp 1 (one replica: no gradients to synchronize)")
     if args.dp_mode != "async-ps":
         refuse(given(args, "staleness"), "without --dp-mode async-ps (the other modes do not run ahead)")
     if args.pp == 1:
