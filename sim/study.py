@@ -241,6 +241,7 @@ class StudyResult:
             + f"; rank order {p.order}; network core non-blocking",
             "optimizer step: 28 bytes per parameter at HBM bandwidth"
             + (", after each rank's last pass (dp mode none adds no OPTIM task)" if p.dp_mode == "none" else ""),
+            *_ps_assumption(p.dp_mode, p.dp, len(s.cluster.pservers)),
         ]
 
     def to_dict(self) -> dict[str, Any]:
@@ -283,6 +284,17 @@ class StudyResult:
             )
         lines += ["", "assumptions:"] + [f"  - {a}" for a in d["assumptions"]]
         return "\n".join(lines)
+
+
+def _ps_assumption(mode: str, dp: int, servers: int) -> list[str]:
+    """The parameter-server modes' transfer model, one line (none for the other modes)."""
+    if mode == "ps":
+        return [f"parameter servers: {servers}; a push or pull is every replica's at once, alpha + max(n / B, "
+                f"{dp} n / ({servers} B)) (synchronous SGD)"]
+    if mode == "async-ps":
+        return [f"parameter servers: {servers}; a push or pull is one trainer's alone, alpha + n / B (async-ps: "
+                "trainers do not wait for each other); the staleness bound and stale gradients are not modelled"]
+    return []
 
 
 def _gathered_bytes(stage_params: list[float], p: ParallelConfig) -> float:
