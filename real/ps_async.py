@@ -102,8 +102,8 @@ class AsyncPSTrainer(PSTrainer):
             if x.stage == s:
                 super()._pull(x)
         target = torch.tensor([self.step + 1], dtype=torch.int64)
-        for r in self.servers:
-            self._talk(dist.isend, target, r, request_tag(s), b, "request").wait()
+        self._wait(_Pending(b, [(r, self._talk(dist.isend, target, r, request_tag(s), b, "request"))
+                                for r in self.servers], None, "request"))
 
     def before_task(self, tid: int) -> None:
         """The stage's answer (within the bound) is waited for; the version it carries is what the step uses."""
