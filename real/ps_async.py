@@ -51,6 +51,7 @@ from torch import nn
 from real import checkpoint as ckpt
 from real.dp import _Bucket
 from real.measure import clock_offset
+from real.p2p import PeerError
 from real.ps import ParamServer, PSTrainer, ServerResult, _Pending, bucket_tag, request_tag, version_tag
 
 __all__ = ["AsyncPSTrainer", "AsyncParamServer"]
@@ -101,8 +102,8 @@ class AsyncPSTrainer(PSTrainer):
             if x.stage == s:
                 super()._pull(x)
         target = torch.tensor([self.step + 1], dtype=torch.int64)
-        for r in self.servers:
-            self._talk(dist.isend, target, r, request_tag(s), b, "request").wait()
+        self._wait(_Pending(b, [(r, self._talk(dist.isend, target, r, request_tag(s), b, "request"))
+                                for r in self.servers], None, "request"))
 
     def before_task(self, tid: int) -> None:
         """The stage's answer (within the bound) is waited for; the version it carries is what the step uses."""
@@ -198,7 +199,11 @@ class AsyncParamServer(ParamServer):
                 threading.Thread(target=target, args=(t, s), daemon=True, name=f"ps{self.rank}-{target.__name__}").start()
         left = len(self._channels) * self.steps  # answers to give: one per trainer, stage and step (the last: final)
         while left:
-            what, t, s, a, b = self._inbox.get(timeout=self.plan.config.runtime.timeout_s)
+            try:
+                what, t, s, a, b = self._inbox.get(timeout=self.plan.config.runtime.timeout_s)
+            except queue.Empty:
+                raise PeerError(f"parameter server {self.rank} (rank {self.mesh.rank}): no push or request from any "
+                                f"trainer in {self.plan.config.runtime.timeout_s:g} s; a trainer died or hangs") from None
             if what == "error":
                 raise self._dead(t, self._stage_buckets(s)[0], a, b) from b
             if what == "push":

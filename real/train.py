@@ -314,9 +314,9 @@ class _Trainer:
             if cfg.sync.dp_mode == "async-ps":
                 kind, extra = AsyncPSTrainer, {"staleness": cfg.sync.staleness, "steps": cfg.steps}
             self.sync = kind(by_stage, **extra, graph=self.plan.graph, pp_rank=mesh.pp_rank, rank=mesh.rank,
-                                  servers=[mesh.server_rank(j) for j in range(mesh.servers)],
-                                  bucket_mb=cfg.sync.bucket_mb, accumulations=cfg.layout.microbatches,
-                                  stamp=self.recorder.stamp, record=self.recorder.add)
+                             servers=[mesh.server_rank(j) for j in range(mesh.servers)],
+                             bucket_mb=cfg.sync.bucket_mb, accumulations=cfg.layout.microbatches,
+                             stamp=self.recorder.stamp, record=self.recorder.add)
         elif mesh.dp_group is not None:
             self.sync = make_data_sync(by_stage, cfg, graph=self.plan.graph, pp_rank=mesh.pp_rank,
                                        group=mesh.dp_group, stamp=self.recorder.stamp, record=self.recorder.add)

@@ -246,6 +246,7 @@ class StudyResult:
             *([f"local-sgd: the step simulated is one that averages (1 in {p.sync_every}); time per step amortized "
                "over the others: sim.comm_modes.mode_step_time, schedlab compare --time-to-loss"]
               if p.dp_mode == "local-sgd" else []),
+            *_ps_assumption(p.dp_mode, p.dp, len(s.cluster.pservers)),
         ]
 
     def to_dict(self) -> dict[str, Any]:
@@ -288,6 +289,17 @@ class StudyResult:
             )
         lines += ["", "assumptions:"] + [f"  - {a}" for a in d["assumptions"]]
         return "\n".join(lines)
+
+
+def _ps_assumption(mode: str, dp: int, servers: int) -> list[str]:
+    """The parameter-server modes' transfer model, one line (none for the other modes)."""
+    if mode == "ps":
+        return [f"parameter servers: {servers}; a push or pull is every replica's at once, alpha + max(n / B, "
+                f"{dp} n / ({servers} B)) (synchronous SGD)"]
+    if mode == "async-ps":
+        return [f"parameter servers: {servers}; a push or pull is one trainer's alone, alpha + n / B (async-ps: "
+                "trainers do not wait for each other); the staleness bound and stale gradients are not modelled"]
+    return []
 
 
 def _gathered_bytes(stage_params: list[float], p: ParallelConfig) -> float:

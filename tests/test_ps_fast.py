@@ -49,8 +49,11 @@ def test_async_ps_transfers_are_one_trainers_alone(servers):
 
 
 def test_async_ps_predicts_a_shorter_step_than_ps_when_the_servers_are_the_bottleneck():
-    one_server = {mode: run_study(_study(mode, 1, "fair")).step_time for mode in ("ps", "async-ps")}
-    assert one_server["async-ps"] < one_server["ps"]
+    runs = {mode: run_study(_study(mode, 1, "fair")) for mode in ("ps", "async-ps")}
+    assert runs["async-ps"].step_time < runs["ps"].step_time
+    assert runs["ps"].assumptions()[-1] == ("parameter servers: 1; a push or pull is every replica's at once, "
+                                            "alpha + max(n / B, 4 n / (1 B)) (synchronous SGD)")
+    assert runs["async-ps"].assumptions()[-1].startswith("parameter servers: 1; a push or pull is one trainer's alone")
 
 
 def test_a_server_holds_its_share_of_every_stage():

@@ -360,6 +360,13 @@ def _log_memory(metrics: MetricsLog, config: RunConfig, result: RunResult) -> No
         metrics.log(max(config.metered_step, result.start_step), values)
 
 
+def _log_staleness(metrics: MetricsLog, result: RunResult) -> None:
+    """async-ps: every trainer's staleness of every step (steps ahead of the slowest), gathered at the end."""
+    for r, history in sorted((result.staleness or {}).items()):
+        for i, ahead in enumerate(history):
+            metrics.log(result.start_step + i, {f"staleness/rank{r}": ahead})
+
+
 def _report(result: RunResult, args: argparse.Namespace) -> None:
     if args.save_params:
         atomic_write(args.save_params, lambda tmp: torch.save(result.parameters, tmp), "parameter file")
@@ -400,6 +407,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int
             result = run(config, trace_path=args.trace, on_step=_on_step(config, args.json, metrics), user=user)
             if metrics is not None:
                 _log_memory(metrics, config, result)
+                _log_staleness(metrics, result)
         except stop.Interrupted as exc:  # every rank stopped after the same step; rank 0 says where
             if rank == 0:
                 sys.stderr.write(f"{exc}\n")
