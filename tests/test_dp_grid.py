@@ -48,15 +48,15 @@ def _trace(mode: str = "ddp", steps: int = 2, limit: int = 0) -> pd.DataFrame:
 
 @pytest.fixture
 def profile(tmp_path):
-    """The pair's profile: passes twice the truth (the self-calibration must not use them), the true
-    collective timing and factor."""
+    """The pair's profile: passes and collectives twice the truth (the self-calibration must not use them), the
+    true factor."""
     path = tmp_path / "dp.json"
     path.write_text(json.dumps({
         "schema": PROFILE_SCHEMA, "partitions": [{"num_stages": 1, "stages": [
             {"stage": 0, "layers": [0, 2], "param_bytes": 3000, "F": 2 * F, "B": 2 * B, "I": 0.0, "W": 0.0,
              "OPTIM": 2 * OPTIM}]}],
-        "collectives": {"all_reduce": {"alpha": ALPHA, "beta": None}, "reduce_scatter": {"alpha": 3 * ALPHA, "beta": None},
-                        "all_gather": {"alpha": ALPHA / 2, "beta": None}},
+        "collectives": {"all_reduce": {"alpha": 2 * ALPHA, "beta": None},
+                        "reduce_scatter": {"alpha": 6 * ALPHA, "beta": None}, "all_gather": {"alpha": ALPHA, "beta": None}},
         "comm_slowdown": {"factor": FACTOR}}))
     return path
 
