@@ -213,3 +213,13 @@ def test_task_gaps_leave_out_the_waits_for_collectives():
             (0, "compute", "0OPTIM", 0.041, 0.045), (1, "collective", "0ALL_GATHER_b0", 0.040, 0.0405)]
     df = pd.DataFrame(rows, columns=["rank", "stream", "action", "start", "end"])
     assert task_gaps([df]) == pytest.approx([0.001, 0.001], rel=1e-9)
+
+
+def test_zero3_rows_gather_on_demand_as_the_runtime_does_at_one_stage():
+    """Each pass's gathers are issued when the pass before it ends (prefetch 0), not a pass ahead."""
+    graph = dp_graph("gpipe", "zero3", 2, 1)
+    tasks = graph.tasks
+    compute = [t.id for t in tasks if t.stream.value == "compute" and t.action.kind.value in ("F", "B")]
+    for prev, nxt in zip(compute, compute[1:], strict=False):
+        (gather,) = [d for d in tasks[nxt].deps if tasks[d].stream.value == "collective"]
+        assert tasks[gather].deps == (prev,)
