@@ -6,6 +6,7 @@ replicas alike; so every figure read back from it has a known true value.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import replace
@@ -220,6 +221,6 @@ def test_zero3_rows_gather_on_demand_as_the_runtime_does_at_one_stage():
     graph = dp_graph("gpipe", "zero3", 2, 1)
     tasks = graph.tasks
     compute = [t.id for t in tasks if t.stream.value == "compute" and t.action.kind.value in ("F", "B")]
-    for prev, nxt in zip(compute, compute[1:], strict=False):
+    for prev, nxt in itertools.pairwise(compute):
         (gather,) = [d for d in tasks[nxt].deps if tasks[d].stream.value == "collective"]
         assert tasks[gather].deps == (prev,)
