@@ -53,11 +53,16 @@ DP_ABLATIONS: dict[str, dict[str, float]] = {**ABLATIONS, "comm_slowdown": {"com
 
 def dp_graph(schedule: str, mode: str, m: int, buckets: int) -> TaskGraph:
     """The simulator's pp=1 data-parallel graph with ``buckets`` gradient buckets (as many as the runtime makes:
-    :func:`real.protocol.dp_buckets`)."""
+    :func:`real.protocol.dp_buckets`).
+
+    zero3 gathers on demand (prefetch 0), as the runtime does on a rank of one stage: its next pass reads the
+    stage the running one holds, whose buffer is in use until that pass ends (``real.zero``'s ``after_task``)."""
     from schedules import build, lower, validate
     from schedules.dp import add_data_parallel
 
-    return validate(add_data_parallel(lower(build(schedule, pp=1, microbatches=m)), mode, [buckets]))
+    prefetch = 0 if mode in ("zero3", "fsdp") else 1
+    return validate(add_data_parallel(lower(build(schedule, pp=1, microbatches=m)), mode, [buckets],
+                                      prefetch=prefetch))
 
 
 def predict(graph: TaskGraph, costs: ProfiledCosts) -> float:

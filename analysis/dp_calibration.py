@@ -12,8 +12,10 @@ come from it (:func:`analysis.calibration.dp_row` uses both):
   :mod:`sim.slowdown`), so the simulator, which stretches them again, is not
   given the stretch twice; the waits of zero2/zero3's bounded reduce-scatters
   (:func:`blocked_spans`) are taken out too, as the simulator adds them
-  (``max_inflight``). The optimizer step likewise; the collectives'
-  alpha/beta and ``c`` come from the pair's profile. The per-task gap is read
+  (``max_inflight``). The optimizer step likewise. Each collective takes its
+  op's mean service time in the traces (:func:`collective_times`; an op the
+  traces lack keeps the profile's alpha/beta), and ``c`` comes from the pair's
+  profile. The per-task gap is read
   only where none of the rank's collectives ended in it (:func:`task_gaps`: a
   wait for a collective, before an OPTIM or a zero3 pass, is the simulator's
   to model; with no such gap, as in zero3, the profile's ``task_overhead``); the step overhead is the step's wall time less the whole span, collectives
@@ -26,6 +28,7 @@ come from it (:func:`analysis.calibration.dp_row` uses both):
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import replace
@@ -37,7 +40,7 @@ if TYPE_CHECKING:
 
     from sim.profiled import ProfiledCosts
 
-__all__ = ["blocked_spans", "dp_replay_error", "dp_self_costs", "task_gaps", "unslowed_passes"]
+__all__ = ["blocked_spans", "collective_times", "dp_replay_error", "dp_self_costs", "task_gaps", "unslowed_passes"]
 
 _KINDS = ("F", "B", "I", "W", "OPTIM")
 
@@ -137,6 +140,25 @@ def _step_overhead(frames: Sequence[pd.DataFrame], task_overhead: float) -> floa
     return max(statistics.median(over) - task_overhead, 0.0) if over else 0.0
 
 
+_OPS = (("REDUCE_SCATTER", "reduce_scatter"), ("ALL_GATHER", "all_gather"), ("ALLREDUCE", "all_reduce"))
+
+
+def collective_times(frames: Sequence[pd.DataFrame]) -> dict[str, list[float]]:
+    """Op (all_reduce, reduce_scatter, all_gather) -> every collective's service time in the traces
+    (:func:`sim.replay.collective_service`: from the later of its issue and its rank's previous collective's end)."""
+    from schedules.trace import trace_steps
+    from sim.replay import collective_service
+
+    out: dict[str, list[float]] = {}
+    for df in frames:
+        for part in trace_steps(df).values():
+            for _r, action, _k, s, e in collective_service(part):
+                op = next((name for key, name in _OPS if key in action), None)
+                if op is not None:
+                    out.setdefault(op, []).append(e - s)
+    return out
+
+
 def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_inflight: int = 0) -> ProfiledCosts:
     """A pp=1 data-parallel configuration's costs from its own traces and the pair's profile (module doc);
     ``max_inflight``: the runtime's bound on zero2/zero3's reduce-scatters in flight."""
@@ -149,8 +171,11 @@ def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_in
     overhead = _trimmed_mean(gaps) if gaps else own.task_overhead  # none clean (zero3): the profiler's
     times = {k.lower(): _trimmed_mean(v) for k, v in work.items() if v}
     stage = replace(own.stages[0], **times)
+    served = {op: _trimmed_mean(v) for op, v in collective_times(frames).items() if v}
+    colls = tuple((op, served[op], math.inf) if op in served else (op, a, b) for op, a, b in own.collectives)
+    colls += tuple((op, t, math.inf) for op, t in served.items() if op not in {c[0] for c in own.collectives})
     return replace(own, stages=(stage,), task_overhead=overhead, send_cpu=fit.send_cpu,
-                   step_overhead=_step_overhead(frames, overhead))
+                   step_overhead=_step_overhead(frames, overhead), collectives=colls)
 
 
 def dp_replay_error(frames: Sequence[pd.DataFrame], dp_profile: str | Path) -> tuple[float | None, float | None]:

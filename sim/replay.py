@@ -18,7 +18,8 @@ times are the measured ones, already slowed by any collective in flight, so
 the replay's ``comm_slowdown`` is 1.0 (and its ``max_inflight`` 0: the waits
 for zero2/zero3's reduce-scatters are in the measured times too). A trace whose collectives are not the
 graph's one for one (zero3's runtime also gathers before W passes, which the
-IR does not) has no data-parallel replay (:func:`dp_replayable`).
+IR does not, and records its gathers without their microbatch) has no
+data-parallel replay (:func:`dp_replayable`).
 """
 
 from __future__ import annotations

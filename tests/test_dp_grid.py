@@ -6,6 +6,7 @@ replicas alike; so every figure read back from it has a known true value.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import replace
@@ -48,15 +49,15 @@ def _trace(mode: str = "ddp", steps: int = 2, limit: int = 0) -> pd.DataFrame:
 
 @pytest.fixture
 def profile(tmp_path):
-    """The pair's profile: passes twice the truth (the self-calibration must not use them), the true
-    collective timing and factor."""
+    """The pair's profile: passes and collectives twice the truth (the self-calibration must not use them), the
+    true factor."""
     path = tmp_path / "dp.json"
     path.write_text(json.dumps({
         "schema": PROFILE_SCHEMA, "partitions": [{"num_stages": 1, "stages": [
             {"stage": 0, "layers": [0, 2], "param_bytes": 3000, "F": 2 * F, "B": 2 * B, "I": 0.0, "W": 0.0,
              "OPTIM": 2 * OPTIM}]}],
-        "collectives": {"all_reduce": {"alpha": ALPHA, "beta": None}, "reduce_scatter": {"alpha": 3 * ALPHA, "beta": None},
-                        "all_gather": {"alpha": ALPHA / 2, "beta": None}},
+        "collectives": {"all_reduce": {"alpha": 2 * ALPHA, "beta": None},
+                        "reduce_scatter": {"alpha": 6 * ALPHA, "beta": None}, "all_gather": {"alpha": ALPHA, "beta": None}},
         "comm_slowdown": {"factor": FACTOR}}))
     return path
 
@@ -213,3 +214,13 @@ def test_task_gaps_leave_out_the_waits_for_collectives():
             (0, "compute", "0OPTIM", 0.041, 0.045), (1, "collective", "0ALL_GATHER_b0", 0.040, 0.0405)]
     df = pd.DataFrame(rows, columns=["rank", "stream", "action", "start", "end"])
     assert task_gaps([df]) == pytest.approx([0.001, 0.001], rel=1e-9)
+
+
+def test_zero3_rows_gather_on_demand_as_the_runtime_does_at_one_stage():
+    """Each pass's gathers are issued when the pass before it ends (prefetch 0), not a pass ahead."""
+    graph = dp_graph("gpipe", "zero3", 2, 1)
+    tasks = graph.tasks
+    compute = [t.id for t in tasks if t.stream.value == "compute" and t.action.kind.value in ("F", "B")]
+    for prev, nxt in itertools.pairwise(compute):
+        (gather,) = [d for d in tasks[nxt].deps if tasks[d].stream.value == "collective"]
+        assert tasks[gather].deps == (prev,)
