@@ -62,7 +62,7 @@ def row(mode: str, codec: str, run: dict, exact: dict) -> str:
 
     loss, ref = run["losses"][-1], exact["losses"][-1]
     comp = parse_compression(codec)
-    return (f"| {mode} | {codec} | {'yes' if comp.exact else 'no'} | {loss:.4f} | {loss - ref:+.4f} | "
+    return (f"| {mode} | {codec} | {'yes' if comp.exact else 'no'} | {loss:.5f} | {loss - ref:+.1e} | "
             f"{run['sent']} | {predicted(codec)} | {run['sent'] / predicted('none'):.3f} | "
             f"{statistics.median(run['step_times'][1:]) * 1e3:.1f} |")
 

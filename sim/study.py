@@ -273,7 +273,9 @@ class StudyResult:
         d, s = self.to_dict(), self.study
         p = s.parallel
         lines = [
-            f"schedule {d['schedule']}: pp={p.pp} dp={p.dp} tp={p.tp} dp-mode={p.dp_mode} microbatches={d['microbatches']} "
+            f"schedule {d['schedule']}: pp={p.pp} dp={p.dp} tp={p.tp} dp-mode={p.dp_mode}"
+            f"{'' if p.grad_compression == 'none' else f' grad-compression={p.grad_compression}'} "
+            f"microbatches={d['microbatches']} "
             f"x {s.costs.microbatch_size} seq, chunks={d['chunks']} ({d['stages']} stages)",
             f"model {s.model.name} ({s.model.params / 1e9:.2f}B params, layers per stage "
             f"{','.join(map(str, d['layers_per_stage']))}) on {s.cluster.name} ({s.cluster.num_devices} x {s.cluster.spec.name})",

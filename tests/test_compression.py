@@ -196,3 +196,20 @@ def test_schedlab_run_refuses_a_codec_before_anything_runs(capsys, argv, line):
     except SystemExit as exc:
         code = exc.code
     assert (code, capsys.readouterr().err) == (2, f"error: {line}\n")
+
+
+def test_the_simulators_layer_is_the_runtime_gpt_block_parameter_for_parameter():
+    """sim.compression.layer_shapes (what PowerSGD's simulated ratio is computed from) lists the built-in GPT
+    block's parameters: the same shapes, so the same factors and whole tensors at every rank."""
+    from real.config import ModelConfig
+    from real.models import build_layers
+    from sim.compression import layer_shapes
+
+    block = build_layers(ModelConfig(kind="gpt", layers=1, dim=32, heads=2, vocab=64, seq=16), 0, [1])[0]
+    real = sorted(tuple(p.shape) for p in block.parameters())
+    sim = sorted(layer_shapes(TransformerConfig(name="b", layers=1, hidden=32, heads=2, vocab=64, seq_len=16)))
+    assert real == sim
+    # qkv 96x32, proj 32x32, fc 128x32, out 32x128: (128 + 64 + 160 + 160) r factors; 416 vector elements whole;
+    # at r 8 proj's 2 (64) 8 = 1024 is not < 32 x 32, so it goes whole
+    assert [powersgd_split(real, r) for r in (1, 2, 4, 8)] == [(512, 416), (1024, 416), (2048, 416),
+                                                                (128 * 8 + 320 * 8, 416 + 1024)]

@@ -157,7 +157,8 @@ def _units_compare(args, chosen: list[str], parser: OneLineParser, prog: str) ->
     eff = first.get("efficiency", 0)
     eff = f"{eff:g}" if isinstance(eff, int | float) else f"{eff} (GPU operation model)"
     tp = f" tp={args.tp}{' +sp' if args.sp else ''} recompute={args.recompute}" if args.tp > 1 or args.recompute != "none" else ""
-    print(f"\n{args.model} on {args.cluster}: pp={args.pp} dp={args.dp}{tp} dp-mode={args.dp_mode} "
+    codec = f" grad-compression={args.grad_compression}" if args.grad_compression not in (None, "none") else ""
+    print(f"\n{args.model} on {args.cluster}: pp={args.pp} dp={args.dp}{tp} dp-mode={args.dp_mode}{codec} "
           f"microbatches={args.microbatches} x {args.microbatch_size} seq, efficiency {eff}")
     print(format_units_comparison(rows))
     return 0
