@@ -69,9 +69,10 @@ class LiveConfig:
 
     lighthouse: str  # torchft lighthouse address, e.g. http://host:29510
     replica_id: int  # this replica group's number (torchft needs trailing digits in the id)
-    wait_replicas: int = 1  # a fresh job commits its first step only once this many replicas are in the quorum
+    wait_replicas: int = 1  # a process commits its first step only with this many replicas in the quorum
     min_replicas: int = 1  # fewer in a quorum: the step is not committed
     events: str | None = None  # JSON-lines event log of this replica
+    min_step_s: float = 0.0  # each step lasts at least this long (a stand-in for a slower model: demos, tests)
     quorum_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
@@ -81,6 +82,8 @@ class LiveConfig:
         for name in ("replica_id",):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ConfigError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}", field=name)
+        if not 0 <= self.min_step_s < 3600:
+            raise ConfigError(f"min_step_s must be in [0, 3600) seconds, got {self.min_step_s!r}", field="min_step_s")
         for name in ("wait_replicas", "min_replicas"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {getattr(self, name)!r}", field=name)
@@ -153,6 +156,7 @@ class _Replica:
         self.named = [(f"{name}", p) for name, p in self.model.named_parameters()]
         self.data = data_for(config, None)
         self.losses: list[float] = []
+        self.committed = False  # this process has committed a step
         self.heals: list[tuple[float, int]] = []  # (seconds since the quorum began, bytes) of each received state
 
     def state_dict(self) -> dict[str, Any]:
@@ -242,8 +246,9 @@ def _step(replica: _Replica, manager, live: LiveConfig, events: _Events) -> None
     quorum_s = time.perf_counter() - t0
     step, n, rank = manager.current_step(), manager.num_participants(), manager.participating_rank()
     _inject_fault(replica.config, step, events)
-    if step == 0 and n < live.wait_replicas:
-        manager.report_error(RuntimeError(f"{n} of the {live.wait_replicas} replicas to wait for at step 0"))
+    waiting = not replica.committed and n < live.wait_replicas
+    if waiting:  # this process's first step commits only with wait_replicas replicas (a fresh or restarted job)
+        manager.report_error(RuntimeError(f"{n} of the {live.wait_replicas} replicas to wait for"))
     inputs, targets, ids = replica.batch(step, n, rank)
     replica.optimizer.zero_grad(set_to_none=True)
     scale = inputs.shape[0] / replica.config.data.batch_size * n  # the all-reduce averages over n participants
@@ -257,13 +262,15 @@ def _step(replica: _Replica, manager, live: LiveConfig, events: _Events) -> None
     if committed:
         replica.optimizer.step()
         replica.losses.append(float(total))
+        replica.committed = True
     events.add("step", step=step, committed=committed, participants=n, rank=rank, rows=int(inputs.shape[0]),
                windows=ids, quorum_s=quorum_s, step_s=time.perf_counter() - t0,
                loss=float(total) if committed else None)
     if replica.heals and replica.heals[-1][0] >= t0:
         events.add("heal", step=step, bytes=replica.heals[-1][1], seconds=replica.heals[-1][0] - t0)
-    if not committed and step == 0 and n < live.wait_replicas:
-        time.sleep(0.05)  # waiting for the first replicas: do not spin the lighthouse
+    if waiting:
+        time.sleep(0.05)  # do not spin the lighthouse
+    time.sleep(max(0.0, live.min_step_s - (time.perf_counter() - t0)))
 
 
 def train_live(config: RunConfig, live: LiveConfig) -> LiveResult:

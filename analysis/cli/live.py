@@ -24,9 +24,11 @@ def add_live_args(p: argparse.ArgumentParser) -> None:
     e.add_argument("--lighthouse", metavar="ADDR", help="with --elastic live: the torchft lighthouse, http://HOST:PORT")
     e.add_argument("--replica-id", type=int, metavar="N", help="with --elastic live: this replica group's number")
     e.add_argument("--wait-replicas", type=int, metavar="N",
-                   help="with --elastic live: a fresh job's first step waits for N replicas (default 1)")
+                   help="with --elastic live: this process's first step commits only with N replicas (default 1)")
     e.add_argument("--min-replicas", type=int, metavar="N",
                    help="with --elastic live: a step commits with at least N replicas (default 1)")
+    e.add_argument("--min-step-time", type=float, metavar="S",
+                   help="with --elastic live: each step lasts at least S seconds (a stand-in for a slower model)")
     e.add_argument("--events", metavar="FILE", help="with --elastic live: append this replica's events (JSON lines)")
 
 
@@ -43,7 +45,8 @@ def live_defaults(args: argparse.Namespace) -> None:
 def refuse_live_flags(args: argparse.Namespace) -> None:
     """Live flags without ``--elastic live``, and flags live mode does not use, are errors (exit 2)."""
     if args.elastic is None:
-        refuse(given(args, "lighthouse", "replica_id", "wait_replicas", "min_replicas", "events"),
+        refuse(given(args, "lighthouse", "replica_id", "wait_replicas", "min_replicas", "events",
+                     "min_step_time"),
                "without --elastic live")
         return
     refuse(given(args, "trace", "plot", "log_dir", "dp_mode", "bucket_mb", "recv_ahead", "balance"),
@@ -52,7 +55,8 @@ def refuse_live_flags(args: argparse.Namespace) -> None:
 
 def live_config(args: argparse.Namespace) -> LiveConfig:
     return LiveConfig(lighthouse=args.lighthouse or "", replica_id=0 if args.replica_id is None else args.replica_id,
-                      wait_replicas=args.wait_replicas or 1, min_replicas=args.min_replicas or 1, events=args.events)
+                      wait_replicas=args.wait_replicas or 1, min_replicas=args.min_replicas or 1, events=args.events,
+                      min_step_s=args.min_step_time or 0.0)
 
 
 def run_live(config: RunConfig, args: argparse.Namespace) -> int:
