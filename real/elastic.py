@@ -56,7 +56,8 @@ from real.model_api import data_for
 from real.models import build_model, loss_fn, make_optimizer
 from schedules import ConfigError
 
-__all__ = ["ELASTIC_MODES", "LiveConfig", "LiveResult", "share", "train_live"]
+__all__ = ["ELASTIC_MODES", "LiveConfig", "LiveResult", "check_live", "check_live_layout", "pause_report", "share",
+           "train_live"]
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class LiveConfig:
     """A replica's place in a live elastic job."""
 
     lighthouse: str  # torchft lighthouse address, e.g. http://host:29510
-    replica_id: int  # this replica group's number (torchft needs trailing digits in the id)
+    replica_id: int = 0  # this replica group's number (torchft needs trailing digits in the id)
     wait_replicas: int = 1  # a process commits its first step only with this many replicas in the quorum
     min_replicas: int = 1  # fewer in a quorum: the step is not committed
     events: str | None = None  # JSON-lines event log of this replica
@@ -115,19 +116,23 @@ def share(batch: int, participants: int, rank: int) -> tuple[int, int]:
     return start, start + base + (rank < extra)
 
 
-def check_live(config: RunConfig) -> None:
-    """What ``--elastic live`` runs: pp 1 (each replica one process), the built-in model, dp left to the quorum."""
-    lay = config.layout
-    if lay.pp != 1:
-        raise ConfigError(f"--elastic live runs replicas of one process (pp 1), got pp {lay.pp}; torchft's quorum "
+def check_live_layout(pp: int, dp: int | str, microbatches: int) -> None:
+    """What ``--elastic live`` runs: pp 1 (each replica one process), dp left to the quorum, one pass a step."""
+    if pp != 1:
+        raise ConfigError(f"--elastic live runs replicas of one process (pp 1), got pp {pp}; torchft's quorum "
                           "would serve a pipeline, but the runtime's executor here does not yet take torchft's "
                           "reconfigurable process group: use pp 1", field="pp")
-    if lay.dp != 1:
+    if dp != 1:
         raise ConfigError(f"--elastic live takes the number of replicas from the quorum at every step; got dp "
-                          f"{lay.dp}: leave --dp out and start one replica group per replica", field="dp")
-    if lay.microbatches != 1:
+                          f"{dp}: leave --dp out and start one replica group per replica", field="dp")
+    if microbatches != 1:
         raise ConfigError(f"--elastic live trains each replica's share in one pass; got microbatches "
-                          f"{lay.microbatches}: leave --microbatches out", field="microbatches")
+                          f"{microbatches}: leave --microbatches out", field="microbatches")
+
+
+def check_live(config: RunConfig) -> None:
+    """:func:`check_live_layout` of ``config``, and the built-in model without a data master."""
+    check_live_layout(config.layout.pp, config.layout.dp, config.layout.microbatches)
     if config.data.factory is not None or config.data.data_master:
         raise ConfigError("--elastic live trains the built-in model from its own data position; --model FACTORY "
                           "and --data-master are not supported with it", field="elastic")
@@ -157,6 +162,7 @@ class _Replica:
         self.data = data_for(config, None)
         self.losses: list[float] = []
         self.committed = False  # this process has committed a step
+        self.started = time.monotonic()
         self.heals: list[tuple[float, int]] = []  # (seconds since the quorum began, bytes) of each received state
 
     def state_dict(self) -> dict[str, Any]:
@@ -247,6 +253,9 @@ def _step(replica: _Replica, manager, live: LiveConfig, events: _Events) -> None
     step, n, rank = manager.current_step(), manager.num_participants(), manager.participating_rank()
     _inject_fault(replica.config, step, events)
     waiting = not replica.committed and n < live.wait_replicas
+    if waiting and time.monotonic() - replica.started > live.quorum_timeout_s:
+        raise ConfigError(f"replica {live.replica_id}: {n} of the {live.wait_replicas} replicas to wait for joined "
+                          f"within {live.quorum_timeout_s:g} s (has the job ended?)", field="wait_replicas")
     if waiting:  # this process's first step commits only with wait_replicas replicas (a fresh or restarted job)
         manager.report_error(RuntimeError(f"{n} of the {live.wait_replicas} replicas to wait for"))
     inputs, targets, ids = replica.batch(step, n, rank)
@@ -301,3 +310,31 @@ def train_live(config: RunConfig, live: LiveConfig) -> LiveResult:
     norm, sha = param_digest(p for _, p in replica.named)
     return LiveResult(replica.losses, norm, sha, {n: p.detach().clone() for n, p in replica.named}, resumed,
                       len(replica.heals))
+
+
+def pause_report(survivor: list[dict[str, Any]], victim: list[dict[str, Any]]) -> dict[str, float]:
+    """What the death and the rejoin of ``victim`` cost ``survivor``, from their event logs (seconds, bytes).
+
+    ``detection``: the victim's fault to the end of the survivor's failed attempt; ``quorum``: the quorum of the
+    survivor's next attempt; ``pause``: the survivor's interval between the commits around the failed step, less
+    its median committed step; ``replacement``: the fault to the new process's start; ``heal_s`` and
+    ``heal_bytes``: the joining replica's first quorum with the state transfer, and the bytes it received.
+    ValueError if the logs hold no fault, failed attempt or heal.
+    """
+    fault = next((e for e in victim if e["event"] == "fault"), None)
+    if fault is None:
+        raise ValueError("the victim's events hold no fault")
+    steps = [e for e in survivor if e["event"] == "step"]
+    failed = next((i for i, e in enumerate(steps) if not e["committed"] and e["time"] >= fault["time"]), None)
+    if failed is None or failed == 0 or failed + 1 >= len(steps):
+        raise ValueError("the survivor's events hold no failed attempt after the fault between two commits")
+    before, retry = steps[failed - 1], steps[failed + 1]
+    normal = sorted(e["step_s"] for e in steps if e["committed"])
+    restarted = [e for e in victim if e["event"] == "start" and e["time"] > fault["time"]]
+    heal = next((e for e in victim if e["event"] == "heal" and e["time"] > fault["time"]), None)
+    if not restarted or heal is None:
+        raise ValueError("the victim's events hold no restart with a heal after the fault")
+    return {"detection": steps[failed]["time"] - fault["time"], "quorum": retry["quorum_s"],
+            "pause": retry["time"] - before["time"] - normal[len(normal) // 2],
+            "replacement": restarted[0]["time"] - fault["time"], "heal_s": heal["seconds"],
+            "heal_bytes": float(heal["bytes"])}

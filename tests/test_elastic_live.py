@@ -35,8 +35,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchft")
 
+from real.config import ModelConfig  # noqa: E402
 from real.data.tokens import TokenBatches, TokenFile, prepare  # noqa: E402
-from real.elastic import share  # noqa: E402
+from real.elastic import pause_report, share  # noqa: E402
 from real.launch import torchrun  # noqa: E402
 from real.models import build_model, loss_fn, make_optimizer  # noqa: E402
 
@@ -63,8 +64,6 @@ def _wait_for(what: str, check, deadline: float) -> dict:
 
 def _reference(data: Path) -> list[float]:
     """Plain training on the whole global batch of every step (what any split among replicas must equal)."""
-    from real.config import ModelConfig
-
     cfg = ModelConfig(kind="gpt", layers=2, dim=16, heads=2, vocab=256, seq=SEQ)
     model = build_model(cfg, 0)
     opt = make_optimizer("adamw", model.parameters(), 0.01)
@@ -150,6 +149,12 @@ def test_a_killed_replica_rejoins_live_and_no_step_is_lost(tmp_path):
     first = min(e["step"] for e in ev1 if e["event"] == "step" and e["pid"] == new_pid and e["committed"])
     assert heals and heals[-1]["step"] == first and heals[-1]["bytes"] > 0
     assert first <= results["resumed_at"] + 3, (first, results["resumed_at"])
+    # the state received: every parameter, AdamW's two moments of each (float32) and its step count (a scalar)
+    params = list(build_model(ModelConfig(kind="gpt", layers=2, dim=16, heads=2, vocab=256, seq=SEQ), 0).parameters())
+    assert heals[-1]["bytes"] == sum(p.numel() for p in params) * 4 * 3 + len(params) * 4
+    report = pause_report(ev0, ev1)
+    assert 0 < report["detection"] < 10 and report["quorum"] >= 0 and report["heal_bytes"] == heals[-1]["bytes"]
+    assert report["replacement"] > report["detection"]
     # both replicas end identical, with every step's loss
     assert results[0]["param_sha256"] == results[1]["param_sha256"]
     assert results[0]["losses"] == results[1]["losses"] and len(results[0]["losses"]) == STEPS

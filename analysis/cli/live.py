@@ -12,7 +12,7 @@ import sys
 
 from analysis.cli.common import given, print_json, refuse
 from real.config import RunConfig
-from real.elastic import ELASTIC_MODES, LiveConfig, train_live
+from real.elastic import ELASTIC_MODES, LiveConfig, check_live_layout, train_live
 
 __all__ = ["add_live_args", "live_config", "live_defaults", "refuse_live_flags", "run_live"]
 
@@ -51,12 +51,15 @@ def refuse_live_flags(args: argparse.Namespace) -> None:
         return
     refuse(given(args, "trace", "plot", "log_dir", "dp_mode", "bucket_mb", "recv_ahead", "balance"),
            "with --elastic live (each replica is one process training the whole model)")
+    check_live_layout(args.pp, args.dp, args.microbatches)
+    live_config(args)  # its checks, before anything runs
 
 
 def live_config(args: argparse.Namespace) -> LiveConfig:
-    return LiveConfig(lighthouse=args.lighthouse or "", replica_id=0 if args.replica_id is None else args.replica_id,
-                      wait_replicas=args.wait_replicas or 1, min_replicas=args.min_replicas or 1, events=args.events,
-                      min_step_s=args.min_step_time or 0.0)
+    fields = {"replica_id": args.replica_id, "wait_replicas": args.wait_replicas, "min_replicas": args.min_replicas,
+              "min_step_s": args.min_step_time}
+    return LiveConfig(lighthouse=args.lighthouse or "", events=args.events,
+                      **{k: v for k, v in fields.items() if v is not None})
 
 
 def run_live(config: RunConfig, args: argparse.Namespace) -> int:
