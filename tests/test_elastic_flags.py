@@ -6,8 +6,8 @@ import pytest
 
 pytest.importorskip("torch")
 
-from analysis.cli.train import main as real_main  # noqa: E402
-from real.elastic import share  # noqa: E402
+from analysis.cli.train import main as real_main
+from real.elastic import share
 
 LIVE = ["--elastic", "live", "--lighthouse", "http://localhost:29510"]
 
