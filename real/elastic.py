@@ -78,7 +78,7 @@ class LiveConfig:
 
     def __post_init__(self) -> None:
         if not self.lighthouse:
-            raise ConfigError("--elastic live needs the lighthouse's address, e.g. --lighthouse http://host:29510",
+            raise ConfigError("live elastic training needs the lighthouse's address, e.g. http://host:29510",
                               field="lighthouse")
         for name in ("replica_id",):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
@@ -119,23 +119,23 @@ def share(batch: int, participants: int, rank: int) -> tuple[int, int]:
 def check_live_layout(pp: int, dp: int | str, microbatches: int) -> None:
     """What ``--elastic live`` runs: pp 1 (each replica one process), dp left to the quorum, one pass a step."""
     if pp != 1:
-        raise ConfigError(f"--elastic live runs replicas of one process (pp 1), got pp {pp}; torchft's quorum "
+        raise ConfigError(f"live elastic training runs replicas of one process (pp 1), got pp {pp}; torchft's quorum "
                           "would serve a pipeline, but the runtime's executor here does not yet take torchft's "
                           "reconfigurable process group: use pp 1", field="pp")
     if dp != 1:
-        raise ConfigError(f"--elastic live takes the number of replicas from the quorum at every step; got dp "
-                          f"{dp}: leave --dp out and start one replica group per replica", field="dp")
+        raise ConfigError(f"live elastic training takes the number of replicas from the quorum at every step; got "
+                          f"dp {dp}: use dp 1 and start one replica group per replica", field="dp")
     if microbatches != 1:
-        raise ConfigError(f"--elastic live trains each replica's share in one pass; got microbatches "
-                          f"{microbatches}: leave --microbatches out", field="microbatches")
+        raise ConfigError(f"live elastic training trains each replica's share in one pass; got microbatches "
+                          f"{microbatches}: use 1", field="microbatches")
 
 
 def check_live(config: RunConfig) -> None:
     """:func:`check_live_layout` of ``config``, and the built-in model without a data master."""
     check_live_layout(config.layout.pp, config.layout.dp, config.layout.microbatches)
     if config.data.factory is not None or config.data.data_master:
-        raise ConfigError("--elastic live trains the built-in model from its own data position; --model FACTORY "
-                          "and --data-master are not supported with it", field="elastic")
+        raise ConfigError("live elastic training trains the built-in model from its own data position; a model "
+                          "factory and a data master are not supported with it", field="elastic")
 
 
 class _Events:
