@@ -44,7 +44,9 @@ def _free_port() -> int:
 def _agent(port: int, ckpt: Path, *, host: bool) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc-per-node", "1",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"localhost:{port}", "--rdzv-id", "ci-resize",
-           "--rdzv-conf", f"join_timeout=60,last_call_timeout=5,close_timeout=5,is_host={str(host).lower()}", "--max-restarts", "2",
+           # a lost agent is dropped after 2 missed heartbeats of 1 s (default 3 of 5 s)
+           "--rdzv-conf", "join_timeout=60,last_call_timeout=5,close_timeout=5,keep_alive_interval=1,"
+           f"keep_alive_max_attempt=2,is_host={str(host).lower()}", "--max-restarts", "2",
            "--monitor-interval", "0.2",
            "-m", "real", "--schedule", "gpipe", "--pp", "1", "--dp", "auto", "--microbatches", "1",
            "--batch-size", "8", *SMALL, "--optimizer", "sgd", "--lr", "0.1", "--steps", str(STEPS),
