@@ -158,7 +158,7 @@ class _Replica:
         self.config = config
         self.model = build_model(config.data.model, config.data.seed)
         self.optimizer = make_optimizer(config.optim.optimizer, self.model.parameters(), config.optim.lr)
-        self.named = [(f"{name}", p) for name, p in self.model.named_parameters()]
+        self.named = list(self.model.named_parameters())
         self.data = data_for(config, None)
         self.losses: list[float] = []
         self.committed = False  # this process has committed a step
@@ -245,7 +245,7 @@ def _inject_fault(config: RunConfig, step: int, events: _Events) -> None:
         time.sleep(3600)
 
 
-def _step(replica: _Replica, manager, live: LiveConfig, events: _Events) -> None:
+def _step(replica: _Replica, manager, live: LiveConfig, events: _Events) -> bool:
     """One attempt at the manager's step: quorum, this replica's share, the all-reduce, commit or not."""
     t0 = time.perf_counter()
     manager.start_quorum()  # synchronous: a joining replica has the live state when it returns
@@ -280,6 +280,7 @@ def _step(replica: _Replica, manager, live: LiveConfig, events: _Events) -> None
     if waiting:
         time.sleep(0.05)  # do not spin the lighthouse
     time.sleep(max(0.0, live.min_step_s - (time.perf_counter() - t0)))
+    return committed
 
 
 def train_live(config: RunConfig, live: LiveConfig) -> LiveResult:
@@ -295,10 +296,9 @@ def train_live(config: RunConfig, live: LiveConfig) -> LiveResult:
         resumed = _resume(config, replica, manager) if config.checkpoint else None
         events.add("start", replica=live.replica_id, resumed_from=resumed, step=manager.current_step())
         while manager.current_step() < config.steps:
-            _step(replica, manager, live, events)
+            committed = _step(replica, manager, live, events)
             done = manager.current_step()
-            if saver is not None and manager.participating_rank() == 0 and saver.due(done) and \
-                    len(replica.losses) == done:
+            if committed and saver is not None and manager.participating_rank() == 0 and saver.due(done):
                 info = {"losses": replica.losses, "world_size": 1, "pp": 1, "dp": manager.num_participants(),
                         "config": config.to_dict(), "data": replica.data.state(done)}
                 saver.save(done, ckpt.state_dict(replica.named, [replica.optimizer], 0), info)
@@ -306,7 +306,7 @@ def train_live(config: RunConfig, live: LiveConfig) -> LiveResult:
             saver.wait()
     finally:
         manager.shutdown(wait=False)
-        del hosted
+        del hosted  # the replica's own store (no torchrun) lives until here
     norm, sha = param_digest(p for _, p in replica.named)
     return LiveResult(replica.losses, norm, sha, {n: p.detach().clone() for n, p in replica.named}, resumed,
                       len(replica.heals))

@@ -17,6 +17,7 @@ event logs and JSON results:
   parameters (SHA-256) and the same 12 losses;
 * every committed step's shares partition the step's global batch, so the
   windows trained are exactly the first 72 of the sampler's stream, each once;
+* the checkpoints of steps 8 and 12 are complete, with the losses so far;
 * the losses equal plain single-process training on the whole batch at 1e-5.
 """
 
@@ -35,6 +36,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchft")
 
+from real.checkpoint import complete_checkpoints  # noqa: E402
 from real.config import ModelConfig  # noqa: E402
 from real.data.tokens import TokenBatches, TokenFile, prepare  # noqa: E402
 from real.elastic import pause_report, share  # noqa: E402
@@ -172,5 +174,8 @@ def test_a_killed_replica_rejoins_live_and_no_step_is_lost(tmp_path):
         trained += ids
     assert sorted(trained) == sorted(batches.sampler.take(0, STEPS * BATCH).tolist())
     assert len(set(trained)) == STEPS * BATCH
+    # periodic checkpoints went on (by the replica of quorum rank 0), the last 2 kept, N losses at step N
+    kept = complete_checkpoints(tmp_path / "ckpt")
+    assert [c.step for c in kept] == [8, 12] and all(c.info["losses"] == results[0]["losses"][:c.step] for c in kept)
     # the losses: plain training on the whole batch (the dead replica's rows went to the survivor)
     assert results[0]["losses"] == pytest.approx(_reference(data), abs=1e-5)
