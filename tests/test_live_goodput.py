@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +13,7 @@ from schedules import ConfigError
 from sim.failures import daly_interval, young_interval
 from sim.live import LiveCosts, checkpoint_interval, live_failure_cost, live_goodput, restart_goodput
 
+ROOT = Path(__file__).resolve().parents[1]
 # detection 1 s, quorum 0.5 s, transfer 1 ns/byte x 2 GB = 2 s, replacement 10 min, step 10 s
 COSTS = LiveCosts(detection=1.0, quorum=0.5, transfer_s_per_byte=1e-9, state_bytes=2e9, replacement=600.0,
                   step_time=10.0)
@@ -73,3 +77,14 @@ def test_bad_inputs_name_the_value(call, message):
     with pytest.raises(ConfigError) as err:
         call()
     assert str(err.value).startswith(message)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--job-wide", "2"], "--job-wide must be a share in [0, 1], got 2.0"),
+    (["--pause", "nothere.json"], "--pause 'nothere.json' cannot be read ([Errno 2] No such file or directory: "
+     "'nothere.json'); write it with python experiments/live_pause.py --json FILE"),
+])
+def test_the_goodput_script_refuses_bad_live_inputs_before_simulating(tmp_path, args, message):
+    done = subprocess.run([sys.executable, "experiments/goodput.py", "--out", str(tmp_path), *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stderr) == (2, f"error: {message}\n")
