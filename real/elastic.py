@@ -29,6 +29,9 @@ committed step; a replica that starts fresh while a checkpoint exists loads it
 (the case where every replica died); one that joins live replicas is then
 overwritten by their state.
 
+SIGINT or SIGTERM makes a replica leave after the step in progress (the others
+go on without it), with :class:`real.stop.Interrupted`.
+
 Each replica appends its events to ``--events FILE`` (JSON lines): ``start``
 (PID, whether a checkpoint was read), ``step`` (step, committed, participants,
 this replica's rank and rows, window ids with a token file, the quorum's and
@@ -51,6 +54,7 @@ import torch
 import torch.distributed as dist
 
 from real import checkpoint as ckpt
+from real import stop
 from real.config import RunConfig
 from real.model_api import data_for
 from real.models import build_model, loss_fn, make_optimizer
@@ -296,12 +300,17 @@ def train_live(config: RunConfig, live: LiveConfig) -> LiveResult:
         resumed = _resume(config, replica, manager) if config.checkpoint else None
         events.add("start", replica=live.replica_id, resumed_from=resumed, step=manager.current_step())
         while manager.current_step() < config.steps:
+            stop.progress(manager.current_step(), saver.last if saver is not None else resumed)
             committed = _step(replica, manager, live, events)
             done = manager.current_step()
             if committed and saver is not None and manager.participating_rank() == 0 and saver.due(done):
                 info = {"losses": replica.losses, "world_size": 1, "pp": 1, "dp": manager.num_participants(),
                         "config": config.to_dict(), "data": replica.data.state(done)}
                 saver.save(done, ckpt.state_dict(replica.named, [replica.optimizer], 0), info)
+            if stop.requested() is not None:  # SIGINT/SIGTERM: this replica leaves at a step boundary
+                if saver is not None:
+                    saver.wait()
+                raise stop.Interrupted(int(stop.requested()), done, saver.last if saver is not None else resumed)
         if saver is not None:
             saver.wait()
     finally:
