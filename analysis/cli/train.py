@@ -32,6 +32,7 @@ from analysis.cli.common import (
     refuse,
     with_flag,
 )
+from analysis.cli.live import add_live_args, live_defaults, refuse_live_flags, run_live
 from analysis.cli.progress import format_seconds
 from analysis.timeline import check_figure_path, plot_timeline
 from real import stop
@@ -185,6 +186,7 @@ def parser(prog: str) -> OneLineParser:
     f.add_argument("--fail-rank", type=int, default=0, metavar="R", help="the rank that fails (default 0)")
     f.add_argument("--fail-mode", choices=FAIL_MODES, default="kill", help="kill (SIGKILL) or hang (default kill)")
     r.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
+    add_live_args(p)
     return p
 
 
@@ -210,7 +212,8 @@ def _resolve_dp(dp: int | str, pp: int, world: int | None) -> int:
 
 
 def _shape_from_file(args: argparse.Namespace) -> None:
-    """--pp and --microbatches: required, except that a csv: schedule file carries its own."""
+    """--pp and --microbatches: required, except that a csv: schedule file carries its own (or --elastic live)."""
+    live_defaults(args)
     if args.schedule is None:
         fail(f"{args.prog}: the following arguments are required: --schedule (see --help)")
     if args.schedule.startswith("csv:") and (args.pp is None or args.microbatches is None):
@@ -299,6 +302,7 @@ def _refuse_idle_flags(args: argparse.Namespace) -> None:
     if args.pp == 1:
         refuse(given(args, "recv_ahead"), "at pp 1 (one pipeline rank: no messages between stages)")
     refuse_model_flags(args)
+    refuse_live_flags(args)
 
 
 def _user(config: RunConfig) -> UserModel | None:
@@ -400,6 +404,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int
         metrics = None
         try:
             config, user = _checked(args, world)
+            if args.elastic:
+                return run_live(config, args)
             if rank == 0 and user is not None and user.batches is not None and config.data.token_file:
                 sys.stderr.write(f"warning: --data {config.data.token_file} trains the model; the batches function "
                                  f"of {config.data.factory} is not used\n")

@@ -1,0 +1,44 @@
+"""``--elastic live``'s flags: bad input is one line and exit 2 before anything runs (no torchft needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+
+from analysis.cli.train import main as real_main
+from real.elastic import share
+
+LIVE = ["--elastic", "live", "--lighthouse", "http://localhost:29510"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--elastic", "live"], "live elastic training needs the lighthouse's address, e.g. http://host:29510 "
+     "(flag --lighthouse)"),
+    (["--schedule", "1f1b", "--pp", "1", "--microbatches", "1", "--lighthouse", "http://h:1"],
+     "--lighthouse has no effect without --elastic live"),
+    ([*LIVE, "--pp", "2", "--microbatches", "2"],
+     "live elastic training runs replicas of one process (pp 1), got pp 2; torchft's quorum would serve a pipeline, "
+     "but the runtime's executor here does not yet take torchft's reconfigurable process group: use pp 1 (flag --pp)"),
+    ([*LIVE, "--dp", "2"], "live elastic training takes the number of replicas from the quorum at every step; got "
+     "dp 2: use dp 1 and start one replica group per replica (flag --dp)"),
+    ([*LIVE, "--microbatches", "2"], "live elastic training trains each replica's share in one pass; got "
+     "microbatches 2: use 1 (flag --microbatches)"),
+    ([*LIVE, "--trace", "t.csv"], "--trace has no effect with --elastic live (each replica is one process training "
+     "the whole model)"),
+    ([*LIVE, "--wait-replicas", "0"], "wait_replicas must be an integer >= 1, got 0 (flag --wait-replicas)"),
+    ([*LIVE, "--replica-id", "-1"], "replica_id must be an integer >= 0, got -1 (flag --replica-id)"),
+    ([*LIVE, "--min-step-time", "-1"], "min_step_s must be in [0, 3600) seconds, got -1.0"),
+])
+def test_bad_live_flags_are_one_line_and_exit_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        real_main([*argv, "--steps", "2", "--batch-size", "4"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err == f"error: {message}\n", err
+
+
+@pytest.mark.parametrize(("batch", "n", "rows"), [
+    (6, 1, [(0, 6)]), (6, 2, [(0, 3), (3, 6)]), (7, 3, [(0, 3), (3, 5), (5, 7)]), (2, 3, [(0, 1), (1, 2), (2, 2)]),
+])
+def test_shares_are_contiguous_in_quorum_order_and_cover_the_batch(batch, n, rows):
+    assert [share(batch, n, r) for r in range(n)] == rows
