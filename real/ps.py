@@ -42,7 +42,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -350,8 +350,8 @@ class ParamServer:
             self._wait(pending)
 
     # the loop: the same default-group collectives as a trainer's (real.train), with nothing to add
-    def serve(self, restored: ckpt.Restored | None, *, fault: Callable[[int], None]) -> ServerResult:
-        """Serve every step of the run; ``fault(step)`` injects the configured fault (``--fail-rank``)."""
+    def serve(self, restored: ckpt.Restored | None) -> ServerResult:
+        """Serve every step of the run (a fault injected at ``--fail-rank`` this server's rank included)."""
         cfg = self.plan.config
         start, losses = 0, []
         if restored is not None:
@@ -365,7 +365,7 @@ class ParamServer:
         metered, memory, times = max(cfg.metered_step, start), {}, []
         t_prev = time.perf_counter()
         for step in range(start, cfg.steps):
-            fault(step)
+            stop.inject_fault(self.mesh.rank, step, **asdict(cfg.faults))
             self.step()
             value = torch.tensor([0.0, stop.requested() is not None], dtype=torch.float64)
             dist.all_reduce(value)

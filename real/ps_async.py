@@ -40,7 +40,7 @@ import logging
 import queue
 import threading
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,7 +159,7 @@ class AsyncParamServer(ParamServer):
         self._waiting: list[tuple[int, int, int]] = []  # (trainer, stage, step asked for)
         self._inbox: queue.Queue = queue.Queue()
 
-    def serve(self, restored: ckpt.Restored | None, *, fault: Callable[[int], None]) -> ServerResult:
+    def serve(self, restored: ckpt.Restored | None) -> ServerResult:
         """The run: the collectives every rank makes at its start and end around :meth:`serve_async`."""
         clock_offset()
         dist.barrier()

@@ -20,9 +20,11 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 
-__all__ = ["GRACE_S", "Interrupted", "exit_status", "handle_signals", "message", "progress", "requested"]
+__all__ = ["GRACE_S", "Interrupted", "exit_status", "handle_signals", "inject_fault", "message", "progress",
+           "requested"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +51,19 @@ def message(step: int | None, checkpoint: str | None) -> str:
 
 def exit_status(signum: int) -> int:
     return 128 + signum
+
+
+def inject_fault(rank: int, step: int, *, fail_rank: int, fail_at_step: int | None, fail_mode: str) -> None:
+    """``--fail-at-step``: on torchrun's first attempt only, rank ``fail_rank`` dies (SIGKILL, ``fail_mode`` kill)
+    or stops answering (hang) at ``fail_at_step``."""
+    if step != fail_at_step or rank != fail_rank or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
+        return
+    log.warning("rank %d: injected fault (%s) at step %d", rank, fail_mode, step)
+    logging.shutdown()
+    if fail_mode == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    while True:
+        time.sleep(3600)
 
 
 def requested() -> int | None:

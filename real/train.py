@@ -21,7 +21,7 @@ import re
 import signal
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 
@@ -218,7 +218,7 @@ def _serve(plan: Plan, mesh: Mesh, backend: str, model: StagedModel, restored: c
     """A parameter server's run (dp mode ps, :mod:`real.ps`); rank 0, a trainer, gathers the results."""
     cfg = plan.config
     server = AsyncParamServer if cfg.sync.dp_mode == "async-ps" else ParamServer
-    done = server(plan, mesh, model).serve(restored, fault=lambda step: _inject_fault(cfg, mesh.rank, step))
+    done = server(plan, mesh, model).serve(restored)
     return RunResult(cfg, mesh.rank, backend, done.losses, done.step_times, start_step=done.start_step,
                      resumed_from=str(restored.path) if restored else None)
 
@@ -361,7 +361,7 @@ class _Trainer:
     def _step(self, step: int) -> torch.Tensor | None:
         torch.manual_seed(step_seed(self.plan.config.data.seed, step, self.mesh.rank))
         batches = self._batches(step)  # before the fault: with a data master, a killed rank dies holding a lease
-        _inject_fault(self.plan.config, self.mesh.rank, step)
+        stop.inject_fault(self.mesh.rank, step, **asdict(self.plan.config.faults))
         if self.sync is not None:
             self.sync.begin_step()
         else:
@@ -608,18 +608,6 @@ class _Trainer:
             "layers_per_stage": [len(r) for r in self.plan.layers], "memory": memory,
         }
         return make_trace(cols, meta)
-
-
-def _inject_fault(cfg: RunConfig, rank: int, step: int) -> None:
-    """``--fail-at-step``: on the first attempt only, the chosen rank dies (SIGKILL) or stops answering."""
-    if step != cfg.faults.fail_at_step or rank != cfg.faults.fail_rank or restart_count() > 0:
-        return
-    log.warning("rank %d: injected fault (%s) at step %d", rank, cfg.faults.fail_mode, step)
-    logging.shutdown()
-    if cfg.faults.fail_mode == "kill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    while True:
-        time.sleep(3600)
 
 
 def _bound_send_ends(rows: list[_Row], plan: Plan) -> list[_Row]:
