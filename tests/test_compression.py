@@ -217,3 +217,20 @@ def test_the_simulators_layer_is_the_runtime_gpt_block_parameter_for_parameter()
     # at r 8 proj's 2 (64) 8 = 1024 is not < 32 x 32, so it goes whole
     assert [powersgd_split(real, r) for r in (1, 2, 4, 8)] == [(512, 416), (1024, 416), (2048, 416),
                                                                 (128 * 8 + 320 * 8, 416 + 1024)]
+
+
+@pytest.mark.parametrize(("codec", "modes"), [("int8", ("ddp", "zero1", "zero2", "fsdp")), ("powersgd:2", ("ddp",))])
+def test_the_planners_bound_stays_below_the_compressed_step(codec, modes):
+    """schedlab plan --grad-compression: every candidate with a dp mode is costed with the codec, and the lower
+    bound that prunes candidates charges the codec's bytes too, so it stays below the simulated step."""
+    from sim.plan_bounds import Bounds
+    from sim.plan_space import PlanSpace, enumerate_configs
+    from tests.test_plan import TINY as PLAN_TINY
+    from tests.test_plan import _check_bound_and_memory
+
+    space = PlanSpace(model=PLAN_TINY, cluster=cluster_preset("dgx-h100:1"), global_batch=8, chunks=(2,),
+                      dp_modes=modes, grad_compression=codec)
+    configs = [c for c in enumerate_configs(space) if c.dp > 1][::len(modes) * 61]  # 612 candidates per mode
+    assert len(configs) == 11
+    _check_bound_and_memory(space, configs)
+    assert {Bounds(space).costs(c).parallel.grad_compression for c in configs} == {codec}
