@@ -292,11 +292,12 @@ PROFILED = ("fp16", "bf16", "int8", "powersgd:1", "powersgd:4")
 
 
 def profile_codecs(shapes: list[tuple[int, ...]], *, warmup: int = 2, reps: int = 5,
-                   specs: tuple[str, ...] = PROFILED) -> dict[str, float]:
+                   specs: tuple[str, ...] = PROFILED, device: torch.device | None = None) -> dict[str, float]:
     """Nanoseconds per gradient element of each codec's compress and decompress, on this process alone.
 
-    One bucket of parameters of ``shapes``, its codec's all-reduce on a group of this process only (so the
-    collectives move nothing), less the plain all-reduce's time on that group; the median of ``reps``.
+    One bucket of parameters of ``shapes`` on ``device`` (default the CPU), its codec's all-reduce on a group
+    of this process only (so the collectives move nothing), less the plain all-reduce's time on that group;
+    the median of ``reps``.
     Every rank of a process group calls it at once (each builds the one-process groups), or none is
     initialized. This is what ``parallel.codec_ns_per_param`` of the simulator takes.
     """
@@ -304,8 +305,8 @@ def profile_codecs(shapes: list[tuple[int, ...]], *, warmup: int = 2, reps: int 
     if own:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        solo = [dist.new_group([r], backend="gloo") for r in range(dist.get_world_size())][dist.get_rank()]
-        flat = torch.randn(sum(math.prod(s) for s in shapes), generator=torch.Generator().manual_seed(0))
+        solo = [dist.new_group([r]) for r in range(dist.get_world_size())][dist.get_rank()]
+        flat = torch.randn(sum(math.prod(s) for s in shapes), generator=torch.Generator().manual_seed(0)).to(device)
         plain = _median_seconds(lambda x, _: dist.all_reduce(x, group=solo), flat, shapes, warmup, reps)
         out = {}
         for spec in specs:
@@ -327,11 +328,18 @@ def _median_seconds(fn: Callable[[torch.Tensor, list[torch.Tensor]], object], fl
         for s in shapes:
             grads.append(x[offset:offset + math.prod(s)].view(s))
             offset += math.prod(s)
+        _sync(x.device)
         t0 = time.perf_counter()
         fn(x, grads)
+        _sync(x.device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def make_codec(comp: Compression, group: dist.ProcessGroup, sizes: dict[str, int]) -> Codec | None:
