@@ -119,12 +119,14 @@ class _HookBucket:
 
 
 class Codec:
-    """One rank's codec of ``comp`` over ``group``; buckets are named by a key (``s{stage}b{index}``)."""
+    """One rank's codec of ``comp`` over ``group``; ``sizes``: each bucket's key (``s{stage}b{index}``) and its
+    padded number of elements."""
 
-    def __init__(self, comp: Compression, group: dist.ProcessGroup, keys: list[str]) -> None:
+    def __init__(self, comp: Compression, group: dist.ProcessGroup, sizes: dict[str, int]) -> None:
         self.comp, self.group = comp, group
         self.world = dist.get_world_size(group)
-        self.keys = keys
+        self.sizes = sizes
+        self.keys = list(sizes)
         self.residual: dict[str, torch.Tensor] = {}  # int8: this rank's error per bucket
         self.owner_residual: dict[str, torch.Tensor] = {}  # int8 all-reduce: the error of the chunk it sums
         # codec compute on the training thread since the sync last logged it: int8's all of it; fp16/bf16's cast
@@ -219,7 +221,7 @@ class Codec:
     # --- checkpoints ----------------------------------------------------------------------------------
     def state(self) -> dict[str, torch.Tensor]:
         """This rank's codec state as tensors (names without the rank prefix)."""
-        out: dict[str, torch.Tensor] = {}
+        out: dict[str, torch.Tensor] = {"world": torch.tensor([self.world], dtype=torch.int64)}
         for name, d in (("residual", self.residual), ("owner_residual", self.owner_residual)):
             out.update({f"{k}.{name}": t.clone() for k, t in d.items()})
         s = self.psgd
@@ -233,8 +235,24 @@ class Codec:
             out["powersgd.rng_gauss"] = torch.tensor([gauss], dtype=torch.float64)
         return out
 
+    def fits(self, state: dict[str, torch.Tensor]) -> bool:
+        """Whether ``state`` was saved by this codec's group size and buckets (residuals and errors of their sizes)."""
+        if "world" in state and int(state["world"][0]) != self.world:
+            return False
+        want = {"residual": 1, "owner_residual": self.world, "error": 1}
+        for name, t in state.items():
+            key, _, kind = name.partition(".")
+            if kind in want and (key not in self.sizes or t.numel() != self.sizes[key] // want[kind]):
+                return False
+        return True
+
     def load(self, state: dict[str, torch.Tensor]) -> None:
-        """Restore what :meth:`state` saved (missing names: that state starts afresh, as on a first step)."""
+        """Restore what :meth:`state` saved (missing names: that state starts afresh, as on a first step); a state
+        of another group size or other buckets is left out whole, with a warning."""
+        if not self.fits(state):
+            log.warning("the checkpoint's %s codec state is of another dp or other buckets; it starts afresh",
+                        self.comp.spec)
+            return
         for name, d in (("residual", self.residual), ("owner_residual", self.owner_residual)):
             for k in self.keys:
                 if f"{k}.{name}" in state:
@@ -274,11 +292,12 @@ PROFILED = ("fp16", "bf16", "int8", "powersgd:1", "powersgd:4")
 
 
 def profile_codecs(shapes: list[tuple[int, ...]], *, warmup: int = 2, reps: int = 5,
-                   specs: tuple[str, ...] = PROFILED) -> dict[str, float]:
+                   specs: tuple[str, ...] = PROFILED, device: torch.device | None = None) -> dict[str, float]:
     """Nanoseconds per gradient element of each codec's compress and decompress, on this process alone.
 
-    One bucket of parameters of ``shapes``, its codec's all-reduce on a group of this process only (so the
-    collectives move nothing), less the plain all-reduce's time on that group; the median of ``reps``.
+    One bucket of parameters of ``shapes`` on ``device`` (default the CPU), its codec's all-reduce on a group
+    of this process only (so the collectives move nothing), less the plain all-reduce's time on that group;
+    the median of ``reps``.
     Every rank of a process group calls it at once (each builds the one-process groups), or none is
     initialized. This is what ``parallel.codec_ns_per_param`` of the simulator takes.
     """
@@ -286,12 +305,12 @@ def profile_codecs(shapes: list[tuple[int, ...]], *, warmup: int = 2, reps: int 
     if own:
         dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        solo = [dist.new_group([r], backend="gloo") for r in range(dist.get_world_size())][dist.get_rank()]
-        flat = torch.randn(sum(math.prod(s) for s in shapes), generator=torch.Generator().manual_seed(0))
+        solo = [dist.new_group([r]) for r in range(dist.get_world_size())][dist.get_rank()]
+        flat = torch.randn(sum(math.prod(s) for s in shapes), generator=torch.Generator().manual_seed(0)).to(device)
         plain = _median_seconds(lambda x, _: dist.all_reduce(x, group=solo), flat, shapes, warmup, reps)
         out = {}
         for spec in specs:
-            codec = Codec(parse_compression(spec), solo, ["s0b0"])
+            codec = Codec(parse_compression(spec), solo, {"s0b0": flat.numel()})
             t = _median_seconds(lambda x, g, c=codec: c.allreduce("s0b0", x, g).wait(), flat, shapes, warmup, reps)
             out[spec] = max(t - plain, 0.0) / flat.numel() * 1e9
         return out
@@ -309,13 +328,20 @@ def _median_seconds(fn: Callable[[torch.Tensor, list[torch.Tensor]], object], fl
         for s in shapes:
             grads.append(x[offset:offset + math.prod(s)].view(s))
             offset += math.prod(s)
+        _sync(x.device)
         t0 = time.perf_counter()
         fn(x, grads)
+        _sync(x.device)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def make_codec(comp: Compression, group: dist.ProcessGroup, keys: list[str]) -> Codec | None:
-    """The codec of ``comp`` (None for ``none``: the plain collectives)."""
-    return None if comp.exact else Codec(comp, group, keys)
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_codec(comp: Compression, group: dist.ProcessGroup, sizes: dict[str, int]) -> Codec | None:
+    """The codec of ``comp`` for buckets of ``sizes`` (None for ``none``: the plain collectives)."""
+    return None if comp.exact else Codec(comp, group, sizes)

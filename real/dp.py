@@ -98,7 +98,8 @@ class GradSync:
         self.buckets = [self._bucket(s, k, b) for s, params in stage_params.items()
                         for k, b in enumerate(make_buckets(params, bucket_mb * 2**20))]
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
-        self.codec = make_codec(parse_compression(compression), group, [self.key(b) for b in self.buckets])
+        self.codec = make_codec(parse_compression(compression), group,
+                                {self.key(b): (b.grad if b.data is None else b.data).numel() for b in self.buckets})
         self.step_bytes = 0  # bytes of this step's gradient collectives (the traced rows' sum)
         for b in self.buckets:
             for p in b.params:

@@ -250,7 +250,8 @@ class Bounds:
             found = self._full[key] = TransformerCosts(
                 model=s.model, cluster=s.cluster,
                 parallel=ParallelConfig(pp=c.pp, dp=c.dp, tp=c.tp, sp=c.sp, dp_mode=c.dp_mode,
-                                        bucket_mb=s.bucket_for(c.tp), link_model=s.link_model),
+                                        bucket_mb=s.bucket_for(c.tp), link_model=s.link_model,
+                                        grad_compression=s.grad_compression if c.dp_mode != "none" else "none"),
                 microbatch_size=c.microbatch_size, recompute=c.recompute)
         return found
 
@@ -337,7 +338,11 @@ class Bounds:
             last, extra = [], []
             for s in stages:
                 buckets = costs.bucket_sizes(s, n)
-                last.append(group.allreduce(buckets[-1]) if c.dp_mode in ("ddp", "sync") else group.gather(buckets[-1]))
+                kind = Kind.ALLREDUCE if c.dp_mode in ("ddp", "sync") else Kind.REDUCE_SCATTER
+                k = len(buckets) - 1
+                nb = costs.collective_bytes(kind, s, n, k)  # the bucket's bytes, or its codec's (grad_compression)
+                last.append(costs.codec_time(kind, s, n, k) + (group.allreduce(nb) if kind is Kind.ALLREDUCE
+                                                               else group.gather(nb)))
                 # the all-gathers after the step: every bucket but the last is full-size
                 extra.append((len(buckets) - 1) * group.gather(buckets[0]) + group.gather(buckets[-1])
                              if c.dp_mode in ("zero1", "zero2") else 0.0)

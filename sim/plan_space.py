@@ -27,6 +27,7 @@ from functools import lru_cache
 from typing import Any, NamedTuple
 
 from schedules import ScheduleError, build, names, spec
+from schedules.compression import check_dp_mode, parse_compression
 from schedules.errors import ConfigError, check_choice, check_positive, check_positive_ints, choice, quote
 from schedules.registry import MAX_TASKS, TASKS_PER_PASS
 from sim.cluster import Cluster
@@ -106,6 +107,7 @@ class PlanSpace:
     pp: tuple[int, ...] | None = None  # None: every valid divisor
     bucket_mb: float | None = None  # None: one transformer layer's 16-bit weights per tensor shard, at least 25 MiB
     link_model: str = "fair"  # how transfers share a port in the simulations (sim.network)
+    grad_compression: str = "none"  # the codec of every candidate's gradient collectives (schedules.compression)
 
     def bucket_for(self, tp: int) -> float:
         """Gradient/parameter bucket in MiB. By default one layer per bucket, as FSDP wraps each transformer block
@@ -140,6 +142,10 @@ class PlanSpace:
         if self.bucket_mb is not None:
             check_positive("plan", "bucket_mb", self.bucket_mb, " MiB")
         check_choice("plan", "link_model", self.link_model, LINK_MODELS)
+        comp = parse_compression(self.grad_compression)
+        for mode in self.dp_modes:  # powersgd: all-reduce modes only
+            check_dp_mode(comp, mode)
+        object.__setattr__(self, "grad_compression", comp.spec)
         for value in (*(self.tp or ()), *(self.pp or ())):
             check_positive_ints("plan", degree=value)
         if not (self.chunks and self.dp_modes and self.recompute and self.sp):

@@ -91,7 +91,7 @@ def world_of_one():
 def test_int8_error_feedback_loses_nothing_but_the_last_residuals(world_of_one):
     """Sum of what T steps delivered = sum of the T gradients - the worker's and the owner's last residuals
     (both telescope: r_{t+1} = x_t - sent_t)."""
-    codec = Codec(Compression("int8"), world_of_one, ["s0b0"])
+    codec = Codec(Compression("int8"), world_of_one, {"s0b0": 40})
     gen = torch.Generator().manual_seed(0)
     delivered, given = torch.zeros(40), torch.zeros(40)
     for _ in range(5):
@@ -119,7 +119,7 @@ def test_powersgd_is_exact_on_a_rank_r_matrix_and_keeps_the_rest_as_error(world_
     for rank, exact in ((2, True), (1, False)):
         flat = torch.cat([m.reshape(-1), v])
         grads = [flat[:192].view(16, 12), flat[192:]]
-        codec = Codec(Compression("powersgd", rank), world_of_one, ["s0b0"])
+        codec = Codec(Compression("powersgd", rank), world_of_one, {"s0b0": 197})
         pending = codec.allreduce("s0b0", flat, grads)
         assert pending.is_completed() is False and pending.wait()
         assert pending.nbytes == 4 * ((16 + 12) * rank + 5)
@@ -133,7 +133,7 @@ def test_codec_state_round_trips(world_of_one):
     """What a checkpoint keeps of a codec puts a fresh one in the same place: the next step's output is equal."""
     flat = torch.cat([_matrix(16, 12, 3).reshape(-1), torch.ones(4)])
     for comp in (Compression("int8"), Compression("powersgd", 1)):
-        a, b = (Codec(comp, world_of_one, ["s0b0"]) for _ in range(2))
+        a, b = (Codec(comp, world_of_one, {"s0b0": 196}) for _ in range(2))
         first = flat.clone()
         a.allreduce("s0b0", first, [first[:192].view(16, 12), first[192:]]).wait()
         b.load(a.state())
@@ -143,6 +143,10 @@ def test_codec_state_round_trips(world_of_one):
             codec.allreduce("s0b0", x, [x[:192].view(16, 12), x[192:]]).wait()
             outs.append(x)
         assert torch.equal(outs[0], outs[1]), comp
+        other = Codec(comp, world_of_one, {"s0b0": 198})  # other buckets (another dp, bucket cap): nothing loads
+        assert not other.fits(a.state())
+        other.load(a.state())
+        assert other.residual == {} and (other.psgd is None or other.psgd.error_dict == {})
 
 
 TINY = TransformerConfig(name="tiny", layers=2, hidden=64, heads=4, vocab=128, seq_len=32)
@@ -213,3 +217,20 @@ def test_the_simulators_layer_is_the_runtime_gpt_block_parameter_for_parameter()
     # at r 8 proj's 2 (64) 8 = 1024 is not < 32 x 32, so it goes whole
     assert [powersgd_split(real, r) for r in (1, 2, 4, 8)] == [(512, 416), (1024, 416), (2048, 416),
                                                                 (128 * 8 + 320 * 8, 416 + 1024)]
+
+
+@pytest.mark.parametrize(("codec", "modes"), [("int8", ("ddp", "zero1", "zero2", "fsdp")), ("powersgd:2", ("ddp",))])
+def test_the_planners_bound_stays_below_the_compressed_step(codec, modes):
+    """schedlab plan --grad-compression: every candidate with a dp mode is costed with the codec, and the lower
+    bound that prunes candidates charges the codec's bytes too, so it stays below the simulated step."""
+    from sim.plan_bounds import Bounds
+    from sim.plan_space import PlanSpace, enumerate_configs
+    from tests.test_plan import TINY as PLAN_TINY
+    from tests.test_plan import _check_bound_and_memory
+
+    space = PlanSpace(model=PLAN_TINY, cluster=cluster_preset("dgx-h100:1"), global_batch=8, chunks=(2,),
+                      dp_modes=modes, grad_compression=codec)
+    configs = [c for c in enumerate_configs(space) if c.dp > 1][::len(modes) * 61]  # 612 candidates per mode
+    assert len(configs) == 11
+    _check_bound_and_memory(space, configs)
+    assert {Bounds(space).costs(c).parallel.grad_compression for c in configs} == {codec}

@@ -35,6 +35,9 @@ def _parser(prog: str) -> OneLineParser:
                    help="where the exports and the Pareto plot go (default out/plan/)")
     p.add_argument("--link-model", default="fair", metavar="MODEL",
                    help="how transfers share a port in the simulations: fair (default) or fcfs (docs/links.md)")
+    p.add_argument("--grad-compression", default="none", metavar="CODEC",
+                   help="codec of every candidate's gradient collectives: none (default), fp16, bf16, int8, "
+                   "powersgd:R (with --dp-modes ddp only); not in the exports (docs/compression.md)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
@@ -62,7 +65,8 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
             memory_limit=None if args.memory_limit is None else args.memory_limit * 1e9,
             schedules=None if is_all(args.schedules) else tuple(name_list(args.schedules)),
             chunks=tuple(args.chunks), microbatch_sizes=None if args.microbatch_sizes is None else tuple(args.microbatch_sizes),
-            dp_modes=tuple(name_list(args.dp_modes, [])), link_model=args.link_model)
+            dp_modes=tuple(name_list(args.dp_modes, [])), link_model=args.link_model,
+            grad_compression=args.grad_compression)
         out = check_output_dir(args.out, "output folder")
         for name in ("schedule.csv", "torchtitan_plan.py", "megatron.txt", "pareto.png"):
             check_output_file(out / name, "output file")  # a directory or fifo of that name: refused before work

@@ -508,7 +508,8 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
         "warnings": fit_warnings(p2p, colls, slow),
         # nanoseconds per gradient element of each codec's compress + decompress (the first stage's parameters
         # as one bucket): the simulator's parallel.codec_ns_per_param (real.compress.profile_codecs)
-        "codecs": profile_codecs([tuple(p.shape) for p in benches[0].params], warmup=cfg.warmup, reps=cfg.reps),
+        "codecs": profile_codecs([tuple(p.shape) for p in benches[0].params], warmup=cfg.warmup, reps=cfg.reps,
+                                 device=device),
     }
 
 
