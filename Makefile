@@ -11,7 +11,7 @@ TORCH  := torch==2.13.0
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e '.[dev,real,data,metrics,exports]' $(TORCH)  # torch stays the pinned build
+	$(BIN)/python -m pip install --quiet -e '.[dev,real,data,metrics,exports,elastic]' $(TORCH)  # torch stays the pinned build
 	touch $(STAMP)
 
 demo: $(STAMP)
