@@ -57,9 +57,11 @@ def dp_graph(schedule: str, mode: str, m: int, buckets: int) -> TaskGraph:
 
     zero3 gathers on demand (prefetch 0), as the runtime does on a rank of one stage: its next pass reads the
     stage the running one holds, whose buffer is in use until that pass ends (``real.zero``'s ``after_task``)."""
+    from analysis.dp_modes import split_mode
     from schedules import build, lower, validate
     from schedules.dp import add_data_parallel
 
+    mode = split_mode(mode)[0]  # ddp+int8: the codec is the costs' (analysis.dp_modes.codec_costs), not the graph's
     prefetch = 0 if mode in ("zero3", "fsdp") else 1
     return validate(add_data_parallel(lower(build(schedule, pp=1, microbatches=m)), mode, [buckets],
                                       prefetch=prefetch))
@@ -67,10 +69,9 @@ def dp_graph(schedule: str, mode: str, m: int, buckets: int) -> TaskGraph:
 
 def predict(graph: TaskGraph, costs: ProfiledCosts) -> float:
     """The step time the runtime would measure for ``graph`` under ``costs`` (:func:`sim.profiled.step_time`)."""
-    from sim import simulate
-    from sim.profiled import step_time
+    from analysis.dp_modes import predict as simulated_step
 
-    return step_time(simulate(graph, costs, check=False), costs)
+    return simulated_step(graph, costs)
 
 
 @dataclass(frozen=True)
@@ -179,24 +180,46 @@ def pipeline_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calib
 
 
 def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration) -> dict[str, Any]:
-    """One data-parallel configuration: predicted from its own profile scaled by the calibration run; its
-    self-calibrated error (:func:`dp_self_costs`), its replay error (each traced step with its own task and
-    collective times) and each mechanism, comm_slowdown included, switched off in turn."""
+    """One data-parallel configuration (``key[0]`` is ``dp2-MODE``): predicted from its own profile scaled by
+    the calibration run; its self-calibrated error (:func:`dp_self_costs`), its replay error (each traced step
+    with its own task and collective times) and each mechanism, comm_slowdown included, switched off in turn.
+    The modes of :mod:`analysis.dp_modes` (ps, decentralized, local-sgd, MODE+CODEC) are predicted as it says."""
     from analysis.dp_calibration import dp_replay_error, dp_self_costs
+    from analysis.dp_modes import predict_mode
     from schedules.trace import read_trace
     from sim.profiled import load_profile
 
-    row = {**_measured_row(key, r), "kind": "data-parallel"}
-    row["predicted_step_time"] = predict(graph, cal.data_parallel())
-    row["profile_predicted_step_time"] = predict(graph, replace(load_profile(cal.dp_profile, 1),
-                                                                max_inflight=cal.max_inflight))
-    row["without"] = {k: predict(graph, cal.data_parallel(**v)) for k, v in DP_ABLATIONS.items()}
+    mode = key[0].removeprefix("dp2-")
+    k = r.config.sync.sync_every if mode == "local-sgd" else 1  # the RunConfig measured
+
+    def step(costs: ProfiledCosts, measured: bool = False) -> float:
+        return predict_mode(mode, graph, costs, cal.dp_profile, k, measured_collectives=measured)["step"]
+
+    row = {**_measured_row(key, r), "kind": "data-parallel", "dp_mode": mode}
     frames = [read_trace(t) for t in r.traces]
+    if mode == "local-sgd":
+        _amortize(row, r, frames, predict_mode(mode, graph, cal.data_parallel(), cal.dp_profile, k))
+    row["predicted_step_time"] = step(cal.data_parallel())
+    row["profile_predicted_step_time"] = step(replace(load_profile(cal.dp_profile, 1), max_inflight=cal.max_inflight))
+    row["without"] = {k: step(cal.data_parallel(**v)) for k, v in DP_ABLATIONS.items()}
     own = dp_self_costs(frames, cal.dp_profile, cal.max_inflight)
-    row["self_error"] = (predict(graph, own) - r.step_time) / r.step_time
+    row["self_error"] = (step(own, True) - row["measured_step_time"]) / row["measured_step_time"]
     row["replay_error"], row["replay_abs_p90"] = dp_replay_error(frames, cal.dp_profile)
     _errors(row)
     return row
+
+
+def _amortize(row: dict[str, Any], r: Measured, frames: list[Any], predicted: dict[str, float]) -> None:
+    """local-sgd: the row's measurement is the time per step amortized over K (analysis.dp_modes), and its plain
+    and averaging steps apart, measured and predicted."""
+    from analysis.dp_modes import amortized_measured, percentile, split_steps
+    from analysis.validation import half_difference
+
+    step, means = amortized_measured(r.step_times)
+    row.update(measured_step_time=step, round_medians=list(means), half_difference=half_difference(means, step),
+               measured_spread=[percentile(means, 0.1), percentile(means, 0.9)])
+    row["measured_local"], row["measured_averaging"] = split_steps(frames)
+    row["predicted_local"], row["predicted_averaging"] = predicted["local"], predicted["averaging"]
 
 
 def grid_rows(measured: Mapping[tuple[str, int], Measured], graphs: Mapping[tuple[str, int], TaskGraph],

@@ -14,8 +14,8 @@ come from it (:func:`analysis.calibration.dp_row` uses both):
   (:func:`blocked_spans`) are taken out too, as the simulator adds them
   (``max_inflight``). The optimizer step likewise. Each collective takes its
   op's mean service time in the traces (:func:`collective_times`; an op the
-  traces lack keeps the profile's alpha/beta), and ``c`` comes from the pair's
-  profile. The per-task gap is read
+  traces lack keeps the profile's alpha/beta; decentralized SGD's exchanges set
+  the p2p message time), and ``c`` comes from the pair's profile. The per-task gap is read
   only where none of the rank's collectives ended in it (:func:`task_gaps`: a
   wait for a collective, before an OPTIM or a zero3 pass, is the simulator's
   to model; with no such gap, as in zero3, the profile's ``task_overhead``); the step overhead is the step's wall time less the whole span, collectives
@@ -140,11 +140,12 @@ def _step_overhead(frames: Sequence[pd.DataFrame], task_overhead: float) -> floa
     return max(statistics.median(over) - task_overhead, 0.0) if over else 0.0
 
 
-_OPS = (("REDUCE_SCATTER", "reduce_scatter"), ("ALL_GATHER", "all_gather"), ("ALLREDUCE", "all_reduce"))
+_OPS = (("REDUCE_SCATTER", "reduce_scatter"), ("ALL_GATHER", "all_gather"), ("ALLREDUCE", "all_reduce"),
+        ("EXCHANGE", "exchange"))  # exchange: decentralized SGD's parameter swap with a peer, a p2p message
 
 
 def collective_times(frames: Sequence[pd.DataFrame]) -> dict[str, list[float]]:
-    """Op (all_reduce, reduce_scatter, all_gather) -> every collective's service time in the traces
+    """Op (all_reduce, reduce_scatter, all_gather, exchange) -> every collective's service time in the traces
     (:func:`sim.replay.collective_service`: from the later of its issue and its rank's previous collective's end)."""
     from schedules.trace import trace_steps
     from sim.replay import collective_service
@@ -172,6 +173,8 @@ def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_in
     times = {k.lower(): _trimmed_mean(v) for k, v in work.items() if v}
     stage = replace(own.stages[0], **times)
     served = {op: _trimmed_mean(v) for op, v in collective_times(frames).items() if v}
+    if "exchange" in served:  # decentralized: each exchange a p2p message of one bucket, as long as measured
+        own = replace(own, p2p_alpha=served.pop("exchange"), p2p_beta=math.inf)
     colls = tuple((op, served[op], math.inf) if op in served else (op, a, b) for op, a, b in own.collectives)
     colls += tuple((op, t, math.inf) for op, t in served.items() if op not in {c[0] for c in own.collectives})
     return replace(own, stages=(stage,), task_overhead=overhead, send_cpu=fit.send_cpu,

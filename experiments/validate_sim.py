@@ -44,7 +44,15 @@ from analysis.cli.train import add_model_args, model_from_args
 from analysis.results_page import table as markdown_table
 from analysis.validation import format_tau, noise_verdict, score_grid, verdict_line
 from real import ModelConfig
-from real.protocol import GRID_DP_MODES, MODEL_SHAPE, dp_buckets, dp_config, pipeline_config, profile_machine
+from real.protocol import (
+    GRID_DP_MODES,
+    GRID_EXTRA_DP_MODES,
+    MODEL_SHAPE,
+    dp_buckets,
+    dp_config,
+    pipeline_config,
+    profile_machine,
+)
 from real.zero import MAX_INFLIGHT
 
 MODEL = ModelConfig(**MODEL_SHAPE)
@@ -63,7 +71,8 @@ def _args(argv: list[str] | None = None):
     p.add_argument("--microbatches", help="comma-separated counts (default 4,8,16; --quick 4,16)")
     p.add_argument("--no-dp", action="store_true", help="leave out the pp=1, dp=2 data-parallel rows")
     p.add_argument("--dp-modes", default=",".join(GRID_DP_MODES), metavar="MODE,MODE",
-                   help=f"the data-parallel rows, one per mode (default {','.join(GRID_DP_MODES)})")
+                   help=f"the data-parallel rows, one per mode (default {','.join(GRID_DP_MODES)}; also "
+                        f"{','.join(GRID_EXTRA_DP_MODES)}: docs/validation-protocol.md)")
     p.add_argument("--calibrate-from", default="1f1b", metavar="SCHEDULE", help="default 1f1b")
     add_model_args(p, MODEL)
     p.add_argument("--out", default="out/validate", help="profile, traces and result go here (default out/validate)")
@@ -82,9 +91,10 @@ def _check(p: OneLineParser, a) -> None:
     if a.calibrate_from not in a.grid[0]:
         p.error(f"--calibrate-from {a.calibrate_from!r} is not in the grid {','.join(a.grid[0])}; give one of them")
     a.dp_modes = [] if a.no_dp else [m for m in a.dp_modes.split(",") if m]
-    bad = [m for m in a.dp_modes if m not in GRID_DP_MODES]
+    valid = GRID_DP_MODES + GRID_EXTRA_DP_MODES
+    bad = [m for m in a.dp_modes if m not in valid]
     if bad or (not a.no_dp and not a.dp_modes):
-        p.error(f"--dp-modes {','.join(bad) or repr('')}: give comma-separated modes of {','.join(GRID_DP_MODES)} "
+        p.error(f"--dp-modes {','.join(bad) or repr('')}: give comma-separated modes of {','.join(valid)} "
                 "(or --no-dp)")
 
 
@@ -110,7 +120,6 @@ def _grid(p: OneLineParser, a) -> tuple[list[str], list[int]]:
 
 
 def validate_all(a) -> dict:
-    from real.measure import measure_interleaved
     from schedules import load_graph, validate
 
     load_before = os.getloadavg()
@@ -129,10 +138,7 @@ def validate_all(a) -> dict:
     dp_profile = profile_machine(model, mbs, [1], a.profile_reps, out / "profile-dp2.json", dp=2) if dp_keys else None
     print(f"profiled ({time.monotonic() - t_start:.0f} s); measuring {len(configs)} configurations "
           f"x {a.rounds} rounds", file=sys.stderr)
-    measured = measure_interleaved(list(configs.values()), rounds=a.rounds, steps=a.steps, warmup=a.warmup,
-                                   trace_dir=str(out / "traces"), attempts=a.attempts, max_foreign=a.max_foreign,
-                                   timeout=a.timeout, on_run=run_progress("grid"))
-    by_key = dict(zip(configs, measured, strict=True))
+    by_key = _measure(configs, a, out)
     cal_key = (a.calibrate_from, ms[len(ms) // 2])
     cal = Calibration.of(profile, by_key[cal_key].traces, dp_profile, max_inflight=MAX_INFLIGHT)
     rows = grid_rows(by_key, graphs, cal, cal_key, dp_keys)
@@ -150,6 +156,22 @@ def validate_all(a) -> dict:
         "seconds": time.monotonic() - t_start,
         "command": _command(),
     }
+
+
+def _measure(configs: dict, a, out: Path) -> dict:
+    """Every configuration measured, one process group per world size (ps: 2 trainers + 1 server, 3 processes;
+    its traces under ``traces/world3``), in ``configs``' order."""
+    from real.measure import measure_interleaved
+
+    by_key = {}
+    for world in sorted({c.world_size for c in configs.values()}):
+        keys = [k for k, c in configs.items() if c.world_size == world]
+        traces = out / "traces" / ("" if world == 2 else f"world{world}")
+        measured = measure_interleaved([configs[k] for k in keys], rounds=a.rounds, steps=a.steps, warmup=a.warmup,
+                                       trace_dir=str(traces), attempts=a.attempts, max_foreign=a.max_foreign,
+                                       timeout=a.timeout, on_run=run_progress("grid"))
+        by_key.update(zip(keys, measured, strict=True))
+    return {k: by_key[k] for k in configs}
 
 
 def _factor(dp_profile: Path | None) -> float | None:
@@ -198,7 +220,19 @@ def sections(s: dict) -> list[str]:
           markdown_table(["out-of-sample data-parallel rows, taken apart", "mean abs error"],
                          [(k, _pct(v)) for k, v in s["dp_decomposition"].items()])] if s["grid"]["dp_pair"] else []
     return [verdict_line(s["noise_verdict"]), rows, scores, f"Worst |replay| error: {_pct(s['max_abs_replay_error'])}.",
-            mech, parts, *dp, _slowdown_line(s), _warnings(s), f"{s['seconds']:.0f} s."]
+            mech, parts, *dp, *_local_sgd_lines(s), _slowdown_line(s), _warnings(s), f"{s['seconds']:.0f} s."]
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.1f}"
+
+
+def _local_sgd_lines(s: dict) -> list[str]:
+    """local-sgd's row is scored per step amortized over K (analysis.dp_modes); its two steps apart."""
+    return [f"{r['schedule']}: scored on the time per step amortized over K; the plain step predicted "
+            f"{_ms(r['predicted_local'])} ms, measured {_ms(r['measured_local'])} ms; the averaging step predicted "
+            f"{_ms(r['predicted_averaging'])} ms, measured {_ms(r['measured_averaging'])} ms."
+            for r in s["schedules"] if "predicted_local" in r]
 
 
 def _slowdown_line(s: dict) -> str:

@@ -13,15 +13,27 @@ from typing import Any
 
 from real.config import ModelConfig, RunConfig, model_argv
 
-__all__ = ["BUCKET_MB", "GRID_DP_MODES", "MODEL_SHAPE", "dp_buckets", "dp_config", "pipeline_config",
-           "profile_machine"]
+__all__ = [
+    "BUCKET_MB",
+    "GRID_DP_MODES",
+    "GRID_EXTRA_DP_MODES",
+    "MODEL_SHAPE",
+    "SYNC_EVERY",
+    "dp_buckets",
+    "dp_config",
+    "pipeline_config",
+    "profile_machine",
+]
 
 # The validation's default model (a real.ModelConfig's fields): a GPT small enough for 2 CPU ranks.
 MODEL_SHAPE: dict[str, Any] = {"kind": "gpt", "layers": 6, "dim": 128, "heads": 4, "vocab": 256, "seq": 64}
 BUCKET_MB = 1.0  # the data-parallel rows' gradient buckets: several per model, so ddp has something to overlap
-# The data-parallel modes of the validation grid, one pp=1 dp=2 row each (fsdp is zero3 by another name). The
-# parameter server (ps) joins when the runtime serves it: its row needs a placement in dp_config.
+# The data-parallel modes of the validation grid, one pp=1 dp=2 row each (fsdp is zero3 by another name).
 GRID_DP_MODES = ("ddp", "sync", "zero1", "zero2", "zero3")
+# Rows --dp-modes also takes (analysis.dp_modes): the parameter server (2 trainers + 1 server: 3 processes),
+# decentralized and local SGD, and ddp with a gradient codec (MODE+CODEC).
+GRID_EXTRA_DP_MODES = ("ps", "decentralized", "local-sgd", "ddp+int8", "ddp+fp16")
+SYNC_EVERY = 2  # local-sgd's K in the grid: its averaging step and its plain step alternate
 
 def profile_machine(model: ModelConfig, microbatch_size: int, stages: Sequence[int], reps: int, path: Path, *,
                     dp: int = 1, timeout: float = 600.0) -> Path:
@@ -48,9 +60,15 @@ def pipeline_config(model: ModelConfig, schedule: str, m: int, microbatch_size: 
 
 
 def dp_config(model: ModelConfig, schedule: str, m: int, microbatch_size: int, mode: str) -> RunConfig:
-    """A pp=1, dp=2 run of ``schedule`` under ``mode`` (ddp, sync, ...), buckets of :data:`BUCKET_MB`."""
+    """A pp=1, dp=2 run of ``schedule`` under ``mode`` (ddp, sync, ..., ps with one server, local-sgd with
+    ``sync_every`` :data:`SYNC_EVERY`, MODE+CODEC with that ``grad_compression``), buckets of :data:`BUCKET_MB`."""
+    dp_mode, _, codec = mode.partition("+")
+    extra: dict[str, Any] = {"servers": 1} if dp_mode == "ps" else {}
+    extra.update({"sync_every": SYNC_EVERY} if dp_mode == "local-sgd" else {})
+    extra.update({"grad_compression": codec} if codec else {})
     return RunConfig.of(schedule=schedule, pp=1, dp=2, microbatches=m, batch_size=microbatch_size * m * 2,
-                        model=model, optimizer="adamw", backend="gloo", dp_mode=mode, bucket_mb=BUCKET_MB)
+                        model=model, optimizer="adamw", backend="gloo", dp_mode=dp_mode, bucket_mb=BUCKET_MB,
+                        **extra)
 
 
 def dp_buckets(model: ModelConfig) -> int:

@@ -143,10 +143,13 @@ def _validate_sim():
     return module
 
 
+_VALID = "ddp,sync,zero1,zero2,zero3,ps,decentralized,local-sgd,ddp+int8,ddp+fp16"
+
+
 @pytest.mark.parametrize(("flags", "message"), [
-    (["--dp-modes", "ddp,zero9"], "--dp-modes zero9: give comma-separated modes of ddp,sync,zero1,zero2,zero3 "
-                                  "(or --no-dp)"),
-    (["--dp-modes", ","], "--dp-modes '': give comma-separated modes of ddp,sync,zero1,zero2,zero3 (or --no-dp)"),
+    (["--dp-modes", "ddp,zero9"], f"--dp-modes zero9: give comma-separated modes of {_VALID} (or --no-dp)"),
+    (["--dp-modes", ","], f"--dp-modes '': give comma-separated modes of {_VALID} (or --no-dp)"),
+    (["--dp-modes", "ddp+int4"], f"--dp-modes ddp+int4: give comma-separated modes of {_VALID} (or --no-dp)"),
 ])
 def test_validate_sim_refuses_a_bad_dp_mode_before_anything_runs(flags, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:
