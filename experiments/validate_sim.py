@@ -15,7 +15,9 @@ count); predict every configuration; score the grid (:func:`analysis.validation.
 The calibration configuration is scored apart (in-sample: its own traces fitted the model); the
 headline error and tau_b are over the other rows, the out-of-sample ones. Rows are labelled pipeline
 (pp=2) or data-parallel (pp=1, dp=2: one row per mode of ``--dp-modes``, default ddp, sync, zero1,
-zero2 and zero3), and both kinds are taken apart (replay, self-calibrated, transferred, noise).
+zero2, zero3, ps, decentralized, local-sgd, ddp+int8 and ddp+fp16: :mod:`analysis.dp_modes`), and both
+kinds are taken apart (replay, self-calibrated, transferred, noise). ps runs 3 processes (2 trainers and
+a server), so its rounds run in a process group of their own, after the others.
 
 Exit status: 0 judged; 3 too noisy to judge (the measurement's own noise, the expected |error| of a
 perfect prediction, is above ``--noise-limit``, default 5%, or could not be measured with one round);
@@ -71,8 +73,8 @@ def _args(argv: list[str] | None = None):
     p.add_argument("--microbatches", help="comma-separated counts (default 4,8,16; --quick 4,16)")
     p.add_argument("--no-dp", action="store_true", help="leave out the pp=1, dp=2 data-parallel rows")
     p.add_argument("--dp-modes", default=",".join(GRID_DP_MODES), metavar="MODE,MODE",
-                   help=f"the data-parallel rows, one per mode (default {','.join(GRID_DP_MODES)}; also "
-                        f"{','.join(GRID_EXTRA_DP_MODES)}: docs/validation-protocol.md)")
+                   help=f"the data-parallel rows, one per mode (default {','.join(GRID_DP_MODES)}; how "
+                        f"{','.join(GRID_EXTRA_DP_MODES)} are scored: docs/validation-protocol.md)")
     p.add_argument("--calibrate-from", default="1f1b", metavar="SCHEDULE", help="default 1f1b")
     add_model_args(p, MODEL)
     p.add_argument("--out", default="out/validate", help="profile, traces and result go here (default out/validate)")
@@ -91,10 +93,9 @@ def _check(p: OneLineParser, a) -> None:
     if a.calibrate_from not in a.grid[0]:
         p.error(f"--calibrate-from {a.calibrate_from!r} is not in the grid {','.join(a.grid[0])}; give one of them")
     a.dp_modes = [] if a.no_dp else [m for m in a.dp_modes.split(",") if m]
-    valid = GRID_DP_MODES + GRID_EXTRA_DP_MODES
-    bad = [m for m in a.dp_modes if m not in valid]
+    bad = [m for m in a.dp_modes if m not in GRID_DP_MODES]
     if bad or (not a.no_dp and not a.dp_modes):
-        p.error(f"--dp-modes {','.join(bad) or repr('')}: give comma-separated modes of {','.join(valid)} "
+        p.error(f"--dp-modes {','.join(bad) or repr('')}: give comma-separated modes of {','.join(GRID_DP_MODES)} "
                 "(or --no-dp)")
 
 

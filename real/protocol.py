@@ -28,11 +28,12 @@ __all__ = [
 # The validation's default model (a real.ModelConfig's fields): a GPT small enough for 2 CPU ranks.
 MODEL_SHAPE: dict[str, Any] = {"kind": "gpt", "layers": 6, "dim": 128, "heads": 4, "vocab": 256, "seq": 64}
 BUCKET_MB = 1.0  # the data-parallel rows' gradient buckets: several per model, so ddp has something to overlap
-# The data-parallel modes of the validation grid, one pp=1 dp=2 row each (fsdp is zero3 by another name).
-GRID_DP_MODES = ("ddp", "sync", "zero1", "zero2", "zero3")
-# Rows --dp-modes also takes (analysis.dp_modes): the parameter server (2 trainers + 1 server: 3 processes),
-# decentralized and local SGD, and ddp with a gradient codec (MODE+CODEC).
+# The data-parallel modes of the validation grid, one pp=1 dp=2 row each (fsdp is zero3 by another name): the exact
+# modes, then (analysis.dp_modes) the parameter server (2 trainers + 1 server: 3 processes, measured in a process
+# group of their own), decentralized and local SGD, and ddp with a gradient codec (MODE+CODEC). Each of the latter
+# costs about as much as a ddp row (ps more: a second torchrun group), well under 40 s on a quiet machine.
 GRID_EXTRA_DP_MODES = ("ps", "decentralized", "local-sgd", "ddp+int8", "ddp+fp16")
+GRID_DP_MODES = ("ddp", "sync", "zero1", "zero2", "zero3", *GRID_EXTRA_DP_MODES)
 SYNC_EVERY = 2  # local-sgd's K in the grid: its averaging step and its plain step alternate
 
 def profile_machine(model: ModelConfig, microbatch_size: int, stages: Sequence[int], reps: int, path: Path, *,
