@@ -190,15 +190,15 @@ def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration
     from sim.profiled import load_profile
 
     mode = key[0].removeprefix("dp2-")
-    k = r.config.sync.sync_every if mode == "local-sgd" else 1  # the RunConfig measured
+    every = r.config.sync.sync_every if mode == "local-sgd" else 1  # local-sgd's K: of the RunConfig measured
 
     def step(costs: ProfiledCosts, measured: bool = False) -> float:
-        return predict_mode(mode, graph, costs, cal.dp_profile, k, measured_collectives=measured)["step"]
+        return predict_mode(mode, graph, costs, cal.dp_profile, every, measured_collectives=measured)["step"]
 
     row = {**_measured_row(key, r), "kind": "data-parallel", "dp_mode": mode}
     frames = [read_trace(t) for t in r.traces]
     if mode == "local-sgd":
-        _amortize(row, r, frames, predict_mode(mode, graph, cal.data_parallel(), cal.dp_profile, k))
+        _amortize(row, r, frames, predict_mode(mode, graph, cal.data_parallel(), cal.dp_profile, every))
     row["predicted_step_time"] = step(cal.data_parallel())
     row["profile_predicted_step_time"] = step(replace(load_profile(cal.dp_profile, 1), max_inflight=cal.max_inflight))
     row["without"] = {k: step(cal.data_parallel(**v)) for k, v in DP_ABLATIONS.items()}

@@ -213,3 +213,26 @@ def test_validate_sim_page_says_how_local_sgd_is_scored():
     assert _validate_sim()._local_sgd_lines({"schedules": rows}) == [
         "dp2-local-sgd: scored on the time per step amortized over K; the plain step predicted 180.4 ms, measured "
         "190.0 ms; the averaging step predicted 200.0 ms, measured - ms."]
+
+
+def test_validate_sim_measures_ps_in_a_process_group_of_its_own(monkeypatch, tmp_path):
+    """The 2-process configurations in one measure_interleaved call, ps's 3 in another (traces under world3); the
+    results come back in the grid's order."""
+    pytest.importorskip("torch")
+    import real.measure
+    from tests.test_dp_grid import _validate_sim
+
+    calls = []
+
+    def fake(configs, **kw):
+        calls.append(([c.world_size for c in configs], kw["trace_dir"]))
+        return [f"measured {c.sync.dp_mode}" for c in configs]
+
+    monkeypatch.setattr(real.measure, "measure_interleaved", fake)
+    v = _validate_sim()
+    a = SimpleNamespace(rounds=1, steps=1, warmup=0, attempts=1, max_foreign=0.1, timeout=1.0)
+    configs = {(f"dp2-{m}", 4): v.dp_config(v.MODEL, "gpipe", 4, 4, m) for m in ("ddp", "ps", "local-sgd")}
+    got = v._measure(configs, a, tmp_path)
+    assert calls == [([2, 2], str(tmp_path / "traces")), ([3], str(tmp_path / "traces" / "world3"))]
+    assert list(got.items()) == [(("dp2-ddp", 4), "measured ddp"), (("dp2-ps", 4), "measured ps"),
+                                 (("dp2-local-sgd", 4), "measured local-sgd")]
