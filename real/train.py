@@ -393,6 +393,11 @@ class _Trainer:
             dist.all_reduce(value)
         return float(value[0]) / self.plan.config.layout.dp, bool(value[1])
 
+    def _codec(self):
+        """The gradient codec whose state a checkpoint holds (real.compress), None without one: only the
+        bucketed gradient syncs (real.dp, real.zero) have codecs; parameter servers and peer syncs have none."""
+        return getattr(self.sync, "codec", None)
+
     def _load(self, restored: ckpt.Restored | None) -> tuple[int, list[float]]:
         """(first step to run, losses of the steps before it) from ``restored``, loaded into this rank."""
         if restored is None:
@@ -405,8 +410,8 @@ class _Trainer:
             self.sync.load(restored, self.named, self.optimizers, self.mesh.rank)
         else:
             ckpt.load(restored, self.named, list(self.optimizers.values()), self.mesh.rank)
-        if self.sync is not None and self.sync.codec is not None:
-            load_codec(restored, self.sync.codec, self.mesh.rank)
+        if (codec := self._codec()) is not None:
+            load_codec(restored, codec, self.mesh.rank)
         self.data.restore(restored.step, restored.info.get("data"))
         log.info("rank %d: resumed from %s (step %d)", self.mesh.rank, restored.path, restored.step)
         return restored.step, [float(x) for x in restored.info["losses"]]
@@ -421,8 +426,8 @@ class _Trainer:
             state = self.sync.state(self.named, self.optimizers, self.mesh.rank)
         else:
             state = ckpt.state_dict(self.named, list(self.optimizers.values()), self.mesh.rank)
-        if self.sync is not None and self.sync.codec is not None:
-            state.update(codec_state(self.sync.codec, self.mesh.rank))
+        if (codec := self._codec()) is not None:
+            state.update(codec_state(codec, self.mesh.rank))
         info = {"losses": losses, "world_size": cfg.world_size, "pp": cfg.layout.pp, "dp": cfg.layout.dp,
                 "config": cfg.to_dict()}
         position = self.data.state(steps_done)

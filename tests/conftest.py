@@ -78,3 +78,12 @@ def tmp_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ``popen-gw<N>/`` makes pytest's own names longer, and these messages would be cut where they are not now.
     """
     return tmp_path_factory.mktemp("t")
+
+
+RUN_CONFIGS_WORKER = Path(__file__).with_name("run_configs.py")
+
+
+def launch_runs(runs: dict[str, Any], nproc: int, tmp: Path, timeout: float) -> dict[str, dict]:
+    """Every labelled RunConfig of ``runs`` in one ``nproc``-process gloo launch (tests/run_configs.py): rank 0's
+    ``{label: {"losses", "params", "start_step", "sha", "trace", "memory"}}``."""
+    return launch_worker(str(RUN_CONFIGS_WORKER), nproc, {k: c.to_dict() for k, c in runs.items()}, tmp, timeout)

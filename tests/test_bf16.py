@@ -11,16 +11,11 @@ activations shrink, and the parameters stay float32.
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from real import ModelConfig, RunConfig, make_plan  # noqa: E402
+from real import ModelConfig, RunConfig  # noqa: E402
 
 LOSS_TOL = 0.02
 LAUNCH_TIMEOUT = 45  # seconds, with room for a busy 2-core machine
@@ -31,10 +26,9 @@ RUNS = {d: RunConfig.of(schedule="1f1b", pp=2, microbatches=4, batch_size=16, st
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory) -> dict:
-    from tests.conftest import launch_worker  # the torchrun workers run this file without the tests package
+    from tests.conftest import launch_runs
 
-    return launch_worker(__file__, 2, {k: c.to_dict() for k, c in RUNS.items()}, tmp_path_factory.mktemp("bf16"),
-                         LAUNCH_TIMEOUT)
+    return launch_runs(RUNS, 2, tmp_path_factory.mktemp("bf16"), LAUNCH_TIMEOUT)
 
 
 @pytest.mark.slow
@@ -58,28 +52,3 @@ def test_bf16_losses_follow_float32_and_messages_halve(results):
     for m32, m16 in zip(f32["memory"], bf16["memory"], strict=True):
         assert m16["activation_bytes_per_microbatch"] < m32["activation_bytes_per_microbatch"]
     assert {t.dtype for t in bf16["params"].values()} == {torch.float32}  # master weights
-
-
-def _worker(cfg_file: str, out_file: str) -> None:
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    from real import Mesh, run
-
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-    mesh, results = None, {}
-    for label, d in json.loads(Path(cfg_file).read_text()).items():
-        cfg = RunConfig.from_dict(d)
-        mesh = mesh or Mesh.create(make_plan(cfg, 2), "gloo", 60)
-        r = run(cfg, mesh=mesh)
-        if dist.get_rank() == 0:
-            results[label] = {"losses": r.losses, "trace": r.trace, "memory": r.memory, "params": r.parameters}
-    if dist.get_rank() == 0:
-        torch.save(results, out_file)
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    _worker(*sys.argv[1:3])

@@ -1,6 +1,6 @@
-"""Gradient compression for real: one torchrun launch of 2 gloo processes (dp 2), this file as the worker.
+"""Gradient compression for real: one torchrun launch of 2 gloo processes (dp 2) (tests/run_configs.py as the worker).
 
-The built-in GPT trains on a token file (``real.data.tokens.prepare`` of docs/dp-modes.md) under each codec.
+The built-in GPT trains on a token file (``real.data.tokens.prepare`` of tests/fixtures/compression_corpus.md) under each codec.
 
 * bytes: every rank's gradient collectives of the traced step sent what
   :func:`real.compress_bytes.predicted_step_bytes` predicts from the parameter shapes (ddp with every codec;
@@ -15,8 +15,6 @@ The built-in GPT trains on a token file (``real.data.tokens.prepare`` of docs/dp
 from __future__ import annotations
 
 import math
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +35,9 @@ DDP_CODECS = ("none", "fp16", "bf16", "int8", "powersgd:2")
 ZERO = {"zero1": "bf16", "zero2": "int8", "zero3": "fp16"}
 # |loss after 6 steps - exact ddp's|, about 4x what was measured (2026-12-01: fp16 9.5e-6, bf16 8.8e-5, int8 3.5e-3,
 # powersgd:2 4.2e-2); a codec that dropped its error, or summed where it should average, moves further
+# A fixed text (a copy of an old docs/dp-modes.md): the loss bounds below were measured on it, so the data
+# must not change when the docs do.
+CORPUS = Path(__file__).with_name("fixtures") / "compression_corpus.md"
 LOSS_BOUND = {"fp16": 4e-5, "bf16": 4e-4, "int8": 1.5e-2, "powersgd:2": 0.15}
 
 
@@ -60,13 +61,13 @@ def _runs(tmp: Path, tokens: Path) -> dict[str, RunConfig]:
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> tuple[dict[str, RunConfig], dict]:
     from real.data.tokens import prepare
-    from tests.conftest import launch_worker
+    from tests.conftest import launch_runs
 
     tmp = tmp_path_factory.mktemp("compression")
     tokens = tmp / "tokens.bin"
-    prepare([Path(__file__).parents[1] / "docs" / "dp-modes.md"], tokens)
+    prepare([CORPUS], tokens)
     runs = _runs(tmp, tokens)
-    return runs, launch_worker(__file__, 2, {k: c.to_dict() for k, c in runs.items()}, tmp, LAUNCH_TIMEOUT)
+    return runs, launch_runs(runs, 2, tmp, LAUNCH_TIMEOUT)
 
 
 def _sent(trace, rank: int) -> int:
@@ -104,30 +105,3 @@ def test_a_compressed_run_resumes_bit_for_bit(launched, label):
     assert first["start_step"] == 0 and resumed["start_step"] == 3
     assert resumed["losses"] == plain["losses"] and len(plain["losses"]) == STEPS
     assert resumed["sha"] == plain["sha"]
-
-
-def _worker(cfg_file: str, out_file: str) -> None:
-    import json
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    from real import Mesh, make_plan, run
-
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-    mesh, results = None, {}
-    for label, d in json.loads(Path(cfg_file).read_text()).items():
-        cfg = RunConfig.from_dict(d)
-        mesh = mesh or Mesh.create(make_plan(cfg, dist.get_world_size()), "gloo", cfg.runtime.timeout_s)
-        r = run(cfg, mesh=mesh)
-        if dist.get_rank() == 0:
-            results[label] = {"losses": r.losses, "params": r.parameters, "start_step": r.start_step,
-                              "sha": r.param_sha256, "trace": r.trace}
-    if dist.get_rank() == 0:
-        torch.save(results, out_file)
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    _worker(*sys.argv[1:3])

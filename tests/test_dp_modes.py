@@ -1,6 +1,6 @@
 """The sharded data-parallel modes (zero1, zero2, zero3/fsdp): resume, memory, every schedule.
 
-Two torchrun launches (gloo; this file is also the worker):
+Two torchrun launches (gloo; tests/run_configs.py):
 
 * 4 processes: every registered schedule at pp 2 x dp 2, with zero2 or zero3 in turn, equals
   single-process training to 1e-5 after 3 steps.
@@ -14,8 +14,6 @@ Two torchrun launches (gloo; this file is also the worker):
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -55,11 +53,11 @@ def _runs(tmp: Path) -> dict[str, RunConfig]:
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> tuple[dict[str, RunConfig], dict]:
-    from tests.conftest import launch_worker
+    from tests.conftest import launch_runs
 
     tmp = tmp_path_factory.mktemp("dpmodes")
     runs = _runs(tmp)
-    return runs, launch_worker(__file__, 2, {k: c.to_dict() for k, c in runs.items()}, tmp, LAUNCH_TIMEOUT)
+    return runs, launch_runs(runs, 2, tmp, LAUNCH_TIMEOUT)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -129,46 +127,16 @@ def _every_schedule() -> dict[str, RunConfig]:
 
 @pytest.fixture(scope="module")
 def four(tmp_path_factory) -> tuple[dict[str, RunConfig], dict]:
-    from tests.conftest import launch_worker
+    from tests.conftest import launch_runs
 
     runs = _every_schedule()
-    return runs, launch_worker(__file__, 4, {k: c.to_dict() for k, c in runs.items()},
-                               tmp_path_factory.mktemp("dpmodes4"), FOUR_TIMEOUT)
+    return runs, launch_runs(runs, 4, tmp_path_factory.mktemp("dpmodes4"), FOUR_TIMEOUT)
 
 
 @pytest.mark.timeout(FOUR_TIMEOUT + 10)
-@pytest.mark.parametrize("label", list(_every_schedule()) if __name__ != "__main__" else [])
+@pytest.mark.parametrize("label", list(_every_schedule()))
 def test_every_schedule_at_pp2_dp2_equals_plain_training(four, label):
     from tests.test_real_equality import _assert_equal_to_reference
 
     runs, got = four
     _assert_equal_to_reference(label, runs[label], got[label])
-
-
-def _worker(cfg_file: str, out_file: str) -> None:
-    import json
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    from real import Mesh, run
-
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-    meshes, results = {}, {}
-    for label, d in json.loads(Path(cfg_file).read_text()).items():
-        cfg = RunConfig.from_dict(d)
-        key = (cfg.layout.pp, cfg.layout.dp)
-        if key not in meshes:
-            meshes[key] = Mesh.create(make_plan(cfg, dist.get_world_size()), "gloo", cfg.runtime.timeout_s)
-        r = run(cfg, mesh=meshes[key])
-        if dist.get_rank() == 0:
-            results[label] = {"losses": r.losses, "params": r.parameters, "start_step": r.start_step,
-                              "memory": r.memory}
-    if dist.get_rank() == 0:
-        torch.save(results, out_file)
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    _worker(*sys.argv[1:3])

@@ -1,6 +1,6 @@
 """Decentralized SGD and local SGD for real: the built-in GPT on a token file, 2 gloo processes (dp 2).
 
-One torchrun launch (this file is also the worker) runs, per mode, 4 steps
+One torchrun launch (tests/run_configs.py) runs, per mode, 4 steps
 uninterrupted, 2 steps that checkpoint at step 2, and 4 steps resumed from it:
 
 * each mode equals its own single-process definition (``_reference``: dp
@@ -21,8 +21,6 @@ uninterrupted, 2 steps that checkpoint at step 2, and 4 steps resumed from it:
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -71,11 +69,11 @@ def _runs(tmp: Path) -> dict[str, RunConfig]:
 
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> tuple[dict[str, RunConfig], dict]:
-    from tests.conftest import launch_worker
+    from tests.conftest import launch_runs
 
     tmp = tmp_path_factory.mktemp("peermodes")
     runs = _runs(tmp)
-    return runs, launch_worker(__file__, 2, {k: c.to_dict() for k, c in runs.items()}, tmp, LAUNCH_TIMEOUT)
+    return runs, launch_runs(runs, 2, tmp, LAUNCH_TIMEOUT)
 
 
 def _reference(cfg: RunConfig) -> tuple[list[float], dict[str, torch.Tensor]]:
@@ -175,30 +173,3 @@ def test_bytes_sent_per_step_equal_the_prediction(launched, label, mode, averagi
             rows = trace[(trace["step"] == step) & (trace["rank"] == rank) & (trace["stream"] == "collective")]
             measured = sorted(zip(rows["action"], rows["bytes"].astype(int), strict=True))
             assert measured == (predicted if step in averaging_steps else []), (label, step, rank)
-
-
-def _worker(cfg_file: str, out_file: str) -> None:
-    import json
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    from real import Mesh, run
-
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-    mesh, results = None, {}
-    for label, d in json.loads(Path(cfg_file).read_text()).items():
-        cfg = RunConfig.from_dict(d)
-        mesh = mesh or Mesh.create(make_plan(cfg, dist.get_world_size()), "gloo", cfg.runtime.timeout_s)
-        r = run(cfg, mesh=mesh)
-        if dist.get_rank() == 0:
-            results[label] = {"losses": r.losses, "params": r.parameters, "start_step": r.start_step,
-                              "trace": r.trace}
-    if dist.get_rank() == 0:
-        torch.save(results, out_file)
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    _worker(*sys.argv[1:3])
