@@ -243,6 +243,7 @@ def block_runs(request, tmp_path_factory) -> tuple[dict[Block, Ran], list[str]]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # the first one's set-up runs every block (TIMEOUT_S each at most), two at a time
 @pytest.mark.parametrize("block", _runnable(), ids=lambda b: b.name)
 def test_shell_block_runs_as_documented(block, block_runs):
     done = block_runs[0][block]
