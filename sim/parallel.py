@@ -55,6 +55,7 @@ class ParallelConfig:
     fsdp_reshard_after_forward: bool = True  # zero3/fsdp: False keeps a forward's gathered parameters for the backward
     fsdp_prefetch: int = 1  # zero3/fsdp: a pass's all-gathers issued this many passes ahead (0: on demand)
     embedding_allreduce: str = "auto"  # the tied embedding's gradient between the first and last stage: auto|on|off
+    overlap_param_gather: bool = False  # zero1/zero2: the updated parameters' all-gather under the next forward
 
     def __post_init__(self) -> None:
         check_positive_ints("parallel", pp=self.pp, dp=self.dp, tp=self.tp, cp=self.cp)
@@ -78,6 +79,13 @@ class ParallelConfig:
         if isinstance(p, bool) or not isinstance(p, int) or p < 0:
             raise ConfigError(f"parallel: fsdp_prefetch must be a whole number of passes >= 0 (0: on demand), "
                               f"got {p!r}", field="fsdp_prefetch")
+        if not isinstance(self.overlap_param_gather, bool):
+            raise ConfigError(f"parallel: overlap_param_gather must be true or false, got {self.overlap_param_gather!r}",
+                              field="overlap_param_gather")
+        if self.overlap_param_gather and self.dp_mode not in ("zero1", "zero2"):
+            raise ConfigError(f"parallel: overlap_param_gather applies to dp_mode zero1 or zero2 (Megatron-LM's "
+                              f"--overlap-param-gather), not {self.dp_mode!r}; use one of them or leave it out",
+                              field="overlap_param_gather")
         fsdp = self.dp_mode in ("zero3", "fsdp")
         given = [k for k, v in (("fsdp_reshard_after_forward", not self.fsdp_reshard_after_forward),
                                 ("fsdp_prefetch", p != 1)) if v]

@@ -115,7 +115,7 @@ def dp_options(costs: TransformerCosts) -> dict[str, Any]:
     """The data-parallel pass's options from the parallel layout (and whether the model ties its embeddings)."""
     p = costs.parallel
     return {"prefetch": p.fsdp_prefetch, "reshard_after_forward": p.fsdp_reshard_after_forward,
-            "embedding": p.embedding_sync(costs.model.tied_embeddings)}
+            "embedding": p.embedding_sync(costs.model.tied_embeddings), "overlap_param_gather": p.overlap_param_gather}
 
 
 def spec_adaptive(name: str) -> bool:
@@ -322,7 +322,7 @@ PARALLEL_TABLE: dict[str, KeyCheck] = {
     "bucket_mb": key_positive(" MiB"), "collective": key_choice(coll.ALGORITHMS), "sp": key_flag,
     "link_model": key_choice(LINK_MODELS), "fsdp_reshard_after_forward": key_flag,
     "fsdp_prefetch": key_whole,
-    "embedding_allreduce": key_choice(EMBEDDING_ALLREDUCE),
+    "embedding_allreduce": key_choice(EMBEDDING_ALLREDUCE), "overlap_param_gather": key_flag,
 }
 _TABLES = ("model", "cluster", "parallel", "run")
 

@@ -530,5 +530,5 @@ class TransformerCosts:
             "reduce_dtype": self.reduce_dtype, "elementwise": self.elementwise, "tp_overlap": self.tp_overlap,
             "pair_overlap": self.pair_overlap, "link_model": p.link_model,
             "fsdp_reshard_after_forward": p.fsdp_reshard_after_forward, "fsdp_prefetch": p.fsdp_prefetch,
-            "embedding_allreduce": p.embedding_allreduce,
+            "embedding_allreduce": p.embedding_allreduce, "overlap_param_gather": p.overlap_param_gather,
         }

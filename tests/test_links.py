@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -127,6 +128,12 @@ def test_bad_link_model_is_refused_in_one_line():
 GPT6 = model_preset("gpt-6.2b")
 
 
+def _line_rate(cluster):
+    """The cluster with its links at their full line rate (efficiency 1)."""
+    return dataclasses.replace(cluster, intra=dataclasses.replace(cluster.intra, efficiency=1.0),
+                               inter=dataclasses.replace(cluster.inter, efficiency=1.0))
+
+
 def _run(pp, dp, mode, link_model, microbatches=4, embedding="auto", efficiency=None):
     c = TransformerCosts(model=GPT6, cluster=cluster_preset("dgx-h100:2"), efficiency=efficiency, parallel=ParallelConfig(
         pp=pp, dp=dp, dp_mode=mode, link_model=link_model, embedding_allreduce=embedding))
@@ -152,8 +159,9 @@ def test_fair_sharing_is_deterministic_and_differs_from_fcfs_under_contention():
 def test_fcfs_reproduces_the_engine_before_fair_sharing(mode, cluster, makespan):
     # the makespans of the FIFO-port engine of commit b81a9a7 (whose start and end times fcfs matches bit for
     # bit on these graphs); the embedding all-reduce, which that engine's graphs did not have, left out; the
-    # H100 timed at the constant 0.6 of peak it had then (it has a device model now, sim.devices)
-    c = TransformerCosts(model=GPT6, cluster=cluster_preset(cluster), efficiency=0.6, parallel=ParallelConfig(
+    # H100 timed at the constant 0.6 of peak it had then (it has a device model now, sim.devices), and its links
+    # at their line rate as then (they run at NCCL's achieved fraction now, sim.cluster)
+    c = TransformerCosts(model=GPT6, cluster=_line_rate(cluster_preset(cluster)), efficiency=0.6, parallel=ParallelConfig(
         pp=8, dp=2, dp_mode=mode, link_model="fcfs", embedding_allreduce="off"))
     graph = add_data_parallel(lower(build("1f1b", pp=8, microbatches=8)), mode, c.buckets(8))
     assert simulate(graph, c).makespan == makespan
@@ -201,5 +209,5 @@ def test_link_model_flag_reaches_the_simulation(capsys):
         d = json.loads(capsys.readouterr().out)
         assert d["costs"]["link_model"] == model
         spans[model] = d["makespan"]
-    assert spans == {"fcfs": 0.13744090434102652,
+    assert spans == {"fcfs": _run(8, 2, "ddp", "fcfs", 8, embedding="off", efficiency=0.6).makespan,
                      "fair": _run(8, 2, "ddp", "fair", 8, embedding="off", efficiency=0.6).makespan}

@@ -121,9 +121,12 @@ def add_comm_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--embedding-allreduce", default=None, choices=("auto", "on", "off"),
                    help="all-reduce the tied word embedding's gradient between the first and the last stage "
                    "(auto, the default: when the model ties its embeddings and pp > 1, as Megatron-LM)")
+    g.add_argument("--overlap-param-gather", action="store_true", default=None,
+                   help="dp-mode zero1/zero2: the updated parameters' all-gather runs under the next step's forward "
+                   "(Megatron-LM --overlap-param-gather)")
 
 
-COMM_KEYS = ("link_model", "fsdp_reshard_after_forward", "fsdp_prefetch", "embedding_allreduce")
+COMM_KEYS = ("link_model", "fsdp_reshard_after_forward", "fsdp_prefetch", "embedding_allreduce", "overlap_param_gather")
 
 
 def comm_overrides(args: argparse.Namespace) -> dict[str, Any]:
