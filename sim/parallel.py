@@ -84,7 +84,7 @@ class ParallelConfig:
                               field="overlap_param_gather")
         if self.overlap_param_gather and self.dp_mode not in ("zero1", "zero2"):
             raise ConfigError(f"parallel: overlap_param_gather applies to dp_mode zero1 or zero2 (Megatron-LM's "
-                              f"--overlap-param-gather), not {self.dp_mode!r}; use one of them or leave it out",
+                              f"overlap_param_gather), not {self.dp_mode!r}; use one of them or leave it out",
                               field="overlap_param_gather")
         fsdp = self.dp_mode in ("zero3", "fsdp")
         given = [k for k, v in (("fsdp_reshard_after_forward", not self.fsdp_reshard_after_forward),

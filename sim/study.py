@@ -304,9 +304,15 @@ def key_whole(owner: str, key: str, value: Any, error: type[ConfigError] = Confi
         raise error(f"{owner}: {key} must be a whole number >= 0, got {quote(value)}", field=key)
 
 
+def key_slowdown(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
+    """A finite number >= 0 (a slowdown: 0 none, 0.189 compute 18.9% longer)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise error(f"{owner}: {key} must be a finite slowdown >= 0 (0: none), got {quote(value)}", field=key)
+
+
 _STUDY_KEYS = ("schedule", "microbatches", "chunks")
 _COST_KEYS = ("microbatch_size", "efficiency", "pair_overlap", "layers_per_stage", "recompute", "dtype",
-              "reduce_dtype", "elementwise", "tp_overlap")
+              "reduce_dtype", "elementwise", "tp_overlap", "contention")
 #: The [run] and [parallel] tables: their keys and their kinds ([model]: sim.transformer.MODEL_TABLE,
 #: [cluster]: sim.cluster.cluster_from_dict).
 RUN_TABLE: dict[str, KeyCheck] = {
@@ -315,6 +321,7 @@ RUN_TABLE: dict[str, KeyCheck] = {
     "efficiency": key_fraction("a fraction of peak", open_low=True), "pair_overlap": key_fraction(),
     "layers_per_stage": key_layer_counts, "recompute": key_recompute, "dtype": key_choice(DTYPES),
     "reduce_dtype": key_choice(("bf16", "fp32")), "elementwise": key_choice(("fused", "eager")), "tp_overlap": key_flag,
+    "contention": key_slowdown,
 }
 PARALLEL_TABLE: dict[str, KeyCheck] = {
     "pp": key_positive_int, "dp": key_positive_int, "tp": key_positive_int, "cp": key_positive_int,

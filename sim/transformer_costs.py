@@ -104,6 +104,7 @@ class TransformerCosts:
     elementwise: str = "fused"  # eager: PyTorch's unfused norm, rotary and activation kernels (sim.gpu_model)
     tp_overlap: bool = False  # SP collectives hidden behind their GEMMs (Megatron --tp-comm-overlap): exposed_tp
     device_model: DeviceModel | None = None  # None: sim.devices.DEVICE_MODELS of the cluster's device
+    contention: float | None = None  # compute slowdown while communicating; None: the device model's (network)
 
     def __post_init__(self) -> None:
         check_positive_ints("costs", microbatch_size=self.microbatch_size)
@@ -127,6 +128,10 @@ class TransformerCosts:
             raise ConfigError(f"costs: dtype fp8 needs a device with FP8 tensor cores and an FP8 GEMM model; "
                               f"{self.cluster.spec.name} has none (valid there: bf16)", field="dtype")
         check_fraction("costs", "pair_overlap", self.pair_overlap)
+        if self.contention is not None and not (isinstance(self.contention, (int, float))
+                                                and 0 <= self.contention < math.inf):
+            raise ConfigError(f"costs: contention must be a finite slowdown >= 0 (0: none), got "
+                              f"{quote(self.contention)}", field="contention")
         if self.layers_per_stage is not None:
             if isinstance(self.layers_per_stage, str) or not isinstance(self.layers_per_stage, Sequence):
                 raise ConfigError(f"costs: layers_per_stage must be a list of layer counts, one per stage, "
@@ -493,7 +498,16 @@ class TransformerCosts:
         n_r = graph.num_ranks
         queue = [-1 if t.stream is not Stream.COLLECTIVE else n_r + t.rank if _is_embedding(t, graph) else t.rank
                  for t in graph.tasks]
-        return Network(lag=lag, links=links, latency=latency, model=p.link_model, queue=queue)
+        return Network(lag=lag, links=links, latency=latency, model=p.link_model, queue=queue,
+                       contention=self.comm_slowdown if p.link_model == "fair" else 0.0)
+
+    @property
+    def comm_slowdown(self) -> float:
+        """How much longer compute runs while its rank communicates: ``contention``, else the device model's
+        (only with its calibrated operation model: a constant ``efficiency`` keeps the plain passes)."""
+        if self.contention is not None:
+            return float(self.contention)
+        return self.device.comm_slowdown if self.gemm_efficiency is not None else 0.0
 
     def latency(self, task: Task, graph: TaskGraph) -> float:
         """The part of a transfer's duration that moves no bytes: its formula at zero bytes (the alpha terms)."""
@@ -531,4 +545,5 @@ class TransformerCosts:
             "pair_overlap": self.pair_overlap, "link_model": p.link_model,
             "fsdp_reshard_after_forward": p.fsdp_reshard_after_forward, "fsdp_prefetch": p.fsdp_prefetch,
             "embedding_allreduce": p.embedding_allreduce, "overlap_param_gather": p.overlap_param_gather,
+            "contention": self.comm_slowdown,
         }

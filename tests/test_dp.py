@@ -76,16 +76,18 @@ def test_bad_pass_input():
 
 
 def _study(mode, *, cluster="dgx-h100:2", order="dp-inner", schedule="1f1b", microbatches=8, dp=2, pp=8,
-           link_model="fair"):
+           link_model="fair", contention=None):
     return Study(schedule=schedule, microbatches=microbatches, costs=TransformerCosts(
-        model=GPT6, cluster=cluster_preset(cluster),
+        model=GPT6, cluster=cluster_preset(cluster), contention=contention,
         parallel=ParallelConfig(pp=pp, dp=dp, dp_mode=mode, order=order, link_model=link_model)))
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
 def test_ddp_exposes_less_communication_than_sync(schedule):
-    sync = run_study(_study("sync", order="pp-inner", schedule=schedule)).to_dict()
-    ddp = run_study(_study("ddp", order="pp-inner", schedule=schedule)).to_dict()
+    # compute not slowed by the overlapped all-reduce (contention 0): with the device's 18.9% (sim.devices) the
+    # overlap can cost this small model more than it hides; what is tested here is the exposure
+    sync = run_study(_study("sync", order="pp-inner", schedule=schedule, contention=0)).to_dict()
+    ddp = run_study(_study("ddp", order="pp-inner", schedule=schedule, contention=0)).to_dict()
     assert 0 < ddp["exposed_comm"] < sync["exposed_comm"]
     assert ddp["step_time"] < sync["step_time"]
 
@@ -173,15 +175,16 @@ def test_overlap_param_gather_needs_a_gather_of_updated_parameters():
     with pytest.raises(ConfigError) as exc:
         ParallelConfig(pp=2, dp=2, dp_mode="fsdp", overlap_param_gather=True)
     assert str(exc.value) == ("parallel: overlap_param_gather applies to dp_mode zero1 or zero2 (Megatron-LM's "
-                              "--overlap-param-gather), not 'fsdp'; use one of them or leave it out")
+                              "overlap_param_gather), not 'fsdp'; use one of them or leave it out")
 
 
 def test_overlap_param_gather_hides_the_gather_behind_the_forward():
-    # pp=1, dp=16 over 2 nodes, zero1, 60 buckets, 4 microbatches: after OPTIM the gathers end the step; overlapped,
+    # pp=1, dp=16 over 2 nodes, zero1, 60 buckets, 4 microbatches, compute not slowed by communication (contention
+    # 0, so that the forward under the gathers keeps its length): after OPTIM the gathers end the step; overlapped,
     # they run under the first forward, which waits for bucket 0 only, so the step loses the gathers' span but
     # for bucket 0 and the gathers' tail past that forward (~0.1 ms of 47: rel 1e-3)
     def step(overlap):
-        costs = TransformerCosts(model=GPT6, cluster=cluster_preset("dgx-h100:2"), parallel=ParallelConfig(
+        costs = TransformerCosts(model=GPT6, cluster=cluster_preset("dgx-h100:2"), contention=0, parallel=ParallelConfig(
             pp=1, dp=16, dp_mode="zero1", bucket_mb=200, overlap_param_gather=overlap))
         return run_study(Study(schedule="1f1b", microbatches=4, costs=costs))
 

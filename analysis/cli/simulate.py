@@ -104,6 +104,9 @@ def add_units_args(p: argparse.ArgumentParser) -> None:
                    help="fused (default) or eager: the bytes of norms, rotary and activation as PyTorch eager runs them")
     g.add_argument("--tp-overlap", action="store_true", default=None,
                    help="sequence-parallel collectives hidden behind their GEMMs (Megatron --tp-comm-overlap; needs --sp)")
+    g.add_argument("--contention", type=float, default=None, metavar="X",
+                   help="compute runs 1 + X times longer while its rank communicates (default: the device model's, "
+                   "0.189 on the A100, H100 and H200; 0: none; link model fair only)")
     g.add_argument("--dtype", default=None, metavar="DTYPE",
                    help="bf16 (default) or fp8: the weight GEMMs at the device's FP8 peak (H100, H200)")
 
@@ -150,7 +153,7 @@ def units_overrides(args: argparse.Namespace) -> dict[str, dict]:
         tables["cluster"] = {"preset": args.cluster}
     for table, keys in (("parallel", ("pp", "dp", "tp", "cp", "dp_mode", "bucket_mb", "collective", "order", "sp")),
                         ("run", ("schedule", "microbatches", "microbatch_size", "chunks", "efficiency", "recompute",
-                                 "dtype", "reduce_dtype", "elementwise", "tp_overlap"))):
+                                 "dtype", "reduce_dtype", "elementwise", "tp_overlap", "contention"))):
         tables[table].update({k: getattr(args, k) for k in keys if getattr(args, k) is not None})
     if args.pair_overlap is not None:
         tables["run"]["pair_overlap"] = args.pair_overlap
@@ -244,7 +247,7 @@ def _list() -> int:
 
 
 UNITS_ONLY = ("dp", "tp", "cp", "dp_mode", "microbatch_size", "bucket_mb", "collective", "order", "efficiency", "sp",
-              "seq_len", "attention", "dtype", "reduce_dtype", "elementwise", "tp_overlap", *COMM_KEYS)
+              "seq_len", "attention", "dtype", "reduce_dtype", "elementwise", "tp_overlap", "contention", *COMM_KEYS)
 
 
 @guarded
