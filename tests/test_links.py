@@ -251,3 +251,32 @@ def test_the_calibrated_devices_slow_compute_by_the_measured_mean_and_a_constant
     assert TransformerCosts(model=GPT6, cluster=h100, parallel=ParallelConfig(pp=1)).comm_slowdown == 0.189
     assert TransformerCosts(model=GPT6, cluster=h100, parallel=ParallelConfig(pp=1), efficiency=0.6).comm_slowdown == 0.0
     assert TransformerCosts(model=GPT6, cluster=h100, parallel=ParallelConfig(pp=1), contention=0.3).comm_slowdown == 0.3
+
+
+def test_contention_and_overlap_param_gather_flags_reach_the_costs(capsys):
+    from analysis.cli.simulate import main
+
+    argv = ["--model", "gpt-6.2b", "--cluster", "dgx-h100:2", "--pp", "2", "--dp", "2", "--dp-mode", "zero1",
+            "--schedule", "1f1b", "--microbatches", "2", "--json"]
+    got = {}
+    for extra in ([], ["--contention", "0", "--overlap-param-gather"]):
+        assert main([*argv, *extra]) == 0
+        costs = json.loads(capsys.readouterr().out)["costs"]
+        got[len(extra)] = (costs["contention"], costs["overlap_param_gather"])
+    assert got == {0: (0.189, False), 3: (0.0, True)}
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--contention", "-1"], "error: config [run]: contention must be a finite slowdown >= 0 (0: none), got -1.0 "
+                             "(flag --contention)\n"),
+    (["--dp-mode", "ddp", "--overlap-param-gather"],
+     "error: parallel: overlap_param_gather applies to dp_mode zero1 or zero2 (Megatron-LM's overlap_param_gather), "
+     "not 'ddp'; use one of them or leave it out (flag --overlap-param-gather)\n"),
+])
+def test_contention_and_overlap_param_gather_flag_errors_are_one_line(capsys, extra, message):
+    from analysis.cli.simulate import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--model", "gpt-6.2b", "--cluster", "dgx-h100:2", "--pp", "2", "--dp", "2", "--schedule", "1f1b",
+              "--microbatches", "2", *extra])
+    assert exc.value.code == 2 and capsys.readouterr().err == message
