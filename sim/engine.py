@@ -15,7 +15,9 @@ for bit.
 
 A cost model with a ``network`` hook (:class:`sim.network.Network`) adds ready
 delays and ports: transfers on one port queue (``fcfs``) or share its
-bandwidth as max-min fair flows (``fair``). One event loop serves every case.
+bandwidth as max-min fair flows (``fair``); under ``fair`` a network with
+``contention`` also slows a rank's compute while the rank communicates
+(:func:`_contended`). One event loop serves every case.
 """
 
 from __future__ import annotations

@@ -42,7 +42,9 @@ parameter server two (NIC out/in). A transfer holds all ports it crosses for
 its whole duration; a port serves transfers one at a time in the order they
 became ready (a FIFO queue per port). So two transfers on one port take the
 sum of their times, not the max. (Tensor-parallel collectives sit inside the
-passes and hold no port.)
+passes and hold no port.) That is ``link_model`` fcfs; fair shares a port's
+bandwidth (:mod:`sim.network`) and slows a rank's compute while it communicates
+by ``contention`` (default: the device model's ``comm_slowdown``, sim.devices).
 """
 
 from __future__ import annotations
