@@ -18,6 +18,16 @@ Modes (``fsdp`` is an alias of ``zero3``):
   shard, then ALL_GATHER of the updated parameters;
 * ``zero2``: gradients are kept sharded, so every microbatch's gradient pass
   reduce-scatters its buckets (ready as in ddp); OPTIM, then ALL_GATHER;
+* ``overlap_param_gather`` (zero1, zero2; Megatron-LM's ``--overlap-param-gather``):
+  the all-gather of the updated parameters runs under the next step's forward
+  instead of after OPTIM: the gathers are issued when the optimizer step ends
+  and each layer's forward waits for its own bucket. One step of the steady
+  state is simulated, so the gathers of the step before are issued at the
+  step's start (no dependency); the stage's first F waits for its bucket 0
+  (its first layers) and the rank's next compute task for the other buckets
+  (gathered while that F runs; the F's end is not held back by its last
+  bucket, an error of at most that bucket's layers' forward). OPTIM ends the
+  step;
 * ``zero3``: parameters are sharded too: before each F, I or B of a stage its
   buckets are all-gathered, gradients reduce-scattered as in zero2, OPTIM on
   the shard. ``prefetch`` k >= 1 issues a pass's gathers when the compute k
@@ -139,13 +149,13 @@ def random_peer(replica: int, dp: int, seed: int, step: int) -> int:
 
 def add_data_parallel(graph: TaskGraph, mode: str, buckets: Sequence[int], *, prefetch: int = 1,
                       reshard_after_forward: bool = True, embedding: bool = False, peers: int = 1,
-                      averaging: bool = True) -> TaskGraph:
+                      averaging: bool = True, overlap_param_gather: bool = False) -> TaskGraph:
     """Return a new graph with ``mode``'s collectives and optimizer steps; ``buckets[s]`` per stage.
 
-    ``prefetch`` and ``reshard_after_forward`` apply to zero3 (see the module
-    docstring); ``embedding`` adds the embedding gradient all-reduce; ``peers``
-    (decentralized) is the neighbours each bucket is exchanged with, ``averaging``
-    (local-sgd) whether this step averages the parameters.
+    ``prefetch`` and ``reshard_after_forward`` apply to zero3, ``overlap_param_gather``
+    to zero1 and zero2 (see the module docstring); ``embedding`` adds the embedding
+    gradient all-reduce; ``peers`` (decentralized) is the neighbours each bucket is
+    exchanged with, ``averaging`` (local-sgd) whether this step averages the parameters.
     """
     if mode not in DP_MODES:
         raise ScheduleError(f"unknown dp mode {mode!r}; valid modes: {', '.join(DP_MODES)}")
@@ -157,18 +167,22 @@ def add_data_parallel(graph: TaskGraph, mode: str, buckets: Sequence[int], *, pr
         raise ScheduleError(f"buckets {list(buckets)} must give {n_st} stage(s) an integer count >= 1 each")
     if isinstance(prefetch, bool) or not isinstance(prefetch, int) or prefetch < 0:
         raise ScheduleError(f"prefetch {prefetch!r} must be a whole number of passes >= 0 (0: on demand)")
+    if overlap_param_gather and mode not in ("zero1", "zero2"):
+        raise ScheduleError(f"overlap_param_gather overlaps the all-gather of updated parameters (zero1, zero2) "
+                            f"with the next forward; dp mode {mode!r} has none")
     s2r = graph.schedule.stage_to_rank
     embedding = embedding and s2r[0] != s2r[n_st - 1]
     if mode == "none" and not embedding:
         return graph
     with paused_gc():
         return _DPBuilder(graph, mode, tuple(buckets), prefetch, reshard_after_forward, embedding,
-                          peers=peers, averaging=averaging).build()
+                          overlap_param_gather, peers=peers, averaging=averaging).build()
 
 
 class _DPBuilder:
     def __init__(self, graph: TaskGraph, mode: str, buckets: tuple[int, ...], prefetch: int, reshard: bool,
-                 embedding: bool, *, peers: int = 1, averaging: bool = True) -> None:
+                 embedding: bool, overlap_param_gather: bool = False, *, peers: int = 1,
+                 averaging: bool = True) -> None:
         self.graph, self.mode, self.buckets = graph, mode, buckets
         self.prefetch, self.reshard, self.embedding = prefetch, reshard, embedding
         self.peers = peers  # decentralized: the neighbours each bucket is exchanged with
@@ -177,6 +191,7 @@ class _DPBuilder:
         self.programs = [list(p) for p in graph.programs]
         self.ready: dict[int, tuple[int, float]] = {}
         self.embedding_tasks: dict[int, int] = {}  # stage (the first or the last) -> its all-reduce task
+        self.overlap_param_gather = overlap_param_gather  # zero1/zero2: the parameter gathers before the first F
 
     def _add(self, rank: int, stream: Stream, action: Action, deps: Sequence[int]) -> int:
         tid = len(self.tasks)
@@ -266,10 +281,22 @@ class _DPBuilder:
                 continue
             emb = (self.embedding_tasks[s],) if s in self.embedding_tasks else ()
             prev = self._add(rank, Stream.COMPUTE, Action(Kind.OPTIM, s), (prev, *grads[s], *emb))
-            if self.mode in ("zero1", "zero2"):
+            if self.mode in ("zero1", "zero2") and self.overlap_param_gather:
+                self._gather_before_forward(rank, s, compute)
+            elif self.mode in ("zero1", "zero2"):
                 self._bucketed(rank, Kind.ALL_GATHER, s, None, None, (prev,))
             elif self.mode == "local-sgd" and self.averaging:
                 self._bucketed(rank, Kind.ALLREDUCE, s, None, None, (prev,))
+
+    def _gather_before_forward(self, rank: int, stage: int, compute: list[int]) -> None:
+        """overlap_param_gather: the stage's gathers (the previous step's) from the start. Bucket 0 (the first
+        layers) before the stage's first F; the others, gathered while it runs, before the next compute task."""
+        pos = next(k for k, i in enumerate(compute) if any(p.kind is Kind.F and p.stage == stage
+                                                           for p in self.tasks[i].action.parts()))
+        gathers = self._bucketed(rank, Kind.ALL_GATHER, stage, None, None, ())
+        for i, deps in ((compute[pos], gathers[:1]), (compute[min(pos + 1, len(compute) - 1)], gathers[1:])):
+            task = self.tasks[i]
+            self.tasks[i] = Task(task.id, task.rank, task.stream, task.action, (*task.deps, *deps), task.peer)
 
     def _release(self, compute: list[int], pos: int) -> tuple[int, ...]:
         """When the gathers of the pass at ``pos`` are issued: ``prefetch`` passes ahead, or on demand."""

@@ -110,30 +110,53 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Link:
-    """A full-duplex port: latency ``alpha`` (s) and ``bandwidth`` per direction (bytes/s)."""
+    """A full-duplex port: latency ``alpha`` (s) and ``bandwidth`` per direction (bytes/s, the line rate).
+
+    ``efficiency``: the fraction of the line rate NCCL moves payload at over this link (its protocol
+    overhead; the bus bandwidth nccl-tests reports for large messages over the line rate). Every transfer
+    and collective runs at :attr:`rate` = bandwidth x efficiency.
+    """
 
     alpha: float
     bandwidth: float
+    efficiency: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.alpha < float("inf"):
             raise ClusterError(f"link latency (alpha) must be a finite time >= 0 s, got {self.alpha!r}")
         if not 0 < self.bandwidth < float("inf"):
             raise ClusterError(f"link bandwidth must be a finite number > 0 bytes/s, got {self.bandwidth!r}")
+        if not 0 < self.efficiency <= 1:
+            raise ClusterError(f"link efficiency must be a fraction of the line rate in (0, 1], got {self.efficiency!r}")
+
+    @property
+    def rate(self) -> float:
+        """Payload bytes/s a transfer reaches: the line rate times the efficiency."""
+        return self.bandwidth * self.efficiency
 
     def time(self, nbytes: float) -> float:
-        """Point-to-point: alpha + n / B (the alpha-beta model, Hockney 1994)."""
-        return self.alpha + nbytes / self.bandwidth
+        """Point-to-point: alpha + n / B (the alpha-beta model, Hockney 1994), B the achieved :attr:`rate`."""
+        return self.alpha + nbytes / self.rate
 
 
 # NVLink 4 (H100/H200): 900 GB/s total per GPU = 450 GB/s per direction; NVLink 3 (A100):
 # 600 GB/s total = 300 GB/s per direction (NVIDIA datasheets). ConnectX-7 NDR: 400 Gb/s =
 # 50 GB/s per direction per GPU (DGX H100: 8 per node); HDR: 200 Gb/s = 25 GB/s (DGX A100).
 # Latencies are assumptions of the usual order: ~3 us through NVSwitch, ~5 us over InfiniBand.
-_NVLINK4 = Link(alpha=3e-6, bandwidth=450 * GB)
-_NVLINK3 = Link(alpha=3e-6, bandwidth=300 * GB)
-_NDR = Link(alpha=5e-6, bandwidth=50 * GB)
-_HDR = Link(alpha=5e-6, bandwidth=25 * GB)
+# NCCL's achieved fraction of the line rate (efficiency), from the NCCL developers' own figures:
+# * NVLink 4: "450GB/s is the line rate. With the protocol overhead (~20%) NCCL can get an effective NVLink
+#   bandwidth of 370GB/s" (bus bandwidth of ring collectives and non-all-reduce operations; S. Jeaugey,
+#   NVIDIA/nccl-tests issue #212, 2024): 370 / 450. NVLink SHARP all-reduces (NVLS, ~480 GB/s bus bandwidth
+#   on 8 GPUs, same thread) are not modelled: an intra-node all-reduce is timed as a ring at 370.
+# * NVLink 3: "~160GB/s intra-node" bus bandwidth on 8 A800 (NVLink 3 at 200 GB/s per direction; S. Jeaugey,
+#   NVIDIA/nccl issue #412, 2023): 160 / 200, the same protocol on the A100's 300 GB/s.
+# * NDR 400 Gb/s: "For NDR @ 400Gbps you should see 46-48GB/s per NIC" (NCCL team, NVIDIA/nccl-tests issue
+#   #290, 2025): 47 / 50.
+# * HDR 200 Gb/s: "24GB/s inter-node" bus bandwidth (S. Jeaugey, NVIDIA/nccl issue #412): 24 / 25.
+_NVLINK4 = Link(alpha=3e-6, bandwidth=450 * GB, efficiency=370 / 450)
+_NVLINK3 = Link(alpha=3e-6, bandwidth=300 * GB, efficiency=160 / 200)
+_NDR = Link(alpha=5e-6, bandwidth=50 * GB, efficiency=47 / 50)
+_HDR = Link(alpha=5e-6, bandwidth=25 * GB, efficiency=24 / 25)
 # CPU host: gloo over TCP on loopback between processes of one host (assumed ~50 us, ~2 GB/s),
 # 10 Gb Ethernet between hosts (1.25 GB/s, ~50 us). Assumptions, to be calibrated by measurement.
 _LOOPBACK = Link(alpha=50e-6, bandwidth=2 * GB)
@@ -219,6 +242,8 @@ class Cluster:
             "inter_GBps": self.inter.bandwidth / GB,
             "intra_alpha_s": self.intra.alpha,
             "inter_alpha_s": self.inter.alpha,
+            "intra_efficiency": self.intra.efficiency,
+            "inter_efficiency": self.inter.efficiency,
         }
 
 

@@ -1,7 +1,8 @@
 """Collective costs in the alpha-beta model: every formula of the simulator's collectives.
 
 ``n`` bytes per participant's full buffer, ``p`` participants, a link with
-latency alpha (s) and bandwidth B (bytes/s per direction). Sources:
+latency alpha (s) and bandwidth B (bytes/s per direction: the rate NCCL achieves,
+:attr:`sim.cluster.Link.rate`, the line rate times the link's efficiency). Sources:
 
 * ring all-reduce = reduce-scatter + all-gather, each (p-1) steps of n/p
   bytes: 2(p-1)alpha + 2(p-1)/p * n/B (Patarasuk & Yuan 2009, "Bandwidth
@@ -40,20 +41,20 @@ ALGORITHMS = ("auto", "ring", "tree", "hierarchical")
 def ring_allreduce(n: float, p: int, link: Link) -> float:
     if p <= 1:
         return 0.0
-    return 2 * (p - 1) * link.alpha + 2 * (p - 1) / p * n / link.bandwidth
+    return 2 * (p - 1) * link.alpha + 2 * (p - 1) / p * n / link.rate
 
 
 def ring_gather(n: float, p: int, link: Link) -> float:
     """Reduce-scatter or all-gather of an n-byte buffer (each rank ends with / starts from n/p)."""
     if p <= 1:
         return 0.0
-    return (p - 1) * link.alpha + (p - 1) / p * n / link.bandwidth
+    return (p - 1) * link.alpha + (p - 1) / p * n / link.rate
 
 
 def tree_allreduce(n: float, p: int, link: Link) -> float:
     if p <= 1:
         return 0.0
-    return 2 * math.ceil(math.log2(p)) * link.alpha + 2 * n / link.bandwidth
+    return 2 * math.ceil(math.log2(p)) * link.alpha + 2 * n / link.rate
 
 
 def hierarchical_allreduce(n: float, g: int, q: int, intra: Link, inter: Link) -> float:
@@ -66,4 +67,4 @@ def ps_transfer(n: float, workers: int, servers: int, worker: Link, server: Link
     if servers < 1:
         raise ValueError("a parameter-server transfer needs at least one server")
     alpha = max(worker.alpha, server.alpha)
-    return alpha + max(n / worker.bandwidth, workers * n / (servers * server.bandwidth))
+    return alpha + max(n / worker.rate, workers * n / (servers * server.rate))

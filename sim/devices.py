@@ -25,15 +25,24 @@ the charts; cuDNN's fused attention, which Transformer Engine runs, is of the
 same speed there). The H200 has the H100's tensor cores: the same fractions.
 
 Memory-bound operations run at the datasheet HBM bandwidth (sim.cluster).
-Not calibrated: NVLink and InfiniBand run at the datasheet bandwidths with the
-alpha-beta latencies of sim.cluster (no collective efficiency factor).
+Links run at NCCL's achieved fraction of their line rate (sim.cluster, each
+figure with its source); the latencies are assumptions.
+
+Compute slowed by communication (``comm_slowdown``): while a rank's NCCL
+transfers run, its compute takes 1.189 times as long. Lee et al. 2025
+("Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed
+Deep Learning: Performance and Power Implications", arXiv 2507.03114,
+abstract): overlapping computation and communication slows the computation by
+18.9% on average (40.0% at most) against the same computation alone, measured
+on A100, H100, MI250 and MI210 with GPT and Llama models. One mean for all
+three devices: the study does not give it per device in its abstract.
 """
 
 from __future__ import annotations
 
 from sim.gpu_model import DeviceModel, GemmEfficiency
 
-__all__ = ["DEVICE_MODELS", "MAMF", "transferred_gemm"]
+__all__ = ["COMM_SLOWDOWN", "DEVICE_MODELS", "MAMF", "transferred_gemm"]
 
 # Maximum Achievable Matmul FLOPS, fraction of the datasheet peak (module docstring).
 MAMF = {"A100": 271.2 / 312, "H100": 794.5 / 989, "H200": 828.6 / 989,
@@ -43,6 +52,7 @@ MAMF = {"A100": 271.2 / 312, "H100": 794.5 / 989, "H200": 828.6 / 989,
 A100_GEMM = GemmEfficiency(peak_fraction=0.778, half_flops=3.2e10,
                            source="fitted on Korthikanti et al. 2022 Table 5, full-recomputation rows")
 _A100_PEAK = 312e12
+COMM_SLOWDOWN = 0.189  # Lee et al. 2025, arXiv 2507.03114: mean slowdown of compute overlapped with communication
 
 
 def transferred_gemm(mamf: float, peak_flops: float, base: GemmEfficiency = A100_GEMM, what: str = "") -> GemmEfficiency:
@@ -55,13 +65,15 @@ def transferred_gemm(mamf: float, peak_flops: float, base: GemmEfficiency = A100
 
 DEVICE_MODELS: dict[str, DeviceModel] = {
     "A100": DeviceModel(name="A100", gemm=A100_GEMM, attention_forward=220 / 312, attention_backward=190 / 312,
-                        source="GEMM fitted (Korthikanti et al. 2022 Table 5); attention FlashAttention-2 paper"),
+                        comm_slowdown=COMM_SLOWDOWN, source="GEMM fitted (Korthikanti et al. 2022 Table 5); attention FlashAttention-2 paper"),
     "H100": DeviceModel(name="H100", gemm=transferred_gemm(MAMF["H100"], 989e12, what="H100 SXM"),
                         attention_forward=610 / 989, attention_backward=470 / 989,
                         fp8_gemm=transferred_gemm(MAMF["H100-fp8"], 1979e12, what="H100 SXM FP8"),
+                        comm_slowdown=COMM_SLOWDOWN,
                         source="GEMM transferred from the A100 by MAMF; attention FlashAttention-3 paper"),
     "H200": DeviceModel(name="H200", gemm=transferred_gemm(MAMF["H200"], 989e12, what="GH200"),
                         attention_forward=610 / 989, attention_backward=470 / 989,
                         fp8_gemm=transferred_gemm(MAMF["H200-fp8"], 1979e12, what="GH200 FP8"),
+                        comm_slowdown=COMM_SLOWDOWN,
                         source="GEMM transferred from the A100 by MAMF (GH200); attention as the H100"),
 }

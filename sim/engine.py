@@ -17,11 +17,21 @@ A cost model with a ``network`` hook (:class:`sim.network.Network`) adds ready
 delays and ports: transfers on one port queue (``fcfs``) or share its
 bandwidth as max-min fair flows (``fair``). One event loop serves every case.
 
-A cost model with a ``comm_slowdown`` factor other than 1.0 (a measured device
-property, :mod:`sim.slowdown`) also stretches the compute of a rank while one
-of its collectives is in flight, and one with a ``max_inflight`` bound stops a
-zero2/zero3 rank's compute while more of its reduce-scatters are in flight;
-1.0 and 0 (or no such attributes) take the path above.
+Compute slowed by concurrent communication has two paths, one per network
+model, for the same effect:
+
+* ``fcfs`` (the profiled cost models of this machine): a cost model with a
+  ``comm_slowdown`` factor other than 1.0 (measured by ``real.profile``,
+  :mod:`sim.slowdown`) stretches the compute of a rank while one of its
+  collectives is in flight, ready delays counted on the same slowed clock, and
+  one with a ``max_inflight`` bound stops a zero2/zero3 rank's compute while
+  more of its reduce-scatters are in flight;
+* ``fair`` (the GPU device models): a network with ``contention`` (the
+  device's ``comm_slowdown``, a sourced mean, :mod:`sim.devices`) slows a
+  rank's compute while any transfer of the rank is in flight
+  (:func:`_contended`).
+
+1.0 and 0 (or no such attributes) take the plain paths, bit for bit.
 """
 
 from __future__ import annotations
@@ -220,8 +230,8 @@ def _counters(graph: TaskGraph, end: list[float]) -> tuple[Callable[[int, float,
 
 
 # network events: a transfer's latency is over; a flow's bytes have moved (if still current); a queued task
-# that moves no bytes ends
-_JOIN, _DONE, _END = 0, 1, 2
+# that moves no bytes ends; a compute task slowed by communication ends (if still current)
+_JOIN, _DONE, _END, _CEND = 0, 1, 2, 3
 
 
 def _run(graph: TaskGraph, dur: list[float], start: list[float], end: list[float], net: Network | None,
@@ -264,6 +274,8 @@ def _run(graph: TaskGraph, dur: list[float], start: list[float], end: list[float
     elif slowdown != 1.0 or max_inflight:
         (begin, on_network, delay), flush = slowed_links(graph, net, dur, start, finish, at, slowdown,
                                                          max_inflight), None
+    elif net.model == "fair" and net.contention > 0.0:
+        finish, run_alone, begin, on_network, flush = _contended(graph, net, dur, start, finish, at, run_alone)
     else:
         begin, on_network, flush = _links(net, dur, start, finish, at, run_alone)
     lag = None if net is None else net.lag
@@ -325,7 +337,8 @@ def _run(graph: TaskGraph, dur: list[float], start: list[float], end: list[float
 
 
 def _links(net: Network, dur: list[float], start: list[float], finish: Callable[[int, float, list[int]], None],
-           at: Callable[[float, float, Any], None], run_alone: Callable[[int, float, list[int]], None]) -> tuple:
+           at: Callable[[float, float, Any], None], run_alone: Callable[[int, float, list[int]], None],
+           started: Callable[[int, float], None] | None = None) -> tuple:
     """``begin``, ``on_network`` and ``flush`` for tasks on ports, under ``net.model`` (:mod:`sim.network`).
 
     fcfs: a ready task reserves every port in ``net.links[i]``: it starts when
@@ -379,9 +392,14 @@ def _links(net: Network, dur: list[float], start: list[float], finish: Callable[
             if queue[i] < 0 or d <= 0.0:
                 run_alone(i, now, ready)
             else:
+                if started is not None:
+                    started(i, now)
                 start[i] = now
                 at(now + d, d, (_END, i, 0))
-        elif lat > 0.0:
+            return
+        if started is not None:
+            started(i, now)
+        if lat > 0.0:
             start[i] = now
             at(now + lat, lat, (_JOIN, i, now))
         else:
@@ -416,6 +434,73 @@ def _links(net: Network, dur: list[float], start: list[float], finish: Callable[
             leaves.clear()
 
     return begin, on_network, flush
+
+
+def _contended(graph: TaskGraph, net: Network, dur: list[float], start: list[float],
+               finish: Callable[[int, float, list[int]], None], at: Callable[[float, float, Any], None],
+               run_alone: Callable[[int, float, list[int]], None]) -> tuple:
+    """The fair links plus compute slowed while its rank communicates (:class:`Network` ``contention``).
+
+    A transfer counts from its start (its ``start`` time set) to its end, on its rank and, for a send, its
+    peer. A compute task of a communicating rank runs at 1 / (1 + contention); when the rank starts or stops
+    communicating its remaining work is re-timed and its end moved (a versioned ``_CEND`` event).
+    """
+    tasks, slow = graph.tasks, 1.0 / (1.0 + net.contention)
+    sides = [() if t.stream is Stream.COMPUTE else (t.rank,) if t.peer is None else (t.rank, t.peer) for t in tasks]
+    active = [0] * graph.num_ranks
+    live: set[int] = set()  # transfers started and not ended
+    running: dict[int, list] = {}  # rank -> [task, work left at full speed, since, rate, version]
+
+    def retime(r: int, now: float) -> None:
+        run = running.get(r)
+        new = slow if active[r] else 1.0
+        if run is None or run[3] == new:
+            return
+        run[1] -= (now - run[2]) * run[3]
+        run[2], run[3], run[4] = now, new, run[4] + 1
+        at(now + run[1] / new, run[1] / new, (_CEND, run[0], run[4]))
+
+    def started(i: int, now: float) -> None:
+        live.add(i)
+        for r in sides[i]:
+            active[r] += 1
+            if active[r] == 1:
+                retime(r, now)
+
+    def finish_c(i: int, now: float, ready: list[int]) -> None:
+        if i in live:
+            live.discard(i)
+            for r in sides[i]:
+                active[r] -= 1
+                if active[r] == 0:
+                    retime(r, now)
+        finish(i, now, ready)
+
+    def run_c(i: int, now: float, ready: list[int]) -> None:
+        if sides[i] or dur[i] <= 0.0:
+            if sides[i] and dur[i] > 0.0:
+                started(i, now)
+            run_alone(i, now, ready)
+            return
+        start[i] = now
+        r = tasks[i].rank
+        rate = slow if active[r] else 1.0
+        running[r] = [i, dur[i], now, rate, 0]
+        at(now + dur[i] / rate, dur[i] / rate, (_CEND, i, 0))
+
+    begin, on_links, flush = _links(net, dur, start, finish_c, at, run_c, started)
+
+    def on_network(item: tuple, now: float, ready: list[int]) -> None:
+        if item[0] != _CEND:
+            on_links(item, now, ready)
+            return
+        r = tasks[item[1]].rank
+        run = running.get(r)
+        if run is not None and run[0] == item[1] and run[4] == item[2]:
+            del running[r]
+            finish(item[1], now, ready)
+
+    return finish_c, run_c, begin, on_network, flush
 
 
 def _rank_stats(graph: TaskGraph, costs: CostModel, start: list[float], end: list[float]) -> tuple[RankStats, ...]:

@@ -99,6 +99,7 @@ class DeviceModel:
     attention_forward: float
     attention_backward: float
     fp8_gemm: GemmEfficiency | None = None
+    comm_slowdown: float = 0.0  # compute runs 1 + this times longer while the device communicates (sim.network)
     source: str = ""
 
 

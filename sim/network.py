@@ -33,6 +33,13 @@ Rates are fractions of a transfer's full speed: a flow of rate 1/2 moves its
 bytes at half its port's bandwidth. A transfer's full speed is the one its
 duration was timed at, so a collective that alternates between NVLink and
 the NIC (hierarchical) is slowed by the same fraction on both.
+
+Compute slowed by communication (``contention``, fair only): NCCL's kernels
+occupy streaming multiprocessors for as long as a transfer runs, so a rank's
+compute runs at rate 1 / (1 + contention) while any of its transfers is in
+flight (a collective of the rank, a send from or to it: from the moment it
+starts, latency included, to its end). The running compute task's remaining
+work is re-timed whenever the rank starts or stops communicating.
 """
 
 from __future__ import annotations
@@ -62,9 +69,13 @@ class Network:
     latency: Sequence[float]  # the part of its duration paid before it moves bytes (alpha terms)
     model: str = "fair"
     queue: Sequence[int] | None = None  # fair: tasks of one queue (>= 0) run one at a time, in ready order
+    contention: float = 0.0  # fair: a rank's compute runs 1 + contention times longer while it communicates
 
     def __post_init__(self) -> None:
         check_link_model("network", self.model)
+        if not 0.0 <= self.contention < math.inf:
+            raise ConfigError(f"network: contention must be a finite slowdown >= 0, got {self.contention!r}",
+                              field="contention")
 
 
 def max_min_rates(flows: Mapping[int, Sequence[int]],

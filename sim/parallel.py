@@ -61,6 +61,7 @@ class ParallelConfig:
     codec_ns_per_param: float = 0.0  # the codec's compress+decompress time per gradient element (real.compress profile)
     peer_selection: str = "ring"  # decentralized: both ring neighbours per step, or one random peer (schedules.dp)
     sync_every: int = 1  # local-sgd: the parameters are averaged once every sync_every steps
+    overlap_param_gather: bool = False  # zero1/zero2: the updated parameters' all-gather under the next forward
 
     def __post_init__(self) -> None:
         check_positive_ints("parallel", pp=self.pp, dp=self.dp, tp=self.tp, cp=self.cp)
@@ -97,6 +98,13 @@ class ParallelConfig:
         if isinstance(p, bool) or not isinstance(p, int) or p < 0:
             raise ConfigError(f"parallel: fsdp_prefetch must be a whole number of passes >= 0 (0: on demand), "
                               f"got {p!r}", field="fsdp_prefetch")
+        if not isinstance(self.overlap_param_gather, bool):
+            raise ConfigError(f"parallel: overlap_param_gather must be true or false, got {self.overlap_param_gather!r}",
+                              field="overlap_param_gather")
+        if self.overlap_param_gather and self.dp_mode not in ("zero1", "zero2"):
+            raise ConfigError(f"parallel: overlap_param_gather applies to dp_mode zero1 or zero2 (Megatron-LM's "
+                              f"overlap_param_gather), not {self.dp_mode!r}; use one of them or leave it out",
+                              field="overlap_param_gather")
         fsdp = self.dp_mode in ("zero3", "fsdp")
         given = [k for k, v in (("fsdp_reshard_after_forward", not self.fsdp_reshard_after_forward),
                                 ("fsdp_prefetch", p != 1)) if v]

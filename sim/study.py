@@ -116,7 +116,7 @@ def dp_options(costs: TransformerCosts) -> dict[str, Any]:
     """The data-parallel pass's options from the parallel layout (and whether the model ties its embeddings)."""
     p = costs.parallel
     return {"prefetch": p.fsdp_prefetch, "reshard_after_forward": p.fsdp_reshard_after_forward,
-            "embedding": p.embedding_sync(costs.model.tied_embeddings),
+            "embedding": p.embedding_sync(costs.model.tied_embeddings), "overlap_param_gather": p.overlap_param_gather,
             "peers": exchange_peers(p.peer_selection, p.dp) if p.dp_mode == "decentralized" else 1}
 
 
@@ -328,11 +328,15 @@ def _key_ns(owner: str, key: str, value: Any, error: type[ConfigError]) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
         raise error(f"{owner}: {key} must be a finite number >= 0 (nanoseconds per gradient element), got "
                     f"{quote(value)}", field=key)
+def key_slowdown(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
+    """A finite number >= 0 (a slowdown: 0 none, 0.189 compute 18.9% longer)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise error(f"{owner}: {key} must be a finite slowdown >= 0 (0: none), got {quote(value)}", field=key)
 
 
 _STUDY_KEYS = ("schedule", "microbatches", "chunks")
 _COST_KEYS = ("microbatch_size", "efficiency", "pair_overlap", "layers_per_stage", "recompute", "dtype",
-              "reduce_dtype", "elementwise", "tp_overlap")
+              "reduce_dtype", "elementwise", "tp_overlap", "contention")
 #: The [run] and [parallel] tables: their keys and their kinds ([model]: sim.transformer.MODEL_TABLE,
 #: [cluster]: sim.cluster.cluster_from_dict).
 RUN_TABLE: dict[str, KeyCheck] = {
@@ -341,6 +345,7 @@ RUN_TABLE: dict[str, KeyCheck] = {
     "efficiency": key_fraction("a fraction of peak", open_low=True), "pair_overlap": key_fraction(),
     "layers_per_stage": key_layer_counts, "recompute": key_recompute, "dtype": key_choice(DTYPES),
     "reduce_dtype": key_choice(("bf16", "fp32")), "elementwise": key_choice(("fused", "eager")), "tp_overlap": key_flag,
+    "contention": key_slowdown,
 }
 PARALLEL_TABLE: dict[str, KeyCheck] = {
     "pp": key_positive_int, "dp": key_positive_int, "tp": key_positive_int, "cp": key_positive_int,
@@ -348,7 +353,7 @@ PARALLEL_TABLE: dict[str, KeyCheck] = {
     "bucket_mb": key_positive(" MiB"), "collective": key_choice(coll.ALGORITHMS), "sp": key_flag,
     "link_model": key_choice(LINK_MODELS), "fsdp_reshard_after_forward": key_flag,
     "fsdp_prefetch": key_whole,
-    "embedding_allreduce": key_choice(EMBEDDING_ALLREDUCE),
+    "embedding_allreduce": key_choice(EMBEDDING_ALLREDUCE), "overlap_param_gather": key_flag,
     "grad_compression": key_string("a codec: none, fp16, bf16, int8 or powersgd:R"),
     "codec_ns_per_param": lambda owner, key, value, error=ConfigError: _key_ns(owner, key, value, error),
     "peer_selection": key_choice(PEER_SELECTIONS), "sync_every": key_positive_int,

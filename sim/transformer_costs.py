@@ -42,7 +42,9 @@ parameter server two (NIC out/in). A transfer holds all ports it crosses for
 its whole duration; a port serves transfers one at a time in the order they
 became ready (a FIFO queue per port). So two transfers on one port take the
 sum of their times, not the max. (Tensor-parallel collectives sit inside the
-passes and hold no port.)
+passes and hold no port.) That is ``link_model`` fcfs; fair shares a port's
+bandwidth (:mod:`sim.network`) and slows a rank's compute while it communicates
+by ``contention`` (default: the device model's ``comm_slowdown``, sim.devices).
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ class TransformerCosts:
     elementwise: str = "fused"  # eager: PyTorch's unfused norm, rotary and activation kernels (sim.gpu_model)
     tp_overlap: bool = False  # SP collectives hidden behind their GEMMs (Megatron --tp-comm-overlap): exposed_tp
     device_model: DeviceModel | None = None  # None: sim.devices.DEVICE_MODELS of the cluster's device
+    contention: float | None = None  # compute slowdown while communicating; None: the device model's (network)
 
     def __post_init__(self) -> None:
         check_positive_ints("costs", microbatch_size=self.microbatch_size)
@@ -132,6 +135,10 @@ class TransformerCosts:
             raise ConfigError(f"costs: dtype fp8 needs a device with FP8 tensor cores and an FP8 GEMM model; "
                               f"{self.cluster.spec.name} has none (valid there: bf16)", field="dtype")
         check_fraction("costs", "pair_overlap", self.pair_overlap)
+        if self.contention is not None and not (isinstance(self.contention, (int, float))
+                                                and 0 <= self.contention < math.inf):
+            raise ConfigError(f"costs: contention must be a finite slowdown >= 0 (0: none), got "
+                              f"{quote(self.contention)}", field="contention")
         if self.layers_per_stage is not None:
             if isinstance(self.layers_per_stage, str) or not isinstance(self.layers_per_stage, Sequence):
                 raise ConfigError(f"costs: layers_per_stage must be a list of layer counts, one per stage, "
@@ -518,7 +525,16 @@ class TransformerCosts:
         n_r = graph.num_ranks
         queue = [-1 if t.stream is not Stream.COLLECTIVE else n_r + t.rank if _is_embedding(t, graph) else t.rank
                  for t in graph.tasks]
-        return Network(lag=lag, links=links, latency=latency, model=p.link_model, queue=queue)
+        return Network(lag=lag, links=links, latency=latency, model=p.link_model, queue=queue,
+                       contention=self.compute_contention if p.link_model == "fair" else 0.0)
+
+    @property
+    def compute_contention(self) -> float:
+        """How much longer compute runs while its rank communicates: ``contention``, else the device model's
+        (only with its calibrated operation model: a constant ``efficiency`` keeps the plain passes)."""
+        if self.contention is not None:
+            return float(self.contention)
+        return self.device.comm_slowdown if self.gemm_efficiency is not None else 0.0
 
     def latency(self, task: Task, graph: TaskGraph) -> float:
         """The part of a transfer's duration that moves no bytes: its formula at zero bytes (the alpha terms)."""
@@ -561,7 +577,8 @@ class TransformerCosts:
             "reduce_dtype": self.reduce_dtype, "elementwise": self.elementwise, "tp_overlap": self.tp_overlap,
             "pair_overlap": self.pair_overlap, "link_model": p.link_model,
             "fsdp_reshard_after_forward": p.fsdp_reshard_after_forward, "fsdp_prefetch": p.fsdp_prefetch,
-            "embedding_allreduce": p.embedding_allreduce,
+            "embedding_allreduce": p.embedding_allreduce, "overlap_param_gather": p.overlap_param_gather,
+            "contention": self.compute_contention,
             **({} if p.grad_compression == "none" else {"grad_compression": p.grad_compression,
                                                         "codec_ns_per_param": p.codec_ns_per_param}),
             **({"peer_selection": p.peer_selection} if p.dp_mode == "decentralized" else {}),

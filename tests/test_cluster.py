@@ -131,3 +131,22 @@ def test_llama_on_cpu_host_overflows(capsys):
     d = json.loads(capsys.readouterr().out)
     assert all(dev["overflow"] for dev in d["devices"])
     assert d["devices"][0]["device"] == "node0/trainer/CPU:0"
+
+
+def test_preset_links_run_at_nccls_achieved_fraction_of_the_line_rate():
+    # the NCCL developers' bus bandwidths (sources in sim/cluster.py): NVLink 4 370 of 450 GB/s, NVLink 3 160 of
+    # 200 (A800), NDR 47 of 50, HDR 24 of 25
+    h, a = cluster_preset("dgx-h100:2"), cluster_preset("dgx-a100:2")
+    assert (h.intra.rate, h.inter.rate, a.intra.rate, a.inter.rate) == (
+        450e9 * (370 / 450), 50e9 * (47 / 50), 300e9 * (160 / 200), 25e9 * (24 / 25))
+    assert h.intra.time(370e6) == 3e-6 + 370e6 / (450e9 * (370 / 450))
+    assert (h.describe()["intra_efficiency"], h.describe()["inter_efficiency"]) == (370 / 450, 47 / 50)
+
+
+@pytest.mark.parametrize("value", [0.0, 1.5, -0.1])
+def test_a_link_efficiency_outside_0_1_is_refused(value):
+    from sim.cluster import Link
+
+    with pytest.raises(ClusterError) as exc:
+        Link(alpha=1e-6, bandwidth=1e9, efficiency=value)
+    assert str(exc.value) == f"link efficiency must be a fraction of the line rate in (0, 1], got {value!r}"

@@ -76,16 +76,18 @@ def test_bad_pass_input():
 
 
 def _study(mode, *, cluster="dgx-h100:2", order="dp-inner", schedule="1f1b", microbatches=8, dp=2, pp=8,
-           link_model="fair"):
+           link_model="fair", contention=None):
     return Study(schedule=schedule, microbatches=microbatches, costs=TransformerCosts(
-        model=GPT6, cluster=cluster_preset(cluster),
+        model=GPT6, cluster=cluster_preset(cluster), contention=contention,
         parallel=ParallelConfig(pp=pp, dp=dp, dp_mode=mode, order=order, link_model=link_model)))
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
 def test_ddp_exposes_less_communication_than_sync(schedule):
-    sync = run_study(_study("sync", order="pp-inner", schedule=schedule)).to_dict()
-    ddp = run_study(_study("ddp", order="pp-inner", schedule=schedule)).to_dict()
+    # compute not slowed by the overlapped all-reduce (contention 0): with the device's 18.9% (sim.devices) the
+    # overlap can cost this small model more than it hides; what is tested here is the exposure
+    sync = run_study(_study("sync", order="pp-inner", schedule=schedule, contention=0)).to_dict()
+    ddp = run_study(_study("ddp", order="pp-inner", schedule=schedule, contention=0)).to_dict()
     assert 0 < ddp["exposed_comm"] < sync["exposed_comm"]
     assert ddp["step_time"] < sync["step_time"]
 
@@ -130,7 +132,7 @@ def test_parameter_server_transfers_follow_max_of_worker_and_server_load(servers
     for t in graph.tasks:
         if t.stream is Stream.COLLECTIVE:
             n = costs.bucket_sizes(t.action.stage, 4)[t.action.bucket]
-            expected = link.alpha + max(n, 4 * n / servers) / link.bandwidth
+            expected = link.alpha + max(n, 4 * n / servers) / link.rate
             assert r.sim.end[t.id] - r.sim.start[t.id] == pytest.approx(expected, rel=1e-12)
             assert expected == coll.ps_transfer(n, 4, servers, link, link)
 
@@ -146,3 +148,51 @@ def test_dp1_collectives_cost_nothing():
     embedding = r.sim.graph.plan.embedding  # not a data-parallel collective: the first and last stage's (test_overlap)
     coll_tasks = [t.id for t in r.sim.graph.tasks if t.stream is Stream.COLLECTIVE and t.id not in embedding]
     assert coll_tasks and all(r.sim.end[i] == r.sim.start[i] for i in coll_tasks)
+
+
+def test_overlap_param_gather_gathers_under_the_next_forward():
+    # zero1, 2 stages of 2 buckets: the gathers (the step before's) wait for nothing; each stage's first F waits
+    # for its bucket 0, the rank's next compute task for bucket 1; OPTIM ends each rank's program
+    graph = add_data_parallel(lower(build("1f1b", pp=2, microbatches=4)), "zero1", [2, 2], overlap_param_gather=True)
+    for rank in range(2):
+        prog = [graph.tasks[i] for i in graph.programs[rank]]
+        gathers = [t for t in prog if t.action.kind is Kind.ALL_GATHER]
+        assert [(t.action.bucket, t.deps) for t in gathers] == [(0, ()), (1, ())]
+        compute = [t for t in prog if t.stream is Stream.COMPUTE]
+        assert compute[0].action.kind is Kind.F and compute[-1].action.kind is Kind.OPTIM
+        assert gathers[0].id in compute[0].deps and gathers[1].id not in compute[0].deps
+        assert gathers[1].id in compute[1].deps
+    validate(graph)
+
+
+def test_overlap_param_gather_needs_a_gather_of_updated_parameters():
+    with pytest.raises(ScheduleError) as exc:
+        add_data_parallel(lower(build("1f1b", pp=2, microbatches=2)), "ddp", [1, 1], overlap_param_gather=True)
+    assert str(exc.value) == ("overlap_param_gather overlaps the all-gather of updated parameters (zero1, zero2) "
+                              "with the next forward; dp mode 'ddp' has none")
+    from schedules.errors import ConfigError
+
+    with pytest.raises(ConfigError) as exc:
+        ParallelConfig(pp=2, dp=2, dp_mode="fsdp", overlap_param_gather=True)
+    assert str(exc.value) == ("parallel: overlap_param_gather applies to dp_mode zero1 or zero2 (Megatron-LM's "
+                              "overlap_param_gather), not 'fsdp'; use one of them or leave it out")
+
+
+def test_overlap_param_gather_hides_the_gather_behind_the_forward():
+    # pp=1, dp=16 over 2 nodes, zero1, 60 buckets, 4 microbatches, compute not slowed by communication (contention
+    # 0, so that the forward under the gathers keeps its length): after OPTIM the gathers end the step; overlapped,
+    # they run under the first forward, which waits for bucket 0 only, so the step loses the gathers' span but
+    # for bucket 0 and the gathers' tail past that forward (~0.1 ms of 47: rel 1e-3)
+    def step(overlap):
+        costs = TransformerCosts(model=GPT6, cluster=cluster_preset("dgx-h100:2"), contention=0, parallel=ParallelConfig(
+            pp=1, dp=16, dp_mode="zero1", bucket_mb=200, overlap_param_gather=overlap))
+        return run_study(Study(schedule="1f1b", microbatches=4, costs=costs))
+
+    plain, hidden = step(False), step(True)
+    gathers = [i for i, t in enumerate(plain.sim.graph.tasks) if t.action.kind is Kind.ALL_GATHER]
+    span = plain.sim.end[gathers[-1]] - plain.sim.start[gathers[0]]
+    assert len(gathers) == 60 and plain.sim.end[gathers[-1]] == plain.step_time
+    optim = next(i for i, t in enumerate(hidden.sim.graph.tasks) if t.action.kind is Kind.OPTIM)
+    assert hidden.sim.end[optim] == hidden.step_time
+    first = plain.sim.end[gathers[0]] - plain.sim.start[gathers[0]]
+    assert hidden.step_time == pytest.approx(plain.step_time - span + first, rel=1e-3)

@@ -59,7 +59,7 @@ def _toml(data: dict) -> str:
     ("run", "layers_per_stage", [2.5, 1.5], "config [run]: layers_per_stage must be a list of whole layer counts"),
     ("run", "layers_per_stage", [2.0, 2], "got [2.0, 2]"),  # 2.0 is not truncated to 2, nor accepted
     ("run", "layers_per_stage", 4, "config [run]: layers_per_stage must be a list of whole layer counts"),
-    ("run", "seed", 1, "config [run]: unknown key(s) ['seed']; valid: chunks, dtype, efficiency, elementwise, "
+    ("run", "seed", 1, "config [run]: unknown key(s) ['seed']; valid: chunks, contention, dtype, efficiency, elementwise, "
                        "layers_per_stage, microbatch_size, microbatches, pair_overlap, recompute, reduce_dtype, "
                        "schedule, tp_overlap"),
     ("parallel", "pp", True, "config [parallel]: pp must be an integer >= 1, got True"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -22,8 +23,8 @@ A, B = 0, 1  # two ports
 class Flows:
     """A cost model of transfers only: each task's duration, ports, latency and ready delay given."""
 
-    def __init__(self, dur, links, *, latency=None, lag=None, model="fair", queue=None):
-        self.dur, self.links, self.model, self.queue = dur, links, model, queue
+    def __init__(self, dur, links, *, latency=None, lag=None, model="fair", queue=None, contention=0.0):
+        self.dur, self.links, self.model, self.queue, self.contention = dur, links, model, queue, contention
         self.latency = latency or [0.0] * len(dur)
         self.lag = lag or [0.0] * len(dur)
 
@@ -40,7 +41,8 @@ class Flows:
         return {"model": "flows"}
 
     def network(self, graph, dur):
-        return Network(lag=self.lag, links=self.links, latency=self.latency, model=self.model, queue=self.queue)
+        return Network(lag=self.lag, links=self.links, latency=self.latency, model=self.model, queue=self.queue,
+                       contention=self.contention)
 
 
 def _transfers(n: int) -> TaskGraph:
@@ -127,16 +129,24 @@ def test_bad_link_model_is_refused_in_one_line():
 GPT6 = model_preset("gpt-6.2b")
 
 
-def _run(pp, dp, mode, link_model, microbatches=4, embedding="auto", efficiency=None):
-    c = TransformerCosts(model=GPT6, cluster=cluster_preset("dgx-h100:2"), efficiency=efficiency, parallel=ParallelConfig(
-        pp=pp, dp=dp, dp_mode=mode, link_model=link_model, embedding_allreduce=embedding))
+def _line_rate(cluster):
+    """The cluster with its links at their full line rate (efficiency 1)."""
+    return dataclasses.replace(cluster, intra=dataclasses.replace(cluster.intra, efficiency=1.0),
+                               inter=dataclasses.replace(cluster.inter, efficiency=1.0))
+
+
+def _run(pp, dp, mode, link_model, microbatches=4, embedding="auto", efficiency=None, contention=None):
+    c = TransformerCosts(model=GPT6, cluster=cluster_preset("dgx-h100:2"), efficiency=efficiency, contention=contention,
+                         parallel=ParallelConfig(pp=pp, dp=dp, dp_mode=mode, link_model=link_model,
+                                                 embedding_allreduce=embedding))
     graph = add_data_parallel(lower(build("1f1b", pp=pp, microbatches=microbatches)), mode, c.buckets(pp))
     return simulate(graph, c)
 
 
 def test_without_concurrent_transfers_fair_equals_fcfs_bit_for_bit():
     # pp=2, dp=1: rank 0's sends leave by its port 'out', rank 1's by its own; no two transfers share a port
-    fair, fcfs = _run(2, 1, "none", "fair"), _run(2, 1, "none", "fcfs")
+    # (compute slowed while its rank communicates applies under fair only: left out, contention 0)
+    fair, fcfs = _run(2, 1, "none", "fair", contention=0), _run(2, 1, "none", "fcfs")
     assert fair.start == fcfs.start and fair.end == fcfs.end
 
 
@@ -152,8 +162,9 @@ def test_fair_sharing_is_deterministic_and_differs_from_fcfs_under_contention():
 def test_fcfs_reproduces_the_engine_before_fair_sharing(mode, cluster, makespan):
     # the makespans of the FIFO-port engine of commit b81a9a7 (whose start and end times fcfs matches bit for
     # bit on these graphs); the embedding all-reduce, which that engine's graphs did not have, left out; the
-    # H100 timed at the constant 0.6 of peak it had then (it has a device model now, sim.devices)
-    c = TransformerCosts(model=GPT6, cluster=cluster_preset(cluster), efficiency=0.6, parallel=ParallelConfig(
+    # H100 timed at the constant 0.6 of peak it had then (it has a device model now, sim.devices), and its links
+    # at their line rate as then (they run at NCCL's achieved fraction now, sim.cluster)
+    c = TransformerCosts(model=GPT6, cluster=_line_rate(cluster_preset(cluster)), efficiency=0.6, parallel=ParallelConfig(
         pp=8, dp=2, dp_mode=mode, link_model="fcfs", embedding_allreduce="off"))
     graph = add_data_parallel(lower(build("1f1b", pp=8, microbatches=8)), mode, c.buckets(8))
     assert simulate(graph, c).makespan == makespan
@@ -201,5 +212,71 @@ def test_link_model_flag_reaches_the_simulation(capsys):
         d = json.loads(capsys.readouterr().out)
         assert d["costs"]["link_model"] == model
         spans[model] = d["makespan"]
-    assert spans == {"fcfs": 0.13744090434102652,
+    assert spans == {"fcfs": _run(8, 2, "ddp", "fcfs", 8, embedding="off", efficiency=0.6).makespan,
                      "fair": _run(8, 2, "ddp", "fair", 8, embedding="off", efficiency=0.6).makespan}
+
+
+def _compute_and_transfer() -> TaskGraph:
+    """Rank 0 computes F0 (task 0) while it runs a collective (task 1); neither waits for the other."""
+    schedule = build("1f1b", pp=1, microbatches=1)
+    tasks = (Task(0, 0, Stream.COMPUTE, Action(Kind.F, 0, 0), ()),
+             Task(1, 0, Stream.COLLECTIVE, Action(Kind.ALLREDUCE, 0, None, bucket=0), ()))
+    return TaskGraph(schedule, tasks, ((0, 1),))
+
+
+@pytest.mark.parametrize(("lag", "model", "f_end"), [(0.0, "fair", 1 + 4 / 3), (1.0, "fair", 2 + 1 / 3),
+                                                     (0.0, "fcfs", 2.0)])
+def test_compute_runs_slower_while_its_rank_communicates(lag, model, f_end):
+    # F0 of 2 s, a transfer of 1 s, contention 0.5 (rate 2/3 while it runs). At once: 2/3 of F0's work in the
+    # first second, 4/3 s left at full speed. Transfer from 1 s to 2 s: 1 s at full speed, 2/3 s of work in the
+    # next, 1/3 left. fcfs models no contention.
+    costs = Flows([2.0, 1.0], [(), (A,)], lag=[0.0, lag], model=model, contention=0.5)
+    r = simulate(_compute_and_transfer(), costs, check=False)
+    assert r.end[0] == pytest.approx(f_end, rel=1e-12) and r.end[1] == pytest.approx(lag + 1.0, rel=1e-12)
+    assert r.ranks[0].busy == pytest.approx(f_end, rel=1e-12)
+
+
+def test_a_negative_contention_is_refused():
+    with pytest.raises(ConfigError) as exc:
+        Network(lag=[0.0], links=[()], latency=[0.0], contention=-0.1)
+    assert str(exc.value) == "network: contention must be a finite slowdown >= 0, got -0.1"
+    with pytest.raises(ConfigError) as exc:
+        TransformerCosts(model=GPT6, cluster=cluster_preset("dgx-h100:1"), parallel=ParallelConfig(pp=1),
+                         contention="much")
+    assert str(exc.value) == "costs: contention must be a finite slowdown >= 0 (0: none), got 'much'"
+
+
+def test_the_calibrated_devices_slow_compute_by_the_measured_mean_and_a_constant_efficiency_does_not():
+    h100 = cluster_preset("dgx-h100:1")
+    assert TransformerCosts(model=GPT6, cluster=h100, parallel=ParallelConfig(pp=1)).compute_contention == 0.189
+    assert TransformerCosts(model=GPT6, cluster=h100, parallel=ParallelConfig(pp=1), efficiency=0.6).compute_contention == 0.0
+    assert TransformerCosts(model=GPT6, cluster=h100, parallel=ParallelConfig(pp=1), contention=0.3).compute_contention == 0.3
+
+
+def test_contention_and_overlap_param_gather_flags_reach_the_costs(capsys):
+    from analysis.cli.simulate import main
+
+    argv = ["--model", "gpt-6.2b", "--cluster", "dgx-h100:2", "--pp", "2", "--dp", "2", "--dp-mode", "zero1",
+            "--schedule", "1f1b", "--microbatches", "2", "--json"]
+    got = {}
+    for extra in ([], ["--contention", "0", "--overlap-param-gather"]):
+        assert main([*argv, *extra]) == 0
+        costs = json.loads(capsys.readouterr().out)["costs"]
+        got[len(extra)] = (costs["contention"], costs["overlap_param_gather"])
+    assert got == {0: (0.189, False), 3: (0.0, True)}
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--contention", "-1"], "error: config [run]: contention must be a finite slowdown >= 0 (0: none), got -1.0 "
+                             "(flag --contention)\n"),
+    (["--dp-mode", "ddp", "--overlap-param-gather"],
+     "error: parallel: overlap_param_gather applies to dp_mode zero1 or zero2 (Megatron-LM's overlap_param_gather), "
+     "not 'ddp'; use one of them or leave it out (flag --overlap-param-gather)\n"),
+])
+def test_contention_and_overlap_param_gather_flag_errors_are_one_line(capsys, extra, message):
+    from analysis.cli.simulate import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--model", "gpt-6.2b", "--cluster", "dgx-h100:2", "--pp", "2", "--dp", "2", "--schedule", "1f1b",
+              "--microbatches", "2", *extra])
+    assert exc.value.code == 2 and capsys.readouterr().err == message

@@ -43,10 +43,10 @@ def test_tp_bytes_and_collectives_per_layer():
     c = _costs()
     n = 2 * 2048 * 1 * 12288
     assert c.tp_bytes() == n == 50_331_648
-    nvlink = c.cluster.intra  # 300 GB/s per direction, 3 us
-    ar = 2 * 7 * 3e-6 + 2 * 7 / 8 * n / 300e9
+    nvlink = c.cluster.intra  # 300 GB/s per direction, of which NCCL moves 80% (sim/cluster.py), 3 us
+    ar = 2 * 7 * 3e-6 + 2 * 7 / 8 * n / (300e9 * 0.8)
     assert coll.ring_allreduce(n, 8, nvlink) == pytest.approx(ar)
-    assert ar == pytest.approx(3.356e-4, rel=1e-3)
+    assert ar == pytest.approx(4.090e-4, rel=1e-3)
     # stage 1 of 8 (12 layers, neither embedding nor head): 2 per layer in F and I, none in W
     assert c.tp_comm(Kind.F, 1, 8) == pytest.approx(12 * 2 * ar)
     assert c.tp_comm(Kind.I, 1, 8) == pytest.approx(12 * 2 * ar)

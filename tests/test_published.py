@@ -45,6 +45,8 @@ def test_rows_pin_their_figures_and_layouts():
     assert all(r.note for r in RUNS if not r.scored)
     assert [r.schedule for r in RUNS if r.suite == "megatron-h100"] == ["1f1b"] * 9  # the README's example script
     assert all("sequence parallelism" not in r.assumed for r in RUNS if r.suite == "megatron-h100" and r.tp == 1)
+    # the README states --overlap-param-gather; Megatron-core's default bucket, max(40M, 1M x dp) parameters
+    assert all(r.overlap_param_gather and r.bucket_mb == 2 * 48e6 / 2**20 for r in RUNS if r.suite == "megatron-h100")
 
 
 def test_the_script_is_thin():
@@ -102,6 +104,7 @@ def test_script_json_is_one_object_and_a_bad_markdown_path_exits_2(tmp_path):
     d = json.loads(run.stdout)
     assert d["summary"]["held_out"]["rows"] == 2 and d["summary"]["fit"]["rows"] == 0
     assert all(r["source"].startswith("Dubey et al. 2024") for r in d["rows"])
+    assert all(abs(r["error"]) < 0.10 for r in d["rows"])  # the goal for both Llama 3 rows
     (tmp_path / "afile").touch()
     bad = subprocess.run([sys.executable, "experiments/published.py", "--markdown", str(tmp_path / "afile" / "x.md")],
                          cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -154,7 +154,8 @@ def test_units_r_schedule_against_full_recompute_inside_i(name):
     1F1B rank r: (p-1-r) kept layer inputs + one microbatch's full activations, against p-r microbatches'
     layer inputs, each of the stage's layers keeping its own."""
     base = build(name, pp=4, microbatches=8)
-    none, full = _units("none"), _units("full")
+    # compute not slowed by the sends it overlaps (contention 0): R and full recomputation overlap different sends
+    none, full = _units("none", contention=0), _units("full", contention=0)
     r = simulate(validate(recompute_full(base)), none)
     k = simulate(validate(base), full)
     assert [x.busy for x in r.ranks] == pytest.approx([x.busy for x in k.ranks], rel=1e-12)

@@ -95,8 +95,9 @@ def test_pipeline_send_across_nodes_uses_the_nic():
     graph = lower(build("1f1b", pp=8, microbatches=2))
     sends = {str(t.action): t for t in graph.tasks if t.stream is Stream.SEND}
     n = 2 * 1024 * 4096
-    assert c.duration(sends["3SEND_F0"], graph) == 5e-6 + n / 50e9  # rank 3 node0 -> rank 4 node1
-    assert c.duration(sends["0SEND_F0"], graph) == 3e-6 + n / 450e9
+    # at NCCL's achieved rates (sim.cluster): 47 of NDR's 50 GB/s, 370 of NVLink 4's 450
+    assert c.duration(sends["3SEND_F0"], graph) == 5e-6 + n / (50e9 * (47 / 50))  # rank 3 node0 -> rank 4 node1
+    assert c.duration(sends["0SEND_F0"], graph) == 3e-6 + n / (450e9 * (370 / 450))
 
 
 @pytest.mark.parametrize("link_model", ["fcfs", "fair"])

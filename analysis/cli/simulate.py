@@ -104,6 +104,9 @@ def add_units_args(p: argparse.ArgumentParser) -> None:
                    help="fused (default) or eager: the bytes of norms, rotary and activation as PyTorch eager runs them")
     g.add_argument("--tp-overlap", action="store_true", default=None,
                    help="sequence-parallel collectives hidden behind their GEMMs (Megatron --tp-comm-overlap; needs --sp)")
+    g.add_argument("--contention", type=float, default=None, metavar="X",
+                   help="compute runs 1 + X times longer while its rank communicates (default: the device model's, "
+                   "0.189 on the A100, H100 and H200; 0: none; link model fair only)")
     g.add_argument("--dtype", default=None, metavar="DTYPE",
                    help="bf16 (default) or fp8: the weight GEMMs at the device's FP8 peak (H100, H200)")
 
@@ -131,10 +134,13 @@ def add_comm_args(g: argparse._ArgumentGroup) -> None:
                    help="dp-mode decentralized: exchange with both ring neighbours (ring, the default) or one peer")
     g.add_argument("--sync-every", type=int, default=None, metavar="K",
                    help="dp-mode local-sgd: the parameters are averaged once every K steps (default 1)")
+    g.add_argument("--overlap-param-gather", action="store_true", default=None,
+                   help="dp-mode zero1/zero2: the updated parameters' all-gather runs under the next step's forward "
+                   "(Megatron-LM --overlap-param-gather)")
 
 
 COMM_KEYS = ("link_model", "fsdp_reshard_after_forward", "fsdp_prefetch", "embedding_allreduce", "grad_compression",
-             "codec_ns_per_param", "peer_selection", "sync_every")
+             "codec_ns_per_param", "peer_selection", "sync_every", "overlap_param_gather")
 
 
 def comm_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -158,7 +164,7 @@ def units_overrides(args: argparse.Namespace) -> dict[str, dict]:
         tables["cluster"] = {"preset": args.cluster}
     for table, keys in (("parallel", ("pp", "dp", "tp", "cp", "dp_mode", "bucket_mb", "collective", "order", "sp")),
                         ("run", ("schedule", "microbatches", "microbatch_size", "chunks", "efficiency", "recompute",
-                                 "dtype", "reduce_dtype", "elementwise", "tp_overlap"))):
+                                 "dtype", "reduce_dtype", "elementwise", "tp_overlap", "contention"))):
         tables[table].update({k: getattr(args, k) for k in keys if getattr(args, k) is not None})
     if args.pair_overlap is not None:
         tables["run"]["pair_overlap"] = args.pair_overlap
@@ -252,7 +258,7 @@ def _list() -> int:
 
 
 UNITS_ONLY = ("dp", "tp", "cp", "dp_mode", "microbatch_size", "bucket_mb", "collective", "order", "efficiency", "sp",
-              "seq_len", "attention", "dtype", "reduce_dtype", "elementwise", "tp_overlap", *COMM_KEYS)
+              "seq_len", "attention", "dtype", "reduce_dtype", "elementwise", "tp_overlap", "contention", *COMM_KEYS)
 
 
 @guarded

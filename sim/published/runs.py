@@ -54,6 +54,7 @@ class PublishedRun:
     reduce_dtype: str = "bf16"
     elementwise: str = "fused"
     tp_overlap: bool = False
+    overlap_param_gather: bool = False  # zero1/zero2: Megatron-LM's --overlap-param-gather (schedules.dp)
     bucket_mb: float = 25.0  # gradient/parameter bucket (MiB): PyTorch DDP's default, or one FSDP unit
     layers_per_stage: tuple[int, ...] | None = None  # None: as even as possible (sim.transformer.partition_layers)
     metric: str = "step_s"
@@ -90,14 +91,24 @@ _MEG = "NVIDIA/Megatron-LM README.md, images/model_table.png (commit 937571c)"
 # "Training Speed and Scalability"). The rest is assumed:
 _MEG_ASSUMED = ("microbatch_size=1 and 1F1B without virtual stages, as the README's GPT-3 175B example script "
                 "at the same commit (examples/gpt3/train_gpt3_175b_distributed.sh)", "recompute none",
-                "sequence parallelism", "dp_mode zero1 (distributed optimizer)", "FFN 4h, flash attention, dropout")
+                "sequence parallelism", "dp_mode zero1 (distributed optimizer)", "FFN 4h, flash attention, dropout",
+                "buckets of Megatron-core's default size, max(40M, 1M x dp) parameters")
 _LLAMA = "Dubey et al. 2024 (arXiv 2407.21783), Table 4"
+
+
+def _megatron_bucket_mib(dp: int) -> float:
+    """Megatron-core's default gradient/parameter bucket, max(40M, 1M x dp) parameters (megatron/core/distributed/
+    distributed_data_parallel_config.py, ``bucket_size``: "larger DP sizes need larger buckets to ensure
+    collectives do not become latency-bound"), in MiB of 16-bit values."""
+    return 2 * max(40_000_000, 1_000_000 * dp) / 2**20
 
 
 def _megatron_h100(model: str, tp: int, pp: int, dp: int, batch: int, tflops: float, row: int) -> PublishedRun:
     return PublishedRun(suite="megatron-h100", name=model.removeprefix("gpt-").upper(), model=model,
                         cluster=f"dgx-h100:{tp * pp * dp // 8}", tp=tp, pp=pp, dp=dp, microbatches=batch // dp,
-                        dp_mode="zero1", sp=tp > 1, tp_overlap=tp > 1, metric="tflops_per_gpu", published=tflops,
+                        dp_mode="zero1", sp=tp > 1, tp_overlap=tp > 1, overlap_param_gather=True,
+                        bucket_mb=_megatron_bucket_mib(dp),
+                        metric="tflops_per_gpu", published=tflops,
                         source=f"{_MEG}, row {row}", assumed=_MEG_ASSUMED if tp > 1 else _MEG_ASSUMED[:2] + _MEG_ASSUMED[3:],
                         settings_source=f"{_MEG}, row {row} (heads, hidden, layers, TP, PP, DP, GPUs, batch)")
 

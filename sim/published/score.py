@@ -36,7 +36,7 @@ def study_of(run: PublishedRun, *, device_model: DeviceModel | None = None, reco
     costs = TransformerCosts(
         model=model_preset(run.model), cluster=cluster_preset(run.cluster),
         parallel=ParallelConfig(pp=run.pp, tp=run.tp, dp=run.dp, dp_mode=run.dp_mode, bucket_mb=run.bucket_mb,
-                                sp=run.sp if sp is None else sp),
+                                sp=run.sp if sp is None else sp, overlap_param_gather=run.overlap_param_gather),
         microbatch_size=run.microbatch_size, recompute=run.recompute if recompute is None else recompute,
         dtype=run.dtype, reduce_dtype=run.reduce_dtype, elementwise=run.elementwise, tp_overlap=run.tp_overlap,
         device_model=device_model, layers_per_stage=run.layers_per_stage)
@@ -52,6 +52,7 @@ def command(run: PublishedRun) -> str:
             f"--microbatch-size {run.microbatch_size} --recompute {run.recompute}{' --sp' if run.sp else ''}"
             f"{' --dtype fp8' if run.dtype == 'fp8' else ''}{' --reduce-dtype fp32' if run.reduce_dtype == 'fp32' else ''}"
             f"{' --elementwise eager' if run.elementwise == 'eager' else ''}{' --tp-overlap' if run.tp_overlap else ''}"
+            f"{' --overlap-param-gather' if run.overlap_param_gather else ''}"
             " --json")
 
 
@@ -78,7 +79,7 @@ def score(runs: Iterable[PublishedRun]) -> list[dict[str, Any]]:
                "settings": {k: getattr(run, k) for k in ("model", "cluster", "tp", "pp", "dp", "microbatches",
                                                          "microbatch_size", "schedule", "chunks", "dp_mode",
                                                          "recompute", "sp", "dtype", "reduce_dtype",
-                                                         "elementwise", "tp_overlap")}}
+                                                         "elementwise", "tp_overlap", "overlap_param_gather")}}
         if run.scored:
             result = run_study(study_of(run))
             predicted = metric_of(run, result)
