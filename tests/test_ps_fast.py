@@ -44,8 +44,8 @@ def test_async_ps_transfers_are_one_trainers_alone(servers):
     assert collectives
     for t in collectives:
         n = costs.bucket_sizes(t.action.stage, 4)[t.action.bucket]
-        assert r.sim.end[t.id] - r.sim.start[t.id] == pytest.approx(link.alpha + n / link.bandwidth, rel=1e-12)
-        assert link.alpha + n / link.bandwidth == coll.ps_transfer(n, 1, servers, link, link)
+        assert r.sim.end[t.id] - r.sim.start[t.id] == pytest.approx(link.alpha + n / link.rate, rel=1e-12)
+        assert link.alpha + n / link.rate == coll.ps_transfer(n, 1, servers, link, link)
 
 
 def test_async_ps_predicts_a_shorter_step_than_ps_when_the_servers_are_the_bottleneck():
