@@ -13,6 +13,7 @@ import sys
 from analysis.cli.common import given, print_json, refuse
 from real.config import RunConfig
 from real.elastic import ELASTIC_MODES, LiveConfig, check_live_layout, train_live
+from real.elastic_pp import train_live_pipeline
 
 __all__ = ["add_live_args", "live_config", "live_defaults", "refuse_live_flags", "run_live"]
 
@@ -51,7 +52,7 @@ def refuse_live_flags(args: argparse.Namespace) -> None:
         return
     refuse(given(args, "trace", "plot", "log_dir", "dp_mode", "bucket_mb", "recv_ahead", "balance"),
            "with --elastic live (each replica is one process training the whole model)")
-    check_live_layout(args.pp, args.dp, args.microbatches)
+    check_live_layout(args.pp, args.dp, args.microbatches, checkpoint=args.checkpoint_dir is not None)
     live_config(args)  # its checks, before anything runs
 
 
@@ -64,7 +65,8 @@ def live_config(args: argparse.Namespace) -> LiveConfig:
 
 def run_live(config: RunConfig, args: argparse.Namespace) -> int:
     """Train this replica; with --json one JSON object (losses, parameters' digest, PID), else one line."""
-    result = train_live(config, live_config(args))
+    train = train_live_pipeline if config.layout.pp > 1 else train_live  # a pipeline per replica, or one process
+    result = train(config, live_config(args))
     if args.json:
         print_json(result.to_json())
     else:
