@@ -121,7 +121,7 @@ def share(batch: int, participants: int, rank: int) -> tuple[int, int]:
     return start, start + base + (rank < extra)
 
 
-def check_live_layout(pp: int, dp: int | str, microbatches: int, *, checkpoint: bool = False) -> None:
+def check_live_layout(pp: int, dp: int | str, microbatches: int) -> None:
     """What ``--elastic live`` runs: dp left to the quorum; at pp 1 one process and one pass a step, at pp > 1 a
     whole pipeline per replica (:mod:`real.elastic_pp`) whose microbatches the replicas share."""
     if not isinstance(pp, int) or pp < 1:
@@ -129,9 +129,6 @@ def check_live_layout(pp: int, dp: int | str, microbatches: int, *, checkpoint: 
     if dp != 1:
         raise ConfigError(f"live elastic training takes the number of replicas from the quorum at every step; got "
                           f"dp {dp}: use dp 1 and start one replica group per replica", field="dp")
-    if pp > 1 and checkpoint:
-        raise ConfigError(f"live elastic training of pipeline replicas (pp {pp}) does not write checkpoints yet: "
-                          "train without a checkpoint directory, or at pp 1", field="directory")
     if pp == 1 and microbatches != 1:
         raise ConfigError(f"live elastic training at pp 1 trains each replica's share in one pass; got "
                           f"microbatches {microbatches}: use 1", field="microbatches")
@@ -139,8 +136,7 @@ def check_live_layout(pp: int, dp: int | str, microbatches: int, *, checkpoint: 
 
 def check_live(config: RunConfig) -> None:
     """:func:`check_live_layout` of ``config``, and the built-in model without a data master."""
-    check_live_layout(config.layout.pp, config.layout.dp, config.layout.microbatches,
-                      checkpoint=config.checkpoint is not None)
+    check_live_layout(config.layout.pp, config.layout.dp, config.layout.microbatches)
     if config.data.factory is not None or config.data.data_master:
         raise ConfigError("live elastic training trains the built-in model from its own data position; a model "
                           "factory and a data master are not supported with it", field="elastic")
@@ -224,14 +220,15 @@ def _manager(config: RunConfig, live: LiveConfig, replica: _Replica):
     return manager, hosted
 
 
-def _resume(config: RunConfig, replica: _Replica, manager) -> str | None:
-    """Load the newest complete checkpoint, if any (every replica had died): the manager continues at its step."""
+def _resume(config: RunConfig, replica: _Replica, manager, rank: int = 0) -> str | None:
+    """Load the newest complete checkpoint, if any (every replica had died): the manager continues at its step.
+    ``rank``: this process's rank in its replica (a pipeline's ranks each load their stages' share)."""
     from real.train import resume_point
 
     restored = resume_point(config)
     if restored is None:
         return None
-    ckpt.load(restored, replica.named, [replica.optimizer], 0)
+    ckpt.load(restored, replica.named, [replica.optimizer], rank)
     replica.losses = [float(x) for x in restored.info["losses"]]
     replica.data.restore(restored.step, restored.info.get("data"))
     manager.load_state_dict({"step": restored.step, "batches_committed": restored.step})

@@ -24,8 +24,11 @@ after a commit.
 State transfer is per rank: a joining replica's rank p receives pipeline rank
 p's state (its stages' parameters, optimizer state, the losses and the data
 position) from the same rank of a live replica (torchft's checkpoint transport
-serves each group rank its own). Periodic checkpoints are not written at
-pp > 1 (refused with exit 2 before anything runs).
+serves each group rank its own). Periodic DCP checkpoints: the replica of
+quorum rank 0 writes them, each pipeline rank its stages' share, on the
+replica's own process group; a replica that starts while one exists loads it
+(every pipeline rank its share), then is overwritten by live replicas' state
+if it joins them.
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from real import checkpoint as ckpt
 from real import stop
 from real.config import RunConfig, make_plan
-from real.elastic import LiveConfig, LiveResult, _Events, _tensors, check_live, share
+from real.elastic import LiveConfig, LiveResult, _Events, _resume, _tensors, check_live, share
 from real.executor import Executor, Stage
 from real.measure import ActivationMeter, Recorder
 from real.mesh import Mesh
@@ -218,9 +222,22 @@ def _step(replica: _PipelineReplica, manager, live: LiveConfig, events: _Events)
     return committed
 
 
+def _save(replica: _PipelineReplica, manager, saver: ckpt.Checkpointer) -> None:
+    """After a committed step: the replica of quorum rank 0 writes a checkpoint when one is due (DCP, every
+    pipeline rank its stages' share, on the replica's own process group). Every rank of a replica has the same
+    quorum rank and the same commit, so they all take part or none does."""
+    done = manager.current_step()
+    if manager.participating_rank() != 0 or not saver.due(done):
+        return
+    cfg = replica.config
+    info = {"losses": replica.losses, "world_size": cfg.layout.pp, "pp": cfg.layout.pp,
+            "dp": manager.num_participants(), "config": cfg.to_dict(), "data": replica.data.state(done)}
+    saver.save(done, ckpt.state_dict(replica.named, [replica.optimizer], replica.mesh.pp_rank), info)
+
+
 def train_live_pipeline(config: RunConfig, live: LiveConfig) -> LiveResult:
     """Train this pipeline rank of this replica until the job's step count is reached."""
-    from real.train import param_digest
+    from real.train import param_digest, restart_count
 
     check_live(config)
     if config.layout.pp < 2:
@@ -230,18 +247,28 @@ def train_live_pipeline(config: RunConfig, live: LiveConfig) -> LiveResult:
     events = _Events(live.events)
     replica = _PipelineReplica(config, mesh)
     manager, hosted = _manager(config, live, replica, mesh)
+    saver = (ckpt.Checkpointer(config.checkpoint, mesh.pp_rank, restart_count())
+             if config.checkpoint and config.checkpoint.every else None)
     try:
-        events.add("start", replica=live.replica_id, pp_rank=mesh.pp_rank, resumed_from=None,
+        resumed = _resume(config, replica, manager, mesh.pp_rank) if config.checkpoint else None
+        events.add("start", replica=live.replica_id, pp_rank=mesh.pp_rank, resumed_from=resumed,
                    step=manager.current_step())
         while manager.current_step() < config.steps:
-            stop.progress(manager.current_step(), None)
-            _step(replica, manager, live, events)
+            stop.progress(manager.current_step(), saver.last if saver is not None else resumed)
+            committed = _step(replica, manager, live, events)
+            if committed and saver is not None:
+                _save(replica, manager, saver)
             if stop.requested() is not None:
-                raise stop.Interrupted(int(stop.requested()), manager.current_step(), None)
+                if saver is not None:
+                    saver.wait()
+                raise stop.Interrupted(int(stop.requested()), manager.current_step(),
+                                       saver.last if saver is not None else resumed)
+        if saver is not None:
+            saver.wait()
     finally:
         manager.shutdown(wait=False)
         del hosted
         mesh.close()
     norm, sha = param_digest(p for _, p in replica.named)
-    return LiveResult(replica.losses, norm, sha, {n: p.detach().clone() for n, p in replica.named}, None,
+    return LiveResult(replica.losses, norm, sha, {n: p.detach().clone() for n, p in replica.named}, resumed,
                       len(replica.heals), mesh.pp_rank)

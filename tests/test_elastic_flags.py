@@ -17,9 +17,8 @@ LIVE = ["--elastic", "live", "--lighthouse", "http://localhost:29510"]
      "(flag --lighthouse)"),
     (["--schedule", "1f1b", "--pp", "1", "--microbatches", "1", "--lighthouse", "http://h:1"],
      "--lighthouse has no effect without --elastic live"),
-    ([*LIVE, "--pp", "2", "--microbatches", "2", "--schedule", "1f1b", "--checkpoint-dir", "ck"],
-     "live elastic training of pipeline replicas (pp 2) does not write checkpoints yet: train without a "
-     "checkpoint directory, or at pp 1 (flag --checkpoint-dir)"),
+    ([*LIVE, "--pp", "2", "--microbatches", "2", "--schedule", "1f1b"],
+     "world size 1 (processes launched) does not equal pp x dp = 2 x 1 = 2; launch 2 processes or change pp/dp"),
     ([*LIVE, "--dp", "2"], "live elastic training takes the number of replicas from the quorum at every step; got "
      "dp 2: use dp 1 and start one replica group per replica (flag --dp)"),
     ([*LIVE, "--microbatches", "2"], "live elastic training at pp 1 trains each replica's share in one pass; got "

@@ -17,6 +17,7 @@ process start. Checked from the event logs and each process's JSON result:
   from replica 0 (a ``heal`` on each) and committed within 3 steps;
 * every committed step's microbatch shares partition its global batch, so the
   96 windows trained are the sampler's first 96, each once;
+* the checkpoints of steps 8 and 12 are complete, with the losses so far;
 * both replicas end with the same parameters, stage by stage (SHA-256), and
   every rank with the same 12 losses, which equal plain single-process
   training on the whole batch at 1e-5.
@@ -37,6 +38,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchft")
 
+from real.checkpoint import complete_checkpoints  # noqa: E402
 from real.config import ModelConfig  # noqa: E402
 from real.data.tokens import TokenBatches, TokenFile, prepare  # noqa: E402
 from real.elastic import share  # noqa: E402
@@ -85,7 +87,8 @@ def _launch(lighthouse: str, tmp: Path, data: Path) -> tuple[dict, list[dict], l
     common = ["-m", "real", "--elastic", "live", "--lighthouse", lighthouse, "--wait-replicas", "2",
               "--pp", "2", "--microbatches", str(MICRO), "--schedule", "1f1b",
               "--steps", str(STEPS), "--batch-size", str(BATCH), *MODEL, "--data", str(data), "--lr", "0.01",
-              "--timeout", "10", "--min-step-time", "0.1", "--json"]
+              "--timeout", "10", "--min-step-time", "0.1", "--json",
+              "--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-every", "4"]
     procs: dict[int, subprocess.CompletedProcess] = {}
 
     def go(i: int, extra: list[str]) -> None:
@@ -177,6 +180,14 @@ def test_a_pipeline_replica_rank_killed_rejoins_live_and_no_step_is_lost(tmp_pat
         trained += [w for *_, ws in sorted((e["rank"], e["windows"]) for e in committed
                                           if e["step"] == step and e["pp_rank"] == 0) for w in ws]
     assert trained == batches.sampler.take(0, STEPS * BATCH).tolist() and len(set(trained)) == STEPS * BATCH
+    # periodic checkpoints went on (by the replica of quorum rank 0, both its ranks), the last 2 kept, with losses
+    kept = complete_checkpoints(tmp_path / "ckpt")
+    assert [c.step for c in kept] == [8, 12]
+    assert all(c.info["losses"] == results[0, 0]["losses"][:c.step] and c.info["pp"] == 2 for c in kept)
+    # replica 0 read none; replica 1's new processes found step 4's (written before the kill), each rank loaded
+    # its share, and were then overwritten by replica 0's live state (the heals above)
+    assert [results[0, r]["resumed_from"] for r in (0, 1)] == [None, None]
+    assert [Path(results[1, r]["resumed_from"]).name for r in (0, 1)] == ["step_000004"] * 2
     # both replicas end identical, stage by stage; every rank has every step's loss: plain training's at 1e-5
     for r in (0, 1):
         assert results[0, r]["param_sha256"] == results[1, r]["param_sha256"]

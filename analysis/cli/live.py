@@ -52,7 +52,7 @@ def refuse_live_flags(args: argparse.Namespace) -> None:
         return
     refuse(given(args, "trace", "plot", "log_dir", "dp_mode", "bucket_mb", "recv_ahead", "balance"),
            "with --elastic live (each replica is one process training the whole model)")
-    check_live_layout(args.pp, args.dp, args.microbatches, checkpoint=args.checkpoint_dir is not None)
+    check_live_layout(args.pp, args.dp, args.microbatches)
     live_config(args)  # its checks, before anything runs
 
 
