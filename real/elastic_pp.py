@@ -54,9 +54,9 @@ from real.mesh import Mesh
 from real.model_api import data_for
 from real.models import activation_shape, build_layers, make_optimizer
 from real.p2p import PipeComm
-from schedules import ConfigError
+from schedules import ConfigError, SchedlabError
 
-__all__ = ["train_live_pipeline"]
+__all__ = ["check_shares", "train_live_pipeline"]
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +66,24 @@ def _with_microbatches(config: RunConfig, m: int) -> RunConfig:
     size = config.microbatch_size
     return replace(config, data=replace(config.data, batch_size=m * size),
                    layout=replace(config.layout, microbatches=m))
+
+
+def check_shares(config: RunConfig) -> None:
+    """Every microbatch count a replica can be given (its share of ``microbatches`` among any number of replicas)
+    must be one the schedule runs: ConfigError naming the first that is not, before anything runs."""
+    total = config.layout.microbatches
+    counts = {}
+    for n in range(1, total + 1):
+        for c in {total // n, -(-total // n)} - {0}:
+            counts.setdefault(c, n)
+    for c, n in sorted(counts.items(), reverse=True):
+        try:
+            make_plan(_with_microbatches(config, c), config.layout.pp)
+        except SchedlabError as exc:
+            raise ConfigError(f"live elastic training: with {n} replicas a replica runs {c} of the {total} "
+                              f"microbatches, which schedule {config.layout.schedule!r} cannot ({exc}); use a "
+                              "schedule that runs any number of microbatches, e.g. 1f1b, gpipe or zb-h1",
+                              field="schedule") from exc
 
 
 class _PipelineReplica:
@@ -243,6 +261,7 @@ def train_live_pipeline(config: RunConfig, live: LiveConfig) -> LiveResult:
     if config.layout.pp < 2:
         raise ConfigError(f"pp {config.layout.pp}: a replica of one process trains with real.elastic.train_live",
                           field="pp")
+    check_shares(config)
     mesh = Mesh.create(make_plan(config, config.layout.pp), "gloo", config.runtime.timeout_s)
     events = _Events(live.events)
     replica = _PipelineReplica(config, mesh)

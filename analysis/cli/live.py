@@ -34,8 +34,9 @@ def add_live_args(p: argparse.ArgumentParser) -> None:
 
 
 def live_defaults(args: argparse.Namespace) -> None:
-    """With --elastic live the schedule does not matter (one process per replica, one pass): 1f1b, pp 1, one
-    microbatch unless given (a pp or microbatches other than 1 is refused with the reason)."""
+    """With --elastic live: 1f1b, pp 1 and one microbatch unless given (pp 1: one process per replica and one
+    pass, microbatches other than 1 refused with the reason; pp > 1: a pipeline per replica, which runs its
+    share of the microbatches with the schedule)."""
     if args.elastic is None:
         return
     args.schedule = args.schedule or "1f1b"
@@ -51,7 +52,8 @@ def refuse_live_flags(args: argparse.Namespace) -> None:
                "without --elastic live")
         return
     refuse(given(args, "trace", "plot", "log_dir", "dp_mode", "bucket_mb", "recv_ahead", "balance"),
-           "with --elastic live (each replica is one process training the whole model)")
+           "with --elastic live (a replica syncs its gradients through torchft; no traces, logs or tuning "
+           "of the runtime's own sync)")
     check_live_layout(args.pp, args.dp, args.microbatches)
     live_config(args)  # its checks, before anything runs
 
