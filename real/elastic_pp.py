@@ -103,6 +103,7 @@ class _PipelineReplica:
         self.data = data_for(config, None)
         self.losses: list[float] = []
         self.committed = False
+        self.leave = False  # a rank of this replica received SIGINT/SIGTERM: all leave after the committed step
         self.started = time.monotonic()
         self.heals: list[tuple[float, int]] = []
         self.recorder = Recorder(mesh.device)
@@ -224,7 +225,13 @@ def _step(replica: _PipelineReplica, manager, live: LiveConfig, events: _Events)
     committed = manager.should_commit()
     if committed:
         replica.optimizer.step()
-        dist.broadcast(total, src=replica.mesh.pp - 1)  # the last stage's loss, to every rank of the replica
+        # the last stage's loss to every rank of the replica, and whether any rank was asked to leave (a signal):
+        # one all-reduce on the replica's group, so all its ranks leave after the same step
+        agreed = torch.tensor([float(total) if replica.is_last else 0.0, stop.requested() is not None],
+                              dtype=torch.float64)
+        dist.all_reduce(agreed)
+        total = agreed[:1]
+        replica.leave = bool(agreed[1])
         replica.losses.append(float(total))
         replica.committed = True
     events.add("step", step=step, committed=committed, participants=n, rank=rank, pp_rank=replica.mesh.pp_rank,
@@ -277,10 +284,10 @@ def train_live_pipeline(config: RunConfig, live: LiveConfig) -> LiveResult:
             committed = _step(replica, manager, live, events)
             if committed and saver is not None:
                 _save(replica, manager, saver)
-            if stop.requested() is not None:
+            if replica.leave:
                 if saver is not None:
                     saver.wait()
-                raise stop.Interrupted(int(stop.requested()), manager.current_step(),
+                raise stop.Interrupted(int(stop.requested() or signal.SIGTERM), manager.current_step(),
                                        saver.last if saver is not None else resumed)
         if saver is not None:
             saver.wait()
