@@ -41,7 +41,7 @@ pytest.importorskip("torchft")
 from real.checkpoint import complete_checkpoints  # noqa: E402
 from real.config import ModelConfig  # noqa: E402
 from real.data.tokens import TokenBatches, TokenFile, prepare  # noqa: E402
-from real.elastic import share  # noqa: E402
+from real.elastic import pause_report, share  # noqa: E402
 from real.launch import torchrun  # noqa: E402
 from real.models import build_model, loss_fn, make_optimizer  # noqa: E402
 
@@ -163,6 +163,9 @@ def test_a_pipeline_replica_rank_killed_rejoins_live_and_no_step_is_lost(tmp_pat
         first = min(e["step"] for e in ev1 if e["event"] == "step" and e["pid"] == new[r] and e["committed"])
         assert heals and heals[-1]["step"] == first and heals[-1]["bytes"] > 0, (r, heals)
         assert first <= resumed_at + 3, (r, first, resumed_at)
+    # what the death cost replica 0, seen from the killed rank's stage (pipeline rank 1) on both sides
+    report = pause_report([e for e in ev0 if e["pp_rank"] == 1], [e for e in ev1 if e["pp_rank"] == 1])
+    assert 0 < report["detection"] < 10 and report["quorum"] >= 0 and report["replacement"] > report["detection"]
     # exactly once: on every rank, the committed microbatch shares of each step partition its global batch
     batches = TokenBatches(TokenFile(data, SEQ), BATCH, 0)
     size = BATCH // MICRO
