@@ -14,7 +14,8 @@ process start. Checked from the event logs and each process's JSON result:
   their step 5 failed with 2 participants (2 microbatches each) and was
   committed with 1 (all 4 microbatches), every rank agreeing;
 * both new processes of replica 1 received their own pipeline rank's state
-  from replica 0 (a ``heal`` on each) and committed within 3 steps;
+  from replica 0 (a ``heal`` on each, of exactly that stage's bytes) and
+  committed within 3 steps;
 * every committed step's microbatch shares partition its global batch, so the
   96 windows trained are the sampler's first 96, each once;
 * the checkpoints of steps 8 and 12 are complete, with the losses so far;
@@ -158,8 +159,12 @@ def test_a_pipeline_replica_rank_killed_rejoins_live_and_no_step_is_lost(tmp_pat
     assert [(e["step"], e["pp_rank"]) for e in faults] == [(KILL_AT, 1)]
     new = {e["pp_rank"]: e["pid"] for e in ev1 if e["event"] == "start"}  # the later start of each rank
     assert new == {r: results[1, r]["pid"] for r in (0, 1)} and faults[0]["pid"] != new[1]
+    model = build_model(ModelConfig(kind="gpt", layers=2, dim=16, heads=2, vocab=256, seq=SEQ), 0)  # 4 layers
     for r in (0, 1):
         heals = [e for e in ev1 if e["event"] == "heal" and e["pid"] == new[r]]
+        # rank r's state only: its stage's 2 layers' parameters, AdamW's two moments of each and its step count
+        params = [q for layer in model[2 * r:2 * r + 2] for q in layer.parameters()]
+        assert heals[-1]["bytes"] == sum(q.numel() for q in params) * 4 * 3 + len(params) * 4
         first = min(e["step"] for e in ev1 if e["event"] == "step" and e["pid"] == new[r] and e["committed"])
         assert heals and heals[-1]["step"] == first and heals[-1]["bytes"] > 0, (r, heals)
         assert first <= resumed_at + 3, (r, first, resumed_at)
