@@ -18,8 +18,9 @@ microbatches; cached) divides each microbatch's loss by m, so the gradients
 are scaled by ``m / microbatches x n`` before torchft's averaging all-reduce:
 its result is the gradient of the whole batch's mean loss, whatever n is.
 A replica given no microbatch (more replicas than microbatches) contributes
-zeros. The losses come from the last stage and are broadcast in the replica
-after a commit.
+zeros. After a commit the ranks of a replica all-reduce the last stage's loss
+and whether any of them received SIGINT/SIGTERM, so all leave after the same
+step.
 
 State transfer is per rank: a joining replica's rank p receives pipeline rank
 p's state (its stages' parameters, optimizer state, the losses and the data
@@ -36,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import time
 from dataclasses import replace
 from datetime import timedelta
@@ -152,17 +154,16 @@ class _PipelineReplica:
 
 
 def _group_store(mesh: Mesh, timeout: timedelta) -> tuple[str, int, dist.TCPStore | None]:
-    """A store for this attempt's managers, hosted by pipeline rank 0: torchrun's store outlives a restart, and
-    torchft's manager keys in it (its server's address) would send a restarted rank to the dead server."""
+    """A store for this attempt's managers, hosted by pipeline rank 0 on its host: torchrun's store outlives a
+    restart, and torchft's manager keys in it (its server's address) would send a restarted rank to the dead
+    server. Its host name and port reach the other ranks by a broadcast on the replica's group."""
     hosted = None
+    where: list[Any] = [None, 0]
     if mesh.pp_rank == 0:
-        hosted = dist.TCPStore("localhost" if "MASTER_ADDR" not in os.environ else os.environ["MASTER_ADDR"], 0,
-                               is_master=True, wait_for_workers=False, timeout=timeout)
-        port = torch.tensor([hosted.port])
-    else:
-        port = torch.tensor([0])
-    dist.broadcast(port, src=0)
-    return os.environ.get("MASTER_ADDR", "localhost"), int(port), hosted
+        hosted = dist.TCPStore(socket.gethostname(), 0, is_master=True, wait_for_workers=False, timeout=timeout)
+        where = [socket.gethostname(), hosted.port]
+    dist.broadcast_object_list(where, src=0)
+    return str(where[0]), int(where[1]), hosted
 
 
 def _manager(config: RunConfig, live: LiveConfig, replica: _PipelineReplica, mesh: Mesh):
