@@ -104,10 +104,11 @@ class LiveResult:
     parameters: dict[str, torch.Tensor]
     resumed_from: str | None
     heals: int
+    pp_rank: int = 0  # this process's pipeline rank in its replica (its stages' parameters are the digest's)
 
     def to_json(self) -> dict[str, Any]:
         return {"losses": self.losses, "param_norm": self.param_norm, "param_sha256": self.param_sha256,
-                "resumed_from": self.resumed_from, "heals": self.heals, "pid": os.getpid()}
+                "resumed_from": self.resumed_from, "heals": self.heals, "pid": os.getpid(), "pp_rank": self.pp_rank}
 
 
 def share(batch: int, participants: int, rank: int) -> tuple[int, int]:
@@ -121,17 +122,16 @@ def share(batch: int, participants: int, rank: int) -> tuple[int, int]:
 
 
 def check_live_layout(pp: int, dp: int | str, microbatches: int) -> None:
-    """What ``--elastic live`` runs: pp 1 (each replica one process), dp left to the quorum, one pass a step."""
-    if pp != 1:
-        raise ConfigError(f"live elastic training runs replicas of one process (pp 1), got pp {pp}; torchft's quorum "
-                          "would serve a pipeline, but the runtime's executor here does not yet take torchft's "
-                          "reconfigurable process group: use pp 1", field="pp")
+    """What ``--elastic live`` runs: dp left to the quorum; at pp 1 one process and one pass a step, at pp > 1 a
+    whole pipeline per replica (:mod:`real.elastic_pp`) whose microbatches the replicas share."""
+    if not isinstance(pp, int) or pp < 1:
+        raise ConfigError(f"pp must be an integer >= 1, got {pp!r}", field="pp")
     if dp != 1:
         raise ConfigError(f"live elastic training takes the number of replicas from the quorum at every step; got "
                           f"dp {dp}: use dp 1 and start one replica group per replica", field="dp")
-    if microbatches != 1:
-        raise ConfigError(f"live elastic training trains each replica's share in one pass; got microbatches "
-                          f"{microbatches}: use 1", field="microbatches")
+    if pp == 1 and microbatches != 1:
+        raise ConfigError(f"live elastic training at pp 1 trains each replica's share in one pass; got "
+                          f"microbatches {microbatches}: use 1", field="microbatches")
 
 
 def check_live(config: RunConfig) -> None:
@@ -220,14 +220,15 @@ def _manager(config: RunConfig, live: LiveConfig, replica: _Replica):
     return manager, hosted
 
 
-def _resume(config: RunConfig, replica: _Replica, manager) -> str | None:
-    """Load the newest complete checkpoint, if any (every replica had died): the manager continues at its step."""
+def _resume(config: RunConfig, replica: _Replica, manager, rank: int = 0) -> str | None:
+    """Load the newest complete checkpoint, if any (every replica had died): the manager continues at its step.
+    ``rank``: this process's rank in its replica (a pipeline's ranks each load their stages' share)."""
     from real.train import resume_point
 
     restored = resume_point(config)
     if restored is None:
         return None
-    ckpt.load(restored, replica.named, [replica.optimizer], 0)
+    ckpt.load(restored, replica.named, [replica.optimizer], rank)
     replica.losses = [float(x) for x in restored.info["losses"]]
     replica.data.restore(restored.step, restored.info.get("data"))
     manager.load_state_dict({"step": restored.step, "batches_committed": restored.step})
@@ -292,6 +293,9 @@ def train_live(config: RunConfig, live: LiveConfig) -> LiveResult:
     from real.train import param_digest
 
     check_live(config)
+    if config.layout.pp > 1:
+        raise ConfigError(f"pp {config.layout.pp}: pipeline replicas train with real.elastic_pp.train_live_pipeline",
+                          field="pp")
     events = _Events(live.events)
     replica = _Replica(config)
     manager, hosted = _manager(config, live, replica)

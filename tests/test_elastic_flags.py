@@ -17,15 +17,14 @@ LIVE = ["--elastic", "live", "--lighthouse", "http://localhost:29510"]
      "(flag --lighthouse)"),
     (["--schedule", "1f1b", "--pp", "1", "--microbatches", "1", "--lighthouse", "http://h:1"],
      "--lighthouse has no effect without --elastic live"),
-    ([*LIVE, "--pp", "2", "--microbatches", "2"],
-     "live elastic training runs replicas of one process (pp 1), got pp 2; torchft's quorum would serve a pipeline, "
-     "but the runtime's executor here does not yet take torchft's reconfigurable process group: use pp 1 (flag --pp)"),
+    ([*LIVE, "--pp", "2", "--microbatches", "2", "--schedule", "1f1b"],
+     "world size 1 (processes launched) does not equal pp x dp = 2 x 1 = 2; launch 2 processes or change pp/dp"),
     ([*LIVE, "--dp", "2"], "live elastic training takes the number of replicas from the quorum at every step; got "
      "dp 2: use dp 1 and start one replica group per replica (flag --dp)"),
-    ([*LIVE, "--microbatches", "2"], "live elastic training trains each replica's share in one pass; got "
+    ([*LIVE, "--microbatches", "2"], "live elastic training at pp 1 trains each replica's share in one pass; got "
      "microbatches 2: use 1 (flag --microbatches)"),
-    ([*LIVE, "--trace", "t.csv"], "--trace has no effect with --elastic live (each replica is one process training "
-     "the whole model)"),
+    ([*LIVE, "--trace", "t.csv"], "--trace has no effect with --elastic live (a replica syncs its gradients "
+     "through torchft; no traces, logs or tuning of the runtime's own sync)"),
     ([*LIVE, "--wait-replicas", "0"], "wait_replicas must be an integer >= 1, got 0 (flag --wait-replicas)"),
     ([*LIVE, "--replica-id", "-1"], "replica_id must be an integer >= 0, got -1 (flag --replica-id)"),
     ([*LIVE, "--min-step-time", "-1"], "min_step_s must be in [0, 3600) seconds, got -1.0"),
@@ -42,3 +41,17 @@ def test_bad_live_flags_are_one_line_and_exit_2(capsys, argv, message):
 ])
 def test_shares_are_contiguous_in_quorum_order_and_cover_the_batch(batch, n, rows):
     assert [share(batch, n, r) for r in range(n)] == rows
+
+
+def test_a_schedule_that_cannot_run_every_share_of_the_microbatches_is_refused():
+    from real.config import RunConfig
+    from real.elastic_pp import check_shares
+    from schedules import ConfigError
+
+    check_shares(RunConfig.of(steps=2, schedule="1f1b", pp=2, microbatches=4, batch_size=8))  # 4, 2, 1: all run
+    with pytest.raises(ConfigError) as exc:
+        check_shares(RunConfig.of(steps=2, schedule="interleaved-1f1b", pp=2, chunks=2, microbatches=4, batch_size=8))
+    assert str(exc.value) == (
+        "live elastic training: with 3 replicas a replica runs 1 of the 4 microbatches, which schedule "
+        "'interleaved-1f1b' cannot (interleaved-1f1b needs microbatches to be a multiple of pp=2, got 1; try 2); "
+        "use a schedule that runs any number of microbatches, e.g. 1f1b, gpipe or zb-h1")

@@ -13,6 +13,7 @@ import sys
 from analysis.cli.common import given, print_json, refuse
 from real.config import RunConfig
 from real.elastic import ELASTIC_MODES, LiveConfig, check_live_layout, train_live
+from real.elastic_pp import train_live_pipeline
 
 __all__ = ["add_live_args", "live_config", "live_defaults", "refuse_live_flags", "run_live"]
 
@@ -33,8 +34,9 @@ def add_live_args(p: argparse.ArgumentParser) -> None:
 
 
 def live_defaults(args: argparse.Namespace) -> None:
-    """With --elastic live the schedule does not matter (one process per replica, one pass): 1f1b, pp 1, one
-    microbatch unless given (a pp or microbatches other than 1 is refused with the reason)."""
+    """With --elastic live: 1f1b, pp 1 and one microbatch unless given (pp 1: one process per replica and one
+    pass, microbatches other than 1 refused with the reason; pp > 1: a pipeline per replica, which runs its
+    share of the microbatches with the schedule)."""
     if args.elastic is None:
         return
     args.schedule = args.schedule or "1f1b"
@@ -50,7 +52,8 @@ def refuse_live_flags(args: argparse.Namespace) -> None:
                "without --elastic live")
         return
     refuse(given(args, "trace", "plot", "log_dir", "dp_mode", "bucket_mb", "recv_ahead", "balance"),
-           "with --elastic live (each replica is one process training the whole model)")
+           "with --elastic live (a replica syncs its gradients through torchft; no traces, logs or tuning "
+           "of the runtime's own sync)")
     check_live_layout(args.pp, args.dp, args.microbatches)
     live_config(args)  # its checks, before anything runs
 
@@ -64,7 +67,8 @@ def live_config(args: argparse.Namespace) -> LiveConfig:
 
 def run_live(config: RunConfig, args: argparse.Namespace) -> int:
     """Train this replica; with --json one JSON object (losses, parameters' digest, PID), else one line."""
-    result = train_live(config, live_config(args))
+    train = train_live_pipeline if config.layout.pp > 1 else train_live  # a pipeline per replica, or one process
+    result = train(config, live_config(args))
     if args.json:
         print_json(result.to_json())
     else:
