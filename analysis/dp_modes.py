@@ -32,6 +32,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from schedules.util import percentile  # re-exported: the grid's spread, as real.measure's
+
 if TYPE_CHECKING:
     from schedules import TaskGraph
     from sim.profiled import ProfiledCosts
@@ -115,15 +117,6 @@ def amortized_measured(step_times: Sequence[Sequence[float]]) -> tuple[float, tu
     """(the median over rounds of each round's mean step time, the round means)."""
     means = tuple(statistics.fmean(r) for r in step_times if r)
     return statistics.median(means), means
-
-
-def percentile(xs: Sequence[float], q: float) -> float:
-    """Linear-interpolated percentile (q in [0, 1]) of a non-empty sequence, as real.measure's spread."""
-    ordered = sorted(xs)
-    pos = q * (len(ordered) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def split_steps(frames: Sequence[Any]) -> tuple[float | None, float | None]:

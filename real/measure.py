@@ -25,6 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from schedules.util import percentile
+
 __all__ = ["ActivationMeter", "Measured", "Recorder", "clock_offset", "held_bytes", "measure_interleaved"]
 
 
@@ -230,15 +232,6 @@ class Measured:
     traces: tuple[str, ...] = ()
 
 
-def _percentile(xs: list[float], q: float) -> float:
-    """Linear-interpolated percentile (q in [0, 1]) of a non-empty list."""
-    xs = sorted(xs)
-    pos = q * (len(xs) - 1)
-    lo = int(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
 def measure_interleaved(
     configs: Any,
     *,
@@ -306,7 +299,7 @@ def measure_interleaved(
     for c, r in zip(configs, result["runs"], strict=True):
         per_round = [tuple(x["step_times"][warmup:]) for x in r["rounds"]]
         medians = [statistics.median(t) for t in per_round]
-        out.append(Measured(c, statistics.median(medians), (_percentile(medians, 0.1), _percentile(medians, 0.9)),
+        out.append(Measured(c, statistics.median(medians), (percentile(medians, 0.1), percentile(medians, 0.9)),
                             tuple(medians), tuple(per_round), tuple(x["foreign_cores"] for x in r["rounds"]),
                             tuple(x["trace"] for x in r["rounds"] if x["trace"])))
     return out

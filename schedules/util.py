@@ -7,14 +7,14 @@ functions are re-exported here.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from schedules.errors import ScheduleError
 from schedules.outputs import atomic_write, check_output_dir, check_output_file  # the output policy's home
 
-__all__ = ["atomic_write", "check_output_dir", "check_output_file", "paused_gc", "read_text_file"]
+__all__ = ["atomic_write", "check_output_dir", "check_output_file", "paused_gc", "percentile", "read_text_file"]
 
 
 @contextmanager
@@ -53,3 +53,13 @@ def read_text_file(path: Path, where: str, what: str) -> str:
         line = text.count("\n", 0, text.index("\0")) + 1
         raise ScheduleError(f"{where}, line {line}: a NUL byte (binary data); {what}")
     return text
+
+
+def percentile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 1]) of a non-empty sequence: the spread of measured step times
+    (real.measure, analysis.dp_modes)."""
+    ordered = sorted(xs)
+    pos = q * (len(ordered) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)

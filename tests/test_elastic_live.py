@@ -64,12 +64,13 @@ def _wait_for(what: str, check, deadline: float) -> dict:
     pytest.fail(f"timed out waiting for {what}")
 
 
-def _reference(data: Path) -> list[float]:
-    """Plain training on the whole global batch of every step (what any split among replicas must equal)."""
+def _reference(data: Path, batch: int = BATCH) -> list[float]:
+    """Plain training on the whole global batch of every step (what any split among replicas must equal); also
+    test_elastic_live_pp's."""
     cfg = ModelConfig(kind="gpt", layers=2, dim=16, heads=2, vocab=256, seq=SEQ)
     model = build_model(cfg, 0)
     opt = make_optimizer("adamw", model.parameters(), 0.01)
-    batches = TokenBatches(TokenFile(data, SEQ), BATCH, 0)
+    batches = TokenBatches(TokenFile(data, SEQ), batch, 0)
     losses = []
     for step in range(STEPS):
         x, y = batches.replica_batch(step, 1, 0)

@@ -44,43 +44,13 @@ from real.config import ModelConfig  # noqa: E402
 from real.data.tokens import TokenBatches, TokenFile, prepare  # noqa: E402
 from real.elastic import pause_report, share  # noqa: E402
 from real.launch import torchrun  # noqa: E402
-from real.models import build_model, loss_fn, make_optimizer  # noqa: E402
+from real.models import build_model  # noqa: E402
+from tests.test_elastic_live import _events, _reference, _wait_for  # noqa: E402  (the same event log and reference)
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, BATCH, MICRO, SEQ, KILL_AT = 12, 8, 4, 8, 5
 MODEL = ["--layers", "2", "--dim", "16", "--heads", "2", "--vocab", "256", "--seq", str(SEQ)]
 LAUNCH_TIMEOUT = 90  # seconds per replica's torchrun; the test's own timeout is above it
-
-
-def _events(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
-
-
-def _wait_for(what: str, check, deadline: float):
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.02)
-    pytest.fail(f"timed out waiting for {what}")
-
-
-def _reference(data: Path) -> list[float]:
-    """Plain training on the whole global batch of every step (what any split among replicas must equal)."""
-    model = build_model(ModelConfig(kind="gpt", layers=2, dim=16, heads=2, vocab=256, seq=SEQ), 0)
-    opt = make_optimizer("adamw", model.parameters(), 0.01)
-    batches = TokenBatches(TokenFile(data, SEQ), BATCH, 0)
-    losses = []
-    for step in range(STEPS):
-        x, y = batches.replica_batch(step, 1, 0)
-        opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
 
 
 def _launch(lighthouse: str, tmp: Path, data: Path) -> tuple[dict, list[dict], list[dict], int]:
@@ -202,4 +172,4 @@ def test_a_pipeline_replica_rank_killed_rejoins_live_and_no_step_is_lost(tmp_pat
     assert results[0, 0]["param_sha256"] != results[0, 1]["param_sha256"]
     losses = results[0, 1]["losses"]
     assert all(res["losses"] == losses for res in results.values()) and len(losses) == STEPS
-    assert losses == pytest.approx(_reference(data), abs=1e-5)
+    assert losses == pytest.approx(_reference(data, BATCH), abs=1e-5)
