@@ -105,7 +105,8 @@ def parse_dp_modes(modes: Sequence[str]) -> tuple[str, ...]:
 
 def _mode_costs(costs: TransformerCosts, mode: str) -> TransformerCosts:
     p = costs.parallel
-    return dataclasses.replace(costs, parallel=dataclasses.replace(p, dp_mode=mode))
+    extra = {} if mode == "async-ps" else {"staleness": 0, "trainer_speeds": ()}  # async-ps's own settings
+    return dataclasses.replace(costs, parallel=dataclasses.replace(p, dp_mode=mode, **extra))
 
 
 def _rank_memory(result: StudyResult, rank: int, state: StateBytes) -> dict[str, float]:
@@ -138,7 +139,8 @@ def predict_dp_modes(modes: Sequence[str], *, schedule: str, microbatches: int, 
                                  costs=_mode_costs(costs, mode)))
         run = measured.get(_CANONICAL.get(mode, mode))
         for rank in range(costs.parallel.pp):
-            rows.append(DPModeRow(mode, rank, result.step_time, _rank_memory(result, rank, state),
+            step = result.step_time if result.async_ps is None else result.async_ps.time_per_step
+            rows.append(DPModeRow(mode, rank, step, _rank_memory(result, rank, state),
                                   None if run is None else run["step_time"],
                                   None if run is None else run["memory"].get(rank)))
     return rows

@@ -8,7 +8,9 @@ is the simulated step's. ``local-sgd`` averages the parameters on one step in
 
 with t_local the step without the parameter all-reduce and t_averaging the
 step with it (:func:`schedules.dp.add_data_parallel`, ``averaging``), both
-simulated.
+simulated. ``async-ps``'s time per step is one update's (a global batch):
+dp / the sum of the trainers' steps per second, from :mod:`sim.async_ps`
+(the trainers' speeds and the staleness bound), not the one-trainer step.
 """
 
 from __future__ import annotations
@@ -45,7 +47,11 @@ def amortized(local_s: float, averaging_s: float, sync_every: int) -> float:
 def mode_step_time(study: Study) -> ModeStepTime:
     """Simulate ``study``'s step (and, for local-sgd with K > 1, its step without the averaging)."""
     p = study.parallel
-    averaging = run_study(study).step_time
+    result = run_study(study)
+    if p.dp_mode == "async-ps":  # every trainer over many steps under the bound: seconds per update
+        t = result.async_ps.time_per_step
+        return ModeStepTime(p.dp_mode, t, t, 1)
+    averaging = result.step_time
     if p.dp_mode != "local-sgd" or p.sync_every == 1 or p.dp == 1:
         return ModeStepTime(p.dp_mode, averaging, averaging, p.sync_every if p.dp_mode == "local-sgd" else 1)
     costs = study.costs

@@ -62,6 +62,8 @@ class ParallelConfig:
     peer_selection: str = "ring"  # decentralized: both ring neighbours per step, or one random peer (schedules.dp)
     sync_every: int = 1  # local-sgd: the parameters are averaged once every sync_every steps
     overlap_param_gather: bool = False  # zero1/zero2: the updated parameters' all-gather under the next forward
+    staleness: int = 0  # async-ps: the steps a trainer may run ahead of the slowest (sim.async_ps)
+    trainer_speeds: tuple[float, ...] = ()  # async-ps: each replica's compute speed (1: the device's; empty: all 1)
 
     def __post_init__(self) -> None:
         check_positive_ints("parallel", pp=self.pp, dp=self.dp, tp=self.tp, cp=self.cp)
@@ -88,6 +90,21 @@ class ParallelConfig:
         check_positive_ints("parallel", sync_every=self.sync_every)
         self._check_peer_options()
         self._check_overlap()
+        self._check_async()
+
+    def _check_async(self) -> None:
+        """staleness and trainer_speeds: async-ps's only (sim.async_ps)."""
+        from sim.async_ps import check_speeds
+
+        s = self.staleness
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise ConfigError(f"parallel: staleness must be a whole number of steps >= 0, got {s!r}", field="staleness")
+        given = [k for k, v in (("staleness", s), ("trainer_speeds", self.trainer_speeds)) if v]
+        if given and self.dp_mode != "async-ps":
+            raise ConfigError(f"parallel: {given[0]} applies to dp_mode async-ps, not {self.dp_mode!r}; use dp_mode "
+                              "async-ps or leave it out", field=given[0])
+        if self.trainer_speeds:
+            object.__setattr__(self, "trainer_speeds", check_speeds(self.trainer_speeds, self.dp))
 
     def _check_overlap(self) -> None:
         """The FSDP and embedding options: each of its kind, and only where it has an effect."""

@@ -30,6 +30,7 @@ from schedules.dp import DP_MODES, PEER_SELECTIONS, add_data_parallel, exchange_
 from schedules.errors import ConfigError, check_positive_ints, quote
 from schedules.registry import lookup
 from sim import collectives as coll
+from sim.async_ps import AsyncPSResult, cycle_of, simulate_async_ps, update_time
 from sim.cluster import (
     GB,
     Cluster,
@@ -51,7 +52,7 @@ from sim.network import LINK_MODELS
 from sim.parallel import EMBEDDING_ALLREDUCE, ParallelConfig
 from sim.recompute_modes import key_recompute
 from sim.transformer import TransformerConfig, model_from_dict
-from sim.transformer_costs import DTYPES, TransformerCosts
+from sim.transformer_costs import ADAM_BYTES_PER_PARAM, DTYPES, TransformerCosts
 
 __all__ = ["Study", "StudyResult", "dp_options", "exposed_comm", "load_study", "run_study", "study_from_dict"]
 
@@ -202,6 +203,18 @@ class StudyResult:
         s = self.study
         return self.hardware_flops_per_step / (s.parallel.world * s.cluster.spec.peak_flops * self.step_time)
 
+    @property
+    def async_ps(self) -> AsyncPSResult | None:
+        """async-ps: this step run by every trainer at its speed under the staleness bound (sim.async_ps); else None."""
+        s, p = self.study, self.study.parallel
+        if p.dp_mode != "async-ps":
+            return None
+        n_st = self.sim.graph.schedule.num_stages
+        params = sum(s.costs.stage_params(st, n_st) for st in range(n_st)) * p.tp
+        update = update_time(params, max(len(s.cluster.pservers), 1), s.cluster.pserver_spec.memory_bw,
+                             ADAM_BYTES_PER_PARAM)
+        return simulate_async_ps(cycle_of(self, update), p.trainer_speeds or (1.0,) * p.dp, p.staleness)
+
     def devices(self) -> list[DeviceMemory]:
         s, costs, graph = self.study, self.study.costs, self.sim.graph
         n_st, p = graph.schedule.num_stages, s.parallel
@@ -267,6 +280,7 @@ class StudyResult:
             "cluster": self.study.cluster.describe(),
             "transformer": self.study.model.describe(),
             "assumptions": self.assumptions(),
+            **({"async_ps": a.to_dict()} if (a := self.async_ps) is not None else {}),
         }
 
     def format(self) -> str:
@@ -289,6 +303,8 @@ class StudyResult:
                 f"{dev.rank:>4}  {dev.device:<22} {dev.memory_bytes / GB:>10.2f} {dev.model_state_bytes / GB:>10.2f} "
                 f"{dev.activation_bytes / GB:>8.2f} {dev.capacity_bytes / GB:>11.1f}  {'OVERFLOW' if dev.overflow else 'ok'}"
             )
+        if (a := self.async_ps) is not None:
+            lines += ["", *a.format()]
         lines += ["", "assumptions:"] + [f"  - {a}" for a in d["assumptions"]]
         return "\n".join(lines)
 
@@ -300,7 +316,9 @@ def _ps_assumption(mode: str, dp: int, servers: int) -> list[str]:
                 f"{dp} n / ({servers} B)) (synchronous SGD)"]
     if mode == "async-ps":
         return [f"parameter servers: {servers}; a push or pull is one trainer's alone, alpha + n / B (async-ps: "
-                "trainers do not wait for each other); the staleness bound and stale gradients are not modelled"]
+                "trainers do not wait for each other); the step above is one trainer's, run over many steps by every "
+                "trainer at its speed under the staleness bound with the servers' updates in sim.async_ps (time per "
+                "update = dp / sum of the trainers' rates); what stale gradients do to the loss is not modelled"]
     return []
 
 
@@ -328,6 +346,16 @@ def _key_ns(owner: str, key: str, value: Any, error: type[ConfigError]) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
         raise error(f"{owner}: {key} must be a finite number >= 0 (nanoseconds per gradient element), got "
                     f"{quote(value)}", field=key)
+
+
+def _key_speeds(owner: str, key: str, value: Any, error: type[ConfigError]) -> None:
+    """A list of finite numbers > 0 (the trainers' speeds; their count is checked against dp later)."""
+    if not isinstance(value, list | tuple) or not value or any(
+            isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf for v in value):
+        raise error(f"{owner}: {key} must be a list of finite numbers > 0, one per replica (e.g. [1, 1.5]), got "
+                    f"{quote(value)}", field=key)
+
+
 def key_slowdown(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
     """A finite number >= 0 (a slowdown: 0 none, 0.189 compute 18.9% longer)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
@@ -357,6 +385,7 @@ PARALLEL_TABLE: dict[str, KeyCheck] = {
     "grad_compression": key_string("a codec: none, fp16, bf16, int8 or powersgd:R"),
     "codec_ns_per_param": lambda owner, key, value, error=ConfigError: _key_ns(owner, key, value, error),
     "peer_selection": key_choice(PEER_SELECTIONS), "sync_every": key_positive_int,
+    "staleness": key_whole, "trainer_speeds": lambda owner, key, value, error=ConfigError: _key_speeds(owner, key, value, error),
 }
 _TABLES = ("model", "cluster", "parallel", "run")
 

@@ -137,10 +137,23 @@ def add_comm_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--overlap-param-gather", action="store_true", default=None,
                    help="dp-mode zero1/zero2: the updated parameters' all-gather runs under the next step's forward "
                    "(Megatron-LM --overlap-param-gather)")
+    g.add_argument("--staleness", type=int, default=None, metavar="S",
+                   help="dp-mode async-ps: the steps a trainer may run ahead of the slowest (default 0)")
+    g.add_argument("--trainer-speeds", type=_speeds, default=None, metavar="V,V,...",
+                   help="dp-mode async-ps: each replica's compute speed, one per replica (1: the device's, 2: twice "
+                   "as fast; default all 1); the trainers run many steps under --staleness (sim.async_ps)")
 
 
 COMM_KEYS = ("link_model", "fsdp_reshard_after_forward", "fsdp_prefetch", "embedding_allreduce", "grad_compression",
-             "codec_ns_per_param", "peer_selection", "sync_every", "overlap_param_gather")
+             "codec_ns_per_param", "peer_selection", "sync_every", "overlap_param_gather", "staleness", "trainer_speeds")
+
+
+def _speeds(text: str) -> list[float]:
+    """--trainer-speeds: comma-separated numbers (their count and sign are the config's to check)."""
+    try:
+        return [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not comma-separated numbers, e.g. 1,1.5") from None
 
 
 def comm_overrides(args: argparse.Namespace) -> dict[str, Any]:

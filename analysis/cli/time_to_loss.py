@@ -89,7 +89,9 @@ def _step_times(args: argparse.Namespace, schedule: str, specs) -> dict[str, flo
     overrides = comm_overrides(args)
     out = {}
     for spec in specs:
-        costs = replace(base, parallel=replace(base.parallel, **overrides, **spec.parallel_keys()))
+        mine = {k: v for k, v in overrides.items()  # --staleness and --trainer-speeds: the async-ps curve's
+                if spec.mode == "async-ps" or k not in ("staleness", "trainer_speeds")}
+        costs = replace(base, parallel=replace(base.parallel, **mine, **spec.parallel_keys()))
         study = Study(schedule=schedule, microbatches=args.microbatches, costs=costs)
         out[spec.label] = mode_step_time(study).per_step
     return out
