@@ -9,6 +9,7 @@ stage, the microbatch size) or raises :class:`schedules.ScheduleError`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -264,11 +265,14 @@ class RuntimeConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FaultConfig:
-    """An injected fault, for testing recovery: rank ``fail_rank`` dies (kill) or hangs at ``fail_at_step``."""
+    """An injected fault, for testing recovery: rank ``fail_rank`` dies (kill) or hangs at ``fail_at_step``;
+    and a straggler: rank ``slow_rank`` sleeps ``slow_s`` seconds before each of its steps (every attempt)."""
 
     fail_at_step: int | None = None
     fail_rank: int = 0
     fail_mode: str = "kill"
+    slow_rank: int | None = None
+    slow_s: float = 0.0
 
     def __post_init__(self) -> None:
         check_choice("fault injection", "fail_mode", self.fail_mode, FAIL_MODES)
@@ -314,9 +318,6 @@ class RunConfig:
         if self.sync.servers and self.runtime.backend == "nccl":
             raise ConfigError(f"{owner}: parameter servers run on CPU processes (gloo) only; use backend gloo",
                               field="backend")
-        if self.sync.dp_mode == "async-ps" and self.checkpoint is not None:
-            raise ConfigError(f"{owner}: checkpoints are not supported with dp_mode async-ps (its trainers are at "
-                              "different steps); leave the checkpoint out or use ps", field="directory")
         if self.sync.servers and self.data.data_master:
             raise ConfigError(f"{owner}: data_master with parameter servers is not supported; leave data_master out",
                               field="data_master")
@@ -343,6 +344,16 @@ class RunConfig:
                 f"{owner}: fail_rank {f.fail_rank!r} is not a rank of pp x dp = {self.world_size} processes; "
                 f"valid: 0..{self.world_size - 1}", field="fail_rank"
             )
+        s = f.slow_s
+        if isinstance(s, bool) or not isinstance(s, int | float) or not 0 <= s < math.inf:
+            raise ConfigError(f"{owner}: slow_s must be a finite number of seconds >= 0, got {s!r}", field="slow_s")
+        if (f.slow_rank is None) != (s == 0):
+            raise ConfigError(f"{owner}: slow_rank and slow_s go together (a rank that sleeps slow_s > 0 seconds "
+                              f"each step), got slow_rank {f.slow_rank!r} and slow_s {s!r}", field="slow_rank")
+        if f.slow_rank is not None and (isinstance(f.slow_rank, bool) or not isinstance(f.slow_rank, int)
+                                        or not 0 <= f.slow_rank < self.world_size):
+            raise ConfigError(f"{owner}: slow_rank {f.slow_rank!r} is not a rank of the {self.world_size} processes; "
+                              f"valid: 0..{self.world_size - 1}", field="slow_rank")
 
     @classmethod
     def of(cls, *, steps: int = 10, checkpoint: CheckpointConfig | None = None, **fields: Any) -> RunConfig:

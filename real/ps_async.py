@@ -31,7 +31,27 @@ mathematics change (a different run, compared by time to a loss).
 A server runs one polling loop over its trainers' pushes and requests (point to
 point, no collective per step); the trainers skip the per-step loss all-reduce
 (each keeps its own losses; rank 0 averages them over replicas at the end).
-Checkpoints are not supported in this mode.
+
+**Order.** With S >= 1 what a run computes depends on the order in which a
+server folds pushes and answers requests, which timing decides. Each server
+records that order: one event per fold (trainer rank, stage, the push's step)
+and per answer (trainer rank, stage, the step asked for), returned in
+``RunResult.ps_order`` (server rank -> events). ``run(..., ps_order=)`` makes
+the servers follow a recorded order instead (each event waits for its message):
+the same order gives the same run, bit for bit, whatever the timing.
+
+**Checkpoints** (``--checkpoint-every K``): a checkpoint step T (a multiple of
+K) is a barrier. Its requests are answered only once every trainer's pushes of
+steps < T are folded and their updates applied (as the final request), so every
+trainer starts step T with the parameters of update T; then every rank saves
+(the trainers' random state, own losses and staleness history; the servers'
+whole parameters and optimizer state as :mod:`real.ps`, their version counters
+and push clocks, all T, and their order so far), and the servers receive nothing
+more until the save is written. A run resumed from step T starts from exactly
+that state, so it is bit-identical to a run that checkpointed at the same steps
+(the barriers are part of the run) and folded in the same order after T: always
+at S = 0, and at S >= 1 under ``ps_order`` (a resumed run checks that the given
+order begins with the checkpoint's).
 """
 
 from __future__ import annotations
@@ -52,11 +72,27 @@ from real import checkpoint as ckpt
 from real.dp import _Bucket
 from real.measure import clock_offset
 from real.p2p import PeerError
-from real.ps import ParamServer, PSTrainer, ServerResult, _Pending, bucket_tag, request_tag, version_tag
+from real.ps import ParamServer, PSTrainer, ServerResult, _Pending, _restarts, bucket_tag, request_tag, version_tag
+from real.zero import full_state, load_full
+from schedules import CheckpointError, ConfigError
 
-__all__ = ["AsyncPSTrainer", "AsyncParamServer"]
+__all__ = ["ANSWER", "FOLD", "AsyncPSTrainer", "AsyncParamServer"]
 
 log = logging.getLogger(__name__)
+
+log = logging.getLogger(__name__)
+
+FOLD, ANSWER = 0, 1  # the kinds of a server's order events: (kind, trainer rank, stage, step)
+
+
+def _read(restored: ckpt.Restored, prefix: str, rank: int) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors whose names start with ``prefix``, loaded whole (their shapes from its index)."""
+    meta = ckpt.read_metadata(restored.path).state_dict_metadata
+    state = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in meta.items() if k.startswith(prefix)}
+    if state:
+        ckpt.load_state(restored, state, rank)
+    return state
+
 
 class AsyncPSTrainer(PSTrainer):
     """A trainer of async-ps: pushes as :class:`real.ps.PSTrainer`, pulls by request within the staleness bound."""
@@ -73,14 +109,14 @@ class AsyncPSTrainer(PSTrainer):
         self.history: list[int] = []  # staleness of every step
 
     def begin_step(self) -> None:
-        if self.step >= 0:
-            self._record_staleness()
         super().begin_step()
         self.step += 1
         self._requested = set()
         self.used = {}
 
-    def _record_staleness(self) -> None:
+    def after_step(self) -> None:
+        """The step's staleness (every stage it read has had its answer by now)."""
+        super().after_step()
         version = min((v for v, _ in self.used.values()), default=self.step)
         slowest = min((c for _, c in self.used.values()), default=self.step)
         self.history.append(self.step - slowest)
@@ -122,32 +158,49 @@ class AsyncPSTrainer(PSTrainer):
             self.used[s] = (min(v, int(version[0])), min(c, int(version[1])))
 
     def gather_all(self) -> None:
-        """After the last step: its staleness recorded, the final parameters (every push applied) pulled."""
-        if len(self.history) < self.step + 1:
-            self._record_staleness()
+        """After the last step: the final parameters (every push applied) pulled."""
         for s in sorted(self._versions):
             self._take_version(s)
         super().gather_all()
 
+    # checkpoints: this trainer's own losses and staleness (the parameters come from the servers' part)
+    def state(self, losses: Sequence[float], rank: int) -> dict[str, torch.Tensor]:
+        return {f"async.rank{rank}.losses": torch.tensor(list(losses), dtype=torch.float64),
+                f"async.rank{rank}.staleness": torch.tensor(self.history, dtype=torch.int64)}
+
+    def load(self, restored: ckpt.Restored, rank: int) -> list[float]:
+        """Resume at the checkpoint's step: this trainer's staleness history; returns its own losses."""
+        state = _read(restored, f"async.rank{rank}.", rank)
+        if len(state) != 2:
+            raise CheckpointError(f"checkpoint {restored.path} holds no async-ps state of rank {rank} (written by "
+                                  "another dp mode or layout); resume with the mode that wrote it", field="directory")
+        self.step = restored.step - 1
+        self.history = [int(x) for x in state[f"async.rank{rank}.staleness"]]
+        return [float(x) for x in state[f"async.rank{rank}.losses"]]
+
 
 @dataclass(eq=False)
 class _Channel:
-    """One trainer's pushes of one stage: the buckets that have arrived, in step order each, and its clock."""
+    """One trainer's pushes of one stage: the buckets that have arrived, the whole pushes not yet folded (in
+    step order), and its clock."""
 
     trainer: int
     stage: int
     arrived: dict[int, deque[torch.Tensor]] = field(default_factory=dict)  # bucket -> gradients in step order
-    clock: int = 0  # pushes complete (steps)
+    ready: deque[list[torch.Tensor]] = field(default_factory=deque)  # whole pushes waiting for their turn
+    clock: int = 0  # pushes folded (steps)
 
 
 @dataclass(eq=False)
 class AsyncParamServer(ParamServer):
-    """A server of async-ps: the loop of the module doc.
+    """A server of async-ps: the loop of the module doc; ``script``: an order to follow (a recorded one).
 
     gloo's point-to-point works report completion only once waited for, so they cannot be polled: one
     thread per (trainer, stage) waits for its pushes in turn and one for its requests, and hands each
     message to the server's loop through a queue (the loop blocks on it: no busy polling).
     """
+
+    script: Sequence[Sequence[int]] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -158,15 +211,36 @@ class AsyncParamServer(ParamServer):
         self._channels = {(t, s): _Channel(t, s) for s in sorted(self.optimizers) for t in self.trainers[s]}
         self._waiting: list[tuple[int, int, int]] = []  # (trainer, stage, step asked for)
         self._inbox: queue.Queue = queue.Queue()
+        self.order: list[tuple[int, int, int, int]] = []
+        self._script = None if self.script is None else [tuple(int(x) for x in e) for e in self.script]
+        self._pos = 0  # the next event of the script
+        self.start = 0
+        self._answered: dict[int, int] = {}  # checkpoint step asked for -> answers given
+        self._saver: ckpt.Checkpointer | None = None
+        self._paused: dict[int, threading.Event] = {}  # checkpoint step -> set once it is written
+
+    def _due(self, step: int) -> bool:
+        c = self.plan.config.checkpoint
+        return c is not None and c.every > 0 and step % c.every == 0
 
     def serve(self, restored: ckpt.Restored | None) -> ServerResult:
         """The run: the collectives every rank makes at its start and end around :meth:`serve_async`."""
+        cfg = self.plan.config
+        if restored is not None:
+            self._restore(restored)
+        if cfg.checkpoint is not None:
+            self._saver = ckpt.Checkpointer(cfg.checkpoint, self.mesh.rank, _restarts())
+            if restored is not None:
+                self._saver.last = restored.path.name
+        self._paused = {t: threading.Event() for t in range(self.start + 1, self.steps) if self._due(t)}
         clock_offset()
         dist.barrier()
         self.serve_async()
+        if self._saver is not None:
+            self._saver.wait()
         memory = self.memory()
-        dist.gather_object(([], memory, [], None), None, dst=0)
-        return ServerResult([], [], memory, 0)
+        dist.gather_object(([], memory, [], {"ps_order": self.order}), None, dst=0)
+        return ServerResult([], [], memory, self.start)
 
     def _stage_buckets(self, s: int) -> list[_Bucket]:
         return [b for b in self.buckets if b.stage == s]
@@ -174,7 +248,9 @@ class AsyncParamServer(ParamServer):
     def _listen(self, t: int, s: int) -> None:
         """Thread: trainer t's pushes of stage s (every bucket of every step), then hand each on."""
         try:
-            for _ in range(self.steps):
+            for step in range(self.start, self.steps):
+                if step in self._paused:  # nothing in flight while the checkpoint before this step is written
+                    self._paused[step].wait()
                 for b in self._stage_buckets(s):
                     buf = torch.empty_like(b.shard)
                     dist.irecv(buf, t, tag=bucket_tag(s, b.index)).wait()
@@ -185,7 +261,9 @@ class AsyncParamServer(ParamServer):
     def _listen_requests(self, t: int, s: int) -> None:
         """Thread: trainer t's requests for stage s, one per step."""
         try:
-            for _ in range(self.steps):
+            for step in range(self.start, self.steps):
+                if step in self._paused:
+                    self._paused[step].wait()
                 buf = torch.zeros(1, dtype=torch.int64)
                 dist.irecv(buf, t, tag=request_tag(s)).wait()
                 self._inbox.put(("request", t, s, int(buf[0]), None))
@@ -197,7 +275,7 @@ class AsyncParamServer(ParamServer):
         for t, s in self._channels:
             for target in (self._listen, self._listen_requests):
                 threading.Thread(target=target, args=(t, s), daemon=True, name=f"ps{self.rank}-{target.__name__}").start()
-        left = len(self._channels) * self.steps  # answers to give: one per trainer, stage and step (the last: final)
+        left = len(self._channels) * (self.steps - self.start)  # answers to give: one per trainer, stage and step
         while left:
             try:
                 what, t, s, a, b = self._inbox.get(timeout=self.plan.config.runtime.timeout_s)
@@ -210,17 +288,65 @@ class AsyncParamServer(ParamServer):
                 self._arrive(self._channels[(t, s)], a, b)
             else:
                 self._waiting.append((t, s, a))
-            left -= self._answer()
+            left -= self._advance()
+            self._checkpoint()
+
+    def _replaying(self) -> bool:
+        return self._script is not None and self._pos < len(self._script)
 
     def _arrive(self, ch: _Channel, k: int, grad: torch.Tensor) -> None:
         ch.arrived.setdefault(k, deque()).append(grad)
         stage = self._stage_buckets(ch.stage)
         while all(ch.arrived.get(b.index) for b in stage):
-            self._fold(ch, [ch.arrived[b.index].popleft() for b in stage])
+            ch.ready.append([ch.arrived[b.index].popleft() for b in stage])
+
+    def _advance(self) -> int:
+        """Fold and answer what may be: the script's next events while it lasts, else every whole push as it
+        arrives and every request the bound allows. Returns how many requests were answered."""
+        answered = 0
+        while self._replaying():
+            done = self._replay_one()
+            if done is None:
+                return answered
+            answered += done
+        for ch in self._channels.values():
+            while ch.ready:
+                self._fold(ch, ch.ready.popleft())
+        for t, s, step in list(self._waiting):
+            if self._allowed(s, step):
+                self._give(t, s, step)
+                answered += 1
+        return answered
+
+    def _replay_one(self) -> int | None:
+        """The script's next event if its message is in (1: an answer, 0: a fold), None if not yet."""
+        kind, t, s, step = self._script[self._pos]
+        ch = self._channels.get((t, s))
+        if ch is None or kind not in (FOLD, ANSWER):
+            raise ConfigError(f"async-ps order event {self._pos} {(kind, t, s, step)} names no trainer and stage of "
+                              f"server {self.rank}; give the order this run's layout recorded", field="ps_order")
+        if kind == FOLD:
+            if not ch.ready:
+                return None
+            if ch.clock != step:
+                raise ConfigError(f"async-ps order event {self._pos}: trainer {t}'s push of step {step}, but its "
+                                  f"next is step {ch.clock}; give the order this run recorded", field="ps_order")
+            self._fold(ch, ch.ready.popleft())
+        else:
+            if (t, s, step) not in self._waiting:
+                return None
+            if not self._allowed(s, step):
+                raise ConfigError(f"async-ps order event {self._pos}: trainer {t}'s request for step {step} answered "
+                                  f"before staleness {self.staleness} allows it; give the order a run with this "
+                                  "staleness and these checkpoints recorded", field="ps_order")
+            self._give(t, s, step)
+        self._pos += 1
+        return int(kind == ANSWER)
 
     @torch.no_grad()
     def _fold(self, ch: _Channel, grads: list[torch.Tensor]) -> None:
         """One push of a stage in; every dp of them make an update (summed in trainer order)."""
+        self.order.append((FOLD, ch.trainer, ch.stage, ch.clock))
         ch.clock += 1
         queue_ = self._queue[ch.stage]
         queue_.append((self.trainers[ch.stage].index(ch.trainer), grads))
@@ -239,22 +365,70 @@ class AsyncParamServer(ParamServer):
     def _slowest(self, s: int) -> int:
         return min(ch.clock for ch in self._channels.values() if ch.stage == s)
 
-    def _answer(self) -> int:
-        """Answer each request whose bound holds: the slowest has pushed step - S steps (the final one: all,
-        and applied); the answer is the version and the shards, sent and waited for (the trainer has posted
-        its receives before asking). Returns how many were answered."""
-        answered = 0
-        for t, s, step in list(self._waiting):
-            final = step >= self.steps
-            if self._slowest(s) < (self.steps if final else step - self.staleness) or (final and self._queue[s]):
+    def _allowed(self, s: int, step: int) -> bool:
+        """The bound: the slowest has pushed step - S steps; the final request and a checkpoint step's: every
+        push before the step, and applied."""
+        whole = step >= self.steps or self._due(step)
+        return self._slowest(s) >= (step if whole else step - self.staleness) and not (whole and self._queue[s])
+
+    def _give(self, t: int, s: int, step: int) -> None:
+        """The answer: the version and the shards, sent and waited for (the trainer has posted its receives
+        before asking)."""
+        self._waiting.remove((t, s, step))
+        self.order.append((ANSWER, t, s, step))
+        if self._due(step):
+            self._answered[step] = self._answered.get(step, 0) + 1
+        stage = self._stage_buckets(s)
+        others = min((ch.clock for ch in self._channels.values() if ch.stage == s and ch.trainer != t),
+                     default=step)  # the asker has pushed every step before this one (its push may be on its way)
+        answer = torch.tensor([self.version[s], min(others, step)], dtype=torch.int64)
+        works = [(t, dist.isend(answer, t, tag=version_tag(s)))]
+        works += [(t, dist.isend(b.shard, t, tag=bucket_tag(b.stage, b.index))) for b in stage]
+        self._wait(_Pending(stage[0], works, None, "pull"))
+
+    # checkpoints
+    def _checkpoint(self) -> None:
+        """Once every request for a checkpoint step is answered (the barrier), save with the trainers (who are in
+        the save's collectives by then), then let the listeners go on."""
+        for step in sorted(self._answered):
+            if self._saver is None or self._answered[step] < len(self._channels):
                 continue
-            self._waiting.remove((t, s, step))
-            stage = self._stage_buckets(s)
-            others = min((ch.clock for ch in self._channels.values() if ch.stage == s and ch.trainer != t),
-                         default=step)  # the asker has pushed every step before this one (its push may be on its way)
-            answer = torch.tensor([self.version[s], min(others, step)], dtype=torch.int64)
-            works = [(t, dist.isend(answer, t, tag=version_tag(s)))]
-            works += [(t, dist.isend(b.shard, t, tag=bucket_tag(b.stage, b.index))) for b in stage]
-            self._wait(_Pending(stage[0], works, None, "pull"))
-            answered += 1
-        return answered
+            del self._answered[step]
+            state = full_state(self, self.named, self.optimizers, self.mesh.rank)
+            state.update(self._state())
+            cfg = self.plan.config
+            self._saver.save(step, state, {"losses": [], "world_size": cfg.world_size, "pp": cfg.layout.pp,
+                                           "dp": cfg.layout.dp, "config": cfg.to_dict()})
+            if step in self._paused:
+                self._paused[step].set()
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        j = self.rank
+        return {f"async.server{j}.version": torch.tensor([self.version[s] for s in sorted(self.version)]),
+                f"async.server{j}.clock": torch.tensor([ch.clock for ch in self._channels.values()]),
+                f"async.server{j}.order": torch.tensor(self.order, dtype=torch.int64).reshape(-1, 4)}
+
+    def _restore(self, restored: ckpt.Restored) -> None:
+        """The servers' shards and optimizer state, versions, clocks and order at the checkpoint's step."""
+        load_full(restored, self, self.named, self.optimizers, self.mesh.rank)
+        prefix = f"async.server{self.rank}."
+        state = _read(restored, prefix, self.mesh.rank)
+        if len(state) != 3:
+            raise CheckpointError(f"checkpoint {restored.path} holds no async-ps state of server {self.rank} (written "
+                                  "by another dp mode or number of servers); resume with the mode that wrote it",
+                                  field="directory")
+        versions, clocks = state[prefix + "version"].tolist(), state[prefix + "clock"].tolist()
+        if set(versions) | set(clocks) != {restored.step} or len(clocks) != len(self._channels):
+            raise CheckpointError(f"checkpoint {restored.path}: server {self.rank}'s versions {versions} and clocks "
+                                  f"{clocks} are not all its step {restored.step}", field="directory")
+        self.start = restored.step
+        self.version = dict.fromkeys(self.version, restored.step)
+        for ch in self._channels.values():
+            ch.clock = restored.step
+        self.order = [tuple(e) for e in state[prefix + "order"].tolist()]
+        if self._script is not None:
+            if self._script[:len(self.order)] != self.order:
+                raise ConfigError(f"async-ps: the order given does not begin with the {len(self.order)} events of "
+                                  f"checkpoint {restored.path} (server {self.rank}); give the order of the run that "
+                                  "wrote it", field="ps_order")
+            self._pos = len(self.order)

@@ -53,9 +53,13 @@ def exit_status(signum: int) -> int:
     return 128 + signum
 
 
-def inject_fault(rank: int, step: int, *, fail_rank: int, fail_at_step: int | None, fail_mode: str) -> None:
+def inject_fault(rank: int, step: int, *, fail_rank: int, fail_at_step: int | None, fail_mode: str,
+                 slow_rank: int | None = None, slow_s: float = 0.0) -> None:
     """``--fail-at-step``: on torchrun's first attempt only, rank ``fail_rank`` dies (SIGKILL, ``fail_mode`` kill)
-    or stops answering (hang) at ``fail_at_step``."""
+    or stops answering (hang) at ``fail_at_step``. ``--slow-rank``: rank ``slow_rank`` sleeps ``slow_s`` seconds
+    before every step (a straggler, e.g. for async-ps's staleness bound)."""
+    if rank == slow_rank and slow_s:
+        time.sleep(slow_s)
     if step != fail_at_step or rank != fail_rank or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) > 0:
         return
     log.warning("rank %d: injected fault (%s) at step %d", rank, fail_mode, step)

@@ -100,6 +100,7 @@ class RunResult:
     start_step: int = 0
     resumed_from: str | None = None
     staleness: dict[int, list[int]] | None = None  # async-ps: per trainer rank, each step's (real.ps_async)
+    ps_order: dict[int, list[tuple[int, int, int, int]]] | None = None  # async-ps: per server rank, its order
 
     def to_json(self) -> dict[str, Any]:
         c, lay = self.config, self.config.layout
@@ -183,10 +184,13 @@ def run(
     mesh: Mesh | None = None,
     on_step: StepCallback | None = None,
     user: UserModel | None = None,
+    ps_order: dict[int, list[tuple[int, int, int, int]]] | None = None,
 ) -> RunResult:
     """Train on this rank; every bad input raises SchedlabError before any communication.
 
     ``user``: a model of :mod:`real.model_api` instead of the built-in one (``config.data.model`` is then unused).
+    ``ps_order``: async-ps, the order each server (by rank) follows (a run's ``RunResult.ps_order``,
+    :mod:`real.ps_async`).
     """
     _, world, _ = env_world()
     plan, model, data = plan_for(config, world, user)
@@ -205,7 +209,7 @@ def run(
             plan = make_plan(config, world, num_layers=model.num_layers, what=model.what)
             check_stages(model, plan)
         if mesh.is_server:
-            return _serve(plan, mesh, backend, model, restored)
+            return _serve(plan, mesh, backend, model, restored, (ps_order or {}).get(mesh.rank))
         return _Trainer(plan, mesh, backend, model, data).train(path, on_step, restored)
     finally:
         if held is not None:
@@ -214,11 +218,12 @@ def run(
             mesh.close()
 
 
-def _serve(plan: Plan, mesh: Mesh, backend: str, model: StagedModel, restored: ckpt.Restored | None) -> RunResult:
+def _serve(plan: Plan, mesh: Mesh, backend: str, model: StagedModel, restored: ckpt.Restored | None,
+           script: list | None = None) -> RunResult:
     """A parameter server's run (dp mode ps, :mod:`real.ps`); rank 0, a trainer, gathers the results."""
     cfg = plan.config
-    server = AsyncParamServer if cfg.sync.dp_mode == "async-ps" else ParamServer
-    done = server(plan, mesh, model).serve(restored)
+    server = AsyncParamServer(plan, mesh, model, script) if cfg.sync.dp_mode == "async-ps" else ParamServer(plan, mesh, model)
+    done = server.serve(restored)
     return RunResult(cfg, mesh.rank, backend, done.losses, done.step_times, start_step=done.start_step,
                      resumed_from=str(restored.path) if restored else None)
 
@@ -406,6 +411,8 @@ class _Trainer:
             load_full(restored, self.sync, self.named, self.optimizers, self.mesh.rank)
         elif isinstance(self.sync, PSTrainer):  # the parameters (the servers load the optimizer state)
             ckpt.load(restored, self.named, [], self.mesh.rank)
+            if isinstance(self.sync, AsyncPSTrainer):  # this trainer's own losses and staleness
+                losses = self.sync.load(restored, self.mesh.rank)
         elif isinstance(self.sync, PeerSync):
             self.sync.load(restored, self.named, self.optimizers, self.mesh.rank)
         else:
@@ -414,7 +421,9 @@ class _Trainer:
             load_codec(restored, codec, self.mesh.rank)
         self.data.restore(restored.step, restored.info.get("data"))
         log.info("rank %d: resumed from %s (step %d)", self.mesh.rank, restored.path, restored.step)
-        return restored.step, [float(x) for x in restored.info["losses"]]
+        if not isinstance(self.sync, AsyncPSTrainer):
+            losses = [float(x) for x in restored.info["losses"]]
+        return restored.step, losses
 
     def _save(self, saver: ckpt.Checkpointer, steps_done: int, losses: list[float]) -> None:
         cfg = self.plan.config
@@ -422,6 +431,8 @@ class _Trainer:
             state = full_state(self.sync, self.named, self.optimizers, self.mesh.rank)
         elif isinstance(self.sync, PSTrainer):  # the servers write the parameters and the optimizer state
             state = ckpt.state_dict([], [], self.mesh.rank)
+            if isinstance(self.sync, AsyncPSTrainer):
+                state.update(self.sync.state(losses, self.mesh.rank))
         elif isinstance(self.sync, PeerSync):
             state = self.sync.state(self.named, self.optimizers, self.mesh.rank)
         else:
@@ -577,12 +588,15 @@ class _Trainer:
         if path is not None:
             write_trace(trace, path)
         by_rank = None
+        orders = None
         if staleness is not None:  # async-ps: the step's loss over the whole batch, from every replica's own
-            mine_too = [(r, x) for r, (*_, x) in enumerate(parts) if x is not None]
+            mine_too = [(r, x) for r, (*_, x) in enumerate(parts) if isinstance(x, tuple)]
+            orders = {r: x["ps_order"] for r, (*_, x) in enumerate(parts) if isinstance(x, dict)}
             losses = [sum(ls[i] for _, (ls, _) in mine_too) / self.plan.config.layout.dp for i in range(len(losses))]
             by_rank = {r: hist for r, (_, hist) in mine_too}
         return RunResult(self.plan.config, 0, self.backend, losses, times, trace, str(path) if path else None,
-                         dict(named), [m for _, m, _, _ in parts], norm, sha, staleness=by_rank)
+                         dict(named), [m for _, m, _, _ in parts], norm, sha, staleness=by_rank,
+                         ps_order=orders)
 
     def _make_trace(self, rows: list[_Row], memory: list[dict[str, Any]], traced_times: dict[int, float]
                     ) -> pd.DataFrame:

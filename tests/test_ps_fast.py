@@ -81,9 +81,11 @@ BASE = ["--schedule", "1f1b", "--pp", "1", "--microbatches", "2", "--batch-size"
      "server(s) with dp_mode ddp; servers serve dp_mode ps or async-ps only (flag --placement)"),
     (["--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--staleness", "0"], "--staleness has no effect without "
      "--dp-mode async-ps (the other modes do not run ahead)"),
-    (["--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--dp-mode", "async-ps", "--checkpoint-dir", "ck"],
-     "run of '1f1b': checkpoints are not supported with dp_mode async-ps (its trainers are at different steps); "
-     "leave the checkpoint out or use ps (flag --checkpoint-dir)"),
+    (["--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--dp-mode", "async-ps", "--slow-rank", "3", "--slow-s", "1"],
+     "run of '1f1b': slow_rank 3 is not a rank of the 3 processes; valid: 0..2 (flag --slow-rank)"),
+    (["--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--dp-mode", "async-ps", "--slow-rank", "1"],
+     "run of '1f1b': slow_rank and slow_s go together (a rank that sleeps slow_s > 0 seconds each step), got "
+     "slow_rank 1 and slow_s 0.0 (flag --slow-rank)"),
     (["--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--nproc-per-node", "2"], "world size 2 (processes "
      "launched) does not equal pp x dp + servers = 1 x 2 + 1 = 3; launch 3 processes or change pp/dp"),
 ])

@@ -185,6 +185,9 @@ def parser(prog: str) -> OneLineParser:
     f.add_argument("--fail-at-step", type=int, metavar="S", help="inject a fault at step S (first attempt only)")
     f.add_argument("--fail-rank", type=int, default=0, metavar="R", help="the rank that fails (default 0)")
     f.add_argument("--fail-mode", choices=FAIL_MODES, default="kill", help="kill (SIGKILL) or hang (default kill)")
+    f.add_argument("--slow-rank", type=int, metavar="R", help="a straggler: rank R sleeps --slow-s seconds before "
+                   "each step (e.g. to see async-ps's staleness bound; python -m sim --trainer-speeds models it)")
+    f.add_argument("--slow-s", type=float, default=0.0, metavar="SEC", help="with --slow-rank: seconds per step")
     r.add_argument("-v", "--verbose", action="count", default=0, help="log more (-v info, -vv debug)")
     add_live_args(p)
     return p
@@ -259,7 +262,8 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
         runtime=RuntimeConfig(backend=args.backend, timeout_s=args.timeout, recv_ahead=args.recv_ahead,
                               trace_step=args.trace_step, trace_steps=args.trace_steps, dtype=args.dtype),
         checkpoint=checkpoint,
-        faults=FaultConfig(fail_at_step=args.fail_at_step, fail_rank=args.fail_rank, fail_mode=args.fail_mode),
+        faults=FaultConfig(fail_at_step=args.fail_at_step, fail_rank=args.fail_rank, fail_mode=args.fail_mode,
+                           slow_rank=args.slow_rank, slow_s=args.slow_s),
     )
 
 
