@@ -93,14 +93,14 @@ def test_the_study_mode_step_time_and_compare_use_the_bound_model():
     assert mode_step_time(study).per_step == a.time_per_step
     assert r.to_dict()["async_ps"] == a.to_dict()
     rows = predict_dp_modes(["ddp", "async-ps"], schedule="1f1b", microbatches=4, costs=study.costs)
-    assert {row.mode: row.step_time for row in rows} == {"ddp": run_study(_study_ddp()).step_time,
+    assert {row.mode: row.step_time for row in rows} == {"ddp": run_study(_study_mode("ddp")).step_time,
                                                          "async-ps": a.time_per_step}
 
 
-def _study_ddp() -> Study:
+def _study_mode(mode: str) -> Study:
     return Study(schedule="1f1b", microbatches=4, costs=TransformerCosts(
         model=model_preset("gpt-6.2b"), cluster=cluster_preset("dgx-h100:2+ps2"),
-        parallel=ParallelConfig(pp=4, dp=2, dp_mode="ddp")))
+        parallel=ParallelConfig(pp=4, dp=2, dp_mode=mode)))
 
 
 def test_python_m_sim_prints_each_trainer_under_the_bound(capsys):
@@ -110,9 +110,9 @@ def test_python_m_sim_prints_each_trainer_under_the_bound(capsys):
             "--microbatches", "4", "--dp-mode", "async-ps", "--staleness", "2", "--trainer-speeds", "1,0.5"]
     assert main([*argv, "--json"]) == 0
     got = json.loads(capsys.readouterr().out)["async_ps"]
-    assert got == run_study(_study(staleness=2, trainer_speeds=(1, 0.5))).async_ps.to_dict()
-    assert main(argv) == 0
-    assert "async-ps, staleness 2, 64 steps per trainer" in capsys.readouterr().out
+    r = run_study(_study(staleness=2, trainer_speeds=(1, 0.5)))
+    assert got == r.async_ps.to_dict()
+    assert "\n".join(r.async_ps.format()) in r.format()
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -131,3 +131,16 @@ def test_bad_async_flags_of_python_m_sim_are_one_line_and_exit_2(capsys, flags, 
               "--microbatches", "4", *flags])
     err = capsys.readouterr().err
     assert exc.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_compare_dp_modes_refuses_the_async_settings_without_async_ps(capsys):
+    """With async-ps among --dp-modes they reach its row (predict_dp_modes, tested above)."""
+    from analysis.cli.compare import compare_main
+
+    with pytest.raises(SystemExit) as exc:
+        compare_main(["--model", "gpt-6.2b", "--cluster", "dgx-h100:2+ps2", "--pp", "4", "--dp", "2", "--schedules",
+                      "1f1b", "--microbatches", "4", "--staleness", "2", "--trainer-speeds", "1,0.5",
+                      "--dp-modes", "ddp,ps"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == ("error: --staleness, --trainer-speeds have no effect unless --dp-modes has "
+                                       "async-ps\n")

@@ -140,6 +140,10 @@ def _units_compare(args, chosen: list[str], parser: OneLineParser, prog: str) ->
            "in physical units (--model/--cluster): the pass times come from the model and the cluster")
     if args.dp_modes is not None:
         refuse(given(args, "dp_mode"), "with --dp-modes: the modes compared are --dp-modes")
+        if given(args, "staleness", "trainer_speeds"):  # async-ps's own settings (analysis.dp_compare._mode_costs)
+            if "async-ps" not in name_list(args.dp_modes, []):
+                refuse(given(args, "staleness", "trainer_speeds"), "unless --dp-modes has async-ps")
+            args.dp_mode = "async-ps"
     args.dp, args.dp_mode, args.microbatch_size = args.dp or 1, args.dp_mode or "none", args.microbatch_size or 1
     args.tp, args.sp, args.recompute = args.tp or 1, bool(args.sp), args.recompute or "none"
     with errors_to_exit(parser):
