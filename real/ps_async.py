@@ -76,13 +76,39 @@ from real.ps import ParamServer, PSTrainer, ServerResult, _Pending, _restarts, b
 from real.zero import full_state, load_full
 from schedules import CheckpointError, ConfigError
 
-__all__ = ["ANSWER", "FOLD", "AsyncPSTrainer", "AsyncParamServer"]
+__all__ = ["ANSWER", "FOLD", "AsyncPSTrainer", "AsyncParamServer", "read_ps_order"]
 
 log = logging.getLogger(__name__)
 
 log = logging.getLogger(__name__)
 
 FOLD, ANSWER = 0, 1  # the kinds of a server's order events: (kind, trainer rank, stage, step)
+
+
+def read_ps_order(path: str) -> dict[int, list[tuple[int, int, int, int]]]:
+    """A recorded order from a JSON file: a run's ``--json`` output (its ``"ps_order"``) or that mapping alone,
+    server rank -> [[kind, trainer rank, stage, step], ...]; ConfigError naming the file otherwise."""
+    import json
+    from pathlib import Path
+
+    def bad(why: str) -> ConfigError:
+        return ConfigError(f"ps order file {path!r}: {why}; give the --json output of an async-ps run",
+                           field="ps_order")
+
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise bad(f"cannot be read ({exc.strerror or exc})") from None
+    except ValueError:
+        raise bad("is not JSON") from None
+    data = data.get("ps_order", data) if isinstance(data, dict) else data
+    try:
+        order = {int(r): [tuple(int(x) for x in e) for e in events] for r, events in data.items()}
+    except (AttributeError, TypeError, ValueError):
+        raise bad('holds no "ps_order" mapping of server rank to [[kind, trainer, stage, step], ...]') from None
+    if not order or any(len(e) != 4 or e[0] not in (FOLD, ANSWER) for events in order.values() for e in events):
+        raise bad('holds no "ps_order" mapping of server rank to [[kind, trainer, stage, step], ...]')
+    return order
 
 
 def _read(restored: ckpt.Restored, prefix: str, rank: int) -> dict[str, torch.Tensor]:

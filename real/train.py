@@ -114,6 +114,8 @@ class RunResult:
             "start_step": self.start_step, "resumed_from": self.resumed_from, "restart_count": restart_count(),
             "param_norm": self.param_norm, "param_sha256": self.param_sha256, "memory": self.memory,
             **({"staleness": {str(r): v for r, v in self.staleness.items()}} if self.staleness is not None else {}),
+            **({"ps_order": {str(r): [list(e) for e in v] for r, v in self.ps_order.items()}}
+               if self.ps_order is not None else {}),
         }
 
 

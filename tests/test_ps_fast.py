@@ -6,6 +6,8 @@ The runs themselves (ps and async-ps equal to plain training, memory, resume, th
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from schedules import Stream, build, lower
@@ -96,3 +98,31 @@ def test_bad_parameter_server_flags_are_one_line_and_exit_2(capsys, flags, messa
         launch_main([*BASE, *flags])  # a later --pp overrides BASE's
     err = capsys.readouterr().err
     assert exc.value.code == 2 and err == f"error: {message}\n"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{", "is not JSON"),
+    ('{"losses": [1.0]}', 'holds no "ps_order" mapping of server rank to [[kind, trainer, stage, step], ...]'),
+    ('{"ps_order": {"2": [[0, 1, 0]]}}', 'holds no "ps_order" mapping of server rank to [[kind, trainer, stage, '
+                                         'step], ...]'),
+])
+def test_a_bad_ps_order_file_is_one_line_and_exit_2_before_any_process_starts(capsys, tmp_path, text, message):
+    from analysis.cli.train import launch_main
+
+    path = tmp_path / "order.json"
+    path.write_text(text)
+    with pytest.raises(SystemExit) as exc:
+        launch_main([*BASE, "--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--dp-mode", "async-ps",
+                     "--ps-order", str(path)])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == (f"error: ps order file {str(path)!r}: {message}; give the --json output of an "
+                                       "async-ps run (flag --ps-order)\n")
+
+
+def test_a_ps_order_file_reads_back_what_a_run_s_json_holds(tmp_path):
+    from real.ps_async import ANSWER, FOLD, read_ps_order
+
+    order = {2: [(FOLD, 0, 0, 0), (ANSWER, 0, 0, 1), (FOLD, 1, 0, 0)]}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"losses": [3.4], "ps_order": {str(r): [list(e) for e in v] for r, v in order.items()}}))
+    assert read_ps_order(str(path)) == order

@@ -62,6 +62,7 @@ from real.mesh import env_world
 from real.metrics_log import MetricsLog, check_log_dir
 from real.model_api import UserModel, from_factory, plan_for
 from real.p2p import PeerError
+from real.ps_async import read_ps_order
 from real.train import RunResult, resolve_backend, restart_count, resume_point, run
 from real.usercode import UserCodeError, check_model, raised, user_frames
 from schedules import ConfigError, SchedlabError
@@ -147,6 +148,9 @@ def parser(prog: str) -> OneLineParser:
                    "dp = trainers / pp, world = trainers + servers (CPU, gloo)")
     o.add_argument("--staleness", type=int, metavar="S",
                    help="with --dp-mode async-ps: the steps a trainer may run ahead of the slowest (default 0)")
+    o.add_argument("--ps-order", metavar="FILE",
+                   help="with --dp-mode async-ps: the servers fold pushes and answer requests in the order a run "
+                   "recorded (its --json output, \"ps_order\"), so that run is repeated bit for bit")
     o.add_argument("--grad-compression", metavar="CODEC",
                    help="codec of the gradient collectives, with dp > 1: none (default), fp16, bf16, int8, "
                    "powersgd:R (sync/ddp only); only none is exact (docs/compression.md)")
@@ -302,7 +306,7 @@ def _refuse_idle_flags(args: argparse.Namespace) -> None:
         refuse(given(args, "dp_mode", "bucket_mb", "grad_compression", "sync_every", "peer_selection"),
                "at dp 1 (one replica: no gradients to synchronize)")
     if args.dp_mode != "async-ps":
-        refuse(given(args, "staleness"), "without --dp-mode async-ps (the other modes do not run ahead)")
+        refuse(given(args, "staleness", "ps_order"), "without --dp-mode async-ps (the other modes do not run ahead)")
     if args.pp == 1:
         refuse(given(args, "recv_ahead"), "at pp 1 (one pipeline rank: no messages between stages)")
     refuse_model_flags(args)
@@ -413,8 +417,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int
             if rank == 0 and user is not None and user.batches is not None and config.data.token_file:
                 sys.stderr.write(f"warning: --data {config.data.token_file} trains the model; the batches function "
                                  f"of {config.data.factory} is not used\n")
+            order = read_ps_order(args.ps_order) if args.ps_order else None
             metrics = MetricsLog(args.log_dir) if args.log_dir and rank == 0 else None
-            result = run(config, trace_path=args.trace, on_step=_on_step(config, args.json, metrics), user=user)
+            result = run(config, trace_path=args.trace, on_step=_on_step(config, args.json, metrics), user=user,
+                         ps_order=order)
             if metrics is not None:
                 _log_memory(metrics, config, result)
                 _log_staleness(metrics, result)
@@ -493,4 +499,6 @@ def launch_main(argv: Sequence[str] | None = None, prog: str = "schedlab run") -
         if config.checkpoint is not None:
             check_unlocked(config.checkpoint.directory)
         resume_point(config)
+        if args.ps_order:
+            read_ps_order(args.ps_order)
     return launch(nproc, ["-m", "real", *rest], checkpoint_dir=args.checkpoint_dir)
