@@ -31,6 +31,7 @@ from schedules.errors import (
     choice,
 )
 from sim import collectives as coll
+from sim.async_ps import check_speeds
 from sim.cluster import Cluster, Link
 from sim.network import LINK_MODELS
 
@@ -94,8 +95,6 @@ class ParallelConfig:
 
     def _check_async(self) -> None:
         """staleness and trainer_speeds: async-ps's only (sim.async_ps)."""
-        from sim.async_ps import check_speeds
-
         s = self.staleness
         if isinstance(s, bool) or not isinstance(s, int) or s < 0:
             raise ConfigError(f"parallel: staleness must be a whole number of steps >= 0, got {s!r}", field="staleness")
