@@ -61,7 +61,7 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -69,6 +69,7 @@ import torch.distributed as dist
 from torch import nn
 
 from real import checkpoint as ckpt
+from real import stop
 from real.dp import _Bucket
 from real.measure import clock_offset
 from real.p2p import PeerError
@@ -241,6 +242,7 @@ class AsyncParamServer(ParamServer):
         self._script = None if self.script is None else [tuple(int(x) for x in e) for e in self.script]
         self._pos = 0  # the next event of the script
         self.start = 0
+        self._stepped = 0  # steps whose first push has been folded (faults are injected there)
         self._answered: dict[int, int] = {}  # checkpoint step asked for -> answers given
         self._saver: ckpt.Checkpointer | None = None
         self._paused: dict[int, threading.Event] = {}  # checkpoint step -> set once it is written
@@ -371,7 +373,11 @@ class AsyncParamServer(ParamServer):
 
     @torch.no_grad()
     def _fold(self, ch: _Channel, grads: list[torch.Tensor]) -> None:
-        """One push of a stage in; every dp of them make an update (summed in trainer order)."""
+        """One push of a stage in; every dp of them make an update (summed in trainer order). The first push of
+        a step folded is the server's step for the injected faults (--fail-at-step, --slow-rank)."""
+        if ch.clock >= self._stepped:
+            self._stepped = ch.clock + 1
+            stop.inject_fault(self.mesh.rank, ch.clock, **asdict(self.plan.config.faults))
         self.order.append((FOLD, ch.trainer, ch.stage, ch.clock))
         ch.clock += 1
         queue_ = self._queue[ch.stage]
@@ -447,7 +453,7 @@ class AsyncParamServer(ParamServer):
         if set(versions) | set(clocks) != {restored.step} or len(clocks) != len(self._channels):
             raise CheckpointError(f"checkpoint {restored.path}: server {self.rank}'s versions {versions} and clocks "
                                   f"{clocks} are not all its step {restored.step}", field="directory")
-        self.start = restored.step
+        self.start = self._stepped = restored.step
         self.version = dict.fromkeys(self.version, restored.step)
         for ch in self._channels.values():
             ch.clock = restored.step

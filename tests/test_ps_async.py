@@ -5,7 +5,8 @@ One torchrun launch of 3 gloo processes (2 trainers + 1 server, pp 1) runs every
 * staleness 2 with trainer 1 a straggler (``slow_rank`` 1 sleeps :data:`SLOW_S` before each step), checkpointed at
   step 3 (a barrier) in a 6-step run that records the server's order; then the same 6 steps as 3 steps checkpointed
   and a resumed run, both following that order (``run(..., ps_order=)``, no straggler: the order alone decides);
-* staleness 0: 2 steps checkpointed, resumed to 4, beside an uninterrupted 4-step run without checkpoints;
+* staleness 0: 2 steps checkpointed, resumed to 4, beside an uninterrupted 4-step run without checkpoints (and, in
+  a launch of its own, the server killed at step 3 and restarted by torchrun);
 * staleness 2 with the straggler and no checkpoint: the measured max staleness of each trainer against
   :func:`sim.async_ps.simulate_async_ps` at the same speeds (trainer 0's own step time measured, trainer 1's that
   plus :data:`SLOW_S`).
@@ -87,6 +88,26 @@ def test_the_measured_staleness_of_a_straggler_run_is_the_simulated_one(runs):
     own = min(got["step_times"])  # trainer 0's step when nothing holds it back
     sim = simulate_async_ps(Cycle(own, 0.0, 0.0), (1.0, own / (own + SLOW_S)), STALENESS, steps=6)
     assert [max(got["staleness"][r]) for r in (0, 1)] == [t.max_staleness for t in sim.trainers] == [STALENESS, 0]
+
+
+@pytest.mark.timeout(130)
+def test_a_killed_async_ps_server_is_restarted_by_torchrun_and_resumes_bit_identically(runs, tmp_path):
+    """The server dies folding step 3's first push (first attempt); torchrun restarts the group, which resumes from
+    the step-2 checkpoint and ends (staleness 0) with the losses and parameters of the uninterrupted run above."""
+    from real.launch import torchrun
+
+    m = MODEL
+    argv = ["-m", "real", "--schedule", "1f1b", "--pp", "1", "--microbatches", "2", "--batch-size", "8", "--steps", "4",
+            "--optimizer", "sgd", "--lr", "0.1", "--bucket-mb", "0.002", "--timeout", "60", "--layers", str(m.layers),
+            "--dim", str(m.dim), "--heads", str(m.heads), "--vocab", str(m.vocab), "--seq", str(m.seq),
+            "--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--dp-mode", "async-ps", "--checkpoint-dir",
+            str(tmp_path / "ck"), "--checkpoint-every", "2", "--fail-at-step", "3", "--fail-rank", "2", "--json"]
+    proc = torchrun(3, argv, timeout=120, capture=True, launcher_args=["--max-restarts=1"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rank 2: injected fault (kill) at step 3" in proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["restart_count"] == 1 and got["start_step"] == 2
+    assert got["param_sha256"] == runs["S0 whole"]["digest"][1] and got["losses"] == runs["S0 whole"]["losses"]
 
 
 def _worker(cfg_file: str, out_file: str) -> None:
