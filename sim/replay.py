@@ -16,10 +16,12 @@ service time: from the later of its issue and its rank's previous collective's
 end, to its end (a rank's collectives are served one at a time). Its compute
 times are the measured ones, already slowed by any collective in flight, so
 the replay's ``comm_slowdown`` is 1.0 (and its ``max_inflight`` 0: the waits
-for zero2/zero3's reduce-scatters are in the measured times too). A trace whose collectives are not the
-graph's one for one (zero3's runtime also gathers before W passes, which the
-IR does not, and records its gathers without their microbatch) has no
-data-parallel replay (:func:`dp_replayable`).
+for zero2/zero3's reduce-scatters are in the measured times too). zero3's
+graph is the runtime's (``one_buffer``: a stage's gathers land in its one flat
+buffer, :mod:`real.zero`), whose traced gathers and reduce-scatters carry the
+microbatch of the pass they serve, so they are the graph's one for one. A
+trace whose collectives are not the graph's one for one (a trace recorded
+before that) has no data-parallel replay (:func:`dp_replayable`).
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ def trace_graph(attrs: dict[str, Any]) -> TaskGraph:
         return graph
     from schedules.dp import add_data_parallel
 
-    return add_data_parallel(graph, str(attrs.get("dp_mode")), _trace_buckets(attrs, graph.schedule.num_stages))
+    mode = str(attrs.get("dp_mode"))
+    return add_data_parallel(graph, mode, _trace_buckets(attrs, graph.schedule.num_stages),
+                             one_buffer=mode in ("zero3", "fsdp"))
 
 
 def graph_of(df: Any) -> TaskGraph:
