@@ -186,11 +186,11 @@ def dp_replay_error(frames: Sequence[pd.DataFrame], dp_profile: str | Path) -> t
     collectives are not their graph's one for one (a zero3 trace recorded before its gathers carried their
     microbatch)."""
     from sim.profiled import from_trace, load_profile
-    from sim.replay import dp_replayable, graph_of, replay
+    from sim.replay import dp_replayable, replay
 
     steps: list[float] = []
     for df in frames:
-        if not dp_replayable(df, graph_of(df)):
+        if not dp_replayable(df):  # each step on its own graph (local-sgd's averaging and local steps)
             return None, None
         fit = _gaps_calibration([df])
         base = replace(from_trace(df, calibration=fit), collectives=load_profile(dp_profile, 1).collectives)

@@ -144,3 +144,49 @@ def test_a_zero3_trace_maps_onto_the_graph_and_replays_exactly():
     bad = df[~((df["action"] == "1ALL_GATHER3_b0") & (df["rank"] == 1))].copy()  # W's gather of mb 3 not traced
     bad.attrs.update(df.attrs)
     assert not dp_replayable(bad, graph)
+
+
+def test_local_sgd_steps_replay_each_on_its_own_graph():
+    """local-sgd at K = 2: the averaging steps (odd) all-reduce 3 buckets after OPTIM, the local ones do not; no
+    one graph is every step's, each step's own is, and each step replays to its span."""
+    from sim.replay import dp_replayable, graph_of, replay
+    from tests.test_dp_grid_modes import _costs as local_costs
+    from tests.test_dp_grid_modes import _local_sgd_trace
+
+    df, _, _ = _local_sgd_trace()
+    parts = dict(list(df.groupby("step")))
+    averaging = [sum(t.action.kind is Kind.ALLREDUCE for t in graph_of(df, parts[s]).tasks) for s in range(4)]
+    assert averaging == [0, 3, 0, 3]
+    assert not dp_replayable(df, graph_of(df)) and dp_replayable(df)
+    steps = replay(df, local_costs())
+    assert [s.step for s in steps] == [0, 1, 2, 3] and all(abs(s.error) < 1e-9 for s in steps)
+
+
+def test_a_local_sgd_local_steps_span_is_the_first_replicas():
+    """Replica 1 starts local step 2 5 ms early (it ended step 1 early): the step is replica 0's span, as
+    simulated, not stretched by the skew."""
+    from sim.replay import replay
+    from tests.test_dp_grid_modes import _costs as local_costs
+    from tests.test_dp_grid_modes import _local_sgd_trace
+
+    df, _, _ = _local_sgd_trace()
+    early = (df["step"] == 2) & (df["rank"] == 1)
+    df.loc[early, ["start", "end"]] -= 0.005
+    steps = replay(df, local_costs())
+    assert [s.step for s in steps] == [0, 1, 2, 3] and all(abs(s.error) < 1e-9 for s in steps)
+
+
+def test_a_zero3_gather_issued_inside_a_task_is_served_from_its_end():
+    """real.zero launches the next pass's gathers in after_task, before the task's row end is stamped: the
+    gather issued at 8 ms inside 0F0 (0-10 ms) is served from 10 ms; one issued in a gap keeps its issue; other
+    modes keep theirs."""
+    from sim.replay import collective_service
+
+    rows = [(0, "compute", "0F0", 0.000, 0.010), (0, "collective", "0ALL_GATHER1_b0", 0.008, 0.012),
+            (0, "compute", "0F1", 0.012, 0.020), (0, "collective", "0ALL_GATHER0_b0", 0.021, 0.024),
+            (0, "compute", "0B0", 0.024, 0.040)]
+    part = pd.DataFrame(rows, columns=["rank", "stream", "action", "start", "end"])
+    part.attrs.update(dp_mode="zero3")
+    assert collective_service(part) == [(0, "0ALL_GATHER1_b0", 0, 0.010, 0.012), (0, "0ALL_GATHER0_b0", 0, 0.021, 0.024)]
+    part.attrs.update(dp_mode="zero2")
+    assert collective_service(part)[0] == (0, "0ALL_GATHER1_b0", 0, 0.008, 0.012)
