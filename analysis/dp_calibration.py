@@ -183,13 +183,14 @@ def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_in
 
 def dp_replay_error(frames: Sequence[pd.DataFrame], dp_profile: str | Path) -> tuple[float | None, float | None]:
     """Median replay error and p90 |replay error| over every traced step; (None, None) when the traces'
-    collectives are not their graph's one for one (zero3's runtime gathers before W passes too)."""
+    collectives are not their graph's one for one (a zero3 trace recorded before its gathers carried their
+    microbatch)."""
     from sim.profiled import from_trace, load_profile
-    from sim.replay import dp_replayable, graph_of, replay
+    from sim.replay import dp_replayable, replay
 
     steps: list[float] = []
     for df in frames:
-        if not dp_replayable(df, graph_of(df)):
+        if not dp_replayable(df):  # each step on its own graph (local-sgd's averaging and local steps)
             return None, None
         fit = _gaps_calibration([df])
         base = replace(from_trace(df, calibration=fit), collectives=load_profile(dp_profile, 1).collectives)

@@ -16,9 +16,15 @@ flat parameters (``shard``, what the optimizer steps), its gradient
 * ``zero3``: the flat parameters are freed (their storage resized to 0, so
   every view, and every tensor autograd saved from them, stays valid but
   empty) and all-gathered before each compute task that reads the stage (F,
-  I, W, B, R) and freed after it, as the IR's gathers say; the gathers of the
-  next reading task are launched when a task starts (one task ahead), or, for
-  a stage the running task holds, as soon as it ends.
+  I, W, B, R: ``schedules.dp.ZERO3_READS``) and freed after it, one gather
+  per bucket, task and stage, traced with the microbatch of the task's pass
+  of that stage (``{s}ALL_GATHER{m}_b{k}``), as the IR's gathers say
+  (``add_data_parallel(..., one_buffer=True)``); the gathers of the next
+  reading task are launched when a task starts (one task ahead), or, for a
+  stage the running task holds, as soon as it ends; the step's first task's
+  when it starts. A reduce-scatter is traced with the microbatch of the pass
+  that completed its bucket (``{s}REDUCE_SCATTER{m}_b{k}``, the IR's), or,
+  reduced at the step's end, with its count in the step.
 
 Why not FSDP2 (``fully_shard``): it works on CPU with gloo in torch 2.13 (two
 processes, DTensor shards of a Linear), but its unshard and reduce hooks are
@@ -42,6 +48,7 @@ from torch import nn
 from real import checkpoint as ckpt
 from real.dp import GradSync, _Bucket
 from schedules import Action, Kind
+from schedules.dp import ZERO3_READS
 from schedules.graph import TaskGraph
 
 __all__ = ["SHARDED_MODES", "ShardedSync", "full_state", "load_full", "make_sync"]
@@ -49,10 +56,10 @@ __all__ = ["SHARDED_MODES", "ShardedSync", "full_state", "load_full", "make_sync
 log = logging.getLogger(__name__)
 
 SHARDED_MODES = ("zero2", "zero3")
-# The passes that read a stage's parameters. W too: autograd's weight-gradient nodes and the parameters'
-# AccumulateGrad read the parameter tensors (a freed one fails "data is not allocated"), which the IR's
-# zero3 gathers (F, I and B only) do not yet say.
-_READS = (Kind.F, Kind.I, Kind.W, Kind.B, Kind.R)
+# The passes that read a stage's parameters, as the IR's zero3 gathers say. W too: the first stage's W is its whole
+# backward, and elsewhere autograd's weight-gradient nodes read the weights (LayerNorm's backward reads its weight
+# for any output: a freed one fails "The tensor has a non-zero number of elements, but its data is not allocated").
+_READS = ZERO3_READS
 # Reduce-scatters in flight at most; launching one more first waits for the oldest. Without a bound, a step's
 # flat gradients pile up until the next poll (measured: twice a whole gradient), and ZeRO-2 saves nothing at
 # its peak. Two keep one bucket's transfer overlapping the next bucket's backward.
@@ -79,17 +86,22 @@ class ShardedSync(GradSync):
         self._inflight = 0  # bytes of flat gradients being reduce-scattered
         super().__init__(stage_params, mode="zero3" if mode == "fsdp" else mode, **kw)
         self.reads, self.next = self._program(graph, pp_rank)
+        self._task: int | None = None  # the compute task running (the microbatch its reduce-scatters are traced with)
         self.on_gather = lambda: None  # zero3: called after parameters are re-allocated (the meter's exclusions)
         if self.mode == "zero3":
             for s in {b.stage for b in self.buckets}:
                 self._free(s)
 
     @staticmethod
-    def _program(graph: TaskGraph, pp_rank: int) -> tuple[dict[int, tuple[int, ...]], dict[int, int | None]]:
-        """Stages each compute task reads, and the next task that reads any."""
-        reads = {}
+    def _program(graph: TaskGraph, pp_rank: int) -> tuple[dict[int, dict[int, int]], dict[int, int | None]]:
+        """Stages each compute task reads (stage -> the microbatch of its first pass of it), and the next task
+        that reads any."""
+        reads: dict[int, dict[int, int]] = {}
         for tid in graph.programs[pp_rank]:
-            stages = tuple(dict.fromkeys(p.stage for p in graph.tasks[tid].action.parts() if p.kind in _READS))
+            stages: dict[int, int] = {}
+            for p in graph.tasks[tid].action.parts():
+                if p.kind in _READS:
+                    stages.setdefault(p.stage, p.microbatch)
             if stages:
                 reads[tid] = stages
         order = list(reads)
@@ -151,8 +163,8 @@ class ShardedSync(GradSync):
         out = torch.empty_like(bucket.shard_grad)
         start = self._stamp()
         work, nbytes = self._grad_collective(bucket, flat, out)
-        row = self._record(Action(Kind.REDUCE_SCATTER, bucket.stage, bucket.ready, bucket=bucket.index), start, None,
-                           nbytes)
+        mb = self.reads.get(self._task, {}).get(bucket.stage, bucket.ready)  # the pass that completed the bucket
+        row = self._record(Action(Kind.REDUCE_SCATTER, bucket.stage, mb, bucket=bucket.index), start, None, nbytes)
         self._pending.append((bucket, work, out, flat, row))
         self._inflight += flat.numel() * flat.element_size()
         self._peaks["inflight_grad_bytes"] = max(self._peaks["inflight_grad_bytes"], self._inflight)
@@ -195,11 +207,12 @@ class ShardedSync(GradSync):
                 self._gather_bucket(b, keep=None)
             self.works.drain()
 
-    def _gather_bucket(self, b: _Bucket, keep: list | None) -> None:
+    def _gather_bucket(self, b: _Bucket, keep: list | None, mb: int | None = None) -> None:
+        """All-gather bucket ``b``; zero3: ``mb``, the microbatch of the pass it is for (traced with it)."""
         start = self._stamp()
         source = b.shard.clone() if self.mode == "zero2" else b.shard  # zero2: the shard is a slice of the output
         work = dist.all_gather_into_tensor(b.data, source, group=self.group, async_op=True)
-        row = self._record(Action(Kind.ALL_GATHER, b.stage, bucket=b.index), start, None,
+        row = self._record(Action(Kind.ALL_GATHER, b.stage, mb, bucket=b.index), start, None,
                            b.data.numel() * b.data.element_size())
         if keep is None:
             self.works.add(work, row, keepalive=source)
@@ -208,21 +221,21 @@ class ShardedSync(GradSync):
 
     # zero3: parameters gathered around the tasks that read them
     @torch.no_grad()
-    def _launch_gather(self, stage: int) -> None:
+    def _launch_gather(self, stage: int, mb: int | None) -> None:
         if stage in self._whole or stage in self._gathering:
             return
         works: list[tuple[_Bucket, dist.Work, list | None]] = []
         for b in self.buckets:
             if b.stage == stage:
                 b.data.untyped_storage().resize_(b.data.numel() * b.data.element_size())
-                self._gather_bucket(b, keep=works)
+                self._gather_bucket(b, keep=works, mb=mb)
         self._gathering[stage] = works
         whole = sum(b.data.untyped_storage().nbytes() for b in self.buckets)
         self._peaks["gathered_param_bytes"] = max(self._peaks["gathered_param_bytes"], whole)
         self.on_gather()
 
-    def _wait_gather(self, stage: int) -> None:
-        self._launch_gather(stage)
+    def _wait_gather(self, stage: int, mb: int | None) -> None:
+        self._launch_gather(stage, mb)
         for _, work, row in self._gathering.pop(stage, ()):
             work.wait()
             if row is not None:
@@ -237,30 +250,32 @@ class ShardedSync(GradSync):
 
     def before_task(self, tid: int) -> None:
         """zero3: the task's stages gathered (waited for); the next reading task's other stages launched."""
+        self._task = tid
         if self.mode != "zero3" or tid not in self.reads:
             return
-        for s in self.reads[tid]:
-            self._wait_gather(s)
-        for s in self.reads.get(self.next[tid], ()):
+        for s, mb in self.reads[tid].items():
+            self._wait_gather(s, mb)
+        for s, mb in self.reads.get(self.next[tid], {}).items():
             if s not in self.reads[tid]:
-                self._launch_gather(s)
+                self._launch_gather(s, mb)
 
     def after_task(self, tid: int) -> None:
         """zero3: free the task's stages, as the IR does after every pass; a stage the next reading task
         reads too is gathered again at once (its buffer is in use until now, so it cannot be prefetched)."""
+        self._task = None
         if self.mode != "zero3" or tid not in self.reads:
             return
-        again = set(self.reads.get(self.next[tid], ()))
+        again = self.reads.get(self.next[tid], {})
         for s in self.reads[tid]:
             self._free(s)
             if s in again:
-                self._launch_gather(s)
+                self._launch_gather(s, again[s])
 
     def gather_all(self) -> None:
         """zero3: every stage's parameters whole (to read them after training); the others hold them already."""
         if self.mode == "zero3":
             for s in sorted({b.stage for b in self.buckets}):
-                self._wait_gather(s)
+                self._wait_gather(s, None)
 
 
 # Checkpoints of the sharded modes (zero1, zero2, zero3): whole tensors under whole-model names, as the

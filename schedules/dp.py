@@ -28,16 +28,27 @@ Modes (``fsdp`` is an alias of ``zero3``):
   (gathered while that F runs; the F's end is not held back by its last
   bucket, an error of at most that bucket's layers' forward). OPTIM ends the
   step;
-* ``zero3``: parameters are sharded too: before each F, I or B of a stage its
-  buckets are all-gathered, gradients reduce-scattered as in zero2, OPTIM on
-  the shard. ``prefetch`` k >= 1 issues a pass's gathers when the compute k
-  passes before it starts (1, the default: one pass ahead, as FSDP's
-  forward/backward prefetch); 0 issues them when the compute before it ends
-  (on demand, exposed). With ``reshard_after_forward`` False the parameters
-  a forward gathered stay gathered until a backward of the stage has used
-  them (FSDP's ``reshard_after_forward=False``): no gather before that
-  backward, nor before a forward of the stage in between; a backward always
-  reshards (FSDP's ``reshard_after_backward``);
+* ``zero3``: parameters are sharded too: before each pass of a stage (F, I,
+  W, B or R: every one reads the parameters, W too, see below) its buckets are
+  all-gathered (once per task, the microbatch of its pass of that stage on the
+  gather), gradients reduce-scattered as in zero2, OPTIM on the shard.
+  ``prefetch`` k >= 1 issues a pass's gathers when the compute k passes before
+  it starts (1, the default: one pass ahead, as FSDP's forward/backward
+  prefetch); 0 issues them when the compute before it ends (on demand,
+  exposed). With ``one_buffer`` (the runtime, :mod:`real.zero`: one flat
+  buffer per stage, not FSDP's per-layer units) a gather is issued no earlier
+  than the end of the last pass within its prefetch window that reads the
+  same stage: it cannot land in a buffer that pass still reads (and the
+  step's first gathers wait for their pass's own dependencies). With
+  ``reshard_after_forward`` False the parameters a forward (F or R) gathered
+  stay gathered until a backward of the stage has used them (FSDP's
+  ``reshard_after_forward=False``): no gather before that backward, nor
+  before a forward of the stage in between; a backward (I, W, B) always
+  reshards (FSDP's ``reshard_after_backward``). W reads the parameters: the
+  first stage's W is its whole backward (its input needs no gradient), and
+  elsewhere autograd's weight-gradient nodes read them too (LayerNorm's
+  backward reads its weight for any output; torch's pipelining runtime also
+  unshards before a W);
 * ``decentralized`` (decentralized SGD, Lian et al. 2017, "Can decentralized
   algorithms outperform centralized algorithms?", as Bagua's
   ``DecentralizedAlgorithm`` runs it): no gradient collective; each bucket's
@@ -89,8 +100,8 @@ from schedules.graph import Stream, Task, TaskGraph
 from schedules.ir import Action, Kind
 from schedules.util import paused_gc
 
-__all__ = ["APPROXIMATE_MODES", "DP_MODES", "PEER_SELECTIONS", "DPPlan", "DataParallelGraph", "add_data_parallel",
-           "exchange_peers", "random_peer", "ring_neighbours"]
+__all__ = ["APPROXIMATE_MODES", "DP_MODES", "PEER_SELECTIONS", "ZERO3_READS", "DPPlan", "DataParallelGraph",
+           "add_data_parallel", "exchange_peers", "random_peer", "ring_neighbours"]
 
 DP_MODES = ("none", "sync", "ddp", "zero1", "zero2", "zero3", "fsdp", "ps", "async-ps", "decentralized", "local-sgd")
 # Modes that change the mathematics (each replica steps its own parameters): compared by time to a loss, not by
@@ -98,7 +109,9 @@ DP_MODES = ("none", "sync", "ddp", "zero1", "zero2", "zero3", "fsdp", "ps", "asy
 APPROXIMATE_MODES = ("decentralized", "local-sgd")
 PEER_SELECTIONS = ("ring", "random")  # decentralized: both ring neighbours every step, or one random peer per step
 _GRAD_KINDS = (Kind.B, Kind.W)
-_PARAM_KINDS = (Kind.F, Kind.I, Kind.B)
+ZERO3_READS = (Kind.F, Kind.I, Kind.W, Kind.B, Kind.R)  # zero3: the passes that read the parameters (real.zero too)
+_PARAM_KINDS = ZERO3_READS
+_FORWARDS = (Kind.F, Kind.R)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +162,11 @@ def random_peer(replica: int, dp: int, seed: int, step: int) -> int:
 
 def add_data_parallel(graph: TaskGraph, mode: str, buckets: Sequence[int], *, prefetch: int = 1,
                       reshard_after_forward: bool = True, embedding: bool = False, peers: int = 1,
-                      averaging: bool = True, overlap_param_gather: bool = False) -> TaskGraph:
+                      averaging: bool = True, overlap_param_gather: bool = False,
+                      one_buffer: bool = False) -> TaskGraph:
     """Return a new graph with ``mode``'s collectives and optimizer steps; ``buckets[s]`` per stage.
 
-    ``prefetch`` and ``reshard_after_forward`` apply to zero3, ``overlap_param_gather``
+    ``prefetch``, ``reshard_after_forward`` and ``one_buffer`` apply to zero3, ``overlap_param_gather``
     to zero1 and zero2 (see the module docstring); ``embedding`` adds the embedding
     gradient all-reduce; ``peers`` (decentralized) is the neighbours each bucket is
     exchanged with, ``averaging`` (local-sgd) whether this step averages the parameters.
@@ -176,14 +190,15 @@ def add_data_parallel(graph: TaskGraph, mode: str, buckets: Sequence[int], *, pr
         return graph
     with paused_gc():
         return _DPBuilder(graph, mode, tuple(buckets), prefetch, reshard_after_forward, embedding,
-                          overlap_param_gather, peers=peers, averaging=averaging).build()
+                          overlap_param_gather, peers=peers, averaging=averaging, one_buffer=one_buffer).build()
 
 
 class _DPBuilder:
     def __init__(self, graph: TaskGraph, mode: str, buckets: tuple[int, ...], prefetch: int, reshard: bool,
                  embedding: bool, overlap_param_gather: bool = False, *, peers: int = 1,
-                 averaging: bool = True) -> None:
+                 averaging: bool = True, one_buffer: bool = False) -> None:
         self.graph, self.mode, self.buckets = graph, mode, buckets
+        self.one_buffer = one_buffer  # zero3: a stage's gathers land in one buffer (real.zero)
         self.prefetch, self.reshard, self.embedding = prefetch, reshard, embedding
         self.peers = peers  # decentralized: the neighbours each bucket is exchanged with
         self.averaging = averaging  # local-sgd: this step averages the parameters
@@ -298,28 +313,42 @@ class _DPBuilder:
             task = self.tasks[i]
             self.tasks[i] = Task(task.id, task.rank, task.stream, task.action, (*task.deps, *deps), task.peer)
 
-    def _release(self, compute: list[int], pos: int) -> tuple[int, ...]:
-        """When the gathers of the pass at ``pos`` are issued: ``prefetch`` passes ahead, or on demand."""
+    def _release(self, compute: list[int], pos: int, stage: int) -> tuple[int, ...]:
+        """When the gathers of ``stage`` for the pass at ``pos`` are issued: ``prefetch`` passes ahead, or on
+        demand; with ``one_buffer`` not before the last pass in that window that reads ``stage`` has ended, and
+        the step's first pass's when that pass is ready (the runtime issues nothing before it)."""
+        if self.one_buffer:
+            if pos == 0:  # nothing runs before the step's first pass to issue its gathers: when it is ready
+                return self.graph.tasks[compute[0]].deps
+            for q in range(pos - 1, max(pos - max(self.prefetch, 1), 0) - 1, -1):
+                if stage in self._param_stages(compute[q]):
+                    return (compute[q],)
         if self.prefetch == 0:
             return (compute[pos - 1],) if pos > 0 else ()
         ahead = pos - self.prefetch
         return self.tasks[compute[ahead]].deps if ahead >= 0 else ()
 
+    def _param_stages(self, tid: int) -> dict[int, list[Action]]:
+        """Stage -> the task's passes that read that stage's parameters (in order)."""
+        out: dict[int, list[Action]] = {}
+        for p in self.tasks[tid].action.parts():
+            if p.kind in _PARAM_KINDS:
+                out.setdefault(p.stage, []).append(p)
+        return out
+
     def _gather_params(self, rank: int, compute: list[int]) -> None:
-        """ZeRO-3: all-gather a stage's parameters before each pass that reads them and finds them sharded."""
+        """ZeRO-3: all-gather a stage's parameters before each task that reads them and finds them sharded."""
         gathered: set[int] = set()  # stages whose parameters stay gathered after a forward (reshard off)
         for pos, i in enumerate(compute):
             task = self.tasks[i]
-            release = self._release(compute, pos)
             gathers: list[int] = []
-            for p in task.action.parts():
-                if p.kind not in _PARAM_KINDS:
-                    continue
-                if p.stage not in gathered:
-                    gathers += self._bucketed(rank, Kind.ALL_GATHER, p.stage, p.microbatch, None, release)
-                if p.kind is Kind.F and not self.reshard:
-                    gathered.add(p.stage)
+            for stage, passes in self._param_stages(i).items():
+                if stage not in gathered:  # once per task, with its first pass of the stage's microbatch
+                    release = self._release(compute, pos, stage)
+                    gathers += self._bucketed(rank, Kind.ALL_GATHER, stage, passes[0].microbatch, None, release)
+                if all(p.kind in _FORWARDS for p in passes) and not self.reshard:
+                    gathered.add(stage)
                 else:
-                    gathered.discard(p.stage)
+                    gathered.discard(stage)
             if gathers:
                 self.tasks[i] = Task(task.id, task.rank, task.stream, task.action, (*task.deps, *gathers), task.peer)

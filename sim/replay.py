@@ -16,10 +16,18 @@ service time: from the later of its issue and its rank's previous collective's
 end, to its end (a rank's collectives are served one at a time). Its compute
 times are the measured ones, already slowed by any collective in flight, so
 the replay's ``comm_slowdown`` is 1.0 (and its ``max_inflight`` 0: the waits
-for zero2/zero3's reduce-scatters are in the measured times too). A trace whose collectives are not the
-graph's one for one (zero3's runtime also gathers before W passes, which the
-IR does not, and records its gathers without their microbatch) has no
-data-parallel replay (:func:`dp_replayable`).
+for zero2/zero3's reduce-scatters are in the measured times too). zero3's
+graph is the runtime's (``one_buffer``: a stage's gathers land in its one flat
+buffer, :mod:`real.zero`), whose traced gathers and reduce-scatters carry the
+microbatch of the pass they serve, so they are the graph's one for one. A
+trace whose collectives are not the graph's one for one (a trace recorded
+before that) has no data-parallel replay (:func:`dp_replayable`). local-sgd's
+steps are two graphs: a step with collective rows is an averaging one (its
+parameters all-reduced after OPTIM), the others are local (OPTIM only); each
+step replays on its own (:func:`graph_of` with the step), against the first
+replica's span: the replicas are not in lockstep (one that ends a local step
+early starts the next early), and a wait for another replica's averaging is in
+the first one's all-reduce service time.
 """
 
 from __future__ import annotations
@@ -60,15 +68,25 @@ def trace_graph(attrs: dict[str, Any]) -> TaskGraph:
         return graph
     from schedules.dp import add_data_parallel
 
-    return add_data_parallel(graph, str(attrs.get("dp_mode")), _trace_buckets(attrs, graph.schedule.num_stages))
+    mode = str(attrs.get("dp_mode"))
+    return add_data_parallel(graph, mode, _trace_buckets(attrs, graph.schedule.num_stages),
+                             one_buffer=mode in ("zero3", "fsdp"), averaging=bool(attrs.get("_averaging", True)))
 
 
-def graph_of(df: Any) -> TaskGraph:
+def graph_of(df: Any, part: Any = None) -> TaskGraph:
     """The task graph a real trace (a DataFrame) ran: :func:`trace_graph`, a data-parallel one with the trace's
-    buckets per stage."""
+    buckets per stage; with ``part`` (one of its steps), local-sgd's graph of that step (averaging if the step
+    has collective rows)."""
     if int(df.attrs.get("dp", 1) or 1) == 1:
         return trace_graph(df.attrs)
-    return trace_graph({**df.attrs, "_buckets": _buckets_of(df)})
+    extra: dict[str, Any] = {"_buckets": _buckets_of(df)}
+    if part is not None and df.attrs.get("dp_mode") == "local-sgd":
+        extra["_averaging"] = bool((part["stream"] == "collective").any())
+    return trace_graph({**df.attrs, **extra})
+
+
+def _steps(df: Any) -> list[tuple[Any, Any]]:
+    return list(df.groupby("step")) if "step" in df.columns else [(0, df)]
 
 
 _BUCKET = re.compile(r"_b(\d+)$")
@@ -94,17 +112,30 @@ def _buckets_of(df: Any) -> dict[int, int]:
 
 def collective_service(part: Any) -> list[tuple[int, str, int, float, float]]:
     """One step's collectives as served: (rank, action, occurrence, start, end), start the later of the issue and
-    the end of the rank's previous collective (a rank's collectives are served one at a time), in end order."""
+    the end of the rank's previous collective (a rank's collectives are served one at a time), in end order.
+    A zero3 gather issued inside a compute row of its rank came from that task's end (``real.zero``'s
+    ``after_task`` runs before the row's end is stamped), as the graph has it: it is served from the row's end."""
     out = []
     coll = part[part["stream"] == "collective"]
     seen: dict[tuple[int, str], int] = {}
     free: dict[int, float] = {}
+    rows = _compute_rows(part) if part.attrs.get("dp_mode") in ("zero3", "fsdp") else {}
     for rank, action, start, end in sorted(zip(coll["rank"].astype(int), coll["action"].astype(str), coll["start"],
                                                coll["end"], strict=True), key=lambda r: (r[0], r[3], r[2])):
         k = seen[(rank, action)] = seen.get((rank, action), -1) + 1
+        if "ALL_GATHER" in action:
+            start = next((e for s, e in rows.get(rank, ()) if s < start < e), start)
         begin = max(float(start), free.get(rank, float(start)))
         out.append((rank, action, k, min(begin, float(end)), float(end)))
         free[rank] = max(free.get(rank, float(end)), float(end))
+    return out
+
+
+def _compute_rows(part: Any) -> dict[int, list[tuple[float, float]]]:
+    comp = part[part["stream"] == "compute"]
+    out: dict[int, list[tuple[float, float]]] = {}
+    for rank, start, end in zip(comp["rank"].astype(int), comp["start"], comp["end"], strict=True):
+        out.setdefault(rank, []).append((float(start), float(end)))
     return out
 
 
@@ -113,17 +144,19 @@ def _service(part: Any) -> dict[tuple[int, str, int], float]:
     return {(r, a, k): e - s for r, a, k, s, e in collective_service(part)}
 
 
-def dp_replayable(df: Any, graph: TaskGraph) -> bool:
-    """True if each step's collectives of the first replica (trace ranks below pp) are the graph's, one for one."""
+def dp_replayable(df: Any, graph: TaskGraph | None = None) -> bool:
+    """True if each step's collectives of the first replica (trace ranks below pp) are the graph's (None: that
+    step's own, :func:`graph_of`), one for one."""
     def counts(pairs) -> dict[tuple[int, str], int]:
         out: dict[tuple[int, str], int] = {}
         for key in pairs:
             out[key] = out.get(key, 0) + 1
         return out
 
-    mine = counts((t.rank, str(t.action)) for t in graph.tasks if t.stream is Stream.COLLECTIVE)
-    for _, part in (df.groupby("step") if "step" in df.columns else [(0, df)]):
-        coll = part[(part["stream"] == "collective") & (part["rank"] < graph.num_ranks)]
+    for _, part in _steps(df):
+        g = graph if graph is not None else graph_of(df, part)
+        mine = counts((t.rank, str(t.action)) for t in g.tasks if t.stream is Stream.COLLECTIVE)
+        coll = part[(part["stream"] == "collective") & (part["rank"] < g.num_ranks)]
         if counts(zip(coll["rank"].astype(int), coll["action"].astype(str), strict=True)) != mine:
             return False
     return True
@@ -148,19 +181,20 @@ class _StepCosts:
     def __init__(self, base: ProfiledCosts, measured: dict[tuple[int, str], float],
                  service: dict[tuple[int, str, int], float] | None = None) -> None:
         self.base, self.measured, self.service = base, measured, service or {}
+        self.dp = service is not None  # a data-parallel step: its OPTIM measured too (a local-sgd step has no collective)
 
     def durations(self, graph: TaskGraph) -> list[float]:
-        out = [0.0 if self.service and t.stream is Stream.COLLECTIVE else self.base.duration(t, graph)
+        out = [0.0 if self.dp and t.stream is Stream.COLLECTIVE else self.base.duration(t, graph)
                for t in graph.tasks]
         seen: dict[tuple[int, str], int] = {}
         for t in graph.tasks:
-            if t.stream is Stream.COLLECTIVE and self.service:
+            if t.stream is Stream.COLLECTIVE and self.dp:
                 key = (t.rank, str(t.action))
                 k = seen[key] = seen.get(key, -1) + 1
                 out[t.id] = self.service[(*key, k)]
             elif t.action.kind in (Kind.SEND_F, Kind.SEND_B):
                 out[t.id] = self.measured.get((t.rank, str(t.action)), out[t.id])
-            elif t.stream is Stream.COMPUTE and (t.action.kind is not Kind.OPTIM or self.service):
+            elif t.stream is Stream.COMPUTE and (t.action.kind is not Kind.OPTIM or self.dp):
                 key = (t.rank, str(t.action))
                 if key not in self.measured:
                     raise CostFileError(f"the trace has no {t.action} on rank {t.rank}; it is not a run of "
@@ -180,7 +214,7 @@ def replay(trace: Any, costs: ProfiledCosts | None = None) -> list[ReplayStep]:
     dp = int(df.attrs.get("dp", 1) or 1)
     graph = graph_of(df)
     costs = costs or from_trace(df, calibration=trace_calibration(df))
-    if dp > 1 and not dp_replayable(df, graph):
+    if dp > 1 and not dp_replayable(df):
         raise CostFileError(f"the trace's collectives are not those of the {df.attrs.get('dp_mode')!r} graph one for "
                             "one; it has no replay")
     out = []
@@ -189,6 +223,9 @@ def replay(trace: Any, costs: ProfiledCosts | None = None) -> list[ReplayStep]:
         if dp > 1:
             _before_optim(part, measured, costs.task_overhead)
         step_costs = _StepCosts(costs, measured, _service(part) if dp > 1 else None)
-        result = simulate(graph, step_costs, check=False)
+        own = graph_of(df, part) if df.attrs.get("dp_mode") == "local-sgd" else graph
+        result = simulate(own, step_costs, check=False)
+        if own is not graph:  # local-sgd: the replicas are not in lockstep (a local step's skew carries into the
+            part = part[part["rank"] < own.num_ranks]  # next), so the span is the first replica's, as simulated
         out.append(ReplayStep(step, result.makespan, work_span(part)))
     return out

@@ -31,13 +31,18 @@ def test_bucket_suffix_only_on_collectives():
         Action.parse("0F1_b2")
 
 
+# Passes per rank at pp 2, 4 microbatches: F and B per microbatch and stage; zb-v F, I and W; dualpipe-v's ranks
+# run 8 F and 5 B + 3 (I, W) pairs, and 8 F and 6 B + 2 pairs (its overlapped pairs join two stages' passes).
+PASSES = {"1f1b": (8, 8), "interleaved-1f1b": (16, 16), "zb-v": (24, 24), "dualpipe-v": (19, 18)}
+
+
 @pytest.mark.parametrize(("mode", "per_stage"), [
     ("sync", {Kind.ALLREDUCE: 3, Kind.OPTIM: 1}),
     ("ddp", {Kind.ALLREDUCE: 3, Kind.OPTIM: 1}),
     ("zero1", {Kind.REDUCE_SCATTER: 3, Kind.OPTIM: 1, Kind.ALL_GATHER: 3}),
     ("zero2", {Kind.REDUCE_SCATTER: 3 * 4, Kind.OPTIM: 1, Kind.ALL_GATHER: 3}),
-    ("zero3", {Kind.ALL_GATHER: 3 * 8, Kind.REDUCE_SCATTER: 3 * 4, Kind.OPTIM: 1}),
-    ("fsdp", {Kind.ALL_GATHER: 3 * 8, Kind.REDUCE_SCATTER: 3 * 4, Kind.OPTIM: 1}),
+    ("zero3", {Kind.REDUCE_SCATTER: 3 * 4, Kind.OPTIM: 1}),  # ALL_GATHER: 3 per pass (below)
+    ("fsdp", {Kind.REDUCE_SCATTER: 3 * 4, Kind.OPTIM: 1}),
     ("ps", {Kind.REDUCE_SCATTER: 3, Kind.ALL_GATHER: 3}),
 ])
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b", "zb-v", "dualpipe-v"])
@@ -52,6 +57,8 @@ def test_pass_adds_each_modes_tasks_and_keeps_the_input(mode, per_stage, schedul
         kinds = _kinds(graph, rank)
         for kind, count in per_stage.items():
             assert kinds.count(kind) == count * chunks, (rank, kind)
+        if mode in ("zero3", "fsdp"):  # every bucket before every pass (F, I, W, B), W included
+            assert kinds.count(Kind.ALL_GATHER) == 3 * PASSES[schedule][rank], rank
         opt = [graph.tasks[i] for i in graph.programs[rank] if graph.tasks[i].action.kind is Kind.OPTIM]
         assert all(t.stream is Stream.COMPUTE for t in opt)
     assert add_data_parallel(base, "none", [1] * base.schedule.num_stages) is base

@@ -211,6 +211,33 @@ def test_four_ranks_pp_x_dp_equal_plain_training(four, label):
     _assert_trace(label, FOUR[label], four[label]["trace"])
 
 
+@pytest.mark.parametrize(("label", "per_bucket"), [("zb-h1 pp2 dp2 fsdp", 12), ("interleaved-1f1b pp2 dp2 zero3", 4)])
+def test_zero3_gathers_are_the_graphs_one_for_one_and_replay(four, label, per_bucket):
+    """Every rank's traced all-gathers are its pipeline rank's in the IR (schedules.dp, one_buffer), action for
+    action (stage, microbatch of the pass served, bucket): zb-h1 gathers before F, I and W of 4 microbatches (12
+    per bucket), interleaved 1F1B before F and B of 2 microbatches (4 per bucket of each of its 2 stages). The trace
+    replays."""
+    from collections import Counter
+
+    from sim.replay import dp_replayable, graph_of, replay
+
+    cfg, trace = FOUR[label], four[label]["trace"]
+    graph = graph_of(trace)
+    pp = cfg.layout.pp
+    for rank in range(pp):
+        want = Counter(str(graph.tasks[i].action) for i in graph.programs[rank]
+                       if graph.tasks[i].action.kind is schedules.Kind.ALL_GATHER)
+        assert sum(want.values()) == per_bucket * sum(graph.plan.buckets[s] for s in graph.schedule.stages_of(rank))
+        for step, part in trace.groupby("step"):
+            for replica in range(cfg.layout.dp):
+                rows = part[(part["rank"] == replica * pp + rank) & (part["kind"] == "ALL_GATHER")]
+                assert Counter(rows["action"]) == want, f"{label}: step {step}, rank {replica * pp + rank}"
+    assert dp_replayable(trace, graph)
+    steps = replay(trace)
+    assert [s.step for s in steps] == sorted(cfg.traced_steps)
+    assert all(abs(s.error) < 0.25 for s in steps), f"{label}: replay errors {[s.error for s in steps]}"
+
+
 @pytest.mark.timeout(2 * LAUNCH_TIMEOUT + 10)  # run alone it sets up both launches; above their 2 timeouts
 def test_memory_is_reported_per_rank(two, four):
     mem = two["1f1b"]["memory"]
