@@ -14,7 +14,12 @@ shard j of every bucket of every stage, its gradient and its optimizer state
 * **update** (server, :class:`ParamServer`): the server receives the bucket's
   shard from every trainer that holds the stage, averages them (summed in
   trainer order, / dp) and, once every bucket of the stage is in, steps the
-  stage's optimizer: synchronous SGD, the update of plain training.
+  stage's optimizer: synchronous SGD, the update of plain training. A traced
+  step records each stage's update as a row ``{s}OPTIM`` of the server's rank
+  on the collective stream (the trainers only wait for it, as for a transfer):
+  from the moment the stage's last push is in to the end of its optimizer step
+  (the last bucket's fold and the step; the simulator's server update,
+  :mod:`schedules.dp`).
 * **pull** (trainer): the updated shards come back straight into the trainer's
   flat parameters (``irecv`` into the bucket's slice for server j, traced
   ``{s}ALL_GATHER_b{k}``), posted once the last pass of the step that reads the
@@ -323,13 +328,16 @@ class ParamServer:
                 raise self._dead(peer, pending.bucket, pending.what, exc) from exc
 
     @torch.no_grad()
-    def step(self) -> None:
-        """Average every bucket's pushes, step each stage once all its buckets are in, send the shards back."""
+    def step(self, traced: bool = False) -> list[tuple[Action, float, float]]:
+        """Average every bucket's pushes, step each stage once all its buckets are in, send the shards back;
+        ``traced``: each stage's update as (``{s}OPTIM``, start, end) on this server's perf_counter clock."""
+        rows: list[tuple[Action, float, float]] = []
         inbox = self._receive()
         sends: list[_Pending] = []
         stage_left = {s: sum(1 for b in self.buckets if b.stage == s) for s in self.optimizers}
         for b, bufs, pending in inbox:
             self._wait(pending)
+            start = time.perf_counter()
             b.shard_grad.copy_(bufs[0])
             for buf in bufs[1:]:
                 b.shard_grad.add_(buf)
@@ -338,6 +346,8 @@ class ParamServer:
             if stage_left[b.stage]:
                 continue
             self.optimizers[b.stage].step()
+            if traced:
+                rows.append((Action(Kind.OPTIM, b.stage), start, time.perf_counter()))
             for sb in (x for x in self.buckets if x.stage == b.stage):
                 works = []
                 for t in self.trainers[sb.stage]:
@@ -348,6 +358,7 @@ class ParamServer:
                 sends.append(_Pending(sb, works, None, "pull"))
         for pending in sends:
             self._wait(pending)
+        return rows
 
     # the loop: the same default-group collectives as a trainer's (real.train), with nothing to add
     def serve(self, restored: ckpt.Restored | None) -> ServerResult:
@@ -360,13 +371,14 @@ class ParamServer:
         saver = ckpt.Checkpointer(cfg.checkpoint, self.mesh.rank, _restarts()) if cfg.checkpoint else None
         if saver is not None and restored is not None:
             saver.last = restored.path.name
-        clock_offset()
+        offset = clock_offset()
         dist.barrier()
-        metered, memory, times = max(cfg.metered_step, start), {}, []
+        metered, memory, times, rows = max(cfg.metered_step, start), {}, [], []
         t_prev = time.perf_counter()
         for step in range(start, cfg.steps):
             stop.inject_fault(self.mesh.rank, step, **asdict(cfg.faults))
-            self.step()
+            rows += [(step, None, self.mesh.rank, "collective", a, s + offset, e + offset, 0.0)  # real.train's rows
+                     for a, s, e in self.step(step in cfg.traced_steps)]
             value = torch.tensor([0.0, stop.requested() is not None], dtype=torch.float64)
             dist.all_reduce(value)
             loss = float(value[0]) / self.dp
@@ -384,7 +396,7 @@ class ParamServer:
                     self._save(saver, step + 1, losses)
         if saver is not None:
             saver.wait()
-        dist.gather_object(([], memory, [], None), None, dst=0)
+        dist.gather_object((rows, memory, [], None), None, dst=0)
         return ServerResult(losses, times, memory, start)
 
     def _stop(self, step: int, loss: float, signalled: bool, saver: ckpt.Checkpointer | None,

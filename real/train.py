@@ -586,7 +586,8 @@ class _Trainer:
             return base
         named = sorted((np for _, _, ps, _ in parts for np in ps), key=lambda np: int(np[0].split(".", 1)[0]))
         norm, sha = param_digest(t for _, t in named)
-        trace = self._make_trace([r for rs, _, _, _ in parts for r in rs], [m for _, m, _, _ in parts], traced_times)
+        trace = self._make_trace([_Row(*r) for rs, _, _, _ in parts for r in rs],  # a server's rows: plain tuples
+                                 [m for _, m, _, _ in parts], traced_times)
         if path is not None:
             write_trace(trace, path)
         by_rank = None

@@ -67,12 +67,18 @@ Modes (``fsdp`` is an alias of ``zero3``):
   of a stage's parameters is all-reduced after its OPTIM; a local step has
   OPTIM only;
 * ``ps``: each bucket is pushed to the parameter servers (REDUCE_SCATTER) when
-  ready, as in ddp, and pulled back (ALL_GATHER) after its push; the update runs
-  on the servers;
-* ``async-ps``: the same tasks as ps; the cost model times each push and pull as
-  one trainer's alone at the servers (trainers do not wait for each other's
-  pushes, so they do not arrive together), where ps shares the servers' links
-  among all the trainers' simultaneous pushes.
+  ready, as in ddp; the servers' update of a stage (OPTIM on the collective
+  stream of the stage's rank: the servers' work, which the trainer only waits
+  for) follows the last push of the stage's buckets and the update of the stage
+  after it (a server folds the pushes and steps the stages one at a time, the
+  last stage first: :meth:`real.ps.ParamServer.step`), and each bucket's pull
+  (ALL_GATHER) waits for its stage's update;
+* ``async-ps``: the same tasks as ps (one trainer's step; :mod:`sim.async_ps`
+  runs it over many steps for every trainer under the staleness bound); the
+  cost model times each push and pull as one trainer's alone at the servers
+  (trainers do not wait for each other's pushes, so they do not arrive
+  together), where ps shares the servers' links among all the trainers'
+  simultaneous pushes.
 
 With ``embedding`` True and the first and the last stage on different ranks,
 the tied word embedding's gradient is all-reduced between those two ranks
@@ -228,7 +234,12 @@ class _DPBuilder:
 
     def build(self) -> DataParallelGraph:
         ranks = range(self.graph.num_ranks)
-        if self.embedding:  # both ends' gradients first, then the all-reduce, then the optimizer steps
+        if self.mode in ("ps", "async-ps"):  # every push, then the servers' updates (last stage first), the pulls
+            grads = [self._grads(rank) for rank in ranks]
+            updates = self._server_updates(grads)
+            for rank in ranks:
+                self._pulls(rank, grads[rank], updates)
+        elif self.embedding:  # both ends' gradients first, then the all-reduce, then the optimizer steps
             grads = [self._grads(rank) for rank in ranks]
             self._embedding_allreduce(grads)
             for rank in ranks:
@@ -283,6 +294,24 @@ class _DPBuilder:
         for r, s in sides:
             self.embedding_tasks[s] = self._add(r, Stream.COLLECTIVE, Action(Kind.ALLREDUCE, s, None), deps)
 
+    def _server_updates(self, grads: list[dict[int, list[int]]]) -> dict[int, int]:
+        """ps: stage -> the servers' update of it, on the stage's rank: after the stage's pushes and the update of
+        the stage after it (:meth:`real.ps.ParamServer.step` folds and steps the stages one at a time, last first)."""
+        s2r, out = self.graph.schedule.stage_to_rank, {}
+        for s in range(self.graph.schedule.num_stages - 1, -1, -1):
+            pushes = grads[s2r[s]].get(s, [])
+            if not pushes:  # a stage of a rank without compute (not in a lowered schedule)
+                continue
+            after = (out[s + 1],) if s + 1 in out else ()
+            out[s] = self._add(s2r[s], Stream.COLLECTIVE, Action(Kind.OPTIM, s), (*pushes, *after))
+        return out
+
+    def _pulls(self, rank: int, grads: dict[int, list[int]], updates: dict[int, int]) -> None:
+        """ps: each bucket's pull after its stage's update on the servers."""
+        for s in self.graph.schedule.stages_of(rank):
+            for k, _push in enumerate(grads.get(s, [])):
+                self._add(rank, Stream.COLLECTIVE, Action(Kind.ALL_GATHER, s, None, bucket=k), (updates[s],))
+
     def _finish(self, rank: int, grads: dict[int, list[int]]) -> None:
         """The optimizer steps (and the parameter all-gathers after them), or the parameter servers' pulls."""
         compute = self._compute(rank)
@@ -290,10 +319,6 @@ class _DPBuilder:
             return
         prev = compute[-1]
         for s in self.graph.schedule.stages_of(rank):
-            if self.mode in ("ps", "async-ps"):
-                for k, push in enumerate(grads[s]):
-                    self._add(rank, Stream.COLLECTIVE, Action(Kind.ALL_GATHER, s, None, bucket=k), (push,))
-                continue
             emb = (self.embedding_tasks[s],) if s in self.embedding_tasks else ()
             prev = self._add(rank, Stream.COMPUTE, Action(Kind.OPTIM, s), (prev, *grads[s], *emb))
             if self.mode in ("zero1", "zero2") and self.overlap_param_gather:

@@ -237,13 +237,21 @@ def simulate_async_ps(cycle: Cycle, speeds: Sequence[float], staleness: int, ste
 
 def cycle_of(result: Any, update_s: float) -> Cycle:
     """The cycle of a simulated async-ps step (a :class:`sim.study.StudyResult`): compute to the last compute
-    task's end, the push to the last push's end after it, the pull to the last pull's end after that."""
+    task's end, the push to the last push's end after it, the pull to the last pull's end after the later of
+    that and the servers' last update (the graph's OPTIM tasks, :mod:`schedules.dp`); ``update_s``: the
+    servers' whole update of the step (every stage's), which the loop runs after the step's last push.
+
+    So at staleness 0 and equal speeds the time per update is the synchronous ps step of the same graph plus
+    the part of the servers' update that ps runs before the step's last push is in (the later stages',
+    updated while the earlier ones still push): ``update_s - (last update end - last push end)``, 0 at pp 1.
+    """
     from schedules import Kind, Stream
 
     sim = result.sim
     tasks = sim.graph.tasks
     compute = max((sim.end[t.id] for t in tasks if t.stream is Stream.COMPUTE), default=0.0)
     pushes = max((sim.end[t.id] for t in tasks if t.action.kind is Kind.REDUCE_SCATTER), default=compute)
+    updated = max((sim.end[t.id] for t in tasks if t.action.kind is Kind.OPTIM), default=pushes)
     pulls = max((sim.end[t.id] for t in tasks if t.action.kind is Kind.ALL_GATHER), default=pushes)
     pushed = max(compute, pushes)
-    return Cycle(compute, pushed - compute, max(pulls - pushed, 0.0), update_s)
+    return Cycle(compute, pushed - compute, max(pulls - max(pushed, updated), 0.0), update_s)

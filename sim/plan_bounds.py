@@ -331,7 +331,10 @@ class Bounds:
         tails = []
         for r, stages in enumerate(info.rank_stages):
             optim = [costs.optim_time(s, n) for s in stages]
-            if c.dp <= 1 or c.dp_mode == "ps":  # ps: no OPTIM in the graph; the step adds it after the pulls
+            if c.dp_mode == "ps":  # the servers update the stage of the rank's last pass after it (schedules.dp)
+                tails.append(min(costs.server_update_time(s, n) for s in stages))
+                continue
+            if c.dp <= 1:
                 tails.append(sum(optim))
                 continue
             group = costs.group(r)

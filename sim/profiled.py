@@ -20,7 +20,9 @@ the last) cost what they cost. The formulas:
   without ``p2p`` (profiled by one process) cannot time messages, so a graph
   that sends any is refused rather than given free messages;
 * OPTIM of stage s (data-parallel graphs): the measured optimizer step over
-  stage s's parameters;
+  stage s's parameters; in dp mode ps the parameter server's update of the
+  stage (on the collective stream, on no link: it holds the whole stage, the
+  grid's one server);
 * ALLREDUCE / REDUCE_SCATTER / ALL_GATHER of stage s: alpha + n / beta of
   that collective over the data-parallel group, n = one bucket's bytes (the
   stage's parameter bytes / its bucket count; fitted on the full buffer's
@@ -222,7 +224,8 @@ class ProfiledCosts:
         lag = [0.0] * len(graph.tasks)
         for c, (anchor, frac) in plan.ready.items():
             lag[c] = frac * dur[anchor]
-        links = [(t.rank,) if t.stream is Stream.COLLECTIVE else () for t in graph.tasks]
+        links = [(t.rank,) if t.stream is Stream.COLLECTIVE and t.action.kind is not Kind.OPTIM else ()
+                 for t in graph.tasks]  # ps's OPTIM: the server's update, not a transfer of the rank
         return lag, links
 
     def durations(self, graph: TaskGraph) -> list[float]:

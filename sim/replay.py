@@ -27,7 +27,9 @@ parameters all-reduced after OPTIM), the others are local (OPTIM only); each
 step replays on its own (:func:`graph_of` with the step), against the first
 replica's span: the replicas are not in lockstep (one that ends a local step
 early starts the next early), and a wait for another replica's averaging is in
-the first one's all-reduce service time.
+the first one's all-reduce service time. A ps trace's server rows (``{s}OPTIM``
+on a server's rank, collective stream: :mod:`real.ps`) time the graph's server
+updates: each stage's the longest over the servers.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from schedules.errors import CostFileError
 from sim.engine import simulate
 from sim.profiled import ProfiledCosts, _frames, from_trace, occupancy, trace_calibration
 
-__all__ = ["ReplayStep", "collective_service", "dp_replayable", "graph_of", "replay", "trace_graph"]
+__all__ = ["ReplayStep", "collective_service", "dp_replayable", "graph_of", "replay", "server_updates", "trace_graph"]
 
 
 @dataclass(frozen=True)
@@ -144,9 +146,23 @@ def _service(part: Any) -> dict[tuple[int, str, int], float]:
     return {(r, a, k): e - s for r, a, k, s, e in collective_service(part)}
 
 
+def server_updates(part: Any, trainers: int) -> dict[int, float]:
+    """ps: stage -> the servers' update of it in one step (the longest of the servers' ``{s}OPTIM`` rows, ranks
+    from ``trainers`` = pp x dp on)."""
+    rows = part[(part["stream"] == "collective") & (part["kind"] == "OPTIM") & (part["rank"] >= trainers)]
+    out: dict[int, float] = {}
+    for stage, start, end in zip(rows["stage"].astype(int), rows["start"], rows["end"], strict=True):
+        out[stage] = max(out.get(stage, 0.0), float(end - start))
+    return out
+
+
+def _trainers(df: Any) -> int:
+    return int(df.attrs["params"]["pp"]) * int(df.attrs.get("dp", 1) or 1)
+
+
 def dp_replayable(df: Any, graph: TaskGraph | None = None) -> bool:
     """True if each step's collectives of the first replica (trace ranks below pp) are the graph's (None: that
-    step's own, :func:`graph_of`), one for one."""
+    step's own, :func:`graph_of`), one for one, and every server update of the graph (ps) has its rows."""
     def counts(pairs) -> dict[tuple[int, str], int]:
         out: dict[tuple[int, str], int] = {}
         for key in pairs:
@@ -155,9 +171,13 @@ def dp_replayable(df: Any, graph: TaskGraph | None = None) -> bool:
 
     for _, part in _steps(df):
         g = graph if graph is not None else graph_of(df, part)
-        mine = counts((t.rank, str(t.action)) for t in g.tasks if t.stream is Stream.COLLECTIVE)
+        mine = counts((t.rank, str(t.action)) for t in g.tasks if t.stream is Stream.COLLECTIVE
+                      and t.action.kind is not Kind.OPTIM)
         coll = part[(part["stream"] == "collective") & (part["rank"] < g.num_ranks)]
         if counts(zip(coll["rank"].astype(int), coll["action"].astype(str), strict=True)) != mine:
+            return False
+        updates = {t.action.stage for t in g.tasks if t.stream is Stream.COLLECTIVE and t.action.kind is Kind.OPTIM}
+        if not updates <= server_updates(part, _trainers(df)).keys():
             return False
     return True
 
@@ -179,8 +199,10 @@ class _StepCosts:
     max_inflight = 0  # and hold the runtime's waits for its reduce-scatters in flight
 
     def __init__(self, base: ProfiledCosts, measured: dict[tuple[int, str], float],
-                 service: dict[tuple[int, str, int], float] | None = None) -> None:
+                 service: dict[tuple[int, str, int], float] | None = None,
+                 servers: dict[int, float] | None = None) -> None:
         self.base, self.measured, self.service = base, measured, service or {}
+        self.servers = servers or {}  # ps: stage -> the servers' measured update
         self.dp = service is not None  # a data-parallel step: its OPTIM measured too (a local-sgd step has no collective)
 
     def durations(self, graph: TaskGraph) -> list[float]:
@@ -188,7 +210,9 @@ class _StepCosts:
                for t in graph.tasks]
         seen: dict[tuple[int, str], int] = {}
         for t in graph.tasks:
-            if t.stream is Stream.COLLECTIVE and self.dp:
+            if t.stream is Stream.COLLECTIVE and t.action.kind is Kind.OPTIM:
+                out[t.id] = self.servers[t.action.stage]
+            elif t.stream is Stream.COLLECTIVE and self.dp:
                 key = (t.rank, str(t.action))
                 k = seen[key] = seen.get(key, -1) + 1
                 out[t.id] = self.service[(*key, k)]
@@ -222,7 +246,8 @@ def replay(trace: Any, costs: ProfiledCosts | None = None) -> list[ReplayStep]:
         measured = occupancy(part, int(df.attrs["params"]["pp"]))
         if dp > 1:
             _before_optim(part, measured, costs.task_overhead)
-        step_costs = _StepCosts(costs, measured, _service(part) if dp > 1 else None)
+        step_costs = _StepCosts(costs, measured, _service(part) if dp > 1 else None,
+                                server_updates(part, _trainers(df)))
         own = graph_of(df, part) if df.attrs.get("dp_mode") == "local-sgd" else graph
         result = simulate(own, step_costs, check=False)
         if own is not graph:  # local-sgd: the replicas are not in lockstep (a local step's skew carries into the

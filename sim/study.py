@@ -30,7 +30,7 @@ from schedules.dp import DP_MODES, PEER_SELECTIONS, add_data_parallel, exchange_
 from schedules.errors import ConfigError, check_positive_ints, quote
 from schedules.registry import lookup
 from sim import collectives as coll
-from sim.async_ps import AsyncPSResult, cycle_of, simulate_async_ps, update_time
+from sim.async_ps import AsyncPSResult, cycle_of, simulate_async_ps
 from sim.cluster import (
     GB,
     Cluster,
@@ -52,7 +52,7 @@ from sim.network import LINK_MODELS
 from sim.parallel import EMBEDDING_ALLREDUCE, ParallelConfig
 from sim.recompute_modes import key_recompute
 from sim.transformer import TransformerConfig, model_from_dict
-from sim.transformer_costs import ADAM_BYTES_PER_PARAM, DTYPES, TransformerCosts
+from sim.transformer_costs import DTYPES, TransformerCosts
 
 __all__ = ["Study", "StudyResult", "dp_options", "exposed_comm", "load_study", "run_study", "study_from_dict"]
 
@@ -210,9 +210,7 @@ class StudyResult:
         if p.dp_mode != "async-ps":
             return None
         n_st = self.sim.graph.schedule.num_stages
-        params = sum(s.costs.stage_params(st, n_st) for st in range(n_st)) * p.tp
-        update = update_time(params, max(len(s.cluster.pservers), 1), s.cluster.pserver_spec.memory_bw,
-                             ADAM_BYTES_PER_PARAM)
+        update = sum(s.costs.server_update_time(st, n_st) for st in range(n_st))  # every stage's, as ps's OPTIMs
         return simulate_async_ps(cycle_of(self, update), p.trainer_speeds or (1.0,) * p.dp, p.staleness)
 
     def devices(self) -> list[DeviceMemory]:
@@ -254,7 +252,9 @@ class StudyResult:
             ("links: transfers on a port share its bandwidth, max-min fair (flows)" if p.link_model == "fair" else
              "links: FIFO per port, each transfer holds its ports (fcfs)")
             + f"; rank order {p.order}; network core non-blocking",
-            "optimizer step: 28 bytes per parameter at HBM bandwidth"
+            ("optimizer step: 28 bytes per parameter at HBM bandwidth" if p.dp_mode not in ("ps", "async-ps") else
+             "optimizer step: the parameter servers', 28 bytes per parameter of a server's shard at its memory "
+             f"bandwidth ({s.cluster.pserver_spec.memory_bw / 1e12:g} TB/s)")
             + (", after each rank's last pass (dp mode none adds no OPTIM task)" if p.dp_mode == "none" else ""),
             *([f"local-sgd: the step simulated is one that averages (1 in {p.sync_every}); time per step amortized "
                "over the others: sim.comm_modes.mode_step_time, schedlab compare --time-to-loss"]
@@ -313,7 +313,8 @@ def _ps_assumption(mode: str, dp: int, servers: int) -> list[str]:
     """The parameter-server modes' transfer model, one line (none for the other modes)."""
     if mode == "ps":
         return [f"parameter servers: {servers}; a push or pull is every replica's at once, alpha + max(n / B, "
-                f"{dp} n / ({servers} B)) (synchronous SGD)"]
+                f"{dp} n / ({servers} B)) (synchronous SGD); the servers update a stage once its pushes are in (the "
+                "stages one at a time, the last first) and its pulls wait for that"]
     if mode == "async-ps":
         return [f"parameter servers: {servers}; a push or pull is one trainer's alone, alpha + n / B (async-ps: "
                 "trainers do not wait for each other); the step above is one trainer's, run over many steps by every "

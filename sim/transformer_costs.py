@@ -30,7 +30,11 @@
 * OPTIM (Adam, mixed precision) is memory-bound: per parameter it reads the
   fp16 gradient (2 bytes) and fp32 master weight, momentum and variance (12)
   and writes those three (12) and the fp16 weight (2): 28 bytes at HBM
-  bandwidth, on the rank's shard of the parameters (1/dp under ZeRO).
+  bandwidth, on the rank's shard of the parameters (1/dp under ZeRO). dp mode
+  ps: the OPTIM of a stage is the parameter servers' update (on the collective
+  stream, :mod:`schedules.dp`): each of the K servers moves the same 28 bytes
+  per parameter of its 1/K of the stage (every tensor-parallel shard) at the
+  server's memory bandwidth (:func:`sim.async_ps.update_time`, async-ps's too).
 * A pipeline SEND moves one boundary activation (2sbh/tp bytes): alpha + n/B
   over the link between the two ranks' devices (NVLink on one node, the NIC
   across nodes).
@@ -62,6 +66,7 @@ from schedules.dp import DataParallelGraph
 from schedules.errors import ConfigError, check_choice, check_fraction, check_positive_ints, quote
 from schedules.timing import action_held_freed
 from sim import collectives as coll
+from sim.async_ps import update_time
 from sim.cluster import Cluster, Link
 from sim.compression import compressed_bytes, powersgd_ratio
 from sim.costs import memoized_durations, recomputed_in
@@ -395,6 +400,12 @@ class TransformerCosts:
         """Seconds of one stage's optimizer step on its rank (see the module docstring)."""
         return self._optim(stage, n_st)
 
+    def server_update_time(self, stage: int, n_st: int) -> float:
+        """Seconds of the parameter servers' update of one stage (dp modes ps and async-ps; module docstring)."""
+        servers = max(len(self.cluster.pservers), 1)
+        return update_time(self.stage_params(stage, n_st) * self.parallel.tp, servers,
+                           self.cluster.pserver_spec.memory_bw, ADAM_BYTES_PER_PARAM)
+
     def _optim(self, stage: int, n_st: int) -> float:
         shard = self.parallel.dp if self.parallel.dp_mode in ("zero1", "zero2", "zero3", "fsdp") else 1
         return ADAM_BYTES_PER_PARAM * self.stage_params(stage, n_st) / shard / self.cluster.spec.memory_bw
@@ -444,6 +455,8 @@ class TransformerCosts:
         a, n_st = task.action, graph.schedule.num_stages
         if a.is_compute:
             return self._compute(a, n_st)
+        if a.kind is Kind.OPTIM and task.stream is Stream.COLLECTIVE:  # ps: the servers' update (schedules.dp)
+            return self.server_update_time(a.stage, n_st)
         if a.kind is Kind.OPTIM:
             return self._optim(a.stage, n_st)
         if a.kind in (Kind.SEND_F, Kind.SEND_B):
@@ -465,7 +478,7 @@ class TransformerCosts:
         a = task.action
         if a.kind in (Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B):
             return self.local.boundary_bytes(self.microbatch_size) / self.parallel.tp
-        if task.stream is Stream.COLLECTIVE:
+        if task.stream is Stream.COLLECTIVE and a.kind is not Kind.OPTIM:  # ps's server update moves no bytes
             if _is_embedding(task, graph):
                 return self.embedding_bytes()
             return self.collective_bytes(a.kind, a.stage, graph.schedule.num_stages, a.bucket or 0)
@@ -508,7 +521,7 @@ class TransformerCosts:
             elif t.stream is Stream.COLLECTIVE and dur[t.id] > 0 and _is_embedding(t, graph):
                 kind = "intra" if self._embedding_link(graph) is self.cluster.intra else "inter"
                 links.append((port[kind + "-out"] + p.device(t.rank), port[kind + "-in"] + p.device(t.rank)))
-            elif t.stream is Stream.COLLECTIVE and dur[t.id] > 0:
+            elif t.stream is Stream.COLLECTIVE and dur[t.id] > 0 and t.action.kind is not Kind.OPTIM:
                 links.append(self._collective_ports(t.rank, port, ps0))
             else:
                 links.append(())
@@ -523,8 +536,8 @@ class TransformerCosts:
         # one communicator per rank's data-parallel group (another for the embedding's): each runs its
         # collectives one at a time, in order
         n_r = graph.num_ranks
-        queue = [-1 if t.stream is not Stream.COLLECTIVE else n_r + t.rank if _is_embedding(t, graph) else t.rank
-                 for t in graph.tasks]
+        queue = [-1 if t.stream is not Stream.COLLECTIVE or t.action.kind is Kind.OPTIM  # ps: the servers' update
+                 else n_r + t.rank if _is_embedding(t, graph) else t.rank for t in graph.tasks]
         return Network(lag=lag, links=links, latency=latency, model=p.link_model, queue=queue,
                        contention=self.compute_contention if p.link_model == "fair" else 0.0)
 

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from analysis.dp_compare import predict_dp_modes
-from schedules import ConfigError
+from schedules import ConfigError, Kind
 from sim.async_ps import Cycle, cycle_of, simulate_async_ps
 from sim.cluster import cluster_preset
 from sim.comm_modes import mode_step_time
@@ -80,7 +80,12 @@ def test_the_cycle_is_the_simulated_step_cut_at_the_last_compute_push_and_pull()
     r = run_study(_study())
     c = cycle_of(r, 0.0)
     assert c.compute_s > 0 and c.push_s >= 0 and c.pull_s > 0
-    assert c.own(1.0) == pytest.approx(max(r.sim.end), rel=1e-12)  # the step ends with its last pull
+    tasks, end = r.sim.graph.tasks, r.sim.end
+    pushed = max(end[t.id] for t in tasks if t.action.kind is Kind.REDUCE_SCATTER)
+    updated = max(end[t.id] for t in tasks if t.action.kind is Kind.OPTIM)  # the servers' last update (stage 0's)
+    assert c.compute_s + c.push_s == pushed and updated > pushed
+    # the step ends with its last pull, after the servers' last update (schedules.dp)
+    assert c.own(1.0) + (updated - pushed) == pytest.approx(max(end), rel=1e-12)
 
 
 def test_the_study_mode_step_time_and_compare_use_the_bound_model():
@@ -118,7 +123,7 @@ def test_python_m_sim_prints_each_trainer_under_the_bound(capsys):
 @pytest.mark.parametrize("flags, message", [
     (["--dp-mode", "ps", "--staleness", "1"],
      "parallel: staleness applies to dp_mode async-ps, not 'ps'; use dp_mode async-ps or leave it out"),
-    (["--dp-mode", "async-ps", "--trainer-speeds", "1,0"], 
+    (["--dp-mode", "async-ps", "--trainer-speeds", "1,0"],
      "config [parallel]: trainer_speeds must be a list of finite numbers > 0, one per replica (e.g. [1, 1.5]), got "
      "[1.0, 0.0] (flag --trainer-speeds)"),
     (["--dp-mode", "async-ps", "--trainer-speeds", "1,x"], "'1,x' is not comma-separated numbers, e.g. 1,1.5"),

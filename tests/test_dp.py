@@ -43,7 +43,7 @@ PASSES = {"1f1b": (8, 8), "interleaved-1f1b": (16, 16), "zb-v": (24, 24), "dualp
     ("zero2", {Kind.REDUCE_SCATTER: 3 * 4, Kind.OPTIM: 1, Kind.ALL_GATHER: 3}),
     ("zero3", {Kind.REDUCE_SCATTER: 3 * 4, Kind.OPTIM: 1}),  # ALL_GATHER: 3 per pass (below)
     ("fsdp", {Kind.REDUCE_SCATTER: 3 * 4, Kind.OPTIM: 1}),
-    ("ps", {Kind.REDUCE_SCATTER: 3, Kind.ALL_GATHER: 3}),
+    ("ps", {Kind.REDUCE_SCATTER: 3, Kind.ALL_GATHER: 3, Kind.OPTIM: 1}),  # OPTIM: the servers' (collective stream)
 ])
 @pytest.mark.parametrize("schedule", ["1f1b", "interleaved-1f1b", "zb-v", "dualpipe-v"])
 def test_pass_adds_each_modes_tasks_and_keeps_the_input(mode, per_stage, schedule):
@@ -60,7 +60,7 @@ def test_pass_adds_each_modes_tasks_and_keeps_the_input(mode, per_stage, schedul
         if mode in ("zero3", "fsdp"):  # every bucket before every pass (F, I, W, B), W included
             assert kinds.count(Kind.ALL_GATHER) == 3 * PASSES[schedule][rank], rank
         opt = [graph.tasks[i] for i in graph.programs[rank] if graph.tasks[i].action.kind is Kind.OPTIM]
-        assert all(t.stream is Stream.COMPUTE for t in opt)
+        assert all(t.stream is (Stream.COLLECTIVE if mode == "ps" else Stream.COMPUTE) for t in opt)
     assert add_data_parallel(base, "none", [1] * base.schedule.num_stages) is base
 
 
@@ -137,7 +137,7 @@ def test_parameter_server_transfers_follow_max_of_worker_and_server_load(servers
     costs, graph = r.study.costs, r.sim.graph
     link = r.study.cluster.inter
     for t in graph.tasks:
-        if t.stream is Stream.COLLECTIVE:
+        if t.stream is Stream.COLLECTIVE and t.action.kind is not Kind.OPTIM:  # OPTIM: the servers' update
             n = costs.bucket_sizes(t.action.stage, 4)[t.action.bucket]
             expected = link.alpha + max(n, 4 * n / servers) / link.rate
             assert r.sim.end[t.id] - r.sim.start[t.id] == pytest.approx(expected, rel=1e-12)

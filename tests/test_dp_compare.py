@@ -52,8 +52,8 @@ def _closed_form_step(mode: str) -> float:
         "zero1": f + b + g.gather(bucket) + opt + g.gather(bucket),  # reduce-scatter, step, all-gather
         "zero2": f + b + g.gather(bucket) + opt + g.gather(bucket),
         "fsdp": g.gather(bucket) + f + b + g.gather(bucket) + opt,  # the backward's gather hides under F
-        # push, then pull; the graph has no OPTIM, so StudyResult.step_time adds one after the pull
-        "ps": f + b + g.ps(bucket) + g.ps(bucket) + opt,
+        # push, the server's update (28 B per parameter at its memory bandwidth, one server), then pull
+        "ps": f + b + g.ps(bucket) + 28 * PSI / c.cluster.pserver_spec.memory_bw + g.ps(bucket),
     }[mode]
 
 

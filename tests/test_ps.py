@@ -95,8 +95,27 @@ def test_ps_trace_has_a_push_and_a_pull_per_bucket(three, label):
         pulls = sorted(mine[mine["kind"] == "ALL_GATHER"]["action"])
         assert pushes and [a.replace("REDUCE_SCATTER", "") for a in pushes] == [a.replace("ALL_GATHER", "")
                                                                                   for a in pulls]
-    assert set(trace["rank"]) == set(range(cfg.layout.pp * cfg.layout.dp)), "servers run no passes"
-    assert (trace[trace["kind"] == "OPTIM"]).empty, "trainers step nothing: the servers do"
+    trainers = cfg.layout.pp * cfg.layout.dp
+    assert set(trace[trace["stream"] != "collective"]["rank"]) == set(range(trainers)), "servers run no passes"
+    _check_server_updates(cfg, trace, trainers)
+
+
+def _check_server_updates(cfg: RunConfig, trace, trainers: int) -> None:
+    """Trainers step nothing: each server traces one update ({s}OPTIM, collective stream) per stage and step, the
+    last stage first (real.ps.ParamServer.step), on the server's own clock; the trace replays with them."""
+    from sim.replay import replay, server_updates
+
+    optim = trace[trace["kind"] == "OPTIM"]
+    assert set(optim["stream"]) == {"collective"} and set(optim["rank"]) == set(range(trainers, cfg.world_size))
+    stages = list(range(cfg.layout.pp))[::-1]  # one stage per pipeline rank here
+    for (step, rank), rows in optim.groupby(["step", "rank"]):
+        rows = rows.sort_values("start")
+        assert list(rows["action"]) == [f"{s}OPTIM" for s in stages], (step, rank)
+        assert (rows["start"] < rows["end"]).all() and (rows["end"].to_numpy()[:-1] <= rows["start"].to_numpy()[1:]).all()
+    for step, part in trace.groupby("step"):
+        assert sorted(server_updates(part, trainers)) == sorted(stages), step
+    if cfg.layout.dp > 1:  # a data-parallel trace replays on the ps graph, each server update as long as traced
+        assert len(replay(trace)) == len(set(trace["step"]))
 
 
 @pytest.mark.parametrize("label", list(RUNS))

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from schedules import Stream, build, lower
+from schedules import Kind, Stream, build, lower
 from schedules.dp import add_data_parallel
 from sim import collectives as coll
 from sim.cluster import cluster_preset
@@ -37,12 +37,85 @@ def test_async_ps_has_the_tasks_of_ps():
     assert asynchronous.plan.mode == "async-ps" and asynchronous.plan.ready == ps.plan.ready
 
 
+@pytest.mark.parametrize(("schedule", "pp", "buckets"), [("zb-h1", 2, [2, 3]), ("interleaved-1f1b", 2, [1, 2, 1, 3]),
+                                                         ("1f1b", 1, [2])])
+def test_the_servers_update_each_stage_after_its_pushes_last_stage_first_and_the_pulls_wait(schedule, pp, buckets):
+    """real.ps.ParamServer.step: a stage's update once all its buckets' pushes are in, the stages one at a time
+    from the last; each pull waits for its stage's update. On the stage's rank, on the collective stream."""
+    graph = lower(build(schedule, pp=pp, microbatches=4))
+    ps = add_data_parallel(graph, "ps", buckets)
+    ids = {str(t.action): t.id for t in ps.tasks if t.stream is Stream.COLLECTIVE}
+    n = graph.schedule.num_stages
+    assert sorted(a for a in ids if "OPTIM" in a) == sorted(f"{s}OPTIM" for s in range(n))
+    for s in range(n):
+        update = ps.tasks[ids[f"{s}OPTIM"]]
+        assert (update.rank, update.stream) == (graph.schedule.stage_to_rank[s], Stream.COLLECTIVE)
+        after = (ids[f"{s + 1}OPTIM"],) if s + 1 < n else ()
+        assert update.deps == (*(ids[f"{s}REDUCE_SCATTER_b{k}"] for k in range(buckets[s])), *after)
+        assert [ps.tasks[ids[f"{s}ALL_GATHER_b{k}"]].deps for k in range(buckets[s])] == [(update.id,)] * buckets[s]
+    assert not any(t.action.kind is Kind.OPTIM for t in ps.tasks if t.stream is Stream.COMPUTE)  # trainers: none
+
+
+@pytest.mark.parametrize("mode", ["ps", "async-ps"])
+@pytest.mark.parametrize(("servers", "tp"), [(1, 1), (2, 2), (4, 1)])
+def test_a_servers_update_moves_28_bytes_per_parameter_of_its_shard_at_its_memory_bandwidth(mode, servers, tp):
+    """Each stage's update: 28 B x (stage params x tp) / K at the server's memory bandwidth (sim.async_ps.update_time,
+    one function for both modes); it holds no link, so it starts when its last dependency ends."""
+    r = run_study(Study(schedule="1f1b", microbatches=4, costs=TransformerCosts(
+        model=GPT6, cluster=cluster_preset(f"dgx-h100:2+ps{servers}"),
+        parallel=ParallelConfig(pp=4, dp=2, tp=tp, dp_mode=mode))))
+    costs, sim = r.study.costs, r.sim
+    bw = r.study.cluster.pserver_spec.memory_bw
+    assert bw == 0.3e12
+    updates = [t for t in sim.graph.tasks if t.action.kind is Kind.OPTIM]
+    assert len(updates) == 4
+    for t in updates:
+        expected = 28 * costs.stage_params(t.action.stage, 4) * tp / servers / bw
+        assert sim.end[t.id] - sim.start[t.id] == pytest.approx(expected, rel=1e-12)
+        assert sim.start[t.id] == max(sim.end[d] for d in t.deps)
+        assert sim.bytes_moved[t.id] == 0.0
+    total = sum(costs.server_update_time(s, 4) for s in range(4))
+    assert total == pytest.approx(28 * GPT6.params * (sum(costs.stage_params(s, 4) for s in range(4)) * tp
+                                                       / GPT6.params) / servers / bw, rel=1e-12)
+    if mode == "async-ps":
+        assert r.async_ps.cycle.update_s == total
+    else:  # the trainers step nothing: the step ends with the last pull, after the servers' last update
+        assert r.step_time == max(sim.end)
+        last = max(sim.end[t.id] for t in updates)
+        assert last == sim.end[next(t.id for t in updates if t.action.stage == 0)]
+
+
+@pytest.mark.parametrize(("servers", "dp", "pp", "bucket_mb", "link_model"), [
+    (2, 2, 1, 1e5, "fair"), (2, 2, 1, 25, "fair"), (4, 4, 1, 25, "fcfs"), (4, 2, 1, 100, "fair"),
+    (2, 2, 4, 25, "fair"), (2, 2, 4, 1e5, "fcfs"), (4, 4, 2, 25, "fair")])
+def test_async_ps_at_staleness_0_is_the_ps_step_plus_the_update_ps_hides_before_the_last_push(
+        servers, dp, pp, bucket_mb, link_model):
+    """Equal speeds, S = 0, dp <= K (a push or pull costs the same alone as with every trainer's): async-ps's time
+    per update = the ps step + the servers' update work ps does before the step's last push is in (the later
+    stages', while the earlier ones push): sim.async_ps runs the whole update after the last push. At pp 1
+    there is none: the two are equal."""
+    def study(mode):
+        return Study(schedule="1f1b", microbatches=4, costs=TransformerCosts(
+            model=GPT6, cluster=cluster_preset(f"dgx-h100:2+ps{servers}"),
+            parallel=ParallelConfig(pp=pp, dp=dp, dp_mode=mode, bucket_mb=bucket_mb, link_model=link_model)))
+    ps, asynchronous = run_study(study("ps")), run_study(study("async-ps"))
+    sim = ps.sim
+    pushed = max(sim.end[t.id] for t in sim.graph.tasks if t.action.kind is Kind.REDUCE_SCATTER)
+    updated = max(sim.end[t.id] for t in sim.graph.tasks if t.action.kind is Kind.OPTIM)
+    hidden = asynchronous.async_ps.cycle.update_s - (updated - pushed)
+    assert asynchronous.async_ps.time_per_step == pytest.approx(ps.step_time + hidden, rel=1e-12)
+    if pp == 1:
+        assert hidden == pytest.approx(0.0, abs=1e-12)
+    else:
+        assert hidden > 0.0
+
+
 @pytest.mark.parametrize("servers", [1, 4])
 def test_async_ps_transfers_are_one_trainers_alone(servers):
     """alpha + max(n/B, n/(k B)) = alpha + n/B: the server's link carries one trainer's push, not dp of them."""
     r = run_study(_study("async-ps", servers))
     costs, graph, link = r.study.costs, r.sim.graph, r.study.cluster.inter
-    collectives = [t for t in graph.tasks if t.stream is Stream.COLLECTIVE]
+    collectives = [t for t in graph.tasks if t.stream is Stream.COLLECTIVE and t.action.kind is not Kind.OPTIM]
     assert collectives
     for t in collectives:
         n = costs.bucket_sizes(t.action.stage, 4)[t.action.bucket]
@@ -54,7 +127,9 @@ def test_async_ps_predicts_a_shorter_step_than_ps_when_the_servers_are_the_bottl
     runs = {mode: run_study(_study(mode, 1, "fair")) for mode in ("ps", "async-ps")}
     assert runs["async-ps"].step_time < runs["ps"].step_time
     assert runs["ps"].assumptions()[-1] == ("parameter servers: 1; a push or pull is every replica's at once, "
-                                            "alpha + max(n / B, 4 n / (1 B)) (synchronous SGD)")
+                                            "alpha + max(n / B, 4 n / (1 B)) (synchronous SGD); the servers update a "
+                                            "stage once its pushes are in (the stages one at a time, the last first) "
+                                            "and its pulls wait for that")
     assert runs["async-ps"].assumptions()[-1].startswith("parameter servers: 1; a push or pull is one trainer's alone")
 
 
