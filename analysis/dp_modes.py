@@ -4,7 +4,9 @@ Beside the exact modes (ddp, sync, zero1, zero2, zero3), a grid row's mode may b
 
 * ``ps``: synchronous SGD through one parameter server (2 trainers + 1 server: 3 processes, so its runs
   are measured in a process group of their own). The simulator's ``ps`` graph pushes each bucket
-  (REDUCE_SCATTER) when ready and pulls it back (ALL_GATHER);
+  (REDUCE_SCATTER) when ready, the server updates the stage (an OPTIM on the collective stream: the
+  profile's optimizer step, or from the run's own trace the server's traced update) and the bucket is
+  pulled back (ALL_GATHER);
 * ``decentralized``: each replica exchanges its parameters with its one ring neighbour (dp 2), timed
   as a p2p message of the bucket;
 * ``local-sgd``: averages the parameters every K steps (the run's ``sync_every``; the grid's K is
