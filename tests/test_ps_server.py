@@ -1,0 +1,94 @@
+"""ps's server update under measured costs: the grid's closed form, and a trace's server rows read back.
+
+The "real" trace is the simulator's own ps step (gpipe, pp 1, m 2, 3 buckets) for 2 trainers and 1 server:
+the trainers' rows on ranks 0 and 1, the server's update ({s}OPTIM, collective stream) on rank 2, as
+real.ps records them. So every figure read back from it has a known true value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+
+from analysis.calibration import dp_graph, predict
+from analysis.dp_calibration import dp_replay_error, dp_self_costs, server_update_times
+from schedules import Kind, Stream
+from schedules.formats import PROFILE_SCHEMA
+from sim import simulate
+from sim.profiled import ProfiledCosts, StageCosts
+from sim.replay import dp_replayable, replay, server_updates
+
+F, B, UPDATE, ALPHA, STEP_OVERHEAD = 0.010, 0.020, 0.003, 0.004, 0.002
+
+
+def _truth() -> ProfiledCosts:
+    return ProfiledCosts(stages=(StageCosts(f=F, b=B, i=0.0, w=0.0, optim=UPDATE, param_bytes=3000),),
+                         collectives=(("reduce_scatter", 3 * ALPHA, math.inf), ("all_gather", ALPHA / 2, math.inf)),
+                         step_overhead=STEP_OVERHEAD)
+
+
+def test_the_grids_ps_step_is_the_pushes_the_servers_update_and_the_pulls():
+    """Buckets ready 1/3, 2/3 and 3/3 into the last B; the pushes (12 ms each) one at a time on the rank's link,
+    then the server's update (3 ms, on no link), then the three pulls (2 ms each): closed form."""
+    graph = dp_graph("gpipe", "ps", 2, 3)
+    (update,) = [t for t in graph.tasks if t.action.kind is Kind.OPTIM]
+    assert update.stream is Stream.COLLECTIVE
+    expected = 2 * F + B + B / 3 + 3 * (3 * ALPHA) + UPDATE + 3 * (ALPHA / 2) + STEP_OVERHEAD
+    assert predict(graph, _truth()) == pytest.approx(expected, rel=1e-12)
+
+
+def _trace(steps: int = 2) -> pd.DataFrame:
+    result = simulate(dp_graph("gpipe", "ps", 2, 3), _truth())
+    one = result.trace
+    server = one["kind"] == "OPTIM"
+    parts, walls = [], {}
+    for step in range(steps):
+        for rank, rows in ((0, one[~server]), (1, one[~server]), (2, one[server])):
+            df = rows.copy()
+            df["rank"] = rank
+            df[["start", "end"]] += step
+            df["step"] = step
+            parts.append(df)
+        walls[str(step)] = result.makespan + STEP_OVERHEAD
+    df = pd.concat(parts, ignore_index=True)
+    df.attrs.update(source="real", schedule="gpipe", params={"pp": 1, "microbatches": 2, "chunks": 1},
+                    step_times=walls, dp=2, dp_mode="ps")
+    return df
+
+
+@pytest.fixture
+def profile(tmp_path):
+    """The pair's profile: every time twice the truth (what is read from the trace must not come from it)."""
+    path = tmp_path / "dp.json"
+    path.write_text(json.dumps({
+        "schema": PROFILE_SCHEMA, "partitions": [{"num_stages": 1, "stages": [
+            {"stage": 0, "layers": [0, 2], "param_bytes": 3000, "F": 2 * F, "B": 2 * B, "I": 0.0, "W": 0.0,
+             "OPTIM": 2 * UPDATE}]}],
+        "collectives": {"reduce_scatter": {"alpha": 6 * ALPHA, "beta": None},
+                        "all_gather": {"alpha": ALPHA, "beta": None}}}))
+    return path
+
+
+def test_a_ps_traces_server_rows_time_its_update_in_the_self_calibration_and_the_replay(profile):
+    df = _trace()
+    assert server_updates(df[df["step"] == 0], 2) == {0: pytest.approx(UPDATE, rel=1e-12)}
+    assert server_update_times([df]) == pytest.approx([UPDATE, UPDATE], rel=1e-12)
+    assert dp_replayable(df)
+    assert [x.error for x in replay(df, _truth())] == pytest.approx([0.0, 0.0], abs=1e-12)
+    assert dp_replay_error([df], profile) == (pytest.approx(0.0, abs=1e-12), pytest.approx(0.0, abs=1e-12))
+    costs = dp_self_costs([df], profile)
+    assert costs.stages[0].optim == pytest.approx(UPDATE, rel=1e-12)  # the server's, not the profile's 2x
+    graph = dp_graph("gpipe", "ps", 2, 3)
+    assert predict(graph, costs) == pytest.approx(predict(graph, _truth()), rel=1e-9)
+
+
+def test_a_ps_trace_without_server_rows_has_no_replay(profile):
+    """A trace recorded before the servers traced their updates: its graph's update has nothing to take."""
+    df = _trace()
+    df = df[df["kind"] != "OPTIM"].reset_index(drop=True)
+    df.attrs.update(_trace().attrs)
+    assert not dp_replayable(df)
+    assert dp_replay_error([df], profile) == (None, None)
