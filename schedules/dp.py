@@ -107,7 +107,7 @@ from schedules.ir import Action, Kind
 from schedules.util import paused_gc
 
 __all__ = ["APPROXIMATE_MODES", "DP_MODES", "PEER_SELECTIONS", "ZERO3_READS", "DPPlan", "DataParallelGraph",
-           "add_data_parallel", "exchange_peers", "random_peer", "ring_neighbours"]
+           "add_data_parallel", "exchange_peers", "random_peer", "ring_neighbours", "server_update"]
 
 DP_MODES = ("none", "sync", "ddp", "zero1", "zero2", "zero3", "fsdp", "ps", "async-ps", "decentralized", "local-sgd")
 # Modes that change the mathematics (each replica steps its own parameters): compared by time to a loss, not by
@@ -140,6 +140,12 @@ class DataParallelGraph(TaskGraph):
     """A TaskGraph plus the :class:`DPPlan` that made its collectives."""
 
     plan: DPPlan | None = None
+
+
+def server_update(task: Task) -> bool:
+    """True for ps's (and async-ps's) update of a stage on the parameter servers: an OPTIM on the collective
+    stream. The servers do that work: it moves nothing on the trainer's links and slows none of its compute."""
+    return task.stream is Stream.COLLECTIVE and task.action.kind is Kind.OPTIM
 
 
 def exchange_peers(selection: str, dp: int) -> int:

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from schedules import ScheduleError, Stream, TaskGraph, validate
+from schedules.dp import server_update
 from schedules.trace import make_trace
 from schedules.util import paused_gc
 from sim.costs import CostModel
@@ -446,7 +447,8 @@ def _contended(graph: TaskGraph, net: Network, dur: list[float], start: list[flo
     communicating its remaining work is re-timed and its end moved (a versioned ``_CEND`` event).
     """
     tasks, slow = graph.tasks, 1.0 / (1.0 + net.contention)
-    sides = [() if t.stream is Stream.COMPUTE else (t.rank,) if t.peer is None else (t.rank, t.peer) for t in tasks]
+    sides = [() if t.stream is Stream.COMPUTE or server_update(t)  # ps: the servers' update is not the rank's
+             else (t.rank,) if t.peer is None else (t.rank, t.peer) for t in tasks]
     active = [0] * graph.num_ranks
     live: set[int] = set()  # transfers started and not ended
     running: dict[int, list] = {}  # rank -> [task, work left at full speed, since, rate, version]
@@ -477,7 +479,7 @@ def _contended(graph: TaskGraph, net: Network, dur: list[float], start: list[flo
         finish(i, now, ready)
 
     def run_c(i: int, now: float, ready: list[int]) -> None:
-        if sides[i] or dur[i] <= 0.0:
+        if tasks[i].stream is not Stream.COMPUTE or dur[i] <= 0.0:
             if sides[i] and dur[i] > 0.0:
                 started(i, now)
             run_alone(i, now, ready)

@@ -84,6 +84,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schedules import Action, Kind, Stream, Task, TaskGraph
+from schedules.dp import server_update
 from schedules.errors import CostFileError, quote
 from schedules.formats import PROFILE_SCHEMA
 from sim.costs import UniformCosts
@@ -224,8 +225,8 @@ class ProfiledCosts:
         lag = [0.0] * len(graph.tasks)
         for c, (anchor, frac) in plan.ready.items():
             lag[c] = frac * dur[anchor]
-        links = [(t.rank,) if t.stream is Stream.COLLECTIVE and t.action.kind is not Kind.OPTIM else ()
-                 for t in graph.tasks]  # ps's OPTIM: the server's update, not a transfer of the rank
+        links = [(t.rank,) if t.stream is Stream.COLLECTIVE and not server_update(t) else ()
+                 for t in graph.tasks]  # ps: the server's update is not a transfer of the rank
         return lag, links
 
     def durations(self, graph: TaskGraph) -> list[float]:

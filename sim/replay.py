@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from schedules import Kind, Stream, TaskGraph, build, lower, spec
+from schedules.dp import server_update
 from schedules.errors import CostFileError
 from sim.engine import simulate
 from sim.profiled import ProfiledCosts, _frames, from_trace, occupancy, trace_calibration
@@ -172,11 +173,11 @@ def dp_replayable(df: Any, graph: TaskGraph | None = None) -> bool:
     for _, part in _steps(df):
         g = graph if graph is not None else graph_of(df, part)
         mine = counts((t.rank, str(t.action)) for t in g.tasks if t.stream is Stream.COLLECTIVE
-                      and t.action.kind is not Kind.OPTIM)
+                      and not server_update(t))
         coll = part[(part["stream"] == "collective") & (part["rank"] < g.num_ranks)]
         if counts(zip(coll["rank"].astype(int), coll["action"].astype(str), strict=True)) != mine:
             return False
-        updates = {t.action.stage for t in g.tasks if t.stream is Stream.COLLECTIVE and t.action.kind is Kind.OPTIM}
+        updates = {t.action.stage for t in g.tasks if server_update(t)}
         if not updates <= server_updates(part, _trainers(df)).keys():
             return False
     return True
@@ -210,7 +211,7 @@ class _StepCosts:
                for t in graph.tasks]
         seen: dict[tuple[int, str], int] = {}
         for t in graph.tasks:
-            if t.stream is Stream.COLLECTIVE and t.action.kind is Kind.OPTIM:
+            if server_update(t):
                 out[t.id] = self.servers[t.action.stage]
             elif t.stream is Stream.COLLECTIVE and self.dp:
                 key = (t.rank, str(t.action))

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from typing import Any
 
 from schedules import Kind, Stream, TaskGraph
+from schedules.dp import server_update
 from sim.network import Network
 
 __all__ = ["SLOWED_WORK", "check_factor", "check_max_inflight", "slowed_links"]
@@ -137,7 +138,7 @@ def slowed_links(graph: TaskGraph, net: Network, dur: list[float], start: list[f
     tasks, links = graph.tasks, net.links
     rank = [t.rank for t in tasks]
     compute = [t.stream is Stream.COMPUTE for t in tasks]
-    moving = [t.stream is Stream.COLLECTIVE for t in tasks]
+    moving = [t.stream is Stream.COLLECTIVE and not server_update(t) for t in tasks]  # ps: the servers' work
     clocks = _Clocks(graph.num_ranks, factor, at)
     free_at: dict[int, float] = {}
     plan = getattr(graph, "plan", None)

@@ -62,7 +62,7 @@ from typing import Any
 
 from schedules import Action, Kind, Stream, Task, TaskGraph
 from schedules.compression import parse_compression
-from schedules.dp import DataParallelGraph
+from schedules.dp import DataParallelGraph, server_update
 from schedules.errors import ConfigError, check_choice, check_fraction, check_positive_ints, quote
 from schedules.timing import action_held_freed
 from sim import collectives as coll
@@ -455,7 +455,7 @@ class TransformerCosts:
         a, n_st = task.action, graph.schedule.num_stages
         if a.is_compute:
             return self._compute(a, n_st)
-        if a.kind is Kind.OPTIM and task.stream is Stream.COLLECTIVE:  # ps: the servers' update (schedules.dp)
+        if server_update(task):  # ps: the servers' update (schedules.dp)
             return self.server_update_time(a.stage, n_st)
         if a.kind is Kind.OPTIM:
             return self._optim(a.stage, n_st)
@@ -478,7 +478,7 @@ class TransformerCosts:
         a = task.action
         if a.kind in (Kind.SEND_F, Kind.SEND_B, Kind.RECV_F, Kind.RECV_B):
             return self.local.boundary_bytes(self.microbatch_size) / self.parallel.tp
-        if task.stream is Stream.COLLECTIVE and a.kind is not Kind.OPTIM:  # ps's server update moves no bytes
+        if task.stream is Stream.COLLECTIVE and not server_update(task):  # ps's server update moves no bytes
             if _is_embedding(task, graph):
                 return self.embedding_bytes()
             return self.collective_bytes(a.kind, a.stage, graph.schedule.num_stages, a.bucket or 0)
@@ -521,7 +521,7 @@ class TransformerCosts:
             elif t.stream is Stream.COLLECTIVE and dur[t.id] > 0 and _is_embedding(t, graph):
                 kind = "intra" if self._embedding_link(graph) is self.cluster.intra else "inter"
                 links.append((port[kind + "-out"] + p.device(t.rank), port[kind + "-in"] + p.device(t.rank)))
-            elif t.stream is Stream.COLLECTIVE and dur[t.id] > 0 and t.action.kind is not Kind.OPTIM:
+            elif t.stream is Stream.COLLECTIVE and dur[t.id] > 0 and not server_update(t):
                 links.append(self._collective_ports(t.rank, port, ps0))
             else:
                 links.append(())
@@ -536,7 +536,7 @@ class TransformerCosts:
         # one communicator per rank's data-parallel group (another for the embedding's): each runs its
         # collectives one at a time, in order
         n_r = graph.num_ranks
-        queue = [-1 if t.stream is not Stream.COLLECTIVE or t.action.kind is Kind.OPTIM  # ps: the servers' update
+        queue = [-1 if t.stream is not Stream.COLLECTIVE or server_update(t)  # ps: the servers' update
                  else n_r + t.rank if _is_embedding(t, graph) else t.rank for t in graph.tasks]
         return Network(lag=lag, links=links, latency=latency, model=p.link_model, queue=queue,
                        contention=self.compute_contention if p.link_model == "fair" else 0.0)

@@ -15,9 +15,11 @@ import pytest
 
 from analysis.calibration import dp_graph, predict
 from analysis.dp_calibration import dp_replay_error, dp_self_costs, server_update_times
-from schedules import Kind, Stream
+from schedules import Kind, Stream, build, lower
+from schedules.dp import add_data_parallel, server_update
 from schedules.formats import PROFILE_SCHEMA
 from sim import simulate
+from sim.network import Network
 from sim.profiled import ProfiledCosts, StageCosts
 from sim.replay import dp_replayable, replay, server_updates
 
@@ -92,3 +94,44 @@ def test_a_ps_trace_without_server_rows_has_no_replay(profile):
     df.attrs.update(_trace().attrs)
     assert not dp_replayable(df)
     assert dp_replay_error([df], profile) == (None, None)
+
+
+class _ServerOnly:
+    """Passes of 1 s; every transfer free but the servers' updates (5 s each): whatever overlaps an update, the
+    network says compute is slowed ``contention`` (fair) or ``comm_slowdown`` (fcfs) while its rank transfers."""
+
+    def __init__(self, model: str, slowdown: float) -> None:
+        self.model, self.slowdown = model, slowdown
+        self.comm_slowdown = slowdown if model == "fcfs" else 1.0
+
+    def durations(self, graph):
+        return [5.0 if server_update(t) else 1.0 if t.stream is Stream.COMPUTE else 0.0 for t in graph.tasks]
+
+    def network(self, graph, dur):
+        n = len(graph.tasks)
+        return Network(lag=[0.0] * n, links=[()] * n, latency=[0.0] * n, model=self.model, queue=[-1] * n,
+                       contention=self.slowdown - 1.0 if self.model == "fair" else 0.0)
+
+    def bytes(self, task, graph):
+        return 0.0
+
+    def activations(self, action, graph):
+        return (0.0, 0.0)
+
+    def describe(self):
+        return {"model": "server-only"}
+
+
+@pytest.mark.parametrize("model", ["fair", "fcfs"])
+def test_the_servers_update_slows_no_compute_of_its_rank(model):
+    """interleaved-1f1b, pp 2: stage 3's update (rank 1) runs while rank 1 still computes stage 1's backwards;
+    those passes keep their 1 s (the servers do the update), with compute slowed 2x by a transfer."""
+    graph = add_data_parallel(lower(build("interleaved-1f1b", pp=2, microbatches=4, chunks=2)), "ps", [1] * 4)
+    result = simulate(graph, _ServerOnly(model, 2.0))
+    tasks = graph.tasks
+    compute = [t.id for t in tasks if t.stream is Stream.COMPUTE]
+    updates = [t.id for t in tasks if server_update(t)]
+    assert any(result.start[u] < result.end[c] and result.start[c] < result.end[u] and tasks[u].rank == tasks[c].rank
+               for u in updates for c in compute)
+    assert [result.end[c] - result.start[c] for c in compute] == [1.0] * len(compute)
+    assert [result.end[u] - result.start[u] for u in updates] == [5.0] * len(updates)
