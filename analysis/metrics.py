@@ -16,7 +16,8 @@ def summarize(trace: pd.DataFrame) -> dict[str, Any]:
     """Makespan, bubble ratio and per-rank busy time, first start and last end.
 
     Bubble ratio = 1 - (sum of compute-busy time over ranks) / (ranks x makespan),
-    where ranks counts every rank in the trace and the makespan runs from the
+    where ranks counts every rank in the trace but a ps run's servers (their only rows are
+    their updates, ``{s}OPTIM`` on the collective stream) and the makespan runs from the
     first task's start to the last task's end. The per-rank figures let other
     published definitions be computed from the same result. A trace of several
     steps is summarized by its step of median wall time (:func:`schedules.trace.median_step`).
@@ -27,7 +28,8 @@ def summarize(trace: pd.DataFrame) -> dict[str, Any]:
     t0, t1 = float(trace["start"].min()), float(trace["end"].max())
     makespan = t1 - t0
     compute = trace[trace["stream"] == "compute"]
-    ranks = sorted(int(r) for r in trace["rank"].unique())
+    server = (trace["stream"] == "collective") & (trace["kind"] == "OPTIM")  # a ps server's update (real.ps)
+    ranks = sorted(int(r) for r in trace[~server]["rank"].unique())  # the simulator's ps: updates on trainers
     per_rank = []
     for r in ranks:
         c = compute[compute["rank"] == r]

@@ -15,6 +15,7 @@ import pytest
 
 from analysis.calibration import dp_graph, predict
 from analysis.dp_calibration import dp_replay_error, dp_self_costs, server_update_times
+from analysis.metrics import summarize
 from schedules import Kind, Stream, build, lower
 from schedules.dp import add_data_parallel, server_update
 from schedules.formats import PROFILE_SCHEMA
@@ -135,3 +136,17 @@ def test_the_servers_update_slows_no_compute_of_its_rank(model):
                for u in updates for c in compute)
     assert [result.end[c] - result.start[c] for c in compute] == [1.0] * len(compute)
     assert [result.end[u] - result.start[u] for u in updates] == [5.0] * len(updates)
+
+
+def test_a_ps_traces_bubble_counts_the_trainers_not_the_server():
+    df = _trace(steps=1)
+    got = summarize(df)
+    assert [r["rank"] for r in got["ranks"]] == [0, 1]
+    assert got == summarize(df[df["rank"] < 2].reset_index(drop=True))
+
+
+def test_a_simulated_ps_traces_bubble_counts_every_rank_its_updates_are_on():
+    result = simulate(add_data_parallel(lower(build("1f1b", pp=2, microbatches=2)), "ps", [1, 1]), _ServerOnly("fair", 1.0))
+    got = summarize(result.trace)
+    assert [r["rank"] for r in got["ranks"]] == [0, 1]
+    assert got["bubble_ratio"] == pytest.approx(result.bubble_ratio, rel=1e-12)
