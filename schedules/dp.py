@@ -315,11 +315,11 @@ class _DPBuilder:
     def _pulls(self, rank: int, grads: dict[int, list[int]], updates: dict[int, int]) -> None:
         """ps: each bucket's pull after its stage's update on the servers."""
         for s in self.graph.schedule.stages_of(rank):
-            for k, _push in enumerate(grads.get(s, [])):
+            for k in range(len(grads.get(s, []))):
                 self._add(rank, Stream.COLLECTIVE, Action(Kind.ALL_GATHER, s, None, bucket=k), (updates[s],))
 
     def _finish(self, rank: int, grads: dict[int, list[int]]) -> None:
-        """The optimizer steps (and the parameter all-gathers after them), or the parameter servers' pulls."""
+        """The optimizer steps (and the parameter all-gathers after them); ps and async-ps: :meth:`_pulls`."""
         compute = self._compute(rank)
         if not compute or self.mode == "none":
             return
