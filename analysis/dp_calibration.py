@@ -13,7 +13,7 @@ come from it (:func:`analysis.calibration.dp_row` uses both):
   given the stretch twice; the waits of zero2/zero3's bounded reduce-scatters
   (:func:`blocked_spans`) are taken out too, as the simulator adds them
   (``max_inflight``). The optimizer step likewise (ps: the server's measured
-  update, its ``{s}OPTIM`` rows, :func:`server_update_times`). Each collective takes its
+  update, its ``{s}OPTIM`` rows, :func:`sim.replay.server_update_times`). Each collective takes its
   op's mean service time in the traces (:func:`collective_times`; an op the
   traces lack keeps the profile's alpha/beta; decentralized SGD's exchanges set
   the p2p message time), and ``c`` comes from the pair's profile. The per-task gap is read
@@ -41,8 +41,7 @@ if TYPE_CHECKING:
 
     from sim.profiled import ProfiledCosts
 
-__all__ = ["blocked_spans", "collective_times", "dp_replay_error", "dp_self_costs", "server_update_times", "task_gaps",
-           "unslowed_passes"]
+__all__ = ["blocked_spans", "collective_times", "dp_replay_error", "dp_self_costs", "task_gaps", "unslowed_passes"]
 
 _KINDS = ("F", "B", "I", "W", "OPTIM")
 
@@ -162,21 +161,11 @@ def collective_times(frames: Sequence[pd.DataFrame]) -> dict[str, list[float]]:
     return out
 
 
-def server_update_times(frames: Sequence[pd.DataFrame]) -> list[float]:
-    """ps: every traced step's server update of stage 0 (:func:`sim.replay.server_updates`); empty for the
-    other modes."""
-    from schedules.trace import trace_steps
-    from sim.replay import server_updates
-
-    return [t for df in frames for part in trace_steps(df).values()
-            for s, t in server_updates(part, int(df.attrs["params"]["pp"]) * int(df.attrs.get("dp", 1) or 1)).items()
-            if s == 0]
-
-
 def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_inflight: int = 0) -> ProfiledCosts:
     """A pp=1 data-parallel configuration's costs from its own traces and the pair's profile (module doc);
     ``max_inflight``: the runtime's bound on zero2/zero3's reduce-scatters in flight."""
     from sim.profiled import _trimmed_mean, load_profile
+    from sim.replay import server_update_times
 
     own = replace(load_profile(dp_profile, 1), max_inflight=max_inflight)
     work = unslowed_passes(frames, own.comm_slowdown, max_inflight)
@@ -185,7 +174,7 @@ def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_in
     overhead = _trimmed_mean(gaps) if gaps else own.task_overhead  # none clean (zero3): the profiler's
     times = {k.lower(): _trimmed_mean(v) for k, v in work.items() if v}
     if updates := server_update_times(frames):  # ps: the trainers step nothing; the server's measured update
-        times["optim"] = _trimmed_mean(updates)
+        times["optim"] = _trimmed_mean(updates)  # (sim.replay.server_update_times)
     stage = replace(own.stages[0], **times)
     served = {op: _trimmed_mean(v) for op, v in collective_times(frames).items() if v}
     if "exchange" in served:  # decentralized: each exchange a p2p message of one bucket, as long as measured

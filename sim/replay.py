@@ -45,7 +45,8 @@ from schedules.errors import CostFileError
 from sim.engine import simulate
 from sim.profiled import ProfiledCosts, _frames, from_trace, occupancy, trace_calibration
 
-__all__ = ["ReplayStep", "collective_service", "dp_replayable", "graph_of", "replay", "server_updates", "trace_graph"]
+__all__ = ["ReplayStep", "collective_service", "dp_replayable", "graph_of", "replay", "server_update_times", "server_updates",
+           "trace_graph"]
 
 
 @dataclass(frozen=True)
@@ -155,6 +156,15 @@ def server_updates(part: Any, trainers: int) -> dict[int, float]:
     for stage, start, end in zip(rows["stage"].astype(int), rows["start"], rows["end"], strict=True):
         out[stage] = max(out.get(stage, 0.0), float(end - start))
     return out
+
+
+def server_update_times(frames: Any) -> list[float]:
+    """ps: every traced step's server update of stage 0 in the traces (DataFrames; :func:`server_updates`);
+    empty for the other modes."""
+    from schedules.trace import trace_steps
+
+    return [t for df in frames for part in trace_steps(df).values()
+            for s, t in server_updates(part, _trainers(df)).items() if s == 0]
 
 
 def _trainers(df: Any) -> int:

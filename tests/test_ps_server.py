@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from analysis.calibration import dp_graph, predict
-from analysis.dp_calibration import dp_replay_error, dp_self_costs, server_update_times
+from analysis.dp_calibration import dp_replay_error, dp_self_costs
 from analysis.metrics import summarize
 from schedules import Kind, Stream, build, lower
 from schedules.dp import add_data_parallel, server_update
@@ -22,7 +22,7 @@ from schedules.formats import PROFILE_SCHEMA
 from sim import simulate
 from sim.network import Network
 from sim.profiled import ProfiledCosts, StageCosts
-from sim.replay import dp_replayable, replay, server_updates
+from sim.replay import dp_replayable, replay, server_update_times, server_updates
 
 F, B, UPDATE, ALPHA, STEP_OVERHEAD = 0.010, 0.020, 0.003, 0.004, 0.002
 
