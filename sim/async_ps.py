@@ -1,7 +1,8 @@
 """The asynchronous parameter server over many steps: trainers of different speeds under a staleness bound.
 
-The task graph of ``async-ps`` (:mod:`schedules.dp`) is one step of one
-trainer: its passes, each bucket's push and the pull after it. This module
+The task graph of ``async-ps`` (:mod:`schedules.dp`, ps's) is one step of one
+trainer: its passes, each bucket's push, the servers' update of each stage
+and the pulls after it (:func:`cycle_of` cuts it). This module
 runs that step over and over for ``dp`` trainers at once, as the runtime's
 :mod:`real.ps_async` does, in a small event loop (no SimPy):
 
