@@ -69,6 +69,17 @@ def test_llama3_8192_row_fits_in_memory_and_is_scored():
     assert row["error"] is not None
 
 
+def test_llama3_rows_reduce_and_accumulate_gradients_in_fp32():
+    """Dubey et al. 2024 sec. 3.3.2 'Numerical stability': 4-byte reduce-scatters and an fp32 gradient shard (zero2:
+    2 bytes of weights whole, 4 of gradients and 12 of optimizer state split over dp)."""
+    from sim.memory import model_state_bytes
+
+    assert all(r.reduce_dtype == "fp32" and "Numerical stability" in r.settings_source
+               for r in suite_runs("llama3"))
+    assert model_state_bytes(1024, "zero2", 64, grad_bytes=4) == 2 * 1024 + 4 * 16 + 12 * 16
+    assert model_state_bytes(1024, "zero2", 64) == 2 * 1024 + 2 * 16 + 12 * 16
+
+
 def test_meta_split_puts_the_embedding_and_output_alone():
     from sim.transformer import partition_layers
 
