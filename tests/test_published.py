@@ -88,6 +88,38 @@ def test_meta_split_puts_the_embedding_and_output_alone():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a100_gemm_constants_are_where_the_fit_lands_today():
+    """sim.devices' A100 curve is what ``--fit`` gives under today's model, checked without its ~100 evaluations:
+    the fit ends on a point of the FIT_RESOLUTION lattice no 3 x 3 neighbour of which has a lower loss; the
+    constants name one lattice point (peak_fraction exactly, half_flops to 2 digits), and no neighbour of it on
+    either axis may be lower. A model change that moves the fit fails here until ``--fit`` is run again."""
+    import math
+
+    from sim.devices import DEVICE_MODELS
+    from sim.gpu_model import GemmEfficiency
+    from sim.published import FIT_RESOLUTION, fit_graphs, fit_loss
+
+    a100 = DEVICE_MODELS["A100"].gemm
+    d_pf, d_lh = FIT_RESOLUTION
+    assert round(a100.peak_fraction / d_pf, 9).is_integer()
+    # the lattice's log10(half_flops) values (multiples of 0.02) that round to the constant: exactly one
+    (lh,) = [k * d_lh for k in range(int(9 / d_lh), int(13 / d_lh))
+             if float(f"{10 ** (k * d_lh):.2g}") == a100.half_flops]
+    graphs = fit_graphs()
+    assert [r.name for r, _ in graphs] == ["22B full", "175B full", "530B full", "1T full"]
+
+    def loss(pf: float, lh: float) -> float:
+        return fit_loss(GemmEfficiency(peak_fraction=pf, half_flops=10**lh), graphs)
+
+    centre = loss(a100.peak_fraction, lh)
+    for pf, h in ((a100.peak_fraction - d_pf, lh), (a100.peak_fraction + d_pf, lh), (a100.peak_fraction, lh - d_lh),
+                  (a100.peak_fraction, lh + d_lh)):
+        assert centre <= loss(pf, h), (pf, 10**h)
+    assert math.isfinite(centre)
+
+
+@pytest.mark.slow
 def test_planner_finds_metas_405b_layout_feasible_and_best():
     """llama3-405b on 1,024 DGX H100 nodes, global batch 2048 x 8192: Meta's layout (TP 8, PP 16, DP 64,
     interleaved, no recomputation) fits the H100's memory and is the planner's best."""
