@@ -136,7 +136,7 @@ FIT_RESOLUTION = FIT_STEPS[-1]
 #: At most this many moves per step (each evaluates at most 5 new points).
 FIT_MOVES = 12
 #: Loss evaluations of :func:`fit_gemm_efficiency` at most: the 9 x 6 grid, then per step 8 neighbours and
-#: 5 new points per move (the progress line's total; a fit usually needs about half).
+#: 5 new points per move (the progress line's total; the fit of sim.devices took 108).
 FIT_EVALUATIONS = 9 * 6 + len(FIT_STEPS) * (8 + 5 * FIT_MOVES)
 
 
