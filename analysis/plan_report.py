@@ -8,7 +8,7 @@ from pathlib import Path
 from schedules.util import atomic_write
 from sim.plan import PlanEntry, PlanResult
 
-__all__ = ["format_plan", "pareto_front", "plot_pareto", "why_winner"]
+__all__ = ["format_plan", "pareto_front", "plot_pareto", "why_against", "why_beats", "why_winner"]
 
 GB = 1e9
 
@@ -39,19 +39,38 @@ def why_winner(result: PlanResult) -> str:
     """The winner against the runner-up, in seconds per step: bubble, exposed communication, recomputation."""
     if len(result.top) < 2:
         return "only one configuration was simulated: nothing to compare"
-    a, b = result.top[0], result.top[1]
+    return why_beats(result.top[0], result.top[1])
+
+
+def why_beats(a: PlanEntry, b: PlanEntry, name: str = "#2") -> str:
+    """The planner's #1 (``a``) against ``b`` (the runner-up, or a named layout), in seconds per step."""
     gap = b.step_time - a.step_time
     rows = [("step time", a.step_time, b.step_time),
             ("bubble (idle per rank)", a.bubble_time, b.bubble_time),
             ("exposed communication", a.exposed_comm, b.exposed_comm),
             ("recomputation (busiest rank)", a.recompute_time, b.recompute_time),
             ("compute without recomputation", _compute(a), _compute(b))]
-    out = [f"why #1 beats #2 ({gap:.4f} s per step, {gap / b.step_time:.2%} of #2's step):",
-           f"  #1 {a.config.label()}", f"  #2 {b.config.label()}",
-           f"  {'':<32}{'#1 s':>10}{'#2 s':>10}{'#2 - #1':>10}"]
-    out += [f"  {name:<32}{x:>10.4f}{y:>10.4f}{y - x:>+10.4f}" for name, x, y in rows]
+    head = (f"why #1 beats {name} ({gap:.4f} s per step, {gap / b.step_time:.2%} of {name}'s step):" if gap >= 0 else
+            f"{name} beats #1 ({-gap:.4f} s per step, {-gap / a.step_time:.2%} of #1's step):")
+    w = max(10, len(name) + 7)  # the columns of a longer name widen
+    out = [head, f"  #1 {a.config.label()}", f"  {name} {b.config.label()}",
+           f"  {'':<32}{'#1 s':>10}{name + ' s':>{w}}{name + ' - #1':>{w}}"]
+    out += [f"  {row:<32}{x:>10.4f}{y:>{w}.4f}{y - x:>+{w}.4f}" for row, x, y in rows]
     if gap == 0:
         out.append("  a tie: the two differ only where the model sees no cost (e.g. how dp=1 is named, or v at pp=1)")
+    return "\n".join(out)
+
+
+def why_against(a: PlanEntry, b: PlanEntry, capacity: float, untried: list[str]) -> str:
+    """The #1 against a named layout (``schedlab plan --against``): the decomposition, then whether it fits."""
+    if a.config == b.config:
+        return f"LAYOUT is the planner's #1: {a.config.label()}"
+    out = [why_beats(a, b, "LAYOUT")]
+    fits = b.peak_memory_bytes <= capacity
+    out.append(f"  LAYOUT {'fits' if fits else 'does NOT fit'}: peak memory {b.peak_memory_bytes / GB:.3g} GB per device "
+               f"{'<=' if fits else '>'} the limit {capacity / GB:.3g} GB (#1: {a.peak_memory_bytes / GB:.3g} GB)")
+    if untried:
+        out.append(f"  LAYOUT is outside the searched space ({', '.join(untried)})")
     return "\n".join(out)
 
 

@@ -97,9 +97,10 @@ def server_memory(stage_params: Sequence[int], servers: int, *, weight_bytes: fl
             "gathered_param_bytes": 0.0, "peak_activation_bytes": 0.0}
 
 
-def model_state_bytes(psi: float, mode: str, dp: int) -> float:
-    """Bytes of weights, gradients and optimizer states of ``psi`` parameters under ``mode``."""
-    return model_states(psi, mode, dp).total
+def model_state_bytes(psi: float, mode: str, dp: int, grad_bytes: float = 2) -> float:
+    """Bytes of weights, gradients and optimizer states of ``psi`` parameters under ``mode`` (``grad_bytes`` 4:
+    gradients accumulated in fp32, as with ``reduce_dtype`` fp32)."""
+    return model_states(psi, mode, dp, grad_bytes=grad_bytes).total
 
 
 @dataclass(frozen=True, slots=True)

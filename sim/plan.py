@@ -52,7 +52,7 @@ from sim.plan_bounds import Bounds, MemoryRows, memory_rows, small_m
 from sim.plan_space import PlanConfig, PlanSpace, enumerate_configs, why_empty
 from sim.study import Study, StudyResult, dp_options, exposed_comm
 
-__all__ = ["PlanEntry", "PlanResult", "plan"]
+__all__ = ["PlanEntry", "PlanResult", "entry_of", "plan"]
 
 log = logging.getLogger(__name__)
 
@@ -196,14 +196,18 @@ def _simulate_job(configs: Sequence[PlanConfig], lower: Sequence[float]) -> list
     out: list[PlanEntry] = []
     for c, lb in zip(configs, lower, strict=True):
         study = _study(c)
-        result = StudyResult(study, simulate(_graph(study), study.costs, check=False))
-        step = result.step_time
-        out.append(PlanEntry(
-            config=c, step_time=step, tokens_per_s=result.tokens_per_step / step, mfu=result.mfu,
-            peak_memory_bytes=max(d.memory_bytes for d in result.devices()), bubble_ratio=result.sim.bubble_ratio,
-            exposed_comm=max(exposed_comm(result.sim), default=0.0), recompute_time=bounds.recompute_time(c),
-            lower_bound=lb))
+        out.append(entry_of(c, StudyResult(study, simulate(_graph(study), study.costs, check=False)), bounds, lb))
     return out
+
+
+def entry_of(c: PlanConfig, result: StudyResult, bounds: Bounds, lower_bound: float) -> PlanEntry:
+    """The table's figures of ``c`` from its simulation."""
+    step = result.step_time
+    return PlanEntry(
+        config=c, step_time=step, tokens_per_s=result.tokens_per_step / step, mfu=result.mfu,
+        peak_memory_bytes=max(d.memory_bytes for d in result.devices()), bubble_ratio=result.sim.bubble_ratio,
+        exposed_comm=max(exposed_comm(result.sim), default=0.0), recompute_time=bounds.recompute_time(c),
+        lower_bound=lower_bound)
 
 
 # ------------------------------------------------------------------------------------------------ the search

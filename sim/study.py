@@ -222,7 +222,8 @@ class StudyResult:
             psi = sum(costs.stage_params(st, n_st) for st in stages)
             gather = _gathered_bytes([costs.stage_params(st, n_st) for st in stages], p)
             dev = s.cluster.devices[p.device(stats.rank)]
-            out.append(DeviceMemory(stats.rank, str(dev), model_state_bytes(psi, p.dp_mode, p.dp),
+            grad = 4 if getattr(costs, "reduce_dtype", "bf16") == "fp32" else 2  # an fp32 gradient accumulator (its shard under zero2/3)
+            out.append(DeviceMemory(stats.rank, str(dev), model_state_bytes(psi, p.dp_mode, p.dp, grad),
                                     stats.peak_activations, gather, s.cluster.spec.memory_bytes))
         return out
 

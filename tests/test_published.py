@@ -69,11 +69,54 @@ def test_llama3_8192_row_fits_in_memory_and_is_scored():
     assert row["error"] is not None
 
 
+def test_llama3_rows_reduce_and_accumulate_gradients_in_fp32():
+    """Dubey et al. 2024 sec. 3.3.2 'Numerical stability': 4-byte reduce-scatters and an fp32 gradient shard (zero2:
+    2 bytes of weights whole, 4 of gradients and 12 of optimizer state split over dp)."""
+    from sim.memory import model_state_bytes
+
+    assert all(r.reduce_dtype == "fp32" and "Numerical stability" in r.settings_source
+               for r in suite_runs("llama3"))
+    assert model_state_bytes(1024, "zero2", 64, grad_bytes=4) == 2 * 1024 + 4 * 16 + 12 * 16
+    assert model_state_bytes(1024, "zero2", 64) == 2 * 1024 + 2 * 16 + 12 * 16
+
+
 def test_meta_split_puts_the_embedding_and_output_alone():
     from sim.transformer import partition_layers
 
     assert partition_layers(126, 128) == (0, *(1,) * 126, 0)
     assert partition_layers(30, 8) == (4, 4, 4, 4, 4, 4, 3, 3)  # otherwise unchanged
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a100_gemm_constants_are_where_the_fit_lands_today():
+    """sim.devices' A100 curve is what ``--fit`` gives under today's model, checked without its ~100 evaluations:
+    the fit ends on a point of the FIT_RESOLUTION lattice no 3 x 3 neighbour of which has a lower loss; the
+    constants name one lattice point (peak_fraction exactly, half_flops to 2 digits), and no neighbour of it on
+    either axis may be lower. A model change that moves the fit fails here until ``--fit`` is run again."""
+    import math
+
+    from sim.devices import DEVICE_MODELS
+    from sim.gpu_model import GemmEfficiency
+    from sim.published import FIT_RESOLUTION, fit_graphs, fit_loss
+
+    a100 = DEVICE_MODELS["A100"].gemm
+    d_pf, d_lh = FIT_RESOLUTION
+    assert round(a100.peak_fraction / d_pf, 9).is_integer()
+    # the lattice's log10(half_flops) values (multiples of 0.02) that round to the constant: exactly one
+    (lh,) = [k * d_lh for k in range(int(9 / d_lh), int(13 / d_lh))
+             if float(f"{10 ** (k * d_lh):.2g}") == a100.half_flops]
+    graphs = fit_graphs()
+    assert [r.name for r, _ in graphs] == ["22B full", "175B full", "530B full", "1T full"]
+
+    def loss(pf: float, lh: float) -> float:
+        return fit_loss(GemmEfficiency(peak_fraction=pf, half_flops=10**lh), graphs)
+
+    centre = loss(a100.peak_fraction, lh)
+    for pf, h in ((a100.peak_fraction - d_pf, lh), (a100.peak_fraction + d_pf, lh), (a100.peak_fraction, lh - d_lh),
+                  (a100.peak_fraction, lh + d_lh)):
+        assert centre <= loss(pf, h), (pf, 10**h)
+    assert math.isfinite(centre)
 
 
 @pytest.mark.slow

@@ -38,6 +38,9 @@ def _parser(prog: str) -> OneLineParser:
     p.add_argument("--grad-compression", default="none", metavar="CODEC",
                    help="codec of every candidate's gradient collectives: none (default), fp16, bf16, int8, "
                    "powersgd:R (with --dp-modes ddp only); not in the exports (docs/compression.md)")
+    p.add_argument("--against", metavar="LAYOUT",
+                   help="also simulate this layout, written as a row label of the table, e.g. 'tp8+sp pp16 dp64 "
+                        "interleaved-1f1b v8 m32x1 zero2 rc-none', and say why #1 beats it and whether it fits")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
@@ -50,9 +53,10 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
     from analysis.export_megatron import MEGATRON_COMMIT
     from analysis.export_torchtitan import TORCHTITAN_VERSION
     from analysis.exports import write_exports
-    from analysis.plan_report import format_plan, plot_pareto, why_winner
+    from analysis.plan_report import format_plan, plot_pareto, why_against, why_winner
     from sim.cluster import cluster_preset
     from sim.plan import plan
+    from sim.plan_against import in_space, parse_layout, simulate_layout
     from sim.plan_space import PlanSpace
     from sim.transformer import model_preset
 
@@ -67,6 +71,7 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
             chunks=tuple(args.chunks), microbatch_sizes=None if args.microbatch_sizes is None else tuple(args.microbatch_sizes),
             dp_modes=tuple(name_list(args.dp_modes, [])), link_model=args.link_model,
             grad_compression=args.grad_compression)
+        layout = None if args.against is None else parse_layout(args.against, space)
         out = check_output_dir(args.out, "output folder")
         for name in ("schedule.csv", "torchtitan_plan.py", "megatron.txt", "pareto.png"):
             check_output_file(out / name, "output file")  # a directory or fifo of that name: refused before work
@@ -99,13 +104,20 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
 
         files = write_files_into(out, fill, "output folder")
         exports = {k: out / v.name for k, v in staged.items()}
+        against = None if layout is None else simulate_layout(layout, space)
     if args.json:
-        print_json({**result.to_dict(), "files": [str(f) for f in files],
+        extra = {} if against is None else {"against": {**against.to_dict(), "layout": args.against,
+                                                        "fits": against.peak_memory_bytes <= space.capacity,
+                                                        "untried": in_space(layout, space)}}
+        print_json({**result.to_dict(), **extra, "files": [str(f) for f in files],
                     "export_targets": {"torchtitan": TORCHTITAN_VERSION, "megatron-lm": MEGATRON_COMMIT}})
         return 0
     print(format_plan(result))
     print()
     print(why_winner(result))
+    if against is not None:
+        print()
+        print(why_against(result.top[0], against, space.capacity, in_space(layout, space)))
     print(f"\ntorchtitan {TORCHTITAN_VERSION}: {exports['torchtitan']} (a config module, see docs/exports.md)")
     print(f"Megatron-LM main {MEGATRON_COMMIT[:12]} ({exports['megatron']}):\n{exports['megatron'].read_text()}")
     print("wrote " + ", ".join(str(f) for f in files))

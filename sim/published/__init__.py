@@ -3,8 +3,11 @@
 from sim.published.runs import KORTHIKANTI_MEMORY, METRICS, RUNS, SUITES, PublishedRun, suite_runs
 from sim.published.score import (
            FIT_EVALUATIONS,
+           FIT_RESOLUTION,
            command,
            fit_gemm_efficiency,
+           fit_graphs,
+           fit_loss,
            memory_rows,
            predict,
            score,
@@ -12,5 +15,5 @@ from sim.published.score import (
            summarize,
 )
 
-__all__ = ["FIT_EVALUATIONS", "KORTHIKANTI_MEMORY", "METRICS", "RUNS", "SUITES", "PublishedRun", "command", "fit_gemm_efficiency",
-           "memory_rows", "predict", "score", "study_of", "suite_runs", "summarize"]
+__all__ = ["FIT_EVALUATIONS", "FIT_RESOLUTION", "KORTHIKANTI_MEMORY", "METRICS", "RUNS", "SUITES", "PublishedRun", "command",
+           "fit_gemm_efficiency", "fit_graphs", "fit_loss", "memory_rows", "predict", "score", "study_of", "suite_runs", "summarize"]

@@ -120,7 +120,12 @@ def _layer_mib(model: str, tp: int) -> float:
 
 
 # 126 layers on 16 x 8 = 128 virtual stages: the first holds only the embedding, the last only the output
-# (Dubey et al. 2024, sec. 3.3.2; sim.transformer.partition_layers splits them so).
+# (Dubey et al. 2024, sec. 3.3.2, "Pipeline parallelism improvements"; sim.transformer.partition_layers splits them
+# so). Gradients accumulated across microbatches and reduce-scattered across the data-parallel workers in FP32
+# (sec. 3.3.2, "Numerical stability"): reduce_dtype fp32 (4-byte reduce-scatters, an fp32 gradient shard).
+_LLAMA_SETTINGS = (f"{_LLAMA} (TP, CP, PP, DP, sequence, batch size/DP); sec. 3.3.2 'Pipeline parallelism "
+                   "improvements' (embedding and output alone on the first and last stage) and 'Numerical stability' "
+                   "(gradients accumulated and reduce-scattered in FP32)")
 _LLAMA_ASSUMED = ("schedule interleaved-1f1b, chunks=8 (one layer per virtual stage, inferred from 126 = 128 - 2)",
                   "buckets of one layer (FSDP's unit)", "microbatch_size=1", "recompute none", "dp_mode zero2 (FSDP keeping the "
                   "weights after the forward)", "sequence parallelism", "flash attention")
@@ -159,9 +164,9 @@ RUNS: tuple[PublishedRun, ...] = (
     _megatron_h100("gpt-462b", 8, 16, 48, 3072, 459.9, 9),
     *(PublishedRun(suite="llama3", name=f"405B on {gpus:,} H100", model="llama3-405b", cluster=f"dgx-h100:{gpus // 8}",
                    tp=8, pp=16, dp=dp, microbatches=per_dp, schedule="interleaved-1f1b", chunks=8, dp_mode="zero2",
-                   bucket_mb=_layer_mib("llama3-405b", 8),
+                   bucket_mb=_layer_mib("llama3-405b", 8), reduce_dtype="fp32",
                    sp=True, metric="tflops_per_gpu", published=tflops, source=f"{_LLAMA}, row '{gpus:,} GPUs, CP 1'",
-                   settings_source=f"{_LLAMA} (TP, CP, PP, DP, sequence, batch size/DP)",
+                   settings_source=_LLAMA_SETTINGS,
                    assumed=_LLAMA_ASSUMED)
       for gpus, dp, per_dp, tflops in ((8192, 64, 32, 430), (16384, 128, 16, 400))),
 )

@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from schedules import TaskGraph
 from sim.cluster import cluster_preset
 from sim.devices import DEVICE_MODELS
 from sim.engine import simulate
@@ -25,7 +26,8 @@ from sim.study import Study, StudyResult, build_graph, run_study
 from sim.transformer import model_preset
 from sim.transformer_costs import TransformerCosts
 
-__all__ = ["FIT_EVALUATIONS", "command", "fit_gemm_efficiency", "memory_rows", "predict", "score", "study_of", "summarize"]
+__all__ = ["FIT_EVALUATIONS", "FIT_MOVES", "FIT_RESOLUTION", "FIT_STEPS", "command", "fit_gemm_efficiency", "fit_graphs",
+           "fit_loss", "memory_rows", "predict", "score", "study_of", "summarize"]
 
 GIB = 2**30
 
@@ -126,33 +128,60 @@ def memory_rows() -> list[dict[str, Any]]:
     return rows
 
 
-#: Loss evaluations of :func:`fit_gemm_efficiency`: the 9 x 6 grid, then 4 refinements of 3 x 3 points.
-FIT_EVALUATIONS = 9 * 6 + 4 * 9
+#: The fit's pattern search (:func:`fit_gemm_efficiency`): steps in (peak_fraction, log10 half_flops), coarse to fine;
+#: at each step the search moves to the best of the 3 x 3 points around it until the centre is the best.
+FIT_STEPS = ((0.02, 0.2), (0.01, 0.1), (0.004, 0.04), (0.002, 0.02))
+#: The last step: the fit's result is a point of this lattice no 3 x 3 neighbour of which has a lower loss.
+FIT_RESOLUTION = FIT_STEPS[-1]
+#: At most this many moves per step (each evaluates at most 5 new points).
+FIT_MOVES = 12
+#: Loss evaluations of :func:`fit_gemm_efficiency` at most: the 9 x 6 grid, then per step 8 neighbours and
+#: 5 new points per move (the progress line's total; the fit of sim.devices took 108).
+FIT_EVALUATIONS = 9 * 6 + len(FIT_STEPS) * (8 + 5 * FIT_MOVES)
+
+
+def fit_graphs(runs: Sequence[PublishedRun] | None = None) -> list[tuple[PublishedRun, TaskGraph]]:
+    """The rows a GEMM fit uses (default: those marked ``fit``), each with its task graph, built once."""
+    runs = [r for r in suite_runs("all") if r.fit] if runs is None else list(runs)
+    return [(r, build_graph(study_of(r))) for r in runs]
+
+
+def fit_loss(gemm: GemmEfficiency, graphs: Sequence[tuple[PublishedRun, TaskGraph]], device: str = "A100") -> float:
+    """The fit's objective: the sum of squared relative errors of ``graphs``' rows with ``device``'s GEMM curve
+    replaced by ``gemm``."""
+    model = dataclasses.replace(DEVICE_MODELS[device], gemm=gemm)
+    total = 0.0
+    for r, graph in graphs:
+        st = study_of(r, device_model=model)
+        total += (metric_of(r, StudyResult(st, simulate(graph, st.costs, check=False))) / r.published - 1) ** 2
+    return total
 
 
 def fit_gemm_efficiency(runs: Sequence[PublishedRun] | None = None, device: str = "A100",
                         progress: Callable[[], object] | None = None) -> GemmEfficiency:
     """Least squares on the relative errors of ``runs`` (default: the rows marked ``fit``): a grid over
-    (peak_fraction, log10 half_flops), then four refinements around the best point. Graphs are built once.
-    ``progress()`` is called once per evaluation (:data:`FIT_EVALUATIONS` in all)."""
-    runs = [r for r in suite_runs("all") if r.fit] if runs is None else list(runs)
-    base = DEVICE_MODELS[device]
-    graphs = [(r, build_graph(study_of(r))) for r in runs]
+    (peak_fraction, log10 half_flops), then a pattern search (:data:`FIT_STEPS`) that stops at a point of the
+    :data:`FIT_RESOLUTION` lattice with no lower 3 x 3 neighbour. Graphs are built once. ``progress()`` is called
+    once per loss evaluation (at most :data:`FIT_EVALUATIONS`)."""
+    graphs = fit_graphs(runs)
+    seen: dict[tuple[float, float], float] = {}
 
-    def loss(pf: float, lh: float) -> float:
-        if progress is not None:
-            progress()
-        model = dataclasses.replace(base, gemm=GemmEfficiency(peak_fraction=min(pf, 1.0), half_flops=10**lh))
-        total = 0.0
-        for r, graph in graphs:
-            st = study_of(r, device_model=model)
-            total += (metric_of(r, StudyResult(st, simulate(graph, st.costs, check=False))) / r.published - 1) ** 2
-        return total
+    def loss(pf: float, lh: float) -> tuple[float, float, float]:
+        key = (round(pf, 6), round(lh, 6))  # lattice points, free of float drift
+        if key not in seen:
+            if progress is not None:
+                progress()
+            seen[key] = fit_loss(GemmEfficiency(peak_fraction=min(key[0], 1.0), half_flops=10 ** key[1]), graphs, device)
+        return seen[key], *key
 
-    _, pf, lh = min((loss(pf, lh), pf, lh) for pf in [0.60 + 0.05 * i for i in range(9)]
-                    for lh in [9.0 + 0.5 * j for j in range(6)])
-    for step_pf, step_lh in ((0.02, 0.2), (0.01, 0.1), (0.004, 0.04), (0.002, 0.02)):
-        _, pf, lh = min((loss(pf + dp, lh + dl), pf + dp, lh + dl)
-                        for dp in (-step_pf, 0, step_pf) for dl in (-step_lh, 0, step_lh))
+    _, pf, lh = min(loss(0.60 + 0.05 * i, 9.0 + 0.5 * j) for i in range(9) for j in range(6))
+    for step_pf, step_lh in FIT_STEPS:
+        for _ in range(FIT_MOVES):
+            best = min(loss(pf + i * step_pf, lh + j * step_lh) for i in (-1, 0, 1) for j in (-1, 0, 1))
+            if best[1:] == (pf, lh):
+                break
+            _, pf, lh = best
+        else:
+            raise RuntimeError(f"GEMM fit: no minimum within {FIT_MOVES} moves of step {step_pf}, {step_lh}")
     return GemmEfficiency(peak_fraction=round(pf, 3), half_flops=float(f"{10 ** lh:.2g}"),
-                          source=f"least squares on {len(runs)} rows")
+                          source=f"least squares on {len(graphs)} rows")
