@@ -29,9 +29,17 @@ apart) gives the machine's costs while both ranks compute the whole model with
 gloo's threads beside them: every pass's work with the stretch of concurrent
 communication taken out (:func:`analysis.dp_calibration.dp_self_costs`), its
 optimizer step, its per-task and per-step overheads and its all-reduces' service
-time; the other collectives keep the data-parallel profile's alpha/beta. Two
-mechanisms complete it:
+time, which every gradient reduction (zero's reduce-scatters too) takes; the
+all-gathers keep the data-parallel profile's alpha/beta. Three mechanisms
+complete it:
 
+* **compute slowed by concurrent communication, as the run measured it**
+  (:func:`fitted_slowdown`): its backward passes that no collective overlapped
+  against those that one did, through :mod:`sim.slowdown`'s closed form. The
+  profile's factor (a chain of all-reduces beside passes timed alone) was lower
+  than what the runs' own passes show (1.34 against 1.53 on the quiet run's ddp
+  traces; 1.55-1.88 on its zero1 and codec rows), so every pass unslowed with it
+  kept part of the stretch;
 * **the slowest replica** (:func:`straggler`): the run's mean over steps of the
   most busy rank's pass time over the ranks' mean; every pass is scaled by it,
   since each step's collectives wait for that rank;
@@ -152,12 +160,51 @@ def straggler(frames: Sequence[pd.DataFrame]) -> float:
     return statistics.fmean(ratios) if ratios else 1.0
 
 
+def pass_overlaps(frames: Sequence[pd.DataFrame], kinds: Sequence[str] = _BACKWARD) -> list[tuple[float, float]]:
+    """(duration, seconds of it during which a collective of its rank was in service) of every pass of
+    ``kinds`` in the traces (service as :func:`sim.replay.collective_service` has it)."""
+    from analysis.dp_calibration import _overlap
+    from schedules.trace import trace_steps
+    from sim.replay import collective_service
+
+    out = []
+    for df in frames:
+        for part in trace_steps(df).values():
+            spans: dict[int, list[tuple[float, float]]] = {}
+            for rank, _a, _k, s, e in collective_service(part):
+                spans.setdefault(rank, []).append((s, e))
+            for v in spans.values():
+                v.sort()
+            comp = part[(part["stream"] == "compute") & part["kind"].isin(kinds)]
+            for rank, s, e in zip(comp["rank"], comp["start"], comp["end"], strict=True):
+                out.append((float(e - s), _overlap(float(s), float(e), spans.get(int(rank), []))))
+    return out
+
+
+def fitted_slowdown(frames: Sequence[pd.DataFrame]) -> float | None:
+    """Compute slowed by concurrent communication, as the run measured it: with w the trimmed mean of the
+    backward passes that no collective of their rank overlapped, and each overlapped one of d overlapped for o,
+    sum(d - w) = (1 - 1/c) sum(o) (:mod:`sim.slowdown`'s closed form). None without both kinds of pass, or
+    when the overlapped ones did not run longer (c <= 1) or longer than the closed form allows."""
+    from sim.profiled import _trimmed_mean
+
+    seen = pass_overlaps(frames)
+    clean = [d for d, o in seen if o == 0.0]
+    over = [(d, o) for d, o in seen if o > 0.0]
+    if not clean or not over:
+        return None
+    w = _trimmed_mean(clean)
+    share = sum(d - w for d, _ in over) / sum(o for _, o in over)
+    return 1 / (1 - share) if 0.0 < share < 1.0 else None
+
+
 def dp_run_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_inflight: int = 0) -> ProfiledCosts:
     """The data-parallel rows' costs from one data-parallel run's traces (module doc): its own costs
-    (:func:`analysis.dp_calibration.dp_self_costs`), every pass scaled by :func:`straggler`."""
+    (:func:`analysis.dp_calibration.dp_self_costs`) at its own :func:`fitted_slowdown` (the profile's where
+    that is None), every pass scaled by :func:`straggler`."""
     from analysis.dp_calibration import dp_self_costs
 
-    own = dp_self_costs(frames, dp_profile, max_inflight)
+    own = dp_self_costs(frames, dp_profile, max_inflight, fitted_slowdown(frames))
     k = straggler(frames)
     st = own.stages[0]
     reduce = next(((a, b) for op, a, b in own.collectives if op == "all_reduce"), None)

@@ -276,8 +276,14 @@ def _slowdown_line(s: dict) -> str:
     factor = s.get("comm_slowdown")
     if factor is None:
         return "No data-parallel profile: compute slowed by concurrent communication not measured."
-    return (f"Compute slowed by concurrent communication (comm_slowdown, measured by the data-parallel profile): "
+    line = (f"Compute slowed by concurrent communication (comm_slowdown, measured by the data-parallel profile): "
             f"x{factor:.3f} while a bucket's collective is in flight.")
+    run = s["calibrated_from"].get("data_parallel")
+    if run:
+        line += (f" The data-parallel calibration run ({' m='.join(map(str, s['calibrated_from']['dp_run']))}) measured "
+                 f"x{run['comm_slowdown']:.3f} and a straggler factor of {run['straggler']:.3f}, which predict the "
+                 "data-parallel rows.")
+    return line
 
 
 def _warnings(s: dict) -> str:

@@ -17,6 +17,7 @@ from analysis.dp_modes import predict_mode
 from analysis.dp_transfer import (
     PARTS,
     dp_run_costs,
+    fitted_slowdown,
     measured_parts,
     mode_costs,
     predicted_parts,
@@ -106,7 +107,7 @@ def test_a_ddp_run_calibrates_the_other_modes(profile):  # noqa: F811 (the fixtu
     assert dict((op, (a, b)) for op, a, b in costs.collectives) == {
         "all_reduce": (pytest.approx(ALPHA, rel=1e-9), math.inf),
         "reduce_scatter": (pytest.approx(ALPHA, rel=1e-9), math.inf), "all_gather": (ALPHA, math.inf)}
-    assert costs.comm_slowdown == FACTOR
+    assert costs.comm_slowdown == pytest.approx(FACTOR, rel=1e-9)
     graph = dp_graph("gpipe", "zero2", 2, 3)
     truth = replace(_truth(), collectives=(("all_reduce", ALPHA, math.inf), ("reduce_scatter", ALPHA, math.inf),
                                            ("all_gather", ALPHA, math.inf)), step_overhead=STEP_OVERHEAD)
@@ -182,3 +183,14 @@ def test_validate_sim_page_shows_each_data_parallel_step_taken_apart():
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         "| dp2-zero2 | 8 | out | 1.0 / 1.0 (0.5) | 2.0 / 2.0 (1.0) | 3.0 / 3.0 (1.5) | 4.0 / 4.0 (2.0) "
         "| 5.0 / 5.0 (2.5) | 6.0 / 6.0 (3.0) | 7.0 / 7.0 (3.5) |"]
+
+
+def test_the_run_measures_compute_slowed_by_its_collectives(profile):  # noqa: F811 (the fixture)
+    """The trace's B0 ran alone (20 ms), its last B 20 + 8 (1 - 1/1.5) ms with two 4 ms all-reduces in service:
+    (d - w) / o = 1/3, so the factor is 1.5, whatever the profile says; none without a pass run alone."""
+    assert fitted_slowdown([_trace()]) == pytest.approx(FACTOR, rel=1e-9)
+    path = profile.read_text().replace('"factor": 1.5', '"factor": 1.2')
+    assert '"factor": 1.2' in path
+    profile.write_text(path)
+    assert dp_run_costs([_trace()], profile).comm_slowdown == pytest.approx(FACTOR, rel=1e-9)
+    assert fitted_slowdown([_two_steps()]) is None
