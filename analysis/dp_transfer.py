@@ -65,8 +65,8 @@ if TYPE_CHECKING:
     from sim.engine import SimResult
     from sim.profiled import ProfiledCosts
 
-__all__ = ["PARTS", "SHARDED_OPTIMIZER", "describe_fit", "dp_run_costs", "measured_parts", "mode_costs", "predicted_parts",
-           "step_parts", "straggler"]
+__all__ = ["PARTS", "SHARDED_OPTIMIZER", "describe_fit", "dp_run_costs", "fitted_slowdown", "measured_parts",
+           "mode_costs", "pass_overlaps", "predicted_parts", "step_parts", "straggler"]
 
 PARTS = ("forward", "backward", "optimizer", "skew", "exposed", "overhead")
 SHARDED_OPTIMIZER = ("zero1", "zero2", "zero3", "fsdp")  # step 1/dp of the parameters (real.zero)
