@@ -198,6 +198,54 @@ def fitted_slowdown(frames: Sequence[pd.DataFrame]) -> float | None:
     return 1 / (1 - share) if 0.0 < share < 1.0 else None
 
 
+def _passes_end(part: pd.DataFrame) -> float:
+    comp = part[(part["stream"] == "compute") & part["kind"].isin(("F", *_BACKWARD))]
+    return float(comp["end"].max())
+
+
+def idle_service(frames: Sequence[pd.DataFrame]) -> list[float]:
+    """The service times of the collectives served wholly after every rank's last pass of their step
+    (:func:`sim.replay.collective_service`): a collective's time with no compute beside it."""
+    from schedules.trace import trace_steps
+    from sim.replay import collective_service
+
+    out = []
+    for df in frames:
+        for part in trace_steps(df).values():
+            idle = _passes_end(part)
+            out += [e - s for _r, _a, _k, s, e in collective_service(part) if s >= idle]
+    return out
+
+
+def fitted_stall(frames: Sequence[pd.DataFrame], service: float) -> float | None:
+    """How much slower a collective is served while its rank computes (:mod:`sim.slowdown`'s ``comm_stall``), as
+    the run measured it. Per step and rank, with t0 the later rank's first collective issue and tc the end of
+    the step's last pass: of the rank's n collectives (each ``service`` long alone), those in service after tc
+    did what they were in service then, so those in service between t0 and tc did n ``service`` less that;
+    summed over steps and ranks, the time in service between t0 and tc over that work. None if that work is
+    none, or no less than the time (nothing stalled)."""
+    from analysis.dp_calibration import _overlap
+    from schedules.trace import trace_steps
+    from sim.replay import collective_service
+
+    window = work = 0.0
+    for df in frames:
+        for part in trace_steps(df).values():
+            coll = part[part["stream"] == "collective"]
+            if coll.empty:
+                continue
+            t0, tc = float(coll.groupby("rank")["start"].min().max()), _passes_end(part)
+            spans: dict[int, list[tuple[float, float]]] = {}
+            for rank, _a, _k, s, e in collective_service(part):
+                spans.setdefault(rank, []).append((s, e))
+            for mine in spans.values():
+                mine.sort()
+                after = _overlap(tc, max(e for _, e in mine), mine) if max(e for _, e in mine) > tc else 0.0
+                window += _overlap(t0, tc, mine) if tc > t0 else 0.0
+                work += len(mine) * service - after
+    return window / work if 0.0 < work < window * (1 - 1e-9) else None
+
+
 def dp_run_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_inflight: int = 0) -> ProfiledCosts:
     """The data-parallel rows' costs from one data-parallel run's traces (module doc): its own costs
     (:func:`analysis.dp_calibration.dp_self_costs`) at its own :func:`fitted_slowdown` (the profile's where
@@ -208,7 +256,17 @@ def dp_run_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_inf
     k = straggler(frames)
     st = own.stages[0]
     reduce = next(((a, b) for op, a, b in own.collectives if op == "all_reduce"), None)
-    colls = tuple((op, *reduce) if op == "reduce_scatter" and reduce else (op, a, b) for op, a, b in own.collectives)
+    idle = idle_service(frames)
+    if idle and reduce:
+        from sim.profiled import _trimmed_mean
+
+        alone = _trimmed_mean(idle)
+        g = fitted_stall(frames, alone)
+        if g is not None:
+            own = replace(own, comm_stall=g)
+            reduce = (alone, float("inf"))
+    colls = tuple((op, *reduce) if op in ("all_reduce", "reduce_scatter") and reduce else (op, a, b)
+                  for op, a, b in own.collectives)
     return replace(own, stages=(replace(st, f=st.f * k, b=st.b * k, i=st.i * k, w=st.w * k),), collectives=colls)
 
 
@@ -230,4 +288,5 @@ def describe_fit(costs: ProfiledCosts, straggler_factor: float) -> dict[str, Any
     st = costs.stages[0]
     return {"f": st.f, "b": st.b, "optim": st.optim, "task_overhead": costs.task_overhead,
             "step_overhead": costs.step_overhead, "straggler": straggler_factor, "comm_slowdown": costs.comm_slowdown,
+            "comm_stall": costs.comm_stall,
             "collectives": {op: {"alpha": a, "beta": None if b == float("inf") else b} for op, a, b in costs.collectives}}

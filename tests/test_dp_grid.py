@@ -29,9 +29,9 @@ def _truth(limit: int = 0) -> ProfiledCosts:
                                       ("all_gather", ALPHA / 2, math.inf)), comm_slowdown=FACTOR, max_inflight=limit)
 
 
-def _trace(mode: str = "ddp", steps: int = 2, limit: int = 0) -> pd.DataFrame:
+def _trace(mode: str = "ddp", steps: int = 2, limit: int = 0, costs: ProfiledCosts | None = None) -> pd.DataFrame:
     graph = dp_graph("gpipe", mode, 2, 3)
-    result = simulate(graph, _truth(limit))
+    result = simulate(graph, costs or _truth(limit))
     parts, walls = [], {}
     for step in range(steps):
         for replica in (0, 1):

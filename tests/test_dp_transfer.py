@@ -194,3 +194,44 @@ def test_the_run_measures_compute_slowed_by_its_collectives(profile):  # noqa: F
     profile.write_text(path)
     assert dp_run_costs([_trace()], profile).comm_slowdown == pytest.approx(FACTOR, rel=1e-9)
     assert fitted_slowdown([_two_steps()]) is None
+
+
+def _stalled(stall: float, alpha: float = 0.006) -> ProfiledCosts:
+    return ProfiledCosts(stages=(StageCosts(f=0.010, b=0.020, i=0.0, w=0.0, optim=0.003, param_bytes=100),),
+                         collectives=(("all_reduce", alpha, math.inf),), comm_stall=stall)
+
+
+def test_collectives_stall_while_their_rank_computes():
+    """gpipe m=1, two buckets: bucket 0 ready halfway through B (at 20 ms), bucket 1 at its end (30 ms). At stall 2
+    bucket 0's 6 ms do 5 by 30 ms, the last 1 ms after: ends at 31; bucket 1 then 31-37; OPTIM 37-40. At stall 1:
+    26 and 36, 39. A 2 ms bucket 0 ends at 24 (2 x 2 ms within the pass)."""
+    from sim import simulate
+    from sim.profiled import step_time
+
+    graph = dp_graph("gpipe", "ddp", 1, 2)
+    for stall, alpha, want in ((2.0, 0.006, 0.040), (1.0, 0.006, 0.039), (2.0, 0.002, 0.035)):
+        result = simulate(graph, _stalled(stall, alpha))
+        assert step_time(result, _stalled(stall, alpha)) == pytest.approx(want, rel=1e-12), stall
+    result = simulate(graph, _stalled(2.0, 0.002))
+    ends = sorted(result.end[t.id] for t in graph.tasks if t.stream.value == "collective")
+    assert ends == pytest.approx([0.024, 0.032], rel=1e-12)
+    with pytest.raises(Exception, match=r"comm_stall must be a finite factor > 0 \(1.0: compute does not slow "
+                                        r"communication\), got 0"):
+        _stalled(0)
+
+
+def test_the_run_measures_collectives_stalled_by_compute(profile):  # noqa: F811 (the fixture)
+    """The simulator's own ddp trace at stall 4 (m=2, 3 buckets of 4 ms, compute slowed 1.5x): bucket 0 is issued
+    20 ms before the last pass ends and its port stays busy, so the three did 12 - 7 = 5 ms of work in those
+    20 ms: stall 4; bucket 2, served after the passes, took 4 ms alone. The costs fitted on it predict it."""
+    from analysis.dp_transfer import fitted_stall, idle_service
+
+    truth = replace(_truth(), comm_stall=4.0, step_overhead=STEP_OVERHEAD)
+    df = _trace(costs=truth)
+    assert idle_service([df]) == pytest.approx([ALPHA, ALPHA] * 2, rel=1e-9)
+    assert fitted_stall([df], ALPHA) == pytest.approx(4.0, rel=1e-9)
+    assert fitted_stall([df], 10 * ALPHA) is None
+    costs = dp_run_costs([df], profile)
+    assert (costs.comm_stall, costs.comm_slowdown) == (pytest.approx(4.0, rel=1e-9), pytest.approx(FACTOR, rel=1e-9))
+    graph = dp_graph("gpipe", "ddp", 2, 3)
+    assert predict(graph, costs) == pytest.approx(predict(graph, truth), rel=1e-9)
