@@ -30,8 +30,14 @@ gloo's threads beside them: every pass's work with the stretch of concurrent
 communication taken out (:func:`analysis.dp_calibration.dp_self_costs`), its
 optimizer step, its per-task and per-step overheads and its all-reduces' service
 time, which every gradient reduction (zero's reduce-scatters too) takes; the
-all-gathers keep the data-parallel profile's alpha/beta. Three mechanisms
+all-gathers keep the data-parallel profile's alpha/beta. Four mechanisms
 complete it:
+
+* **communication slowed by concurrent compute** (:func:`fitted_stall`,
+  :mod:`sim.slowdown`'s ``comm_stall``): the all-reduces' time alone is that of
+  those served after every pass (:func:`idle_service`), and while their rank
+  computes they are served that many times slower (5.2 on the quiet run's ddp
+  traces: gloo's threads get little of two cores that both run passes);
 
 * **compute slowed by concurrent communication, as the run measured it**
   (:func:`fitted_slowdown`): its backward passes that no collective overlapped
@@ -65,8 +71,9 @@ if TYPE_CHECKING:
     from sim.engine import SimResult
     from sim.profiled import ProfiledCosts
 
-__all__ = ["PARTS", "SHARDED_OPTIMIZER", "describe_fit", "dp_run_costs", "fitted_slowdown", "measured_parts",
-           "mode_costs", "pass_overlaps", "predicted_parts", "step_parts", "straggler"]
+__all__ = ["PARTS", "SHARDED_OPTIMIZER", "describe_fit", "dp_run_costs", "fitted_slowdown", "fitted_stall",
+           "idle_service", "measured_parts", "mode_costs", "pass_overlaps", "predicted_parts", "step_parts",
+           "straggler"]
 
 PARTS = ("forward", "backward", "optimizer", "skew", "exposed", "overhead")
 SHARDED_OPTIMIZER = ("zero1", "zero2", "zero3", "fsdp")  # step 1/dp of the parameters (real.zero)
@@ -249,7 +256,9 @@ def fitted_stall(frames: Sequence[pd.DataFrame], service: float) -> float | None
 def dp_run_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_inflight: int = 0) -> ProfiledCosts:
     """The data-parallel rows' costs from one data-parallel run's traces (module doc): its own costs
     (:func:`analysis.dp_calibration.dp_self_costs`) at its own :func:`fitted_slowdown` (the profile's where
-    that is None), every pass scaled by :func:`straggler`."""
+    that is None), every pass scaled by :func:`straggler`; the gradient reductions (all-reduce and
+    reduce-scatter) take the all-reduces' time alone (:func:`idle_service`) and the run's
+    :func:`fitted_stall`, or, where either cannot be measured, the all-reduces' mean service time."""
     from analysis.dp_calibration import dp_self_costs
 
     own = dp_self_costs(frames, dp_profile, max_inflight, fitted_slowdown(frames))

@@ -281,7 +281,8 @@ def _slowdown_line(s: dict) -> str:
     run = s["calibrated_from"].get("data_parallel")
     if run:
         line += (f" The data-parallel calibration run ({' m='.join(map(str, s['calibrated_from']['dp_run']))}) measured "
-                 f"x{run['comm_slowdown']:.3f} and a straggler factor of {run['straggler']:.3f}, which predict the "
+                 f"x{run['comm_slowdown']:.3f}, collectives slowed x{run.get('comm_stall', 1.0):.2f} while their rank "
+                 f"computes (comm_stall) and a straggler factor of {run['straggler']:.3f}, which predict the "
                  "data-parallel rows.")
     return line
 
