@@ -122,7 +122,6 @@ def test_grid_rows_calibrated_from_a_ddp_run(profile, tmp_path):  # noqa: F811 (
     """The ddp run (in-sample) predicts itself exactly; zero2 (held out) is predicted from it, its step taken
     apart (the parts add up to its prediction, the measured ones to its mean traced step), and the pipeline run's
     prediction kept beside it."""
-    pytest.importorskip("torch")
     from types import SimpleNamespace
 
     from analysis.calibration import Calibration, grid_rows
