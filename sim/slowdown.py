@@ -228,11 +228,11 @@ def slowed_links(graph: TaskGraph, net: Network, dur: list[float], start: list[f
         q = ports.queue[r]
         q.append(i)
         ports.left[i] = dur[i]
-        issue(i, now)
         if len(q) == 1:
             start[i] = now
             clocks.transfer(r, now, 1)
             ports.serve(r, i, now)
+        issue(i, now)
 
     def begin(i: int, now: float, ready: list[int]) -> None:
         d = dur[i]

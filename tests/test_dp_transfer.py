@@ -234,3 +234,18 @@ def test_the_run_measures_collectives_stalled_by_compute(profile):  # noqa: F811
     assert (costs.comm_stall, costs.comm_slowdown) == (pytest.approx(4.0, rel=1e-9), pytest.approx(FACTOR, rel=1e-9))
     graph = dp_graph("gpipe", "ddp", 2, 3)
     assert predict(graph, costs) == pytest.approx(predict(graph, truth), rel=1e-9)
+
+
+def test_a_stalled_collective_runs_at_full_speed_while_its_rank_waits_for_it():
+    """zero2, gpipe m=1, three 2 ms buckets, at most 1 reduce-scatter in flight, stall 1000: F 0-10 ms; bucket 0
+    is ready at 20 ms and does 0.01 ms under the pass until bucket 1 (30 ms) stops the pass; alone, it ends at
+    31.99, the pass resumes (10 ms left: to 41.99) while bucket 1 does 0.01 ms, and ends alone at 43.98;
+    bucket 2 (ready at 41.99) 43.98-45.98; OPTIM 3 ms; the three 1 ms gathers after it: 51.98 ms."""
+    from sim import simulate
+    from sim.profiled import step_time
+
+    costs = ProfiledCosts(stages=(StageCosts(f=0.010, b=0.030, i=0.0, w=0.0, optim=0.003, param_bytes=300),),
+                          collectives=(("reduce_scatter", 0.002, math.inf), ("all_gather", 0.001, math.inf)),
+                          comm_stall=1000.0, max_inflight=1)
+    result = simulate(dp_graph("gpipe", "zero2", 1, 3), costs)
+    assert step_time(result, costs) == pytest.approx(0.05198, rel=1e-9)
