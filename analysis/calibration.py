@@ -46,9 +46,9 @@ Measured = Any
 # The mechanisms of the CPU testbed, each switched off in turn to show what it contributes to the error.
 ABLATIONS: dict[str, dict[str, float]] = {"send_cpu": {"send_cpu": 0.0}, "task_overhead": {"task_overhead": 0.0},
                                           "step_overhead": {"step_overhead": 0.0}}
-# The data-parallel rows also switch off compute slowed by concurrent communication (sim.slowdown).
+# The data-parallel rows also switch off compute slowed by concurrent communication and its converse (sim.slowdown).
 DP_ABLATIONS: dict[str, dict[str, float]] = {**ABLATIONS, "comm_slowdown": {"comm_slowdown": 1.0},
-                                             "max_inflight": {"max_inflight": 0}}
+                                             "max_inflight": {"max_inflight": 0}, "comm_stall": {"comm_stall": 1.0}}
 
 
 def dp_graph(schedule: str, mode: str, m: int, buckets: int) -> TaskGraph:
