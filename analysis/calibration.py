@@ -46,9 +46,9 @@ Measured = Any
 # The mechanisms of the CPU testbed, each switched off in turn to show what it contributes to the error.
 ABLATIONS: dict[str, dict[str, float]] = {"send_cpu": {"send_cpu": 0.0}, "task_overhead": {"task_overhead": 0.0},
                                           "step_overhead": {"step_overhead": 0.0}}
-# The data-parallel rows also switch off compute slowed by concurrent communication (sim.slowdown).
+# The data-parallel rows also switch off compute slowed by concurrent communication and its converse (sim.slowdown).
 DP_ABLATIONS: dict[str, dict[str, float]] = {**ABLATIONS, "comm_slowdown": {"comm_slowdown": 1.0},
-                                             "max_inflight": {"max_inflight": 0}}
+                                             "max_inflight": {"max_inflight": 0}, "comm_stall": {"comm_stall": 1.0}}
 
 
 def dp_graph(schedule: str, mode: str, m: int, buckets: int) -> TaskGraph:
@@ -83,14 +83,27 @@ class Calibration:
     fit: TraceCalibration
     dp_profile: Path | None = None
     max_inflight: int = 0  # the runtime's bound on zero2/zero3's reduce-scatters in flight (real.zero.MAX_INFLIGHT)
+    dp_traces: tuple[str, ...] = ()  # the data-parallel calibration run's traces (analysis.dp_transfer); () none
+    dp_fit: ProfiledCosts | None = None  # their costs (analysis.dp_transfer.dp_run_costs)
+    dp_straggler: float = 1.0  # their straggler factor (analysis.dp_transfer.straggler)
 
     @classmethod
     def of(cls, profile: str | Path, traces: Sequence[str], dp_profile: str | Path | None = None,
-           max_inflight: int = 0) -> Calibration:
+           max_inflight: int = 0, dp_traces: Sequence[str] = ()) -> Calibration:
+        """``dp_traces``: a data-parallel run of ddp (validate_sim's: at the grid's middle microbatch count) that
+        calibrates the data-parallel rows (:meth:`data_parallel`); without it they carry the pipeline run's."""
+        from analysis.dp_transfer import dp_run_costs, straggler
+        from schedules.trace import read_trace
         from sim.profiled import trace_calibration
 
+        fit, k = None, 1.0
+        if dp_traces:
+            if dp_profile is None:
+                raise ValueError("a data-parallel calibration run needs the data-parallel profile; give dp_profile")
+            frames = [read_trace(t) for t in dp_traces]
+            fit, k = dp_run_costs(frames, dp_profile, max_inflight), straggler(frames)
         return cls(Path(profile), tuple(traces), trace_calibration(list(traces)),
-                   Path(dp_profile) if dp_profile is not None else None, max_inflight)
+                   Path(dp_profile) if dp_profile is not None else None, max_inflight, tuple(dp_traces), fit, k)
 
     def pipeline(self, num_stages: int, **off: float) -> ProfiledCosts:
         """The calibration run's costs for ``num_stages`` stages; ``off``: fields set (an ablation)."""
@@ -114,9 +127,20 @@ class Calibration:
         return {k.value: sum(scaled.stages[s].of(k) for s in range(n)) / sum(base.stages[s].of(k) for s in range(n))
                 for k in (Kind.F, Kind.B)}
 
-    def data_parallel(self, **off: float) -> ProfiledCosts:
-        """The pair's own profile, F and B scaled by :meth:`ratios`, the run's send_cpu and task_overhead, and
-        the runtime's ``max_inflight``."""
+    def data_parallel(self, mode: str = "ddp", **off: float) -> ProfiledCosts:
+        """The costs of a data-parallel row of ``mode``: from the data-parallel calibration run
+        (:mod:`analysis.dp_transfer`: its costs, the optimizer step sharded for the ZeRO modes) when there is
+        one, else :meth:`from_pipeline`; ``off``: fields set (an ablation)."""
+        from analysis.dp_transfer import mode_costs
+
+        if self.dp_fit is None:
+            return self.from_pipeline(**off)
+        costs = mode_costs(self.dp_fit, mode, 2)
+        return replace(costs, **off) if off else costs
+
+    def from_pipeline(self, **off: float) -> ProfiledCosts:
+        """The data-parallel rows' costs carried from the pipeline run: the pair's own profile, F and B scaled by
+        :meth:`ratios`, the run's send_cpu and task_overhead, and the runtime's ``max_inflight``."""
         from sim.profiled import load_profile
 
         if self.dp_profile is None:
@@ -139,8 +163,13 @@ class Calibration:
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {"traces": list(self.traces), "fit": {k: v for k, v in vars(self.fit).items() if k != "passes"},
-                "passes": {f"{s}{k}": v for (s, k), v in self.fit.passes.items()}, "warnings": self.warnings()}
+        from analysis.dp_transfer import describe_fit
+
+        out = {"traces": list(self.traces), "fit": {k: v for k, v in vars(self.fit).items() if k != "passes"},
+               "passes": {f"{s}{k}": v for (s, k), v in self.fit.passes.items()}, "warnings": self.warnings()}
+        if self.dp_fit is not None:
+            out["data_parallel"] = {"traces": list(self.dp_traces), **describe_fit(self.dp_fit, self.dp_straggler)}
+        return out
 
 
 def _measured_row(key: tuple[str, int], r: Measured) -> dict[str, Any]:
@@ -186,6 +215,7 @@ def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration
     The modes of :mod:`analysis.dp_modes` (ps, decentralized, local-sgd, MODE+CODEC) are predicted as it says."""
     from analysis.dp_calibration import dp_replay_error, dp_self_costs
     from analysis.dp_modes import predict_mode
+    from analysis.dp_transfer import measured_parts, predicted_parts
     from schedules.trace import read_trace
     from sim.profiled import load_profile
 
@@ -197,15 +227,21 @@ def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration
 
     row = {**_measured_row(key, r), "kind": "data-parallel", "dp_mode": mode}
     frames = [read_trace(t) for t in r.traces]
+    costs = cal.data_parallel(mode)
     if mode == "local-sgd":
-        _amortize(row, r, frames, predict_mode(mode, graph, cal.data_parallel(), cal.dp_profile, every))
-    row["predicted_step_time"] = step(cal.data_parallel())
+        _amortize(row, r, frames, predict_mode(mode, graph, costs, cal.dp_profile, every))
+    row["predicted_step_time"] = step(costs)
     row["profile_predicted_step_time"] = step(replace(load_profile(cal.dp_profile, 1), max_inflight=cal.max_inflight))
-    row["without"] = {k: step(cal.data_parallel(**v)) for k, v in DP_ABLATIONS.items()}
+    row["pipeline_predicted_step_time"] = step(cal.from_pipeline())
+    row["without"] = {k: step(cal.data_parallel(mode, **v)) for k, v in DP_ABLATIONS.items()}
     own = dp_self_costs(frames, cal.dp_profile, cal.max_inflight)
     row["self_error"] = (step(own, True) - row["measured_step_time"]) / row["measured_step_time"]
     row["replay_error"], row["replay_abs_p90"] = dp_replay_error(frames, cal.dp_profile)
+    row["parts"] = {"measured": measured_parts(frames),
+                    "predicted": predicted_parts(mode, graph, costs, cal.dp_profile, every),
+                    "from_pipeline": predicted_parts(mode, graph, cal.from_pipeline(), cal.dp_profile, every)}
     _errors(row)
+    row["pipeline_error"] = (row["pipeline_predicted_step_time"] - row["measured_step_time"]) / row["measured_step_time"]
     return row
 
 
@@ -223,16 +259,18 @@ def _amortize(row: dict[str, Any], r: Measured, frames: list[Any], predicted: di
 
 
 def grid_rows(measured: Mapping[tuple[str, int], Measured], graphs: Mapping[tuple[str, int], TaskGraph],
-              cal: Calibration, calibrated_from: tuple[str, int], data_parallel: Sequence[tuple[str, int]] = ()
-              ) -> list[dict[str, Any]]:
+              cal: Calibration, calibrated_from: tuple[str, int], data_parallel: Sequence[tuple[str, int]] = (),
+              dp_calibrated_from: tuple[str, int] | None = None) -> list[dict[str, Any]]:
     """A row per measured configuration, in ``measured``'s order; ``data_parallel``: the keys of the pair.
 
-    ``in_sample`` is True for ``calibrated_from`` only."""
+    ``in_sample`` is True for ``calibrated_from`` and ``dp_calibrated_from`` (the data-parallel calibration run,
+    whose traces are ``cal.dp_traces``) only."""
     rows = []
+    fitted = {tuple(calibrated_from), *([tuple(dp_calibrated_from)] if dp_calibrated_from else [])}
     for key, r in measured.items():
         make = dp_row if key in data_parallel else pipeline_row
         row = make(key, r, graphs[key], cal)
-        row["in_sample"] = key == tuple(calibrated_from)
+        row["in_sample"] = key in fitted
         rows.append(row)
         log.info("%s m=%d: predicted %.2f ms, measured %.2f ms", key[0], key[1], row["predicted_step_time"] * 1e3,
                  row["measured_step_time"] * 1e3)

@@ -161,13 +161,17 @@ def collective_times(frames: Sequence[pd.DataFrame]) -> dict[str, list[float]]:
     return out
 
 
-def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_inflight: int = 0) -> ProfiledCosts:
+def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_inflight: int = 0,
+                  comm_slowdown: float | None = None) -> ProfiledCosts:
     """A pp=1 data-parallel configuration's costs from its own traces and the pair's profile (module doc);
-    ``max_inflight``: the runtime's bound on zero2/zero3's reduce-scatters in flight."""
+    ``max_inflight``: the runtime's bound on zero2/zero3's reduce-scatters in flight; ``comm_slowdown``: the
+    factor, if not the profile's (:func:`analysis.dp_transfer.fitted_slowdown`)."""
     from sim.profiled import _trimmed_mean, load_profile
     from sim.replay import server_update_times
 
     own = replace(load_profile(dp_profile, 1), max_inflight=max_inflight)
+    if comm_slowdown is not None:
+        own = replace(own, comm_slowdown=comm_slowdown)
     work = unslowed_passes(frames, own.comm_slowdown, max_inflight)
     fit = _gaps_calibration(frames)
     gaps = task_gaps(frames)

@@ -190,8 +190,15 @@ def score_grid(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "mechanisms": _mechanisms(pipe),
         "decomposition": decomposition(rows),
         "dp_mechanisms": _mechanisms([r for r in out if r["kind"] == "data-parallel"]),
-        "dp_decomposition": decomposition(rows, "data-parallel"),
+        "dp_decomposition": {**decomposition(rows, "data-parallel"), **_from_pipeline(out)},
     }
+
+
+def _from_pipeline(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """``from_pipeline``: the mean |error| of the out-of-sample data-parallel rows predicted with the pipeline
+    run's calibration carried over (``pipeline_error``), where the rows have it (analysis.dp_transfer)."""
+    old = [abs(r["pipeline_error"]) for r in rows if r["kind"] == "data-parallel" and "pipeline_error" in r]
+    return {"from_pipeline": statistics.fmean(old)} if old else {}
 
 
 def _mechanisms(rows: Sequence[dict[str, Any]]) -> dict[str, float]:

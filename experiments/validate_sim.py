@@ -131,7 +131,7 @@ def validate_all(a) -> dict:
     (out / "traces").mkdir(parents=True, exist_ok=True)
     configs = {(s, m): pipeline_config(model, s, m, mbs) for m in ms for s in scheds}
     graphs = {k: validate(load_graph(k[0], pp=2, microbatches=k[1])) for k in configs}
-    dp_keys = [(f"dp2-{mode}", ms[0]) for mode in a.dp_modes]
+    dp_keys = _dp_keys(a.dp_modes, ms)
     configs.update({k: dp_config(model, "gpipe", k[1], mbs, k[0][4:]) for k in dp_keys})
     graphs.update({k: dp_graph("gpipe", k[0][4:], k[1], dp_buckets(model)) for k in dp_keys})
     stages = sorted({graphs[(s, m)].schedule.num_stages for s in scheds for m in ms})
@@ -141,15 +141,19 @@ def validate_all(a) -> dict:
           f"x {a.rounds} rounds", file=sys.stderr)
     by_key = _measure(configs, a, out)
     cal_key = (a.calibrate_from, ms[len(ms) // 2])
-    cal = Calibration.of(profile, by_key[cal_key].traces, dp_profile, max_inflight=MAX_INFLIGHT)
-    rows = grid_rows(by_key, graphs, cal, cal_key, dp_keys)
+    dp_cal_key = ("dp2-ddp", ms[len(ms) // 2]) if dp_keys else None
+    cal = Calibration.of(profile, by_key[cal_key].traces, dp_profile, max_inflight=MAX_INFLIGHT,
+                         dp_traces=by_key[dp_cal_key].traces if dp_cal_key else ())
+    rows = grid_rows(by_key, graphs, cal, cal_key, dp_keys, dp_cal_key)
     scores = score_grid(rows)
     verdict = noise_verdict(scores["decomposition"]["noise"], load_before, os.getloadavg(), a.noise_limit,
                             max(r["foreign_cores"] for r in rows))
     return {
         "schedules": rows, **scores, "noise_verdict": verdict,
-        "calibrated_from": {"schedule": cal_key[0], "microbatches": cal_key[1], **cal.describe()},
-        "grid": {"schedules": scheds, "microbatches": ms, "pp": 2, "dp_pair": [k[0] for k in dp_keys],
+        "calibrated_from": {"schedule": cal_key[0], "microbatches": cal_key[1], **cal.describe(),
+                            "dp_run": list(dp_cal_key) if dp_cal_key else None},
+        "grid": {"schedules": scheds, "microbatches": ms, "pp": 2, "dp_pair": sorted({k[0] for k in dp_keys}),
+                 "dp_microbatches": sorted({k[1] for k in dp_keys}),
                  "microbatch_size": mbs, "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
                  "model": model.to_dict()},
         "profile": str(profile),
@@ -157,6 +161,15 @@ def validate_all(a) -> dict:
         "seconds": time.monotonic() - t_start,
         "command": _command(),
     }
+
+
+def _dp_keys(modes: list[str], ms: list[int]) -> list[tuple[str, int]]:
+    """The data-parallel rows: every mode at the grid's smallest and middle microbatch counts; ddp at the middle
+    one (the data-parallel calibration run, analysis.dp_transfer) whatever the modes."""
+    counts = sorted({ms[0], ms[len(ms) // 2]}) if modes else []
+    keys = [(f"dp2-{mode}", m) for m in counts for mode in modes]
+    mid = ("dp2-ddp", ms[len(ms) // 2])
+    return keys if not modes or mid in keys else [*keys, mid]
 
 
 def _measure(configs: dict, a, out: Path) -> dict:
@@ -195,11 +208,12 @@ def sections(s: dict) -> list[str]:
     """The results as Markdown blocks: rows, scores, mechanisms, decomposition, the noise verdict."""
     rows = markdown_table(
         ["schedule", "m", "kind", "sample", "predicted ms", "measured ms", "p10-p90 ms", "error", "self-calibrated",
-         "profile only", "replay"],
+         "profile only", "replay", "from pipeline"],
         [(r["schedule"], r["microbatches"], r["kind"], "in" if r["in_sample"] else "out",
           f"{r['predicted_step_time'] * 1e3:.1f}", f"{r['measured_step_time'] * 1e3:.1f}",
           f"{r['measured_spread'][0] * 1e3:.1f}-{r['measured_spread'][1] * 1e3:.1f}", _pct(r["error"], True),
-          _pct(r.get("self_error"), True), _pct(r["profile_error"], True), _pct(r["replay_error"], True))
+          _pct(r.get("self_error"), True), _pct(r["profile_error"], True), _pct(r["replay_error"], True),
+          _pct(r.get("pipeline_error"), True))
          for r in s["schedules"]])
     kinds = s["by_kind"]
     scores = markdown_table(
@@ -221,7 +235,28 @@ def sections(s: dict) -> list[str]:
           markdown_table(["out-of-sample data-parallel rows, taken apart", "mean abs error"],
                          [(k, _pct(v)) for k, v in s["dp_decomposition"].items()])] if s["grid"]["dp_pair"] else []
     return [verdict_line(s["noise_verdict"]), rows, scores, f"Worst |replay| error: {_pct(s['max_abs_replay_error'])}.",
-            mech, parts, *dp, *_local_sgd_lines(s), _slowdown_line(s), _warnings(s), f"{s['seconds']:.0f} s."]
+            mech, parts, *dp, *_parts_table(s), *_local_sgd_lines(s), _slowdown_line(s), _warnings(s),
+            f"{s['seconds']:.0f} s."]
+
+
+def _parts_table(s: dict) -> list[str]:
+    """Each data-parallel row's step taken apart (analysis.dp_transfer.PARTS): measured / predicted (predicted
+    from the pipeline run), in ms, the mean traced step."""
+    from analysis.dp_transfer import PARTS
+
+    rows = [r for r in s["schedules"] if "parts" in r]
+    if not rows:
+        return []
+
+    def cell(r: dict, k: str) -> str:
+        p = r["parts"]
+        return f"{p['measured'][k] * 1e3:.1f} / {p['predicted'][k] * 1e3:.1f} ({p['from_pipeline'][k] * 1e3:.1f})"
+
+    head = "Each data-parallel step taken apart (ms, the mean traced step): measured / predicted (from the pipeline run)"
+    return [head + " (docs/validation-protocol.md).",
+            markdown_table(["row", "m", "sample", *PARTS, "step"],
+                           [(r["schedule"], r["microbatches"], "in" if r["in_sample"] else "out",
+                             *(cell(r, k) for k in (*PARTS, "step"))) for r in rows])]
 
 
 def _ms(x: float | None) -> str:
@@ -241,8 +276,15 @@ def _slowdown_line(s: dict) -> str:
     factor = s.get("comm_slowdown")
     if factor is None:
         return "No data-parallel profile: compute slowed by concurrent communication not measured."
-    return (f"Compute slowed by concurrent communication (comm_slowdown, measured by the data-parallel profile): "
+    line = (f"Compute slowed by concurrent communication (comm_slowdown, measured by the data-parallel profile): "
             f"x{factor:.3f} while a bucket's collective is in flight.")
+    run = s["calibrated_from"].get("data_parallel")
+    if run:
+        line += (f" The data-parallel calibration run ({' m='.join(map(str, s['calibrated_from']['dp_run']))}) measured "
+                 f"x{run['comm_slowdown']:.3f}, collectives slowed x{run.get('comm_stall', 1.0):.2f} while their rank "
+                 f"computes (comm_stall) and a straggler factor of {run['straggler']:.3f}, which predict the "
+                 "data-parallel rows.")
+    return line
 
 
 def _warnings(s: dict) -> str:

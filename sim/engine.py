@@ -200,7 +200,7 @@ def _simulate(graph: TaskGraph, costs: CostModel) -> SimResult:
         if any(size != n for size in sizes.values()):
             raise ValueError(f"the cost model's network gives {sizes} entries for a graph of {n} tasks; give one per task")
     _run(graph, dur, start, end, hooks, check_factor(getattr(costs, "comm_slowdown", 1.0)),
-         check_max_inflight(getattr(costs, "max_inflight", 0)))
+         check_max_inflight(getattr(costs, "max_inflight", 0)), check_factor(getattr(costs, "comm_stall", 1.0)))
     if n and not math.isfinite(max(end)):
         raise ScheduleError(f"schedule {graph.schedule.name!r}: the simulated step overflows to {max(end)} "
                             "(finite pass times whose sum exceeds the largest float); use smaller times")
@@ -236,7 +236,7 @@ _JOIN, _DONE, _END, _CEND = 0, 1, 2, 3
 
 
 def _run(graph: TaskGraph, dur: list[float], start: list[float], end: list[float], net: Network | None,
-         slowdown: float = 1.0, max_inflight: int = 0) -> None:
+         slowdown: float = 1.0, max_inflight: int = 0, stall: float = 1.0) -> None:
     """The event loop: dependency counters on a SimPy clock, one SimPy event per distinct time.
 
     An event's items run in the order they were scheduled: a task id (>= 0)
@@ -272,9 +272,9 @@ def _run(graph: TaskGraph, dur: list[float], start: list[float], end: list[float
     delay = None
     if net is None:
         begin, on_network, flush = run_alone, None, None
-    elif slowdown != 1.0 or max_inflight:
+    elif slowdown != 1.0 or max_inflight or stall != 1.0:
         (begin, on_network, delay), flush = slowed_links(graph, net, dur, start, finish, at, slowdown,
-                                                         max_inflight), None
+                                                         max_inflight, stall), None
     elif net.model == "fair" and net.contention > 0.0:
         finish, run_alone, begin, on_network, flush = _contended(graph, net, dur, start, finish, at, run_alone)
     else:

@@ -145,6 +145,7 @@ class ProfiledCosts:
     warnings: tuple[str, ...] = ()  # each guess in these costs, naming its field (the cost file's, the calibration's)
     comm_slowdown: float = 1.0  # compute x this while a collective of its rank is in flight (sim.slowdown)
     max_inflight: int = 0  # zero2/zero3: compute waits while more reduce-scatters are in flight (0: no bound)
+    comm_stall: float = 1.0  # a collective is served at 1/this of its speed while its rank computes (sim.slowdown)
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -155,6 +156,10 @@ class ProfiledCosts:
                 not 0 < self.comm_slowdown < math.inf:
             raise CostFileError(f"profiled costs: comm_slowdown must be a finite factor > 0 (1.0: communication "
                                 f"does not slow compute), got {self.comm_slowdown!r}")
+        if isinstance(self.comm_stall, bool) or not isinstance(self.comm_stall, int | float) or \
+                not 0 < self.comm_stall < math.inf:
+            raise CostFileError(f"profiled costs: comm_stall must be a finite factor > 0 (1.0: compute does not "
+                                f"slow communication), got {self.comm_stall!r}")
         if isinstance(self.max_inflight, bool) or not isinstance(self.max_inflight, int) or self.max_inflight < 0:
             raise CostFileError(f"profiled costs: max_inflight must be a whole number of collectives >= 0 (0: no "
                                 f"bound), got {self.max_inflight!r}")
@@ -257,7 +262,7 @@ class ProfiledCosts:
             "p2p_alpha": self.p2p_alpha, "p2p_beta": None if math.isinf(self.p2p_beta) else self.p2p_beta,
             "activation_bytes": self.activation_bytes, "send_cpu": self.send_cpu, "missing": list(self.missing),
             "p2p_measured": self.p2p_measured, "warnings": list(self.warnings), "comm_slowdown": self.comm_slowdown,
-            "max_inflight": self.max_inflight,
+            "max_inflight": self.max_inflight, "comm_stall": self.comm_stall,
         }
 
 

@@ -208,6 +208,7 @@ class _StepCosts:
 
     comm_slowdown = 1.0  # measured compute times are already slowed by what overlapped them
     max_inflight = 0  # and hold the runtime's waits for its reduce-scatters in flight
+    comm_stall = 1.0  # and collectives' times already hold what the compute beside them cost
 
     def __init__(self, base: ProfiledCosts, measured: dict[tuple[int, str], float],
                  service: dict[tuple[int, str, int], float] | None = None,

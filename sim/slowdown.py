@@ -32,8 +32,20 @@ issued and not done, so that flat gradients do not pile up. A cost model's
 reduce-scatters are issued (ready, queued or in service) than that, its clock
 stops, so its pass and its next buckets' readiness wait with it.
 
+The converse: compute slows communication. On the CPU testbed both cores run
+the two ranks' passes, and gloo's collective threads get little of them: a
+cost model's ``comm_stall`` (> 1; :class:`sim.profiled.ProfiledCosts`, fitted
+on a data-parallel run by :func:`analysis.dp_transfer.fitted_stall`) serves
+each rank's collectives one at a time, in issue order, the one in service at
+1 / ``comm_stall`` of its speed while its rank computes (a compute task in
+progress and not waiting for its reduce-scatters) and at full speed otherwise.
+Closed form, at ``factor`` 1: a collective of t issued a time a before the end
+of a pass ends after a + (t - a / stall) if t > a / stall, else after stall t.
+At 1.0 (the default) the ports are the engine's ordinary ones.
+
 Only first-come-first-served ports (the ``fcfs`` network model, the one the
-profiled cost model uses) are supported.
+profiled cost model uses) are supported; ``comm_stall`` needs each collective
+on its own rank's port (the profiled model's network).
 """
 
 from __future__ import annotations
@@ -50,7 +62,7 @@ __all__ = ["SLOWED_WORK", "check_factor", "check_max_inflight", "slowed_links"]
 
 # event items of the slowed path (tuples, beside sim.network's 0, 1, 2): a work-timed item is due; a transfer
 # whose port was busy starts; a transfer ends
-SLOWED_WORK, _XON, _XOFF = 3, 4, 5
+SLOWED_WORK, _XON, _XOFF, _XEND = 3, 4, 5, 6
 _BOUNDED_MODES = ("zero2", "zero3")  # the runtime bounds their per-microbatch reduce-scatters (real.zero)
 _EPS = 1e-12  # relative: a re-timed end this close to now is due now (float rounding of the clock)
 
@@ -125,13 +137,49 @@ class _Clocks:
             self.at(now + d, d, (SLOWED_WORK, item, r, self.epoch[r]))
 
 
+class _Ports:
+    """Collectives stalled by their rank's compute: each rank's one port serves its collectives in order, the
+    one in service progressing at 1 / ``stall`` while the rank computes (a compute task in progress and not
+    waiting for its reduce-scatters) and at full speed otherwise."""
+
+    def __init__(self, num_ranks: int, stall: float, at: Callable[[float, float, Any], None]) -> None:
+        self.stall, self.at = stall, at
+        self.queue: list[list[int]] = [[] for _ in range(num_ranks)]  # the head is in service
+        self.running = [0] * num_ranks  # compute tasks in progress
+        self.mult = [1.0] * num_ranks
+        self.epoch = [0] * num_ranks
+        self.left: dict[int, float] = {}  # collective in service -> seconds of service left at full speed, at since
+        self.since: dict[int, float] = {}
+
+    def serve(self, r: int, i: int, now: float) -> None:
+        self.left[i], self.since[i] = self.left.get(i, 0.0), now
+        d = self.left[i] * self.mult[r]
+        self.at(now + d, d, (_XEND, i, r, self.epoch[r]))
+
+    def retime(self, r: int, now: float, blocked: bool) -> None:
+        """The rank's compute started, ended, waits or resumes: re-time the collective in service."""
+        mult = self.stall if self.running[r] > 0 and not blocked else 1.0
+        if mult == self.mult[r]:
+            return
+        q = self.queue[r]
+        if q:
+            h = q[0]
+            self.left[h] = max(self.left[h] - (now - self.since[h]) / self.mult[r], 0.0)
+        self.mult[r] = mult
+        self.epoch[r] += 1
+        if q:
+            self.serve(r, q[0], now)
+
+
 def slowed_links(graph: TaskGraph, net: Network, dur: list[float], start: list[float],
                  finish: Callable[[int, float, list[int]], None], at: Callable[[float, float, Any], None],
-                 factor: float, max_inflight: int = 0) -> tuple[Callable, Callable, Callable[[int, float], None]]:
+                 factor: float, max_inflight: int = 0, stall: float = 1.0
+                 ) -> tuple[Callable, Callable, Callable[[int, float], None]]:
     """``begin``, ``on_network`` and ``delay`` (a ready delay, counted in its rank's work) for the engine's loop
     (:func:`sim.engine._run`), with compute slowed by ``factor`` while a collective of its rank is in flight,
-    and (``max_inflight`` > 0, zero2/zero3 graphs) stopped while more than that many of its gradient
-    reduce-scatters are issued and not done (see the module doc)."""
+    (``max_inflight`` > 0, zero2/zero3 graphs) stopped while more than that many of its gradient
+    reduce-scatters are issued and not done, and (``stall`` other than 1.0) each collective served at
+    1 / ``stall`` of its speed while its rank computes (see the module doc)."""
     if net.model != "fcfs":
         raise ValueError(f"comm_slowdown {factor} is modelled with first-come-first-served ports only; the cost "
                          f"model's network uses {net.model!r} (give comm_slowdown 1.0 or link model fcfs)")
@@ -145,6 +193,47 @@ def slowed_links(graph: TaskGraph, net: Network, dur: list[float], start: list[f
     bounded = [max_inflight > 0 and plan is not None and plan.mode in _BOUNDED_MODES
                and t.action.kind is Kind.REDUCE_SCATTER for t in tasks]
     issued: list[list[int]] = [[] for _ in range(graph.num_ranks)]  # bounded collectives issued, not done
+    ports = _Ports(graph.num_ranks, stall, at) if stall != 1.0 else None
+    if ports is not None and any(moving[i] and tuple(links[i]) != (rank[i],) for i in range(len(tasks))):
+        raise ValueError(f"comm_stall {stall} needs each collective on one port, its rank's (the profiled cost "
+                         "model's network); give comm_stall 1.0")
+
+    def block(r: int, now: float, blocked: bool) -> None:
+        clocks.block(r, now, blocked)
+        if ports is not None:
+            ports.retime(r, now, blocked)
+
+    def computing(r: int, now: float, delta: int) -> None:
+        if ports is not None:
+            ports.running[r] += delta
+            ports.retime(r, now, clocks.blocked[r])
+
+    def issue(i: int, now: float) -> None:
+        if bounded[i]:  # the runtime issues it, then waits until at most max_inflight are left in flight
+            issued[rank[i]].append(i)
+            if len(issued[rank[i]]) > max_inflight:
+                block(rank[i], now, True)
+
+    def done(i: int, now: float, ready: list[int]) -> None:
+        clocks.transfer(rank[i], now, -1)
+        if bounded[i]:
+            mine = issued[rank[i]]
+            mine.remove(i)
+            if len(mine) <= max_inflight:
+                block(rank[i], now, False)
+        finish(i, now, ready)
+
+    def queued(i: int, now: float) -> None:
+        """A collective on its rank's stalled port: served now if the port is free, else after those before."""
+        r = rank[i]
+        q = ports.queue[r]
+        q.append(i)
+        ports.left[i] = dur[i]
+        if len(q) == 1:
+            start[i] = now
+            clocks.transfer(r, now, 1)
+            ports.serve(r, i, now)
+        issue(i, now)
 
     def begin(i: int, now: float, ready: list[int]) -> None:
         d = dur[i]
@@ -152,8 +241,12 @@ def slowed_links(graph: TaskGraph, net: Network, dur: list[float], start: list[f
             start[i] = now
             if d > 0.0:
                 clocks.after(rank[i], now, d, i)
+                computing(rank[i], now, 1)
             else:
                 finish(i, now, ready)
+            return
+        if ports is not None and moving[i]:
+            queued(i, now)
             return
         s = now
         for link in links[i]:
@@ -170,10 +263,7 @@ def slowed_links(graph: TaskGraph, net: Network, dur: list[float], start: list[f
             else:
                 clocks.transfer(rank[i], now, 1)
             at(e, e - now, (_XOFF, i, 0))
-            if bounded[i]:  # the runtime issues it, then waits until at most max_inflight are left in flight
-                issued[rank[i]].append(i)
-                if len(issued[rank[i]]) > max_inflight:
-                    clocks.block(rank[i], now, True)
+            issue(i, now)
         else:
             at(e, e - now, i)
 
@@ -182,19 +272,25 @@ def slowed_links(graph: TaskGraph, net: Network, dur: list[float], start: list[f
         if what == SLOWED_WORK:
             if clocks.due(item[2], i, item[3]):
                 if i >= 0:
+                    computing(rank[i], now, -1)
                     finish(i, now, ready)
                 else:
                     begin(~i, now, ready)
         elif what == _XON:
             clocks.transfer(rank[i], now, 1)
         elif what == _XOFF:
-            clocks.transfer(rank[i], now, -1)
-            if bounded[i]:
-                mine = issued[rank[i]]
-                mine.remove(i)
-                if len(mine) <= max_inflight:
-                    clocks.block(rank[i], now, False)
-            finish(i, now, ready)
+            done(i, now, ready)
+        elif what == _XEND:
+            r = item[2]
+            if item[3] == ports.epoch[r] and ports.queue[r] and ports.queue[r][0] == i:
+                ports.queue[r].pop(0)
+                del ports.left[i], ports.since[i]
+                if ports.queue[r]:  # the next one is served from now on
+                    nxt = ports.queue[r][0]
+                    start[nxt] = now
+                    clocks.transfer(r, now, 1)
+                    ports.serve(r, nxt, now)
+                done(i, now, ready)
         else:
             raise AssertionError(f"unknown event {item!r}")
 

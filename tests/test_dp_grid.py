@@ -29,9 +29,9 @@ def _truth(limit: int = 0) -> ProfiledCosts:
                                       ("all_gather", ALPHA / 2, math.inf)), comm_slowdown=FACTOR, max_inflight=limit)
 
 
-def _trace(mode: str = "ddp", steps: int = 2, limit: int = 0) -> pd.DataFrame:
+def _trace(mode: str = "ddp", steps: int = 2, limit: int = 0, costs: ProfiledCosts | None = None) -> pd.DataFrame:
     graph = dp_graph("gpipe", mode, 2, 3)
-    result = simulate(graph, _truth(limit))
+    result = simulate(graph, costs or _truth(limit))
     parts, walls = [], {}
     for step in range(steps):
         for replica in (0, 1):
@@ -203,7 +203,8 @@ def test_grid_row_of_a_data_parallel_mode_is_taken_apart(profile, tmp_path):
     (row,) = grid_rows(measured, {key: graph}, cal, ("1f1b", 4), [key])
     assert (row["kind"], row["in_sample"]) == ("data-parallel", False)
     assert abs(row["self_error"]) < 1e-9 and abs(row["replay_error"]) < 1e-9
-    assert set(row["without"]) == {"send_cpu", "task_overhead", "step_overhead", "comm_slowdown", "max_inflight"}
+    assert set(row["without"]) == {"send_cpu", "task_overhead", "step_overhead", "comm_slowdown", "max_inflight",
+                                   "comm_stall"}
     assert row["without"]["comm_slowdown"] < row["predicted_step_time"]
 
 
