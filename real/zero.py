@@ -66,6 +66,22 @@ _READS = ZERO3_READS
 MAX_INFLIGHT = 2
 
 
+def _flatten_grads(bucket: _Bucket) -> torch.Tensor:
+    """The bucket's gradients in one flat tensor (zeros where a parameter has none, and in the padding), the
+    parameters' ``.grad`` dropped. One ``torch.cat``: no zero-filled buffer written over parameter by parameter
+    (timed in a loop on a 1.3 MB bucket of the grid's model: 0.06 against 0.14 ms of one core)."""
+    dtype, device = bucket.shard.dtype, bucket.shard.device
+    parts, n = [], 0
+    for p in bucket.params:
+        g = p.grad
+        parts.append(g.reshape(-1).to(dtype) if g is not None else torch.zeros(p.numel(), dtype=dtype, device=device))
+        p.grad = None
+        n += p.numel()
+    if bucket.data.numel() > n:
+        parts.append(torch.zeros(bucket.data.numel() - n, dtype=dtype, device=device))
+    return torch.cat(parts)
+
+
 def make_sync(stage_params: dict[int, Sequence[nn.Parameter]], *, graph: TaskGraph, pp_rank: int, mode: str,
               **kw: Any) -> GradSync:
     """The data-parallel sync of ``mode``: :class:`real.dp.GradSync` (sync, ddp, zero1) or :class:`ShardedSync`."""
@@ -153,13 +169,7 @@ class ShardedSync(GradSync):
 
     def _reduce(self, bucket: _Bucket) -> None:
         """Reduce-scatter what the bucket's parameters hold in ``.grad`` (then dropped) into its shard."""
-        flat = torch.zeros(bucket.data.numel(), dtype=bucket.shard.dtype, device=bucket.shard.device)
-        offset = 0
-        for p in bucket.params:
-            if p.grad is not None:
-                flat[offset:offset + p.numel()].copy_(p.grad.reshape(-1))
-                p.grad = None
-            offset += p.numel()
+        flat = _flatten_grads(bucket)
         out = torch.empty_like(bucket.shard_grad)
         start = self._stamp()
         work, nbytes = self._grad_collective(bucket, flat, out)
