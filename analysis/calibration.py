@@ -221,11 +221,15 @@ def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration
 
     mode = key[0].removeprefix("dp2-")
     every = r.config.sync.sync_every if mode == "local-sgd" else 1  # local-sgd's K: of the RunConfig measured
+    bound = r.config.sync.staleness if mode == "async-ps" else 0  # async-ps's S: of the RunConfig measured
 
     def step(costs: ProfiledCosts, measured: bool = False) -> float:
-        return predict_mode(mode, graph, costs, cal.dp_profile, every, measured_collectives=measured)["step"]
+        return predict_mode(mode, graph, costs, cal.dp_profile, every, measured_collectives=measured,
+                            staleness=bound)["step"]
 
     row = {**_measured_row(key, r), "kind": "data-parallel", "dp_mode": mode}
+    if mode == "async-ps":
+        row["staleness"] = bound
     frames = [read_trace(t) for t in r.traces]
     costs = cal.data_parallel(mode)
     if mode == "local-sgd":
@@ -238,8 +242,9 @@ def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration
     row["self_error"] = (step(own, True) - row["measured_step_time"]) / row["measured_step_time"]
     row["replay_error"], row["replay_abs_p90"] = dp_replay_error(frames, cal.dp_profile)
     row["parts"] = {"measured": measured_parts(frames),
-                    "predicted": predicted_parts(mode, graph, costs, cal.dp_profile, every),
-                    "from_pipeline": predicted_parts(mode, graph, cal.from_pipeline(), cal.dp_profile, every)}
+                    "predicted": predicted_parts(mode, graph, costs, cal.dp_profile, every, staleness=bound),
+                    "from_pipeline": predicted_parts(mode, graph, cal.from_pipeline(), cal.dp_profile, every,
+                                                     staleness=bound)}
     _errors(row)
     row["pipeline_error"] = (row["pipeline_predicted_step_time"] - row["measured_step_time"]) / row["measured_step_time"]
     return row

@@ -15,6 +15,10 @@ Beside the exact modes (ddp, sync, zero1, zero2, zero3), a grid row's mode may b
   (:func:`sim.comm_modes.amortized`, both steps simulated), measured the median over rounds of each
   round's mean step time (each round measures whole periods of K steps). The averaging step and the
   plain step are also reported apart (``measured_local`` / ``measured_averaging`` and the predictions);
+* ``async-ps``: the asynchronous parameter server at staleness :data:`real.protocol.STALENESS` (1), measured
+  in ps's 3-process group; scored on the time per update (dp / the sum of the trainers' rates, equal to a
+  trainer's step time when both run alike), predicted by :mod:`analysis.async_grid` (:mod:`sim.async_ps`'s
+  loop over the graph's step);
 * ``MODE+CODEC`` (``ddp+int8``, ``ddp+fp16``): the mode with ``grad_compression`` CODEC. The profiled
   costs carry the codec as the simulator does (:mod:`sim.compression`): each gradient collective moves
   :func:`schedules.compression.buffer_bytes` of its bucket (its beta scaled by the bytes' ratio) and
@@ -90,13 +94,18 @@ def local_graph(graph: TaskGraph) -> TaskGraph:
 
 
 def predict_mode(mode: str, graph: TaskGraph, costs: ProfiledCosts, dp_profile: str | Path | None,
-                 sync_every: int = 1, *, measured_collectives: bool = False) -> dict[str, float]:
+                 sync_every: int = 1, *, measured_collectives: bool = False, staleness: int = 0) -> dict[str, float]:
     """The step time the runtime would measure for ``mode``'s row: ``step`` (local-sgd: amortized over
-    ``sync_every`` steps), and for local-sgd ``local`` and ``averaging`` apart. ``measured_collectives``: the
-    costs' collective times were read from the mode's own traces, so they hold the codec already."""
+    ``sync_every`` steps; async-ps: the time per update under ``staleness``, :mod:`analysis.async_grid`), and
+    for local-sgd ``local`` and ``averaging`` apart. ``measured_collectives``: the costs' collective times were
+    read from the mode's own traces, so they hold the codec already."""
     from sim.comm_modes import amortized
 
     dp_mode, codec = split_mode(mode)
+    if dp_mode == "async-ps":
+        from analysis.async_grid import predict_async
+
+        return {"step": predict_async(graph, costs, staleness)}
     if codec != "none" and not measured_collectives:
         ns = codec_ns(dp_profile, codec) if dp_profile is not None else 0.0
         costs = codec_costs(costs, codec, ns, graph.plan.buckets[0])
