@@ -24,7 +24,10 @@ The measured side is the trainers' median step time: under the bound no
 trainer runs more than S steps ahead of the other, so over a round of equal
 trainers each one's time per step is the time per update.
 
-The row's step taken apart (:func:`predicted_parts`): the graph's simulated
+The row's step taken apart: measured (:func:`measured_parts`), the trainers' traced steps alone: a server's
+update k is traced as step k, but it folds whichever pushes came (at S = 1 often a step later than the
+trainers' step k), so its row would stretch the step's span past its wall time. Predicted
+(:func:`predicted_parts`), the graph's simulated
 step's forward, backward and overhead, its optimizer 0 (the trainers step
 nothing); what the loop adds or removes against the graph's step (the update
 and pull waited for, or not, under the bound) is in ``exposed``.
@@ -32,17 +35,20 @@ and pull waited for, or not, under the bound) is in ``exposed``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from schedules import TaskGraph
     from sim.async_ps import AsyncPSResult
     from sim.engine import SimResult
     from sim.profiled import ProfiledCosts
 
-__all__ = ["async_loop", "predict_async", "predicted_parts", "update_s"]
+__all__ = ["async_loop", "measured_parts", "predict_async", "predicted_parts", "trainer_rows", "update_s"]
 
 
 def update_s(graph: TaskGraph, costs: ProfiledCosts) -> float:
@@ -76,3 +82,19 @@ def predicted_parts(graph: TaskGraph, costs: ProfiledCosts, staleness: int, dp: 
     step = async_loop(result, costs, staleness, dp).time_per_step
     out["exposed"] += step - sum(out.values())
     return {**out, "step": step}
+
+
+def trainer_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """A trace without its servers' rows (ranks pp x dp on), its attrs kept."""
+    from sim.replay import _trainers
+
+    out = df[df["rank"] < _trainers(df)].copy()
+    out.attrs.update(df.attrs)
+    return out
+
+
+def measured_parts(frames: Sequence[pd.DataFrame]) -> dict[str, float]:
+    """:func:`analysis.dp_transfer.measured_parts` of the trainers' rows (module doc)."""
+    from analysis.dp_transfer import measured_parts as parts
+
+    return parts([trainer_rows(df) for df in frames])

@@ -94,18 +94,13 @@ def local_graph(graph: TaskGraph) -> TaskGraph:
 
 
 def predict_mode(mode: str, graph: TaskGraph, costs: ProfiledCosts, dp_profile: str | Path | None,
-                 sync_every: int = 1, *, measured_collectives: bool = False, staleness: int = 0) -> dict[str, float]:
+                 sync_every: int = 1, *, measured_collectives: bool = False) -> dict[str, float]:
     """The step time the runtime would measure for ``mode``'s row: ``step`` (local-sgd: amortized over
-    ``sync_every`` steps; async-ps: the time per update under ``staleness``, :mod:`analysis.async_grid`), and
-    for local-sgd ``local`` and ``averaging`` apart. ``measured_collectives``: the costs' collective times were
-    read from the mode's own traces, so they hold the codec already."""
+    ``sync_every`` steps), and for local-sgd ``local`` and ``averaging`` apart. ``measured_collectives``: the
+    costs' collective times were read from the mode's own traces, so they hold the codec already."""
     from sim.comm_modes import amortized
 
     dp_mode, codec = split_mode(mode)
-    if dp_mode == "async-ps":
-        from analysis.async_grid import predict_async
-
-        return {"step": predict_async(graph, costs, staleness)}
     if codec != "none" and not measured_collectives:
         ns = codec_ns(dp_profile, codec) if dp_profile is not None else 0.0
         costs = codec_costs(costs, codec, ns, graph.plan.buckets[0])

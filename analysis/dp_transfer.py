@@ -135,19 +135,13 @@ def _simulated(result: SimResult, costs: ProfiledCosts) -> dict[str, float]:
 
 
 def predicted_parts(mode: str, graph: TaskGraph, costs: ProfiledCosts, dp_profile: str | Path | None,
-                    sync_every: int = 1, *, measured_collectives: bool = False, staleness: int = 0
-                    ) -> dict[str, float]:
+                    sync_every: int = 1, *, measured_collectives: bool = False) -> dict[str, float]:
     """The simulated step of ``mode``'s row taken apart, as :func:`analysis.dp_modes.predict_mode` predicts it
-    (a codec's costs; local-sgd amortized over ``sync_every``; async-ps: :func:`analysis.async_grid.predicted_parts`
-    under ``staleness``): ``step`` is their sum, its prediction."""
+    (a codec's costs; local-sgd amortized over ``sync_every``): ``step`` is their sum, its prediction."""
     from analysis.dp_modes import codec_costs, codec_ns, local_graph, split_mode
     from sim import simulate
 
     dp_mode, codec = split_mode(mode)
-    if dp_mode == "async-ps":
-        from analysis.async_grid import predicted_parts as async_parts
-
-        return async_parts(graph, costs, staleness)
     if codec != "none" and not measured_collectives:
         ns = codec_ns(dp_profile, codec) if dp_profile is not None else 0.0
         costs = codec_costs(costs, codec, ns, graph.plan.buckets[0])

@@ -276,7 +276,8 @@ def _async_lines(s: dict) -> list[str]:
     """async-ps's row is scored on the time per update (analysis.async_grid)."""
     return [f"{r['schedule']} m={r['microbatches']}: scored on the time per update (dp / the sum of the trainers' "
             f"rates; measured: the trainers' median step), predicted by sim.async_ps's loop over the step at "
-            f"staleness {r['staleness']}; its parts' exposed holds what the loop adds to the graph's step."
+            f"staleness {r['staleness']}; its parts' exposed holds what the loop adds to the graph's step; no replay "
+            "(the graph's step is one lockstep step, the servers' updates fold pushes of other steps)."
             for r in s["schedules"] if r.get("dp_mode") == "async-ps"]
 
 
