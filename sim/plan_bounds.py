@@ -252,7 +252,7 @@ class Bounds:
                 parallel=ParallelConfig(pp=c.pp, dp=c.dp, tp=c.tp, sp=c.sp, dp_mode=c.dp_mode,
                                         bucket_mb=s.bucket_for(c.tp), link_model=s.link_model,
                                         grad_compression=s.grad_compression if c.dp_mode != "none" else "none"),
-                microbatch_size=c.microbatch_size, recompute=c.recompute)
+                microbatch_size=c.microbatch_size, recompute=c.recompute, reduce_dtype=s.reduce_dtype)
         return found
 
     def _stage_figs(self, tp: int, sp: bool, b: int, rc: str, n: int) -> _Stages:
@@ -297,7 +297,8 @@ class Bounds:
         found = self._states.get(key)
         if found is None:
             fsdp = c.dp_mode in ("zero3", "fsdp")
-            found = self._states[key] = tuple(model_state_bytes(p, c.dp_mode, c.dp) + (g if fsdp else 0.0)
+            grad = 4 if self.space.reduce_dtype == "fp32" else 2  # an fp32 accumulator, as sim.study counts it
+            found = self._states[key] = tuple(model_state_bytes(p, c.dp_mode, c.dp, grad) + (g if fsdp else 0.0)
                                               for p, g in zip(ranks.params, ranks.gather, strict=True))
         return found
 

@@ -108,6 +108,7 @@ class PlanSpace:
     bucket_mb: float | None = None  # None: one transformer layer's 16-bit weights per tensor shard, at least 25 MiB
     link_model: str = "fair"  # how transfers share a port in the simulations (sim.network)
     grad_compression: str = "none"  # the codec of every candidate's gradient collectives (schedules.compression)
+    reduce_dtype: str = "bf16"  # fp32: gradients accumulated and reduced in fp32 (Llama 3; TransformerCosts.reduce_dtype)
 
     def bucket_for(self, tp: int) -> float:
         """Gradient/parameter bucket in MiB. By default one layer per bucket, as FSDP wraps each transformer block
@@ -142,6 +143,7 @@ class PlanSpace:
         if self.bucket_mb is not None:
             check_positive("plan", "bucket_mb", self.bucket_mb, " MiB")
         check_choice("plan", "link_model", self.link_model, LINK_MODELS)
+        check_choice("plan", "reduce_dtype", self.reduce_dtype, ("bf16", "fp32"))
         comp = parse_compression(self.grad_compression)
         for mode in self.dp_modes:  # powersgd: all-reduce modes only
             check_dp_mode(comp, mode)

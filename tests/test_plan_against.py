@@ -91,3 +91,17 @@ def test_cli_refuses_a_bad_layout_before_the_search(capsys, tmp_path):
     assert err == ("error: plan: --against 'tp1 pp4 dp1 gpipe m4x1': dp x microbatches x size = 4 sequences, "
                    "the global batch is 8\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_fp32_gradient_reductions_cost_memory_and_wire_time_in_the_plan():
+    """--reduce-dtype fp32 (Llama 3's setting): the same layout holds 2 more bytes per gradient (ddp keeps
+    whole gradients: 2 x its parameters more) and sends twice the gradient bytes, so it is no faster."""
+    import dataclasses
+    c = parse_layout("tp1 pp1 dp4 1f1b m2x1 ddp rc-none", SPACE)
+    fp32 = dataclasses.replace(SPACE, reduce_dtype="fp32")
+    a, b = simulate_layout(c, SPACE), simulate_layout(c, fp32)
+    params = SPACE.model.params
+    assert b.peak_memory_bytes - a.peak_memory_bytes == pytest.approx(2 * params, rel=1e-9)
+    assert b.exposed_comm > a.exposed_comm and b.step_time > a.step_time
+    with pytest.raises(ConfigError, match="unknown reduce dtype 'fp16'; valid: bf16, fp32"):
+        dataclasses.replace(SPACE, reduce_dtype="fp16")

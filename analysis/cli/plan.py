@@ -38,6 +38,9 @@ def _parser(prog: str) -> OneLineParser:
     p.add_argument("--grad-compression", default="none", metavar="CODEC",
                    help="codec of every candidate's gradient collectives: none (default), fp16, bf16, int8, "
                    "powersgd:R (with --dp-modes ddp only); not in the exports (docs/compression.md)")
+    p.add_argument("--reduce-dtype", default="bf16", metavar="DTYPE",
+                   help="bf16 (default) or fp32: gradients accumulated and reduced in fp32, as Llama 3 405B was "
+                        "trained (Dubey et al. 2024, sec. 3.3.2): 4 bytes per gradient in memory and on the wire")
     p.add_argument("--against", metavar="LAYOUT",
                    help="also simulate this layout, written as a row label of the table, e.g. 'tp8+sp pp16 dp64 "
                         "interleaved-1f1b v8 m32x1 zero2 rc-none', and say why #1 beats it and whether it fits")
@@ -70,7 +73,7 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
             schedules=None if is_all(args.schedules) else tuple(name_list(args.schedules)),
             chunks=tuple(args.chunks), microbatch_sizes=None if args.microbatch_sizes is None else tuple(args.microbatch_sizes),
             dp_modes=tuple(name_list(args.dp_modes, [])), link_model=args.link_model,
-            grad_compression=args.grad_compression)
+            grad_compression=args.grad_compression, reduce_dtype=args.reduce_dtype)
         layout = None if args.against is None else parse_layout(args.against, space)
         out = check_output_dir(args.out, "output folder")
         for name in ("schedule.csv", "torchtitan_plan.py", "megatron.txt", "pareto.png"):
