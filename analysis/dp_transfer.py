@@ -73,11 +73,14 @@ if TYPE_CHECKING:
 
 __all__ = ["PARTS", "SHARDED_OPTIMIZER", "describe_fit", "dp_run_costs", "fitted_slowdown", "fitted_stall",
            "idle_service", "measured_parts", "mode_costs", "pass_overlaps", "predicted_parts", "step_parts",
-           "straggler"]
+           "straggler", "wholly_after"]
 
 PARTS = ("forward", "backward", "optimizer", "skew", "exposed", "overhead")
 SHARDED_OPTIMIZER = ("zero1", "zero2", "zero3", "fsdp")  # step 1/dp of the parameters (real.zero)
 _BACKWARD = ("B", "I", "W")
+# Collectives gloo runs at once per process group: its worker threads (torch 2.13's default, read on this machine
+# from a gloo group's backend: options._threads == 2).
+GLOO_THREADS = 2
 
 
 def step_parts(rows: Iterable[tuple[int, str, float]], span: float, wall: float) -> dict[str, float]:
@@ -210,9 +213,12 @@ def _passes_end(part: pd.DataFrame) -> float:
     return float(comp["end"].max())
 
 
-def idle_service(frames: Sequence[pd.DataFrame]) -> list[float]:
+def idle_service(frames: Sequence[pd.DataFrame], threads: int = GLOO_THREADS) -> list[float]:
     """The service times of the collectives served wholly after every rank's last pass of their step
-    (:func:`sim.replay.collective_service`): a collective's time with no compute beside it."""
+    (:func:`sim.replay.collective_service`): a collective's time with no compute beside it. Only those that
+    cannot have been in progress before the passes ended (:func:`wholly_after`): gloo runs up to ``threads`` of
+    a rank's collectives at once, so one issued during the passes may have done part of its work then, on a
+    second thread beside the collective the trace serves it after."""
     from schedules.trace import trace_steps
     from sim.replay import collective_service
 
@@ -220,8 +226,29 @@ def idle_service(frames: Sequence[pd.DataFrame]) -> list[float]:
     for df in frames:
         for part in trace_steps(df).values():
             idle = _passes_end(part)
-            out += [e - s for _r, _a, _k, s, e in collective_service(part) if s >= idle]
+            coll = part[part["stream"] == "collective"]
+            issued = {}  # (rank, action) -> issue times in collective_service's order (by end, then issue)
+            for rank, action, start, _end in sorted(zip(coll["rank"].astype(int), coll["action"].astype(str),
+                                                       coll["start"], coll["end"], strict=True),
+                                                   key=lambda r: (r[0], r[3], r[2])):
+                issued.setdefault((rank, action), []).append(float(start))
+            served: dict[int, list[tuple[float, float, float]]] = {}
+            for rank, action, k, s, e in collective_service(part):
+                served.setdefault(rank, []).append((issued[(rank, action)][k], s, e))
+            for mine in served.values():
+                out += [e - s for _i, s, e in wholly_after(mine, idle, threads)]
     return out
+
+
+def wholly_after(served: Sequence[tuple[float, float, float]], idle: float,
+                 threads: int = GLOO_THREADS) -> list[tuple[float, float, float]]:
+    """Of one rank's collectives in service order, (issue, begin, end) each (``begin`` as
+    :func:`sim.replay.collective_service` has it), those served wholly after ``idle``: begun at or after it,
+    and either issued at or after it or with the collective ``threads`` before it ended at or after it (a
+    backend running ``threads`` collectives at once may start one as soon as the one ``threads`` before it
+    ends, so one with that collective ended before ``idle`` may have been in progress before it)."""
+    return [(i, s, e) for j, (i, s, e) in enumerate(served)
+            if s >= idle and (i >= idle or (j >= threads and served[j - threads][2] >= idle))]
 
 
 def fitted_stall(frames: Sequence[pd.DataFrame], service: float) -> float | None:

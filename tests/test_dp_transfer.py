@@ -249,3 +249,16 @@ def test_a_stalled_collective_runs_at_full_speed_while_its_rank_waits_for_it():
                           comm_stall=1000.0, max_inflight=1)
     result = simulate(dp_graph("gpipe", "zero2", 1, 3), costs)
     assert step_time(result, costs) == pytest.approx(0.05198, rel=1e-9)
+
+
+def test_only_collectives_that_cannot_have_run_during_the_passes_time_one_alone():
+    """Passes end at 10. a and b begin before; c begins at 11 but was issued at 4 and a (two before it) ended at 9,
+    so on gloo's second thread it may have run since 9: left out; d's collective two before (b) ended at 11, and
+    e was issued at 13: both kept. With one thread, c's predecessor b ended at 11: kept."""
+    from analysis.dp_transfer import GLOO_THREADS, wholly_after
+
+    a, b, c, d, e = (2.0, 2.0, 9.0), (3.0, 9.0, 11.0), (4.0, 11.0, 12.0), (5.0, 12.0, 14.0), (13.0, 14.0, 15.0)
+    assert GLOO_THREADS == 2
+    assert wholly_after([a, b, c, d, e], 10.0) == [d, e]
+    assert wholly_after([a, b, c, d, e], 10.0, threads=1) == [c, d, e]
+    assert wholly_after([a, b], 10.0) == []
