@@ -212,7 +212,11 @@ def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration
     """One data-parallel configuration (``key[0]`` is ``dp2-MODE``): predicted from its own profile scaled by
     the calibration run; its self-calibrated error (:func:`dp_self_costs`), its replay error (each traced step
     with its own task and collective times) and each mechanism, comm_slowdown included, switched off in turn.
-    The modes of :mod:`analysis.dp_modes` (ps, decentralized, local-sgd, MODE+CODEC) are predicted as it says."""
+    The modes of :mod:`analysis.dp_modes` (ps, decentralized, local-sgd, MODE+CODEC) are predicted as it says;
+    async-ps (its time per update, no replay) as :mod:`analysis.async_grid` says."""
+    from analysis.async_grid import measured_parts as async_measured
+    from analysis.async_grid import predict_async
+    from analysis.async_grid import predicted_parts as async_parts
     from analysis.dp_calibration import dp_replay_error, dp_self_costs
     from analysis.dp_modes import predict_mode
     from analysis.dp_transfer import measured_parts, predicted_parts
@@ -221,11 +225,21 @@ def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration
 
     mode = key[0].removeprefix("dp2-")
     every = r.config.sync.sync_every if mode == "local-sgd" else 1  # local-sgd's K: of the RunConfig measured
+    bound = r.config.sync.staleness if mode == "async-ps" else 0  # async-ps's S: of the RunConfig measured
 
     def step(costs: ProfiledCosts, measured: bool = False) -> float:
+        if mode == "async-ps":  # the time per update (analysis.async_grid)
+            return predict_async(graph, costs, bound)
         return predict_mode(mode, graph, costs, cal.dp_profile, every, measured_collectives=measured)["step"]
 
+    def parts(costs: ProfiledCosts) -> dict[str, float]:
+        if mode == "async-ps":
+            return async_parts(graph, costs, bound)
+        return predicted_parts(mode, graph, costs, cal.dp_profile, every)
+
     row = {**_measured_row(key, r), "kind": "data-parallel", "dp_mode": mode}
+    if mode == "async-ps":
+        row["staleness"] = bound
     frames = [read_trace(t) for t in r.traces]
     costs = cal.data_parallel(mode)
     if mode == "local-sgd":
@@ -236,10 +250,12 @@ def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration
     row["without"] = {k: step(cal.data_parallel(mode, **v)) for k, v in DP_ABLATIONS.items()}
     own = dp_self_costs(frames, cal.dp_profile, cal.max_inflight)
     row["self_error"] = (step(own, True) - row["measured_step_time"]) / row["measured_step_time"]
-    row["replay_error"], row["replay_abs_p90"] = dp_replay_error(frames, cal.dp_profile)
-    row["parts"] = {"measured": measured_parts(frames),
-                    "predicted": predicted_parts(mode, graph, costs, cal.dp_profile, every),
-                    "from_pipeline": predicted_parts(mode, graph, cal.from_pipeline(), cal.dp_profile, every)}
+    # async-ps: no replay (one lockstep step of the graph; its updates fold pushes of other steps) and the
+    # trainers' rows taken apart (analysis.async_grid)
+    row["replay_error"], row["replay_abs_p90"] = (None, None) if mode == "async-ps" else \
+        dp_replay_error(frames, cal.dp_profile)
+    row["parts"] = {"measured": (async_measured if mode == "async-ps" else measured_parts)(frames),
+                    "predicted": parts(costs), "from_pipeline": parts(cal.from_pipeline())}
     _errors(row)
     row["pipeline_error"] = (row["pipeline_predicted_step_time"] - row["measured_step_time"]) / row["measured_step_time"]
     return row

@@ -15,6 +15,10 @@ Beside the exact modes (ddp, sync, zero1, zero2, zero3), a grid row's mode may b
   (:func:`sim.comm_modes.amortized`, both steps simulated), measured the median over rounds of each
   round's mean step time (each round measures whole periods of K steps). The averaging step and the
   plain step are also reported apart (``measured_local`` / ``measured_averaging`` and the predictions);
+* ``async-ps``: the asynchronous parameter server at staleness :data:`real.protocol.STALENESS` (1), measured
+  in ps's 3-process group; scored on the time per update (dp / the sum of the trainers' rates, equal to a
+  trainer's step time when both run alike), predicted by :mod:`analysis.async_grid` (:mod:`sim.async_ps`'s
+  loop over the graph's step);
 * ``MODE+CODEC`` (``ddp+int8``, ``ddp+fp16``): the mode with ``grad_compression`` CODEC. The profiled
   costs carry the codec as the simulator does (:mod:`sim.compression`): each gradient collective moves
   :func:`schedules.compression.buffer_bytes` of its bucket (its beta scaled by the bytes' ratio) and

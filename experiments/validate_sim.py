@@ -15,9 +15,9 @@ count); predict every configuration; score the grid (:func:`analysis.validation.
 The calibration configuration is scored apart (in-sample: its own traces fitted the model); the
 headline error and tau_b are over the other rows, the out-of-sample ones. Rows are labelled pipeline
 (pp=2) or data-parallel (pp=1, dp=2: one row per mode of ``--dp-modes``, default ddp, sync, zero1,
-zero2, zero3, ps, decentralized, local-sgd, ddp+int8 and ddp+fp16: :mod:`analysis.dp_modes`), and both
-kinds are taken apart (replay, self-calibrated, transferred, noise). ps runs 3 processes (2 trainers and
-a server), so its rounds run in a process group of their own, after the others.
+zero2, zero3, ps, decentralized, local-sgd, ddp+int8, ddp+fp16 and async-ps: :mod:`analysis.dp_modes`), and
+both kinds are taken apart (replay, self-calibrated, transferred, noise). ps and async-ps run 3 processes (2
+trainers and a server), so their rounds run in a process group of their own, after the others.
 
 Exit status: 0 judged; 3 too noisy to judge (the measurement's own noise, the expected |error| of a
 perfect prediction, is above ``--noise-limit``, default 5%, or could not be measured with one round);
@@ -235,7 +235,8 @@ def sections(s: dict) -> list[str]:
           markdown_table(["out-of-sample data-parallel rows, taken apart", "mean abs error"],
                          [(k, _pct(v)) for k, v in s["dp_decomposition"].items()])] if s["grid"]["dp_pair"] else []
     return [verdict_line(s["noise_verdict"]), rows, scores, f"Worst |replay| error: {_pct(s['max_abs_replay_error'])}.",
-            mech, parts, *dp, *_parts_table(s), *_local_sgd_lines(s), _slowdown_line(s), _warnings(s),
+            mech, parts, *dp, *_parts_table(s), *_local_sgd_lines(s), *_async_lines(s),
+            _slowdown_line(s), _warnings(s),
             f"{s['seconds']:.0f} s."]
 
 
@@ -269,6 +270,15 @@ def _local_sgd_lines(s: dict) -> list[str]:
             f"{_ms(r['predicted_local'])} ms, measured {_ms(r['measured_local'])} ms; the averaging step predicted "
             f"{_ms(r['predicted_averaging'])} ms, measured {_ms(r['measured_averaging'])} ms."
             for r in s["schedules"] if "predicted_local" in r]
+
+
+def _async_lines(s: dict) -> list[str]:
+    """async-ps's row is scored on the time per update (analysis.async_grid)."""
+    return [f"{r['schedule']} m={r['microbatches']}: scored on the time per update (dp / the sum of the trainers' "
+            f"rates; measured: the trainers' median step), predicted by sim.async_ps's loop over the step at "
+            f"staleness {r['staleness']}; its parts' exposed holds what the loop adds to the graph's step; no replay "
+            "(the graph's step is one lockstep step, the servers' updates fold pushes of other steps)."
+            for r in s["schedules"] if r.get("dp_mode") == "async-ps"]
 
 
 def _slowdown_line(s: dict) -> str:

@@ -18,6 +18,7 @@ __all__ = [
     "GRID_DP_MODES",
     "GRID_EXTRA_DP_MODES",
     "MODEL_SHAPE",
+    "STALENESS",
     "SYNC_EVERY",
     "dp_buckets",
     "dp_config",
@@ -32,9 +33,10 @@ BUCKET_MB = 1.0  # the data-parallel rows' gradient buckets: several per model, 
 # modes, then (analysis.dp_modes) the parameter server (2 trainers + 1 server: 3 processes, measured in a process
 # group of their own), decentralized and local SGD, and ddp with a gradient codec (MODE+CODEC). Each of the latter
 # costs about as much as a ddp row (ps more: a second torchrun group), well under 40 s on a quiet machine.
-GRID_EXTRA_DP_MODES = ("ps", "decentralized", "local-sgd", "ddp+int8", "ddp+fp16")
+GRID_EXTRA_DP_MODES = ("ps", "decentralized", "local-sgd", "ddp+int8", "ddp+fp16", "async-ps")
 GRID_DP_MODES = ("ddp", "sync", "zero1", "zero2", "zero3", *GRID_EXTRA_DP_MODES)
 SYNC_EVERY = 2  # local-sgd's K in the grid: its averaging step and its plain step alternate
+STALENESS = 1  # async-ps's bound in the grid (2 trainers + 1 server, measured with ps's group)
 
 def profile_machine(model: ModelConfig, microbatch_size: int, stages: Sequence[int], reps: int, path: Path, *,
                     dp: int = 1, timeout: float = 600.0) -> Path:
@@ -62,9 +64,10 @@ def pipeline_config(model: ModelConfig, schedule: str, m: int, microbatch_size: 
 
 def dp_config(model: ModelConfig, schedule: str, m: int, microbatch_size: int, mode: str) -> RunConfig:
     """A pp=1, dp=2 run of ``schedule`` under ``mode`` (ddp, sync, ..., ps with one server, local-sgd with
-    ``sync_every`` :data:`SYNC_EVERY`, MODE+CODEC with that ``grad_compression``), buckets of :data:`BUCKET_MB`."""
+    ``sync_every`` :data:`SYNC_EVERY`, async-ps with one server and ``staleness`` :data:`STALENESS`, MODE+CODEC with that ``grad_compression``), buckets of :data:`BUCKET_MB`."""
     dp_mode, _, codec = mode.partition("+")
-    extra: dict[str, Any] = {"servers": 1} if dp_mode == "ps" else {}
+    extra: dict[str, Any] = {"servers": 1} if dp_mode in ("ps", "async-ps") else {}
+    extra.update({"staleness": STALENESS} if dp_mode == "async-ps" else {})
     extra.update({"sync_every": SYNC_EVERY} if dp_mode == "local-sgd" else {})
     extra.update({"grad_compression": codec} if codec else {})
     return RunConfig.of(schedule=schedule, pp=1, dp=2, microbatches=m, batch_size=microbatch_size * m * 2,

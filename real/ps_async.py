@@ -32,6 +32,15 @@ A server runs one polling loop over its trainers' pushes and requests (point to
 point, no collective per step); the trainers skip the per-step loss all-reduce
 (each keeps its own losses; rank 0 averages them over replicas at the end).
 
+**Trace.** A traced run's servers record each update as sync ps's do
+(:mod:`real.ps`): a row ``{s}OPTIM`` of the server's rank on the collective
+stream, from the start of the fold of the push that completes it (its
+gradients summed, / dp) to the end of its optimizer step, for update k of the
+stage (k = 0, 1, ...) in the run's traced steps, as step k. The pulls are the
+trainers' rows (``{s}ALL_GATHER``, :mod:`real.ps`). The simulator reads the
+updates (:func:`sim.replay.server_updates`: the update time of
+:mod:`sim.async_ps`'s loop, ``analysis.async_grid``).
+
 **Order.** With S >= 1 what a run computes depends on the order in which a
 server folds pushes and answers requests, which timing decides. Each server
 records that order: one event per fold (trainer rank, stage, the push's step)
@@ -59,6 +68,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -75,11 +85,9 @@ from real.measure import clock_offset
 from real.p2p import PeerError
 from real.ps import ParamServer, PSTrainer, ServerResult, _Pending, _restarts, bucket_tag, request_tag, version_tag
 from real.zero import full_state, load_full
-from schedules import CheckpointError, ConfigError
+from schedules import Action, CheckpointError, ConfigError, Kind
 
 __all__ = ["ANSWER", "FOLD", "AsyncPSTrainer", "AsyncParamServer", "read_ps_order"]
-
-log = logging.getLogger(__name__)
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +254,8 @@ class AsyncParamServer(ParamServer):
         self._answered: dict[int, int] = {}  # checkpoint step asked for -> answers given
         self._saver: ckpt.Checkpointer | None = None
         self._paused: dict[int, threading.Event] = {}  # checkpoint step -> set once it is written
+        self._offset = 0.0  # this rank's clock offset (real.measure.clock_offset), for the trace's rows
+        self.rows: list[tuple] = []  # traced updates and answers: real.train's row tuples (module doc)
 
     def _due(self, step: int) -> bool:
         c = self.plan.config.checkpoint
@@ -261,13 +271,13 @@ class AsyncParamServer(ParamServer):
             if restored is not None:
                 self._saver.last = restored.path.name
         self._paused = {t: threading.Event() for t in range(self.start + 1, self.steps) if self._due(t)}
-        clock_offset()
+        self._offset = clock_offset()
         dist.barrier()
         self.serve_async()
         if self._saver is not None:
             self._saver.wait()
         memory = self.memory()
-        dist.gather_object(([], memory, [], {"ps_order": self.order}), None, dst=0)
+        dist.gather_object((self.rows, memory, [], {"ps_order": self.order}), None, dst=0)
         return ServerResult([], [], memory, self.start)
 
     def _stage_buckets(self, s: int) -> list[_Bucket]:
@@ -384,6 +394,7 @@ class AsyncParamServer(ParamServer):
         queue_.append((self.trainers[ch.stage].index(ch.trainer), grads))
         if len(queue_) < self.dp:
             return
+        start = time.perf_counter()
         queue_.sort(key=lambda q: q[0])
         for i, b in enumerate(self._stage_buckets(ch.stage)):
             b.shard_grad.copy_(queue_[0][1][i])
@@ -391,8 +402,15 @@ class AsyncParamServer(ParamServer):
                 b.shard_grad.add_(g[i])
             b.shard_grad.div_(self.dp)
         self.optimizers[ch.stage].step()
+        self._trace(self.version[ch.stage], Action(Kind.OPTIM, ch.stage), start)
         self.version[ch.stage] += 1
         queue_.clear()
+
+    def _trace(self, step: int, action: Action, start: float) -> None:
+        """A row of real.train's trace (module doc) for ``step``, from ``start`` to now, if the step is traced."""
+        if step in self.plan.config.traced_steps:
+            self.rows.append((step, None, self.mesh.rank, "collective", action, start + self._offset,
+                              time.perf_counter() + self._offset, 0.0))
 
     def _slowest(self, s: int) -> int:
         return min(ch.clock for ch in self._channels.values() if ch.stage == s)

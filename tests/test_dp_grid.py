@@ -143,7 +143,7 @@ def _validate_sim():
     return module
 
 
-_VALID = "ddp,sync,zero1,zero2,zero3,ps,decentralized,local-sgd,ddp+int8,ddp+fp16"
+_VALID = "ddp,sync,zero1,zero2,zero3,ps,decentralized,local-sgd,ddp+int8,ddp+fp16,async-ps"
 
 
 @pytest.mark.parametrize(("flags", "message"), [

@@ -110,6 +110,23 @@ def test_a_killed_async_ps_server_is_restarted_by_torchrun_and_resumes_bit_ident
     assert got["param_sha256"] == runs["S0 whole"]["digest"][1] and got["losses"] == runs["S0 whole"]["losses"]
 
 
+def _server_rows(trace) -> list:
+    """The trace's rows of the server (rank 2): (step, action, stream, end - start > 0), and its updates as
+    sim.replay reads them (server_update_times)."""
+    from sim.replay import server_update_times
+
+    rows = trace[trace["rank"] == 2]
+    return [sorted(zip(rows["step"].astype(int), rows["action"].astype(str), rows["stream"].astype(str),
+                       (rows["end"] > rows["start"]).tolist(), strict=True)), len(server_update_times([trace]))]
+
+
+def test_async_ps_servers_trace_each_update_as_sync_ps_servers_do(runs):
+    """The traced step's update (the last of the run) is one {s}OPTIM row of the server on the collective stream,
+    which sim.replay reads as the servers' update (the grid's async-ps row's self-calibration)."""
+    assert runs["S0 whole"]["server_rows"] == [[(3, "0OPTIM", "collective", True)], 1]
+    assert runs["S2 straggler"]["server_rows"] == [[(5, "0OPTIM", "collective", True)], 1]
+
+
 def _worker(cfg_file: str, out_file: str) -> None:
     """Runs under torchrun: every run of ``cfg_file`` in one process group, in order."""
     from datetime import timedelta
@@ -131,7 +148,7 @@ def _worker(cfg_file: str, out_file: str) -> None:
         if rank == 0:
             results[label] = {"losses": r.losses, "digest": param_digest(r.parameters.values()),
                               "start_step": r.start_step, "staleness": r.staleness, "ps_order": r.ps_order,
-                              "step_times": r.step_times}
+                              "step_times": r.step_times, "server_rows": _server_rows(r.trace)}
     if rank == 0:
         torch.save(results, out_file)
     dist.destroy_process_group()
