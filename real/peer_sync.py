@@ -11,7 +11,11 @@ when they equal ddp).
   replica's neighbours (gloo ``isend``/``irecv`` in the dp group, one pair per
   neighbour, traced as ``{s}EXCHANGE{j}_b{k}``, j the neighbour: 0 the next,
   1 the previous replica of the ring), overlapping the forward and backward
-  passes (Bagua marks the weights ready in its forward pre-hook). After the
+  passes (Bagua marks the weights ready in its forward pre-hook). An
+  exchange's trace row ends when its send and receive have both completed:
+  gloo's point-to-point works report ``is_completed()`` False until waited
+  for, so on gloo a watcher thread waits for them and stamps the end (polling
+  between tasks would stamp every exchange at the last backward's end). After the
   last backward the exchanges are awaited and the parameters set to the mean
   of the replica's x_t and its neighbours' (Bagua's post-backward hook copies
   the peers' average back); then the optimizer applies the local gradient
@@ -36,6 +40,7 @@ resumes with the same mode, dp and pp only.
 from __future__ import annotations
 
 import logging
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -106,6 +111,45 @@ class _Bucket:
         return sum(p.numel() * p.element_size() for p in self.params)
 
 
+class _Watcher:
+    """A thread that waits for a step's exchanges in the order issued and stamps each row's end when its send and
+    receive have both completed (gloo's point-to-point works cannot be polled: see the module doc)."""
+
+    def __init__(self, stamp: Callable[[], object]) -> None:
+        self._stamp = stamp
+        self._pending: list[tuple[tuple[dist.Work, ...], list | None]] = []
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def add(self, works: tuple[dist.Work, ...], row: list | None) -> None:
+        self._pending.append((works, row))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._wait, args=(self._pending,), name="exchange-watcher",
+                                        daemon=True)
+        self._pending = []
+        self._thread.start()
+
+    def _wait(self, pending: list[tuple[tuple[dist.Work, ...], list | None]]) -> None:
+        try:
+            for works, row in pending:
+                for work in works:
+                    work.wait()
+                if row is not None:
+                    row[2] = self._stamp()
+        except BaseException as exc:  # noqa: BLE001 -- raised again by join, on the trainer's thread
+            self._error = exc
+
+    def join(self) -> None:
+        """Wait for the step's exchanges; the watcher's error (a peer that died), if any, raised here."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+
 class PeerSync:
     """The sync object of :mod:`real.train` for ``decentralized`` and ``local-sgd``; see the module doc."""
 
@@ -127,6 +171,8 @@ class PeerSync:
                     b.averager = PeriodicModelAverager(period=sync_every, warmup_steps=0, process_group=group)
         self._neighbours: tuple[int, ...] = ()
         self._due = False  # decentralized: this step's exchanges are still to launch
+        # gloo's send/recv works complete only when waited for: a thread waits for them (see the module doc)
+        self._watcher = _Watcher(stamp) if dist.get_backend(group) == "gloo" else None
         log.debug("dp %s: %d buckets", mode, len(self.buckets))
 
     on_gather: Callable[[], None] = staticmethod(lambda: None)  # parameters re-allocated: the meter's exclusions
@@ -159,6 +205,8 @@ class PeerSync:
             b.received = [torch.empty_like(b.sent) for _ in self._neighbours]
             for j, peer in enumerate(self._neighbours):
                 self._exchange(b, j, peer)
+        if self._watcher is not None:
+            self._watcher.start()
 
     def _exchange(self, b: _Bucket, j: int, peer: int) -> None:
         """Send x_t to ``peer`` and receive its x_t: tags tell a ring's two directions apart (what I send to my
@@ -171,6 +219,9 @@ class PeerSync:
         recv = dist.irecv(b.received[j], group=self.group, group_src=peer, tag=recv_tag + 1000 * b.stage)
         row = self._record(Action(Kind.EXCHANGE, b.stage, j, bucket=b.index), start, None, b.sent.numel() *
                            b.sent.element_size())
+        if self._watcher is not None:
+            self._watcher.add((send, recv), row)
+            return
         self.works.add(send, None, b.sent)
         self.works.add(recv, row)
 
@@ -200,6 +251,8 @@ class PeerSync:
         if self._due:  # a rank without compute tasks
             self._launch()
         self.works.drain()
+        if self._watcher is not None:
+            self._watcher.join()
         if self.mode != "decentralized":
             return
         for b in self.buckets:
