@@ -292,7 +292,11 @@ def measure_interleaved(
         with _following(Path(tmp) / "progress.jsonl", on_run):
             done = torchrun(worlds[0], ["-m", "real.rounds", str(spec_path)], timeout=timeout, capture=True)
         if done.returncode != 0 or not result_path.exists():
-            tail = "\n".join((done.stderr or "").strip().splitlines()[-12:])
+            lines = (done.stderr or "").strip().splitlines()
+            # the worker's own exception line: torchrun's summary after it says only "exitcode 1"
+            cause = [ln for ln in lines if ("Error" in ln or "Exception" in ln) and not ln.lstrip().startswith(
+                ("error_file", "traceback", "torch.distributed.elastic"))][-3:]
+            tail = "\n".join([*cause, *lines[-12:]])
             raise RuntimeError(f"measurement rounds failed (exit {done.returncode}):\n{tail}")
         result = json.loads(result_path.read_text())
     out = []
