@@ -255,12 +255,12 @@ def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(10)  # a subprocess
+@pytest.mark.timeout(150)  # a subprocess: importing torch takes seconds on a loaded machine
 def test_profile_bad_flag_one_line_exit_2():
     import subprocess
 
     proc = subprocess.run([sys.executable, "-m", "real.profile", "--out", "x.json", "--stages", "2,x"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=8)
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "--stages: invalid value '2,x'" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 

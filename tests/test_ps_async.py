@@ -90,26 +90,6 @@ def test_the_measured_staleness_of_a_straggler_run_is_the_simulated_one(runs):
     assert [max(got["staleness"][r]) for r in (0, 1)] == [t.max_staleness for t in sim.trainers] == [STALENESS, 0]
 
 
-@pytest.mark.timeout(130)
-def test_a_killed_async_ps_server_is_restarted_by_torchrun_and_resumes_bit_identically(runs, tmp_path):
-    """The server dies folding step 3's first push (first attempt); torchrun restarts the group, which resumes from
-    the step-2 checkpoint and ends (staleness 0) with the losses and parameters of the uninterrupted run above."""
-    from real.launch import torchrun
-
-    m = MODEL
-    argv = ["-m", "real", "--schedule", "1f1b", "--pp", "1", "--microbatches", "2", "--batch-size", "8", "--steps", "4",
-            "--optimizer", "sgd", "--lr", "0.1", "--bucket-mb", "0.002", "--timeout", "60", "--layers", str(m.layers),
-            "--dim", str(m.dim), "--heads", str(m.heads), "--vocab", str(m.vocab), "--seq", str(m.seq),
-            "--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--dp-mode", "async-ps", "--checkpoint-dir",
-            str(tmp_path / "ck"), "--checkpoint-every", "2", "--fail-at-step", "3", "--fail-rank", "2", "--json"]
-    proc = torchrun(3, argv, timeout=120, capture=True, launcher_args=["--max-restarts=1"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "rank 2: injected fault (kill) at step 3" in proc.stderr
-    got = json.loads(proc.stdout)
-    assert got["restart_count"] == 1 and got["start_step"] == 2
-    assert got["param_sha256"] == runs["S0 whole"]["digest"][1] and got["losses"] == runs["S0 whole"]["losses"]
-
-
 def _server_rows(trace) -> list:
     """The trace's rows of the server (rank 2): (step, action, stream, end - start > 0), and its updates as
     sim.replay reads them (server_update_times)."""
