@@ -93,11 +93,14 @@ def _launch(lighthouse: str, tmp: Path, data: Path) -> tuple[dict, list[dict], l
     for i, proc in sorted(procs.items()):
         assert proc.returncode == 0, f"replica {i}: {proc.stderr[-4000:]}"
     results = {}
+    decoder = json.JSONDecoder()
     for i, proc in procs.items():
-        for line in proc.stdout.splitlines():
-            if line.startswith("{"):
-                r = json.loads(line)
+        for line in proc.stdout.splitlines():  # torchrun merges the ranks' stdout: two objects may share a line
+            pos = line.find("{") if line.startswith("{") else -1
+            while pos != -1:
+                r, end = decoder.raw_decode(line, pos)
                 results[i, r["pp_rank"]] = r
+                pos = line.find("{", end)
     assert alone
     return results, _events(ev0), _events(ev1), resumed_at
 
