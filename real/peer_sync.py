@@ -137,7 +137,7 @@ class _Watcher:
                     work.wait()
                 if row is not None:
                     row[2] = self._stamp()
-        except BaseException as exc:  # noqa: BLE001 -- raised again by join, on the trainer's thread
+        except BaseException as exc:
             self._error = exc
 
     def join(self) -> None:

@@ -37,6 +37,27 @@ def chunk_choices(name: str, multi: tuple[int, ...] = (2, 3)) -> tuple[int, ...]
     return multi if sp.multi_chunk else (1,)
 
 
+# Every in-process gloo group a test made, kept alive until the worker exits. gloo completes futures on its
+# own worker thread; a callback chain (torch's PowerSGD hook holds its state, which holds the group) can drop
+# the group's last reference on that thread after wait() returned. The group's destructor then joins its own
+# thread: "terminate called after throwing std::system_error: Resource deadlock avoided", which killed a
+# pytest-xdist worker in CI (stop 31). A group referenced here is never destroyed on a gloo thread.
+_GROUPS_KEPT: list = []
+
+
+@pytest.fixture
+def world_of_one():
+    """A one-rank gloo group (HashStore) for in-process collective tests; destroyed as default, never freed."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=30))
+    _GROUPS_KEPT.append(dist.group.WORLD)
+    yield dist.group.WORLD
+    dist.destroy_process_group()
+
+
 def run_sim(capsys, *argv: str) -> tuple[int, str, str]:
     """``python -m sim ARGV`` in-process: (exit status, stdout, stderr)."""
     from analysis.cli.simulate import main

@@ -22,7 +22,7 @@ from analysis.dp_modes import predict_mode
 from schedules import Kind
 from schedules.formats import PROFILE_SCHEMA
 from sim import simulate
-from tests.test_dp_grid_modes import ALPHA, B, F, OPTIM, PARAM_BYTES, STEP_OVERHEAD, _costs
+from tests.test_dp_grid_modes import ALPHA, OPTIM, PARAM_BYTES, STEP_OVERHEAD, B, F, _costs
 
 CYCLE = 2 * F + B + B / 3 + 3 * 3 * ALPHA + 3 * ALPHA / 2 + STEP_OVERHEAD  # 90.7 ms
 

@@ -4,8 +4,6 @@ The 2-process runs (loss against exact ddp, bytes measured against predicted, re
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 
 from schedules import ConfigError, Kind, Stream, build, lower
@@ -79,13 +77,6 @@ def test_int8_round_trip_is_exact_on_its_grid_and_within_half_a_step_otherwise()
     assert float((dequantize(q, scales)[4:] - x[4:]).abs().max()) <= scales[1] / 2 + 1e-7
     q, scales = quantize(torch.zeros(6), 3)  # an all-zero chunk: scale 0, no division by zero
     assert scales.tolist() == [0.0] * 3 and torch.equal(dequantize(q, scales), torch.zeros(6))
-
-
-@pytest.fixture
-def world_of_one():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=30))
-    yield dist.group.WORLD
-    dist.destroy_process_group()
 
 
 def test_int8_error_feedback_loses_nothing_but_the_last_residuals(world_of_one):

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from real.peer_sync import _Watcher  # noqa: E402
+from real.peer_sync import _Watcher
 
 
 class _Work:

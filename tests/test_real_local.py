@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch.distributed as dist  # noqa: E402
 from torch import nn  # noqa: E402
 
 import schedules  # noqa: E402
@@ -189,13 +186,6 @@ def test_buckets_are_reverse_order_and_capped():
     buckets = make_buckets(params, cap_bytes=200)
     assert [[p.numel() for p in b] for b in buckets] == [[40], [30, 20], [10]]
     assert [[p.numel() for p in b] for b in make_buckets(params, cap_bytes=1)] == [[40], [30], [20], [10]]
-
-
-@pytest.fixture
-def world_of_one():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1, timeout=timedelta(seconds=30))
-    yield dist.group.WORLD
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("mode", ["ddp", "sync"])
