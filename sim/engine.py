@@ -56,7 +56,7 @@ from sim.slowdown import check_factor, check_max_inflight, slowed_links
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["RankStats", "SimResult", "simulate"]
+__all__ = ["RankStats", "SimResult", "activation_peaks", "simulate"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -505,22 +505,37 @@ def _contended(graph: TaskGraph, net: Network, dur: list[float], start: list[flo
     return finish_c, run_c, begin, on_network, flush
 
 
+def _compute_ids(graph: TaskGraph, rank: int) -> list[int]:
+    tasks, compute = graph.tasks, Stream.COMPUTE
+    return [i for i in graph.programs[rank] if tasks[i].stream is compute]
+
+
+def _peak(graph: TaskGraph, costs: CostModel, ids: list[int]) -> float:
+    # Compute is serial on a rank, so memory follows program order:
+    # a pass holds its activations from its start and frees at its end.
+    tasks, activations = graph.tasks, costs.activations
+    held = peak = 0.0
+    for i in ids:
+        alloc, free = activations(tasks[i].action, graph)
+        held += alloc
+        if held > peak:
+            peak = held
+        held -= free
+    return peak
+
+
+def activation_peaks(graph: TaskGraph, costs: CostModel) -> list[float]:
+    """Per rank: the simulation's ``peak_activations`` without simulating (the peak follows program order
+    alone, not timing: the same accounting as :func:`simulate`'s rank statistics)."""
+    return [_peak(graph, costs, _compute_ids(graph, r)) for r in range(len(graph.programs))]
+
+
 def _rank_stats(graph: TaskGraph, costs: CostModel, start: list[float], end: list[float]) -> tuple[RankStats, ...]:
     stats = []
-    tasks, activations, compute = graph.tasks, costs.activations, Stream.COMPUTE
-    for rank, prog in enumerate(graph.programs):
-        ids = [i for i in prog if tasks[i].stream is compute]
+    for rank in range(len(graph.programs)):
+        ids = _compute_ids(graph, rank)
         busy = sum(end[i] - start[i] for i in ids)
         first = min((start[i] for i in ids), default=0.0)
         last = max((end[i] for i in ids), default=0.0)
-        # Compute is serial on a rank, so memory follows program order:
-        # a pass holds its activations from its start and frees at its end.
-        held = peak = 0.0
-        for i in ids:
-            alloc, free = activations(tasks[i].action, graph)
-            held += alloc
-            if held > peak:
-                peak = held
-            held -= free
-        stats.append(RankStats(rank, busy, first, last, peak))
+        stats.append(RankStats(rank, busy, first, last, _peak(graph, costs, ids)))
     return tuple(stats)

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 import schedules
 from schedules import Kind, Stream, TaskGraph, lower, validate
 from sim import UniformCosts, simulate
+from sim.engine import activation_peaks
 
 PROPS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -117,6 +118,7 @@ def test_validates_and_simulates(name, data, cost):
     for s, e in zip(result.start, result.end, strict=True):
         assert math.isfinite(s) and math.isfinite(e) and 0.0 <= s <= e
     assert len(result.trace) == len(graph.tasks)
+    assert activation_peaks(graph, cost) == [r.peak_activations for r in result.ranks]  # the same, not simulated
 
 
 @per_name

@@ -18,7 +18,7 @@ from typing import Any
 from schedules import TaskGraph
 from sim.cluster import cluster_preset
 from sim.devices import DEVICE_MODELS
-from sim.engine import simulate
+from sim.engine import activation_peaks, simulate
 from sim.gpu_model import DeviceModel, GemmEfficiency
 from sim.parallel import ParallelConfig
 from sim.published.runs import KORTHIKANTI_MEMORY, PublishedRun, suite_runs
@@ -116,7 +116,8 @@ def memory_rows() -> list[dict[str, Any]]:
         acts = {}
         for mode, (sp, rc) in {"none": (False, "none"), "sp": (True, "none"), "selective": (False, "selective"),
                                "sp+selective": (True, "selective"), "full": (False, "full")}.items():
-            acts[mode] = run_study(study_of(run, recompute=rc, sp=sp)).sim.ranks[0].peak_activations
+            study = study_of(run, recompute=rc, sp=sp)
+            acts[mode] = activation_peaks(build_graph(study), study.costs)[0]  # as run_study's, without the run
         for mode, published in (("none", fig1_none), ("sp+selective", fig1_sel)):
             got = acts[mode] / GIB
             rows.append({"model": run.model, "figure": "1", "mode": mode, "predicted": got, "published": published,
