@@ -28,9 +28,10 @@ demo: $(STAMP)
 run: $(STAMP)
 	$(BIN)/schedlab run --schedule 1f1b --pp 2 --microbatches 8 --steps 20 --trace out/real.csv --plot out/real.png
 
-# Two pytest-xdist workers, one per core; a test file stays on one worker (its fixtures run once).
+# Two pytest-xdist workers, one per core; a test file stays on one worker (its fixtures run once). A crashed
+# worker ends the run (pytest-xdist 3.8 with loadfile can wait forever for a replaced worker: xdist #784/#1327).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --max-worker-restart 0
 
 # The single-process tests only (no torchrun launches or subprocesses, none of the few slowest): under 90 s.
 test-fast: $(STAMP)

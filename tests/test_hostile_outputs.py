@@ -490,16 +490,16 @@ def test_all_in_any_case(text, expect):
 
 @pytest.mark.slow
 def test_the_hostile_table_classes_as_a_user_runs_them():
-    """experiments/hostile_inputs.py's five classes of this page, each a subprocess: every case as expected, with
+    """experiments/hostile_inputs.py's three classes of this page a subprocess must show: every case as expected, with
     its exact message and its kept files unchanged (0 tracebacks, 0 hangs, 0 data lost)."""
     import json
     import subprocess
     import sys
 
-    groups = "data loss,runaway,planner answers,paths,scripts"
+    groups = "data loss,runaway,scripts"  # the planner's answers and the paths: their messages are checked in-process
     done = subprocess.run([sys.executable, "experiments/hostile_inputs.py", "--only", groups, "--json", "--timeout",
                            "240"], capture_output=True, text=True, timeout=1500,
                           cwd=Path(__file__).resolve().parents[1])
     result = json.loads(done.stdout)
-    assert result["problems"] == [] and result["cases"] == 43
-    assert result["outcomes"] == {"clean error": 38, "ok": 5}
+    assert result["problems"] == [] and result["cases"] == 30
+    assert result["outcomes"] == {"clean error": 29, "ok": 1}
