@@ -42,8 +42,9 @@ Measured, with the same code the executor runs (:mod:`real.backward`):
   sum over the alone medians' sum;
 * ``reduce_hook`` (``--dp`` > 1): the CPU time zero2/zero3's per-bucket
   reduce-scatter hook takes on the training thread per gradient byte (copy
-  into a flat buffer, launch, add into the shard), on the first partition's
-  buckets at ``--bucket-mb`` (:mod:`real.profile.hook`).
+  into a flat buffer, launch, add into the shard), inside the first
+  partition's backward passes on its buckets at ``--bucket-mb``
+  (:mod:`real.profile.hook`).
 
 File schema (JSON, ``"schema": "schedlab.profile/1"``)::
 
@@ -537,8 +538,7 @@ def _reduce_hook(cfg: ProfileConfig, pp: int, benches: Sequence[_StageBench]) ->
         return None
     from real.profile.hook import reduce_hook
 
-    return reduce_hook([b.params for b in benches], _dp_group(pp, cfg.dp), cfg.bucket_mb, cfg.warmup, cfg.reps,
-                       _gathered)
+    return reduce_hook(benches, _dp_group(pp, cfg.dp), cfg.bucket_mb, cfg.warmup, cfg.reps, _gathered)
 
 
 def fit_warnings(p2p: dict[str, Any] | None, collectives: dict[str, Any] | None,
