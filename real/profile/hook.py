@@ -73,8 +73,7 @@ class _Hooks:
         self.buckets, self.group = buckets, group
         self.pending: deque[tuple[_HookBucket, Any, torch.Tensor, torch.Tensor]] = deque()
         self.cpu = self.wall = 0.0
-        of = {id(p): b for b in buckets for p in b.params}
-        self.handles = [p.register_post_accumulate_grad_hook(lambda q, b=of[id(p)]: self._on_grad(b, q))
+        self.handles = [p.register_post_accumulate_grad_hook(lambda q, b=b: self._on_grad(b, q))
                         for b in buckets for p in b.params]
 
     def _on_grad(self, b: _HookBucket, p: nn.Parameter) -> None:
