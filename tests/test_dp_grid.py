@@ -240,3 +240,23 @@ def test_zero3_rows_gather_on_demand_as_the_runtime_does_at_one_stage():
     for prev, nxt in itertools.pairwise(compute):
         (gather,) = [d for d in tasks[nxt].deps if tasks[d].stream.value == "collective"]
         assert tasks[gather].deps == (prev,)
+
+
+def test_validate_sim_page_shows_zero2_before_and_after_the_hook():
+    """The table of the rows that charge the reduce-scatter hook: measured / without it -> with it, per part (ms)."""
+    from analysis.dp_transfer import PARTS
+
+    def parts(x: float) -> dict[str, float]:
+        return {**dict.fromkeys(PARTS, x / 1e3), "step": 6 * x / 1e3}
+
+    row = {"schedule": "dp2-zero2", "microbatches": 4,
+           "parts": {"measured": parts(3.0), "without_reduce_hook": parts(1.0), "predicted": parts(2.0)}}
+    lines = _validate_sim()._hook_table({"schedules": [{"schedule": "dp2-ddp", "parts": {}}, row],
+                                         "reduce_hook_ns_per_byte": 0.625})
+    assert lines == [
+        "The reduce-scatter hook of zero2/zero3 (measured by the data-parallel profile: 0.625 ns per gradient byte, "
+        "per bucket per microbatch, on the pass that completes the bucket), each step taken apart (ms): measured / "
+        "predicted without the hook -> with it (docs/validation-protocol.md).",
+        "| row | m | forward | backward | optimizer | skew | exposed | overhead | step |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| dp2-zero2 | 4 | " + " | ".join(["3.0 / 1.0 -> 2.0"] * 6) + " | 18.0 / 6.0 -> 12.0 |"]
