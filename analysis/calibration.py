@@ -47,8 +47,11 @@ Measured = Any
 ABLATIONS: dict[str, dict[str, float]] = {"send_cpu": {"send_cpu": 0.0}, "task_overhead": {"task_overhead": 0.0},
                                           "step_overhead": {"step_overhead": 0.0}}
 # The data-parallel rows also switch off compute slowed by concurrent communication and its converse (sim.slowdown).
+# reduce_hook: zero2/zero3's per-bucket reduce-scatter hook on the training thread (sim.profiled, measured by
+# real.profile.hook); the other modes' predictions do not change without it.
 DP_ABLATIONS: dict[str, dict[str, float]] = {**ABLATIONS, "comm_slowdown": {"comm_slowdown": 1.0},
-                                             "max_inflight": {"max_inflight": 0}, "comm_stall": {"comm_stall": 1.0}}
+                                             "max_inflight": {"max_inflight": 0}, "comm_stall": {"comm_stall": 1.0},
+                                             "reduce_hook": {"reduce_hook_ns_per_byte": 0.0}}
 
 
 def dp_graph(schedule: str, mode: str, m: int, buckets: int) -> TaskGraph:
@@ -221,7 +224,7 @@ def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration
     from analysis.dp_modes import predict_mode
     from analysis.dp_transfer import measured_parts, predicted_parts
     from schedules.trace import read_trace
-    from sim.profiled import load_profile
+    from sim.profiled import HOOKED_MODES, load_profile
 
     mode = key[0].removeprefix("dp2-")
     every = r.config.sync.sync_every if mode == "local-sgd" else 1  # local-sgd's K: of the RunConfig measured
@@ -256,6 +259,8 @@ def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration
         dp_replay_error(frames, cal.dp_profile)
     row["parts"] = {"measured": (async_measured if mode == "async-ps" else measured_parts)(frames),
                     "predicted": parts(costs), "from_pipeline": parts(cal.from_pipeline())}
+    if costs.reduce_hook_ns_per_byte and mode in HOOKED_MODES:  # the prediction before the hook was charged
+        row["parts"]["without_reduce_hook"] = parts(cal.data_parallel(mode, **DP_ABLATIONS["reduce_hook"]))
     _errors(row)
     row["pipeline_error"] = (row["pipeline_predicted_step_time"] - row["measured_step_time"]) / row["measured_step_time"]
     return row

@@ -166,10 +166,12 @@ def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_in
     """A pp=1 data-parallel configuration's costs from its own traces and the pair's profile (module doc);
     ``max_inflight``: the runtime's bound on zero2/zero3's reduce-scatters in flight; ``comm_slowdown``: the
     factor, if not the profile's (:func:`analysis.dp_transfer.fitted_slowdown`)."""
-    from sim.profiled import _trimmed_mean, load_profile
+    from sim.profiled import HOOKED_MODES, _trimmed_mean, load_profile
     from sim.replay import server_update_times
 
     own = replace(load_profile(dp_profile, 1), max_inflight=max_inflight)
+    if any(df.attrs.get("dp_mode") in HOOKED_MODES for df in frames):  # its passes ran the reduce-scatter hook:
+        own = replace(own, reduce_hook_ns_per_byte=0.0)  # their traced times hold it already
     if comm_slowdown is not None:
         own = replace(own, comm_slowdown=comm_slowdown)
     work = unslowed_passes(frames, own.comm_slowdown, max_inflight)

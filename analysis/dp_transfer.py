@@ -324,5 +324,5 @@ def describe_fit(costs: ProfiledCosts, straggler_factor: float) -> dict[str, Any
     st = costs.stages[0]
     return {"f": st.f, "b": st.b, "optim": st.optim, "task_overhead": costs.task_overhead,
             "step_overhead": costs.step_overhead, "straggler": straggler_factor, "comm_slowdown": costs.comm_slowdown,
-            "comm_stall": costs.comm_stall,
+            "comm_stall": costs.comm_stall, "reduce_hook_ns_per_byte": costs.reduce_hook_ns_per_byte,
             "collectives": {op: {"alpha": a, "beta": None if b == float("inf") else b} for op, a, b in costs.collectives}}

@@ -158,6 +158,7 @@ def validate_all(a) -> dict:
                  "model": model.to_dict()},
         "profile": str(profile),
         "comm_slowdown": _factor(dp_profile),
+        "reduce_hook_ns_per_byte": _hook_ns(dp_profile),
         "seconds": time.monotonic() - t_start,
         "command": _command(),
     }
@@ -192,6 +193,12 @@ def _factor(dp_profile: Path | None) -> float | None:
     from sim.profiled import load_profile
 
     return None if dp_profile is None else load_profile(dp_profile, 1).comm_slowdown
+
+
+def _hook_ns(dp_profile: Path | None) -> float | None:
+    from sim.profiled import load_profile
+
+    return None if dp_profile is None else load_profile(dp_profile, 1).reduce_hook_ns_per_byte
 
 
 def _command() -> str:
@@ -235,7 +242,7 @@ def sections(s: dict) -> list[str]:
           markdown_table(["out-of-sample data-parallel rows, taken apart", "mean abs error"],
                          [(k, _pct(v)) for k, v in s["dp_decomposition"].items()])] if s["grid"]["dp_pair"] else []
     return [verdict_line(s["noise_verdict"]), rows, scores, f"Worst |replay| error: {_pct(s['max_abs_replay_error'])}.",
-            mech, parts, *dp, *_parts_table(s), *_local_sgd_lines(s), *_async_lines(s),
+            mech, parts, *dp, *_parts_table(s), *_hook_table(s), *_local_sgd_lines(s), *_async_lines(s),
             _slowdown_line(s), _warnings(s),
             f"{s['seconds']:.0f} s."]
 
@@ -258,6 +265,26 @@ def _parts_table(s: dict) -> list[str]:
             markdown_table(["row", "m", "sample", *PARTS, "step"],
                            [(r["schedule"], r["microbatches"], "in" if r["in_sample"] else "out",
                              *(cell(r, k) for k in (*PARTS, "step"))) for r in rows])]
+
+
+def _hook_table(s: dict) -> list[str]:
+    """zero2/zero3's rows taken apart with and without the reduce-scatter hook charged (sim.profiled)."""
+    from analysis.dp_transfer import PARTS
+
+    rows = [r for r in s["schedules"] if "without_reduce_hook" in r.get("parts", {})]
+    if not rows:
+        return []
+
+    def cell(r: dict, k: str) -> str:
+        p = r["parts"]
+        return f"{p['measured'][k] * 1e3:.1f} / {p['without_reduce_hook'][k] * 1e3:.1f} -> {p['predicted'][k] * 1e3:.1f}"
+
+    head = (f"The reduce-scatter hook of zero2/zero3 (measured by the data-parallel profile: "
+            f"{s['reduce_hook_ns_per_byte']:.3f} ns per gradient byte, per bucket per microbatch, on the pass that "
+            "completes the bucket), each step taken apart (ms): measured / predicted without the hook -> with it")
+    return [head + " (docs/validation-protocol.md).",
+            markdown_table(["row", "m", *PARTS, "step"],
+                           [(r["schedule"], r["microbatches"], *(cell(r, k) for k in (*PARTS, "step"))) for r in rows])]
 
 
 def _ms(x: float | None) -> str:

@@ -51,6 +51,15 @@ Two mechanisms of the CPU testbed, each with its measured parameter:
   bucket-sized all-reduce in flight over the same passes alone; the engine
   stretches the compute that overlaps a transfer (:mod:`sim.slowdown`). A file
   without it (or ``null``) gives 1.0: nothing is stretched;
+* ``reduce_hook_ns_per_byte``: zero2/zero3 (``real.zero``) copy each bucket's
+  gradients into a flat buffer, launch its reduce-scatter and later add the
+  result into the shard on the training thread, once per bucket per
+  microbatch, inside the backward that completes the bucket (ddp and zero1
+  accumulate into the flat buffer and launch once a step: no copy). The pass a
+  reduce-scatter is anchored to (its B, or W where split) runs bucket bytes x
+  this longer. Measured by the profiler (``reduce_hook.ns_per_byte``,
+  :mod:`real.profile.hook`: those calls' thread CPU time per flat gradient byte
+  on the run's own buckets); absent or null: 0.0, nothing charged;
 * ``max_inflight`` (not in the file: a property of the runtime, set by the
   caller): a zero2/zero3 rank's compute waits while more of its gradient
   reduce-scatters are in flight than this (:mod:`sim.slowdown`); 0, the
@@ -99,6 +108,8 @@ log = logging.getLogger(__name__)
 
 _PASS_KINDS = (Kind.F, Kind.B, Kind.I, Kind.W)
 _COLLECTIVES = {Kind.ALLREDUCE: "all_reduce", Kind.REDUCE_SCATTER: "reduce_scatter", Kind.ALL_GATHER: "all_gather"}
+# dp modes whose runtime (real.zero.ShardedSync) runs a copy-and-launch hook per bucket per microbatch
+HOOKED_MODES = ("zero2", "zero3", "fsdp")
 
 
 def _finite(owner: str, **values: float) -> None:
@@ -146,6 +157,9 @@ class ProfiledCosts:
     comm_slowdown: float = 1.0  # compute x this while a collective of its rank is in flight (sim.slowdown)
     max_inflight: int = 0  # zero2/zero3: compute waits while more reduce-scatters are in flight (0: no bound)
     comm_stall: float = 1.0  # a collective is served at 1/this of its speed while its rank computes (sim.slowdown)
+    # zero2/zero3: CPU of the per-microbatch reduce-scatter hook per gradient byte, on the pass that runs it (module
+    # doc); measured by real.profile.hook (the cost file's reduce_hook.ns_per_byte); 0.0: not charged
+    reduce_hook_ns_per_byte: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -160,6 +174,7 @@ class ProfiledCosts:
                 not 0 < self.comm_stall < math.inf:
             raise CostFileError(f"profiled costs: comm_stall must be a finite factor > 0 (1.0: compute does not "
                                 f"slow communication), got {self.comm_stall!r}")
+        _hook_ns(self.reduce_hook_ns_per_byte, "profiled costs: reduce_hook_ns_per_byte")
         if isinstance(self.max_inflight, bool) or not isinstance(self.max_inflight, int) or self.max_inflight < 0:
             raise CostFileError(f"profiled costs: max_inflight must be a whole number of collectives >= 0 (0: no "
                                 f"bound), got {self.max_inflight!r}")
@@ -237,6 +252,7 @@ class ProfiledCosts:
     def durations(self, graph: TaskGraph) -> list[float]:
         self.check(graph)
         out = [self.duration(t, graph) for t in graph.tasks]
+        self._charge_hooks(graph, out)
         if self.send_cpu:
             for t in graph.tasks:  # the compute task that produced a message also posts it
                 if t.action.kind in (Kind.SEND_F, Kind.SEND_B):
@@ -244,6 +260,18 @@ class ProfiledCosts:
                         if graph.tasks[d].rank == t.rank and graph.tasks[d].stream is Stream.COMPUTE:
                             out[d] += self.send_cpu
         return out
+
+    def _charge_hooks(self, graph: TaskGraph, out: list[float]) -> None:
+        """zero2/zero3 (fsdp): each per-microbatch reduce-scatter's hook, bucket bytes x ``reduce_hook_ns_per_byte``,
+        on the pass it is anchored to (the B or W that completes the bucket: the runtime runs the hook there).
+        ddp and zero1 copy nothing per bucket (their gradients accumulate in the flat buffer), so none there."""
+        plan = getattr(graph, "plan", None)
+        if not self.reduce_hook_ns_per_byte or plan is None or plan.mode not in HOOKED_MODES:
+            return
+        for c, (anchor, _frac) in plan.ready.items():
+            task = graph.tasks[c]
+            if task.action.kind is Kind.REDUCE_SCATTER:
+                out[anchor] += self._bucket_bytes(task.action.stage, graph) * self.reduce_hook_ns_per_byte * 1e-9
 
     def bytes(self, task: Task, graph: TaskGraph) -> float:
         if task.action.kind in (Kind.SEND_F, Kind.SEND_B):
@@ -263,6 +291,7 @@ class ProfiledCosts:
             "activation_bytes": self.activation_bytes, "send_cpu": self.send_cpu, "missing": list(self.missing),
             "p2p_measured": self.p2p_measured, "warnings": list(self.warnings), "comm_slowdown": self.comm_slowdown,
             "max_inflight": self.max_inflight, "comm_stall": self.comm_stall,
+            "reduce_hook_ns_per_byte": self.reduce_hook_ns_per_byte,
         }
 
 
@@ -407,7 +436,24 @@ def load_profile(path: str | Path, num_stages: int | None = None) -> ProfiledCos
         send_cpu=_median(p2p, "send_cpu", where, "p2p.") if isinstance(p2p, dict) and "send_cpu" in p2p else 0.0,
         warnings=tuple(warned),
         comm_slowdown=_comm_slowdown(data.get("comm_slowdown"), where),
+        reduce_hook_ns_per_byte=_reduce_hook(data.get("reduce_hook"), where),
     )
+
+
+def _hook_ns(value: Any, name: str) -> float:
+    """``value`` if it is a finite number of nanoseconds per byte >= 0, else CostFileError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise CostFileError(f"{name} must be a finite number of nanoseconds per gradient byte >= 0 (0: the "
+                            f"reduce-scatter hook is not charged), got {quote(value)}")
+    return float(value)
+
+
+def _reduce_hook(section: Any, where: str) -> float:
+    """The file's ``reduce_hook.ns_per_byte`` (absent or null: 0.0, not charged; profiled with dp 1)."""
+    if section is None:
+        return 0.0
+    value = section.get("ns_per_byte") if isinstance(section, dict) else section
+    return _hook_ns(value, f"{where}: reduce_hook.ns_per_byte")
 
 
 def _comm_slowdown(section: Any, where: str) -> float:

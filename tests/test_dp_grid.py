@@ -90,6 +90,17 @@ def test_zero2_self_calibration_takes_the_stretch_out_of_every_microbatchs_backw
     assert predict(graph, costs) == pytest.approx(simulate(graph, _truth()).makespan + STEP_OVERHEAD, rel=1e-9)
 
 
+def test_a_zero2_runs_own_costs_do_not_charge_the_hook_twice(profile):
+    """The profile's reduce-scatter hook (1 ms per 1000-byte bucket) is already in a zero2 trace's passes: its own
+    costs leave it out and predict its step; a ddp run's costs (the grid's calibration) keep it for zero2's rows."""
+    profile.write_text(json.dumps({**json.loads(profile.read_text()), "reduce_hook": {"ns_per_byte": 1000.0}}))
+    own = dp_self_costs([_trace("zero2")], profile)
+    assert own.reduce_hook_ns_per_byte == 0.0
+    graph = dp_graph("gpipe", "zero2", 2, 3)
+    assert predict(graph, own) == pytest.approx(simulate(graph, _truth()).makespan + STEP_OVERHEAD, rel=1e-9)
+    assert dp_self_costs([_trace()], profile).reduce_hook_ns_per_byte == 1000.0
+
+
 def test_waits_for_bounded_reduce_scatters_are_found_and_taken_out():
     """As the zero2 runtime records them (start = issue): with at most 2 in flight, the rank waits from the third's
     issue (2 ms) to the first's end (10 ms), and from the fourth's (12 ms) to the second's (20 ms). A B row over
@@ -204,7 +215,8 @@ def test_grid_row_of_a_data_parallel_mode_is_taken_apart(profile, tmp_path):
     assert (row["kind"], row["in_sample"]) == ("data-parallel", False)
     assert abs(row["self_error"]) < 1e-9 and abs(row["replay_error"]) < 1e-9
     assert set(row["without"]) == {"send_cpu", "task_overhead", "step_overhead", "comm_slowdown", "max_inflight",
-                                   "comm_stall"}
+                                   "comm_stall", "reduce_hook"}
+    assert row["without"]["reduce_hook"] == row["predicted_step_time"]  # ddp: no per-microbatch hook to charge
     assert row["without"]["comm_slowdown"] < row["predicted_step_time"]
 
 
@@ -228,3 +240,23 @@ def test_zero3_rows_gather_on_demand_as_the_runtime_does_at_one_stage():
     for prev, nxt in itertools.pairwise(compute):
         (gather,) = [d for d in tasks[nxt].deps if tasks[d].stream.value == "collective"]
         assert tasks[gather].deps == (prev,)
+
+
+def test_validate_sim_page_shows_zero2_before_and_after_the_hook():
+    """The table of the rows that charge the reduce-scatter hook: measured / without it -> with it, per part (ms)."""
+    from analysis.dp_transfer import PARTS
+
+    def parts(x: float) -> dict[str, float]:
+        return {**dict.fromkeys(PARTS, x / 1e3), "step": 6 * x / 1e3}
+
+    row = {"schedule": "dp2-zero2", "microbatches": 4,
+           "parts": {"measured": parts(3.0), "without_reduce_hook": parts(1.0), "predicted": parts(2.0)}}
+    lines = _validate_sim()._hook_table({"schedules": [{"schedule": "dp2-ddp", "parts": {}}, row],
+                                         "reduce_hook_ns_per_byte": 0.625})
+    assert lines == [
+        "The reduce-scatter hook of zero2/zero3 (measured by the data-parallel profile: 0.625 ns per gradient byte, "
+        "per bucket per microbatch, on the pass that completes the bucket), each step taken apart (ms): measured / "
+        "predicted without the hook -> with it (docs/validation-protocol.md).",
+        "| row | m | forward | backward | optimizer | skew | exposed | overhead | step |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
+        "| dp2-zero2 | 4 | " + " | ".join(["3.0 / 1.0 -> 2.0"] * 6) + " | 18.0 / 6.0 -> 12.0 |"]

@@ -247,11 +247,27 @@ def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
     for c in colls.values():
         assert c["burst"] == BURST and len(c["sizes"]) == len(c["single"]["sizes"]) == 2
         assert c["alpha"] >= 0 and c["single"]["alpha"] >= 0
+    # zero2/zero3's reduce-scatter hook (real.profile.hook): timed on the run's own buckets (real.dp.make_buckets
+    # of the stage's parameters at --bucket-mb, each padded to a multiple of dp), per flat gradient byte
+    hook = data["reduce_hook"]
+    assert hook["bucket_bytes"] == _bucket_bytes(data["model"], 0.01, 2) and hook["cpu"]["n"] == 6
+    assert hook["ns_per_byte"] == hook["cpu"]["median"] / sum(hook["bucket_bytes"]) * 1e9 > 0
     graph = validate(add_data_parallel(lower(build("gpipe", pp=1, microbatches=2)), "ddp", [3]))
     costs = load_profile(out, 1)
-    assert costs.comm_slowdown == slow["factor"]
+    assert costs.comm_slowdown == slow["factor"] and costs.reduce_hook_ns_per_byte == hook["ns_per_byte"]
     t = step_time(simulate(graph, costs), costs)
     assert math.isfinite(t) and t > 0
+
+
+def _bucket_bytes(model: dict, bucket_mb: float, dp: int) -> list[int]:
+    """The runtime's buckets of the whole model (one stage) in flat bytes, padded to a multiple of ``dp``."""
+    from real.config import ModelConfig
+    from real.dp import make_buckets
+    from real.models import build_layers
+
+    cfg = ModelConfig(**model)
+    params = [p for layer in build_layers(cfg, 0, range(cfg.num_layers)) for p in layer.parameters()]
+    return [-(-sum(p.numel() for p in b) // dp) * dp * 4 for b in make_buckets(params, bucket_mb * 2**20)]
 
 
 @pytest.mark.slow

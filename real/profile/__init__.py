@@ -39,7 +39,12 @@ Measured, with the same code the executor runs (:mod:`real.backward`):
   with a chain of all-reduces of one bucket (``--bucket-mb``, capped at the
   stage's parameters) in flight over the data-parallel group
   (:mod:`real.profile.overlap`); ``factor`` = the with-collective medians'
-  sum over the alone medians' sum.
+  sum over the alone medians' sum;
+* ``reduce_hook`` (``--dp`` > 1): the CPU time zero2/zero3's per-bucket
+  reduce-scatter hook takes on the training thread per gradient byte (copy
+  into a flat buffer, launch, add into the shard), inside the first
+  partition's backward passes on its buckets at ``--bucket-mb``
+  (:mod:`real.profile.hook`).
 
 File schema (JSON, ``"schema": "schedlab.profile/1"``)::
 
@@ -56,6 +61,7 @@ File schema (JSON, ``"schema": "schedlab.profile/1"``)::
      "comm_slowdown": {"factor", "bucket_bytes", "in_flight", "passes", "alone"|"with_collective":
                        {"F"|"B"|"I"|"W": {...stat}}, "short": repetitions the chain ended early} | null,
      "codecs": {"fp16"|"bf16"|"int8"|"powersgd:1"|"powersgd:4": nanoseconds per gradient element},
+     "reduce_hook": {"ns_per_byte", "bucket_bytes": [int], "cpu"|"wall": {...stat}} | null,
      "warnings": [str]: every guess an alpha/beta fit made, each naming its field (also under the
                  section's own "warnings"): a time that did not grow with the size (beta null, alpha the
                  fastest time) or a negative intercept (alpha 0). sim.profiled logs them on loading.}
@@ -505,6 +511,7 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
         "p2p": (p2p := _p2p(act_bytes, cfg.warmup, cfg.reps)),
         "collectives": (colls := _collectives(pp, cfg.dp, max_params, cfg.warmup, cfg.reps)),
         "comm_slowdown": (slow := _slowdown(cfg, pp, benches[: cfg.stages[0]], timed)),
+        "reduce_hook": _reduce_hook(cfg, pp, benches[: cfg.stages[0]]),
         "warnings": fit_warnings(p2p, colls, slow),
         # nanoseconds per gradient element of each codec's compress + decompress (the first stage's parameters
         # as one bucket): the simulator's parallel.codec_ns_per_param (real.compress.profile_codecs)
@@ -523,6 +530,15 @@ def _slowdown(cfg: ProfileConfig, pp: int, benches: Sequence[_StageBench], timed
     bucket = int(min(cfg.bucket_mb * 2**20, stage_bytes)) // (4 * cfg.dp) * (4 * cfg.dp)
     return comm_slowdown(benches, _dp_group(pp, cfg.dp), max(bucket, 4 * cfg.dp), timed, cfg.warmup, cfg.reps,
                          _gathered)
+
+
+def _reduce_hook(cfg: ProfileConfig, pp: int, benches: Sequence[_StageBench]) -> dict[str, Any] | None:
+    """The ``reduce_hook`` section (dp > 1): zero2/zero3's per-bucket hook on the first partition's buckets."""
+    if cfg.dp < 2:
+        return None
+    from real.profile.hook import reduce_hook
+
+    return reduce_hook(benches, _dp_group(pp, cfg.dp), cfg.bucket_mb, cfg.warmup, cfg.reps, _gathered)
 
 
 def fit_warnings(p2p: dict[str, Any] | None, collectives: dict[str, Any] | None,
