@@ -76,20 +76,28 @@ def blocked_spans(part: pd.DataFrame, limit: int) -> dict[int, list[tuple[float,
     return out
 
 
+def collective_spans(part: pd.DataFrame) -> dict[int, list[tuple[float, float]]]:
+    """Rank -> the (start, end) of its collectives in service in one step's trace, in order
+    (:func:`sim.replay.collective_service`)."""
+    from sim.replay import collective_service
+
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for rank, _a, _k, s, e in collective_service(part):
+        spans.setdefault(rank, []).append((s, e))
+    for v in spans.values():
+        v.sort()
+    return spans
+
+
 def unslowed_passes(frames: Sequence[pd.DataFrame], factor: float, limit: int = 0) -> dict[str, list[float]]:
     """Kind -> every stage-0 pass's work: its time less the waits of :func:`blocked_spans` (``limit``), and with
     the stretch of its rank's collectives in service the rest of the time taken out."""
     from schedules.trace import trace_steps
-    from sim.replay import collective_service
 
     out: dict[str, list[float]] = {k: [] for k in _KINDS}
     for df in frames:
         for part in trace_steps(df).values():
-            spans: dict[int, list[tuple[float, float]]] = {}
-            for rank, _a, _k, s, e in collective_service(part):
-                spans.setdefault(rank, []).append((s, e))
-            for v in spans.values():
-                v.sort()
+            spans = collective_spans(part)
             blocked = blocked_spans(part, limit)
             comp = part[(part["stream"] == "compute") & part["kind"].isin(_KINDS)]
             for rank, kind, s, e in zip(comp["rank"], comp["kind"], comp["start"], comp["end"], strict=True):

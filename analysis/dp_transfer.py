@@ -173,18 +173,13 @@ def straggler(frames: Sequence[pd.DataFrame]) -> float:
 def pass_overlaps(frames: Sequence[pd.DataFrame], kinds: Sequence[str] = _BACKWARD) -> list[tuple[float, float]]:
     """(duration, seconds of it during which a collective of its rank was in service) of every pass of
     ``kinds`` in the traces (service as :func:`sim.replay.collective_service` has it)."""
-    from analysis.dp_calibration import _overlap
+    from analysis.dp_calibration import _overlap, collective_spans
     from schedules.trace import trace_steps
-    from sim.replay import collective_service
 
     out = []
     for df in frames:
         for part in trace_steps(df).values():
-            spans: dict[int, list[tuple[float, float]]] = {}
-            for rank, _a, _k, s, e in collective_service(part):
-                spans.setdefault(rank, []).append((s, e))
-            for v in spans.values():
-                v.sort()
+            spans = collective_spans(part)
             comp = part[(part["stream"] == "compute") & part["kind"].isin(kinds)]
             for rank, s, e in zip(comp["rank"], comp["start"], comp["end"], strict=True):
                 out.append((float(e - s), _overlap(float(s), float(e), spans.get(int(rank), []))))
