@@ -18,7 +18,7 @@ from analysis.dp_modes import (
 )
 from analysis.dp_skew import busy_skew, skew_fraction, waits_each_step
 from analysis.dp_transfer import predicted_parts
-from tests.test_dp_grid_modes import ALPHA, B, BETA, F, OPTIM, STEP_OVERHEAD, _costs
+from tests.test_dp_grid_modes import ALPHA, BETA, OPTIM, STEP_OVERHEAD, B, F, _costs
 from tests.test_dp_transfer import _two_steps
 
 # 3000 elements (the costs' 12000 bytes): a 100 x 20 matrix that PowerSGD:4 sends as factors of (100 + 20) x 4
