@@ -88,25 +88,31 @@ class Calibration:
     max_inflight: int = 0  # the runtime's bound on zero2/zero3's reduce-scatters in flight (real.zero.MAX_INFLIGHT)
     dp_traces: tuple[str, ...] = ()  # the data-parallel calibration run's traces (analysis.dp_transfer); () none
     dp_fit: ProfiledCosts | None = None  # their costs (analysis.dp_transfer.dp_run_costs)
-    dp_straggler: float = 1.0  # their straggler factor (analysis.dp_transfer.straggler)
+    dp_straggler: float = 1.0  # their straggler factor (analysis.dp_transfer.straggler; reported, not applied)
+    dp_skew: float = 0.0  # their replicas' skew over busy time (analysis.dp_skew.skew_fraction), added to a step
+    dp_shapes: tuple[tuple[int, ...], ...] = ()  # the model's parameter shapes (powersgd's bytes)
 
     @classmethod
     def of(cls, profile: str | Path, traces: Sequence[str], dp_profile: str | Path | None = None,
-           max_inflight: int = 0, dp_traces: Sequence[str] = ()) -> Calibration:
+           max_inflight: int = 0, dp_traces: Sequence[str] = (),
+           dp_shapes: Sequence[Sequence[int]] = ()) -> Calibration:
         """``dp_traces``: a data-parallel run of ddp (validate_sim's: at the grid's middle microbatch count) that
-        calibrates the data-parallel rows (:meth:`data_parallel`); without it they carry the pipeline run's."""
+        calibrates the data-parallel rows (:meth:`data_parallel`, :attr:`dp_skew`); without it they carry the
+        pipeline run's. ``dp_shapes``: the model's parameter shapes, for a ``ddp+powersgd:R`` row."""
+        from analysis.dp_skew import skew_fraction
         from analysis.dp_transfer import dp_run_costs, straggler
         from schedules.trace import read_trace
         from sim.profiled import trace_calibration
 
-        fit, k = None, 1.0
+        fit, k, s = None, 1.0, 0.0
         if dp_traces:
             if dp_profile is None:
                 raise ValueError("a data-parallel calibration run needs the data-parallel profile; give dp_profile")
             frames = [read_trace(t) for t in dp_traces]
-            fit, k = dp_run_costs(frames, dp_profile, max_inflight), straggler(frames)
+            fit, k, s = dp_run_costs(frames, dp_profile, max_inflight), straggler(frames), skew_fraction(frames)
         return cls(Path(profile), tuple(traces), trace_calibration(list(traces)),
-                   Path(dp_profile) if dp_profile is not None else None, max_inflight, tuple(dp_traces), fit, k)
+                   Path(dp_profile) if dp_profile is not None else None, max_inflight, tuple(dp_traces), fit, k, s,
+                   tuple(tuple(int(n) for n in shape) for shape in dp_shapes))
 
     def pipeline(self, num_stages: int, **off: float) -> ProfiledCosts:
         """The calibration run's costs for ``num_stages`` stages; ``off``: fields set (an ablation)."""
@@ -171,7 +177,8 @@ class Calibration:
         out = {"traces": list(self.traces), "fit": {k: v for k, v in vars(self.fit).items() if k != "passes"},
                "passes": {f"{s}{k}": v for (s, k), v in self.fit.passes.items()}, "warnings": self.warnings()}
         if self.dp_fit is not None:
-            out["data_parallel"] = {"traces": list(self.dp_traces), **describe_fit(self.dp_fit, self.dp_straggler)}
+            out["data_parallel"] = {"traces": list(self.dp_traces),
+                                    **describe_fit(self.dp_fit, self.dp_straggler, self.dp_skew)}
         return out
 
 
@@ -222,6 +229,7 @@ def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration
     from analysis.async_grid import predicted_parts as async_parts
     from analysis.dp_calibration import dp_replay_error, dp_self_costs
     from analysis.dp_modes import predict_mode
+    from analysis.dp_skew import skew_fraction
     from analysis.dp_transfer import measured_parts, predicted_parts
     from schedules.trace import read_trace
     from sim.profiled import HOOKED_MODES, load_profile
@@ -230,15 +238,16 @@ def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration
     every = r.config.sync.sync_every if mode == "local-sgd" else 1  # local-sgd's K: of the RunConfig measured
     bound = r.config.sync.staleness if mode == "async-ps" else 0  # async-ps's S: of the RunConfig measured
 
-    def step(costs: ProfiledCosts, measured: bool = False) -> float:
-        if mode == "async-ps":  # the time per update (analysis.async_grid)
+    def step(costs: ProfiledCosts, measured: bool = False, skew: float = cal.dp_skew) -> float:
+        if mode == "async-ps":  # the time per update (analysis.async_grid); its trainers wait for no one
             return predict_async(graph, costs, bound)
-        return predict_mode(mode, graph, costs, cal.dp_profile, every, measured_collectives=measured)["step"]
+        return predict_mode(mode, graph, costs, cal.dp_profile, every, measured_collectives=measured, skew=skew,
+                            shapes=cal.dp_shapes)["step"]
 
-    def parts(costs: ProfiledCosts) -> dict[str, float]:
+    def parts(costs: ProfiledCosts, skew: float = cal.dp_skew) -> dict[str, float]:
         if mode == "async-ps":
             return async_parts(graph, costs, bound)
-        return predicted_parts(mode, graph, costs, cal.dp_profile, every)
+        return predicted_parts(mode, graph, costs, cal.dp_profile, every, skew=skew, shapes=cal.dp_shapes)
 
     row = {**_measured_row(key, r), "kind": "data-parallel", "dp_mode": mode}
     if mode == "async-ps":
@@ -246,19 +255,22 @@ def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration
     frames = [read_trace(t) for t in r.traces]
     costs = cal.data_parallel(mode)
     if mode == "local-sgd":
-        _amortize(row, r, frames, predict_mode(mode, graph, costs, cal.dp_profile, every))
+        _amortize(row, r, frames, predict_mode(mode, graph, costs, cal.dp_profile, every, skew=cal.dp_skew))
     row["predicted_step_time"] = step(costs)
-    row["profile_predicted_step_time"] = step(replace(load_profile(cal.dp_profile, 1), max_inflight=cal.max_inflight))
-    row["pipeline_predicted_step_time"] = step(cal.from_pipeline())
-    row["without"] = {k: step(cal.data_parallel(mode, **v)) for k, v in DP_ABLATIONS.items()}
-    own = dp_self_costs(frames, cal.dp_profile, cal.max_inflight)
-    row["self_error"] = (step(own, True) - row["measured_step_time"]) / row["measured_step_time"]
+    # the profile alone and the pipeline run's transfer: no run of this pair, so no skew (as before it was modelled)
+    row["profile_predicted_step_time"] = step(replace(load_profile(cal.dp_profile, 1), max_inflight=cal.max_inflight),
+                                              skew=0.0)
+    row["pipeline_predicted_step_time"] = step(cal.from_pipeline(), skew=0.0)
+    row["without"] = {**{k: step(cal.data_parallel(mode, **v)) for k, v in DP_ABLATIONS.items()},
+                      "skew": step(costs, skew=0.0)}
+    own = dp_self_costs(frames, cal.dp_profile, cal.max_inflight)  # its own skew too (analysis.dp_skew)
+    row["self_error"] = (step(own, True, skew_fraction(frames)) - row["measured_step_time"]) / row["measured_step_time"]
     # async-ps: no replay (one lockstep step of the graph; its updates fold pushes of other steps) and the
     # trainers' rows taken apart (analysis.async_grid)
     row["replay_error"], row["replay_abs_p90"] = (None, None) if mode == "async-ps" else \
         dp_replay_error(frames, cal.dp_profile)
     row["parts"] = {"measured": (async_measured if mode == "async-ps" else measured_parts)(frames),
-                    "predicted": parts(costs), "from_pipeline": parts(cal.from_pipeline())}
+                    "predicted": parts(costs), "from_pipeline": parts(cal.from_pipeline(), 0.0)}
     if costs.reduce_hook_ns_per_byte and mode in HOOKED_MODES:  # the prediction before the hook was charged
         row["parts"]["without_reduce_hook"] = parts(cal.data_parallel(mode, **DP_ABLATIONS["reduce_hook"]))
     _errors(row)

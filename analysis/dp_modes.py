@@ -19,11 +19,23 @@ Beside the exact modes (ddp, sync, zero1, zero2, zero3), a grid row's mode may b
   in ps's 3-process group; scored on the time per update (dp / the sum of the trainers' rates, equal to a
   trainer's step time when both run alike), predicted by :mod:`analysis.async_grid` (:mod:`sim.async_ps`'s
   loop over the graph's step);
-* ``MODE+CODEC`` (``ddp+int8``, ``ddp+fp16``): the mode with ``grad_compression`` CODEC. The profiled
-  costs carry the codec as the simulator does (:mod:`sim.compression`): each gradient collective moves
-  :func:`schedules.compression.buffer_bytes` of its bucket (its beta scaled by the bytes' ratio) and
+* ``MODE+CODEC`` (``ddp+int8``, ``ddp+fp16``, ``ddp+bf16``): the mode with ``grad_compression`` CODEC. The
+  profiled costs carry the codec as the simulator does (:mod:`sim.compression`): each gradient collective
+  moves :func:`schedules.compression.buffer_bytes` of its bucket (its beta scaled by the bytes' ratio) and
   takes the codec's compress + decompress time, the profile's ``codecs`` nanoseconds per element, in its
-  latency (alpha).
+  latency (alpha);
+* ``ddp+powersgd:R``: the runtime waits for each bucket's PowerSGD hook where the bucket is launched, on the
+  trainer's thread, inside the backward pass that completes the bucket (a trace shows that pass stretched
+  by every hook and the bucket's row ending with it: docs/compression.md). So the hooks are not on the
+  collective: the gradient collectives take no time, and the step gets :func:`hook_time` more, on its
+  last backward: the codec's compute (the profile's ``codecs`` ns per element, which holds the factors'
+  products and orthogonalization) and per bucket torch's three all-reduces (the whole tensors, then P,
+  then Q), each waited for before the next: the profile's all-reduce waited for alone
+  (:func:`single_all_reduce`), alpha each and the bucket's factors and whole tensors over beta
+  (:func:`schedules.compression.buffer_bytes` of the model's parameter shapes).
+
+Every mode whose replicas wait for each other each step also gets the skew between them
+(:mod:`analysis.dp_skew`): a fraction, measured in the calibration run, of the simulated step's busy time.
 
 Nothing here runs anything; :mod:`analysis.calibration` builds the rows.
 """
@@ -42,13 +54,17 @@ from schedules.util import percentile  # re-exported: the grid's spread, as real
 
 if TYPE_CHECKING:
     from schedules import TaskGraph
+    from sim.engine import SimResult
     from sim.profiled import ProfiledCosts
 
-__all__ = ["amortized_measured", "codec_costs", "codec_ns", "local_graph",
-           "percentile", "predict_mode", "split_mode", "split_steps"]
+__all__ = ["HOOK_COLLECTIVES", "amortized_measured", "codec_costs", "codec_ns", "hook_time", "local_graph",
+           "percentile", "predict_mode", "simulate_mode", "single_all_reduce", "split_mode", "split_steps"]
 
 _GRAD_OPS = ("all_reduce", "reduce_scatter")  # the gradient collectives a codec compresses
 ELEM_BYTES = 4  # the runtime's gradients are float32 on CPU
+# torch's powerSGD_hook (torch/distributed/algorithms/ddp_comm_hooks/powerSGD_hook.py, 2.13): an all-reduce of the
+# tensors sent whole, then of P, then of Q, each started from the previous one's callback
+HOOK_COLLECTIVES = 3
 
 
 def split_mode(mode: str) -> tuple[str, str]:
@@ -93,21 +109,82 @@ def local_graph(graph: TaskGraph) -> TaskGraph:
     return validate(add_data_parallel(plain, "local-sgd", list(graph.plan.buckets), averaging=False))
 
 
+def single_all_reduce(dp_profile: str | Path) -> tuple[float, float]:
+    """(alpha, beta) of one all-reduce waited for alone, from the data-parallel profile (its
+    ``collectives.all_reduce.single``; the burst fit where it has none). beta None: infinite."""
+    data = json.loads(Path(dp_profile).read_text())
+    section = (data.get("collectives") or {}).get("all_reduce")
+    if not isinstance(section, dict):
+        raise ValueError(f"{dp_profile}: the profile has no all_reduce timing; profile a data-parallel pair (real.profile, dp 2)")
+    fit = section.get("single") if isinstance(section.get("single"), dict) else section
+    beta = fit.get("beta")
+    return float(fit["alpha"]), math.inf if beta is None else float(beta)
+
+
+def hook_time(ns_per_element: float, elements: float, buckets: int, payload_bytes: float, alpha: float,
+              beta: float) -> float:
+    """Seconds a step's PowerSGD hooks hold the trainer's thread (module doc): the codec's compute,
+    ``ns_per_element`` x ``elements``, and per bucket :data:`HOOK_COLLECTIVES` all-reduces waited for in turn,
+    ``alpha`` each, with the step's ``payload_bytes`` (factors and whole tensors) over ``beta``."""
+    return ns_per_element * elements * 1e-9 + HOOK_COLLECTIVES * buckets * alpha + payload_bytes / beta
+
+
+def _powersgd_hooks(codec: str, costs: ProfiledCosts, dp_profile: str | Path | None, buckets: int,
+                    shapes: Sequence[tuple[int, ...]]) -> tuple[ProfiledCosts, float]:
+    """(``costs`` with the gradient collectives taking no time, :func:`hook_time` of the step)."""
+    from schedules.compression import buffer_bytes, parse_compression
+
+    if dp_profile is None or not shapes:
+        raise ValueError(f"a {codec} row needs the data-parallel profile and the model's parameter shapes "
+                         "(Calibration.of(..., dp_shapes=)); give both")
+    elements = sum(math.prod(s) for s in shapes)
+    payload = buffer_bytes(parse_compression(codec), reduce=True, padded=elements, world=2, shapes=shapes,
+                           elem_bytes=ELEM_BYTES)
+    hooks = hook_time(codec_ns(dp_profile, codec), elements, buckets, payload, *single_all_reduce(dp_profile))
+    colls = tuple((op, 0.0, math.inf) if op in _GRAD_OPS else (op, a, b) for op, a, b in costs.collectives)
+    return replace(costs, collectives=colls), hooks
+
+
+def simulate_mode(mode: str, graph: TaskGraph, costs: ProfiledCosts, dp_profile: str | Path | None, *,
+                  measured_collectives: bool = False, shapes: Sequence[tuple[int, ...]] = ()
+                  ) -> tuple[SimResult, ProfiledCosts, float]:
+    """``mode``'s graph simulated under ``costs`` with its codec (module doc): (the result, the costs it ran
+    under, the seconds of PowerSGD's hooks to add to its last backward, 0 for the other codecs).
+    ``measured_collectives``: the costs were read from the mode's own traces, which hold the codec already."""
+    from sim import simulate
+
+    codec = split_mode(mode)[1]
+    hooks = 0.0
+    if codec != "none" and not measured_collectives:
+        if codec.startswith("powersgd"):
+            costs, hooks = _powersgd_hooks(codec, costs, dp_profile, graph.plan.buckets[0], shapes)
+        else:
+            ns = codec_ns(dp_profile, codec) if dp_profile is not None else 0.0
+            costs = codec_costs(costs, codec, ns, graph.plan.buckets[0])
+    return simulate(graph, costs, check=False), costs, hooks
+
+
 def predict_mode(mode: str, graph: TaskGraph, costs: ProfiledCosts, dp_profile: str | Path | None,
-                 sync_every: int = 1, *, measured_collectives: bool = False) -> dict[str, float]:
+                 sync_every: int = 1, *, measured_collectives: bool = False, skew: float = 0.0,
+                 shapes: Sequence[tuple[int, ...]] = ()) -> dict[str, float]:
     """The step time the runtime would measure for ``mode``'s row: ``step`` (local-sgd: amortized over
     ``sync_every`` steps), and for local-sgd ``local`` and ``averaging`` apart. ``measured_collectives``: the
-    costs' collective times were read from the mode's own traces, so they hold the codec already."""
+    costs' collective times were read from the mode's own traces, so they hold the codec already. ``skew``: the
+    replicas' skew as a fraction of the busy time (:mod:`analysis.dp_skew`), added where the step waits for
+    the slower replica. ``shapes``: the model's parameter shapes (powersgd's bytes)."""
+    from analysis.dp_skew import simulated_busy, waits_each_step
+    from sim import simulate
     from sim.comm_modes import amortized
+    from sim.profiled import step_time
 
-    dp_mode, codec = split_mode(mode)
-    if codec != "none" and not measured_collectives:
-        ns = codec_ns(dp_profile, codec) if dp_profile is not None else 0.0
-        costs = codec_costs(costs, codec, ns, graph.plan.buckets[0])
-    averaging = predict(graph, costs)
-    if dp_mode != "local-sgd":
+    res, used, hooks = simulate_mode(mode, graph, costs, dp_profile, measured_collectives=measured_collectives,
+                                     shapes=shapes)
+    lag = skew * simulated_busy(res) if waits_each_step(mode) else 0.0
+    averaging = step_time(res, used) + hooks + lag
+    if split_mode(mode)[0] != "local-sgd":
         return {"step": averaging}
-    local = predict(local_graph(graph), costs)
+    plain = simulate(local_graph(graph), used, check=False)
+    local = step_time(plain, used) + (skew * simulated_busy(plain) if waits_each_step(mode, False) else 0.0)
     return {"step": amortized(local, averaging, sync_every), "local": local, "averaging": averaging}
 
 

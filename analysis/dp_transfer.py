@@ -18,7 +18,8 @@ ran, stretched by what overlapped it):
 
 * ``forward``, ``backward`` (B, I, W), ``optimizer``: the ranks' mean;
 * ``skew``: the most busy rank's busy time less the ranks' mean (the step waits
-  for the slowest replica; the simulator runs one replica, so its skew is 0);
+  for the slowest replica; the simulator runs one replica, so a simulated step's
+  skew is :mod:`analysis.dp_skew`'s model of it);
 * ``exposed``: the step's span less the most busy rank's busy time (waits for
   collectives, per-task gaps, gathers on demand);
 * ``overhead``: the step's wall time less its span.
@@ -46,9 +47,10 @@ complete it:
   than what the runs' own passes show (1.34 against 1.53 on the quiet run's ddp
   traces; 1.55-1.88 on its zero1 and codec rows), so every pass unslowed with it
   kept part of the stretch;
-* **the slowest replica** (:func:`straggler`): the run's mean over steps of the
-  most busy rank's pass time over the ranks' mean; every pass is scaled by it,
-  since each step's collectives wait for that rank;
+* **the slowest replica**: the skew between the two replicas, a fraction of the
+  busy time measured in the run, added to the step (:mod:`analysis.dp_skew`, not
+  here: it is not a cost of a task). :func:`straggler` (the busier rank's pass time
+  over the mean) scaled every pass before and is still reported;
 * **a sharded optimizer**: zero1, zero2 and zero3 step 1/dp of the parameters
   (``real.zero``), as :class:`sim.transformer_costs.TransformerCosts` charges them.
 
@@ -138,21 +140,30 @@ def _simulated(result: SimResult, costs: ProfiledCosts) -> dict[str, float]:
 
 
 def predicted_parts(mode: str, graph: TaskGraph, costs: ProfiledCosts, dp_profile: str | Path | None,
-                    sync_every: int = 1, *, measured_collectives: bool = False) -> dict[str, float]:
+                    sync_every: int = 1, *, measured_collectives: bool = False, skew: float = 0.0,
+                    shapes: Sequence[tuple[int, ...]] = ()) -> dict[str, float]:
     """The simulated step of ``mode``'s row taken apart, as :func:`analysis.dp_modes.predict_mode` predicts it
-    (a codec's costs; local-sgd amortized over ``sync_every``): ``step`` is their sum, its prediction."""
-    from analysis.dp_modes import codec_costs, codec_ns, local_graph, split_mode
+    (a codec's costs, PowerSGD's hooks in the backward; the ``skew`` fraction of the busy time as the skew
+    where the step waits for the slower replica, :mod:`analysis.dp_skew`; local-sgd amortized over
+    ``sync_every``): ``step`` is their sum, its prediction."""
+    from analysis.dp_modes import local_graph, simulate_mode, split_mode
+    from analysis.dp_skew import waits_each_step
     from sim import simulate
 
-    dp_mode, codec = split_mode(mode)
-    if codec != "none" and not measured_collectives:
-        ns = codec_ns(dp_profile, codec) if dp_profile is not None else 0.0
-        costs = codec_costs(costs, codec, ns, graph.plan.buckets[0])
-    out = _simulated(simulate(graph, costs, check=False), costs)
-    if dp_mode == "local-sgd":
-        local = _simulated(simulate(local_graph(graph), costs, check=False), costs)
+    res, used, hooks = simulate_mode(mode, graph, costs, dp_profile, measured_collectives=measured_collectives,
+                                     shapes=shapes)
+    out = _with_skew(_simulated(res, used), skew if waits_each_step(mode) else 0.0)
+    out["backward"] += hooks
+    if split_mode(mode)[0] == "local-sgd":
+        plain = simulate(local_graph(graph), used, check=False)
+        local = _with_skew(_simulated(plain, used), skew if waits_each_step(mode, False) else 0.0)
         out = {k: ((sync_every - 1) * local[k] + out[k]) / sync_every for k in PARTS}
     return {**out, "step": sum(out[k] for k in PARTS)}
+
+
+def _with_skew(parts: dict[str, float], skew: float) -> dict[str, float]:
+    """A simulated step's parts (its skew 0: one replica) with ``skew`` x its busy time as the skew."""
+    return {**parts, "skew": skew * (parts["forward"] + parts["backward"] + parts["optimizer"])}
 
 
 def straggler(frames: Sequence[pd.DataFrame]) -> float:
@@ -278,14 +289,13 @@ def fitted_stall(frames: Sequence[pd.DataFrame], service: float) -> float | None
 def dp_run_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_inflight: int = 0) -> ProfiledCosts:
     """The data-parallel rows' costs from one data-parallel run's traces (module doc): its own costs
     (:func:`analysis.dp_calibration.dp_self_costs`) at its own :func:`fitted_slowdown` (the profile's where
-    that is None), every pass scaled by :func:`straggler`; the gradient reductions (all-reduce and
+    that is None), the passes of the mean replica (the skew is :mod:`analysis.dp_skew`'s); the gradient
+    reductions (all-reduce and
     reduce-scatter) take the all-reduces' time alone (:func:`idle_service`) and the run's
     :func:`fitted_stall`, or, where either cannot be measured, the all-reduces' mean service time."""
     from analysis.dp_calibration import dp_self_costs
 
     own = dp_self_costs(frames, dp_profile, max_inflight, fitted_slowdown(frames))
-    k = straggler(frames)
-    st = own.stages[0]
     reduce = next(((a, b) for op, a, b in own.collectives if op == "all_reduce"), None)
     idle = idle_service(frames)
     if idle and reduce:
@@ -298,7 +308,7 @@ def dp_run_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_inf
             reduce = (alone, float("inf"))
     colls = tuple((op, *reduce) if op in ("all_reduce", "reduce_scatter") and reduce else (op, a, b)
                   for op, a, b in own.collectives)
-    return replace(own, stages=(replace(st, f=st.f * k, b=st.b * k, i=st.i * k, w=st.w * k),), collectives=colls)
+    return replace(own, collectives=colls)
 
 
 def mode_costs(costs: ProfiledCosts, mode: str, dp: int, calibrated_mode: str = "ddp") -> ProfiledCosts:
@@ -313,11 +323,12 @@ def mode_costs(costs: ProfiledCosts, mode: str, dp: int, calibrated_mode: str = 
     return replace(costs, stages=tuple(replace(s, optim=s.optim * scale) for s in costs.stages))
 
 
-def describe_fit(costs: ProfiledCosts, straggler_factor: float) -> dict[str, Any]:
+def describe_fit(costs: ProfiledCosts, straggler_factor: float, skew: float = 0.0) -> dict[str, Any]:
     """What the data-parallel calibration took from its run (for the JSON): the pass and optimizer times, the
-    overheads, the straggler factor and the collectives."""
+    overheads, the straggler factor (reported, no longer applied), the skew fraction and the collectives."""
     st = costs.stages[0]
     return {"f": st.f, "b": st.b, "optim": st.optim, "task_overhead": costs.task_overhead,
-            "step_overhead": costs.step_overhead, "straggler": straggler_factor, "comm_slowdown": costs.comm_slowdown,
+            "step_overhead": costs.step_overhead, "straggler": straggler_factor, "skew": skew,
+            "comm_slowdown": costs.comm_slowdown,
             "comm_stall": costs.comm_stall, "reduce_hook_ns_per_byte": costs.reduce_hook_ns_per_byte,
             "collectives": {op: {"alpha": a, "beta": None if b == float("inf") else b} for op, a, b in costs.collectives}}

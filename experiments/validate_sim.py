@@ -15,7 +15,8 @@ count); predict every configuration; score the grid (:func:`analysis.validation.
 The calibration configuration is scored apart (in-sample: its own traces fitted the model); the
 headline error and tau_b are over the other rows, the out-of-sample ones. Rows are labelled pipeline
 (pp=2) or data-parallel (pp=1, dp=2: one row per mode of ``--dp-modes``, default ddp, sync, zero1,
-zero2, zero3, ps, decentralized, local-sgd, ddp+int8, ddp+fp16 and async-ps: :mod:`analysis.dp_modes`), and
+zero2, zero3, ps, decentralized, local-sgd, ddp+int8, ddp+fp16, ddp+bf16, ddp+powersgd:4 and async-ps:
+:mod:`analysis.dp_modes`), and
 both kinds are taken apart (replay, self-calibrated, transferred, noise). ps and async-ps run 3 processes (2
 trainers and a server), so their rounds run in a process group of their own, after the others.
 
@@ -52,6 +53,7 @@ from real.protocol import (
     MODEL_SHAPE,
     dp_buckets,
     dp_config,
+    dp_shapes,
     pipeline_config,
     profile_machine,
 )
@@ -143,7 +145,7 @@ def validate_all(a) -> dict:
     cal_key = (a.calibrate_from, ms[len(ms) // 2])
     dp_cal_key = ("dp2-ddp", ms[len(ms) // 2]) if dp_keys else None
     cal = Calibration.of(profile, by_key[cal_key].traces, dp_profile, max_inflight=MAX_INFLIGHT,
-                         dp_traces=by_key[dp_cal_key].traces if dp_cal_key else ())
+                         dp_traces=by_key[dp_cal_key].traces if dp_cal_key else (), dp_shapes=dp_shapes(model))
     rows = grid_rows(by_key, graphs, cal, cal_key, dp_keys, dp_cal_key)
     scores = score_grid(rows)
     verdict = noise_verdict(scores["decomposition"]["noise"], load_before, os.getloadavg(), a.noise_limit,
@@ -319,8 +321,10 @@ def _slowdown_line(s: dict) -> str:
     if run:
         line += (f" The data-parallel calibration run ({' m='.join(map(str, s['calibrated_from']['dp_run']))}) measured "
                  f"x{run['comm_slowdown']:.3f}, collectives slowed x{run.get('comm_stall', 1.0):.2f} while their rank "
-                 f"computes (comm_stall) and a straggler factor of {run['straggler']:.3f}, which predict the "
-                 "data-parallel rows.")
+                 f"computes (comm_stall) and a skew between its replicas of {100 * run.get('skew', 0.0):.1f}% of "
+                 f"the busy time (the busier replica's pass time over the mean: x{run['straggler']:.3f}), which "
+                 "predict the data-parallel rows (the skew added where the replicas wait for each other: "
+                 "analysis.dp_skew).")
     return line
 
 

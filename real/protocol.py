@@ -18,10 +18,12 @@ __all__ = [
     "GRID_DP_MODES",
     "GRID_EXTRA_DP_MODES",
     "MODEL_SHAPE",
+    "POWERSGD_RANK",
     "STALENESS",
     "SYNC_EVERY",
     "dp_buckets",
     "dp_config",
+    "dp_shapes",
     "pipeline_config",
     "profile_machine",
 ]
@@ -31,9 +33,12 @@ MODEL_SHAPE: dict[str, Any] = {"kind": "gpt", "layers": 6, "dim": 128, "heads": 
 BUCKET_MB = 1.0  # the data-parallel rows' gradient buckets: several per model, so ddp has something to overlap
 # The data-parallel modes of the validation grid, one pp=1 dp=2 row each (fsdp is zero3 by another name): the exact
 # modes, then (analysis.dp_modes) the parameter server (2 trainers + 1 server: 3 processes, measured in a process
-# group of their own), decentralized and local SGD, and ddp with a gradient codec (MODE+CODEC). Each of the latter
-# costs about as much as a ddp row (ps more: a second torchrun group), well under 40 s on a quiet machine.
-GRID_EXTRA_DP_MODES = ("ps", "decentralized", "local-sgd", "ddp+int8", "ddp+fp16", "async-ps")
+# group of their own), decentralized and local SGD, and ddp with a gradient codec (MODE+CODEC; PowerSGD at rank
+# POWERSGD_RANK). Each of the latter costs about as much as a ddp row (ps more: a second torchrun group), well
+# under 40 s on a quiet machine.
+POWERSGD_RANK = 4  # as experiments/compression_loss.py and the profile's codecs (real.compress.PROFILED) take it
+GRID_EXTRA_DP_MODES = ("ps", "decentralized", "local-sgd", "ddp+int8", "ddp+fp16", "ddp+bf16",
+                       f"ddp+powersgd:{POWERSGD_RANK}", "async-ps")
 GRID_DP_MODES = ("ddp", "sync", "zero1", "zero2", "zero3", *GRID_EXTRA_DP_MODES)
 SYNC_EVERY = 2  # local-sgd's K in the grid: its averaging step and its plain step alternate
 STALENESS = 1  # async-ps's bound in the grid (2 trainers + 1 server, measured with ps's group)
@@ -81,3 +86,11 @@ def dp_buckets(model: ModelConfig) -> int:
     from real.models import build_model
 
     return len(make_buckets(list(build_model(model, 0).parameters()), BUCKET_MB * 2**20))
+
+
+def dp_shapes(model: ModelConfig) -> list[tuple[int, ...]]:
+    """The shapes of ``model``'s parameters, in the runtime's order (a powersgd row's bytes: the IR's
+    :func:`schedules.compression.buffer_bytes` of them)."""
+    from real.models import build_model
+
+    return [tuple(p.shape) for p in build_model(model, 0).parameters()]

@@ -154,7 +154,7 @@ def _validate_sim():
     return module
 
 
-_VALID = "ddp,sync,zero1,zero2,zero3,ps,decentralized,local-sgd,ddp+int8,ddp+fp16,async-ps"
+_VALID = "ddp,sync,zero1,zero2,zero3,ps,decentralized,local-sgd,ddp+int8,ddp+fp16,ddp+bf16,ddp+powersgd:4,async-ps"
 
 
 @pytest.mark.parametrize(("flags", "message"), [
@@ -215,7 +215,7 @@ def test_grid_row_of_a_data_parallel_mode_is_taken_apart(profile, tmp_path):
     assert (row["kind"], row["in_sample"]) == ("data-parallel", False)
     assert abs(row["self_error"]) < 1e-9 and abs(row["replay_error"]) < 1e-9
     assert set(row["without"]) == {"send_cpu", "task_overhead", "step_overhead", "comm_slowdown", "max_inflight",
-                                   "comm_stall", "reduce_hook"}
+                                   "comm_stall", "reduce_hook", "skew"}
     assert row["without"]["reduce_hook"] == row["predicted_step_time"]  # ddp: no per-microbatch hook to charge
     assert row["without"]["comm_slowdown"] < row["predicted_step_time"]
 

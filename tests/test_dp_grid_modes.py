@@ -161,15 +161,19 @@ def test_grid_row_of_local_sgd_is_scored_amortized_and_taken_apart(tmp_path):
 def test_grid_configs_of_the_extra_modes():
     pytest.importorskip("torch")
     from real.config import ModelConfig
-    from real.protocol import GRID_EXTRA_DP_MODES, MODEL_SHAPE, STALENESS, SYNC_EVERY, dp_config
+    from real.protocol import GRID_DP_MODES, GRID_EXTRA_DP_MODES, MODEL_SHAPE, STALENESS, SYNC_EVERY, dp_config
 
+    assert GRID_DP_MODES == ("ddp", "sync", "zero1", "zero2", "zero3", "ps", "decentralized", "local-sgd", "ddp+int8",
+                             "ddp+fp16", "ddp+bf16", "ddp+powersgd:4", "async-ps")
     model = ModelConfig(**MODEL_SHAPE)
     got = {m: dp_config(model, "gpipe", 4, 4, m) for m in GRID_EXTRA_DP_MODES}
     assert {m: (c.world_size, c.sync.dp_mode, c.sync.servers, c.sync.sync_every, c.sync.grad_compression,
                 c.sync.staleness) for m, c in got.items()} == {
         "ps": (3, "ps", 1, 1, "none", 0), "decentralized": (2, "decentralized", 0, 1, "none", 0),
         "local-sgd": (2, "local-sgd", 0, SYNC_EVERY, "none", 0), "ddp+int8": (2, "ddp", 0, 1, "int8", 0),
-        "ddp+fp16": (2, "ddp", 0, 1, "fp16", 0), "async-ps": (3, "async-ps", 1, 1, "none", STALENESS)}
+        "ddp+fp16": (2, "ddp", 0, 1, "fp16", 0), "ddp+bf16": (2, "ddp", 0, 1, "bf16", 0),
+        "ddp+powersgd:4": (2, "ddp", 0, 1, "powersgd:4", 0),
+        "async-ps": (3, "async-ps", 1, 1, "none", STALENESS)}
     assert replace(got["ddp+int8"].sync, grad_compression="none") == dp_config(model, "gpipe", 4, 4, "ddp").sync
 
 

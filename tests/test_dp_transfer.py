@@ -155,7 +155,8 @@ def test_grid_rows_calibrated_from_a_ddp_run(profile, tmp_path):  # noqa: F811 (
     assert zero2["pipeline_predicted_step_time"] == old and zero2["parts"]["from_pipeline"]["step"] == pytest.approx(
         old, rel=1e-12)
     assert zero2["pipeline_error"] == pytest.approx((old - zero2["measured_step_time"]) / zero2["measured_step_time"])
-    assert cal.describe()["data_parallel"]["straggler"] == 1.0
+    assert (cal.describe()["data_parallel"]["straggler"], cal.describe()["data_parallel"]["skew"]) == (1.0, 0.0)
+    assert zero2["without"]["skew"] == zero2["predicted_step_time"]  # both replicas alike: no skew to add
 
 
 def test_validate_sim_runs_every_mode_at_two_counts_and_ddp_at_the_middle_one():
