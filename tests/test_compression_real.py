@@ -26,7 +26,7 @@ from real.checkpoint import CheckpointConfig  # noqa: E402
 from real.compress_bytes import predicted_step_bytes  # noqa: E402
 from schedules.compression import parse_compression  # noqa: E402
 
-LAUNCH_TIMEOUT = 90  # seconds (14 runs of 3-6 steps on 2 processes; measured 33 s on 2 busy shared cores)
+LAUNCH_TIMEOUT = 180  # seconds (14 runs of 3-6 steps on 2 processes; measured 33 s on 2 busy shared cores)
 MODEL = ModelConfig(kind="gpt", layers=2, dim=32, heads=2, vocab=256, seq=32)
 BUCKET_MB = 0.02  # several buckets: the matrices and vectors of a block fall in different ones
 STEPS = 6

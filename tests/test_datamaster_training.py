@@ -30,7 +30,7 @@ from real.sampler import EpochSampler  # noqa: E402
 from schedules import ConfigError  # noqa: E402
 
 SEQ, WINDOWS, STEPS, BATCH = 8, 48, 6, 8  # the 6 steps take epoch 0 whole
-LAUNCH_TIMEOUT = 60  # seconds, kill and restart included, with room for a busy 2-core machine
+LAUNCH_TIMEOUT = 150  # seconds, kill and restart included, with room for a busy 2-core machine
 MODEL = ModelConfig(kind="gpt", layers=2, dim=16, heads=2, vocab=256, seq=SEQ)
 FLAGS = ["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--layers", "2", "--dim", "16", "--heads", "2",
          "--vocab", "256", "--seq", str(SEQ), "--batch-size", str(BATCH), "--steps", str(STEPS), "--timeout", "20"]

@@ -152,7 +152,7 @@ def asap_makespan(s: Schedule, tf: float = 1, tb: float = 1, tw: float = 1) -> f
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(10)  # a subprocess; a 10 s floor for interpreter start-up on a busy host
+@pytest.mark.timeout(60)  # a subprocess: a hang guard, with room for interpreter start-up on a loaded host
 def test_schedules_import_and_csv_work_without_torch(tmp_path):
     code = f"""
 import sys
@@ -167,7 +167,7 @@ for call in (lambda: from_torch("GPipe", 2, 4), lambda: schedules.load_schedule(
     except ScheduleError as exc:
         print(exc)
 """
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=8).stdout
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=50).stdout
     lines = out.splitlines()
     assert len(lines) == 2
     assert all(ln.startswith("torch interop needs torch (pip install torch==2.13.0); import failed:") for ln in lines)

@@ -232,7 +232,7 @@ def test_cli_errors_are_one_line(argv, message, capsys):
     assert exit_.value.code == 2 and err.count("\n") == 1 and message in err, err
 
 
-RESUME_TIMEOUT = 45  # seconds per torchrun launch, kill and restart included, with room for a busy machine
+RESUME_TIMEOUT = 120  # seconds per torchrun launch, kill and restart included, with room for a busy machine
 
 
 @pytest.mark.slow

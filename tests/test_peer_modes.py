@@ -38,7 +38,7 @@ from real.models import build_model, loss_fn, make_optimizer  # noqa: E402
 from schedules import Kind  # noqa: E402
 from schedules.dp import add_data_parallel, random_peer, ring_neighbours  # noqa: E402
 
-LAUNCH_TIMEOUT = 60  # seconds for the launch (8 runs of 2-4 steps on 2 processes)
+LAUNCH_TIMEOUT = 150  # seconds for the launch (8 runs of 2-4 steps on 2 processes)
 SEQ = 8
 MODEL = ModelConfig(kind="gpt", layers=2, dim=16, heads=2, vocab=256, seq=SEQ)
 BUCKET_MB = 0.004  # a few buckets per stage

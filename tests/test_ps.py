@@ -27,7 +27,7 @@ from real.checkpoint import CheckpointConfig  # noqa: E402
 from sim.memory import rank_memory, server_memory  # noqa: E402
 
 TOL = 1e-5
-LAUNCH_TIMEOUT = 60  # seconds for the whole 3-process launch (7 short runs), with room for a busy machine
+LAUNCH_TIMEOUT = 150  # seconds for the whole 3-process launch (7 short runs), with room for a busy machine
 MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
 KEYS = ("param_bytes", "grad_bytes", "optimizer_bytes")
 

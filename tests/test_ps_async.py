@@ -27,7 +27,7 @@ from real import ModelConfig, RunConfig, param_digest  # noqa: E402
 from real.checkpoint import CheckpointConfig  # noqa: E402
 from sim.async_ps import Cycle, simulate_async_ps  # noqa: E402
 
-LAUNCH_TIMEOUT = 60
+LAUNCH_TIMEOUT = 150  # a hang guard
 MODEL = ModelConfig(kind="gpt", layers=2, dim=16, heads=2, vocab=32, seq=8)
 STALENESS, SLOW_S = 2, 0.25
 

@@ -253,13 +253,13 @@ def test_memory_is_reported_per_rank(two, four):
     assert per_mb["gpipe dp2 sync"] == per_mb["1f1b dp2 zero1"]
 
 
-@pytest.mark.timeout(20)  # in one process
+@pytest.mark.timeout(90)  # in one process; a hang guard, with room for a loaded CI machine
 def test_a_rank_dying_mid_step_fails_the_launch_fast_with_its_error(tmp_path):
     """Rank 1 raises in its first backward while rank 0 waits for that gradient: no hang, the error shows."""
     cfg_file = tmp_path / "crash.json"
     cfg_file.write_text(json.dumps({"1f1b": PP2["1f1b"].to_dict()}))
     start = time.monotonic()
-    proc = torchrun(2, [__file__, str(cfg_file), str(tmp_path / "out.pt"), "crash"], timeout=15, capture=True)
+    proc = torchrun(2, [__file__, str(cfg_file), str(tmp_path / "out.pt"), "crash"], timeout=75, capture=True)
     assert proc.returncode != 0
     assert "RuntimeError: injected failure on rank 1" in proc.stderr
     assert time.monotonic() - start < 60
