@@ -108,3 +108,14 @@ def launch_runs(runs: dict[str, Any], nproc: int, tmp: Path, timeout: float) -> 
     """Every labelled RunConfig of ``runs`` in one ``nproc``-process gloo launch (tests/run_configs.py): rank 0's
     ``{label: {"losses", "params", "start_step", "sha", "trace", "memory"}}``."""
     return launch_worker(str(RUN_CONFIGS_WORKER), nproc, {k: c.to_dict() for k, c in runs.items()}, tmp, timeout)
+
+
+# The longest files first (their times in `make test` on 2 cores, 2026-12-02): with --dist loadfile a file runs on
+# one worker, and a long file collected late runs alone at the end while the other worker idles.
+LONGEST_FIRST = ("test_docs.py", "test_hostile_outputs.py", "test_real_fault.py", "test_real_equality.py",
+                 "test_signals.py", "test_properties.py", "test_megatron.py", "test_dp_modes.py")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    order = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: order.get(item.path.name, len(order)))  # stable: each file keeps its own order
