@@ -196,8 +196,7 @@ def _measure(configs: dict, a, out: Path) -> dict:
                     raise
                 # seen once in about 15 launches of the ps/async-ps rounds: a trainer one config ahead of the
                 # others (docs/validation-protocol.md, "A launch that fails")
-                print(f"grid: the {world}-process launch failed, running it once more: {str(exc).splitlines()[0]}",
-                      file=sys.stderr)
+                print(f"grid: the {world}-process launch failed, running it once more: {exc}", file=sys.stderr)
         by_key.update(zip(keys, measured, strict=True))
     return {k: by_key[k] for k in configs}
 
