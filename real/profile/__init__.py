@@ -92,6 +92,7 @@ from real.data import microbatches as microbatches_of
 from real.measure import Recorder
 from real.mesh import env_world
 from real.models import activation_shape, build_layers, loss_fn, make_optimizer
+from real.profile.stats import stat
 from schedules.errors import ConfigError, check_choice, check_positive_ints, quote
 from schedules.formats import PROFILE_SCHEMA
 
@@ -148,11 +149,7 @@ class ProfileConfig:
 # -- statistics ------------------------------------------------------------------------------------------------
 
 
-def _stat(samples: Sequence[float]) -> dict[str, float]:
-    """Median and spread (10th / 90th percentile) of samples."""
-    xs = sorted(samples)
-    q = statistics.quantiles(xs, n=10, method="inclusive") if len(xs) > 1 else [xs[0]] * 9
-    return {"median": statistics.median(xs), "p10": q[0], "p90": q[-1], "n": len(xs)}
+_stat = stat  # real.profile.stats
 
 
 def _fit_alpha_beta(sizes: Sequence[float], times: Sequence[float], field: str) -> tuple[float, float, list[str]]:

@@ -41,6 +41,7 @@ from torch import nn
 
 from real.backward import backward_full
 from real.dp import make_buckets
+from real.profile.stats import stat as _stat
 from real.zero import MAX_INFLIGHT, _flatten_grads
 
 __all__ = ["reduce_hook"]
@@ -109,11 +110,6 @@ class _Hooks:
         for h in self.handles:
             h.remove()
 
-
-def _stat(xs: Sequence[float]) -> dict[str, float]:
-    xs = sorted(xs)
-    q = statistics.quantiles(xs, n=10, method="inclusive") if len(xs) > 1 else [xs[0]] * 9
-    return {"median": statistics.median(xs), "p10": q[0], "p90": q[-1], "n": len(xs)}
 
 
 def reduce_hook(benches: Sequence[Any], group: Any, bucket_mb: float, warmup: int, reps: int,

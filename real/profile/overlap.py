@@ -32,6 +32,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from real.profile.stats import stat as _stat
+
 __all__ = ["comm_slowdown"]
 
 log = logging.getLogger(__name__)
@@ -53,11 +55,6 @@ def _chain_length(buf: torch.Tensor, group: Any, passes_s: float, warmup: int) -
     dist.all_reduce(n, op=dist.ReduceOp.MAX, group=group)
     return int(n.item())
 
-
-def _stat(xs: Sequence[float]) -> dict[str, float]:
-    xs = sorted(xs)
-    q = statistics.quantiles(xs, n=10, method="inclusive") if len(xs) > 1 else [xs[0]] * 9
-    return {"median": statistics.median(xs), "p10": q[0], "p90": q[-1], "n": len(xs)}
 
 
 def comm_slowdown(benches: Sequence[Any], group: Any, bucket_bytes: int, timed: Callable, warmup: int, reps: int,
