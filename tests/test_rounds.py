@@ -49,6 +49,16 @@ def test_foreign_cores_is_rank_0s_busy_time_less_every_ranks_cpu_over_rank_0s_wa
     assert foreign_cores([[3, 2.0, 1.0, 2.0], [3, 1.0, 0.0, 2.0]]) == 0.0  # never below 0
 
 
+def test_the_guard_after_a_run_names_every_ranks_step_count():
+    from real.rounds import DesyncError, _same_steps
+
+    _same_steps([[3, 0.1, 1.0, 1.0], [3, 0.1, 0.0, 1.0], [-1, 0.1, 0.0, 1.0]], "x")  # an async-ps server: -1
+    with pytest.raises(DesyncError) as exc:
+        _same_steps([[3, 0.1, 1.0, 1.0], [2, 0.1, 0.0, 1.0], [-1, 0.1, 0.0, 1.0]], "round 2, config 1 (ps), attempt 1")
+    assert str(exc.value) == ("round 2, config 1 (ps), attempt 1: the ranks ran different numbers of steps "
+                              "(rank 0: 3, rank 1: 2, rank 2: -1)")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 15)
 def test_ranks_with_different_walls_take_the_same_decision_and_a_desync_is_an_error(tmp_path):

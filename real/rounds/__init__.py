@@ -117,11 +117,15 @@ def _timed_run(config: RunConfig, mesh: Mesh, trace: Path | None, where: str) ->
     steps = -1 if mesh.is_server and config.sync.dp_mode == "async-ps" else len(result.step_times)
     rows = _gather(mesh, [steps, time.process_time() - own0,
                           (machine_busy_seconds() - busy0) if mesh.rank == 0 else 0.0, wall], torch.float64)
-    counts = {int(row[_STEPS]) for row in rows} - {-1}
-    if len(counts) > 1:
+    _same_steps(rows, where)
+    return result.step_times, foreign_cores(rows)
+
+
+def _same_steps(rows: list[list[float]], where: str) -> None:
+    """The guard after a run: every rank that counts steps (not an async-ps server, -1) ran as many."""
+    if len({int(row[_STEPS]) for row in rows} - {-1}) > 1:
         raise DesyncError(f"{where}: the ranks ran different numbers of steps ("
                           + ", ".join(f"rank {k}: {int(row[_STEPS])}" for k, row in enumerate(rows)) + ")")
-    return result.step_times, foreign_cores(rows)
 
 
 def _label(c: RunConfig) -> str:
