@@ -509,6 +509,7 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
         "collectives": (colls := _collectives(pp, cfg.dp, max_params, cfg.warmup, cfg.reps)),
         "comm_slowdown": (slow := _slowdown(cfg, pp, benches[: cfg.stages[0]], timed)),
         "reduce_hook": _reduce_hook(cfg, pp, benches[: cfg.stages[0]]),
+        "powersgd": _powersgd(cfg, pp, benches[: cfg.stages[0]], colls),
         "warnings": fit_warnings(p2p, colls, slow),
         # nanoseconds per gradient element of each codec's compress + decompress (the first stage's parameters
         # as one bucket): the simulator's parallel.codec_ns_per_param (real.compress.profile_codecs)
@@ -538,10 +539,25 @@ def _reduce_hook(cfg: ProfileConfig, pp: int, benches: Sequence[_StageBench]) ->
     return reduce_hook(benches, _dp_group(pp, cfg.dp), cfg.bucket_mb, cfg.warmup, cfg.reps, _gathered)
 
 
+def _powersgd(cfg: ProfileConfig, pp: int, benches: Sequence[_StageBench], colls: dict[str, Any] | None
+              ) -> dict[str, Any] | None:
+    """The ``powersgd`` section (dp > 1), and ``collectives.all_reduce.small`` put into ``colls``
+    (:mod:`real.profile.powersgd`)."""
+    if cfg.dp < 2 or colls is None:
+        return None
+    from real.profile.powersgd import powersgd_section
+
+    section, small = powersgd_section([b.params for b in benches], _dp_group(pp, cfg.dp), cfg.bucket_mb,
+                                      cfg.warmup, cfg.reps, _gathered, _fit_alpha_beta)
+    colls["all_reduce"]["small"] = small
+    return section
+
+
 def fit_warnings(p2p: dict[str, Any] | None, collectives: dict[str, Any] | None,
                  slowdown: dict[str, Any] | None = None) -> list[str]:
-    """Every fit's guesses (``warnings`` of p2p, of each collective, burst then single, and of comm_slowdown),
+    """Every fit's guesses (``warnings`` of p2p, of each collective, burst, single then small, and of comm_slowdown),
     for the file's top."""
-    sections = [p2p or {}] + [x for c in (collectives or {}).values() for x in (c, c.get("single", {}))]
+    sections = [p2p or {}] + [x for c in (collectives or {}).values()
+                              for x in (c, c.get("single", {}), c.get("small", {}))]
     return [w for sec in (*sections, slowdown or {}) for w in sec.get("warnings", [])]
 
