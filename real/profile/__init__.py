@@ -44,7 +44,12 @@ Measured, with the same code the executor runs (:mod:`real.backward`):
   reduce-scatter hook takes on the training thread per gradient byte (copy
   into a flat buffer, launch, add into the shard), inside the first
   partition's backward passes on its buckets at ``--bucket-mb``
-  (:mod:`real.profile.hook`).
+  (:mod:`real.profile.hook`);
+* ``powersgd`` (``--dp`` > 1): PowerSGD's hook (torch's ``powerSGD_hook``, as :mod:`real.compress` calls it)
+  on each of the first stage's buckets at ``--bucket-mb``: its compute alone and its wall on the
+  data-parallel group, waited for at once as the runtime waits for it; and ``collectives.all_reduce.small``,
+  plain blocking all-reduces of the sizes the hook sends (a few KB), fitted as alpha + n / beta over that
+  range (:mod:`real.profile.powersgd`).
 
 File schema (JSON, ``"schema": "schedlab.profile/1"``)::
 
@@ -57,13 +62,16 @@ File schema (JSON, ``"schema": "schedlab.profile/1"``)::
      "step_overhead": {...stat}, "task_overhead": {...stat},
      "p2p": {"alpha", "beta" (null: inf), "send_cpu": {...stat}, "sizes": [{"bytes", ...stat}]} | null,
      "collectives": {"all_reduce"|"reduce_scatter"|"all_gather": {"alpha", "beta", "burst", "sizes": [...],
-                     "single": {"alpha", "beta", "sizes": [...]}}} | null,
+                     "single": {"alpha", "beta", "sizes": [...]}},
+                     all_reduce only: "small": {"alpha", "beta", "sizes": [...]}} | null,
      "comm_slowdown": {"factor", "bucket_bytes", "in_flight", "passes", "alone"|"with_collective":
                        {"F"|"B"|"I"|"W": {...stat}}, "short": repetitions the chain ended early} | null,
      "codecs": {"fp16"|"bf16"|"int8"|"powersgd:1"|"powersgd:4": nanoseconds per gradient element},
      "reduce_hook": {"ns_per_byte", "bucket_bytes": [int], "cpu"|"wall": {...stat}} | null,
+     "powersgd": {"powersgd:R": {"bucket_bytes": [int], "buckets": [{"elements", "messages": [whole, P, Q bytes],
+                  "compute"|"wall": {...stat}}], "compute", "wall": seconds per step (sums of the medians)}} | null,
      "warnings": [str]: every guess an alpha/beta fit made, each naming its field (also under the
-                 section's own "warnings"): a time that did not grow with the size (beta null, alpha the
+                 section's own "warnings"; the small all-reduce fit's too): a time that did not grow with the size (beta null, alpha the
                  fastest time) or a negative intercept (alpha 0). sim.profiled logs them on loading.}
 
 All times in seconds, beta in bytes per second. :class:`sim.profiled.ProfiledCosts` loads it.
