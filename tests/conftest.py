@@ -90,6 +90,22 @@ def launch_worker(script: str, nproc: int, payload: Any, tmp: Path, timeout: flo
     return torch.load(out_file, weights_only=False)
 
 
+def launch_self(script: str, nproc: int, out: Path, timeout: float) -> list[Any]:
+    """Run ``script`` (a test module that is its own worker, given ``out``) under torchrun with one thread per
+    process; a hang or a failed launch fails the test with its stderr; returns every rank's ``rank{r}.json`` from
+    ``out``."""
+    import subprocess
+
+    from real.launch import torchrun
+
+    try:
+        proc = torchrun(nproc, [script, str(out)], timeout=timeout, capture=True, env={"OMP_NUM_THREADS": "1"})
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"launch hung; stderr:\n{(exc.stderr or '')[-4000:]}")
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
+
+
 @pytest.fixture
 def tmp_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh temporary folder with a short name (``.../t<N>``), not pytest's ``.../<test name><N>``.

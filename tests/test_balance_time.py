@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,7 +23,6 @@ import torch.nn.functional as F  # noqa: E402, N812
 from torch import nn  # noqa: E402
 
 from real import RunConfig, UserModel  # noqa: E402
-from real.launch import torchrun  # noqa: E402
 from real.reference import reference_user_run  # noqa: E402
 
 TOL = 1e-5
@@ -59,13 +57,9 @@ RANK1_SPLIT = (5, 1)
 @pytest.mark.slow
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 15)
 def test_every_rank_trains_with_rank_0s_profiled_split(tmp_path):
-    try:
-        proc = torchrun(2, [__file__, str(tmp_path)], timeout=LAUNCH_TIMEOUT, capture=True,
-                        env={"OMP_NUM_THREADS": "1"})
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"launch hung; stderr:\n{(exc.stderr or '')[-4000:]}")
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    from tests.conftest import launch_self
+
+    reports = launch_self(__file__, 2, tmp_path, LAUNCH_TIMEOUT)
     profiled = [tuple(r["profiled"]) for r in reports]
     used = [tuple(r["split"]) for r in reports]
     assert profiled[1] == RANK1_SPLIT != profiled[0]  # rank 1's own profile says otherwise

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,7 +26,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from real import ModelConfig, RunConfig  # noqa: E402
-from real.launch import torchrun  # noqa: E402
 
 LAUNCH_TIMEOUT = 90  # seconds: a hang guard, with room for a loaded 2-core CI machine
 BUSY_CORES = 20.0  # rank 0's fake machine-wide busy time per second of wall time
@@ -62,13 +60,9 @@ def test_the_guard_after_a_run_names_every_ranks_step_count():
 @pytest.mark.slow
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 15)
 def test_ranks_with_different_walls_take_the_same_decision_and_a_desync_is_an_error(tmp_path):
-    try:
-        proc = torchrun(2, [__file__, str(tmp_path)], timeout=LAUNCH_TIMEOUT, capture=True,
-                        env={"OMP_NUM_THREADS": "1"})
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"launch hung; stderr:\n{(exc.stderr or '')[-4000:]}")
-    assert proc.returncode == 0, proc.stderr[-6000:]
-    reports = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    from tests.conftest import launch_self
+
+    reports = launch_self(__file__, 2, tmp_path, LAUNCH_TIMEOUT)
     assert [r["runs"] for r in reports] == [2, 2]  # config 0 ran twice on both ranks, config 1 never
     figures = [r["foreign"] for r in reports]
     assert figures[0] == figures[1] and len(figures[0]) == 2 and min(figures[0]) > MAX_FOREIGN  # the same bits
