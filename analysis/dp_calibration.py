@@ -16,7 +16,9 @@ come from it (:func:`analysis.calibration.dp_row` uses both):
   update, its ``{s}OPTIM`` rows, :func:`sim.replay.server_update_times`). Each collective takes its
   op's mean service time in the traces (:func:`collective_times`; an op the
   traces lack keeps the profile's alpha/beta; decentralized SGD's exchanges set
-  the p2p message time), and ``c`` comes from the pair's profile. The per-task gap is read
+  the p2p message time; ps and async-ps keep the profile's: their push and
+  pull rows are no service times, sim.profiled times them as messages), and
+  ``c`` comes from the pair's profile. The per-task gap is read
   only where none of the rank's collectives ended in it (:func:`task_gaps`: a
   wait for a collective, before an OPTIM or a zero3 pass, is the simulator's
   to model; with no such gap, as in zero3, the profile's ``task_overhead``); the step overhead is the step's wall time less the whole span, collectives
@@ -174,7 +176,7 @@ def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_in
     """A pp=1 data-parallel configuration's costs from its own traces and the pair's profile (module doc);
     ``max_inflight``: the runtime's bound on zero2/zero3's reduce-scatters in flight; ``comm_slowdown``: the
     factor, if not the profile's (:func:`analysis.dp_transfer.fitted_slowdown`)."""
-    from sim.profiled import HOOKED_MODES, _trimmed_mean, load_profile
+    from sim.profiled import HOOKED_MODES, PS_MODES, _trimmed_mean, load_profile
     from sim.replay import server_update_times
 
     own = replace(load_profile(dp_profile, 1), max_inflight=max_inflight)
@@ -191,6 +193,8 @@ def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_in
         times["optim"] = _trimmed_mean(updates)  # (sim.replay.server_update_times)
     stage = replace(own.stages[0], **times)
     served = {op: _trimmed_mean(v) for op, v in collective_times(frames).items() if v}
+    if all(df.attrs.get("dp_mode") in PS_MODES for df in frames):  # a push row ends at the trainer's wait after
+        served = {}  # its last pass, a pull row is zero-length: no service time; the profile's messages time them
     if "exchange" in served:  # decentralized: each exchange a p2p message of one bucket, as long as measured
         own = replace(own, p2p_alpha=served.pop("exchange"), p2p_beta=math.inf)
     colls = tuple((op, served[op], math.inf) if op in served else (op, a, b) for op, a, b in own.collectives)

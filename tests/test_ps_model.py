@@ -1,0 +1,121 @@
+"""ps and async-ps in the profiled cost model: a push and a pull are one message of the bucket, closed forms.
+
+gpipe at m = 2, 3 buckets of 4000 bytes, F = 10 ms, B = 20 ms, the servers' update 3 ms, a step overhead of 2 ms,
+the p2p latency 1 ms and the all-gather's bandwidth 4 MB/s (each push and pull: 1 ms + 4000 / 4e6 s = 2 ms; the
+all-reduce's 4 ms, the reduce-scatter's 12 ms and the all-gather's alpha 2 ms play no part). The buckets are ready
+a third, two thirds and all the way into the last B (40 -> 60 ms): 46.67, 53.33 and 60 ms; each push takes 2 ms on
+the trainer's link (48.67, 55.33, 62 ms); the update follows the last (62 -> 65 ms), the pulls one after the other
+(67, 69, 71 ms); the step is 71 + 2 = 73 ms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+from analysis.calibration import dp_graph
+from analysis.dp_calibration import dp_self_costs
+from analysis.dp_modes import predict_mode
+from schedules import Kind
+from schedules.errors import CostFileError
+from sim import simulate
+from tests.test_async_grid import BULK, MESSAGE, P2P_ALPHA
+from tests.test_async_grid import _costs as _ps_costs
+from tests.test_dp_grid_modes import OPTIM, STEP_OVERHEAD, B, F
+
+PUSHES = ((2 * F + B + B / 3, 2 * F + B + B / 3 + MESSAGE), (2 * F + B + 2 * B / 3, 2 * F + B + 2 * B / 3 + MESSAGE),
+          (2 * F + 2 * B, 2 * F + 2 * B + MESSAGE))
+UPDATE = (PUSHES[-1][1], PUSHES[-1][1] + OPTIM)
+PULLS = tuple((UPDATE[1] + k * MESSAGE, UPDATE[1] + (k + 1) * MESSAGE) for k in range(3))
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return dp_graph("gpipe", "ps", 2, 3)
+
+
+def _rows(res, kind: Kind) -> tuple[tuple[float, float], ...]:
+    tasks = sorted((t for t in res.graph.tasks if t.action.kind is kind), key=lambda t: res.start[t.id])
+    return tuple((round(res.start[t.id], 12), round(res.end[t.id], 12)) for t in tasks)
+
+
+def _rounded(spans) -> tuple[tuple[float, float], ...]:
+    return tuple((round(s, 12), round(e, 12)) for s, e in spans)
+
+
+@pytest.mark.parametrize("mode", ["ps", "async-ps"])
+def test_a_push_and_a_pull_are_one_message_of_the_bucket(mode):
+    graph = dp_graph("gpipe", mode, 2, 3)
+    costs = _ps_costs()
+    assert costs.bucket_message_time(4000) == pytest.approx(P2P_ALPHA + 4000 / BULK, rel=1e-15) == MESSAGE
+    for t in graph.tasks:
+        if t.action.kind in (Kind.REDUCE_SCATTER, Kind.ALL_GATHER):
+            assert costs.duration(t, graph) == pytest.approx(0.002, rel=1e-12)
+
+
+def test_the_ps_step_is_its_passes_the_last_push_the_update_and_the_pulls(graph):
+    res = simulate(graph, _ps_costs())
+    assert _rows(res, Kind.REDUCE_SCATTER) == _rounded(PUSHES)
+    assert _rows(res, Kind.OPTIM) == _rounded((UPDATE,))
+    assert _rows(res, Kind.ALL_GATHER) == _rounded(PULLS)
+    assert predict_mode("ps", graph, _ps_costs(), None)["step"] == pytest.approx(0.071 + STEP_OVERHEAD, rel=1e-12)
+
+
+def test_the_ddp_graph_keeps_the_collectives_fit(graph):
+    """Only ps's and async-ps's collectives are messages: ddp's all-reduce is still its op's alpha (4 ms)."""
+    ddp = dp_graph("gpipe", "ddp", 2, 3)
+    costs = _ps_costs()
+    assert {costs.duration(t, ddp) for t in ddp.tasks if t.action.kind is Kind.ALLREDUCE} == {0.004}
+
+
+def test_a_ps_graph_needs_a_p2p_timing(graph):
+    with pytest.raises(CostFileError) as err:
+        simulate(graph, replace(_ps_costs(), p2p_measured=False))
+    assert str(err.value) == ("the cost file has no p2p timing (p2p is missing or null: profiled by one process) but "
+                              "dp mode ps pushes and pulls its buckets as messages to the servers; profile with 2 "
+                              "or more processes (real.profile)")
+
+
+def test_a_ps_graph_needs_the_all_gather_bandwidth(graph):
+    costs = replace(_ps_costs(), collectives=(("all_reduce", 0.004, float("inf")),))
+    with pytest.raises(CostFileError) as err:
+        simulate(graph, costs)
+    assert str(err.value) == ("the cost file has no all_gather timing, which times ps's pushes and pulls; profile "
+                              "with dp > 1 (real.profile) for data-parallel graphs")
+
+
+def test_self_calibration_of_ps_keeps_the_profiles_collectives(graph, tmp_path):
+    """A ps trace's push rows end at the trainer's wait after its last pass (real.ps), no service time: its own
+    costs keep the profile's collectives (the messages' bandwidth), and the server's traced update is the update."""
+    import json
+
+    from schedules.formats import PROFILE_SCHEMA
+    from tests.test_dp_grid_modes import ALPHA, PARAM_BYTES
+
+    res = simulate(graph, _ps_costs())
+    df = res.trace.copy()
+    pushes = df["kind"] == "REDUCE_SCATTER"
+    df.loc[pushes, "end"] = df.loc[pushes, "start"].clip(lower=2 * F + 2 * B)  # as the runtime records them
+    assert sorted(round(e - s, 12) for s, e in zip(df.loc[pushes, "start"], df.loc[pushes, "end"], strict=True)) \
+        == [0.0, round(B / 3, 12), round(2 * B / 3, 12)]
+    optim = (df["kind"] == "OPTIM") & (df["stream"] == "collective")
+    df.loc[optim, "rank"] = 2
+    df["step"] = 0
+    df = pd.DataFrame(df)
+    df.attrs.update(source="real", schedule="gpipe", params={"pp": 1, "microbatches": 2, "chunks": 1},
+                    step_times={"0": res.makespan + STEP_OVERHEAD}, dp=2, dp_mode="ps")
+    profile = tmp_path / "dp.json"
+    profile.write_text(json.dumps({
+        "schema": PROFILE_SCHEMA,
+        "partitions": [{"num_stages": 1, "stages": [
+            {"stage": 0, "layers": [0, 2], "param_bytes": PARAM_BYTES, "F": F, "B": B, "I": 0.0, "W": 0.0,
+             "OPTIM": 5 * OPTIM}]}],
+        "p2p": {"alpha": P2P_ALPHA, "beta": None},
+        "collectives": {"all_reduce": {"alpha": ALPHA, "beta": None},
+                        "all_gather": {"alpha": ALPHA / 2, "beta": BULK}}}))
+    own = dp_self_costs([df], profile)
+    assert own.collectives == (("all_reduce", ALPHA, float("inf")), ("all_gather", ALPHA / 2, BULK))
+    assert own.stages[0].optim == pytest.approx(OPTIM, rel=1e-12)
+    assert predict_mode("ps", graph, own, None)["step"] == pytest.approx(0.073, rel=1e-9)
