@@ -190,7 +190,7 @@ def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_in
     overhead = _trimmed_mean(gaps) if gaps else own.task_overhead  # none clean (zero3): the profiler's
     times = {k.lower(): _trimmed_mean(v) for k, v in work.items() if v}
     if updates := server_update_times(frames):  # ps: the trainers step nothing; the server's measured update
-        times["optim"] = _trimmed_mean(updates)  # (sim.replay.server_update_times)
+        times["optim"] = times["server_update"] = _trimmed_mean(updates)  # (sim.replay.server_update_times)
     stage = replace(own.stages[0], **times)
     served = {op: _trimmed_mean(v) for op, v in collective_times(frames).items() if v}
     if all(df.attrs.get("dp_mode") in PS_MODES for df in frames):  # a push row ends at the trainer's wait after

@@ -22,7 +22,9 @@ the last) cost what they cost. The formulas:
 * OPTIM of stage s (data-parallel graphs): the measured optimizer step over
   stage s's parameters; in dp mode ps the parameter server's update of the
   stage (on the collective stream, on no link: it holds the whole stage, the
-  grid's one server);
+  grid's one server), the file's ``SERVER_UPDATE`` of the stage where it has
+  one (:mod:`real.profile.server`: the last bucket's fold and the optimizer
+  over the flat buckets, on a process alone), else its optimizer step;
 * ALLREDUCE / REDUCE_SCATTER / ALL_GATHER of stage s: alpha + n / beta of
   that collective over the data-parallel group, n = one bucket's bytes (the
   stage's parameter bytes / its bucket count; fitted on the full buffer's
@@ -137,10 +139,18 @@ class StageCosts:
     w: float
     optim: float = 0.0
     param_bytes: float = 0.0
+    # dp mode ps: a parameter server's update of the stage (the cost file's SERVER_UPDATE, real.profile.server: the
+    # last bucket's fold and the optimizer over the flat buckets, alone); 0.0: not measured, the optimizer step's
+    server_update: float = 0.0
 
     def __post_init__(self) -> None:
         _finite("stage costs", f=self.f, b=self.b, i=self.i, w=self.w, optim=self.optim,
-                param_bytes=self.param_bytes)
+                param_bytes=self.param_bytes, server_update=self.server_update)
+
+    def update_on_server(self) -> float:
+        """Seconds of the parameter servers' update of the stage: the profiled server update, else the optimizer
+        step."""
+        return self.server_update or self.optim
 
     def of(self, kind: Kind) -> float:
         """A pass's seconds; a recomputation (R) re-runs the stage's forward, so it costs F's."""
@@ -249,7 +259,8 @@ class ProfiledCosts:
         if action.kind in (Kind.SEND_F, Kind.SEND_B):
             return self.message_time(self.activation_bytes)
         if action.kind is Kind.OPTIM:
-            return self.stages[action.stage].optim
+            st = self.stages[action.stage]
+            return st.update_on_server() if server_update(task) else st.optim
         if action.kind in _COLLECTIVES and _point_to_point(graph):  # ps's push / pull: one message of the bucket
             return self.bucket_message_time(self._bucket_bytes(action.stage, graph))
         if action.kind in _COLLECTIVES:
@@ -446,7 +457,8 @@ def load_profile(path: str | Path, num_stages: int | None = None) -> ProfiledCos
         stages.append(StageCosts(
             f=_median(r, "F", where, path), b=_median(r, "B", where, path), i=_median(r, "I", where, path),
             w=_median(r, "W", where, path), optim=_median(r, "OPTIM", where, path) if "OPTIM" in r else 0.0,
-            param_bytes=_number(r.get("param_bytes", 0.0), where, path + "param_bytes")))
+            param_bytes=_number(r.get("param_bytes", 0.0), where, path + "param_bytes"),
+            server_update=_median(r, "SERVER_UPDATE", where, path) if "SERVER_UPDATE" in r else 0.0))
     p2p = data.get("p2p")  # None (or absent): one process, no messages measured
     alpha, beta = _alpha_beta(p2p, where, "p2p") if p2p is not None else (0.0, math.inf)
     colls = data.get("collectives") or {}

@@ -119,3 +119,84 @@ def test_self_calibration_of_ps_keeps_the_profiles_collectives(graph, tmp_path):
     assert own.collectives == (("all_reduce", ALPHA, float("inf")), ("all_gather", ALPHA / 2, BULK))
     assert own.stages[0].optim == pytest.approx(OPTIM, rel=1e-12)
     assert predict_mode("ps", graph, own, None)["step"] == pytest.approx(0.073, rel=1e-9)
+
+
+# -- the servers' update: the profile's SERVER_UPDATE ----------------------------------------------------------------
+
+SERVER = 0.0015  # the profiled server update: half the optimizer step (OPTIM 3 ms)
+
+
+def _profile(tmp_path, server: float | None):
+    import json
+
+    from schedules.formats import PROFILE_SCHEMA
+    from tests.test_dp_grid_modes import ALPHA, PARAM_BYTES
+
+    row = {"stage": 0, "layers": [0, 2], "param_bytes": PARAM_BYTES, "F": F, "B": B, "I": 0.0, "W": 0.0,
+           "OPTIM": {"median": OPTIM}}
+    if server is not None:
+        row["SERVER_UPDATE"] = {"median": server, "p10": server, "p90": server, "n": 3}
+    path = tmp_path / "dp.json"
+    path.write_text(json.dumps({
+        "schema": PROFILE_SCHEMA, "partitions": [{"num_stages": 1, "stages": [row]}],
+        "p2p": {"alpha": P2P_ALPHA, "beta": None}, "step_overhead": STEP_OVERHEAD,
+        "collectives": {"all_reduce": {"alpha": ALPHA, "beta": None}, "all_gather": {"alpha": ALPHA / 2, "beta": BULK}}}))
+    return path
+
+
+def test_the_servers_update_is_the_profiles_server_update_where_it_has_one(graph, tmp_path):
+    """ps's OPTIM (the servers') takes SERVER_UPDATE, 1.5 ms: the step 73 - 1.5 ms; a ddp trainer's OPTIM keeps the
+    optimizer step (3 ms); async-ps's update_s is the server update too. A file without it: the optimizer step."""
+    from analysis.async_grid import update_s
+    from sim.profiled import load_profile
+
+    costs = load_profile(_profile(tmp_path, SERVER), 1)
+    assert (costs.stages[0].server_update, costs.stages[0].optim) == (SERVER, OPTIM)
+    res = simulate(graph, costs)
+    assert _rows(res, Kind.OPTIM) == _rounded(((UPDATE[0], UPDATE[0] + SERVER),))
+    assert predict_mode("ps", graph, costs, None)["step"] == pytest.approx(0.073 - OPTIM + SERVER, rel=1e-12)
+    ddp = dp_graph("gpipe", "ddp", 2, 3)
+    assert [costs.duration(t, ddp) for t in ddp.tasks if t.action.kind is Kind.OPTIM] == [OPTIM]
+    assert update_s(dp_graph("gpipe", "async-ps", 2, 3), costs) == SERVER
+    without = load_profile(_profile(tmp_path, None), 1)
+    assert without.stages[0].server_update == 0.0
+    assert predict_mode("ps", graph, without, None)["step"] == pytest.approx(0.073, rel=1e-12)
+
+
+def test_a_bad_server_update_in_the_cost_file_is_one_line(tmp_path):
+    from sim.profiled import load_profile
+
+    path = _profile(tmp_path, SERVER)
+    import json
+
+    data = json.loads(path.read_text())
+    data["partitions"][0]["stages"][0]["SERVER_UPDATE"] = {"median": -1}
+    path.write_text(json.dumps(data))
+    with pytest.raises(CostFileError) as err:
+        load_profile(path, 1)
+    assert str(err.value) == (f"cost file {str(path)!r}: partitions[0].stages[0].SERVER_UPDATE must be a finite "
+                              "time >= 0 s, got -1")
+
+
+def test_the_profiler_times_the_update_on_flat_copies_and_leaves_the_stage_alone():
+    """real.profile.server: reps samples (one process: it is rank 0), each the fold and the optimizer step over
+    flat copies of the buckets; the stage's own parameters are not stepped."""
+    import torch
+
+    from real.profile.server import server_update_samples
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 64)
+    for p in layer.parameters():
+        p.grad = torch.ones_like(p)
+    before = [p.detach().clone() for p in layer.parameters()]
+    calls = []
+
+    def timed(fn):
+        fn()
+        calls.append(1)
+        return 0.25
+
+    samples = server_update_samples(list(layer.parameters()), "adamw", 1e-3, 0.01, 2, timed, 2, 3)
+    assert samples == [0.25, 0.25, 0.25] and len(calls) == 5
+    assert all(torch.equal(a, p) for a, p in zip(before, layer.parameters(), strict=True))
