@@ -197,6 +197,72 @@ def test_the_profiler_times_the_update_on_flat_copies_and_leaves_the_stage_alone
         calls.append(1)
         return 0.25
 
-    samples = server_update_samples(list(layer.parameters()), "adamw", 1e-3, 0.01, 2, timed, 2, 3)
+    samples = server_update_samples(list(layer.parameters()), "sgd", 1e-3, 0.01, 2, timed, 2, 3)
     assert samples == [0.25, 0.25, 0.25] and len(calls) == 5
     assert all(torch.equal(a, p) for a, p in zip(before, layer.parameters(), strict=True))
+
+
+# -- experiments/rescore_dp.py: a saved grid's rows under today's model --------------------------------------------
+
+
+def _rescore_module():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "experiments" / "rescore_dp.py"
+    spec = importlib.util.spec_from_file_location("rescore_dp", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rescore_reads_a_moved_grid_and_predicts_its_rows_as_the_calibration_does(tmp_path):
+    """A grid written under out/validate and read from elsewhere: the pipeline run's trace and the pair's profile
+    rebuild the calibration, and the ps row is predicted as dp_row predicts it (no data-parallel run: the costs
+    carried from the pipeline run), its error against the saved measurement."""
+    import json
+
+    from analysis.calibration import Calibration
+    from real.config import ModelConfig
+    from real.protocol import dp_buckets
+    from schedules import load_graph, validate
+    from schedules.trace import write_trace
+    from tests.test_calibrate import _as_recorded, _profile_file
+    from tests.test_calibrate import _costs as pipeline_costs
+
+    root = tmp_path / "grid"
+    (root / "traces").mkdir(parents=True)
+    (root / "profile.json").write_text(_profile_file(tmp_path).read_text())
+    (root / "profile-dp2.json").write_text(_profile(tmp_path, SERVER).read_text())
+    pipe = _as_recorded(simulate(validate(load_graph("1f1b", pp=2, microbatches=4)), pipeline_costs(1.0)).trace,
+                        1.0, 0, 0.0)
+    pipe.attrs.update(source="real", schedule="1f1b", params={"pp": 2, "microbatches": 4, "chunks": 1},
+                      step_times={"0": 1.0}, dp=1)
+    write_trace(pipe, root / "traces" / "0-1f1b-m4-r0.csv")
+    model = ModelConfig(layers=2, dim=16, heads=2, vocab=32, seq=8)
+    measured = 0.1
+    (root / "validation.json").write_text(json.dumps({
+        "profile": "out/validate/profile.json", "grid": {"model": model.to_dict()},
+        "calibrated_from": {"traces": ["out/validate/traces/0-1f1b-m4-r0.csv"]},
+        "schedules": [{"schedule": "dp2-ps", "microbatches": 2, "dp_mode": "ps", "measured_step_time": measured,
+                       "predicted_step_time": 0.12, "error": 0.2, "parts": {"measured": {"step": measured}}},
+                      {"schedule": "dp2-ddp", "microbatches": 2, "dp_mode": "ddp"}]}))
+    (row,) = _rescore_module().rescore(root, ["ps"])
+    cal = Calibration.of(root / "profile.json", [str(root / "traces" / "0-1f1b-m4-r0.csv")], root / "profile-dp2.json")
+    graph = dp_graph("gpipe", "ps", 2, dp_buckets(model))
+    expected = predict_mode("ps", graph, cal.data_parallel("ps"), cal.dp_profile)["step"]
+    assert row["predicted"] == pytest.approx(expected, rel=1e-12) == row["predicted_parts"]["step"]
+    assert (row["row"], row["measured"], row["grid_predicted"], row["grid_error"]) == ("dp2-ps m=2", 0.1, 0.12, 0.2)
+    assert row["error"] == pytest.approx((expected - measured) / measured, rel=1e-12)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["{tmp}"], "'{tmp}' has no validation.json; give a validate_sim.py --out directory"),
+    (["{tmp}", "--modes", "ps,bogus"], "--modes bogus: give comma-separated modes of ddp,sync,zero1,zero2,zero3,ps,"
+     "decentralized,local-sgd,ddp+int8,ddp+fp16,ddp+bf16,ddp+powersgd:4,async-ps")])
+def test_rescore_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        _rescore_module().main([a.format(tmp=tmp_path) for a in argv])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err == (f"error: python experiments/rescore_dp.py: {message.format(tmp=tmp_path)} "
+                                       "(see --help)\n")
