@@ -87,8 +87,10 @@ def test_a_ps_graph_needs_the_all_gather_bandwidth(graph):
 
 
 def test_self_calibration_of_ps_keeps_the_profiles_collectives(graph, tmp_path):
-    """A ps trace's push rows end at the trainer's wait after its last pass (real.ps), no service time: its own
-    costs keep the profile's collectives (the messages' bandwidth), and the server's traced update is the update."""
+    """A ps trace's push rows end at the trainer's wait after its last pass and its pull rows are zero-length at
+    that pass's end (real.ps): no service times. Its own costs keep the profile's collectives (the messages'
+    bandwidth), the server's traced update is the update, and the step overhead is the wall time less the span
+    (the server's update's end) less the pulls the simulator puts after it: 73 - 65 - 6 = 2 ms."""
     import json
 
     from schedules.formats import PROFILE_SCHEMA
@@ -96,8 +98,9 @@ def test_self_calibration_of_ps_keeps_the_profiles_collectives(graph, tmp_path):
 
     res = simulate(graph, _ps_costs())
     df = res.trace.copy()
-    pushes = df["kind"] == "REDUCE_SCATTER"
+    pushes, pulls = df["kind"] == "REDUCE_SCATTER", df["kind"] == "ALL_GATHER"
     df.loc[pushes, "end"] = df.loc[pushes, "start"].clip(lower=2 * F + 2 * B)  # as the runtime records them
+    df.loc[pulls, ["start", "end"]] = 2 * F + 2 * B  # posted at the last pass's end, waited for when in
     assert sorted(round(e - s, 12) for s, e in zip(df.loc[pushes, "start"], df.loc[pushes, "end"], strict=True)) \
         == [0.0, round(B / 3, 12), round(2 * B / 3, 12)]
     optim = (df["kind"] == "OPTIM") & (df["stream"] == "collective")
@@ -117,7 +120,8 @@ def test_self_calibration_of_ps_keeps_the_profiles_collectives(graph, tmp_path):
                         "all_gather": {"alpha": ALPHA / 2, "beta": BULK}}}))
     own = dp_self_costs([df], profile)
     assert own.collectives == (("all_reduce", ALPHA, float("inf")), ("all_gather", ALPHA / 2, BULK))
-    assert own.stages[0].optim == pytest.approx(OPTIM, rel=1e-12)
+    assert own.stages[0].optim == own.stages[0].server_update == pytest.approx(OPTIM, rel=1e-12)
+    assert own.step_overhead == pytest.approx(STEP_OVERHEAD, rel=1e-9)
     assert predict_mode("ps", graph, own, None)["step"] == pytest.approx(0.073, rel=1e-9)
 
 

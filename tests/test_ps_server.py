@@ -45,9 +45,14 @@ def test_the_grids_ps_step_is_the_pushes_the_servers_update_and_the_pulls():
     assert predict(graph, _truth()) == pytest.approx(expected, rel=1e-12)
 
 
-def _trace(steps: int = 2) -> pd.DataFrame:
+def _trace(steps: int = 2, recorded_pulls: bool = True) -> pd.DataFrame:
+    """``recorded_pulls``: the pulls as real.ps records them, posted at the last pass's end and zero-length (else
+    as simulated)."""
     result = simulate(dp_graph("gpipe", "ps", 2, 3), _truth())
-    one = result.trace
+    one = result.trace.copy()
+    if recorded_pulls:
+        pulls = one["kind"] == "ALL_GATHER"
+        one.loc[pulls, ["start", "end"]] = one.loc[one["stream"] == "compute", "end"].max()
     server = one["kind"] == "OPTIM"
     parts, walls = [], {}
     for step in range(steps):
@@ -143,7 +148,7 @@ def test_the_servers_update_slows_no_compute_of_its_rank(model):
 
 
 def test_a_ps_traces_bubble_counts_the_trainers_not_the_server():
-    df = _trace(steps=1)
+    df = _trace(steps=1, recorded_pulls=False)
     got = summarize(df)
     assert [r["rank"] for r in got["ranks"]] == [0, 1]
     assert got == summarize(df[df["rank"] < 2].reset_index(drop=True))
