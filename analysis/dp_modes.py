@@ -28,11 +28,16 @@ Beside the exact modes (ddp, sync, zero1, zero2, zero3), a grid row's mode may b
   trainer's thread, inside the backward pass that completes the bucket (a trace shows that pass stretched
   by every hook and the bucket's row ending with it: docs/compression.md). So the hooks are not on the
   collective: the gradient collectives take no time, and the step gets :func:`hook_time` more, on its
-  last backward: the codec's compute (the profile's ``codecs`` ns per element, which holds the factors'
-  products and orthogonalization) and per bucket torch's three all-reduces (the whole tensors, then P,
-  then Q), each waited for before the next: the profile's all-reduce waited for alone
-  (:func:`single_all_reduce`), alpha each and the bucket's factors and whole tensors over beta
-  (:func:`schedules.compression.buffer_bytes` of the model's parameter shapes).
+  last backward. Where the data-parallel profile has the hooks measured (its ``powersgd`` section,
+  :mod:`real.profile.powersgd`: each of the run's buckets' hook on the data-parallel group, waited for at
+  once as the runtime does), that is the sum of the buckets' measured hooks (:func:`measured_hooks`).
+  Otherwise (an older profile) it is built up: the codec's compute (the profile's ``codecs`` ns per element)
+  and per bucket torch's three all-reduces (the whole tensors, then P, then Q), each waited for before the
+  next: the profile's small all-reduce waited for alone (:func:`single_all_reduce`: its ``small`` fit over
+  the sizes PowerSGD sends, else ``single``), alpha each and the bucket's factors and whole tensors over beta
+  (:func:`schedules.compression.buffer_bytes` of the model's parameter shapes). On the CPU testbed that
+  build-up falls far short of the measured hooks: an all-reduce issued from the hook's future callbacks and
+  waited for there takes several times a plain one of its size (docs/compression.md).
 
 Every mode whose replicas wait for each other each step also gets the skew between them
 (:mod:`analysis.dp_skew`): a fraction, measured in the calibration run, of the simulated step's busy time.
@@ -43,6 +48,7 @@ Nothing here runs anything; :mod:`analysis.calibration` builds the rows.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import statistics
 from collections.abc import Sequence
@@ -58,7 +64,9 @@ if TYPE_CHECKING:
     from sim.profiled import ProfiledCosts
 
 __all__ = ["HOOK_COLLECTIVES", "amortized_measured", "codec_costs", "codec_ns", "hook_time", "local_graph",
-           "percentile", "predict_mode", "simulate_mode", "single_all_reduce", "split_mode", "split_steps"]
+           "measured_hooks", "percentile", "predict_mode", "simulate_mode", "single_all_reduce", "split_mode", "split_steps"]
+
+log = logging.getLogger(__name__)
 
 _GRAD_OPS = ("all_reduce", "reduce_scatter")  # the gradient collectives a codec compresses
 ELEM_BYTES = 4  # the runtime's gradients are float32 on CPU
@@ -110,15 +118,33 @@ def local_graph(graph: TaskGraph) -> TaskGraph:
 
 
 def single_all_reduce(dp_profile: str | Path) -> tuple[float, float]:
-    """(alpha, beta) of one all-reduce waited for alone, from the data-parallel profile (its
-    ``collectives.all_reduce.single``; the burst fit where it has none). beta None: infinite."""
+    """(alpha, beta) of one small all-reduce waited for alone, from the data-parallel profile (its
+    ``collectives.all_reduce.small``, fitted over the sizes PowerSGD sends; ``single``, fitted on MBs, where it
+    has none; the burst fit where it has neither). beta None: infinite."""
     data = json.loads(Path(dp_profile).read_text())
     section = (data.get("collectives") or {}).get("all_reduce")
     if not isinstance(section, dict):
         raise ValueError(f"{dp_profile}: the profile has no all_reduce timing; profile a data-parallel pair (real.profile, dp 2)")
-    fit = section.get("single") if isinstance(section.get("single"), dict) else section
+    fit = next((section[k] for k in ("small", "single") if isinstance(section.get(k), dict)), section)
     beta = fit.get("beta")
     return float(fit["alpha"]), math.inf if beta is None else float(beta)
+
+
+def measured_hooks(dp_profile: str | Path, codec: str, buckets: int) -> float | None:
+    """Seconds of a step's ``codec`` (``powersgd:R``) hooks as the profile measured them (its ``powersgd``
+    section: the sum over the run's buckets of each bucket's median hook on the data-parallel group); None where
+    the profile lacks them. A graph of another bucket count than the profile's gets the profiled mean per bucket
+    times its ``buckets`` (logged)."""
+    data = json.loads(Path(dp_profile).read_text())
+    section = (data.get("powersgd") or {}).get(codec)
+    if not isinstance(section, dict) or not section.get("buckets"):
+        return None
+    walls = [float(b["wall"]["median"]) for b in section["buckets"]]
+    if len(walls) == buckets:
+        return sum(walls)
+    log.warning("%s: the profile's %s hooks were measured on %d buckets, the graph has %d; charging their mean "
+                "per bucket", dp_profile, codec, len(walls), buckets)
+    return statistics.fmean(walls) * buckets
 
 
 def hook_time(ns_per_element: float, elements: float, buckets: int, payload_bytes: float, alpha: float,
@@ -131,18 +157,27 @@ def hook_time(ns_per_element: float, elements: float, buckets: int, payload_byte
 
 def _powersgd_hooks(codec: str, costs: ProfiledCosts, dp_profile: str | Path | None, buckets: int,
                     shapes: Sequence[tuple[int, ...]]) -> tuple[ProfiledCosts, float]:
-    """(``costs`` with the gradient collectives taking no time, :func:`hook_time` of the step)."""
+    """(``costs`` with the gradient collectives taking no time, the seconds of the step's hooks: measured
+    (:func:`measured_hooks`), else :func:`hook_time`)."""
     from schedules.compression import buffer_bytes, parse_compression
 
     if dp_profile is None or not shapes:
         raise ValueError(f"a {codec} row needs the data-parallel profile and the model's parameter shapes "
                          "(Calibration.of(..., dp_shapes=)); give both")
+    measured = measured_hooks(dp_profile, codec, buckets)
+    if measured is not None:
+        return _no_grad_collectives(costs), measured
     elements = sum(math.prod(s) for s in shapes)
     payload = buffer_bytes(parse_compression(codec), reduce=True, padded=elements, world=2, shapes=shapes,
                            elem_bytes=ELEM_BYTES)
     hooks = hook_time(codec_ns(dp_profile, codec), elements, buckets, payload, *single_all_reduce(dp_profile))
+    return _no_grad_collectives(costs), hooks
+
+
+def _no_grad_collectives(costs: ProfiledCosts) -> ProfiledCosts:
+    """``costs`` with the gradient collectives taking no time (PowerSGD's are in its hooks)."""
     colls = tuple((op, 0.0, math.inf) if op in _GRAD_OPS else (op, a, b) for op, a, b in costs.collectives)
-    return replace(costs, collectives=colls), hooks
+    return replace(costs, collectives=colls)
 
 
 def simulate_mode(mode: str, graph: TaskGraph, costs: ProfiledCosts, dp_profile: str | Path | None, *,

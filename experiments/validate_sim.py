@@ -194,8 +194,8 @@ def _measure(configs: dict, a, out: Path) -> dict:
             except RuntimeError as exc:
                 if launch == 2:
                     raise
-                # seen once in about 15 launches of the ps/async-ps rounds: a trainer one config ahead of the
-                # others (docs/validation-protocol.md, "A launch that fails")
+                # a safety net: the two hangs seen (ranks deciding differently whether to run a config again)
+                # are fixed in real.rounds (docs/validation-protocol.md, "A launch that fails")
                 print(f"grid: the {world}-process launch failed, running it once more: {exc}", file=sys.stderr)
         by_key.update(zip(keys, measured, strict=True))
     return {k: by_key[k] for k in configs}

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 
 from schedules.errors import ConfigError, quote
 
-__all__ = ["CODECS", "Compression", "buffer_bytes", "check_dp_mode", "parse_compression", "powersgd_split"]
+__all__ = ["CODECS", "Compression", "buffer_bytes", "check_dp_mode", "parse_compression", "powersgd_messages",
+           "powersgd_split"]
 
 CODECS = ("none", "fp16", "bf16", "int8", "powersgd:R")
 REDUCE_MODES = ("sync", "ddp")  # all-reduce of whole buckets
@@ -98,6 +99,21 @@ def powersgd_split(shapes: Sequence[tuple[int, ...]], rank: int) -> tuple[int, i
         else:
             whole += n * m
     return factors, whole
+
+
+def powersgd_messages(shapes: Sequence[tuple[int, ...]], rank: int) -> tuple[int, int, int]:
+    """Elements of the three all-reduces of one bucket's PowerSGD hook (torch's ``powerSGD_hook``, 2.13), in the
+    order it issues them: the tensors sent whole, P (``n r`` of each matrix compressed) and Q (``m r``)."""
+    whole = p = q = 0
+    for shape in shapes:
+        n = shape[0] if shape else 1
+        m = math.prod(shape[1:]) if len(shape) > 1 else 1
+        r = min(n, m, rank)
+        if (n + m) * r * MIN_COMPRESSION_RATE < n * m:
+            p, q = p + n * r, q + m * r
+        else:
+            whole += n * m
+    return whole, p, q
 
 
 def buffer_bytes(comp: Compression, *, reduce: bool, padded: int, world: int,

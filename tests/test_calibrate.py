@@ -357,10 +357,12 @@ def test_profile_fit_guesses_are_warnings_in_the_cost_file(recorded, tmp_path, c
     assert caplog.messages == ["profile: " + warned[0]]
     assert _fit_alpha_beta([1e3, 2e3], [1e-5, 2e-5], "p2p")[2] == []
     colls = {"all_reduce": {"warnings": ["collectives.all_reduce.beta: y"],
-                            "single": {"warnings": ["collectives.all_reduce.single.alpha: z"]}},
+                            "single": {"warnings": ["collectives.all_reduce.single.alpha: z"]},
+                            "small": {"warnings": ["collectives.all_reduce.small.beta: w"]}},
              "all_gather": {"single": {}}}
     assert fit_warnings({"warnings": ["p2p.beta: x"]}, colls) == [
-        "p2p.beta: x", "collectives.all_reduce.beta: y", "collectives.all_reduce.single.alpha: z"]
+        "p2p.beta: x", "collectives.all_reduce.beta: y", "collectives.all_reduce.single.alpha: z",
+        "collectives.all_reduce.small.beta: w"]
     assert fit_warnings(None, None) == []
     data = json.loads(_profile_file(tmp_path).read_text())
     data["warnings"] = ["p2p.beta: x"]

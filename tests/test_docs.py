@@ -254,6 +254,8 @@ def test_shell_block_runs_as_documented(block, block_runs):
                                          f"'# not run: <reason>' or make it shorter")
     assert done.returncode == expected, (f"{block.name}: exit {done.returncode}, documented {expected}\n"
                                          f"stderr: {done.stderr[-3000:]}")
+    assert "Traceback (most recent call last)" not in done.stderr, (f"{block.name}: a documented command printed a "
+                                                                   f"traceback:\n{done.stderr[-3000:]}")
     got = done.stderr.splitlines()
     for want in errors:
         hit = [g for g in got if (g.startswith(want[:-3]) if want.endswith("...") else g == want)]

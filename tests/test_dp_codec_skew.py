@@ -106,3 +106,56 @@ def test_a_powersgd_row_holds_the_trainers_thread_for_its_hooks(tmp_path):
                                          r"parameter shapes \(Calibration.of\(..., dp_shapes=\)\); give both$"):
         predict_mode("ddp+powersgd:4", graph, _costs(BETA), path)
     assert math.isfinite(got)
+
+
+def _measured_profile(tmp_path, walls=(0.004, 0.006, 0.005)):
+    """The profile above with PowerSGD's hooks measured per bucket (real.profile.powersgd) and a small fit."""
+    path = _profile(tmp_path)
+    data = json.loads(path.read_text())
+    data["collectives"]["all_reduce"]["small"] = {"alpha": 0.0003, "beta": 2e8}
+    data["powersgd"] = {"powersgd:4": {"buckets": [{"wall": {"median": w}, "compute": {"median": w / 4}}
+                                                   for w in walls]}}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_powersgd_row_charges_the_hooks_the_profile_measured(tmp_path):
+    """The profile's hooks, each bucket's median on the data-parallel group (4 + 6 + 5 ms), replace the build-up
+    from the codec's ns and the all-reduce fit: the step is the passes, the optimizer, the overhead and 15 ms.
+    A graph of 2 buckets (the profile has 3) gets their mean, 5 ms, per bucket; a profile without the section the
+    build-up, with the small all-reduce fit (0.3 ms, 200 MB/s) in place of the single one."""
+    from analysis.dp_modes import measured_hooks
+
+    path = _measured_profile(tmp_path)
+    graph = dp_graph("gpipe", "ddp+powersgd:4", 2, 3)
+    assert measured_hooks(path, "powersgd:4", 3) == pytest.approx(0.015, rel=1e-12)
+    assert measured_hooks(path, "powersgd:4", 2) == pytest.approx(0.010, rel=1e-12)
+    (tmp_path / "plain").mkdir()
+    assert measured_hooks(path, "powersgd:1", 3) is None
+    assert measured_hooks(_profile(tmp_path / "plain"), "powersgd:4", 3) is None
+    got = predict_mode("ddp+powersgd:4", graph, _costs(BETA), path, shapes=SHAPES)["step"]
+    assert got == pytest.approx(2 * (F + B) + OPTIM + STEP_OVERHEAD + 0.015, rel=1e-12)
+    two = predict_mode("ddp+powersgd:4", dp_graph("gpipe", "ddp+powersgd:4", 2, 2), _costs(BETA), path,
+                       shapes=SHAPES)["step"]
+    assert two == pytest.approx(2 * (F + B) + OPTIM + STEP_OVERHEAD + 0.010, rel=1e-12)
+    data = json.loads(path.read_text())
+    del data["powersgd"]
+    path.write_text(json.dumps(data))
+    assert single_all_reduce(path) == (0.0003, 2e8)
+    built = NS * 3000 * 1e-9 + HOOK_COLLECTIVES * 3 * 0.0003 + PAYLOAD / 2e8
+    assert predict_mode("ddp+powersgd:4", graph, _costs(BETA), path, shapes=SHAPES)["step"] == pytest.approx(
+        2 * (F + B) + OPTIM + STEP_OVERHEAD + built, rel=1e-12)
+
+
+def test_powersgds_three_messages_per_bucket_are_torchs():
+    """A 100 x 20 matrix at rank 4: P of 100 x 4, Q of 20 x 4 (960 x 2 < 2000); the vector of 1000 sent whole; at
+    rank 8 the matrix is not worth it ((100 + 20) x 8 x 2 = 1920 < 2000 still is; rank 9: 2160, sent whole)."""
+    from schedules.compression import powersgd_messages as messages
+    from schedules.compression import powersgd_split
+
+    assert messages(SHAPES, 4) == (1000, 400, 80)
+    assert messages(SHAPES, 8) == (1000, 800, 160)
+    assert messages(SHAPES, 9) == (3000, 0, 0)
+    for r in (1, 4, 8, 9):
+        whole, p, q = messages(SHAPES, r)
+        assert powersgd_split(SHAPES, r) == (p + q, whole)

@@ -231,6 +231,7 @@ def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
     (comm_slowdown); the file prices a bucketed ddp graph, its compute stretched by that factor."""
     from real.launch import torchrun
     from real.profile import BURST
+    from schedules.compression import powersgd_messages
 
     out = tmp_path / "p.json"
     proc = torchrun(2, ["-m", "real.profile", "--layers", "2", "--dim", "16", "--seq", "8", "--stages", "1", "--dp", "2",
@@ -252,6 +253,19 @@ def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
     hook = data["reduce_hook"]
     assert hook["bucket_bytes"] == _bucket_bytes(data["model"], 0.01, 2) and hook["cpu"]["n"] == 6
     assert hook["ns_per_byte"] == hook["cpu"]["median"] / sum(hook["bucket_bytes"]) * 1e9 > 0
+    # PowerSGD's hooks (real.profile.powersgd) on the same buckets: per bucket torch's three messages, the hook's
+    # compute (alone) and wall (on the dp group) over 3 reps x 2 ranks; the small all-reduce fit over those sizes
+    assert list(data["powersgd"]) == ["powersgd:4"]
+    for spec, psgd in data["powersgd"].items():
+        assert psgd["bucket_bytes"] == hook["bucket_bytes"]
+        assert [b["messages"] for b in psgd["buckets"]] == [
+            [4 * n for n in powersgd_messages(s, int(spec[9:]))] for s in _bucket_shapes(data["model"], 0.01)]
+        assert all(b[k]["n"] == 6 and b[k]["median"] >= 0 for b in psgd["buckets"] for k in ("compute", "wall"))
+        assert psgd["wall"] == sum(b["wall"]["median"] for b in psgd["buckets"])
+    small = colls["all_reduce"]["small"]
+    assert [r["bytes"] for r in small["sizes"]] == sorted({n for p in data["powersgd"].values()
+                                                          for b in p["buckets"] for n in b["messages"] if n})
+    assert small["alpha"] >= 0 and all(r["n"] == 6 for r in small["sizes"])
     graph = validate(add_data_parallel(lower(build("gpipe", pp=1, microbatches=2)), "ddp", [3]))
     costs = load_profile(out, 1)
     assert costs.comm_slowdown == slow["factor"] and costs.reduce_hook_ns_per_byte == hook["ns_per_byte"]
@@ -261,6 +275,17 @@ def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
     assert costs.stages[0].server_update == row["SERVER_UPDATE"]["median"] > 0
     t = step_time(simulate(graph, costs), costs)
     assert math.isfinite(t) and t > 0
+
+
+def _bucket_shapes(model: dict, bucket_mb: float) -> list[list[tuple[int, ...]]]:
+    """The parameter shapes of each of the runtime's buckets of the whole model (one stage)."""
+    from real.config import ModelConfig
+    from real.dp import make_buckets
+    from real.models import build_layers
+
+    cfg = ModelConfig(**model)
+    params = [p for layer in build_layers(cfg, 0, range(cfg.num_layers)) for p in layer.parameters()]
+    return [[tuple(p.shape) for p in b] for b in make_buckets(params, bucket_mb * 2**20)]
 
 
 def _bucket_bytes(model: dict, bucket_mb: float, dp: int) -> list[int]:

@@ -47,7 +47,7 @@ SMALL = ["--layers", "4", "--dim", "16", "--heads", "2", "--vocab", "32", "--seq
 MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
 PP2 = ["--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--batch-size", "16", "--steps", "6", *SMALL,
        "--json", "--timeout", "30"]
-LAUNCH_TIMEOUT = 25  # seconds per torchrun launch; a hang fails the test before its hard timeout
+LAUNCH_TIMEOUT = 90  # seconds per torchrun launch: a hang guard with room for a loaded machine (25 s failed at load 7)
 
 
 def _torchrun(nproc: int, args: list[str], *, restarts: int = 0, timeout: float = LAUNCH_TIMEOUT,

@@ -47,7 +47,12 @@ Measured, with the same code the executor runs (:mod:`real.backward`):
   reduce-scatter hook takes on the training thread per gradient byte (copy
   into a flat buffer, launch, add into the shard), inside the first
   partition's backward passes on its buckets at ``--bucket-mb``
-  (:mod:`real.profile.hook`).
+  (:mod:`real.profile.hook`);
+* ``powersgd`` (``--dp`` > 1): PowerSGD's hook (torch's ``powerSGD_hook``, as :mod:`real.compress` calls it)
+  on each of the first stage's buckets at ``--bucket-mb``: its compute alone and its wall on the
+  data-parallel group, waited for at once as the runtime waits for it; and ``collectives.all_reduce.small``,
+  plain blocking all-reduces of the sizes the hook sends (a few KB), fitted as alpha + n / beta over that
+  range (:mod:`real.profile.powersgd`).
 
 File schema (JSON, ``"schema": "schedlab.profile/1"``)::
 
@@ -60,13 +65,16 @@ File schema (JSON, ``"schema": "schedlab.profile/1"``)::
      "step_overhead": {...stat}, "task_overhead": {...stat},
      "p2p": {"alpha", "beta" (null: inf), "send_cpu": {...stat}, "sizes": [{"bytes", ...stat}]} | null,
      "collectives": {"all_reduce"|"reduce_scatter"|"all_gather": {"alpha", "beta", "burst", "sizes": [...],
-                     "single": {"alpha", "beta", "sizes": [...]}}} | null,
+                     "single": {"alpha", "beta", "sizes": [...]}},
+                     all_reduce only: "small": {"alpha", "beta", "sizes": [...]}} | null,
      "comm_slowdown": {"factor", "bucket_bytes", "in_flight", "passes", "alone"|"with_collective":
                        {"F"|"B"|"I"|"W": {...stat}}, "short": repetitions the chain ended early} | null,
      "codecs": {"fp16"|"bf16"|"int8"|"powersgd:1"|"powersgd:4": nanoseconds per gradient element},
      "reduce_hook": {"ns_per_byte", "bucket_bytes": [int], "cpu"|"wall": {...stat}} | null,
+     "powersgd": {"powersgd:R": {"bucket_bytes": [int], "buckets": [{"elements", "messages": [whole, P, Q bytes],
+                  "compute"|"wall": {...stat}}], "compute", "wall": seconds per step (sums of the medians)}} | null,
      "warnings": [str]: every guess an alpha/beta fit made, each naming its field (also under the
-                 section's own "warnings"): a time that did not grow with the size (beta null, alpha the
+                 section's own "warnings"; the small all-reduce fit's too): a time that did not grow with the size (beta null, alpha the
                  fastest time) or a negative intercept (alpha 0). sim.profiled logs them on loading.}
 
 All times in seconds, beta in bytes per second. :class:`sim.profiled.ProfiledCosts` loads it.
@@ -515,6 +523,7 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
         "collectives": (colls := _collectives(pp, cfg.dp, max_params, cfg.warmup, cfg.reps)),
         "comm_slowdown": (slow := _slowdown(cfg, pp, benches[: cfg.stages[0]], timed)),
         "reduce_hook": _reduce_hook(cfg, pp, benches[: cfg.stages[0]]),
+        "powersgd": _powersgd(cfg, pp, benches[: cfg.stages[0]], colls),
         "warnings": fit_warnings(p2p, colls, slow),
         # nanoseconds per gradient element of each codec's compress + decompress (the first stage's parameters
         # as one bucket): the simulator's parallel.codec_ns_per_param (real.compress.profile_codecs)
@@ -544,10 +553,25 @@ def _reduce_hook(cfg: ProfileConfig, pp: int, benches: Sequence[_StageBench]) ->
     return reduce_hook(benches, _dp_group(pp, cfg.dp), cfg.bucket_mb, cfg.warmup, cfg.reps, _gathered)
 
 
+def _powersgd(cfg: ProfileConfig, pp: int, benches: Sequence[_StageBench], colls: dict[str, Any] | None
+              ) -> dict[str, Any] | None:
+    """The ``powersgd`` section (dp > 1), and ``collectives.all_reduce.small`` put into ``colls``
+    (:mod:`real.profile.powersgd`)."""
+    if cfg.dp < 2 or colls is None:
+        return None
+    from real.profile.powersgd import powersgd_section
+
+    section, small = powersgd_section([b.params for b in benches], _dp_group(pp, cfg.dp), cfg.bucket_mb,
+                                      cfg.warmup, cfg.reps, _gathered, _fit_alpha_beta)
+    colls["all_reduce"]["small"] = small
+    return section
+
+
 def fit_warnings(p2p: dict[str, Any] | None, collectives: dict[str, Any] | None,
                  slowdown: dict[str, Any] | None = None) -> list[str]:
-    """Every fit's guesses (``warnings`` of p2p, of each collective, burst then single, and of comm_slowdown),
+    """Every fit's guesses (``warnings`` of p2p, of each collective, burst, single then small, and of comm_slowdown),
     for the file's top."""
-    sections = [p2p or {}] + [x for c in (collectives or {}).values() for x in (c, c.get("single", {}))]
+    sections = [p2p or {}] + [x for c in (collectives or {}).values()
+                              for x in (c, c.get("single", {}), c.get("small", {}))]
     return [w for sec in (*sections, slowdown or {}) for w in sec.get("warnings", [])]
 

@@ -20,6 +20,19 @@ every measured step). With ``progress``, rank 0 appends one JSON line per
 finished run to that file (``{"done": k, "total": n, "label": ...}``), which
 :func:`real.measure.measure_interleaved` follows. All configs need the same
 world size.
+
+**Every rank takes the same decisions.** Which run comes next (this config
+again, or the next one) is decided on every rank from the same numbers: after
+each run one all-gather gives every rank every rank's CPU time and step count
+and rank 0's machine-wide busy time and wall time, and each rank computes the
+figure from those, in rank order. (Each rank once divided by its own wall time,
+which differs by the milliseconds rank 0 spends writing the trace: near
+``max_foreign`` one rank went on to the next config while the others ran this
+one again, and the launch hung; ``docs/validation-protocol.md``.) A guard turns
+any other disagreement into a :class:`DesyncError` instead of a hang: before
+each run the ranks check, with one small all-gather, that they are about to run
+the same round, config (by its digest) and attempt, and after it that they
+ran the same number of steps.
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +51,7 @@ from real.config import RunConfig, make_plan
 from real.mesh import Mesh, env_world
 from real.train import resolve_backend, run
 
-__all__ = ["machine_busy_seconds", "run_rounds"]
+__all__ = ["DesyncError", "foreign_cores", "machine_busy_seconds", "run_rounds"]
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +67,65 @@ def machine_busy_seconds() -> float:
     return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def _timed_run(config: RunConfig, mesh: Mesh, trace: Path | None) -> tuple[list[float], float]:
+class DesyncError(RuntimeError):
+    """The ranks of a rounds launch are not in the same run (or did not run the same steps): one line naming them."""
+
+
+# One row per rank, all-gathered after each run: (steps run, -1 where the rank has none of its own: an async-ps
+# server; CPU seconds of this process; machine-wide busy CPU seconds, rank 0's, 0.0 elsewhere; wall seconds).
+_STEPS, _CPU, _BUSY, _WALL = range(4)
+
+
+def foreign_cores(rows: list[list[float]]) -> float:
+    """Cores' worth of CPU used by processes outside the group during a run, from every rank's row of figures
+    (rank order): rank 0's busy time less every rank's own CPU time, over rank 0's wall time. Every rank computes
+    it from the same gathered rows, so every rank takes the same decision."""
+    own = sum(row[_CPU] for row in rows)
+    return max(0.0, rows[0][_BUSY] - own) / max(rows[0][_WALL], 1e-9)
+
+
+def _gather(mesh: Mesh, values: list[float], dtype: torch.dtype) -> list[list[float]]:
+    """Every rank's ``values`` (rank order), the same on every rank (an all-gather copies, it does not add)."""
+    mine = torch.tensor(values, dtype=dtype)
+    if not mesh.distributed:
+        return [mine.tolist()]
+    rows = [torch.empty_like(mine) for _ in range(mesh.world_size)]
+    dist.all_gather(rows, mine)
+    return [row.tolist() for row in rows]
+
+
+def _digest(config: RunConfig) -> int:
+    """A config's identity for the guard: CRC-32 of its canonical JSON."""
+    return zlib.crc32(json.dumps(config.to_dict(), sort_keys=True).encode())
+
+
+def _same_run(mesh: Mesh, r: int, i: int, attempt: int, config: RunConfig) -> None:
+    """The guard before a run: every rank is about to run round ``r``'s config ``i``, attempt ``attempt``."""
+    rows = _gather(mesh, [r, i, attempt, _digest(config)], torch.int64)
+    if any(row != rows[0] for row in rows):
+        where = ", ".join(f"rank {k}: round {row[0] + 1} config {row[1]} attempt {row[2] + 1} digest {row[3]:08x}"
+                          for k, row in enumerate(rows))
+        raise DesyncError(f"round {r + 1}, config {i} ({_label(config)}): the ranks are not in the same run ({where}); "
+                          "they took different decisions")
+
+
+def _timed_run(config: RunConfig, mesh: Mesh, trace: Path | None, where: str) -> tuple[list[float], float]:
     """(step times of the run, cores' worth of CPU used by processes outside this group meanwhile)."""
     busy0, own0, t0 = machine_busy_seconds(), time.process_time(), time.perf_counter()
     result = run(config, trace_path=trace, mesh=mesh)
     wall = time.perf_counter() - t0
-    own = torch.tensor([time.process_time() - own0, (machine_busy_seconds() - busy0) if mesh.rank == 0 else 0.0],
-                       dtype=torch.float64)
-    if mesh.distributed:
-        dist.all_reduce(own)  # every rank sees the same figures, so all take the same decision
-    return result.step_times, max(0.0, float(own[1] - own[0])) / max(wall, 1e-9)
+    steps = -1 if mesh.is_server and config.sync.dp_mode == "async-ps" else len(result.step_times)
+    rows = _gather(mesh, [steps, time.process_time() - own0,
+                          (machine_busy_seconds() - busy0) if mesh.rank == 0 else 0.0, wall], torch.float64)
+    _same_steps(rows, where)
+    return result.step_times, foreign_cores(rows)
+
+
+def _same_steps(rows: list[list[float]], where: str) -> None:
+    """The guard after a run: every rank that counts steps (not an async-ps server, -1) ran as many."""
+    if len({int(row[_STEPS]) for row in rows} - {-1}) > 1:
+        raise DesyncError(f"{where}: the ranks ran different numbers of steps ("
+                          + ", ".join(f"rank {k}: {int(row[_STEPS])}" for k, row in enumerate(rows)) + ")")
 
 
 def _label(c: RunConfig) -> str:
@@ -95,13 +158,15 @@ def run_rounds(spec: dict[str, Any]) -> dict[str, Any] | None:
                 name = f"{i}-{config.layout.schedule}-m{config.layout.microbatches}-r{r}.csv"
                 trace = trace_dir / name if trace_dir is not None else None
                 best: tuple[list[float], float] | None = None
-                for _ in range(attempts):
-                    times, foreign = _timed_run(config, meshes[key], trace)
+                for attempt in range(attempts):
+                    _same_run(meshes[key], r, i, attempt, config)
+                    times, foreign = _timed_run(config, meshes[key], trace,
+                                                f"round {r + 1}, config {i} ({_label(config)}), attempt {attempt + 1}")
                     if best is None or foreign < best[1]:
                         best = (times, foreign)
                     if foreign <= max_foreign:
                         break
-                    log.warning("round %d, %s: other processes used %.2f cores meanwhile; run again", r,
+                    log.warning("round %d, %s: other processes used %.2f cores meanwhile; run again", r + 1,
                                 config.layout.schedule, foreign)
                 out[i]["rounds"].append({"step_times": best[0], "foreign_cores": best[1],
                                          "trace": str(trace) if trace is not None else None})
