@@ -18,6 +18,7 @@ import pytest
 from analysis.calibration import dp_graph
 from analysis.dp_calibration import dp_self_costs
 from analysis.dp_modes import predict_mode
+from real.profile.server import server_update_samples
 from schedules import Kind
 from schedules.errors import CostFileError
 from sim import simulate
@@ -186,8 +187,6 @@ def test_the_profiler_times_the_update_on_flat_copies_and_leaves_the_stage_alone
     """real.profile.server: reps samples (one process: it is rank 0), each the fold and the optimizer step over
     flat copies of the buckets; the stage's own parameters are not stepped."""
     import torch
-
-    from real.profile.server import server_update_samples
 
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 64)
