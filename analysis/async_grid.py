@@ -54,8 +54,9 @@ __all__ = ["async_loop", "measured_parts", "predict_async", "predicted_parts", "
 
 
 def update_s(graph: TaskGraph, costs: ProfiledCosts) -> float:
-    """The servers' whole update of a step: every stage's optimizer step (ps's OPTIM on the collective stream)."""
-    return sum(costs.stages[s].optim for s in range(graph.schedule.num_stages))
+    """The servers' whole update of a step: every stage's update on the servers (ps's OPTIM on the collective
+    stream: the profile's SERVER_UPDATE, else the optimizer step; :meth:`sim.profiled.StageCosts.update_on_server`)."""
+    return sum(costs.stages[s].update_on_server() for s in range(graph.schedule.num_stages))
 
 
 def async_loop(result: SimResult, costs: ProfiledCosts, staleness: int, dp: int) -> AsyncPSResult:

@@ -16,7 +16,10 @@ come from it (:func:`analysis.calibration.dp_row` uses both):
   update, its ``{s}OPTIM`` rows, :func:`sim.replay.server_update_times`). Each collective takes its
   op's mean service time in the traces (:func:`collective_times`; an op the
   traces lack keeps the profile's alpha/beta; decentralized SGD's exchanges set
-  the p2p message time), and ``c`` comes from the pair's profile. The per-task gap is read
+  the p2p message time; ps and async-ps keep the profile's: their push and
+  pull rows are no service times, sim.profiled times them as messages; a ps
+  trace's step overhead is also taken less those pulls, which end in the step
+  after its traced span), and ``c`` comes from the pair's profile. The per-task gap is read
   only where none of the rank's collectives ended in it (:func:`task_gaps`: a
   wait for a collective, before an OPTIM or a zero3 pass, is the simulator's
   to model; with no such gap, as in zero3, the profile's ``task_overhead``); the step overhead is the step's wall time less the whole span, collectives
@@ -174,7 +177,7 @@ def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_in
     """A pp=1 data-parallel configuration's costs from its own traces and the pair's profile (module doc);
     ``max_inflight``: the runtime's bound on zero2/zero3's reduce-scatters in flight; ``comm_slowdown``: the
     factor, if not the profile's (:func:`analysis.dp_transfer.fitted_slowdown`)."""
-    from sim.profiled import HOOKED_MODES, _trimmed_mean, load_profile
+    from sim.profiled import HOOKED_MODES, PS_MODES, _trimmed_mean, load_profile
     from sim.replay import server_update_times
 
     own = replace(load_profile(dp_profile, 1), max_inflight=max_inflight)
@@ -188,15 +191,31 @@ def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_in
     overhead = _trimmed_mean(gaps) if gaps else own.task_overhead  # none clean (zero3): the profiler's
     times = {k.lower(): _trimmed_mean(v) for k, v in work.items() if v}
     if updates := server_update_times(frames):  # ps: the trainers step nothing; the server's measured update
-        times["optim"] = _trimmed_mean(updates)  # (sim.replay.server_update_times)
+        times["optim"] = times["server_update"] = _trimmed_mean(updates)  # (sim.replay.server_update_times)
     stage = replace(own.stages[0], **times)
     served = {op: _trimmed_mean(v) for op, v in collective_times(frames).items() if v}
+    if all(df.attrs.get("dp_mode") in PS_MODES for df in frames):  # a push row ends at the trainer's wait after
+        served = {}  # its last pass, a pull row is zero-length: no service time; the profile's messages time them
     if "exchange" in served:  # decentralized: each exchange a p2p message of one bucket, as long as measured
         own = replace(own, p2p_alpha=served.pop("exchange"), p2p_beta=math.inf)
     colls = tuple((op, served[op], math.inf) if op in served else (op, a, b) for op, a, b in own.collectives)
     colls += tuple((op, t, math.inf) for op, t in served.items() if op not in {c[0] for c in own.collectives})
-    return replace(own, stages=(stage,), task_overhead=overhead, send_cpu=fit.send_cpu,
-                   step_overhead=_step_overhead(frames, overhead), collectives=colls)
+    own = replace(own, stages=(stage,), task_overhead=overhead, send_cpu=fit.send_cpu, collectives=colls)
+    step_overhead = _step_overhead(frames, overhead)
+    if all(df.attrs.get("dp_mode") == "ps" for df in frames):  # the pulls end in the step after its traced span
+        step_overhead = max(step_overhead - _pulls(frames, own), 0.0)  # (zero-length rows); the simulator adds them
+    return replace(own, step_overhead=step_overhead)
+
+
+def _pulls(frames: Sequence[pd.DataFrame], costs: ProfiledCosts) -> float:
+    """ps: the seconds the simulator gives one trainer's pulls of a step, one message per bucket after another
+    (:meth:`sim.profiled.ProfiledCosts.bucket_message_time` of each traced pull's bytes; the first trainer's first
+    traced step). A ps trace records them zero-length: posted at the last pass's end, waited for when already in."""
+    rows = frames[0][frames[0]["kind"] == "ALL_GATHER"]
+    if rows.empty:
+        return 0.0
+    rows = rows[(rows["rank"] == rows["rank"].min()) & (rows["step"] == rows["step"].min())]
+    return sum(costs.bucket_message_time(float(n)) for n in rows["bytes"])
 
 
 def dp_replay_error(frames: Sequence[pd.DataFrame], dp_profile: str | Path) -> tuple[float | None, float | None]:

@@ -327,7 +327,8 @@ def describe_fit(costs: ProfiledCosts, straggler_factor: float, skew: float = 0.
     """What the data-parallel calibration took from its run (for the JSON): the pass and optimizer times, the
     overheads, the straggler factor (reported, no longer applied), the skew fraction and the collectives."""
     st = costs.stages[0]
-    return {"f": st.f, "b": st.b, "optim": st.optim, "task_overhead": costs.task_overhead,
+    return {"f": st.f, "b": st.b, "optim": st.optim, "server_update": st.server_update,
+            "task_overhead": costs.task_overhead,
             "step_overhead": costs.step_overhead, "straggler": straggler_factor, "skew": skew,
             "comm_slowdown": costs.comm_slowdown,
             "comm_stall": costs.comm_stall, "reduce_hook_ns_per_byte": costs.reduce_hook_ns_per_byte,

@@ -22,11 +22,19 @@ the last) cost what they cost. The formulas:
 * OPTIM of stage s (data-parallel graphs): the measured optimizer step over
   stage s's parameters; in dp mode ps the parameter server's update of the
   stage (on the collective stream, on no link: it holds the whole stage, the
-  grid's one server);
+  grid's one server), the file's ``SERVER_UPDATE`` of the stage where it has
+  one (:mod:`real.profile.server`: the last bucket's fold and the optimizer
+  over the flat buckets, on a process alone), else its optimizer step;
 * ALLREDUCE / REDUCE_SCATTER / ALL_GATHER of stage s: alpha + n / beta of
   that collective over the data-parallel group, n = one bucket's bytes (the
   stage's parameter bytes / its bucket count; fitted on the full buffer's
-  bytes, so the ring's 2(d-1)/d is inside beta). A bucket becomes ready where
+  bytes, so the ring's 2(d-1)/d is inside beta). In dp modes ps and async-ps
+  (:data:`PS_MODES`) the REDUCE_SCATTER is a push and the ALL_GATHER a pull:
+  the runtime sends the bucket to a server that posted its receive before the
+  step (an ``isend``, and the server's ``isend`` back), with no ring and no
+  rendezvous of the replicas, so each is one p2p message of the bucket's bytes
+  (``message_time``), not the collective's fit (docs/dp-modes.md, "What a ps
+  step costs"). A bucket becomes ready where
   the data-parallel pass says (part-way through the last backward, for ddp),
   and a rank's collectives run one at a time (gloo's one communication thread);
 * a step, as the runtime times it (:func:`step_time`): every pipeline rank
@@ -101,8 +109,8 @@ from sim.costs import UniformCosts
 if TYPE_CHECKING:
     from sim.engine import SimResult
 
-__all__ = ["PROFILE_SCHEMA", "ProfiledCosts", "StageCosts", "TraceCalibration", "from_trace", "load_costs", "load_profile",
-           "step_time", "trace_calibration"]
+__all__ = ["PROFILE_SCHEMA", "PS_MODES", "ProfiledCosts", "StageCosts", "TraceCalibration", "from_trace", "load_costs",
+           "load_profile", "step_time", "trace_calibration"]
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +118,9 @@ _PASS_KINDS = (Kind.F, Kind.B, Kind.I, Kind.W)
 _COLLECTIVES = {Kind.ALLREDUCE: "all_reduce", Kind.REDUCE_SCATTER: "reduce_scatter", Kind.ALL_GATHER: "all_gather"}
 # dp modes whose runtime (real.zero.ShardedSync) runs a copy-and-launch hook per bucket per microbatch
 HOOKED_MODES = ("zero2", "zero3", "fsdp")
+# dp modes whose gradient collectives are point-to-point messages with the parameter servers (real.ps, real.ps_async:
+# a push is an isend of the bucket to a server that has posted its receive, a pull the server's isend back)
+PS_MODES = ("ps", "async-ps")
 
 
 def _finite(owner: str, **values: float) -> None:
@@ -128,10 +139,18 @@ class StageCosts:
     w: float
     optim: float = 0.0
     param_bytes: float = 0.0
+    # dp mode ps: a parameter server's update of the stage (the cost file's SERVER_UPDATE, real.profile.server: the
+    # last bucket's fold and the optimizer over the flat buckets, alone); 0.0: not measured, the optimizer step's
+    server_update: float = 0.0
 
     def __post_init__(self) -> None:
         _finite("stage costs", f=self.f, b=self.b, i=self.i, w=self.w, optim=self.optim,
-                param_bytes=self.param_bytes)
+                param_bytes=self.param_bytes, server_update=self.server_update)
+
+    def update_on_server(self) -> float:
+        """Seconds of the parameter servers' update of the stage: the profiled server update, else the optimizer
+        step."""
+        return self.server_update or self.optim
 
     def of(self, kind: Kind) -> float:
         """A pass's seconds; a recomputation (R) re-runs the stage's forward, so it costs F's."""
@@ -198,6 +217,11 @@ class ProfiledCosts:
             raise CostFileError(
                 f"{the_file} has no measurement of {', '.join(lacking)} passes, which schedule "
                 f"{graph.schedule.name!r} runs; calibrate from a run that has them, or give a profile (real.profile)")
+        if not self.p2p_measured and _point_to_point(graph):
+            raise CostFileError(
+                f"{the_file} has no p2p timing (p2p is missing or null: profiled by one process) but dp mode "
+                f"{graph.plan.mode} pushes and pulls its buckets as messages to the servers; profile with 2 or more "
+                "processes (real.profile)")
         if not self.p2p_measured:
             sends = sum(t.action.kind in (Kind.SEND_F, Kind.SEND_B) for t in graph.tasks)
             if sends:
@@ -213,6 +237,19 @@ class ProfiledCosts:
         """alpha + n / beta: one message of n bytes from one rank to another."""
         return self.p2p_alpha + nbytes / self.p2p_beta
 
+    def bucket_message_time(self, nbytes: float) -> float:
+        """One point-to-point message of a gradient bucket (ps's push or pull, :data:`PS_MODES`): the p2p
+        latency (``p2p_alpha``; no rendezvous: the receive is posted before the step) and the bucket's bytes over
+        the all-gather's bandwidth, the profile's bulk transfer of bucket-sized buffers (the p2p fit covers
+        activation sizes only). On the CPU testbed a transfer costs the bytes both processes copy through the
+        loopback: a two-rank all-gather of n bytes sends n/2 and receives n/2 on each rank, n out and n in in
+        all, as a message of n bytes does."""
+        for name, _alpha, beta in self.collectives:
+            if name == "all_gather":
+                return self.p2p_alpha + nbytes / beta
+        raise CostFileError("the cost file has no all_gather timing, which times ps's pushes and pulls; profile "
+                            "with dp > 1 (real.profile) for data-parallel graphs")
+
     def duration(self, task: Task, graph: TaskGraph) -> float:
         action = task.action
         if action.sub_actions is not None:
@@ -222,7 +259,10 @@ class ProfiledCosts:
         if action.kind in (Kind.SEND_F, Kind.SEND_B):
             return self.message_time(self.activation_bytes)
         if action.kind is Kind.OPTIM:
-            return self.stages[action.stage].optim
+            st = self.stages[action.stage]
+            return st.update_on_server() if server_update(task) else st.optim
+        if action.kind in _COLLECTIVES and _point_to_point(graph):  # ps's push / pull: one message of the bucket
+            return self.bucket_message_time(self._bucket_bytes(action.stage, graph))
         if action.kind in _COLLECTIVES:
             op = _COLLECTIVES[action.kind]
             for name, alpha, beta in self.collectives:
@@ -293,6 +333,12 @@ class ProfiledCosts:
             "max_inflight": self.max_inflight, "comm_stall": self.comm_stall,
             "reduce_hook_ns_per_byte": self.reduce_hook_ns_per_byte,
         }
+
+
+def _point_to_point(graph: TaskGraph) -> bool:
+    """The graph's gradient collectives are ps's pushes and pulls (:data:`PS_MODES`), timed as p2p messages."""
+    plan = getattr(graph, "plan", None)
+    return plan is not None and plan.mode in PS_MODES
 
 
 def step_time(result: SimResult, costs: ProfiledCosts) -> float:
@@ -411,7 +457,8 @@ def load_profile(path: str | Path, num_stages: int | None = None) -> ProfiledCos
         stages.append(StageCosts(
             f=_median(r, "F", where, path), b=_median(r, "B", where, path), i=_median(r, "I", where, path),
             w=_median(r, "W", where, path), optim=_median(r, "OPTIM", where, path) if "OPTIM" in r else 0.0,
-            param_bytes=_number(r.get("param_bytes", 0.0), where, path + "param_bytes")))
+            param_bytes=_number(r.get("param_bytes", 0.0), where, path + "param_bytes"),
+            server_update=_median(r, "SERVER_UPDATE", where, path) if "SERVER_UPDATE" in r else 0.0))
     p2p = data.get("p2p")  # None (or absent): one process, no messages measured
     alpha, beta = _alpha_beta(p2p, where, "p2p") if p2p is not None else (0.0, math.inf)
     colls = data.get("collectives") or {}

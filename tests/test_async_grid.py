@@ -1,12 +1,13 @@
 """The validation grid's async-ps row (analysis.async_grid): the time per update from known costs, closed forms.
 
-Under tests/test_dp_grid_modes.py's costs (infinite beta: each collective its alpha), gpipe at m = 2 with 3 buckets:
-the passes end at 2F + 2B = 60 ms; the first bucket is ready a third into the last B (46.7 ms) and the 3 pushes
-(reduce-scatter 3 alpha = 12 ms each) follow one at a time, to 46.7 + 36 = 82.7 ms; the server's update (OPTIM,
-3 ms) to 85.7 ms; the 3 pulls (alpha / 2 = 2 ms each) to 91.7 ms. A trainer's cycle is compute 60 + 2 (step
-overhead), push 22.7 exposed, pull 6: 90.7 ms. At staleness 1 neither trainer waits for the update (it is
-shorter than a cycle): 90.7 ms per update; at staleness 0 every step waits for it: 93.7 ms, sync ps's step at
-pp 1 (its makespan 91.7 + the step overhead).
+Under tests/test_dp_grid_modes.py's costs with a p2p latency of 1 ms and an all-gather bandwidth of 4 MB/s (a push
+or a pull is one message of the bucket, sim.profiled.ProfiledCosts.bucket_message_time: 1 ms + 4000 bytes / 4 MB/s
+= 2 ms), gpipe at m = 2 with 3 buckets: the passes end at 2F + 2B = 60 ms; the buckets are ready a third, two
+thirds and all the way into the last B (46.7, 53.3, 60 ms) and each push takes 2 ms, the last to 62 ms; the
+server's update (OPTIM, 3 ms) to 65 ms; the 3 pulls (2 ms each) to 71 ms. A trainer's cycle is compute 60 + 2 (step
+overhead), push 2 exposed, pull 6: 70 ms. At staleness 1 neither trainer waits for the update (it is shorter than a
+cycle): 70 ms per update; at staleness 0 every step waits for it: 73 ms, sync ps's step at pp 1 (its makespan 71 +
+the step overhead).
 """
 
 from __future__ import annotations
@@ -22,9 +23,21 @@ from analysis.dp_modes import predict_mode
 from schedules import Kind
 from schedules.formats import PROFILE_SCHEMA
 from sim import simulate
-from tests.test_dp_grid_modes import ALPHA, OPTIM, PARAM_BYTES, STEP_OVERHEAD, B, F, _costs
+from tests.test_dp_grid_modes import ALPHA, OPTIM, PARAM_BYTES, STEP_OVERHEAD, B, F
+from tests.test_dp_grid_modes import _costs as _dp_costs
 
-CYCLE = 2 * F + B + B / 3 + 3 * 3 * ALPHA + 3 * ALPHA / 2 + STEP_OVERHEAD  # 90.7 ms
+P2P_ALPHA, BULK = 0.001, 4e6  # the p2p latency and the all-gather's bandwidth (bytes/s)
+MESSAGE = P2P_ALPHA + PARAM_BYTES / 3 / BULK  # one push or pull of a bucket: 2 ms
+CYCLE = 2 * F + 2 * B + STEP_OVERHEAD + MESSAGE + 3 * MESSAGE  # 70 ms
+
+
+def _costs():
+    """tests/test_dp_grid_modes.py's costs with the p2p latency and the all-gather's bandwidth above."""
+    from dataclasses import replace
+
+    costs = _dp_costs()
+    return replace(costs, p2p_alpha=P2P_ALPHA, collectives=tuple(
+        (op, a, BULK if op == "all_gather" else b) for op, a, b in costs.collectives))
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +46,7 @@ def graph():
 
 
 def test_the_time_per_update_is_the_cycle_at_staleness_1_and_adds_the_update_at_0(graph):
-    assert CYCLE == pytest.approx(0.272 / 3, rel=1e-12)
+    assert (MESSAGE, CYCLE) == pytest.approx((0.002, 0.070), rel=1e-12)
     assert predict_async(graph, _costs(), 1) == pytest.approx(CYCLE, rel=1e-12)
     assert predict_async(graph, _costs(), 0) == pytest.approx(CYCLE + OPTIM, rel=1e-12)
     ps = dp_graph("gpipe", "ps", 2, 3)
@@ -99,9 +112,10 @@ def test_grid_row_of_async_ps_is_self_calibrated_from_its_servers_trace(graph, t
         "partitions": [{"num_stages": 1, "stages": [
             {"stage": 0, "layers": [0, 2], "param_bytes": PARAM_BYTES, "F": 2 * F, "B": 2 * B, "I": 0.0,
              "W": 0.0, "OPTIM": 2 * OPTIM}]}],
+        "p2p": {"alpha": P2P_ALPHA, "beta": None},
         "collectives": {"all_reduce": {"alpha": 2 * ALPHA, "beta": None},
                         "reduce_scatter": {"alpha": 6 * ALPHA, "beta": None},
-                        "all_gather": {"alpha": ALPHA, "beta": None}}}))
+                        "all_gather": {"alpha": ALPHA, "beta": BULK}}}))
     pipe = _as_recorded(simulate(validate(load_graph("1f1b", pp=2, microbatches=4)), pipeline_costs(1.0)).trace,
                         1.0, 0, 0.0)
     pipe.attrs.update(source="real", schedule="1f1b", params={"pp": 2, "microbatches": 4, "chunks": 1},

@@ -269,6 +269,10 @@ def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
     graph = validate(add_data_parallel(lower(build("gpipe", pp=1, microbatches=2)), "ddp", [3]))
     costs = load_profile(out, 1)
     assert costs.comm_slowdown == slow["factor"] and costs.reduce_hook_ns_per_byte == hook["ns_per_byte"]
+    # ps's server update (real.profile.server): rank 0 alone (3 samples), the optimizer step on every rank (6)
+    row = data["partitions"][0]["stages"][0]
+    assert (row["SERVER_UPDATE"]["n"], row["OPTIM"]["n"]) == (3, 6)
+    assert costs.stages[0].server_update == row["SERVER_UPDATE"]["median"] > 0
     t = step_time(simulate(graph, costs), costs)
     assert math.isfinite(t) and t > 0
 

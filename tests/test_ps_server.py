@@ -25,27 +25,34 @@ from sim.profiled import ProfiledCosts, StageCosts
 from sim.replay import dp_replayable, replay, server_update_times, server_updates
 
 F, B, UPDATE, ALPHA, STEP_OVERHEAD = 0.010, 0.020, 0.003, 0.004, 0.002
+MESSAGE = 0.002  # a push or a pull: one p2p message of the bucket (p2p alpha 2 ms, the all-gather's beta infinite)
 
 
 def _truth() -> ProfiledCosts:
     return ProfiledCosts(stages=(StageCosts(f=F, b=B, i=0.0, w=0.0, optim=UPDATE, param_bytes=3000),),
                          collectives=(("reduce_scatter", 3 * ALPHA, math.inf), ("all_gather", ALPHA / 2, math.inf)),
-                         step_overhead=STEP_OVERHEAD)
+                         step_overhead=STEP_OVERHEAD, p2p_alpha=MESSAGE)
 
 
 def test_the_grids_ps_step_is_the_pushes_the_servers_update_and_the_pulls():
-    """Buckets ready 1/3, 2/3 and 3/3 into the last B; the pushes (12 ms each) one at a time on the rank's link,
-    then the server's update (3 ms, on no link), then the three pulls (2 ms each): closed form."""
+    """Buckets ready 1/3, 2/3 and 3/3 into the last B; each push one message (2 ms, not the reduce-scatter's
+    12 ms) on the rank's link, the last from the end of the passes, then the server's update (3 ms, on no link),
+    then the three pulls (2 ms each): closed form."""
     graph = dp_graph("gpipe", "ps", 2, 3)
     (update,) = [t for t in graph.tasks if t.action.kind is Kind.OPTIM]
     assert update.stream is Stream.COLLECTIVE
-    expected = 2 * F + B + B / 3 + 3 * (3 * ALPHA) + UPDATE + 3 * (ALPHA / 2) + STEP_OVERHEAD
+    expected = 2 * F + 2 * B + MESSAGE + UPDATE + 3 * MESSAGE + STEP_OVERHEAD
     assert predict(graph, _truth()) == pytest.approx(expected, rel=1e-12)
 
 
-def _trace(steps: int = 2) -> pd.DataFrame:
+def _trace(steps: int = 2, recorded_pulls: bool = True) -> pd.DataFrame:
+    """``recorded_pulls``: the pulls as real.ps records them, posted at the last pass's end and zero-length (else
+    as simulated)."""
     result = simulate(dp_graph("gpipe", "ps", 2, 3), _truth())
-    one = result.trace
+    one = result.trace.copy()
+    if recorded_pulls:
+        pulls = one["kind"] == "ALL_GATHER"
+        one.loc[pulls, ["start", "end"]] = one.loc[one["stream"] == "compute", "end"].max()
     server = one["kind"] == "OPTIM"
     parts, walls = [], {}
     for step in range(steps):
@@ -64,12 +71,14 @@ def _trace(steps: int = 2) -> pd.DataFrame:
 
 @pytest.fixture
 def profile(tmp_path):
-    """The pair's profile: every time twice the truth (what is read from the trace must not come from it)."""
+    """The pair's profile: every time twice the truth (what is read from the trace must not come from it) but the
+    p2p message's, which times ps's pushes and pulls (a ps trace's push and pull rows are no service times)."""
     path = tmp_path / "dp.json"
     path.write_text(json.dumps({
         "schema": PROFILE_SCHEMA, "partitions": [{"num_stages": 1, "stages": [
             {"stage": 0, "layers": [0, 2], "param_bytes": 3000, "F": 2 * F, "B": 2 * B, "I": 0.0, "W": 0.0,
              "OPTIM": 2 * UPDATE}]}],
+        "p2p": {"alpha": MESSAGE, "beta": None},
         "collectives": {"reduce_scatter": {"alpha": 6 * ALPHA, "beta": None},
                         "all_gather": {"alpha": ALPHA, "beta": None}}}))
     return path
@@ -139,7 +148,7 @@ def test_the_servers_update_slows_no_compute_of_its_rank(model):
 
 
 def test_a_ps_traces_bubble_counts_the_trainers_not_the_server():
-    df = _trace(steps=1)
+    df = _trace(steps=1, recorded_pulls=False)
     got = summarize(df)
     assert [r["rank"] for r in got["ranks"]] == [0, 1]
     assert got == summarize(df[df["rank"] < 2].reset_index(drop=True))

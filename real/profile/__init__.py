@@ -17,6 +17,9 @@ Measured, with the same code the executor runs (:mod:`real.backward`):
   includes the loss), the full backward B, its split I and W (the first
   stage has no input gradient: its I is empty and W is the whole backward,
   as in the executor), and the optimizer step over the stage's parameters;
+  ``SERVER_UPDATE``: a parameter server's update of the stage (dp mode ps:
+  the last bucket's fold and the optimizer over the stage's flat buckets, on
+  one process while the others wait: :mod:`real.profile.server`);
 * ``step_overhead``: the work of a step outside its pipeline program, timed
   as the runtime does it: zero_grad of every stage and the all-reduce of the
   loss (one float64) over all ranks;
@@ -58,7 +61,7 @@ File schema (JSON, ``"schema": "schedlab.profile/1"``)::
      "activation_bytes": bytes of one boundary message (microbatch x seq x dim x 4),
      "reps", "warmup",
      "partitions": [{"num_stages", "stages": [{"stage", "layers": [first, stop],
-                     "param_bytes", "F"|"B"|"I"|"W"|"OPTIM": {"median", "p10", "p90", "n"}}]}],
+                     "param_bytes", "F"|"B"|"I"|"W"|"OPTIM"|"SERVER_UPDATE": {"median", "p10", "p90", "n"}}]}],
      "step_overhead": {...stat}, "task_overhead": {...stat},
      "p2p": {"alpha", "beta" (null: inf), "send_cpu": {...stat}, "sizes": [{"bytes", ...stat}]} | null,
      "collectives": {"all_reduce"|"reduce_scatter"|"all_gather": {"alpha", "beta", "burst", "sizes": [...],
@@ -100,6 +103,7 @@ from real.data import microbatches as microbatches_of
 from real.measure import Recorder
 from real.mesh import env_world
 from real.models import activation_shape, build_layers, loss_fn, make_optimizer
+from real.profile.server import server_update_samples
 from real.profile.stats import stat
 from schedules.errors import ConfigError, check_choice, check_positive_ints, quote
 from schedules.formats import PROFILE_SCHEMA
@@ -493,6 +497,8 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
     rows_of: dict[int, list[dict[str, Any]]] = {}
     for (n, s, layers), bench, times in zip(layouts, benches, samples, strict=True):
         times["OPTIM"] = _optimizer_samples(bench, cfg.optimizer, cfg.lr, cfg.warmup, cfg.reps)
+        times["SERVER_UPDATE"] = server_update_samples(bench.params, cfg.optimizer, cfg.lr, cfg.bucket_mb, cfg.dp,
+                                                       _timer(bench.device), cfg.warmup, cfg.reps)
         row = {"stage": s, "layers": [layers.start, layers.stop],
                "param_bytes": sum(p.numel() * p.element_size() for p in bench.params)}
         row.update({k: _stat(_gathered(v)) for k, v in times.items()})
