@@ -29,8 +29,11 @@ Beside the exact modes (ddp, sync, zero1, zero2, zero3), a grid row's mode may b
   by every hook and the bucket's row ending with it: docs/compression.md). So the hooks are not on the
   collective: the gradient collectives take no time, and the step gets :func:`hook_time` more, on its
   last backward. Where the data-parallel profile has the hooks measured (its ``powersgd`` section,
-  :mod:`real.profile.powersgd`: each of the run's buckets' hook on the data-parallel group, waited for at
-  once as the runtime does), that is the sum of the buckets' measured hooks (:func:`measured_hooks`).
+  :mod:`real.profile.powersgd`), that is the hooks it measured (:func:`measured_hooks`): the hook calls of
+  one backward, each bucket's launched from inside a real backward of the stage as a run launches it
+  (``in_backward``, :mod:`real.profile.psgd_backward`: the compute between buckets, the replicas' drift and
+  the future callbacks' hand-offs are in it); in a profile older than that, the sum of the buckets' hooks
+  timed back to back on the data-parallel group (which sees neither drift nor a backward in progress).
   Otherwise (an older profile) it is built up: the codec's compute (the profile's ``codecs`` ns per element)
   and per bucket torch's three all-reduces (the whole tensors, then P, then Q), each waited for before the
   next: the profile's small all-reduce waited for alone (:func:`single_all_reduce`: its ``small`` fit over
@@ -132,19 +135,26 @@ def single_all_reduce(dp_profile: str | Path) -> tuple[float, float]:
 
 def measured_hooks(dp_profile: str | Path, codec: str, buckets: int) -> float | None:
     """Seconds of a step's ``codec`` (``powersgd:R``) hooks as the profile measured them (its ``powersgd``
-    section: the sum over the run's buckets of each bucket's median hook on the data-parallel group); None where
-    the profile lacks them. A graph of another bucket count than the profile's gets the profiled mean per bucket
-    times its ``buckets`` (logged)."""
+    section): the median over repetitions and ranks of a backward's hook calls launched from inside a real
+    backward (``in_backward.hooks``, real.profile.psgd_backward); in a profile without it (older than that) the
+    sum over the run's buckets of each bucket's median hook on the data-parallel group, timed back to back
+    (``buckets[].wall``); None where the profile lacks both. A graph of another bucket count than the profile's
+    gets the profiled mean per bucket times its ``buckets`` (logged)."""
     data = json.loads(Path(dp_profile).read_text())
     section = (data.get("powersgd") or {}).get(codec)
     if not isinstance(section, dict) or not section.get("buckets"):
         return None
-    walls = [float(b["wall"]["median"]) for b in section["buckets"]]
-    if len(walls) == buckets:
-        return sum(walls)
+    inside = section.get("in_backward")
+    if isinstance(inside, dict):
+        total, profiled = float(inside["hooks"]["median"]), int(inside["buckets"])
+    else:
+        walls = [float(b["wall"]["median"]) for b in section["buckets"]]
+        total, profiled = sum(walls), len(walls)
+    if profiled == buckets:
+        return total
     log.warning("%s: the profile's %s hooks were measured on %d buckets, the graph has %d; charging their mean "
-                "per bucket", dp_profile, codec, len(walls), buckets)
-    return statistics.fmean(walls) * buckets
+                "per bucket", dp_profile, codec, profiled, buckets)
+    return total / profiled * buckets
 
 
 def hook_time(ns_per_element: float, elements: float, buckets: int, payload_bytes: float, alpha: float,

@@ -147,6 +147,27 @@ def test_a_powersgd_row_charges_the_hooks_the_profile_measured(tmp_path):
         2 * (F + B) + OPTIM + STEP_OVERHEAD + built, rel=1e-12)
 
 
+def test_a_powersgd_row_charges_the_hooks_timed_inside_a_backward(tmp_path):
+    """A profile with the hooks timed inside a real backward (``in_backward``: 42 ms for its 3 buckets) is charged
+    that, not the back-to-back walls (15 ms); a graph of 2 buckets gets 2/3 of it, 28 ms. The same file with
+    ``in_backward`` removed (an older profile) still gives today's 15 ms."""
+    from analysis.dp_modes import measured_hooks
+
+    path = _measured_profile(tmp_path)
+    data = json.loads(path.read_text())
+    data["powersgd"]["powersgd:4"]["in_backward"] = {"buckets": 3, "hooks": {"median": 0.042},
+                                                     "extra": {"median": 0.045}}
+    path.write_text(json.dumps(data))
+    assert measured_hooks(path, "powersgd:4", 3) == 0.042
+    assert measured_hooks(path, "powersgd:4", 2) == pytest.approx(0.028, rel=1e-12)
+    graph = dp_graph("gpipe", "ddp+powersgd:4", 2, 3)
+    got = predict_mode("ddp+powersgd:4", graph, _costs(BETA), path, shapes=SHAPES)["step"]
+    assert got == pytest.approx(2 * (F + B) + OPTIM + STEP_OVERHEAD + 0.042, rel=1e-12)
+    del data["powersgd"]["powersgd:4"]["in_backward"]
+    path.write_text(json.dumps(data))
+    assert measured_hooks(path, "powersgd:4", 3) == pytest.approx(0.015, rel=1e-12)
+
+
 def test_powersgds_three_messages_per_bucket_are_torchs():
     """A 100 x 20 matrix at rank 4: P of 100 x 4, Q of 20 x 4 (960 x 2 < 2000); the vector of 1000 sent whole; at
     rank 8 the matrix is not worth it ((100 + 20) x 8 x 2 = 1920 < 2000 still is; rank 9: 2160, sent whole)."""

@@ -230,6 +230,7 @@ def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
     one-at-a-time timings kept; the passes are timed alone and with a bucket's all-reduce in flight
     (comm_slowdown); the file prices a bucketed ddp graph, its compute stretched by that factor."""
     from real.launch import torchrun
+    from analysis.dp_modes import measured_hooks
     from real.profile import BURST
     from schedules.compression import powersgd_messages
 
@@ -262,6 +263,11 @@ def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
             [4 * n for n in powersgd_messages(s, int(spec[9:]))] for s in _bucket_shapes(data["model"], 0.01)]
         assert all(b[k]["n"] == 6 and b[k]["median"] >= 0 for b in psgd["buckets"] for k in ("compute", "wall"))
         assert psgd["wall"] == sum(b["wall"]["median"] for b in psgd["buckets"])
+        # and launched from inside a real backward of the stage (real.profile.psgd_backward): what is charged
+        inside = psgd["in_backward"]
+        assert inside["buckets"] == len(psgd["buckets"]) and inside["hooks"]["n"] == inside["extra"]["n"] == 6
+        assert inside["hooks"]["median"] > 0
+        assert measured_hooks(out, spec, len(psgd["buckets"])) == inside["hooks"]["median"]
     small = colls["all_reduce"]["small"]
     assert [r["bytes"] for r in small["sizes"]] == sorted({n for p in data["powersgd"].values()
                                                           for b in p["buckets"] for n in b["messages"] if n})

@@ -52,7 +52,8 @@ Measured, with the same code the executor runs (:mod:`real.backward`):
   on each of the first stage's buckets at ``--bucket-mb``: its compute alone and its wall on the
   data-parallel group, waited for at once as the runtime waits for it; and ``collectives.all_reduce.small``,
   plain blocking all-reduces of the sizes the hook sends (a few KB), fitted as alpha + n / beta over that
-  range (:mod:`real.profile.powersgd`).
+  range (:mod:`real.profile.powersgd`); and ``in_backward``: the same hooks launched from inside the first
+  stage's real backward, as a run launches them (:mod:`real.profile.psgd_backward`).
 
 File schema (JSON, ``"schema": "schedlab.profile/1"``)::
 
@@ -72,7 +73,8 @@ File schema (JSON, ``"schema": "schedlab.profile/1"``)::
      "codecs": {"fp16"|"bf16"|"int8"|"powersgd:1"|"powersgd:4": nanoseconds per gradient element},
      "reduce_hook": {"ns_per_byte", "bucket_bytes": [int], "cpu"|"wall": {...stat}} | null,
      "powersgd": {"powersgd:R": {"bucket_bytes": [int], "buckets": [{"elements", "messages": [whole, P, Q bytes],
-                  "compute"|"wall": {...stat}}], "compute", "wall": seconds per step (sums of the medians)}} | null,
+                  "compute"|"wall": {...stat}}], "compute", "wall": seconds per step (sums of the medians),
+                  "in_backward": {"buckets": int, "hooks"|"extra": {...stat} seconds per backward}}} | null,
      "warnings": [str]: every guess an alpha/beta fit made, each naming its field (also under the
                  section's own "warnings"; the small all-reduce fit's too): a time that did not grow with the size (beta null, alpha the
                  fastest time) or a negative intercept (alpha 0). sim.profiled logs them on loading.}
@@ -564,6 +566,11 @@ def _powersgd(cfg: ProfileConfig, pp: int, benches: Sequence[_StageBench], colls
     section, small = powersgd_section([b.params for b in benches], _dp_group(pp, cfg.dp), cfg.bucket_mb,
                                       cfg.warmup, cfg.reps, _gathered, _fit_alpha_beta)
     colls["all_reduce"]["small"] = small
+    from real.profile.psgd_backward import hooks_in_backward
+
+    for spec, entry in section.items():  # the hooks inside a real backward: what the simulator charges
+        entry["in_backward"] = hooks_in_backward(spec, benches[0], _dp_group(pp, cfg.dp), cfg.bucket_mb,
+                                                 cfg.warmup, cfg.reps, _gathered)
     return section
 
 
