@@ -2,10 +2,10 @@
 (what a run waits for, the profile's ``in_backward``), and inside a backward with the ranks aligned before each
 hook (a barrier, not timed: no replica drift in it).
 
-    timeout 120 torchrun --nproc-per-node 2 experiments/psgd_hooks.py [--reps 10] [--microbatch-size 4]
+    timeout 120 torchrun --nproc-per-node 2 experiments/psgd_hooks.py [--reps 10] [--rounds 3] [--microbatch-size 4]
 
 The grid's model (``real.protocol.MODEL_SHAPE``) as one stage, its buckets at ``real.protocol.BUCKET_MB``,
-``powersgd:4``, gloo. Rank 0 logs one line per way (ms a step, median over repetitions and both ranks):
+``powersgd:4``, gloo. Rank 0 logs one line per round, the three ways in turn (ms a step, median over repetitions and both ranks):
 inside - aligned is the drift's share, aligned - back to back what a backward in progress does to the hooks
 (the future callbacks' hand-offs with autograd's engine in the pass, the caches the compute leaves). Timings
 are the machine's at the time: compare the three within one run (docs/compression.md).
@@ -31,6 +31,7 @@ log = logging.getLogger("psgd_hooks")
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3, help="the three ways in turn, this many times")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--microbatch-size", type=int, default=4)
     a = p.parse_args()
@@ -40,16 +41,17 @@ def main() -> None:
     model = ModelConfig(**MODEL_SHAPE)
     bench = _StageBench(model, range(model.num_layers), a.microbatch_size, torch.device("cpu"), seed=0)
     group, spec = dist.group.WORLD, f"powersgd:{POWERSGD_RANK}"
-    section, _ = powersgd_section([bench.params], group, BUCKET_MB, a.warmup, a.reps, _gathered, _fit_alpha_beta)
-    inside = hooks_in_backward(spec, bench, group, BUCKET_MB, a.warmup, a.reps, _gathered)
-    aligned = hooks_in_backward(spec, bench, group, BUCKET_MB, a.warmup, a.reps, _gathered, lockstep=True)
-    if dist.get_rank() == 0:
-        log.info("%s, %d buckets, ms a step (median of %d reps x 2 ranks):", spec, inside["buckets"], a.reps)
-        log.info("  back to back (profile wall)     %7.2f", section[spec]["wall"] * 1e3)
-        log.info("  inside a backward               %7.2f  (the backward longer by %.2f)",
-                 inside["hooks"]["median"] * 1e3, inside["extra"]["median"] * 1e3)
-        log.info("  inside, ranks aligned per hook  %7.2f  (the backward longer by %.2f, barriers included)",
-                 aligned["hooks"]["median"] * 1e3, aligned["extra"]["median"] * 1e3)
+    for r in range(a.rounds):
+        section, _ = powersgd_section([bench.params], group, BUCKET_MB, a.warmup, a.reps, _gathered,
+                                      _fit_alpha_beta)
+        inside = hooks_in_backward(spec, bench, group, BUCKET_MB, a.warmup, a.reps, _gathered)
+        aligned = hooks_in_backward(spec, bench, group, BUCKET_MB, a.warmup, a.reps, _gathered, lockstep=True)
+        if dist.get_rank() == 0:
+            log.info("round %d: %s, %d buckets, ms a step (median of %d reps x 2 ranks): back to back (profile "
+                     "wall) %.2f | inside a backward %.2f (backward longer by %.2f) | inside, ranks aligned per "
+                     "hook %.2f (backward longer by %.2f, barriers included)", r, spec, inside["buckets"], a.reps,
+                     section[spec]["wall"] * 1e3, inside["hooks"]["median"] * 1e3, inside["extra"]["median"] * 1e3,
+                     aligned["hooks"]["median"] * 1e3, aligned["extra"]["median"] * 1e3)
     dist.destroy_process_group()
 
 

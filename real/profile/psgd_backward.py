@@ -21,7 +21,8 @@ Per repetition it records:
   (timed in the same loop, alternating), a check of ``hooks`` that also holds what the hooks do to the pass
   around them.
 
-Both are medians over repetitions and every rank's samples (:func:`real.profile.stats.stat`).
+Both are medians over repetitions (the profile's ``reps``, at most :data:`MAX_REPS`, after one warm-up) and
+every rank's samples (:func:`real.profile.stats.stat`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ from schedules.compression import parse_compression
 __all__ = ["hooks_in_backward"]
 
 log = logging.getLogger(__name__)
+
+# repetitions at most (after one warm-up): each is two forward + full backward passes of the stage, ~0.1 s on
+# the grid's model, so the section adds ~1 s to a profile
+MAX_REPS = 10
 
 
 class _Bucket:
@@ -112,6 +117,8 @@ def hooks_in_backward(spec: str, bench: Any, group: Any, bucket_mb: float, warmu
     it at once. ``bench``: the stage (``real.profile._StageBench``) whose forward and full backward run; its
     parameters' ``.grad`` are left None. ``lockstep``: a barrier (not timed) before each hook, so the replicas'
     drift is out of ``hooks`` (experiments/psgd_hooks.py; the profile leaves it False)."""
+    t_start = time.perf_counter()
+    reps, warmup = min(reps, MAX_REPS), min(warmup, 1)
     world = dist.get_world_size(group)
     buckets = [_Bucket(b, world) for b in make_buckets(bench.params, bucket_mb * 2**20)]
     hooks: list[float] = []
@@ -141,5 +148,6 @@ def hooks_in_backward(spec: str, bench: Any, group: Any, bucket_mb: float, warmu
     extra = gathered([t - plain_median for t in with_hooks])
     out = {"buckets": len(buckets), "hooks": _stat(gathered(hooks)), "extra": _stat(extra)}
     log.info("%s hooks inside a backward: %d buckets, %.3f ms in the hook calls, the backward %.3f ms longer "
-             "than without them", spec, len(buckets), out["hooks"]["median"] * 1e3, out["extra"]["median"] * 1e3)
+             "than without them (%d reps, %.2f s)", spec, len(buckets), out["hooks"]["median"] * 1e3,
+             out["extra"]["median"] * 1e3, reps, time.perf_counter() - t_start)
     return out
