@@ -20,7 +20,9 @@ them), for each ``powersgd:R`` of :data:`HOOK_SPECS`, every bucket in the runtim
 and the three messages' plain blocking all-reduces on the data-parallel group (``dist.all_reduce`` waited for
 alone, after a barrier), whose medians are fitted as alpha + n / beta over the sizes PowerSGD sends
 (``collectives.all_reduce.small``; the fit's guesses are logged and listed as the other fits' are).
-Every rank of the group calls it at once; the samples are every rank's.
+Every rank of the group calls it at once; the samples are every rank's. The hooks as a run waits for them,
+launched from inside a real backward, are timed by :mod:`real.profile.psgd_backward` (the section's
+``in_backward``, what the simulator charges).
 """
 
 from __future__ import annotations
