@@ -11,12 +11,14 @@
   (``copy_``). Charged stage bytes x ``average`` to the stage's OPTIM, which waits for it in the runtime;
 * ``local-sgd``, on an averaging step, per bucket (torch's ``average_parameters``, called by
   ``PeriodicModelAverager``): the bucket flattened into one buffer, divided by the world size, all-reduced,
-  and the parameters pointed back at slices of it. The all-reduce itself is the ALLREDUCE's alpha + n / beta;
+  and the parameters pointed back at slices of it (``p.data = ...``: no copy back, only the flatten and the
+  division are copies). The all-reduce itself is the ALLREDUCE's alpha + n / beta;
   bucket bytes x ``local_sgd`` (the CPU around it) is added to that ALLREDUCE, which runs them one bucket after
   another as the runtime does.
 
 The three are nanoseconds per parameter byte, measured by :mod:`real.profile.param_copy` (the cost file's
-``param_copy`` section); a file without it (older profiles, ``--dp 1``) charges nothing.
+``param_copy`` section: decentralized's two in wall time, local-sgd's in the trainer thread's CPU time, as the
+step waits for them); a file without it (older profiles, ``--dp 1``) charges nothing.
 """
 
 from __future__ import annotations

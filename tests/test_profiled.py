@@ -267,9 +267,9 @@ def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
     # buckets, per parameter byte (no padding), 3 reps x 2 ranks each; loaded as sim.param_copy.ParamCopy
     copy = data["param_copy"]
     assert sum(copy["bucket_bytes"]) == sum(4 * math.prod(s) for b in _bucket_shapes(data["model"], 0.01) for s in b)
-    for key in ("flatten", "average", "local_sgd"):
-        assert copy["cpu"][key]["n"] == 6
-        assert copy[f"{key}_ns_per_byte"] == copy["cpu"][key]["median"] / sum(copy["bucket_bytes"]) * 1e9 >= 0
+    for key, clock in (("flatten", "wall"), ("average", "wall"), ("local_sgd", "cpu")):  # local-sgd's wall: all-reduce
+        assert copy["cpu"][key]["n"] == 6 and set(copy["wall"]) == {"flatten", "average"}
+        assert copy[f"{key}_ns_per_byte"] == copy[clock][key]["median"] / sum(copy["bucket_bytes"]) * 1e9 > 0
     assert load_profile(out, 1).param_copy == ParamCopy(copy["flatten_ns_per_byte"], copy["average_ns_per_byte"],
                                                         copy["local_sgd_ns_per_byte"])
     small = colls["all_reduce"]["small"]

@@ -72,8 +72,9 @@ File schema (JSON, ``"schema": "schedlab.profile/1"``)::
      "codecs": {"fp16"|"bf16"|"int8"|"powersgd:1"|"powersgd:4": nanoseconds per gradient element},
      "reduce_hook": {"ns_per_byte", "bucket_bytes": [int], "cpu"|"wall": {...stat}} | null,
      "param_copy": {"flatten_ns_per_byte", "average_ns_per_byte", "local_sgd_ns_per_byte", "bucket_bytes": [int],
-                    "cpu": {"flatten"|"average"|"local_sgd": {...stat}}} | null: decentralized's and local-sgd's
-                   parameter copies on the training thread (real.profile.param_copy, --dp > 1),
+                    "cpu": {"flatten"|"average"|"local_sgd": {...stat}}, "wall": {"flatten"|"average": {...stat}}}
+                   | null: decentralized's and local-sgd's parameter copies on the training thread
+                   (real.profile.param_copy, --dp > 1),
      "powersgd": {"powersgd:R": {"bucket_bytes": [int], "buckets": [{"elements", "messages": [whole, P, Q bytes],
                   "compute"|"wall": {...stat}}], "compute", "wall": seconds per step (sums of the medians)}} | null,
      "warnings": [str]: every guess an alpha/beta fit made, each naming its field (also under the
