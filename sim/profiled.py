@@ -96,7 +96,7 @@ import json
 import logging
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -182,7 +182,7 @@ class ProfiledCosts:
     reduce_hook_ns_per_byte: float = 0.0
     # decentralized / local-sgd: CPU of the parameter copies around their exchanges (sim.param_copy); measured by
     # real.profile.param_copy (the cost file's param_copy); all 0.0: not charged
-    param_copy: ParamCopy = ParamCopy()
+    param_copy: ParamCopy = field(default_factory=ParamCopy)
 
     def __post_init__(self) -> None:
         if not self.stages:
