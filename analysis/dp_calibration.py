@@ -183,6 +183,8 @@ def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_in
     own = replace(load_profile(dp_profile, 1), max_inflight=max_inflight)
     if any(df.attrs.get("dp_mode") in HOOKED_MODES for df in frames):  # its passes ran the reduce-scatter hook:
         own = replace(own, reduce_hook_ns_per_byte=0.0)  # their traced times hold it already
+    if any(df.attrs.get("dp_mode") == "local-sgd" for df in frames):  # its ALLREDUCE rows span torch's whole
+        own = replace(own, param_copy=replace(own.param_copy, local_sgd=0.0))  # average_parameters, copies included
     if comm_slowdown is not None:
         own = replace(own, comm_slowdown=comm_slowdown)
     work = unslowed_passes(frames, own.comm_slowdown, max_inflight)

@@ -96,7 +96,7 @@ import json
 import logging
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -105,6 +105,7 @@ from schedules.dp import server_update
 from schedules.errors import CostFileError, quote
 from schedules.formats import PROFILE_SCHEMA
 from sim.costs import UniformCosts
+from sim.param_copy import ParamCopy, charge_param_copies, param_copy_section
 
 if TYPE_CHECKING:
     from sim.engine import SimResult
@@ -179,6 +180,9 @@ class ProfiledCosts:
     # zero2/zero3: CPU of the per-microbatch reduce-scatter hook per gradient byte, on the pass that runs it (module
     # doc); measured by real.profile.hook (the cost file's reduce_hook.ns_per_byte); 0.0: not charged
     reduce_hook_ns_per_byte: float = 0.0
+    # decentralized / local-sgd: CPU of the parameter copies around their exchanges (sim.param_copy); measured by
+    # real.profile.param_copy (the cost file's param_copy); all 0.0: not charged
+    param_copy: ParamCopy = field(default_factory=ParamCopy)
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -293,6 +297,7 @@ class ProfiledCosts:
         self.check(graph)
         out = [self.duration(t, graph) for t in graph.tasks]
         self._charge_hooks(graph, out)
+        charge_param_copies(self.param_copy, graph, [st.param_bytes for st in self.stages], out)
         if self.send_cpu:
             for t in graph.tasks:  # the compute task that produced a message also posts it
                 if t.action.kind in (Kind.SEND_F, Kind.SEND_B):
@@ -332,6 +337,8 @@ class ProfiledCosts:
             "p2p_measured": self.p2p_measured, "warnings": list(self.warnings), "comm_slowdown": self.comm_slowdown,
             "max_inflight": self.max_inflight, "comm_stall": self.comm_stall,
             "reduce_hook_ns_per_byte": self.reduce_hook_ns_per_byte,
+            "param_copy": {"flatten": self.param_copy.flatten, "average": self.param_copy.average,
+                           "local_sgd": self.param_copy.local_sgd},
         }
 
 
@@ -484,6 +491,7 @@ def load_profile(path: str | Path, num_stages: int | None = None) -> ProfiledCos
         warnings=tuple(warned),
         comm_slowdown=_comm_slowdown(data.get("comm_slowdown"), where),
         reduce_hook_ns_per_byte=_reduce_hook(data.get("reduce_hook"), where),
+        param_copy=param_copy_section(data.get("param_copy"), where),
     )
 
 

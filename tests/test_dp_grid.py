@@ -18,6 +18,7 @@ from analysis.calibration import dp_graph, predict
 from analysis.dp_calibration import dp_replay_error, dp_self_costs, unslowed_passes
 from schedules.formats import PROFILE_SCHEMA
 from sim import simulate
+from sim.param_copy import ParamCopy
 from sim.profiled import ProfiledCosts, StageCosts
 
 F, B, OPTIM, ALPHA, FACTOR, STEP_OVERHEAD = 0.010, 0.020, 0.003, 0.004, 1.5, 0.002
@@ -99,6 +100,15 @@ def test_a_zero2_runs_own_costs_do_not_charge_the_hook_twice(profile):
     graph = dp_graph("gpipe", "zero2", 2, 3)
     assert predict(graph, own) == pytest.approx(simulate(graph, _truth()).makespan + STEP_OVERHEAD, rel=1e-9)
     assert dp_self_costs([_trace()], profile).reduce_hook_ns_per_byte == 1000.0
+
+
+def test_a_local_sgd_runs_own_costs_do_not_charge_its_copies_twice(profile):
+    """local-sgd's traced ALLREDUCE rows span torch's whole average_parameters (the copies included): its own costs
+    drop the profile's local_sgd copy and keep decentralized's two; a ddp run's costs keep all three."""
+    section = {"flatten_ns_per_byte": 1.0, "average_ns_per_byte": 2.0, "local_sgd_ns_per_byte": 3.0}
+    profile.write_text(json.dumps({**json.loads(profile.read_text()), "param_copy": section}))
+    assert dp_self_costs([_trace("local-sgd")], profile).param_copy == ParamCopy(1.0, 2.0, 0.0)
+    assert dp_self_costs([_trace()], profile).param_copy == ParamCopy(1.0, 2.0, 3.0)
 
 
 def test_waits_for_bounded_reduce_scatters_are_found_and_taken_out():

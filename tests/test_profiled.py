@@ -12,6 +12,7 @@ import pytest
 from schedules import CostFileError, Kind, build, load_graph, lower, validate
 from schedules.dp import add_data_parallel
 from sim import simulate
+from sim.param_copy import ParamCopy
 from sim.profiled import PROFILE_SCHEMA, ProfiledCosts, load_profile, step_time
 from tests.conftest import run_sim
 
@@ -268,6 +269,15 @@ def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
         assert inside["buckets"] == len(psgd["buckets"]) and inside["hooks"]["n"] == inside["extra"]["n"] == 6
         assert inside["hooks"]["median"] > 0
         assert measured_hooks(out, spec, len(psgd["buckets"])) == inside["hooks"]["median"]
+    # decentralized's and local-sgd's parameter copies (real.profile.param_copy): the runtime's PeerSync on the same
+    # buckets, per parameter byte (no padding), 3 reps x 2 ranks each; loaded as sim.param_copy.ParamCopy
+    copy = data["param_copy"]
+    assert sum(copy["bucket_bytes"]) == sum(4 * math.prod(s) for b in _bucket_shapes(data["model"], 0.01) for s in b)
+    for key, clock in (("flatten", "wall"), ("average", "wall"), ("local_sgd", "cpu")):  # local-sgd's wall: all-reduce
+        assert copy["cpu"][key]["n"] == 6 and set(copy["wall"]) == {"flatten", "average"}
+        assert copy[f"{key}_ns_per_byte"] == copy[clock][key]["median"] / sum(copy["bucket_bytes"]) * 1e9 > 0
+    assert load_profile(out, 1).param_copy == ParamCopy(copy["flatten_ns_per_byte"], copy["average_ns_per_byte"],
+                                                        copy["local_sgd_ns_per_byte"])
     small = colls["all_reduce"]["small"]
     assert [r["bytes"] for r in small["sizes"]] == sorted({n for p in data["powersgd"].values()
                                                           for b in p["buckets"] for n in b["messages"] if n})

@@ -72,6 +72,10 @@ File schema (JSON, ``"schema": "schedlab.profile/1"``)::
                        {"F"|"B"|"I"|"W": {...stat}}, "short": repetitions the chain ended early} | null,
      "codecs": {"fp16"|"bf16"|"int8"|"powersgd:1"|"powersgd:4": nanoseconds per gradient element},
      "reduce_hook": {"ns_per_byte", "bucket_bytes": [int], "cpu"|"wall": {...stat}} | null,
+     "param_copy": {"flatten_ns_per_byte", "average_ns_per_byte", "local_sgd_ns_per_byte", "bucket_bytes": [int],
+                    "cpu": {"flatten"|"average"|"local_sgd": {...stat}}, "wall": {"flatten"|"average": {...stat}}}
+                   | null: decentralized's and local-sgd's parameter copies on the training thread
+                   (real.profile.param_copy, --dp > 1),
      "powersgd": {"powersgd:R": {"bucket_bytes": [int], "buckets": [{"elements", "messages": [whole, P, Q bytes],
                   "compute"|"wall": {...stat}}], "compute", "wall": seconds per step (sums of the medians),
                   "in_backward": {"buckets": int, "hooks"|"extra": {...stat} seconds per backward}}} | null,
@@ -525,6 +529,7 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
         "collectives": (colls := _collectives(pp, cfg.dp, max_params, cfg.warmup, cfg.reps)),
         "comm_slowdown": (slow := _slowdown(cfg, pp, benches[: cfg.stages[0]], timed)),
         "reduce_hook": _reduce_hook(cfg, pp, benches[: cfg.stages[0]]),
+        "param_copy": _param_copy(cfg, pp, benches[: cfg.stages[0]]),
         "powersgd": _powersgd(cfg, pp, benches[: cfg.stages[0]], colls),
         "warnings": fit_warnings(p2p, colls, slow),
         # nanoseconds per gradient element of each codec's compress + decompress (the first stage's parameters
@@ -553,6 +558,15 @@ def _reduce_hook(cfg: ProfileConfig, pp: int, benches: Sequence[_StageBench]) ->
     from real.profile.hook import reduce_hook
 
     return reduce_hook(benches, _dp_group(pp, cfg.dp), cfg.bucket_mb, cfg.warmup, cfg.reps, _gathered)
+
+
+def _param_copy(cfg: ProfileConfig, pp: int, benches: Sequence[_StageBench]) -> dict[str, Any] | None:
+    """The ``param_copy`` section (dp > 1): decentralized's and local-sgd's copies on the first partition's buckets."""
+    if cfg.dp < 2:
+        return None
+    from real.profile.param_copy import param_copy
+
+    return param_copy(benches, _dp_group(pp, cfg.dp), cfg.bucket_mb, cfg.warmup, cfg.reps, _gathered)
 
 
 def _powersgd(cfg: ProfileConfig, pp: int, benches: Sequence[_StageBench], colls: dict[str, Any] | None
