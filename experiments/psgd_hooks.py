@@ -19,11 +19,11 @@ import logging
 import torch
 import torch.distributed as dist
 
+from real import ModelConfig
 from real.profile import _fit_alpha_beta, _gathered, _StageBench
 from real.profile.powersgd import powersgd_section
 from real.profile.psgd_backward import hooks_in_backward
 from real.protocol import BUCKET_MB, MODEL_SHAPE, POWERSGD_RANK
-from real import ModelConfig
 
 log = logging.getLogger("psgd_hooks")
 

@@ -230,8 +230,8 @@ def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
     """--dp 2: every collective is fitted per member of a burst issued as the runtime issues its buckets, with the
     one-at-a-time timings kept; the passes are timed alone and with a bucket's all-reduce in flight
     (comm_slowdown); the file prices a bucketed ddp graph, its compute stretched by that factor."""
-    from real.launch import torchrun
     from analysis.dp_modes import measured_hooks
+    from real.launch import torchrun
     from real.profile import BURST
     from schedules.compression import powersgd_messages
 

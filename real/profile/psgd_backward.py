@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -74,7 +74,7 @@ class _PsgdHooks:
     def __init__(self, spec: str, buckets: list[_Bucket], group: Any, lockstep: bool = False) -> None:
         self.buckets, self.group, self.lockstep = buckets, group, lockstep
         self.keys = [f"s0b{i}" for i in range(len(buckets))]
-        self.codec = Codec(parse_compression(spec), group, {k: b.flat.numel() for k, b in zip(self.keys, buckets)})
+        self.codec = Codec(parse_compression(spec), group, {k: b.flat.numel() for k, b in zip(self.keys, buckets, strict=True)})
         self.seconds = 0.0
         self.active = False
         self.handles = [p.register_post_accumulate_grad_hook(lambda q, i=i: self._on_grad(i))
