@@ -31,7 +31,7 @@ from sim.transformer import TransformerConfig
 if TYPE_CHECKING:  # only a type here: analysis.exports imports this module
     from analysis.exports import PlanLayout
 
-__all__ = ["DP_FLAGS", "FLAG_SOURCES", "MEGATRON_COMMIT", "megatron_args", "megatron_dp_flags", "megatron_layout",
+__all__ = ["DP_FLAGS", "FLAG_SOURCES", "MEGATRON_COMMIT", "REDUCE_FLAGS", "megatron_args", "megatron_dp_flags", "megatron_layout",
            "megatron_notes"]
 
 #: The Megatron-LM commit (main, 2026-08-22) the flags were checked against.
@@ -81,7 +81,15 @@ FLAG_SOURCES: dict[str, tuple[str, int, str]] = {
                                       "(factory at arguments.py:3246)"),
     "--vocab-size": (_TRAIN, 679, "TokenizerConfig.vocab_size (factory at arguments.py:3246)"),
     "--mock-data": (_ARGS, 3302, "add_argument, store_true"),
+    "--bf16": (_MPC, 180, "field bf16: bool = False (store_true): bf16 mixed precision"),
+    "--grad-reduce-in-bf16": (_ARGS, 3053, "add_argument, store_true; with --bf16 it turns off the fp32 "
+                                           "accumulation and reduction --bf16 sets by default (line 1213)"),
+    "--accumulate-allreduce-grads-in-fp32": (_ARGS, 3069, "add_argument, store_true"),
 }
+
+#: The planner's gradient reduction dtype (``schedlab plan --reduce-dtype``) -> Megatron-LM's flag. With ``--bf16``
+#: Megatron-LM accumulates and reduces gradients in fp32 unless ``--grad-reduce-in-bf16`` (arguments.py:1204-1217).
+REDUCE_FLAGS = {"bf16": "--grad-reduce-in-bf16", "fp32": "--accumulate-allreduce-grads-in-fp32"}
 
 
 def megatron_layout(layout: PlanLayout) -> str:
@@ -152,8 +160,12 @@ def megatron_dp_flags(mode: str, dp: int) -> list[str]:
     return list(DP_FLAGS[mode])
 
 
-def megatron_args(c: PlanConfig, model: TransformerConfig, global_batch: int, layout: PlanLayout) -> str:
-    """Comment lines (the version, the notes), then one line of ``pretrain_gpt.py`` arguments for ``c``."""
+def megatron_args(c: PlanConfig, model: TransformerConfig, global_batch: int, layout: PlanLayout,
+                  reduce_dtype: str = "bf16") -> str:
+    """Comment lines (the version, the notes), then one line of ``pretrain_gpt.py`` arguments for ``c``: bf16
+    mixed precision, as the planner times it, with gradients reduced in ``reduce_dtype`` (:data:`REDUCE_FLAGS`)."""
+    if reduce_dtype not in REDUCE_FLAGS:
+        raise ConfigError(f"reduce dtype {reduce_dtype!r}: give one of {', '.join(REDUCE_FLAGS)}", field="reduce_dtype")
     args = [f"--tensor-model-parallel-size {c.tp}", f"--pipeline-model-parallel-size {c.pp}"]
     if c.pp > 1:
         args.append(f"--pipeline-model-parallel-layout {shlex.quote(megatron_layout(layout))}")
@@ -164,6 +176,7 @@ def megatron_args(c: PlanConfig, model: TransformerConfig, global_batch: int, la
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
     elif c.recompute == "selective":
         args.append("--recompute-granularity selective")
+    args += ["--bf16", REDUCE_FLAGS[reduce_dtype]]
     args += [*megatron_dp_flags(c.dp_mode, c.dp), "--tokenizer-type NullTokenizer", f"--vocab-size {model.vocab}", "--mock-data"]
     head = [f"# Megatron-LM main ({MEGATRON_COMMIT[:12]}) arguments of the schedlab plan {c.label()}",
             f"# torchrun --nproc-per-node ... pretrain_gpt.py on {c.tp * c.pp * c.dp} GPUs; "

@@ -51,9 +51,14 @@ def _ffn(model: TransformerConfig) -> int:
     return model.ffn if model.gated_mlp else 2 * model.ffn // 3
 
 
-def torchtitan_notes(c: PlanConfig, model: TransformerConfig, layout: PlanLayout) -> list[str]:
-    """What torchtitan cannot express for ``c``, each with the setting the module uses instead."""
+def torchtitan_notes(c: PlanConfig, model: TransformerConfig, layout: PlanLayout, reduce_dtype: str = "bf16") -> list[str]:
+    """What torchtitan cannot express for ``c`` (gradients reduced in ``reduce_dtype``), each with the setting the
+    module uses instead."""
     notes = []
+    if reduce_dtype != "fp32" and c.dp > 1:  # torchtitan 0.3.0: TrainingConfig.mixed_precision_reduce is float32 only
+        notes.append(f"gradients reduced in {reduce_dtype}: torchtitan reduces them in float32 only "
+                     "(TrainingConfig.mixed_precision_reduce), so its gradient collectives carry twice the bytes "
+                     "the plan timed (plan with --reduce-dtype fp32 to time what torchtitan runs)")
     if not model.gated_mlp:
         notes.append(f"torchtitan's llama3 MLP is SwiGLU; the plan's 2-matrix MLP of {model.ffn} is written as a "
                      f"gated one of {_ffn(model)} (same parameters and FLOPs)")
@@ -193,12 +198,13 @@ def schedlab_plan():
 
 
 def torchtitan_config(c: PlanConfig, model: TransformerConfig, global_batch: int, layout: PlanLayout,
-                      csv_path: str | os.PathLike | None) -> str:
-    """The text of ``torchtitan_plan.py`` for configuration ``c`` (``csv_path``: the schedule CSV, for pp > 1)."""
+                      csv_path: str | os.PathLike | None, reduce_dtype: str = "bf16") -> str:
+    """The text of ``torchtitan_plan.py`` for configuration ``c`` (``csv_path``: the schedule CSV, for pp > 1;
+    ``reduce_dtype``: the plan's gradient reduction, noted where torchtitan cannot follow it)."""
     if global_batch % c.dp:
         raise ValueError(f"global batch {global_batch} does not split over dp {c.dp}")
     local = c.microbatches * c.microbatch_size if c.pp > 1 else c.microbatch_size
-    notes = torchtitan_notes(c, model, layout)
+    notes = torchtitan_notes(c, model, layout, reduce_dtype)
     return _MODULE.format(
         version=TORCHTITAN_VERSION, label=c.label(), folder=Path(csv_path).parent if csv_path is not None else ".",
         world=c.tp * c.pp * c.dp, notes="".join(f"# note: {n}\n" for n in notes),

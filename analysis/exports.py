@@ -90,8 +90,10 @@ def write_schedule_csv(c: PlanConfig, study: Study | None, path: str | os.PathLi
 
 
 def write_exports(c: PlanConfig, model: TransformerConfig, global_batch: int, study: Study | None,
-                  out: str | os.PathLike, final: str | os.PathLike | None = None) -> dict[str, Path]:
-    """``schedule.csv``, ``torchtitan_plan.py`` and ``megatron.txt`` for ``c`` in folder ``out``.
+                  out: str | os.PathLike, final: str | os.PathLike | None = None,
+                  reduce_dtype: str = "bf16") -> dict[str, Path]:
+    """``schedule.csv``, ``torchtitan_plan.py`` and ``megatron.txt`` for ``c`` in folder ``out``, with gradients
+    reduced in ``reduce_dtype`` (the plan's ``--reduce-dtype``).
 
     ``final``: the folder the files will be moved to (when ``out`` is a staging folder), which the torchtitan
     module's schedule-CSV path names; default ``out``."""
@@ -102,8 +104,9 @@ def write_exports(c: PlanConfig, model: TransformerConfig, global_batch: int, st
     sched = plan_schedule(c, study)
     layout = plan_layout(c, model, sched)
     csv = write_torch_csv(sched, out / "schedule.csv")
-    titan = torchtitan_config(c, model, global_batch, layout, (Path(final) / csv.name if final else csv).resolve())
-    megatron = megatron_args(c, model, global_batch, layout)
+    titan = torchtitan_config(c, model, global_batch, layout, (Path(final) / csv.name if final else csv).resolve(),
+                              reduce_dtype)
+    megatron = megatron_args(c, model, global_batch, layout, reduce_dtype)
     return {
         "schedule.csv": csv,
         "torchtitan": atomic_write(out / "torchtitan_plan.py", lambda tmp: tmp.write_text(titan), "torchtitan config"),

@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.export_megatron import FLAG_SOURCES, megatron_args, megatron_layout
+from analysis.export_megatron import FLAG_SOURCES, REDUCE_FLAGS, megatron_args, megatron_layout
+from analysis.export_torchtitan import torchtitan_notes
 from analysis.exports import PlanLayout, plan_layout, plan_schedule, write_exports
+from schedules.errors import ConfigError
 from schedules.torch_csv import read_torch_csv
 from sim.cluster import cluster_preset
 from sim.plan import plan
@@ -149,9 +151,37 @@ def test_flag_table_covers_every_flag_the_exporter_writes():
                 for rc in ("none", "selective", "full"):
                     for tp, sp in ((1, False), (2, True)):
                         c = PlanConfig(tp, 2, 2, sched, chunks, 1, 4, mode, rc, sp)
-                        line = megatron_args(c, model, 8, plan_layout(c, model, plan_schedule(c)))
-                        seen |= set(_flags(line.splitlines()[-1]))
+                        for reduce in ("bf16", "fp32"):
+                            line = megatron_args(c, model, 8, plan_layout(c, model, plan_schedule(c)), reduce)
+                            seen |= set(_flags(line.splitlines()[-1]))
     assert seen == set(FLAG_SOURCES)
+
+
+def test_megatron_trains_in_bf16_and_reduces_gradients_in_the_plans_dtype():
+    """--bf16 alone makes Megatron-LM accumulate and reduce gradients in fp32 (arguments.py:1204-1217 at
+    MEGATRON_COMMIT): the planner's default bf16 reduction needs --grad-reduce-in-bf16."""
+    c = _mode_config("zero2")
+    layout = plan_layout(c, TINY, plan_schedule(c))
+    for reduce, flag in (("bf16", "--grad-reduce-in-bf16"), ("fp32", "--accumulate-allreduce-grads-in-fp32")):
+        fl = _flags(megatron_args(c, TINY, 8, layout, reduce).splitlines()[-1])
+        assert "--bf16" in fl and flag in fl and not ({*REDUCE_FLAGS.values()} - {flag}) & set(fl)
+    assert "--grad-reduce-in-bf16" in _flags(megatron_args(c, TINY, 8, layout).splitlines()[-1])  # the default
+    with pytest.raises(ConfigError) as exc:
+        megatron_args(c, TINY, 8, layout, "fp16")
+    assert str(exc.value) == "reduce dtype 'fp16': give one of bf16, fp32"
+
+
+def test_torchtitan_notes_a_bf16_reduction_it_cannot_run():
+    """torchtitan 0.3.0 reduces gradients in float32 only (TrainingConfig.mixed_precision_reduce)."""
+    c = _mode_config("fsdp")
+    layout = plan_layout(c, TINY, plan_schedule(c))
+    note = ("gradients reduced in bf16: torchtitan reduces them in float32 only (TrainingConfig.mixed_precision_reduce), "
+            "so its gradient collectives carry twice the bytes the plan timed (plan with --reduce-dtype fp32 to time "
+            "what torchtitan runs)")
+    assert note in torchtitan_notes(c, TINY, layout)
+    assert note not in torchtitan_notes(c, TINY, layout, "fp32")
+    c1 = _mode_config("fsdp", dp=1)
+    assert note not in torchtitan_notes(c1, TINY, plan_layout(c1, TINY, plan_schedule(c1)))
 
 
 def _mode_config(mode: str, dp: int = 2) -> PlanConfig:
@@ -276,8 +306,12 @@ def test_torchtitan_builds_and_places_the_five_winners(exported):
 
 
 def test_torchtitan_notes(exported):
+    reduce = "# note: gradients reduced in bf16: torchtitan reduces them in float32 only"
     notes = {name: [x for x in files["torchtitan"].read_text().splitlines() if x.startswith("# note:")]
              for name, (_, _, files) in exported.items()}
+    assert {name for name, n in notes.items() if n and n[0].startswith(reduce)} == \
+        {name for name, (c, _, _) in exported.items() if c.dp > 1}  # the plans reduce in bf16, the default
+    notes = {name: [x for x in n if not x.startswith(reduce)] for name, n in notes.items()}
     assert notes["1f1b"] == notes["interleaved-uneven"] == notes["fsdp-tp-recompute"] == []
     assert len(notes["zb-v"]) == 1 and notes["zb-v"][0].startswith("# note: selective recomputation of the attention")
     assert len(notes["zero1"]) == 1 and notes["zero1"][0].startswith("# note: zero1: torchtitan has no ZeRO-1/2")
@@ -297,7 +331,7 @@ def test_torchtitan_reads_every_dp_mode(tmp_path):
     for mode, expect in want.items():
         c = _mode_config(mode)
         (tmp_path / mode).mkdir()
-        path = write_exports(c, TINY, 8, None, tmp_path / mode)["torchtitan"]
+        path = write_exports(c, TINY, 8, None, tmp_path / mode, reduce_dtype="fp32")["torchtitan"]  # torchtitan's
         block = path.read_text().split("config.parallelism = ParallelismConfig(")[1].split(")\n")[0]
         key = "\n".join(x for x in block.splitlines() if "schedule_csv" not in x)  # the CSV is in the mode's folder
         cfg = read[key] if key in read else read.setdefault(key, _titan_config(path))

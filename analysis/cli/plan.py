@@ -102,7 +102,8 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
         staged: dict[str, Path] = {}
 
         def fill(stage: Path) -> None:  # the exports and the Pareto plot, all or none
-            staged.update(write_exports(win, model, args.global_batch, study, stage, final=out))
+            staged.update(write_exports(win, model, args.global_batch, study, stage, final=out,
+                                        reduce_dtype=space.reduce_dtype))
             plot_pareto(result, stage / "pareto.png")
 
         files = write_files_into(out, fill, "output folder")
