@@ -88,17 +88,10 @@ def check_dp_mode(comp: Compression, dp_mode: str) -> None:
 
 
 def powersgd_split(shapes: Sequence[tuple[int, ...]], rank: int) -> tuple[int, int]:
-    """(elements of the P and Q factors, elements sent whole) of tensors of ``shapes`` (torch's rule)."""
-    factors = whole = 0
-    for shape in shapes:
-        n = shape[0] if shape else 1
-        m = math.prod(shape[1:]) if len(shape) > 1 else 1
-        r = min(n, m, rank)
-        if (n + m) * r * MIN_COMPRESSION_RATE < n * m:
-            factors += (n + m) * r
-        else:
-            whole += n * m
-    return factors, whole
+    """(elements of the P and Q factors, elements sent whole) of tensors of ``shapes`` (torch's rule:
+    :func:`powersgd_messages`)."""
+    whole, p, q = powersgd_messages(shapes, rank)
+    return p + q, whole
 
 
 def powersgd_messages(shapes: Sequence[tuple[int, ...]], rank: int) -> tuple[int, int, int]:

@@ -96,7 +96,7 @@ import json
 import logging
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -248,11 +248,15 @@ class ProfiledCosts:
         activation sizes only). On the CPU testbed a transfer costs the bytes both processes copy through the
         loopback: a two-rank all-gather of n bytes sends n/2 and receives n/2 on each rank, n out and n in in
         all, as a message of n bytes does."""
-        for name, _alpha, beta in self.collectives:
-            if name == "all_gather":
-                return self.p2p_alpha + nbytes / beta
-        raise CostFileError("the cost file has no all_gather timing, which times ps's pushes and pulls; profile "
-                            "with dp > 1 (real.profile) for data-parallel graphs")
+        return self.p2p_alpha + nbytes / self._collective("all_gather", ", which times ps's pushes and pulls")[1]
+
+    def _collective(self, op: str, what: str = "") -> tuple[float, float]:
+        """(alpha, beta) of collective ``op``; a file without it is a CostFileError (``what``: what it times)."""
+        for name, alpha, beta in self.collectives:
+            if name == op:
+                return alpha, beta
+        raise CostFileError(f"the cost file has no {op} timing{what}; profile with dp > 1 (real.profile) for "
+                            "data-parallel graphs")
 
     def duration(self, task: Task, graph: TaskGraph) -> float:
         action = task.action
@@ -268,11 +272,8 @@ class ProfiledCosts:
         if action.kind in _COLLECTIVES and _point_to_point(graph):  # ps's push / pull: one message of the bucket
             return self.bucket_message_time(self._bucket_bytes(action.stage, graph))
         if action.kind in _COLLECTIVES:
-            op = _COLLECTIVES[action.kind]
-            for name, alpha, beta in self.collectives:
-                if name == op:
-                    return alpha + self._bucket_bytes(action.stage, graph) / beta
-            raise CostFileError(f"the cost file has no {op} timing; profile with dp > 1 (real.profile) for data-parallel graphs")
+            alpha, beta = self._collective(_COLLECTIVES[action.kind])
+            return alpha + self._bucket_bytes(action.stage, graph) / beta
         if action.kind is Kind.EXCHANGE:  # decentralized SGD: one bucket to a peer, as a measured p2p message
             return self.message_time(self._bucket_bytes(action.stage, graph))
         return 0.0
@@ -337,8 +338,7 @@ class ProfiledCosts:
             "p2p_measured": self.p2p_measured, "warnings": list(self.warnings), "comm_slowdown": self.comm_slowdown,
             "max_inflight": self.max_inflight, "comm_stall": self.comm_stall,
             "reduce_hook_ns_per_byte": self.reduce_hook_ns_per_byte,
-            "param_copy": {"flatten": self.param_copy.flatten, "average": self.param_copy.average,
-                           "local_sgd": self.param_copy.local_sgd},
+            "param_copy": asdict(self.param_copy),
         }
 
 

@@ -110,7 +110,7 @@ from real.measure import Recorder
 from real.mesh import env_world
 from real.models import activation_shape, build_layers, loss_fn, make_optimizer
 from real.profile.server import server_update_samples
-from real.profile.stats import stat
+from real.profile.stats import stat as _stat
 from schedules.errors import ConfigError, check_choice, check_positive_ints, quote
 from schedules.formats import PROFILE_SCHEMA
 
@@ -165,9 +165,6 @@ class ProfileConfig:
 
 
 # -- statistics ------------------------------------------------------------------------------------------------
-
-
-_stat = stat  # real.profile.stats
 
 
 def _fit_alpha_beta(sizes: Sequence[float], times: Sequence[float], field: str) -> tuple[float, float, list[str]]:
