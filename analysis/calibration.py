@@ -187,7 +187,9 @@ def _measured_row(key: tuple[str, int], r: Measured) -> dict[str, Any]:
 
     return {"schedule": key[0], "microbatches": key[1], "measured_step_time": r.step_time,
             "measured_spread": list(r.spread), "round_medians": list(r.round_medians),
-            "foreign_cores": max(r.foreign_cores), "half_difference": half_difference(r.round_medians, r.step_time)}
+            "foreign_cores": max(r.foreign_cores), "half_difference": half_difference(r.round_medians, r.step_time),
+            "slowdown": max(getattr(r, "slowdowns", ()) or (1.0,)), "reruns": sum(getattr(r, "attempts", ())) -
+            len(getattr(r, "attempts", ()))}
 
 
 def _errors(row: dict[str, Any]) -> None:

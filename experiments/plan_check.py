@@ -134,7 +134,7 @@ def check(a) -> dict:
     dp_profile = profile_machine(model, mbs, [1], a.profile_reps, out / "profile-dp2.json", dp=2)
     calibration = measure_interleaved([_run_config(model, mbs, *a.cal)], rounds=1, steps=a.steps, warmup=a.warmup,
                                       trace_dir=str(out / "traces" / "calibration"), attempts=a.attempts,
-                                      max_foreign=a.max_foreign, timeout=a.timeout,
+                                      max_foreign=a.max_foreign, max_slow=a.max_slow or None, timeout=a.timeout,
                                       on_run=run_progress("calibration run"))[0]
     cal = Calibration.of(profile, calibration.traces, dp_profile)
 
@@ -148,8 +148,8 @@ def check(a) -> dict:
     print(f"planned {len(a.candidates)} candidates ({time.monotonic() - t0:.0f} s); measuring the top 5 and "
           f"bottom 3 x {a.rounds} rounds", file=sys.stderr)
     measured = measure_interleaved([_run_config(model, mbs, *c) for c in chosen], rounds=a.rounds, steps=a.steps,
-                                   warmup=a.warmup, attempts=a.attempts, max_foreign=a.max_foreign, timeout=a.timeout,
-                                   on_run=run_progress("plan_check runs"))
+                                   warmup=a.warmup, attempts=a.attempts, max_foreign=a.max_foreign,
+                                   max_slow=a.max_slow or None, timeout=a.timeout, on_run=run_progress("plan_check runs"))
     rows = [plan_row(c, r, samples[c], predicted[c], ranked.index(c) + 1, c == a.cal)
             for c, r in zip(chosen, measured, strict=True)]
     summary = score_plan(rows)

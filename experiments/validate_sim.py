@@ -157,6 +157,7 @@ def validate_all(a) -> dict:
         "grid": {"schedules": scheds, "microbatches": ms, "pp": 2, "dp_pair": sorted({k[0] for k in dp_keys}),
                  "dp_microbatches": sorted({k[1] for k in dp_keys}),
                  "microbatch_size": mbs, "rounds": a.rounds, "steps": a.steps, "warmup": a.warmup,
+                 "max_slow": a.max_slow or None,
                  "model": model.to_dict()},
         "profile": str(profile),
         "comm_slowdown": _factor(dp_profile),
@@ -188,8 +189,8 @@ def _measure(configs: dict, a, out: Path) -> dict:
             try:
                 measured = measure_interleaved([configs[k] for k in keys], rounds=a.rounds, steps=a.steps,
                                                warmup=a.warmup, trace_dir=str(traces), attempts=a.attempts,
-                                               max_foreign=a.max_foreign, timeout=a.timeout,
-                                               on_run=run_progress("grid"))
+                                               max_foreign=a.max_foreign, max_slow=a.max_slow or None,
+                                               timeout=a.timeout, on_run=run_progress("grid"))
                 break
             except RuntimeError as exc:
                 if launch == 2:
@@ -255,8 +256,21 @@ def sections(s: dict) -> list[str]:
                          [(k, _pct(v)) for k, v in s["dp_decomposition"].items()])] if s["grid"]["dp_pair"] else []
     return [verdict_line(s["noise_verdict"]), rows, scores, f"Worst |replay| error: {_pct(s['max_abs_replay_error'])}.",
             mech, parts, *dp, *_parts_table(s), *_hook_table(s), *_local_sgd_lines(s), *_async_lines(s),
-            _slowdown_line(s), _warnings(s),
+            _slowdown_line(s), *_machine_line(s), _warnings(s),
             f"{s['seconds']:.0f} s."]
+
+
+def _machine_line(s: dict) -> list[str]:
+    """How often the machine itself was slow (real.rounds' probe) and runs were made again (none before the
+    probe: a grid written without it)."""
+    rows = [r for r in s["schedules"] if "slowdown" in r]
+    if not rows:
+        return []
+    reruns, slow = sum(r.get("reruns", 0) for r in rows), max(r["slowdown"] for r in rows)
+    runs = len(rows) * s["grid"]["rounds"]
+    return [f"The machine's speed, by a probe timed on each rank before and after every run (real.rounds): "
+            f"{reruns} run(s) made again of {runs} kept (other processes' load, or the host slower than its "
+            f"fastest by over {_pct(s['grid'].get('max_slow'))}); the slowest kept run's probe: x{slow:.2f}."]
 
 
 def _parts_table(s: dict) -> list[str]:

@@ -230,6 +230,8 @@ class Measured:
     step_times: tuple[tuple[float, ...], ...]
     foreign_cores: tuple[float, ...]
     traces: tuple[str, ...] = ()
+    slowdowns: tuple[float, ...] = ()  # per round: its slowest probe over the launch's fastest (real.rounds)
+    attempts: tuple[int, ...] = ()  # per round: runs made (more than 1: the first were disturbed)
 
 
 def measure_interleaved(
@@ -241,6 +243,7 @@ def measure_interleaved(
     trace_dir: str | None = None,
     attempts: int = 3,
     max_foreign: float = 0.1,
+    max_slow: float | None = None,
     timeout: float = 900.0,
     on_run: Callable[[int, int, str], None] | None = None,
 ) -> list[Measured]:
@@ -248,8 +251,10 @@ def measure_interleaved(
 
     Each run trains ``warmup + steps`` steps and measures the last ``steps``
     (with ``trace_dir``: traces every one of them). A run disturbed by other
-    processes (more than ``max_foreign`` cores used meanwhile) is repeated,
-    up to ``attempts`` times (see :mod:`real.rounds`). All configs must have the
+    processes (more than ``max_foreign`` cores used meanwhile), or run while
+    the machine was more than ``max_slow`` (a fraction; None: not checked)
+    slower than its fastest, is repeated, up to ``attempts`` times (see
+    :mod:`real.rounds`). All configs must have the
     same world size (pp x dp). ``on_run(done, total, label)`` is called (from
     a helper thread, within about a second) as each run finishes: a progress
     line. Raises SchedlabError for bad input before anything runs,
@@ -269,6 +274,9 @@ def measure_interleaved(
     check_positive_ints("measurement protocol", rounds=rounds, steps=steps, attempts=attempts)
     if warmup < 0:
         raise ConfigError(f"measurement protocol: warmup must be an integer >= 0, got {warmup}", field="warmup")
+    if max_slow is not None and not max_slow > 0:
+        raise ConfigError(f"measurement protocol: max_slow must be a fraction > 0 (or None: not checked), got "
+                          f"{max_slow!r}", field="max_slow")
     configs = list(configs)
     if not configs:
         raise ConfigError("measurement protocol: no configurations to measure; give at least one", field="configs")
@@ -285,7 +293,7 @@ def measure_interleaved(
         if trace_dir:
             Path(trace_dir).mkdir(parents=True, exist_ok=True)
         spec_path.write_text(json.dumps({"configs": [c.to_dict() for c in runs], "rounds": rounds,
-                                         "attempts": attempts, "max_foreign": max_foreign,
+                                         "attempts": attempts, "max_foreign": max_foreign, "max_slow": max_slow,
                                          "trace_dir": str(trace_dir) if trace_dir else None,
                                          "result": str(result_path),
                                          "progress": str(Path(tmp) / "progress.jsonl") if on_run else None}))
@@ -305,7 +313,9 @@ def measure_interleaved(
         medians = [statistics.median(t) for t in per_round]
         out.append(Measured(c, statistics.median(medians), (percentile(medians, 0.1), percentile(medians, 0.9)),
                             tuple(medians), tuple(per_round), tuple(x["foreign_cores"] for x in r["rounds"]),
-                            tuple(x["trace"] for x in r["rounds"] if x["trace"])))
+                            tuple(x["trace"] for x in r["rounds"] if x["trace"]),
+                            tuple(x.get("slowdown", 1.0) for x in r["rounds"]),
+                            tuple(x.get("attempts", 1) for x in r["rounds"])))
     return out
 
 

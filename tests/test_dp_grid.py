@@ -270,3 +270,13 @@ def test_validate_sim_page_shows_zero2_before_and_after_the_hook():
         "| row | m | forward | backward | optimizer | skew | exposed | overhead | step |\n"
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n"
         "| dp2-zero2 | 4 | " + " | ".join(["3.0 / 1.0 -> 2.0"] * 6) + " | 18.0 / 6.0 -> 12.0 |"]
+
+
+def test_the_grid_page_says_how_often_the_host_was_slow():
+    machine_line = _validate_sim()._machine_line
+    rows = [{"slowdown": 1.04, "reruns": 2}, {"slowdown": 1.09, "reruns": 0}, {"slowdown": 1.02, "reruns": 1}]
+    assert machine_line({"schedules": rows, "grid": {"rounds": 5, "max_slow": 0.1}}) == [
+        "The machine's speed, by a probe timed on each rank before and after every run (real.rounds): 3 run(s) "
+        "made again of 15 kept (other processes' load, or the host slower than its fastest by over 10.0%); the "
+        "slowest kept run's probe: x1.09."]
+    assert machine_line({"schedules": [{"error": 0.1}], "grid": {"rounds": 5}}) == []  # a grid before the probe

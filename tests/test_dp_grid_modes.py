@@ -234,7 +234,7 @@ def test_validate_sim_measures_ps_in_a_process_group_of_its_own(monkeypatch, tmp
 
     monkeypatch.setattr(real.measure, "measure_interleaved", fake)
     v = _validate_sim()
-    a = SimpleNamespace(rounds=1, steps=1, warmup=0, attempts=1, max_foreign=0.1, timeout=1.0)
+    a = SimpleNamespace(rounds=1, steps=1, warmup=0, attempts=1, max_foreign=0.1, max_slow=0.1, timeout=1.0)
     configs = {(f"dp2-{m}", 4): v.dp_config(v.MODEL, "gpipe", 4, 4, m) for m in ("ddp", "ps", "local-sgd")}
     got = v._measure(configs, a, tmp_path)
     assert calls == [([2, 2], str(tmp_path / "traces")), ([3], str(tmp_path / "traces" / "world3"))]

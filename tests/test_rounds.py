@@ -9,8 +9,10 @@ rank 0's machine-wide busy time is made 20 cores' worth, with ``max_foreign`` 12
 between what the two walls would give. Both ranks must compute the same figure
 and run config 0 twice (both attempts); then rank 1 is given another config 1
 than rank 0 (another learning rate: the same messages), and the guard before the
-run stops both with one line naming the ranks' positions. This file is also the
-worker.
+run stops both with one line naming the ranks' positions. A second launch makes
+rank 1's probe of the machine's speed 4 times its fastest around the first run
+only: both ranks must judge that run slowed, run it again, and keep the second.
+This file is also the worker.
 """
 
 from __future__ import annotations
@@ -57,6 +59,46 @@ def test_the_guard_after_a_run_names_every_ranks_step_count():
                               "(rank 0: 3, rank 1: 2, rank 2: -1)")
 
 
+def test_slowdown_is_the_slowest_probe_over_the_launchs_fastest():
+    from real.rounds import fastest_probe, slowdown
+
+    # (steps, cpu, busy, wall, probe before, probe after) per rank; a parameter server's probes are 0.0
+    rows = [[3, 0.5, 4.0, 2.0, 0.004, 0.005], [3, 0.25, 0.0, 8.0, 0.006, 0.004], [-1, 0.1, 0.0, 2.0, 0.0, 0.0]]
+    assert fastest_probe(rows) == 0.004 and fastest_probe(rows, 0.003) == 0.003
+    assert slowdown(rows, 0.004) == 0.006 / 0.004  # rank 1's probe before the run
+    assert slowdown(rows, fastest_probe(rows, 0.002)) == 3.0
+    assert slowdown([[3, 0.1, 0.0, 1.0, 0.0, 0.0]], 0.004) == 1.0  # no rank probes: not judged
+
+
+def test_the_probe_times_a_fixed_piece_of_work():
+    from real.rounds import probe_seconds
+
+    t = probe_seconds(iters=2, repeats=2)
+    assert 0.0 < t < 1.0
+
+
+def test_the_probe_flag_is_a_fraction_or_off():
+    from real.measure import measure_interleaved
+    from schedules import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^measurement protocol: max_slow must be a fraction > 0 \(or None: not "
+                                          r"checked\), got 0$"):
+        measure_interleaved([_config(0.1)], max_slow=0)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 15)
+def test_a_run_the_host_slowed_is_run_again_on_every_rank(tmp_path):
+    from tests.conftest import launch_self
+
+    (tmp_path / "mode").write_text("slow")
+    reports = launch_self(__file__, 2, tmp_path, LAUNCH_TIMEOUT)
+    assert [r["runs"] for r in reports] == [2, 2]  # the first run judged slowed on both ranks, run again once
+    kept = reports[0]["result"]["runs"][0]["rounds"]
+    assert [(x["attempts"], x["slowdown"]) for x in kept] == [(2, 1.0)]  # the second run kept, not slowed
+    assert reports[1]["result"] is None  # rank 0 returns the results
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 15)
 def test_ranks_with_different_walls_take_the_same_decision_and_a_desync_is_an_error(tmp_path):
@@ -74,11 +116,40 @@ def test_ranks_with_different_walls_take_the_same_decision_and_a_desync_is_an_er
     assert [r["error"] for r in reports] == [expected, expected]
 
 
+FAST_PROBE, SLOW_PROBE = 0.001, 0.004  # seconds: the second is 4 x the first, over any max_slow below 3
+
+
+def _slow_worker(out: Path) -> None:
+    import real.rounds as rounds
+
+    rank = int(os.environ["RANK"])
+    runs, probes = [0], [0]
+    real_run = rounds.run
+
+    def run(*args, **kw):
+        runs[0] += 1
+        return real_run(*args, **kw)
+
+    def probe() -> float:  # rank 1: the seed's probes, then the first run's two (before, after) slow
+        probes[0] += 1
+        first_run = rounds.SEED_PROBES < probes[0] <= rounds.SEED_PROBES + 2
+        return SLOW_PROBE if rank == 1 and first_run else FAST_PROBE
+
+    rounds.run, rounds.probe_seconds = run, probe
+    spec = {"configs": [_config(0.1).to_dict()], "rounds": 1, "attempts": 3, "max_foreign": 1000.0, "max_slow": 0.5,
+            "trace_dir": None, "result": str(out / "unused.json"), "progress": None}
+    result = rounds.run_rounds(spec)
+    (out / f"rank{rank}.json").write_text(json.dumps({"runs": runs[0], "result": result}))
+
+
 def _worker(out: Path) -> None:
     import torch.distributed as dist
 
     import real.rounds as rounds
 
+    if (out / "mode").exists():
+        _slow_worker(out)
+        return
     rank = int(os.environ["RANK"])
     configs = [_config(0.1), _config(0.1 if rank == 0 else 0.2)]
     runs, foreign = [0], []

@@ -45,6 +45,9 @@ def add_grid_args(p: argparse.ArgumentParser, *, rounds: int = 5, timeout: float
                    help=f"seconds for all the real runs (default {timeout:g})")
     p.add_argument("--max-foreign", type=nonnegative_float, default=0.1, metavar="CORES",
                    help="a run counts only if other processes used at most this many cores meanwhile (default 0.1)")
+    p.add_argument("--max-slow", type=nonnegative_float, default=0.1, metavar="FRACTION",
+                   help="a run counts only if the machine ran at most this much slower than its fastest, by a probe "
+                        "timed on each rank before and after it (default 0.1; 0: not checked; real.rounds)")
     p.add_argument("--attempts", type=positive_int, default=3, help="runs of a disturbed configuration (default 3)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object")
     p.add_argument("--noise-limit", type=float, default=NOISE_LIMIT, metavar="FRACTION",
