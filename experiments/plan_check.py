@@ -46,7 +46,7 @@ from analysis.calibration import (
 )
 from analysis.cli.common import OneLineParser, guarded
 from analysis.cli.progress import run_progress
-from analysis.cli.scripts import add_grid_args, check_grid_args, report_results
+from analysis.cli.scripts import add_grid_args, check_grid_args, profile_guard, report_results
 from analysis.cli.train import add_model_args, model_from_args
 from analysis.results_page import table as markdown_table
 from analysis.validation import (
@@ -130,8 +130,10 @@ def check(a) -> dict:
     (out / "traces").mkdir(parents=True, exist_ok=True)
     graphs = {c: _graph(model, *c) for c in a.candidates}
     stages = sorted({g.schedule.num_stages for c, g in graphs.items() if c[2] == 1})
-    profile = Path(a.costs) if a.costs else profile_machine(model, mbs, stages, a.profile_reps, out / "profile.json")
-    dp_profile = profile_machine(model, mbs, [1], a.profile_reps, out / "profile-dp2.json", dp=2)
+    guard = profile_guard(a)
+    profile = Path(a.costs) if a.costs else profile_machine(model, mbs, stages, a.profile_reps, out / "profile.json",
+                                                            **guard)
+    dp_profile = profile_machine(model, mbs, [1], a.profile_reps, out / "profile-dp2.json", dp=2, **guard)
     calibration = measure_interleaved([_run_config(model, mbs, *a.cal)], rounds=1, steps=a.steps, warmup=a.warmup,
                                       trace_dir=str(out / "traces" / "calibration"), attempts=a.attempts,
                                       max_foreign=a.max_foreign, max_slow=a.max_slow or None, timeout=a.timeout,

@@ -42,7 +42,7 @@ from analysis.calibration import (
 )
 from analysis.cli.common import OneLineParser, guarded
 from analysis.cli.progress import run_progress
-from analysis.cli.scripts import add_grid_args, check_grid_args, report_results
+from analysis.cli.scripts import add_grid_args, check_grid_args, profile_guard, report_results
 from analysis.cli.train import add_model_args, model_from_args
 from analysis.results_page import table as markdown_table
 from analysis.validation import format_tau, noise_verdict, score_grid, verdict_line
@@ -137,8 +137,11 @@ def validate_all(a) -> dict:
     configs.update({k: dp_config(model, "gpipe", k[1], mbs, k[0][4:]) for k in dp_keys})
     graphs.update({k: dp_graph("gpipe", k[0][4:], k[1], dp_buckets(model)) for k in dp_keys})
     stages = sorted({graphs[(s, m)].schedule.num_stages for s in scheds for m in ms})
-    profile = Path(a.costs) if a.costs else profile_machine(model, mbs, stages, a.profile_reps, out / "profile.json")
-    dp_profile = profile_machine(model, mbs, [1], a.profile_reps, out / "profile-dp2.json", dp=2) if dp_keys else None
+    guard = profile_guard(a)
+    profile = Path(a.costs) if a.costs else profile_machine(model, mbs, stages, a.profile_reps, out / "profile.json",
+                                                            **guard)
+    dp_profile = (profile_machine(model, mbs, [1], a.profile_reps, out / "profile-dp2.json", dp=2, **guard)
+                  if dp_keys else None)
     print(f"profiled ({time.monotonic() - t_start:.0f} s); measuring {len(configs)} configurations "
           f"x {a.rounds} rounds", file=sys.stderr)
     by_key = _measure(configs, a, out)

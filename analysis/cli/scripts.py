@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from typing import Any
 
 from analysis.cli.common import (
     OneLineParser,
@@ -30,7 +31,7 @@ from analysis.cli.common import (
 from analysis.validation import NOISE_LIMIT
 from schedules.errors import quote
 
-__all__ = ["add_grid_args", "check_grid_args", "report_results"]
+__all__ = ["add_grid_args", "check_grid_args", "profile_guard", "report_results"]
 
 
 def add_grid_args(p: argparse.ArgumentParser, *, rounds: int = 5, timeout: float = 1200.0) -> None:
@@ -55,6 +56,12 @@ def add_grid_args(p: argparse.ArgumentParser, *, rounds: int = 5, timeout: float
     p.add_argument("--markdown", metavar="PATH.md", help="also write the results page (docs/results/)")
     p.add_argument("--log-dir", metavar="DIR", help="also write each row's prediction and measurement, and the "
                    "scores, as TensorBoard event files and metrics.jsonl (docs/metrics.md)")
+
+
+def profile_guard(a: argparse.Namespace) -> dict[str, Any]:
+    """The grid flags' guard against a slowed host for :func:`real.protocol.profile_machine` (``max_slow``,
+    ``attempts``), as the runs have it (``--max-slow 0``: not checked)."""
+    return {"max_slow": a.max_slow or None, "attempts": a.attempts}
 
 
 def check_grid_args(p: OneLineParser, a: argparse.Namespace, *, calibrate_with_m: bool) -> None:

@@ -109,6 +109,7 @@ from real.data import microbatches as microbatches_of
 from real.measure import Recorder
 from real.mesh import env_world
 from real.models import activation_shape, build_layers, loss_fn, make_optimizer
+from real.probe import probe_seconds, spell
 from real.profile.server import server_update_samples
 from real.profile.stats import stat as _stat
 from schedules.errors import ConfigError, check_choice, check_positive_ints, quote
@@ -491,6 +492,7 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
     # Round robin over the stages, one repetition each at a time: a load that comes and goes on a shared
     # machine then shifts every stage's samples alike instead of one stage's.
     samples: list[dict[str, list[float]]] = [{k: [] for k in _PASSES} for _ in benches]
+    probes = [probe_seconds()]  # the machine's speed around each part (real.probe): a slow spell shows
     for rep in range(cfg.warmup + cfg.reps):
         for bench, times in zip(benches, samples, strict=True):
             sample = bench.one_rep(timed)
@@ -509,30 +511,46 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
         log.info("%d stages, stage %d (layers %s): %s", n, s, row["layers"],
                  " ".join(f"{k}={row[k]['median'] * 1e3:.3f}ms" for k in (*_PASSES, "OPTIM")))
     partitions = [{"num_stages": n, "stages": rows} for n, rows in rows_of.items()]
+    probes.append(probe_seconds())
     pp = cfg.pp or max(world // cfg.dp, 1)
     if cfg.dp > 1 and pp * cfg.dp != world:
         raise ConfigError(f"profile: dp {cfg.dp} x pp {pp} must equal the world size {world}", field="dp")
     max_params = max(s["param_bytes"] for p in partitions for s in p["stages"])
+    step_overhead = _stat(_gathered(_step_overhead_samples(
+        cfg, benches[: cfg.stages[0]], mb * cfg.microbatches, cfg.microbatches, cfg.warmup, cfg.reps)))
+    task_overhead = _stat(_gathered(_task_overhead_samples(device, cfg.warmup, cfg.reps)))
+    p2p = _p2p(act_bytes, cfg.warmup, cfg.reps)
+    colls = _collectives(pp, cfg.dp, max_params, cfg.warmup, cfg.reps)
+    probes.append(probe_seconds())
+    slow = _slowdown(cfg, pp, benches[: cfg.stages[0]], timed)
+    reduce_hook = _reduce_hook(cfg, pp, benches[: cfg.stages[0]])
+    param_copy = _param_copy(cfg, pp, benches[: cfg.stages[0]])
+    probes.append(probe_seconds())
+    powersgd = _powersgd(cfg, pp, benches[: cfg.stages[0]], colls)
+    probes.append(probe_seconds())
+    probes = _gathered(probes)
     return {
         "schema": PROFILE_SCHEMA,
         "machine": _machine(world, dist.get_backend() if dist.is_initialized() else "none", device),
         "model": model.to_dict(), "microbatch_size": mb, "dtype": "float32", "activation_bytes": act_bytes,
         "optimizer": cfg.optimizer, "reps": cfg.reps, "warmup": cfg.warmup,
         "partitions": partitions,
-        "step_overhead": _stat(_gathered(_step_overhead_samples(
-            cfg, benches[: cfg.stages[0]], mb * cfg.microbatches, cfg.microbatches, cfg.warmup, cfg.reps))),
-        "task_overhead": _stat(_gathered(_task_overhead_samples(device, cfg.warmup, cfg.reps))),
-        "p2p": (p2p := _p2p(act_bytes, cfg.warmup, cfg.reps)),
-        "collectives": (colls := _collectives(pp, cfg.dp, max_params, cfg.warmup, cfg.reps)),
-        "comm_slowdown": (slow := _slowdown(cfg, pp, benches[: cfg.stages[0]], timed)),
-        "reduce_hook": _reduce_hook(cfg, pp, benches[: cfg.stages[0]]),
-        "param_copy": _param_copy(cfg, pp, benches[: cfg.stages[0]]),
-        "powersgd": _powersgd(cfg, pp, benches[: cfg.stages[0]], colls),
+        "step_overhead": step_overhead,
+        "task_overhead": task_overhead,
+        "p2p": p2p,
+        "collectives": colls,
+        "comm_slowdown": slow,
+        "reduce_hook": reduce_hook,
+        "param_copy": param_copy,
+        "powersgd": powersgd,
         "warnings": fit_warnings(p2p, colls, slow),
         # nanoseconds per gradient element of each codec's compress + decompress (the first stage's parameters
         # as one bucket): the simulator's parallel.codec_ns_per_param (real.compress.profile_codecs)
         "codecs": profile_codecs([tuple(p.shape) for p in benches[0].params], warmup=cfg.warmup, reps=cfg.reps,
                                  device=device),
+        # every rank's probes (real.probe) at the start, after the passes, after the collectives, after the
+        # overlap sections and at the end: how much slower than its fastest the host ran meanwhile
+        "machine_speed": {"probes": probes, "spell": spell(probes)},
     }
 
 

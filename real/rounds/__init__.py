@@ -61,6 +61,7 @@ import torch.distributed as dist
 
 from real.config import RunConfig, make_plan
 from real.mesh import Mesh, env_world
+from real.probe import probe_seconds
 from real.train import resolve_backend, run
 
 __all__ = ["DesyncError", "fastest_probe", "foreign_cores", "machine_busy_seconds", "probe_seconds", "run_rounds",
@@ -88,26 +89,7 @@ class DesyncError(RuntimeError):
 # server; CPU seconds of this process; machine-wide busy CPU seconds, rank 0's, 0.0 elsewhere; wall seconds;
 # the probe's seconds before and after the run, 0.0 on a parameter server, which does not probe).
 _STEPS, _CPU, _BUSY, _WALL, _PROBE0, _PROBE1 = range(6)
-PROBE_ITERS = 8  # the probe's fixed work: ~4 ms of one core of the project's machine, timed PROBE_REPEATS times
-PROBE_REPEATS = 3  # the probe is the fastest of these: a spell of seconds slows all, an interruption one
 SEED_PROBES = 5  # probes at the launch's start, before the first run, to seed the fastest
-
-
-def probe_seconds(iters: int = PROBE_ITERS, repeats: int = PROBE_REPEATS) -> float:
-    """Seconds this process takes for a fixed piece of work shaped like the grid model's layers (a 128 x 128
-    activation through a 128 -> 512 -> 128 MLP with a tanh, ``iters`` times, one thread as the runs have), the
-    fastest of ``repeats`` timings: the speed the host gives this core now. Deterministic inputs, so every call
-    does the same work."""
-    g = torch.Generator().manual_seed(0)
-    x0 = torch.randn(128, 128, generator=g)
-    w1, w2 = torch.randn(128, 512, generator=g) / 11.0, torch.randn(512, 128, generator=g) / 22.0
-    best = math.inf
-    for _ in range(repeats):
-        x, t0 = x0, time.perf_counter()
-        for _ in range(iters):
-            x = torch.tanh(x @ w1) @ w2
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def slowdown(rows: list[list[float]], fastest: float) -> float:
