@@ -73,9 +73,9 @@ if TYPE_CHECKING:
     from sim.engine import SimResult
     from sim.profiled import ProfiledCosts
 
-__all__ = ["PARTS", "SHARDED_OPTIMIZER", "describe_fit", "dp_run_costs", "fitted_slowdown", "fitted_stall",
-           "idle_service", "measured_parts", "mode_costs", "pass_overlaps", "predicted_parts", "step_parts",
-           "straggler", "wholly_after"]
+__all__ = ["PARTS", "SHARDED_OPTIMIZER", "ZERO3_MODES", "describe_fit", "dp_run_costs", "fitted_slowdown",
+           "fitted_stall", "idle_service", "measured_parts", "mode_costs", "pass_overlaps", "predicted_parts",
+           "step_parts", "straggler", "wholly_after", "zero3_costs"]
 
 PARTS = ("forward", "backward", "optimizer", "skew", "exposed", "overhead")
 SHARDED_OPTIMIZER = ("zero1", "zero2", "zero3", "fsdp")  # step 1/dp of the parameters (real.zero)
@@ -321,6 +321,29 @@ def mode_costs(costs: ProfiledCosts, mode: str, dp: int, calibrated_mode: str = 
         return costs
     scale = 1 / dp if sharded else dp
     return replace(costs, stages=tuple(replace(s, optim=s.optim * scale) for s in costs.stages))
+
+
+ZERO3_MODES = ("zero3", "fsdp")  # the modes whose passes read gathered parameters (real.zero)
+
+
+def zero3_costs(costs: ProfiledCosts, dp_profile: str | Path | None) -> ProfiledCosts:
+    """``costs`` for a zero3 row, from the data-parallel profile's ``zero3`` section (:mod:`real.profile.zero3`):
+    each gather one bucket's share of the measured burst (every bucket gathered at once, as the runtime launches
+    them; the all-gather fit's alpha, from two sizes, was 0-0.75 ms across profiles), and the passes the factor
+    measured right after a gather (F; B for B, I and W). Unchanged without the section (an older profile)."""
+    import json
+
+    if dp_profile is None:
+        return costs
+    section = json.loads(Path(dp_profile).read_text()).get("zero3")
+    if not section:
+        return costs
+    fb = section["factor"]
+    stages = tuple(replace(st, f=st.f * fb["F"], b=st.b * fb["B"], i=st.i * fb["B"], w=st.w * fb["B"])
+                   for st in costs.stages)
+    gather = section["burst"]["median"] / section["buckets"]
+    colls = tuple((op, gather, float("inf")) if op == "all_gather" else (op, a, b) for op, a, b in costs.collectives)
+    return replace(costs, stages=stages, collectives=colls)
 
 
 def describe_fit(costs: ProfiledCosts, straggler_factor: float, skew: float = 0.0) -> dict[str, Any]:

@@ -149,6 +149,8 @@ def validate_all(a) -> dict:
     dp_cal_key = ("dp2-ddp", ms[len(ms) // 2]) if dp_keys else None
     cal = Calibration.of(profile, by_key[cal_key].traces, dp_profile, max_inflight=MAX_INFLIGHT,
                          dp_traces=by_key[dp_cal_key].traces if dp_cal_key else (), dp_shapes=dp_shapes(model))
+    if dp_cal_key:  # the data-parallel run's own gap, closed on its per-step overhead (Calibration.closed_on)
+        cal = cal.closed_on(graphs[dp_cal_key], by_key[dp_cal_key].step_time)
     rows = grid_rows(by_key, graphs, cal, cal_key, dp_keys, dp_cal_key)
     scores = score_grid(rows)
     verdict = noise_verdict(scores["decomposition"]["noise"], load_before, os.getloadavg(), a.noise_limit,

@@ -53,7 +53,12 @@ Measured, with the same code the executor runs (:mod:`real.backward`):
   data-parallel group, waited for at once as the runtime waits for it; and ``collectives.all_reduce.small``,
   plain blocking all-reduces of the sizes the hook sends (a few KB), fitted as alpha + n / beta over that
   range (:mod:`real.profile.powersgd`); and ``in_backward``: the same hooks launched from inside the first
-  stage's real backward, as a run launches them (:mod:`real.profile.psgd_backward`).
+  stage's real backward, as a run launches them (:mod:`real.profile.psgd_backward`);
+* ``zero3`` (``--dp`` > 1): every bucket of the first stage freed and all-gathered at once (the ``burst``)
+  and its forward and backward right after one, against the same passes with the parameters whole
+  (:mod:`real.profile.zero3`);
+* ``machine_speed``: every rank's probe of the host's speed (:mod:`real.probe`) at the start, between
+  the parts and at the end, and ``spell``, the slowest over the fastest.
 
 File schema (JSON, ``"schema": "schedlab.profile/1"``)::
 
@@ -79,6 +84,9 @@ File schema (JSON, ``"schema": "schedlab.profile/1"``)::
      "powersgd": {"powersgd:R": {"bucket_bytes": [int], "buckets": [{"elements", "messages": [whole, P, Q bytes],
                   "compute"|"wall": {...stat}}], "compute", "wall": seconds per step (sums of the medians),
                   "in_backward": {"buckets": int, "hooks"|"extra": {...stat} seconds per backward}}} | null,
+     "zero3": {"buckets", "bytes": [int], "burst": {...stat}, "alone"|"gathered": {"F"|"B": {...stat}},
+               "factor": {"F"|"B": gathered median / alone median}} | null,
+     "machine_speed": {"probes": [seconds], "spell": slowest / fastest},
      "warnings": [str]: every guess an alpha/beta fit made, each naming its field (also under the
                  section's own "warnings"; the small all-reduce fit's too): a time that did not grow with the size (beta null, alpha the
                  fastest time) or a negative intercept (alpha 0). sim.profiled logs them on loading.}
@@ -527,6 +535,7 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
     param_copy = _param_copy(cfg, pp, benches[: cfg.stages[0]])
     probes.append(probe_seconds())
     powersgd = _powersgd(cfg, pp, benches[: cfg.stages[0]], colls)
+    zero3 = _zero3(cfg, pp, benches[0])
     probes.append(probe_seconds())
     probes = _gathered(probes)
     return {
@@ -543,6 +552,7 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
         "reduce_hook": reduce_hook,
         "param_copy": param_copy,
         "powersgd": powersgd,
+        "zero3": zero3,
         "warnings": fit_warnings(p2p, colls, slow),
         # nanoseconds per gradient element of each codec's compress + decompress (the first stage's parameters
         # as one bucket): the simulator's parallel.codec_ns_per_param (real.compress.profile_codecs)
@@ -582,6 +592,15 @@ def _param_copy(cfg: ProfileConfig, pp: int, benches: Sequence[_StageBench]) -> 
     from real.profile.param_copy import param_copy
 
     return param_copy(benches, _dp_group(pp, cfg.dp), cfg.bucket_mb, cfg.warmup, cfg.reps, _gathered)
+
+
+def _zero3(cfg: ProfileConfig, pp: int, bench: _StageBench) -> dict[str, Any] | None:
+    """The ``zero3`` section (dp > 1): the first stage's gathers and its passes after them (:mod:`real.profile.zero3`)."""
+    if cfg.dp < 2:
+        return None
+    from real.profile.zero3 import zero3_section
+
+    return zero3_section(bench, _dp_group(pp, cfg.dp), cfg.bucket_mb, cfg.reps, _gathered)
 
 
 def _powersgd(cfg: ProfileConfig, pp: int, benches: Sequence[_StageBench], colls: dict[str, Any] | None
