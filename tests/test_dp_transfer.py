@@ -263,3 +263,32 @@ def test_only_collectives_that_cannot_have_run_during_the_passes_time_one_alone(
     assert wholly_after([a, b, c, d, e], 10.0) == [d, e]
     assert wholly_after([a, b, c, d, e], 10.0, threads=1) == [c, d, e]
     assert wholly_after([a, b], 10.0) == []
+
+
+@pytest.mark.parametrize("gap", [0.004, -0.0005])
+def test_closing_the_calibration_run_adds_its_gap_to_every_rows_step(profile, tmp_path, gap):  # noqa: F811
+    """The ddp run's measured step less its own prediction goes on the per-step overhead: the run then predicts
+    itself exactly, and a held-out zero2 row's step moves by the same seconds."""
+    from analysis.calibration import Calibration
+    from schedules import load_graph, validate
+    from schedules.trace import write_trace
+    from sim import simulate
+    from tests.test_calibrate import _as_recorded, _profile_file
+    from tests.test_calibrate import _costs as pipeline_costs
+
+    pipe = _as_recorded(simulate(validate(load_graph("1f1b", pp=2, microbatches=4)), pipeline_costs(1.0)).trace,
+                        1.0, 0, 0.0)
+    pipe.attrs.update(source="real", schedule="1f1b", params={"pp": 2, "microbatches": 4, "chunks": 1},
+                      step_times={"0": 1.0}, dp=1)
+    ddp = str(write_trace(_trace(), tmp_path / "ddp.csv"))
+    cal = Calibration.of(_profile_file(tmp_path), [str(write_trace(pipe, tmp_path / "1f1b.csv"))], profile,
+                         dp_traces=[ddp])
+    graph, zero2 = dp_graph("gpipe", "ddp", 2, 3), dp_graph("gpipe", "zero2", 2, 3)
+    own = predict_mode("ddp", graph, cal.data_parallel("ddp"), profile)["step"]
+    closed = cal.closed_on(graph, own + gap)
+    assert closed.dp_residual == pytest.approx(gap, abs=1e-12)
+    assert closed.dp_fit.step_overhead == pytest.approx(cal.dp_fit.step_overhead + gap, abs=1e-12)
+    assert predict_mode("ddp", graph, closed.data_parallel("ddp"), profile)["step"] == pytest.approx(own + gap)
+    assert predict_mode("zero2", zero2, closed.data_parallel("zero2"), profile)["step"] == pytest.approx(
+        predict_mode("zero2", zero2, cal.data_parallel("zero2"), profile)["step"] + gap)
+    assert closed.describe()["data_parallel"]["residual"] == closed.dp_residual
