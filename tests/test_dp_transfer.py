@@ -118,13 +118,9 @@ def test_a_ddp_run_calibrates_the_other_modes(profile):  # noqa: F811 (the fixtu
     assert straggler([slow]) == pytest.approx(1.1 / 1.05, rel=1e-9)
 
 
-def test_grid_rows_calibrated_from_a_ddp_run(profile, tmp_path):  # noqa: F811 (the fixture)
-    """The ddp run (in-sample) predicts itself exactly; zero2 (held out) is predicted from it, its step taken
-    apart (the parts add up to its prediction, the measured ones to its mean traced step), and the pipeline run's
-    prediction kept beside it."""
-    from types import SimpleNamespace
-
-    from analysis.calibration import Calibration, grid_rows
+def _calibration(profile, tmp_path):  # noqa: F811 (the fixture's value)
+    """A calibration from a simulated 1f1b run (pp 2, m 4) and the ddp run of :func:`_trace`; and that trace's path."""
+    from analysis.calibration import Calibration
     from schedules import load_graph, validate
     from schedules.trace import write_trace
     from sim import simulate
@@ -138,6 +134,20 @@ def test_grid_rows_calibrated_from_a_ddp_run(profile, tmp_path):  # noqa: F811 (
     ddp = str(write_trace(_trace(), tmp_path / "ddp.csv"))
     cal = Calibration.of(_profile_file(tmp_path), [str(write_trace(pipe, tmp_path / "1f1b.csv"))], profile,
                          dp_traces=[ddp])
+    return cal, ddp
+
+
+def test_grid_rows_calibrated_from_a_ddp_run(profile, tmp_path):  # noqa: F811 (the fixture)
+    """The ddp run (in-sample) predicts itself exactly; zero2 (held out) is predicted from it, its step taken
+    apart (the parts add up to its prediction, the measured ones to its mean traced step), and the pipeline run's
+    prediction kept beside it."""
+    from types import SimpleNamespace
+
+    from analysis.calibration import grid_rows
+    from schedules.trace import write_trace
+    from sim import simulate
+
+    cal, ddp = _calibration(profile, tmp_path)
     graphs = {("dp2-ddp", 2): dp_graph("gpipe", "ddp", 2, 3), ("dp2-zero2", 2): dp_graph("gpipe", "zero2", 2, 3)}
     measured = {}
     for (name, m), graph in graphs.items():
@@ -269,20 +279,7 @@ def test_only_collectives_that_cannot_have_run_during_the_passes_time_one_alone(
 def test_closing_the_calibration_run_adds_its_gap_to_every_rows_step(profile, tmp_path, gap):  # noqa: F811
     """The ddp run's measured step less its own prediction goes on the per-step overhead: the run then predicts
     itself exactly, and a held-out zero2 row's step moves by the same seconds."""
-    from analysis.calibration import Calibration
-    from schedules import load_graph, validate
-    from schedules.trace import write_trace
-    from sim import simulate
-    from tests.test_calibrate import _as_recorded, _profile_file
-    from tests.test_calibrate import _costs as pipeline_costs
-
-    pipe = _as_recorded(simulate(validate(load_graph("1f1b", pp=2, microbatches=4)), pipeline_costs(1.0)).trace,
-                        1.0, 0, 0.0)
-    pipe.attrs.update(source="real", schedule="1f1b", params={"pp": 2, "microbatches": 4, "chunks": 1},
-                      step_times={"0": 1.0}, dp=1)
-    ddp = str(write_trace(_trace(), tmp_path / "ddp.csv"))
-    cal = Calibration.of(_profile_file(tmp_path), [str(write_trace(pipe, tmp_path / "1f1b.csv"))], profile,
-                         dp_traces=[ddp])
+    cal, _ = _calibration(profile, tmp_path)
     graph, zero2 = dp_graph("gpipe", "ddp", 2, 3), dp_graph("gpipe", "zero2", 2, 3)
     own = predict_mode("ddp", graph, cal.data_parallel("ddp"), profile)["step"]
     closed = cal.closed_on(graph, own + gap)
