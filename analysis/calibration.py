@@ -92,6 +92,7 @@ class Calibration:
     dp_skew: float = 0.0  # their replicas' skew over busy time (analysis.dp_skew.skew_fraction), added to a step
     dp_shapes: tuple[tuple[int, ...], ...] = ()  # the model's parameter shapes (powersgd's bytes)
     dp_residual: float = 0.0  # seconds: the data-parallel run's measured step less its own prediction (closed_on)
+    dp_zero3: Mapping[str, Any] | None = None  # the data-parallel profile's zero3 section (read once, in of)
 
     @classmethod
     def of(cls, profile: str | Path, traces: Sequence[str], dp_profile: str | Path | None = None,
@@ -100,12 +101,16 @@ class Calibration:
         """``dp_traces``: a data-parallel run of ddp (validate_sim's: at the grid's middle microbatch count) that
         calibrates the data-parallel rows (:meth:`data_parallel`, :attr:`dp_skew`); without it they carry the
         pipeline run's. ``dp_shapes``: the model's parameter shapes, for a ``ddp+powersgd:R`` row."""
+        import json
+
         from analysis.dp_skew import skew_fraction
         from analysis.dp_transfer import dp_run_costs, straggler
         from schedules.trace import read_trace
         from sim.profiled import trace_calibration
 
-        fit, k, s = None, 1.0, 0.0
+        fit, k, s, zero3 = None, 1.0, 0.0, None
+        if dp_profile is not None:
+            zero3 = json.loads(Path(dp_profile).read_text()).get("zero3")
         if dp_traces:
             if dp_profile is None:
                 raise ValueError("a data-parallel calibration run needs the data-parallel profile; give dp_profile")
@@ -113,7 +118,7 @@ class Calibration:
             fit, k, s = dp_run_costs(frames, dp_profile, max_inflight), straggler(frames), skew_fraction(frames)
         return cls(Path(profile), tuple(traces), trace_calibration(list(traces)),
                    Path(dp_profile) if dp_profile is not None else None, max_inflight, tuple(dp_traces), fit, k, s,
-                   tuple(tuple(int(n) for n in shape) for shape in dp_shapes))
+                   tuple(tuple(int(n) for n in shape) for shape in dp_shapes), dp_zero3=zero3)
 
     def closed_on(self, graph: TaskGraph, measured: float) -> Calibration:
         """This calibration with the data-parallel run's own gap closed: its step as measured (``measured``, the
@@ -164,7 +169,7 @@ class Calibration:
             return self.from_pipeline(**off)
         costs = mode_costs(self.dp_fit, mode, 2)
         if mode.partition("+")[0] in ZERO3_MODES:
-            costs = zero3_costs(costs, self.dp_profile)
+            costs = zero3_costs(costs, self.dp_zero3)
         return replace(costs, **off) if off else costs
 
     def from_pipeline(self, **off: float) -> ProfiledCosts:

@@ -61,7 +61,7 @@ the other microbatch count) is held out.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -326,16 +326,11 @@ def mode_costs(costs: ProfiledCosts, mode: str, dp: int, calibrated_mode: str = 
 ZERO3_MODES = ("zero3", "fsdp")  # the modes whose passes read gathered parameters (real.zero)
 
 
-def zero3_costs(costs: ProfiledCosts, dp_profile: str | Path | None) -> ProfiledCosts:
+def zero3_costs(costs: ProfiledCosts, section: Mapping[str, Any] | None) -> ProfiledCosts:
     """``costs`` for a zero3 row, from the data-parallel profile's ``zero3`` section (:mod:`real.profile.zero3`):
     each gather one bucket's share of the measured burst (every bucket gathered at once, as the runtime launches
     them; the all-gather fit's alpha, from two sizes, was 0-0.75 ms across profiles), and the passes the factor
     measured right after a gather (F; B for B, I and W). Unchanged without the section (an older profile)."""
-    import json
-
-    if dp_profile is None:
-        return costs
-    section = json.loads(Path(dp_profile).read_text()).get("zero3")
     if not section:
         return costs
     fb = section["factor"]

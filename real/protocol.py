@@ -7,11 +7,14 @@ both. Nothing here prints.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from real.config import ModelConfig, RunConfig, model_argv
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "BUCKET_MB",
@@ -49,11 +52,10 @@ def profile_machine(model: ModelConfig, microbatch_size: int, stages: Sequence[i
 
     With ``max_slow``, a profile during which the host ran more than that fraction slower at its slowest
     probe than at its fastest (the file's ``machine_speed.spell``, :mod:`real.probe`) is taken again, up to
-    ``attempts`` times; the least slowed is kept (and said on stderr). Raises RuntimeError with the profiler's
+    ``attempts`` times; the least slowed is kept (each retake logged as a warning). Raises RuntimeError with the profiler's
     last lines if it fails."""
     import json
     import shutil
-    import sys
 
     from real.launch import torchrun
 
@@ -74,8 +76,8 @@ def profile_machine(model: ModelConfig, microbatch_size: int, stages: Sequence[i
         if max_slow is None or slow <= 1 + max_slow:
             break
         last = attempt == max(attempts, 1) - 1
-        print(f"profile {path.name}: the host ran x{slow:.2f} slower at its slowest than at its fastest; "
-              + (f"keeping the least slowed (x{best[0]:.2f})" if last else "profiling again"), file=sys.stderr)
+        log.warning("profile %s: the host ran x%.2f slower at its slowest than at its fastest; %s", path.name, slow,
+                    f"keeping the least slowed (x{best[0]:.2f})" if last else "profiling again")
     if best[1] != path:
         shutil.copyfile(best[1], path)
     return path

@@ -289,3 +289,15 @@ def test_closing_the_calibration_run_adds_its_gap_to_every_rows_step(profile, tm
     assert predict_mode("zero2", zero2, closed.data_parallel("zero2"), profile)["step"] == pytest.approx(
         predict_mode("zero2", zero2, cal.data_parallel("zero2"), profile)["step"] + gap)
     assert closed.describe()["data_parallel"]["residual"] == closed.dp_residual
+
+
+def test_only_zero3_rows_take_the_profiles_zero3_section(profile, tmp_path):  # noqa: F811 (the fixture)
+    from tests.test_zero3_profile import SECTION
+
+    cal, _ = _calibration(profile, tmp_path)
+    assert cal.dp_zero3 is None  # the fixture's profile has no zero3 section: every row as before
+    with_section = replace(cal, dp_zero3=SECTION)
+    before, after = cal.data_parallel("zero3"), with_section.data_parallel("zero3")
+    assert after.stages[0].f == pytest.approx(before.stages[0].f * SECTION["factor"]["F"])
+    assert dict((op, a) for op, a, _ in after.collectives)["all_gather"] == pytest.approx(0.006 / 4)
+    assert with_section.data_parallel("zero2") == cal.data_parallel("zero2")

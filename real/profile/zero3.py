@@ -69,9 +69,7 @@ class _Flat:
         return dist.all_gather_into_tensor(self.flat, self.shard, group=group, async_op=True)
 
     def restore(self) -> None:
-        """The parameters as they were (their own storage), the flat buffer whole again."""
-        if self.flat.untyped_storage().size() == 0:
-            self.flat.untyped_storage().resize_(self.nbytes)
+        """The parameters as they were: their own storage, untouched."""
         for p, data in zip(self.params, self.saved, strict=True):
             p.data = data
 
