@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from analysis.theory import bubble_ratio as closed_form_bubble
 from sim import SimResult
-from sim.cluster import GB
+from sim.costs.cluster import GB
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -1,6 +1,6 @@
 """Data-parallel modes side by side: per mode, the step time and each pipeline rank's memory by category.
 
-Predicted by the simulator (one :class:`~sim.study.Study` per mode, the same model, cluster, schedule and
+Predicted by the simulator (one :class:`~sim.plan.study.Study` per mode, the same model, cluster, schedule and
 layout, only ``dp_mode`` changed) and, where a real run of the mode is given, measured.
 
 * **Predicted memory** per pipeline rank, bytes: the model states of its stages split by
@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from schedules.dp import DP_MODES
-from schedules.errors import ConfigError, choice, find_name, quote
+from common.errors import ConfigError, choice, find_name, quote
+from schedules.dp.modes import DP_MODES
+from sim.costs.transformer_costs import TransformerCosts
 from sim.memory import model_states
-from sim.study import Study, StudyResult, run_study
-from sim.transformer_costs import TransformerCosts
+from sim.plan.study import Study, StudyResult, run_study
 
 __all__ = ["CATEGORIES", "DPModeRow", "StateBytes", "dp_section", "format_dp_modes", "load_measured",
            "parse_dp_modes", "plot_dp_modes", "predict_dp_modes", "rows_from_json"]
@@ -45,7 +45,7 @@ __all__ = ["CATEGORIES", "DPModeRow", "StateBytes", "dp_section", "format_dp_mod
 CATEGORIES = ("params", "grads", "optimizer", "gathered", "activations")
 RUN_KEYS = {"params": "param_bytes", "grads": "grad_bytes", "optimizer": "optimizer_bytes",
             "gathered": "gathered_param_bytes", "activations": "peak_activation_bytes"}
-_CANONICAL = {"fsdp": "zero3"}  # schedules.dp's alias
+_CANONICAL = {"fsdp": "zero3"}  # schedules.dp.modes's alias
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

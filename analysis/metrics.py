@@ -28,7 +28,7 @@ def summarize(trace: pd.DataFrame) -> dict[str, Any]:
     t0, t1 = float(trace["start"].min()), float(trace["end"].max())
     makespan = t1 - t0
     compute = trace[trace["stream"] == "compute"]
-    server = (trace["stream"] == "collective") & (trace["kind"] == "OPTIM")  # a ps server's update (real.ps)
+    server = (trace["stream"] == "collective") & (trace["kind"] == "OPTIM")  # a ps server's update (real.dp.ps)
     ranks = sorted(int(r) for r in trace[~server]["rank"].unique())  # the simulator's ps: updates on trainers
     per_rank = []
     for r in ranks:

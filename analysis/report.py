@@ -2,10 +2,10 @@
 
     schedlab report --out out/report [--pp 4 --microbatches 8 --chunks 2] [--real t1.csv ...]
 
-    >>> from sim.sweep import SweepConfig, run_sweep
+    >>> from sim.plan.sweep import SweepConfig, run_sweep
     >>> write_report("out/report", run_sweep(SweepConfig(pp=4, microbatches=8)))  # doctest: +SKIP
 
-The simulations come from :func:`sim.sweep.run_sweep`; this module only reads them.
+The simulations come from :func:`sim.plan.sweep.run_sweep`; this module only reads them.
 
 Sections: the comparison table at one shape, a recommendation, bubble ratio
 against the number of microbatches (with the closed forms where they exist),
@@ -26,15 +26,15 @@ from typing import TYPE_CHECKING, Any
 from analysis.compare import comparison_table
 from analysis.theory import bubble_ratio as closed_form_bubble
 from analysis.timeline import plot_timeline, plot_timelines
-from analysis.validation import compare_pair, format_tau, plot_validation, validation_summary
-from schedules.outputs import check_output_dir, replace_folder
+from analysis.validation.scores import compare_pair, format_tau, plot_validation, validation_summary
+from common.outputs import check_output_dir, replace_folder
 from schedules.trace import write_trace
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from analysis.dp_compare import DPModeRow
-    from sim.sweep import RecomputePoint, Sweep, SweepConfig
+    from sim.plan.sweep import RecomputePoint, Sweep, SweepConfig
 
 __all__ = ["check_report_dir", "is_report_folder", "plot_recompute_tradeoff", "write_report"]
 
@@ -256,7 +256,7 @@ def write_report(out: str | os.PathLike, sweep: Sweep, validation: dict[str, Any
     """Plot what ``sweep`` simulated and write ``out/report.md``; returns its path.
 
     The report is written into a fresh folder beside ``out`` and swapped in
-    whole (:func:`schedules.outputs.replace_folder`): a failure leaves the
+    whole (:func:`common.outputs.replace_folder`): a failure leaves the
     previous report as it was, and no file of a previous report remains. ``dp_modes``: the rows of a
     data-parallel comparison (:mod:`analysis.dp_compare`), a section of their own. An
     existing ``out`` must be empty or hold only what a report writes

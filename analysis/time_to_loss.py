@@ -4,7 +4,7 @@ A mode that communicates less per step may need more steps to reach a loss;
 which one wins depends on the network. Here the steps come from a measured
 loss curve (a real run of the mode, e.g. on this machine) and the seconds per
 step from the simulator on the cluster of interest
-(:func:`sim.comm_modes.mode_step_time`):
+(:func:`sim.plan.comm_modes.mode_step_time`):
 
     steps to L = the number of steps done when the loss is first <= L
     time to L  = steps to L x simulated seconds per step (amortized for local-sgd)
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from schedules import ConfigError
-from schedules.dp import DP_MODES, PEER_SELECTIONS
+from schedules.dp.modes import DP_MODES, PEER_SELECTIONS
 
 __all__ = ["LossCurve", "ModeSpec", "format_table", "parse_mode", "plot_loss_vs_time", "read_curve", "smoothed",
            "steps_to_loss", "time_to_loss_rows"]

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from schedules.errors import ScheduleError
+from common.errors import ScheduleError
 from schedules.trace import median_step
 from schedules.util import atomic_write, check_output_file
 

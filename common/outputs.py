@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
-from schedules.errors import OutputError, quote
+from common.errors import OutputError, quote
 
 __all__ = [
     "atomic_write",

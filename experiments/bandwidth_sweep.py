@@ -7,7 +7,7 @@ Steps to the target loss: measured, from the curves ``experiments/comm_modes_los
 ``metrics.jsonl`` per mode, dp 4 on this machine), the losses smoothed over ``--smooth`` steps. Seconds per step:
 simulated, gpt-1.5b on 64 H100s (8 DGX nodes, NVLink inside a node), pp 1, dp 64, 4 microbatches of 4
 sequences, 1F1B, with each GPU's inter-node link swept from 1 to 400 Gb/s (its latency as the preset's). Time to
-the loss = steps x seconds per step (local-sgd amortized over K, :mod:`sim.comm_modes`). Two exact baselines: ddp
+the loss = steps x seconds per step (local-sgd amortized over K, :mod:`sim.plan.comm_modes`). Two exact baselines: ddp
 with the simulator's choice of all-reduce (hierarchical here: reduce-scatter in the node, ring across nodes on
 1/8 of the bytes, all-gather in the node) and ddp with a flat ring all-reduce. The target loss (default): the
 highest of the modes' lowest smoothed losses, so every mode reaches it. Deterministic: no timing is measured.
@@ -25,14 +25,14 @@ from pathlib import Path
 from analysis.cli.common import OneLineParser, errors_to_exit
 from analysis.results_page import check_page, table, write_page
 from analysis.time_to_loss import LossCurve, parse_mode, plot_loss_vs_time, read_curve, smoothed, steps_to_loss
+from common.outputs import check_output_file
 from schedules import ConfigError
-from schedules.outputs import check_output_file
-from sim.cluster import Link, cluster_preset
-from sim.comm_modes import mode_step_time
-from sim.parallel import ParallelConfig
-from sim.study import Study
-from sim.transformer import model_preset
-from sim.transformer_costs import TransformerCosts
+from sim.costs.cluster import Link, cluster_preset
+from sim.costs.parallel import ParallelConfig
+from sim.costs.transformer import model_preset
+from sim.costs.transformer_costs import TransformerCosts
+from sim.plan.comm_modes import mode_step_time
+from sim.plan.study import Study
 
 MODEL, CLUSTER, DP, MICROBATCHES, MB_SIZE = "gpt-1.5b", "dgx-h100:8", 64, 4, 4
 GBPS = (1, 2, 5, 10, 20, 50, 100, 200, 400)

@@ -2,7 +2,7 @@
 
     python experiments/bench_plan.py [--workers 2] [--json] [--skip-405b] [--markdown docs/results/bench_plan.md]
 
-Plan cases (``sim.plan.plan``, all cores unless --workers): Llama 3 405B on 64
+Plan cases (``sim.plan.search.plan``, all cores unless --workers): Llama 3 405B on 64
 DGX H100 nodes (global batch 2048 x 8192 tokens, the issue's "done when"
 command) and GPT 1.5B on one node (batch 64), about 10,000 candidates each or
 more. Goal: 10,000 candidates in at most 60 s on 2 cores.
@@ -27,10 +27,10 @@ from analysis.cli.common import OneLineParser, errors_to_exit, positive_int
 from analysis.results_page import check_page, table, write_page
 from schedules import build, check, lower, validate
 from schedules.lower import _GraphBuilder
-from sim.cluster import cluster_preset
-from sim.plan import plan
-from sim.plan_space import PlanSpace
-from sim.transformer import model_preset
+from sim.costs.cluster import cluster_preset
+from sim.costs.transformer import model_preset
+from sim.plan.search import plan
+from sim.plan.space import PlanSpace
 
 PLANS = [("llama3-405b", "dgx-h100:64", 2048, 8192), ("gpt-1.5b", "dgx-h100:1", 64, 1024)]
 GRAPHS = [("1f1b", 32, 256, 1), ("interleaved-1f1b", 32, 256, 2), ("zb-v", 16, 256, 2), ("dualpipe-v", 16, 256, 2)]
@@ -111,7 +111,7 @@ def _page(lowering: list[dict], plans: list[dict], args: argparse.Namespace) -> 
                "same command without that flag.") if args.skip_405b else ""
     workers = args.workers if args.workers is not None else "all cores"
     return f"""\
-**Planning** (`sim.plan.plan`, top 5, workers: {workers}). Goal: 10,000 candidates in at most 60 s on 2
+**Planning** (`sim.plan.search.plan`, top 5, workers: {workers}). Goal: 10,000 candidates in at most 60 s on 2
 cores.{reduced}
 
 {table(["case", "candidates", "fit in memory", "simulated", "seconds", "candidates/s", "best"], pl)}

@@ -1,4 +1,4 @@
-"""Check the Megatron-LM flag table (analysis.export_megatron.FLAG_SOURCES) against a Megatron-LM checkout.
+"""Check the Megatron-LM flag table (analysis.plan.megatron.FLAG_SOURCES) against a Megatron-LM checkout.
 
     python experiments/check_megatron_flags.py --repo PATH/TO/Megatron-LM.git [--commit REV]
 
@@ -14,7 +14,7 @@ import argparse
 import subprocess
 import sys
 
-from analysis.export_megatron import FLAG_SOURCES, MEGATRON_COMMIT
+from analysis.plan.megatron import FLAG_SOURCES, MEGATRON_COMMIT
 
 _FIELD_OF = {"--disable-bias-linear": "add_bias_linear"}
 

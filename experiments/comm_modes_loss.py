@@ -19,9 +19,9 @@ from pathlib import Path
 from analysis.cli.common import OneLineParser, errors_to_exit, fail
 from analysis.results_page import check_page, table, write_page
 from analysis.time_to_loss import parse_mode, read_curve
+from common.outputs import check_output_dir
 from real.data.tokens import prepare
 from real.launch import torchrun
-from schedules.outputs import check_output_dir
 
 MODES = ("ddp", "local-sgd:4", "local-sgd:16", "decentralized:ring", "decentralized:random")
 DP = 4

@@ -7,7 +7,7 @@ Each codec trains the built-in GPT (4 layers, dim 64, 4 heads, seq 64, byte voca
 microbatches, a global batch of 16, AdamW at lr 3e-3, buckets of 0.1 MiB, seed 0, so every run starts
 from the same weights and sees the same batches. Per codec it reports the loss after the last step and
 its distance to exact ddp's, the bytes of the last step's gradient collectives on rank 0, measured (the
-trace's rows) and predicted (:func:`real.compress_bytes.predicted_step_bytes`), their ratio to exact
+trace's rows) and predicted (:func:`real.dp.compress_bytes.predicted_step_bytes`), their ratio to exact
 ddp's, and the median step time on this machine (noisy on a shared machine: timings, not a claim).
 """
 
@@ -22,11 +22,11 @@ import torch
 
 from analysis.cli.common import OneLineParser, errors_to_exit
 from analysis.results_page import check_page, write_page
-from real.compress_bytes import predicted_step_bytes
+from common.errors import ConfigError
 from real.data.tokens import prepare
+from real.dp.compress_bytes import predicted_step_bytes
 from real.launch import torchrun
-from schedules.compression import parse_compression
-from schedules.errors import ConfigError
+from schedules.dp.codecs import parse_compression
 from schedules.trace import read_trace
 
 RUNS = (("ddp", "none"), ("ddp", "fp16"), ("ddp", "bf16"), ("ddp", "int8"), ("ddp", "powersgd:1"),

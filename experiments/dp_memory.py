@@ -20,9 +20,9 @@ import torch
 
 from analysis.cli.common import OneLineParser, errors_to_exit
 from analysis.results_page import check_page, write_page
+from common.outputs import atomic_write, check_output_file
 from real import ModelConfig, RunConfig, make_plan
 from real.launch import torchrun
-from schedules.outputs import atomic_write, check_output_file
 from sim.memory import rank_memory, server_memory
 
 MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)

@@ -16,7 +16,7 @@ for the elastic case (128 replicas of 128 GPUs, 2 h repairs), waiting for the
 repair with shrinking and continuing. Writes out/goodput.png.
 
 Live mode against checkpoint-restart by cluster size (1k to 100k GPUs, the same
-per-GPU failure rate; :mod:`sim.live`): each with Young's and Daly's interval
+per-GPU failure rate; :mod:`sim.faults.live`): each with Young's and Daly's interval
 at the MTBF of the failures it must restart from. Live costs per failure: the
 detection and the quorum measured by ``experiments/live_pause.py`` (``--pause``),
 the state transfer scaled by bytes from that measurement to one GPU's state of
@@ -35,10 +35,10 @@ from pathlib import Path
 
 from analysis.cli.common import OneLineParser, errors_to_exit, positive_int
 from analysis.results_page import check_page, table, write_page
+from common.outputs import atomic_write, check_output_dir
 from schedules import ConfigError
-from schedules.outputs import atomic_write, check_output_dir
-from sim.failures import FailureModel, daly_interval, simulate_elastic, sweep_intervals, young_interval
-from sim.live import LiveCosts, checkpoint_interval, live_goodput, restart_goodput
+from sim.faults.failures import FailureModel, daly_interval, simulate_elastic, sweep_intervals, young_interval
+from sim.faults.live import LiveCosts, checkpoint_interval, live_goodput, restart_goodput
 
 GPUS = 16_384
 JOB_MTBF = 54 * 24 * 3600 / 419  # seconds, Llama 3 (Dubey et al. 2024)
@@ -138,7 +138,7 @@ def _measured(path: str) -> dict:
 
 
 def _by_cluster_size(measured: dict, job_wide: float) -> list[dict]:
-    """Goodput of both modes at each cluster size, with Young's and Daly's intervals (closed form, sim.live)."""
+    """Goodput of both modes at each cluster size, with Young's and Daly's intervals (closed form, sim.faults.live)."""
     costs = LiveCosts(detection=measured["detection"], quorum=measured["quorum"],
                       transfer_s_per_byte=measured["transfer_s_per_byte"], state_bytes=STATE_BYTES_PER_GPU,
                       replacement=RESTART, step_time=STEP, job_wide=job_wide)
@@ -163,7 +163,7 @@ def _page(summary: dict, markdown: str, png: Path) -> str:
     figure = os.path.relpath(png.resolve(), Path(markdown).resolve().parent)
     bs, ba, el = summary["best_sync"], summary["best_async"], summary["elastic"]
     return f"""\
-`sim/failures.py` on a Llama-3-scale job: {GPUS:,} GPUs with the job MTBF of Llama 3's pre-training
+`sim/faults/failures.py` on a Llama-3-scale job: {GPUS:,} GPUs with the job MTBF of Llama 3's pre-training
 (419 interruptions in 54 days: {summary['job_mtbf_h']:.2f} h; Dubey et al. 2024, sec. 3.3.4). Assumed: a
 {STEP:g} s step, a {CKPT:g} s checkpoint ({CKPT_BLOCKING:g} s blocking when asynchronous), a
 {RESTART / 60:g} min restart, {HOURS} h of training; mean goodput (useful time / wall time) over
@@ -193,7 +193,7 @@ def _live_section(live: dict, figure: str) -> str:
     return f"""\
 ## Live fault tolerance against checkpoint-restart, by cluster size
 
-`sim/live.py` (closed form): the same per-GPU failure rate as above at 1,024 to 100,000 GPUs, replicas of
+`sim/faults/live.py` (closed form): the same per-GPU failure rate as above at 1,024 to 100,000 GPUs, replicas of
 {REPLICA_GPUS} GPUs (Llama 3 405B's TP 8 x PP 16). Checkpoint-restart: Daly's expected goodput with a
 {CKPT:g} s checkpoint and a {RESTART / 60:g} min restart. Live (`--elastic live`): per failure, the detection
 ({m['detection']:.3f} s) and the quorum ({m['quorum']:.3f} s) measured by `experiments/live_pause.py`

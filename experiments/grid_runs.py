@@ -5,7 +5,7 @@
 Each RUN.json is the ``validation.json`` of one ``experiments/validate_sim.py`` run (``--out`` DIR), the runs
 taken one after the other on the same code. Prints, per data-parallel row, its error on each run, whether it is
 within ``--bound`` on all of them, and for the run where it is worst the part of the step whose measured and
-predicted times differ most (analysis.grid_runs). ``--markdown`` writes the same as a results page.
+predicted times differ most (analysis.validation.grid_runs). ``--markdown`` writes the same as a results page.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from analysis.cli.common import OneLineParser
-from analysis.grid_runs import repeat_rows, run_summary
+from analysis.validation.grid_runs import repeat_rows, run_summary
 
 
 def _args(argv: list[str] | None = None):

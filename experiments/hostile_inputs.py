@@ -377,7 +377,7 @@ def _hardening_files(h: Path) -> None:
 
 
 def _hardening_cases(d: Path) -> list[Case]:
-    from schedules.errors import quote
+    from common.errors import quote
 
     h = d / "hard"
     _hardening_files(h)

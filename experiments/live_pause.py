@@ -6,7 +6,7 @@ A torchft lighthouse in this process and two replicas (pp 1, gloo), each
 under its own torchrun with ``--max-restarts 1``; replica 1 SIGKILLs itself
 at step 5 and torchrun starts it again; each step lasts at least 0.2 s, so
 the new process joins while replica 0 trains. From the replicas' event logs
-(:func:`real.elastic.pause_report`): the detection, the new quorum, the
+(:func:`real.faults.elastic.pause_report`): the detection, the new quorum, the
 survivor's pause, the replacement's start and its state transfer (seconds and
 bytes), and the rate of torchft's HTTPTransport on 128 MiB. ``--json`` writes them for ``experiments/goodput.py --pause``.
 """
@@ -23,9 +23,9 @@ from pathlib import Path
 
 from analysis.cli.common import OneLineParser, errors_to_exit, positive_int
 from analysis.results_page import check_page, table, write_page
-from real.elastic import pause_report
+from common.outputs import atomic_write, check_output_file
+from real.faults.elastic import pause_report
 from real.launch import torchrun
-from schedules.outputs import atomic_write, check_output_file
 
 MODEL = ["--layers", "2", "--dim", "64", "--heads", "4", "--vocab", "256", "--seq", "32"]
 KILL_AT, MIN_STEP = 5, 0.2

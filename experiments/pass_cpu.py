@@ -10,7 +10,7 @@ e.g. (the grid's model and buckets, docs/dp-modes.md "What a zero3 pass costs on
 
 Each rank runs ``python -m real`` with the flags after ``--``, and times every forward and backward pass
 (``real.executor.Executor._forward`` / ``_backward``) and the pieces of zero2/zero3's sync
-(``real.zero.ShardedSync``: the gradient hook's ``_reduce``, the gathers' launch and wait, the free) three
+(``real.dp.zero.ShardedSync``: the gradient hook's ``_reduce``, the gathers' launch and wait, the free) three
 ways: wall time, the thread's CPU time (``time.thread_time``: what a loaded machine does not inflate) and
 its minor page faults. It writes ``DIR/rank{R}.json``: {name: {calls, wall_ms, cpu_ms, minor_faults}} per
 call, and prints rank 0's table. Wall time over CPU time says how much of a pass went to waiting for the core.
@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from analysis.cli.train import main as train_main
+from real.dp.zero import ShardedSync
 from real.executor import Executor
-from real.zero import ShardedSync
 
 PIECES = {"F": (Executor, "_forward"), "B": (Executor, "_backward"), "reduce": (ShardedSync, "_reduce"),
           "launch_gather": (ShardedSync, "_launch_gather"), "wait_gather": (ShardedSync, "_wait_gather"),

@@ -12,9 +12,9 @@ interleaved backward, under ddp), microbatches 2..16 where the schedule takes
 them. Candidates are ranked by predicted samples per second (the microbatch
 size is fixed, so the batch grows with m: one profile serves every candidate).
 
-Costs by the calibration protocol (:mod:`analysis.calibration`, docs/validation-protocol.md):
+Costs by the calibration protocol (:mod:`analysis.validation.calibration`, docs/validation-protocol.md):
 ``real.profile`` once (every stage count the plan needs; the pair's own profile for dp=2), then
-:func:`sim.profiled.from_trace` on the traces of one calibration run (``--calibrate-from``,
+:func:`sim.costs.profiled.from_trace` on the traces of one calibration run (``--calibrate-from``,
 default 1f1b at m=8). A row of that configuration is marked in-sample.
 
 Then the planner's top 5 and bottom 3 run for real, interleaved in rounds
@@ -39,17 +39,17 @@ import sys
 import time
 from pathlib import Path
 
-from analysis.calibration import (
-    Calibration,
-    dp_graph,
-    predict,
-)
 from analysis.cli.common import OneLineParser, guarded
 from analysis.cli.progress import run_progress
 from analysis.cli.scripts import add_grid_args, check_grid_args, profile_guard, report_results
 from analysis.cli.train import add_model_args, model_from_args
 from analysis.results_page import table as markdown_table
-from analysis.validation import (
+from analysis.validation.calibration import (
+    Calibration,
+    dp_graph,
+    predict,
+)
+from analysis.validation.scores import (
     GOAL_GAP,
     GOAL_TAU,
     decomposition,
@@ -60,7 +60,7 @@ from analysis.validation import (
     verdict_line,
 )
 from real import ModelConfig
-from real.protocol import MODEL_SHAPE, dp_buckets, dp_config, pipeline_config, profile_machine
+from real.profile.protocol import MODEL_SHAPE, dp_buckets, dp_config, pipeline_config, profile_machine
 
 DP_SCHEDULES = ("gpipe", "1f1b")
 
@@ -100,7 +100,7 @@ def _check(p: OneLineParser, a) -> None:
 def candidates(schedules: list[str] | None, ms: list[int]) -> list[tuple[str, int, int, int]]:
     """(schedule, pp, dp, m) of the plan."""
     from schedules import names, spec
-    from sim.plan_space import shape_ok
+    from sim.plan.space import shape_ok
 
     scheds = [s for s in (schedules or names()) if s and not spec(s).adaptive]
     out = [(s, 2, 1, m) for s in scheds for m in ms if shape_ok(s, 2, m, spec(s).default_chunks)]

@@ -4,7 +4,7 @@ hook (a barrier, not timed: no replica drift in it).
 
     timeout 120 torchrun --nproc-per-node 2 experiments/psgd_hooks.py [--reps 10] [--rounds 3] [--microbatch-size 4]
 
-The grid's model (``real.protocol.MODEL_SHAPE``) as one stage, its buckets at ``real.protocol.BUCKET_MB``,
+The grid's model (``real.profile.protocol.MODEL_SHAPE``) as one stage, its buckets at ``real.profile.protocol.BUCKET_MB``,
 ``powersgd:4``, gloo. Rank 0 logs one line per round, the three ways in turn (ms a step, median over repetitions and both ranks):
 inside - aligned is the drift's share, aligned - back to back what a backward in progress does to the hooks
 (the future callbacks' hand-offs with autograd's engine in the pass, the caches the compute leaves). Timings
@@ -22,8 +22,8 @@ import torch.distributed as dist
 from real import ModelConfig
 from real.profile import _fit_alpha_beta, _gathered, _StageBench
 from real.profile.powersgd import powersgd_section
+from real.profile.protocol import BUCKET_MB, MODEL_SHAPE, POWERSGD_RANK
 from real.profile.psgd_backward import hooks_in_backward
-from real.protocol import BUCKET_MB, MODEL_SHAPE, POWERSGD_RANK
 
 log = logging.getLogger("psgd_hooks")
 

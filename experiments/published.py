@@ -18,7 +18,7 @@ import sys
 from analysis.cli.common import OneLineParser, errors_to_exit
 from analysis.cli.progress import Progress
 from analysis.results_page import check_page, write_page
-from sim.devices import DEVICE_MODELS
+from sim.costs.devices import DEVICE_MODELS
 from sim.published import FIT_EVALUATIONS, SUITES, fit_gemm_efficiency, memory_rows, score, suite_runs, summarize
 from sim.published.report import markdown, text
 

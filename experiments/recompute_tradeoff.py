@@ -2,7 +2,7 @@
 
 Rows: no recomputation; R right before every backward (``--recompute full``); the recompute-in-the-bubbles
 pass (after Mario, PPoPP 2025: drop the R's the limit does not need, move the rest into idle time) at
-memory limits of 1, 2 and 3 M_B (:func:`sim.sweep.recompute_tradeoff`, what the report shows).
+memory limits of 1, 2 and 3 M_B (:func:`sim.plan.sweep.recompute_tradeoff`, what the report shows).
 
 Usage: python experiments/recompute_tradeoff.py [--pp 4] [--microbatches 8] [--plot docs/recompute-tradeoff.png]
        [--markdown docs/results/recompute_tradeoff.md]
@@ -18,7 +18,7 @@ from pathlib import Path
 from analysis.cli.common import OneLineParser, errors_to_exit, positive_int
 from analysis.results_page import check_page, table, write_page
 from schedules import ScheduleError
-from sim.sweep import recompute_tradeoff
+from sim.plan.sweep import recompute_tradeoff
 
 SCHEDULES = ["gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v", "v-half", "v-min", "dualpipe-v"]
 LIMITS = (1.0, 2.0, 3.0)
@@ -76,7 +76,7 @@ Uniform costs tf = tb = tw = 1, tcomm = 0, at p={args.pp}, m={args.microbatches}
 their default chunks). Each cell is the step (makespan) / the largest peak of activations over ranks (M_B).
 "full": an R right before every backward; "bubbles@L": the recompute-in-the-bubbles pass within L M_B per
 rank (drop the R's the limit does not need, move the rest into earlier idle time), as
-`sim.sweep.recompute_tradeoff` computes for the report.
+`sim.plan.sweep.recompute_tradeoff` computes for the report.
 
 {table([f"p={args.pp}, m={args.microbatches}", *labels], cells)}
 {figure}"""

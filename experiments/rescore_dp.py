@@ -5,8 +5,8 @@
 DIR is a ``validate_sim.py --out`` directory: its ``validation.json`` (the rows' measurements and the traces
 each calibration read), ``profile.json``, ``profile-dp2.json`` and ``traces/``, read where they lie now (the
 paths the JSON recorded are taken relative to the ``--out`` it was written under). The calibration is rebuilt
-as the grid built it (:meth:`analysis.calibration.Calibration.of` on the same traces), and each row of the
-modes is predicted as :func:`analysis.calibration.dp_row` predicts it (its step and its parts). Prints per row
+as the grid built it (:meth:`analysis.validation.calibration.Calibration.of` on the same traces), and each row of the
+modes is predicted as :func:`analysis.validation.calibration.dp_row` predicts it (its step and its parts). Prints per row
 the measured step, the grid's prediction and error, today's, and both parts (ms). What a model change does to
 rows already measured, without a new grid (docs/dp-modes.md, "What a ps step costs").
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.cli.common import OneLineParser
-from real.protocol import GRID_DP_MODES
+from real.profile.protocol import GRID_DP_MODES
 
 
 def _args(argv: list[str] | None = None):
@@ -41,14 +41,14 @@ def _args(argv: list[str] | None = None):
 def rescore(root: Path, modes: list[str]) -> list[dict[str, Any]]:
     """Each data-parallel row of ``modes`` in ``root``'s grid: measured, the grid's prediction, today's, and the
     parts (measured as the grid took them apart, predicted today)."""
-    from analysis.async_grid import predict_async
-    from analysis.async_grid import predicted_parts as async_parts
-    from analysis.calibration import Calibration, dp_graph
-    from analysis.dp_modes import split_mode
-    from analysis.dp_transfer import predicted_parts
+    from analysis.validation.async_grid import predict_async
+    from analysis.validation.async_grid import predicted_parts as async_parts
+    from analysis.validation.calibration import Calibration, dp_graph
+    from analysis.validation.dp_modes import split_mode
+    from analysis.validation.dp_transfer import predicted_parts
     from real.config import ModelConfig
-    from real.protocol import STALENESS, SYNC_EVERY, dp_buckets, dp_shapes
-    from real.zero import MAX_INFLIGHT
+    from real.dp.zero import MAX_INFLIGHT
+    from real.profile.protocol import STALENESS, SYNC_EVERY, dp_buckets, dp_shapes
 
     data = json.loads((root / "validation.json").read_text())
     out_dir = Path(data["profile"]).parent  # the --out the grid was written under

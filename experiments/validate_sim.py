@@ -6,17 +6,17 @@
     python experiments/validate_sim.py --json            # exactly one JSON object
     python experiments/validate_sim.py --markdown docs/results/validation.md   # the results page too
 
-The protocol (docs/validation-protocol.md; the library is :mod:`analysis.calibration`), on 2 CPU
+The protocol (docs/validation-protocol.md; the library is :mod:`analysis.validation.calibration`), on 2 CPU
 ranks with gloo: profile the machine once (``real.profile``); run every configuration for real,
 interleaved in rounds (:func:`real.measure.measure_interleaved`); calibrate the simulator from the
 traces of one configuration (``--calibrate-from``, default 1f1b at the grid's middle microbatch
-count); predict every configuration; score the grid (:func:`analysis.validation.score_grid`).
+count); predict every configuration; score the grid (:func:`analysis.validation.scores.score_grid`).
 
 The calibration configuration is scored apart (in-sample: its own traces fitted the model); the
 headline error and tau_b are over the other rows, the out-of-sample ones. Rows are labelled pipeline
 (pp=2) or data-parallel (pp=1, dp=2: one row per mode of ``--dp-modes``, default ddp, sync, zero1,
 zero2, zero3, ps, decentralized, local-sgd, ddp+int8, ddp+fp16, ddp+bf16, ddp+powersgd:4 and async-ps:
-:mod:`analysis.dp_modes`), and
+:mod:`analysis.validation.dp_modes`), and
 both kinds are taken apart (replay, self-calibrated, transferred, noise). ps and async-ps run 3 processes (2
 trainers and a server), so their rounds run in a process group of their own, after the others.
 
@@ -35,19 +35,20 @@ import sys
 import time
 from pathlib import Path
 
-from analysis.calibration import (
-    Calibration,
-    dp_graph,
-    grid_rows,
-)
 from analysis.cli.common import OneLineParser, guarded
 from analysis.cli.progress import run_progress
 from analysis.cli.scripts import add_grid_args, check_grid_args, profile_guard, report_results
 from analysis.cli.train import add_model_args, model_from_args
 from analysis.results_page import table as markdown_table
-from analysis.validation import format_tau, noise_verdict, score_grid, verdict_line
+from analysis.validation.calibration import (
+    Calibration,
+    dp_graph,
+    grid_rows,
+)
+from analysis.validation.scores import format_tau, noise_verdict, score_grid, verdict_line
 from real import ModelConfig
-from real.protocol import (
+from real.dp.zero import MAX_INFLIGHT
+from real.profile.protocol import (
     GRID_DP_MODES,
     GRID_EXTRA_DP_MODES,
     MODEL_SHAPE,
@@ -57,7 +58,6 @@ from real.protocol import (
     pipeline_config,
     profile_machine,
 )
-from real.zero import MAX_INFLIGHT
 
 MODEL = ModelConfig(**MODEL_SHAPE)
 QUICK = (("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-v"), (4, 16))
@@ -174,7 +174,7 @@ def validate_all(a) -> dict:
 
 def _dp_keys(modes: list[str], ms: list[int]) -> list[tuple[str, int]]:
     """The data-parallel rows: every mode at the grid's smallest and middle microbatch counts; ddp at the middle
-    one (the data-parallel calibration run, analysis.dp_transfer) whatever the modes."""
+    one (the data-parallel calibration run, analysis.validation.dp_transfer) whatever the modes."""
     counts = sorted({ms[0], ms[len(ms) // 2]}) if modes else []
     keys = [(f"dp2-{mode}", m) for m in counts for mode in modes]
     mid = ("dp2-ddp", ms[len(ms) // 2])
@@ -208,13 +208,13 @@ def _measure(configs: dict, a, out: Path) -> dict:
 
 
 def _factor(dp_profile: Path | None) -> float | None:
-    from sim.profiled import load_profile
+    from sim.costs.profiled import load_profile
 
     return None if dp_profile is None else load_profile(dp_profile, 1).comm_slowdown
 
 
 def _hook_ns(dp_profile: Path | None) -> float | None:
-    from sim.profiled import load_profile
+    from sim.costs.profiled import load_profile
 
     return None if dp_profile is None else load_profile(dp_profile, 1).reduce_hook_ns_per_byte
 
@@ -279,9 +279,9 @@ def _machine_line(s: dict) -> list[str]:
 
 
 def _parts_table(s: dict) -> list[str]:
-    """Each data-parallel row's step taken apart (analysis.dp_transfer.PARTS): measured / predicted (predicted
+    """Each data-parallel row's step taken apart (analysis.validation.dp_transfer.PARTS): measured / predicted (predicted
     from the pipeline run), in ms, the mean traced step."""
-    from analysis.dp_transfer import PARTS
+    from analysis.validation.dp_transfer import PARTS
 
     rows = [r for r in s["schedules"] if "parts" in r]
     if not rows:
@@ -299,8 +299,8 @@ def _parts_table(s: dict) -> list[str]:
 
 
 def _hook_table(s: dict) -> list[str]:
-    """zero2/zero3's rows taken apart with and without the reduce-scatter hook charged (sim.profiled)."""
-    from analysis.dp_transfer import PARTS
+    """zero2/zero3's rows taken apart with and without the reduce-scatter hook charged (sim.costs.profiled)."""
+    from analysis.validation.dp_transfer import PARTS
 
     rows = [r for r in s["schedules"] if "without_reduce_hook" in r.get("parts", {})]
     if not rows:
@@ -323,7 +323,7 @@ def _ms(x: float | None) -> str:
 
 
 def _local_sgd_lines(s: dict) -> list[str]:
-    """local-sgd's row is scored per step amortized over K (analysis.dp_modes); its two steps apart."""
+    """local-sgd's row is scored per step amortized over K (analysis.validation.dp_modes); its two steps apart."""
     return [f"{r['schedule']}: scored on the time per step amortized over K; the plain step predicted "
             f"{_ms(r['predicted_local'])} ms, measured {_ms(r['measured_local'])} ms; the averaging step predicted "
             f"{_ms(r['predicted_averaging'])} ms, measured {_ms(r['measured_averaging'])} ms."
@@ -331,9 +331,9 @@ def _local_sgd_lines(s: dict) -> list[str]:
 
 
 def _async_lines(s: dict) -> list[str]:
-    """async-ps's row is scored on the time per update (analysis.async_grid)."""
+    """async-ps's row is scored on the time per update (analysis.validation.async_grid)."""
     return [f"{r['schedule']} m={r['microbatches']}: scored on the time per update (dp / the sum of the trainers' "
-            f"rates; measured: the trainers' median step), predicted by sim.async_ps's loop over the step at "
+            f"rates; measured: the trainers' median step), predicted by sim.costs.async_ps's loop over the step at "
             f"staleness {r['staleness']}; its parts' exposed holds what the loop adds to the graph's step; no replay "
             "(the graph's step is one lockstep step, the servers' updates fold pushes of other steps)."
             for r in s["schedules"] if r.get("dp_mode") == "async-ps"]
@@ -353,7 +353,7 @@ def _slowdown_line(s: dict) -> str:
                  f"computes (comm_stall) and a skew between its replicas of {100 * run.get('skew', 0.0):.1f}% of "
                  f"the busy time (the busier replica's pass time over the mean: x{run['straggler']:.3f}), which "
                  "predict the data-parallel rows (the skew added where the replicas wait for each other: "
-                 "analysis.dp_skew).")
+                 "analysis.validation.dp_skew).")
     return line
 
 

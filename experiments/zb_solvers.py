@@ -1,15 +1,15 @@
 """CP-SAT against HiGHS for zb-auto's exact refinement, on rows of the zero-bubble paper's Table 5.
 
 The same problem three ways, from the same heuristic seed, at the same time
-limit: CP-SAT (:func:`schedules.zb_exact.refine`, 8 workers, the seed as a
+limit: CP-SAT (:func:`schedules.library.zb_exact.refine`, 8 workers, the seed as a
 hint: what zb-auto uses), HiGHS through ``scipy.optimize.milp`` (no starting
 solution) and HiGHS through highspy (the seed as its first incumbent), both on
-:mod:`schedules.zb_milp`'s big-M formulation. Printed per row and solver: the
+:mod:`schedules.library.zb_milp`'s big-M formulation. Printed per row and solver: the
 bubble rate (the paper's definition) of what came back (the seed's if nothing
 better), and the wall time. Needs the ``milp`` extra (scipy, highspy).
 
 Usage: python experiments/zb_solvers.py [--time-limit 10] [--rows 0 1 3 6] [--markdown docs/results/zb_solvers.md]
-(row numbers of schedules.zb_paper.TABLE5)
+(row numbers of sim.published.zero_bubble.TABLE5)
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import time
 from analysis.cli.common import OneLineParser, errors_to_exit, nonnegative_float, nonnegative_int
 from analysis.results_page import check_page, table, write_page
 from schedules import build
+from schedules.library.zb_exact import refine
+from schedules.library.zb_milp import refine_milp
 from schedules.timing import evaluate
-from schedules.zb_exact import refine
-from schedules.zb_milp import refine_milp
-from schedules.zb_paper import TABLE5
+from sim.published.zero_bubble import TABLE5
 
 SOLVERS = {
     "cp-sat": lambda seed, t, limit, secs: refine(seed, *t, 0.0, limit, secs),
@@ -74,8 +74,8 @@ def _page(cells: list[list[str]], args: argparse.Namespace) -> str:
     return f"""\
 zb-auto's exact refinement (minimise the largest span at no larger makespan, memory limit 2p M_B) on rows of
 the zero-bubble paper's Table 5, three ways from the same heuristic seed at a {args.time_limit:g} s limit: CP-SAT
-(`schedules.zb_exact.refine`, the seed as a hint: what zb-auto uses), HiGHS through `scipy.optimize.milp` (no
-starting solution) and HiGHS through highspy (the seed as its first incumbent), both on `schedules/zb_milp.py`'s
+(`schedules.library.zb_exact.refine`, the seed as a hint: what zb-auto uses), HiGHS through `scipy.optimize.milp` (no
+starting solution) and HiGHS through highspy (the seed as its first incumbent), both on `schedules/library/zb_milp.py`'s
 big-M MILP. "bubble" is the paper's rate (1 - busy / largest span) of what came back, the seed's if nothing
 better ("(seed)"); "solution" says whether the solver returned a schedule at all.
 

@@ -8,8 +8,8 @@ and ZB-H2 columns of the p=8 rows from these times to all four printed digits
 (tests/test_zb_table5.py), so the model is the paper's.
 
 The last column is the exact refinement's status (optimal, feasible, no solution, timed out, seed optimal;
-:mod:`schedules.zb_auto`), ", kept" when its schedule beat the heuristic's. The rows live in
-:mod:`schedules.zb_paper`.
+:mod:`schedules.library.zb_auto`), ", kept" when its schedule beat the heuristic's. The rows live in
+:mod:`sim.published.zero_bubble`.
 
 Usage: python experiments/zb_table5.py [--time-limit S] [--pp P ...] [--markdown docs/results/zb_table5.md]
 (one line per configuration; --pp: only those rows)
@@ -23,7 +23,7 @@ import time
 
 from analysis.cli.common import OneLineParser, errors_to_exit, nonnegative_float, positive_int
 from analysis.results_page import check_page, table, write_page
-from schedules.zb_paper import TABLE5, zb2p, zb2p_refined
+from sim.published.zero_bubble import TABLE5, zb2p, zb2p_refined
 
 
 def main() -> None:
@@ -63,7 +63,7 @@ times of the paper's Table 9. The bubble rate is the paper's: 1 - busy / largest
 "heuristic" is zb-auto's list scheduler alone (`--time-limit 0`, reproducible bit for bit); "refined" adds
 the exact CP-SAT refinement for {args.time_limit:g} s, which may return a different schedule of no worse cost
 from run to run when the limit cuts the search. "seconds" is the refined build's wall time (heuristic
-included). The paper's figures are as read from its Table 5 (`schedules/zb_paper.py`). The last column is
+included). The paper's figures are as read from its Table 5 (`sim/published/zero_bubble.py`). The last column is
 the solver's status and whether its schedule was kept.
 
 {table(["model", "p", "m", "heuristic", f"refined ({args.time_limit:g} s)", "paper ZB-2p", "refined - paper (points)",

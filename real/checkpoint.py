@@ -56,8 +56,8 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
+from common.errors import MAX_QUOTE, check_positive_ints
 from schedules import CheckpointError
-from schedules.errors import MAX_QUOTE, check_positive_ints
 
 __all__ = [
     "LOCK", "MARKER", "CheckpointConfig", "Checkpointer", "Restored", "check_unlocked", "complete_checkpoints",

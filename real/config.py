@@ -13,14 +13,14 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from common.errors import check_choice, check_positive, check_positive_ints
 from real.checkpoint import CheckpointConfig
 from schedules import ConfigError, Kind, ScheduleError, TaskGraph, load_graph, lower, validate
-from schedules.compression import check_dp_mode, parse_compression
-from schedules.dp import DP_MODES as SCHEDULE_DP_MODES
-from schedules.dp import PEER_SELECTIONS
-from schedules.errors import check_choice, check_positive, check_positive_ints
+from schedules.dp.codecs import check_dp_mode, parse_compression
+from schedules.dp.modes import DP_MODES as SCHEDULE_DP_MODES
+from schedules.dp.modes import PEER_SELECTIONS
+from schedules.library.recompute import check_recompute, place_recompute
 from schedules.partition import split_layers, stage_ranges
-from schedules.recompute import check_recompute, place_recompute
 
 __all__ = [
     "BACKENDS",
@@ -47,12 +47,12 @@ __all__ = [
 ]
 
 MODEL_KINDS = ("gpt", "mlp")
-# The data-parallel modes of schedules.dp that the runtime implements (real.dp; zero2, zero3 = fsdp: real.zero;
-# ps, async-ps: real.ps / real.ps_async, with parameter servers; decentralized, local-sgd: real.peer_sync).
+# The data-parallel modes of schedules.dp.modes that the runtime implements (real.dp.sync; zero2, zero3 = fsdp: real.dp.zero;
+# ps, async-ps: real.dp.ps / real.dp.ps_async, with parameter servers; decentralized, local-sgd: real.dp.peer_sync).
 DP_MODES = ("sync", "ddp", "zero1", "zero2", "zero3", "fsdp", "ps", "async-ps", "decentralized", "local-sgd")
-PS_MODES = ("ps", "async-ps")  # the modes with parameter servers (real.ps, real.ps_async)
+PS_MODES = ("ps", "async-ps")  # the modes with parameter servers (real.dp.ps, real.dp.ps_async)
 if not set(DP_MODES) <= set(SCHEDULE_DP_MODES):
-    raise ImportError(f"real.config.DP_MODES {DP_MODES} must be modes of schedules.dp {SCHEDULE_DP_MODES}")
+    raise ImportError(f"real.config.DP_MODES {DP_MODES} must be modes of schedules.dp.modes {SCHEDULE_DP_MODES}")
 OPTIMIZERS = ("sgd", "adamw")
 BACKENDS = ("gloo", "nccl")
 DTYPES = ("float32", "bfloat16")  # bfloat16: autocast passes and bf16 messages, float32 master weights
@@ -120,7 +120,7 @@ class Layout:
     ``split`` gives the layers of each stage, ``boundaries`` the first layer of
     every stage but the first, ``balance`` "time" splits by profiled time (at
     most one of them; none: as even as possible).
-    ``recompute`` places R actions (:func:`schedules.recompute.place_recompute`):
+    ``recompute`` places R actions (:func:`schedules.library.recompute.place_recompute`):
     none, full (an R right before every backward) or bubbles (moved into idle
     time within ``recompute_limit`` M_B per rank).
     """
@@ -161,7 +161,7 @@ class DataConfig:
     factory: str | None = None  # "pkg.module:factory" of a user model (real.model_api); None: the built-in model
     token_file: str | None = None  # a token file (real.data.tokens) to train the gpt on; None: synthetic data
     # Each replica takes its per-step shard of the token file's windows as a lease from a data master on rank 0
-    # (real.datamaster.MasterBatches) instead of its fixed slice of the sampler's batch.
+    # (real.data.datamaster.MasterBatches) instead of its fixed slice of the sampler's batch.
     data_master: bool = False
 
     def __post_init__(self) -> None:
@@ -187,11 +187,11 @@ class OptimConfig:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SyncConfig:
     """Data-parallel synchronization: a mode of :data:`DP_MODES`, the bucket cap, and the codec of the gradient
-    collectives (:mod:`schedules.compression`: none, fp16, bf16, int8, powersgd:R).
+    collectives (:mod:`schedules.dp.codecs`: none, fp16, bf16, int8, powersgd:R).
 
-    ``servers``: parameter-server processes of modes ``ps`` and ``async-ps`` (:mod:`real.ps`), started
+    ``servers``: parameter-server processes of modes ``ps`` and ``async-ps`` (:mod:`real.dp.ps`), started
     besides the pp x dp trainers (global ranks pp x dp onwards); required by those, refused by the others.
-    ``staleness``: async-ps's bound, the steps a trainer may run ahead of the slowest (:mod:`real.ps_async`).
+    ``staleness``: async-ps's bound, the steps a trainer may run ahead of the slowest (:mod:`real.dp.ps_async`).
     ``sync_every`` (local-sgd: average the parameters once every that many steps) and ``peer_selection``
     (decentralized: ring or random).
     """

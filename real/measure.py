@@ -266,10 +266,10 @@ def measure_interleaved(
     from dataclasses import replace
     from pathlib import Path
 
+    from common.errors import check_positive_ints
     from real.config import RunConfig
     from real.launch import torchrun
     from schedules import ConfigError
-    from schedules.errors import check_positive_ints
 
     check_positive_ints("measurement protocol", rounds=rounds, steps=steps, attempts=attempts)
     if warmup < 0:

@@ -8,7 +8,7 @@ On a GPU the default group is "cpu:gloo,cuda:nccl": CUDA tensors go through
 NCCL, the few CPU control messages (clock offsets, losses, results) through
 gloo. Multi-node runs need nothing more than torchrun's rendezvous.
 
-With parameter servers (dp mode ps, :mod:`real.ps`) the ``servers`` processes
+With parameter servers (dp mode ps, :mod:`real.dp.ps`) the ``servers`` processes
 come after the pp x dp trainers: global ranks pp x dp .. pp x dp + servers - 1;
 they share one group (``server_group``) for gathering their shards into a
 checkpoint, and talk to the trainers point to point on the default group.

@@ -384,7 +384,7 @@ def data_for(config: RunConfig, user: UserModel | None) -> DataSource:
 
         tokens = TokenBatches.open(config)
         if config.data.data_master:
-            from real.datamaster import MasterBatches
+            from real.data.datamaster import MasterBatches
 
             return MasterBatches(tokens, dp=config.layout.dp, lease_timeout_s=config.runtime.timeout_s)
         return tokens

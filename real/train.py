@@ -30,10 +30,14 @@ import torch.distributed as dist
 
 from real import checkpoint as ckpt
 from real import stop, usercode
-from real.compress import codec_state, load_codec
 from real.config import Plan, RunConfig, make_plan
 from real.data import DataSource, microbatches, step_seed
-from real.datamaster import MasterBatches
+from real.data.datamaster import MasterBatches
+from real.dp.compress import codec_state, load_codec
+from real.dp.peer_sync import PeerSync, check_resume, make_data_sync
+from real.dp.ps import ParamServer, PSTrainer
+from real.dp.ps_async import AsyncParamServer, AsyncPSTrainer
+from real.dp.zero import SHARDED_MODES, full_state, load_full
 from real.executor import Executor, Stage
 from real.measure import ActivationMeter, Recorder, clock_offset, held_bytes
 from real.mesh import Mesh, env_world
@@ -52,10 +56,6 @@ from real.model_api import (
 )
 from real.models import make_optimizer
 from real.p2p import PeerError, PipeComm, matching_sends
-from real.peer_sync import PeerSync, check_resume, make_data_sync
-from real.ps import ParamServer, PSTrainer
-from real.ps_async import AsyncParamServer, AsyncPSTrainer
-from real.zero import SHARDED_MODES, full_state, load_full
 from schedules import Action, CheckpointError, ConfigError, Kind, SchedlabError, Stream
 from schedules.trace import check_trace_path, make_trace, write_trace
 
@@ -99,7 +99,7 @@ class RunResult:
     param_sha256: str | None = None
     start_step: int = 0
     resumed_from: str | None = None
-    staleness: dict[int, list[int]] | None = None  # async-ps: per trainer rank, each step's (real.ps_async)
+    staleness: dict[int, list[int]] | None = None  # async-ps: per trainer rank, each step's (real.dp.ps_async)
     ps_order: dict[int, list[tuple[int, int, int, int]]] | None = None  # async-ps: per server rank, its order
 
     def to_json(self) -> dict[str, Any]:
@@ -192,7 +192,7 @@ def run(
 
     ``user``: a model of :mod:`real.model_api` instead of the built-in one (``config.data.model`` is then unused).
     ``ps_order``: async-ps, the order each server (by rank) follows (a run's ``RunResult.ps_order``,
-    :mod:`real.ps_async`).
+    :mod:`real.dp.ps_async`).
     """
     _, world, _ = env_world()
     plan, model, data = plan_for(config, world, user)
@@ -222,7 +222,7 @@ def run(
 
 def _serve(plan: Plan, mesh: Mesh, backend: str, model: StagedModel, restored: ckpt.Restored | None,
            script: list | None = None) -> RunResult:
-    """A parameter server's run (dp mode ps, :mod:`real.ps`); rank 0, a trainer, gathers the results."""
+    """A parameter server's run (dp mode ps, :mod:`real.dp.ps`); rank 0, a trainer, gathers the results."""
     cfg = plan.config
     server = AsyncParamServer(plan, mesh, model, script) if cfg.sync.dp_mode == "async-ps" else ParamServer(plan, mesh, model)
     done = server.serve(restored)
@@ -401,8 +401,8 @@ class _Trainer:
         return float(value[0]) / self.plan.config.layout.dp, bool(value[1])
 
     def _codec(self):
-        """The gradient codec whose state a checkpoint holds (real.compress), None without one: only the
-        bucketed gradient syncs (real.dp, real.zero) have codecs; parameter servers and peer syncs have none."""
+        """The gradient codec whose state a checkpoint holds (real.dp.compress), None without one: only the
+        bucketed gradient syncs (real.dp.sync, real.dp.zero) have codecs; parameter servers and peer syncs have none."""
         return getattr(self.sync, "codec", None)
 
     def _load(self, restored: ckpt.Restored | None) -> tuple[int, list[float]]:
@@ -625,7 +625,7 @@ class _Trainer:
             "batch_size": cfg.data.batch_size,
             "microbatch_size": cfg.microbatch_size, "step": cfg.traced_step, "steps": cfg.steps,
             # rank 0's wall time of each traced step (its end to the previous step's end): programs, optimizer,
-            # the loss all-reduce; what sim.profiled.from_trace calls the step time.
+            # the loss all-reduce; what sim.costs.profiled.from_trace calls the step time.
             "step_times": {str(k): v for k, v in sorted(traced_times.items())},
             "layers_per_stage": [len(r) for r in self.plan.layers], "memory": memory,
         }

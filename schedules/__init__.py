@@ -11,9 +11,7 @@ resolves any schedule reference; ``torch_csv`` and ``torch_interop`` speak
 torch.distributed.pipelining's formats; ``trace`` is the shared trace format.
 """
 
-from schedules import controllable, flush, looped, zb_auto, zero_bubble  # noqa: F401  (registers the generators)
-from schedules.check import check_schedule
-from schedules.errors import (
+from common.errors import (
     CheckpointError,
     ClusterError,
     ConfigError,
@@ -22,15 +20,17 @@ from schedules.errors import (
     SchedlabError,
     ScheduleError,
 )
+from schedules.check import check_schedule
 from schedules.graph import Stream, Task, TaskGraph, find_cycle, topological_order
+from schedules.interop.torch_classes import from_torch, torch_schedule_names
+from schedules.interop.torch_csv import read_torch_csv, read_torch_csv_graph, write_torch_csv
 from schedules.ir import Action, Kind, Schedule
+from schedules.library import controllable, flush, looped, zb_auto, zero_bubble  # noqa: F401  (registers the generators)
+from schedules.library.zb_auto import ZBAutoOptions
 from schedules.load import load_graph, load_schedule
 from schedules.lower import graph_from_programs, insert_comms, lower
 from schedules.registry import PipelineParams, build, make_schedule, names, register, spec
-from schedules.torch_csv import read_torch_csv, read_torch_csv_graph, write_torch_csv
-from schedules.torch_interop import from_torch, torch_schedule_names
 from schedules.validate import validate
-from schedules.zb_auto import ZBAutoOptions
 
 __all__ = [
     "Action",

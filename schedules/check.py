@@ -6,7 +6,7 @@ found on the lowered graph by :func:`schedules.validate`.
 
 from __future__ import annotations
 
-from schedules.errors import ScheduleError
+from common.errors import ScheduleError
 from schedules.ir import COMPUTE_KINDS, Action, Kind, Schedule
 
 __all__ = ["check_schedule"]

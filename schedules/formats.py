@@ -1,6 +1,6 @@
 """Identifiers of the file formats that cross from the runtime to the simulator.
 
-``real.profile`` writes a cost file and ``sim.profiled`` reads it; neither
+``real.profile`` writes a cost file and ``sim.costs.profiled`` reads it; neither
 imports the other (the runtime needs torch, the simulator must not), so the
 contract lives here, below both. The trace format is :mod:`schedules.trace`.
 """

@@ -20,7 +20,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Any
 
-from schedules.errors import ScheduleError, quote
+from common.errors import ScheduleError, quote
 
 __all__ = ["BACKWARD_KINDS", "COMM_KINDS", "COMPUTE_KINDS", "Action", "Kind", "Schedule"]
 
@@ -43,7 +43,7 @@ class Kind(StrEnum):
     ALL_GATHER = "ALL_GATHER"
     OPTIM = "OPTIM"
     # A bucket's parameters sent to one data-parallel peer while the peer's arrive (one send/receive pair, the
-    # neighbour averaging of decentralized SGD, schedules.dp); its microbatch field numbers the neighbour.
+    # neighbour averaging of decentralized SGD, schedules.dp.modes); its microbatch field numbers the neighbour.
     EXCHANGE = "EXCHANGE"
 
 

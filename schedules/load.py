@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from schedules.errors import ScheduleError, quote
+from common.errors import ScheduleError, quote
 from schedules.graph import TaskGraph
+from schedules.interop.torch_classes import from_torch
+from schedules.interop.torch_csv import read_torch_csv, read_torch_csv_graph
 from schedules.ir import Schedule
 from schedules.lower import lower
 from schedules.registry import PipelineParams, build, lookup
-from schedules.torch_csv import read_torch_csv, read_torch_csv_graph
-from schedules.torch_interop import from_torch
 
 __all__ = ["load_graph", "load_schedule"]
 

@@ -27,8 +27,8 @@ import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from common.errors import ScheduleError
 from schedules.check import check_schedule
-from schedules.errors import ScheduleError
 from schedules.graph import STREAM_OF, Stream, Task, TaskGraph
 from schedules.ir import Action, Kind, Schedule
 from schedules.util import paused_gc

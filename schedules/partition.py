@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from schedules.errors import ConfigError, quote
+from common.errors import ConfigError, quote
 
 __all__ = ["split_layers", "stage_ranges"]
 

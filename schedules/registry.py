@@ -2,7 +2,7 @@
 
 A generator is a pure function ``(PipelineParams) -> Schedule``; an adaptive
 one (zb-auto) is ``(PipelineParams, options) -> Schedule`` and registers the
-frozen dataclass of its own options (:class:`schedules.zb_auto.ZBAutoOptions`),
+frozen dataclass of its own options (:class:`schedules.library.zb_auto.ZBAutoOptions`),
 which no other schedule sees.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from schedules.errors import ScheduleError, check_fraction, check_positive_ints, quote
+from common.errors import ScheduleError, check_fraction, check_positive_ints, quote
 from schedules.ir import Action, Schedule
 
 __all__ = [

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from schedules.errors import ScheduleError, quote
+from common.errors import ScheduleError, quote
 from schedules.util import atomic_write, check_output_file, read_text_file
 
 if TYPE_CHECKING:

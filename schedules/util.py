@@ -1,6 +1,6 @@
 """Small helpers with no schedule knowledge: a paused collector, text files read with one clear error.
 
-The output-path policy (checked early, written whole) lives in :mod:`schedules.outputs`; its three most used
+The output-path policy (checked early, written whole) lives in :mod:`common.outputs`; its three most used
 functions are re-exported here.
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from schedules.errors import ScheduleError
-from schedules.outputs import atomic_write, check_output_dir, check_output_file  # the output policy's home
+from common.errors import ScheduleError
+from common.outputs import atomic_write, check_output_dir, check_output_file  # the output policy's home
 
 __all__ = ["atomic_write", "check_output_dir", "check_output_file", "paused_gc", "percentile", "read_text_file"]
 
@@ -57,7 +57,7 @@ def read_text_file(path: Path, where: str, what: str) -> str:
 
 def percentile(xs: Sequence[float], q: float) -> float:
     """Linear-interpolated percentile (q in [0, 1]) of a non-empty sequence: the spread of measured step times
-    (real.measure, analysis.dp_modes)."""
+    (real.measure, analysis.validation.dp_modes)."""
     ordered = sorted(xs)
     pos = q * (len(ordered) - 1)
     lo = int(pos)

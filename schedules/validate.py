@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from common.errors import ScheduleError
 from schedules.check import check_schedule
-from schedules.errors import ScheduleError
 from schedules.graph import TaskGraph, find_cycle
 from schedules.ir import Schedule
 from schedules.lower import lower, work_checked

@@ -6,7 +6,7 @@
     0.2727272727272727
 """
 
-from sim.costs import CostModel, UniformCosts
+from sim.costs.uniform import CostModel, UniformCosts
 from sim.engine import RankStats, SimResult, simulate
 
 __all__ = ["CostModel", "RankStats", "SimResult", "UniformCosts", "simulate"]

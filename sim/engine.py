@@ -27,7 +27,7 @@ model, for the same effect:
   one with a ``max_inflight`` bound stops a zero2/zero3 rank's compute while
   more of its reduce-scatters are in flight;
 * ``fair`` (the GPU device models): a network with ``contention`` (the
-  device's ``comm_slowdown``, a sourced mean, :mod:`sim.devices`) slows a
+  device's ``comm_slowdown``, a sourced mean, :mod:`sim.costs.devices`) slows a
   rank's compute while any transfer of the rank is in flight
   (:func:`_contended`).
 
@@ -46,10 +46,10 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from schedules import ScheduleError, Stream, TaskGraph, validate
-from schedules.dp import server_update
+from schedules.dp.modes import server_update
 from schedules.trace import make_trace
 from schedules.util import paused_gc
-from sim.costs import CostModel
+from sim.costs.uniform import CostModel
 from sim.network import FairLinks, Network
 from sim.slowdown import check_factor, check_max_inflight, slowed_links
 
@@ -156,7 +156,7 @@ class SimResult:
             "peak_activations": self.peak_activations,
             "costs": self.costs,
             "ranks": [r.to_dict() for r in self.ranks],
-            # zb-auto: what its exact refinement did (schedules.zb_auto's module doc)
+            # zb-auto: what its exact refinement did (schedules.library.zb_auto's module doc)
             **({"refinement": sched.params["refinement"], "refined": sched.params["refined"]}
                if "refinement" in sched.params else {}),
         }

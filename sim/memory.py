@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schedules import TaskGraph
-from sim.costs import UniformCosts
+from sim.costs.uniform import UniformCosts
 from sim.engine import simulate
 
 __all__ = ["DeviceMemory", "ModelStates", "model_state_bytes", "model_states", "rank_memory", "server_memory"]

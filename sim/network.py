@@ -1,6 +1,6 @@
 """Links shared by concurrent transfers: the network a cost model hands the engine, and max-min fair sharing.
 
-A cost model that times transfers on ports (:class:`sim.transformer_costs.TransformerCosts`)
+A cost model that times transfers on ports (:class:`sim.costs.transformer_costs.TransformerCosts`)
 gives the engine a :class:`Network`: per task, a delay after its dependencies
 before it is ready (``lag``), the ports it crosses (``links``), the part of its
 duration that is latency rather than bytes on the wire (``latency``), and how
@@ -48,7 +48,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from schedules.errors import ConfigError, check_choice
+from common.errors import ConfigError, check_choice
 
 __all__ = ["LINK_MODELS", "FairLinks", "Network", "check_link_model", "max_min_rates"]
 

@@ -8,7 +8,7 @@ posting of its messages and the executor's gap are its own), and what remains
 is how tasks wait for each other and for messages. A message the receiver
 waited for takes what it took, from the later of the wait and the producer's
 end to its arrival; one that arrived before the wait costs the calibrated
-latency (:func:`sim.profiled.from_trace`).
+latency (:func:`sim.costs.profiled.from_trace`).
 
 A data-parallel trace (``dp`` > 1) replays on the graph of its mode (buckets
 per stage as the trace has them), each collective taking its measured
@@ -18,7 +18,7 @@ times are the measured ones, already slowed by any collective in flight, so
 the replay's ``comm_slowdown`` is 1.0 (and its ``max_inflight`` 0: the waits
 for zero2/zero3's reduce-scatters are in the measured times too). zero3's
 graph is the runtime's (``one_buffer``: a stage's gathers land in its one flat
-buffer, :mod:`real.zero`), whose traced gathers and reduce-scatters carry the
+buffer, :mod:`real.dp.zero`), whose traced gathers and reduce-scatters carry the
 microbatch of the pass they serve, so they are the graph's one for one. A
 trace whose collectives are not the graph's one for one (a trace recorded
 before that) has no data-parallel replay (:func:`dp_replayable`). local-sgd's
@@ -28,7 +28,7 @@ step replays on its own (:func:`graph_of` with the step), against the first
 replica's span: the replicas are not in lockstep (one that ends a local step
 early starts the next early), and a wait for another replica's averaging is in
 the first one's all-reduce service time. A ps trace's server rows (``{s}OPTIM``
-on a server's rank, collective stream: :mod:`real.ps`) time the graph's server
+on a server's rank, collective stream: :mod:`real.dp.ps`) time the graph's server
 updates: each stage's the longest over the servers.
 """
 
@@ -39,11 +39,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from common.errors import CostFileError
 from schedules import Kind, Stream, TaskGraph, build, lower, spec
-from schedules.dp import server_update
-from schedules.errors import CostFileError
+from schedules.dp.modes import server_update
+from sim.costs.profiled import ProfiledCosts, _frames, from_trace, occupancy, trace_calibration
 from sim.engine import simulate
-from sim.profiled import ProfiledCosts, _frames, from_trace, occupancy, trace_calibration
 
 __all__ = ["ReplayStep", "collective_service", "dp_replayable", "graph_of", "replay", "server_update_times", "server_updates",
            "trace_graph"]
@@ -70,7 +70,7 @@ def trace_graph(attrs: dict[str, Any]) -> TaskGraph:
     graph = lower(build(name, pp=pp, microbatches=m, chunks=int(params.get("chunks") or spec(name).default_chunks)))
     if int(attrs.get("dp", 1) or 1) == 1:
         return graph
-    from schedules.dp import add_data_parallel
+    from schedules.dp.modes import add_data_parallel
 
     mode = str(attrs.get("dp_mode"))
     return add_data_parallel(graph, mode, _trace_buckets(attrs, graph.schedule.num_stages),
@@ -117,7 +117,7 @@ def _buckets_of(df: Any) -> dict[int, int]:
 def collective_service(part: Any) -> list[tuple[int, str, int, float, float]]:
     """One step's collectives as served: (rank, action, occurrence, start, end), start the later of the issue and
     the end of the rank's previous collective (a rank's collectives are served one at a time), in end order.
-    A zero3 gather issued inside a compute row of its rank came from that task's end (``real.zero``'s
+    A zero3 gather issued inside a compute row of its rank came from that task's end (``real.dp.zero``'s
     ``after_task`` runs before the row's end is stamped), as the graph has it: it is served from the row's end."""
     out = []
     coll = part[part["stream"] == "collective"]

@@ -7,7 +7,7 @@ all-reduce of ddp stretched the last backward from 13 ms to 18-25 ms); on GPUs
 NCCL kernels take SMs from compute. ``real.profile`` measures the factor as a
 device property (``comm_slowdown`` in the cost file: a stage's passes timed
 alone and with a bucket-sized all-reduce in flight), and a cost model hands it
-to the engine as its ``comm_slowdown`` attribute (:class:`sim.profiled.ProfiledCosts`).
+to the engine as its ``comm_slowdown`` attribute (:class:`sim.costs.profiled.ProfiledCosts`).
 1.0, the default, leaves the engine's ordinary path, so every figure is
 unchanged bit for bit.
 
@@ -16,7 +16,7 @@ per second while none of the rank's collectives is in flight, and by
 1 / ``factor`` while one or more is. A compute task of duration d ends when
 its rank's clock has advanced d from its start; a collective's ready delay
 (the fraction of its anchor pass after which its bucket is ready,
-:class:`schedules.dp.DPPlan`) is counted on the same clock, so a bucket is
+:class:`schedules.dp.modes.DPPlan`) is counted on the same clock, so a bucket is
 ready when its pass has done that fraction of its work. A collective is in
 flight from its start (after any wait for its port) to its end. When a rank's
 rate changes, every end and ready delay pending on that rank is re-timed.
@@ -25,7 +25,7 @@ Closed form, one pass overlapping one collective entirely: a pass of d that
 runs during a transfer of t (t <= the stretched pass) takes d + t (1 - 1/factor).
 
 A runtime may also stop a rank's compute for its collectives: the zero2 and
-zero3 runtime (``real.zero.MAX_INFLIGHT``) issues a gradient bucket's
+zero3 runtime (``real.dp.zero.MAX_INFLIGHT``) issues a gradient bucket's
 reduce-scatter from the backward and then waits until at most that many are
 issued and not done, so that flat gradients do not pile up. A cost model's
 ``max_inflight`` (> 0) says so: while more of a zero2/zero3 rank's
@@ -34,8 +34,8 @@ stops, so its pass and its next buckets' readiness wait with it.
 
 The converse: compute slows communication. On the CPU testbed both cores run
 the two ranks' passes, and gloo's collective threads get little of them: a
-cost model's ``comm_stall`` (> 1; :class:`sim.profiled.ProfiledCosts`, fitted
-on a data-parallel run by :func:`analysis.dp_transfer.fitted_stall`) serves
+cost model's ``comm_stall`` (> 1; :class:`sim.costs.profiled.ProfiledCosts`, fitted
+on a data-parallel run by :func:`analysis.validation.dp_transfer.fitted_stall`) serves
 each rank's collectives one at a time, in issue order, the one in service at
 1 / ``comm_stall`` of its speed while its rank computes (a compute task in
 progress and not waiting for its reduce-scatters) and at full speed otherwise.
@@ -55,7 +55,7 @@ from collections.abc import Callable
 from typing import Any
 
 from schedules import Kind, Stream, TaskGraph
-from schedules.dp import server_update
+from schedules.dp.modes import server_update
 from sim.network import Network
 
 __all__ = ["SLOWED_WORK", "check_factor", "check_max_inflight", "slowed_links"]
@@ -63,7 +63,7 @@ __all__ = ["SLOWED_WORK", "check_factor", "check_max_inflight", "slowed_links"]
 # event items of the slowed path (tuples, beside sim.network's 0, 1, 2): a work-timed item is due; a transfer
 # whose port was busy starts; a transfer ends
 SLOWED_WORK, _XON, _XOFF, _XEND = 3, 4, 5, 6
-_BOUNDED_MODES = ("zero2", "zero3")  # the runtime bounds their per-microbatch reduce-scatters (real.zero)
+_BOUNDED_MODES = ("zero2", "zero3")  # the runtime bounds their per-microbatch reduce-scatters (real.dp.zero)
 _EPS = 1e-12  # relative: a re-timed end this close to now is due now (float rounding of the clock)
 
 

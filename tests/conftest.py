@@ -110,7 +110,7 @@ def launch_self(script: str, nproc: int, out: Path, timeout: float) -> list[Any]
 def tmp_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh temporary folder with a short name (``.../t<N>``), not pytest's ``.../<test name><N>``.
 
-    Error messages quote a path cut at ``schedules.errors.MAX_QUOTE`` characters, and several tests compare
+    Error messages quote a path cut at ``common.errors.MAX_QUOTE`` characters, and several tests compare
     such messages whole: under pytest-xdist (``make test`` runs two workers) the per-worker folder
     ``popen-gw<N>/`` makes pytest's own names longer, and these messages would be cut where they are not now.
     """

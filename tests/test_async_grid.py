@@ -1,7 +1,7 @@
-"""The validation grid's async-ps row (analysis.async_grid): the time per update from known costs, closed forms.
+"""The validation grid's async-ps row (analysis.validation.async_grid): the time per update from known costs, closed forms.
 
 Under tests/test_dp_grid_modes.py's costs with a p2p latency of 1 ms and an all-gather bandwidth of 4 MB/s (a push
-or a pull is one message of the bucket, sim.profiled.ProfiledCosts.bucket_message_time: 1 ms + 4000 bytes / 4 MB/s
+or a pull is one message of the bucket, sim.costs.profiled.ProfiledCosts.bucket_message_time: 1 ms + 4000 bytes / 4 MB/s
 = 2 ms), gpipe at m = 2 with 3 buckets: the passes end at 2F + 2B = 60 ms; the buckets are ready a third, two
 thirds and all the way into the last B (46.7, 53.3, 60 ms) and each push takes 2 ms, the last to 62 ms; the
 server's update (OPTIM, 3 ms) to 65 ms; the 3 pulls (2 ms each) to 71 ms. A trainer's cycle is compute 60 + 2 (step
@@ -17,9 +17,9 @@ import json
 import pandas as pd
 import pytest
 
-from analysis.async_grid import predict_async, predicted_parts
-from analysis.calibration import dp_graph
-from analysis.dp_modes import predict_mode
+from analysis.validation.async_grid import predict_async, predicted_parts
+from analysis.validation.calibration import dp_graph
+from analysis.validation.dp_modes import predict_mode
 from schedules import Kind
 from schedules.formats import PROFILE_SCHEMA
 from sim import simulate
@@ -58,7 +58,7 @@ def test_an_update_longer_than_the_cycle_paces_the_trainers(graph):
     whatever the bound, so the N steps of the loop end at cycle + (N - 1) update."""
     from dataclasses import replace
 
-    from sim.async_ps import STEPS
+    from sim.costs.async_ps import STEPS
 
     slow = _costs()
     slow = replace(slow, stages=(replace(slow.stages[0], optim=0.150),))
@@ -75,7 +75,7 @@ def test_the_predicted_update_taken_apart_puts_what_the_loop_changes_in_exposed(
 
 def _server_trace(graph) -> tuple[pd.DataFrame, float]:
     """Both trainers' traced step of the graph under _costs() at staleness 0 (ranks 0, 1), the server's update as
-    the runtime traces it (rank 2, real.ps_async), and the step's wall time."""
+    the runtime traces it (rank 2, real.dp.ps_async), and the step's wall time."""
     res = simulate(graph, _costs())
     parts = []
     for replica in (0, 1):
@@ -97,7 +97,7 @@ def test_grid_row_of_async_ps_is_self_calibrated_from_its_servers_trace(graph, t
     (the server's traced update its optimizer step) predict it exactly; the row says its staleness."""
     from types import SimpleNamespace
 
-    from analysis.calibration import Calibration, grid_rows
+    from analysis.validation.calibration import Calibration, grid_rows
     from schedules import load_graph, validate
     from schedules.trace import write_trace
     from tests.test_calibrate import _as_recorded, _profile_file
@@ -142,6 +142,6 @@ def test_validate_sim_page_says_how_async_ps_is_scored():
             {"schedule": "dp2-ddp", "dp_mode": "ddp"}]
     assert _validate_sim()._async_lines({"schedules": rows}) == [
         "dp2-async-ps m=4: scored on the time per update (dp / the sum of the trainers' rates; measured: the "
-        "trainers' median step), predicted by sim.async_ps's loop over the step at staleness 1; its parts' exposed "
+        "trainers' median step), predicted by sim.costs.async_ps's loop over the step at staleness 1; its parts' exposed "
         "holds what the loop adds to the graph's step; no replay (the graph's step is one lockstep step, the "
         "servers' updates fold pushes of other steps)."]

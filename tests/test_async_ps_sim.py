@@ -1,4 +1,4 @@
-"""async-ps in the simulator (sim.async_ps): trainers of different speeds under the staleness bound, closed forms.
+"""async-ps in the simulator (sim.costs.async_ps): trainers of different speeds under the staleness bound, closed forms.
 
 τ_i = compute / v_i + push + pull (the server's update 0 unless said): the slowest trainer (τ_s) never waits; a
 faster one starts step n at max(n τ_i, (n - S) τ_s), so over N steps it runs N / max(N τ_i, (N - S) τ_s) steps/s
@@ -13,13 +13,13 @@ import pytest
 
 from analysis.dp_compare import predict_dp_modes
 from schedules import ConfigError, Kind
-from sim.async_ps import Cycle, cycle_of, simulate_async_ps
-from sim.cluster import cluster_preset
-from sim.comm_modes import mode_step_time
-from sim.parallel import ParallelConfig
-from sim.study import Study, run_study
-from sim.transformer import model_preset
-from sim.transformer_costs import TransformerCosts
+from sim.costs.async_ps import Cycle, cycle_of, simulate_async_ps
+from sim.costs.cluster import cluster_preset
+from sim.costs.parallel import ParallelConfig
+from sim.costs.transformer import model_preset
+from sim.costs.transformer_costs import TransformerCosts
+from sim.plan.comm_modes import mode_step_time
+from sim.plan.study import Study, run_study
 
 CYCLE = Cycle(compute_s=2.0, push_s=0.5, pull_s=0.5)  # τ = 3 s at speed 1, 2 s at speed 2
 N = 10
@@ -84,7 +84,7 @@ def test_the_cycle_is_the_simulated_step_cut_at_the_last_compute_push_and_pull()
     pushed = max(end[t.id] for t in tasks if t.action.kind is Kind.REDUCE_SCATTER)
     updated = max(end[t.id] for t in tasks if t.action.kind is Kind.OPTIM)  # the servers' last update (stage 0's)
     assert c.compute_s + c.push_s == pushed and updated > pushed
-    # the step ends with its last pull, after the servers' last update (schedules.dp)
+    # the step ends with its last pull, after the servers' last update (schedules.dp.modes)
     assert c.own(1.0) + (updated - pushed) == pytest.approx(max(end), rel=1e-12)
 
 

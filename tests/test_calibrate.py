@@ -18,7 +18,7 @@ import pytest
 from schedules import CostFileError, Kind, load_graph, validate
 from schedules.trace import work_span
 from sim import simulate
-from sim.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, from_trace, step_time, trace_calibration
+from sim.costs.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, from_trace, step_time, trace_calibration
 from sim.replay import replay
 from tests.conftest import run_sim
 
@@ -259,7 +259,7 @@ def test_traces_of_different_runs_do_not_mix(recorded):
     ("ddp", 3.85), ("sync", 4.45)])
 def test_data_parallel_buckets_overlap_as_the_runtime_does(mode, makespan):
     from schedules import build, lower
-    from schedules.dp import add_data_parallel
+    from schedules.dp.modes import add_data_parallel
 
     graph = validate(add_data_parallel(lower(build("gpipe", pp=1, microbatches=1)), mode, [2]))
     costs = ProfiledCosts(stages=(StageCosts(f=1.0, b=2.0, i=1.0, w=1.0, optim=0.25, param_bytes=1000),),
@@ -347,7 +347,7 @@ def test_profile_fit_guesses_are_warnings_in_the_cost_file(recorded, tmp_path, c
     import logging
 
     from real.profile import _fit_alpha_beta, fit_warnings
-    from sim.profiled import load_profile
+    from sim.costs.profiled import load_profile
 
     with caplog.at_level(logging.WARNING, logger="real.profile"):
         alpha, beta, warned = _fit_alpha_beta([1e3, 2e3], [1e-5, 3e-5], "collectives.all_reduce")
@@ -369,7 +369,7 @@ def test_profile_fit_guesses_are_warnings_in_the_cost_file(recorded, tmp_path, c
     path = tmp_path / "warned.json"
     path.write_text(json.dumps(data))
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="sim.profiled"):
+    with caplog.at_level(logging.WARNING, logger="sim.costs.profiled"):
         costs = load_profile(path, 2)
     assert costs.warnings == ("p2p.beta: x",) and costs.describe()["warnings"] == ["p2p.beta: x"]
     assert caplog.messages == [f"cost file {str(path)!r}: p2p.beta: x"]
@@ -381,10 +381,10 @@ def test_profile_fit_guesses_are_warnings_in_the_cost_file(recorded, tmp_path, c
 
 
 def test_the_calibration_protocol_library(recorded, tmp_path):
-    """analysis.calibration on a known trace: the in-run/profiled ratios (F 0.021 / 0.010, B 0.044 / 0.022), the
+    """analysis.validation.calibration on a known trace: the in-run/profiled ratios (F 0.021 / 0.010, B 0.044 / 0.022), the
     data-parallel pair's profile scaled by them, and grid rows labelled by kind and sample."""
     pytest.importorskip("torch")
-    from analysis.calibration import Calibration, grid_rows, predict
+    from analysis.validation.calibration import Calibration, grid_rows, predict
     from real.measure import Measured
     from schedules.trace import write_trace
 

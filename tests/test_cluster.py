@@ -8,13 +8,13 @@ import pytest
 
 from analysis.cli.simulate import main
 from schedules import ClusterError
-from sim.cluster import Device, cluster_preset, load_cluster, parse_placement
+from sim.costs.cluster import Device, cluster_preset, load_cluster, parse_placement
 
 
 def test_presets_load_with_vendor_figures():
     c = cluster_preset("dgx-h100:2")
     assert (c.num_devices, c.num_nodes, c.spec.name) == (16, 2, "H100")
-    assert (c.spec.peak_flops, c.spec.memory_bytes) == (989e12, 81559 * 2**20)  # the driver's MiB, sim/cluster.py
+    assert (c.spec.peak_flops, c.spec.memory_bytes) == (989e12, 81559 * 2**20)  # the driver's MiB, sim/costs/cluster.py
     assert (c.intra.bandwidth, c.inter.bandwidth) == (450e9, 50e9)
     a = cluster_preset("dgx-a100:4+ps2")
     assert (a.num_devices, len(a.pservers), a.spec.peak_flops, a.intra.bandwidth) == (32, 2, 312e12, 300e9)
@@ -103,7 +103,7 @@ def test_llama_presets_parameter_counts():
     8B: per layer 2h^2 + 2h*1024 + 3h*14336 + 2h = 218,112,000 with h=4096; x32 plus two 128256 x 4096
     tables and the final norm: 8,030,261,248. F FLOPs per token and layer = 2 x the matrices + 4sh.
     """
-    from sim.transformer import model_preset
+    from sim.costs.transformer import model_preset
 
     m = model_preset("llama-8b")
     h = 4096
@@ -134,7 +134,7 @@ def test_llama_on_cpu_host_overflows(capsys):
 
 
 def test_preset_links_run_at_nccls_achieved_fraction_of_the_line_rate():
-    # the NCCL developers' bus bandwidths (sources in sim/cluster.py): NVLink 4 370 of 450 GB/s, NVLink 3 160 of
+    # the NCCL developers' bus bandwidths (sources in sim/costs/cluster.py): NVLink 4 370 of 450 GB/s, NVLink 3 160 of
     # 200 (A800), NDR 47 of 50, HDR 24 of 25
     h, a = cluster_preset("dgx-h100:2"), cluster_preset("dgx-a100:2")
     assert (h.intra.rate, h.inter.rate, a.intra.rate, a.inter.rate) == (
@@ -145,7 +145,7 @@ def test_preset_links_run_at_nccls_achieved_fraction_of_the_line_rate():
 
 @pytest.mark.parametrize("value", [0.0, 1.5, -0.1])
 def test_a_link_efficiency_outside_0_1_is_refused(value):
-    from sim.cluster import Link
+    from sim.costs.cluster import Link
 
     with pytest.raises(ClusterError) as exc:
         Link(alpha=1e-6, bandwidth=1e9, efficiency=value)

@@ -17,13 +17,13 @@ from analysis.time_to_loss import (
     time_to_loss_rows,
 )
 from schedules import Action, ConfigError, Kind, ScheduleError, Stream, build, lower, validate
-from schedules.dp import add_data_parallel, exchange_peers, random_peer, ring_neighbours
-from sim.cluster import Link, cluster_preset
-from sim.comm_modes import amortized, mode_step_time
-from sim.parallel import ParallelConfig
-from sim.study import Study, run_study
-from sim.transformer import model_preset
-from sim.transformer_costs import TransformerCosts
+from schedules.dp.modes import add_data_parallel, exchange_peers, random_peer, ring_neighbours
+from sim.costs.cluster import Link, cluster_preset
+from sim.costs.parallel import ParallelConfig
+from sim.costs.transformer import model_preset
+from sim.costs.transformer_costs import TransformerCosts
+from sim.plan.comm_modes import amortized, mode_step_time
+from sim.plan.study import Study, run_study
 
 
 def _tasks(graph, rank, kind):
@@ -244,7 +244,7 @@ def test_each_replica_holds_its_whole_model_states(mode):
 
 
 def test_a_cost_file_times_an_exchange_as_one_measured_message_of_the_bucket(tmp_path):
-    from sim.profiled import load_profile
+    from sim.costs.profiled import load_profile
     from tests.test_profiled import PROFILE
 
     path = tmp_path / "profile.json"
@@ -262,7 +262,7 @@ def test_a_cost_file_times_an_exchange_as_one_measured_message_of_the_bucket(tmp
 def test_a_peer_mode_checkpoint_resumes_with_the_same_mode_dp_and_pp_only(tmp_path):
     from real.checkpoint import Restored
     from real.config import RunConfig
-    from real.peer_sync import check_resume
+    from real.dp.peer_sync import check_resume
     from schedules import CheckpointError
 
     def cfg(mode, dp):

@@ -7,18 +7,18 @@ from __future__ import annotations
 import pytest
 
 from schedules import ConfigError, Kind, Stream, build, lower
-from schedules.compression import Compression, buffer_bytes, parse_compression, powersgd_split
-from schedules.dp import add_data_parallel
-from sim.cluster import cluster_preset
-from sim.parallel import ParallelConfig
-from sim.transformer import TransformerConfig
-from sim.transformer_costs import TransformerCosts
+from schedules.dp.codecs import Compression, buffer_bytes, parse_compression, powersgd_split
+from schedules.dp.modes import add_data_parallel
+from sim.costs.cluster import cluster_preset
+from sim.costs.parallel import ParallelConfig
+from sim.costs.transformer import TransformerConfig
+from sim.costs.transformer_costs import TransformerCosts
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-from real.compress import Codec, dequantize, quantize  # noqa: E402
 from real.config import SyncConfig  # noqa: E402
+from real.dp.compress import Codec, dequantize, quantize  # noqa: E402
 
 VALID = "valid: none, fp16, bf16, int8, powersgd:R (R a rank >= 1, e.g. powersgd:2)"
 
@@ -194,11 +194,11 @@ def test_schedlab_run_refuses_a_codec_before_anything_runs(capsys, argv, line):
 
 
 def test_the_simulators_layer_is_the_runtime_gpt_block_parameter_for_parameter():
-    """sim.compression.layer_shapes (what PowerSGD's simulated ratio is computed from) lists the built-in GPT
+    """sim.costs.compression.layer_shapes (what PowerSGD's simulated ratio is computed from) lists the built-in GPT
     block's parameters: the same shapes, so the same factors and whole tensors at every rank."""
     from real.config import ModelConfig
     from real.models import build_layers
-    from sim.compression import layer_shapes
+    from sim.costs.compression import layer_shapes
 
     block = build_layers(ModelConfig(kind="gpt", layers=1, dim=32, heads=2, vocab=64, seq=16), 0, [1])[0]
     real = sorted(tuple(p.shape) for p in block.parameters())
@@ -214,8 +214,8 @@ def test_the_simulators_layer_is_the_runtime_gpt_block_parameter_for_parameter()
 def test_the_planners_bound_stays_below_the_compressed_step(codec, modes):
     """schedlab plan --grad-compression: every candidate with a dp mode is costed with the codec, and the lower
     bound that prunes candidates charges the codec's bytes too, so it stays below the simulated step."""
-    from sim.plan_bounds import Bounds
-    from sim.plan_space import PlanSpace, enumerate_configs
+    from sim.plan.bounds import Bounds
+    from sim.plan.space import PlanSpace, enumerate_configs
     from tests.test_plan import TINY as PLAN_TINY
     from tests.test_plan import _check_bound_and_memory
 

@@ -3,7 +3,7 @@
 The built-in GPT trains on a token file (``real.data.tokens.prepare`` of tests/fixtures/compression_corpus.md) under each codec.
 
 * bytes: every rank's gradient collectives of the traced step sent what
-  :func:`real.compress_bytes.predicted_step_bytes` predicts from the parameter shapes (ddp with every codec;
+  :func:`real.dp.compress_bytes.predicted_step_bytes` predicts from the parameter shapes (ddp with every codec;
   zero1, zero2, zero3 with the codecs they take);
 * loss: the first step's loss is exact ddp's (same weights, same data); after 6 steps each codec's loss is
   within its bound of exact ddp's (fp16/bf16 rounding, int8's delayed error, PowerSGD's rank) and only
@@ -23,8 +23,8 @@ torch = pytest.importorskip("torch")
 
 from real import ModelConfig, RunConfig  # noqa: E402
 from real.checkpoint import CheckpointConfig  # noqa: E402
-from real.compress_bytes import predicted_step_bytes  # noqa: E402
-from schedules.compression import parse_compression  # noqa: E402
+from real.dp.compress_bytes import predicted_step_bytes  # noqa: E402
+from schedules.dp.codecs import parse_compression  # noqa: E402
 
 LAUNCH_TIMEOUT = 180  # seconds (14 runs of 3-6 steps on 2 processes; measured 33 s on 2 busy shared cores)
 MODEL = ModelConfig(kind="gpt", layers=2, dim=32, heads=2, vocab=256, seq=32)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from schedules import build, validate
-from schedules.controllable import V_MIN_INTERVAL, v_min_offsets
+from schedules.library.controllable import V_MIN_INTERVAL, v_min_offsets
 from sim import UniformCosts, simulate
 
 

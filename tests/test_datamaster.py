@@ -63,7 +63,7 @@ def test_a_lease_of_a_killed_trainer_goes_to_another(tmp_path):
     by_shard = {rec["shard"]: rec for rec in recorded}
     assert len(by_shard) == len(recorded) == SHARDS  # rank 1 recorded only the shards it completed
     assert {s: rec["rank"] for s, rec in by_shard.items()} == {int(s): r for s, r in report["completed_by"].items()}
-    from real.sampler import EpochSampler
+    from real.data.sampler import EpochSampler
 
     assert sorted(i for rec in recorded for i in rec["windows"]) == list(range(SHARDS * PER_SHARD))
     order = EpochSampler(SHARDS * PER_SHARD, seed=0).order(0).tolist()
@@ -71,8 +71,8 @@ def test_a_lease_of_a_killed_trainer_goes_to_another(tmp_path):
 
 
 def _worker(out: str) -> None:
-    from real.datamaster import DataMaster, LeaseClient, rendezvous_store
-    from real.sampler import EpochSampler
+    from real.data.datamaster import DataMaster, LeaseClient, rendezvous_store
+    from real.data.sampler import EpochSampler
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     master = None

@@ -24,9 +24,9 @@ torch = pytest.importorskip("torch")
 
 from real import ModelConfig, RunConfig, run  # noqa: E402
 from real.checkpoint import complete_checkpoints  # noqa: E402
+from real.data.sampler import EpochSampler  # noqa: E402
 from real.data.tokens import prepare  # noqa: E402
 from real.launch import torchrun  # noqa: E402
-from real.sampler import EpochSampler  # noqa: E402
 from schedules import ConfigError  # noqa: E402
 
 SEQ, WINDOWS, STEPS, BATCH = 8, 48, 6, 8  # the 6 steps take epoch 0 whole
@@ -34,7 +34,7 @@ LAUNCH_TIMEOUT = 150  # seconds, kill and restart included, with room for a busy
 MODEL = ModelConfig(kind="gpt", layers=2, dim=16, heads=2, vocab=256, seq=SEQ)
 FLAGS = ["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--layers", "2", "--dim", "16", "--heads", "2",
          "--vocab", "256", "--seq", str(SEQ), "--batch-size", str(BATCH), "--steps", str(STEPS), "--timeout", "20"]
-_LEASED = re.compile(r"\[rank (\d)\] DEBUG real\.datamaster: step (\d+) replica (\d+) windows ([\d,]+) \(shard (\d+)\)")
+_LEASED = re.compile(r"\[rank (\d)\] DEBUG real\.data\.datamaster: step (\d+) replica (\d+) windows ([\d,]+) \(shard (\d+)\)")
 _LEASES = re.compile(r"data master: \d+ shards of \d+ windows completed; leases (\[.*?\]);")
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from schedules import ConfigError, Kind
-from sim.cluster import cluster_preset
-from sim.devices import DEVICE_MODELS, MAMF, transferred_gemm
-from sim.gpu_model import Op, flash_attention_flops, layer_ops
-from sim.parallel import ParallelConfig
-from sim.recompute_modes import check_recompute
-from sim.transformer import model_preset
-from sim.transformer_costs import TransformerCosts
+from sim.costs.cluster import cluster_preset
+from sim.costs.devices import DEVICE_MODELS, MAMF, transferred_gemm
+from sim.costs.gpu_model import Op, flash_attention_flops, layer_ops
+from sim.costs.parallel import ParallelConfig
+from sim.costs.recompute_modes import check_recompute
+from sim.costs.transformer import model_preset
+from sim.costs.transformer_costs import TransformerCosts
 
 LLAMA8 = model_preset("llama-8b")
 GPT175 = model_preset("gpt3-175b")
@@ -85,7 +85,7 @@ def test_recompute_names_are_checked():
 def test_context_parallelism_splits_tokens_and_exposes_the_ring_beyond_the_kernel():
     """cp ranks of s/cp tokens: GEMMs and activations / cp, attention FLOPs / cp (s/cp queries x s keys, causal),
     and cp - 1 K/V block transfers per layer forward (twice in the backward) hidden behind the attention kernel."""
-    from sim.cluster import cluster_preset as cp_cluster
+    from sim.costs.cluster import cluster_preset as cp_cluster
 
     base = dict(model=LLAMA8, cluster=cp_cluster("dgx-h100"))
     one = TransformerCosts(parallel=ParallelConfig(pp=1), **base)

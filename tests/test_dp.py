@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from schedules import Action, Kind, ScheduleError, Stream, build, lower, validate
-from schedules.dp import DataParallelGraph, add_data_parallel
-from sim import collectives as coll
-from sim.cluster import cluster_preset
+from schedules.dp.modes import DataParallelGraph, add_data_parallel
+from sim.costs import collectives as coll
+from sim.costs.cluster import cluster_preset
+from sim.costs.parallel import ParallelConfig
+from sim.costs.transformer import model_preset
+from sim.costs.transformer_costs import TransformerCosts
 from sim.memory import model_state_bytes, model_states
-from sim.parallel import ParallelConfig
-from sim.study import Study, run_study
-from sim.transformer import model_preset
-from sim.transformer_costs import TransformerCosts
+from sim.plan.study import Study, run_study
 
 GPT6 = model_preset("gpt-6.2b")
 
@@ -91,7 +91,7 @@ def _study(mode, *, cluster="dgx-h100:2", order="dp-inner", schedule="1f1b", mic
 
 @pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
 def test_ddp_exposes_less_communication_than_sync(schedule):
-    # compute not slowed by the overlapped all-reduce (contention 0): with the device's 18.9% (sim.devices) the
+    # compute not slowed by the overlapped all-reduce (contention 0): with the device's 18.9% (sim.costs.devices) the
     # overlap can cost this small model more than it hides; what is tested here is the exposure
     sync = run_study(_study("sync", order="pp-inner", schedule=schedule, contention=0)).to_dict()
     ddp = run_study(_study("ddp", order="pp-inner", schedule=schedule, contention=0)).to_dict()
@@ -177,7 +177,7 @@ def test_overlap_param_gather_needs_a_gather_of_updated_parameters():
         add_data_parallel(lower(build("1f1b", pp=2, microbatches=2)), "ddp", [1, 1], overlap_param_gather=True)
     assert str(exc.value) == ("overlap_param_gather overlaps the all-gather of updated parameters (zero1, zero2) "
                               "with the next forward; dp mode 'ddp' has none")
-    from schedules.errors import ConfigError
+    from common.errors import ConfigError
 
     with pytest.raises(ConfigError) as exc:
         ParallelConfig(pp=2, dp=2, dp_mode="fsdp", overlap_param_gather=True)

@@ -1,5 +1,5 @@
-"""The validation grid's bf16 and PowerSGD rows, and the skew between the replicas (analysis.dp_modes,
-analysis.dp_skew): closed forms from given costs."""
+"""The validation grid's bf16 and PowerSGD rows, and the skew between the replicas (analysis.validation.dp_modes,
+analysis.validation.dp_skew): closed forms from given costs."""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ import math
 
 import pytest
 
-from analysis.calibration import dp_graph
-from analysis.dp_modes import (
+from analysis.validation.calibration import dp_graph
+from analysis.validation.dp_modes import (
     HOOK_COLLECTIVES,
     codec_costs,
     hook_time,
     predict_mode,
     single_all_reduce,
 )
-from analysis.dp_skew import busy_skew, skew_fraction, waits_each_step
-from analysis.dp_transfer import predicted_parts
+from analysis.validation.dp_skew import busy_skew, skew_fraction, waits_each_step
+from analysis.validation.dp_transfer import predicted_parts
 from tests.test_dp_grid_modes import ALPHA, BETA, OPTIM, STEP_OVERHEAD, B, F, _costs
 from tests.test_dp_transfer import _two_steps
 
@@ -56,7 +56,7 @@ def test_the_skew_applies_where_the_replicas_wait_for_each_other():
 
 def test_the_skew_is_a_fraction_of_the_simulated_busy_time():
     """ddp, gpipe m=2: busy 2 F + 2 B + OPTIM; the skew adds 5% of it. local-sgd: only its averaging step, so the
-    amortized step over K = 2 gets half of it; async-ps none (its time per update is analysis.async_grid's)."""
+    amortized step over K = 2 gets half of it; async-ps none (its time per update is analysis.validation.async_grid's)."""
     busy = 2 * (F + B) + OPTIM
     graph = dp_graph("gpipe", "ddp", 2, 3)
     plain = predict_mode("ddp", graph, _costs(BETA), None)["step"]
@@ -124,7 +124,7 @@ def test_a_powersgd_row_charges_the_hooks_the_profile_measured(tmp_path):
     from the codec's ns and the all-reduce fit: the step is the passes, the optimizer, the overhead and 15 ms.
     A graph of 2 buckets (the profile has 3) gets their mean, 5 ms, per bucket; a profile without the section the
     build-up, with the small all-reduce fit (0.3 ms, 200 MB/s) in place of the single one."""
-    from analysis.dp_modes import measured_hooks
+    from analysis.validation.dp_modes import measured_hooks
 
     path = _measured_profile(tmp_path)
     graph = dp_graph("gpipe", "ddp+powersgd:4", 2, 3)
@@ -151,7 +151,7 @@ def test_a_powersgd_row_charges_the_hooks_timed_inside_a_backward(tmp_path):
     """A profile with the hooks timed inside a real backward (``in_backward``: 42 ms for its 3 buckets) is charged
     that, not the back-to-back walls (15 ms); a graph of 2 buckets gets 2/3 of it, 28 ms. The same file with
     ``in_backward`` removed (an older profile) still gives today's 15 ms."""
-    from analysis.dp_modes import measured_hooks
+    from analysis.validation.dp_modes import measured_hooks
 
     path = _measured_profile(tmp_path)
     data = json.loads(path.read_text())
@@ -171,8 +171,8 @@ def test_a_powersgd_row_charges_the_hooks_timed_inside_a_backward(tmp_path):
 def test_powersgds_three_messages_per_bucket_are_torchs():
     """A 100 x 20 matrix at rank 4: P of 100 x 4, Q of 20 x 4 (960 x 2 < 2000); the vector of 1000 sent whole; at
     rank 8 the matrix is not worth it ((100 + 20) x 8 x 2 = 1920 < 2000 still is; rank 9: 2160, sent whole)."""
-    from schedules.compression import powersgd_messages as messages
-    from schedules.compression import powersgd_split
+    from schedules.dp.codecs import powersgd_messages as messages
+    from schedules.dp.codecs import powersgd_split
 
     assert messages(SHAPES, 4) == (1000, 400, 80)
     assert messages(SHAPES, 8) == (1000, 800, 160)

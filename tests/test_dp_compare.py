@@ -21,13 +21,13 @@ from analysis.dp_compare import (
     predict_dp_modes,
     rows_from_json,
 )
+from common.errors import ConfigError
 from schedules import Kind
-from schedules.dp import DP_MODES
-from schedules.errors import ConfigError
-from sim.cluster import cluster_preset
-from sim.parallel import ParallelConfig
-from sim.transformer import TransformerConfig
-from sim.transformer_costs import TransformerCosts
+from schedules.dp.modes import DP_MODES
+from sim.costs.cluster import cluster_preset
+from sim.costs.parallel import ParallelConfig
+from sim.costs.transformer import TransformerConfig
+from sim.costs.transformer_costs import TransformerCosts
 
 MODEL = TransformerConfig(name="t2", layers=2, hidden=64, heads=4, vocab=256, seq_len=32)
 PSI = 2 * (12 * 64**2 + 13 * 64) + 256 * 64 + 32 * 64 + 2 * 64
@@ -161,7 +161,7 @@ def test_compare_cli_writes_the_files(tmp_path, capsys):
 
 def test_report_section(tmp_path):
     from analysis.report import write_report
-    from sim.sweep import SweepConfig, run_sweep
+    from sim.plan.sweep import SweepConfig, run_sweep
 
     rows = [DPModeRow("ddp", 0, 0.25, {"params": 2048.0, "grads": 2048.0, "optimizer": 12288.0, "gathered": 0.0,
                                        "activations": 512.0}, 0.3, {"params": 2000.0, "grads": 2048.0,

@@ -14,12 +14,12 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from analysis.calibration import dp_graph, predict
-from analysis.dp_calibration import dp_replay_error, dp_self_costs, unslowed_passes
+from analysis.validation.calibration import dp_graph, predict
+from analysis.validation.dp_calibration import dp_replay_error, dp_self_costs, unslowed_passes
 from schedules.formats import PROFILE_SCHEMA
 from sim import simulate
-from sim.param_copy import ParamCopy
-from sim.profiled import ProfiledCosts, StageCosts
+from sim.costs.param_copy import ParamCopy
+from sim.costs.profiled import ProfiledCosts, StageCosts
 
 F, B, OPTIM, ALPHA, FACTOR, STEP_OVERHEAD = 0.010, 0.020, 0.003, 0.004, 1.5, 0.002
 
@@ -116,7 +116,7 @@ def test_waits_for_bounded_reduce_scatters_are_found_and_taken_out():
     issue (2 ms) to the first's end (10 ms), and from the fourth's (12 ms) to the second's (20 ms). A B row over
     0-40 ms did 40 - 16 ms of work at full speed; at factor 2, with collectives in service the other 19 ms of it
     (35 ms in service, less the waits), 40 - 16 - 19 / 2 ms."""
-    from analysis.dp_calibration import blocked_spans
+    from analysis.validation.dp_calibration import blocked_spans
 
     rs = [(0.000, 0.010), (0.001, 0.020), (0.002, 0.030), (0.012, 0.035)]
     rows = [(0, "compute", "0B0", "B", 0.0, 0.040)] + [
@@ -134,7 +134,7 @@ def test_waits_for_bounded_reduce_scatters_are_found_and_taken_out():
 def test_replay_of_a_data_parallel_trace_is_exact_and_not_stretched_twice(profile):
     """Each step replayed with its own (already stretched) times is the step; a base model with the factor does
     not stretch them again."""
-    from sim.profiled import from_trace
+    from sim.costs.profiled import from_trace
     from sim.replay import replay
 
     median, p90 = dp_replay_error([_trace()], profile)
@@ -182,7 +182,7 @@ def test_validate_sim_refuses_a_bad_dp_mode_before_anything_runs(flags, message,
 
 
 def test_validate_sim_page_takes_the_data_parallel_rows_apart():
-    from analysis.validation import noise_verdict, score_grid
+    from analysis.validation.scores import noise_verdict, score_grid
     from tests.test_validation_scores import GRID
 
     rows = [*GRID[:3], {**GRID[3], "schedule": "dp2-zero2", "self_error": -0.02, "replay_error": 0.01,
@@ -204,7 +204,7 @@ def test_grid_row_of_a_data_parallel_mode_is_taken_apart(profile, tmp_path):
     """dp_row on the known trace (measured = its true step): self-calibrated and replay errors 0; switching
     comm_slowdown off predicts less time (the passes no longer stretch)."""
     pytest.importorskip("torch")
-    from analysis.calibration import Calibration, grid_rows
+    from analysis.validation.calibration import Calibration, grid_rows
     from real.measure import Measured
     from schedules import load_graph, validate
     from schedules.trace import write_trace
@@ -233,7 +233,7 @@ def test_grid_row_of_a_data_parallel_mode_is_taken_apart(profile, tmp_path):
 def test_task_gaps_leave_out_the_waits_for_collectives():
     """Gaps after 0F0 (1 ms) and 0F1 (3 ms, in which a gather ended: a wait) and 0B0 (1 ms): the executor's gaps
     are the two 1 ms ones; rank 1's rows are its own."""
-    from analysis.dp_calibration import task_gaps
+    from analysis.validation.dp_calibration import task_gaps
 
     rows = [(0, "compute", "0F0", 0.000, 0.010), (0, "compute", "0F1", 0.011, 0.020),
             (0, "collective", "0ALL_GATHER_b0", 0.012, 0.022), (0, "compute", "0B0", 0.023, 0.040),
@@ -254,7 +254,7 @@ def test_zero3_rows_gather_on_demand_as_the_runtime_does_at_one_stage():
 
 def test_validate_sim_page_shows_zero2_before_and_after_the_hook():
     """The table of the rows that charge the reduce-scatter hook: measured / without it -> with it, per part (ms)."""
-    from analysis.dp_transfer import PARTS
+    from analysis.validation.dp_transfer import PARTS
 
     def parts(x: float) -> dict[str, float]:
         return {**dict.fromkeys(PARTS, x / 1e3), "step": 6 * x / 1e3}

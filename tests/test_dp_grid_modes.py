@@ -1,4 +1,4 @@
-"""The validation grid's rows of ps, decentralized, local-sgd and ddp with a gradient codec (analysis.dp_modes).
+"""The validation grid's rows of ps, decentralized, local-sgd and ddp with a gradient codec (analysis.validation.dp_modes).
 
 As in tests/test_dp_grid.py, the "real" traces are the simulator's own under known costs, so every figure read
 back from them has a known true value.
@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from analysis.calibration import dp_graph, predict
-from analysis.dp_modes import (
+from analysis.validation.calibration import dp_graph, predict
+from analysis.validation.dp_modes import (
     amortized_measured,
     codec_costs,
     codec_ns,
@@ -28,7 +28,7 @@ from analysis.dp_modes import (
 from schedules import Kind
 from schedules.formats import PROFILE_SCHEMA
 from sim import simulate
-from sim.profiled import ProfiledCosts, StageCosts
+from sim.costs.profiled import ProfiledCosts, StageCosts
 
 F, B, OPTIM, ALPHA, BETA, STEP_OVERHEAD = 0.010, 0.020, 0.003, 0.004, 4e6, 0.002
 PARAM_BYTES = 12000  # 3 buckets of 1000 float32 gradients
@@ -118,7 +118,7 @@ def test_split_steps_tells_the_averaging_steps_from_the_plain_ones():
 def test_grid_row_of_local_sgd_is_scored_amortized_and_taken_apart(tmp_path):
     """dp_row on the known trace, measured = its true steps: the amortized measurement and prediction agree
     with the self-calibrated costs (error 0), both steps are reported apart, measured and predicted."""
-    from analysis.calibration import Calibration, grid_rows
+    from analysis.validation.calibration import Calibration, grid_rows
     from schedules import load_graph, validate
     from schedules.trace import write_trace
     from tests.test_calibrate import _as_recorded, _profile_file
@@ -161,7 +161,7 @@ def test_grid_row_of_local_sgd_is_scored_amortized_and_taken_apart(tmp_path):
 def test_grid_configs_of_the_extra_modes():
     pytest.importorskip("torch")
     from real.config import ModelConfig
-    from real.protocol import GRID_DP_MODES, GRID_EXTRA_DP_MODES, MODEL_SHAPE, STALENESS, SYNC_EVERY, dp_config
+    from real.profile.protocol import GRID_DP_MODES, GRID_EXTRA_DP_MODES, MODEL_SHAPE, STALENESS, SYNC_EVERY, dp_config
 
     assert GRID_DP_MODES == ("ddp", "sync", "zero1", "zero2", "zero3", "ps", "decentralized", "local-sgd", "ddp+int8",
                              "ddp+fp16", "ddp+bf16", "ddp+powersgd:4", "async-ps")
@@ -180,7 +180,7 @@ def test_grid_configs_of_the_extra_modes():
 def test_decentralized_self_calibration_reads_the_exchanges_as_p2p_messages(tmp_path):
     """Each bucket's exchange with the ring neighbour took 5 ms (a p2p message, the profile says 1 ms): the
     self-calibrated costs time it so, and predict the traced step exactly."""
-    from analysis.dp_calibration import dp_self_costs
+    from analysis.validation.dp_calibration import dp_self_costs
 
     truth = replace(_costs(), p2p_alpha=0.005)
     graph = dp_graph("gpipe", "decentralized", 2, 3)

@@ -1,4 +1,4 @@
-"""The data-parallel rows calibrated from one data-parallel run, and each step taken apart (analysis.dp_transfer).
+"""The data-parallel rows calibrated from one data-parallel run, and each step taken apart (analysis.validation.dp_transfer).
 
 Hand-made traces and the simulator's own (tests.test_dp_grid: compute slowed 1.5x while a collective is in
 flight), so every figure has a known true value.
@@ -12,9 +12,9 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from analysis.calibration import dp_graph, predict
-from analysis.dp_modes import predict_mode
-from analysis.dp_transfer import (
+from analysis.validation.calibration import dp_graph, predict
+from analysis.validation.dp_modes import predict_mode
+from analysis.validation.dp_transfer import (
     PARTS,
     dp_run_costs,
     fitted_slowdown,
@@ -24,7 +24,7 @@ from analysis.dp_transfer import (
     step_parts,
     straggler,
 )
-from sim.profiled import ProfiledCosts, StageCosts
+from sim.costs.profiled import ProfiledCosts, StageCosts
 from tests.test_dp_grid import ALPHA, FACTOR, STEP_OVERHEAD, _trace, _truth, profile  # noqa: F401 (a fixture)
 
 
@@ -120,7 +120,7 @@ def test_a_ddp_run_calibrates_the_other_modes(profile):  # noqa: F811 (the fixtu
 
 def _calibration(profile, tmp_path):  # noqa: F811 (the fixture's value)
     """A calibration from a simulated 1f1b run (pp 2, m 4) and the ddp run of :func:`_trace`; and that trace's path."""
-    from analysis.calibration import Calibration
+    from analysis.validation.calibration import Calibration
     from schedules import load_graph, validate
     from schedules.trace import write_trace
     from sim import simulate
@@ -143,7 +143,7 @@ def test_grid_rows_calibrated_from_a_ddp_run(profile, tmp_path):  # noqa: F811 (
     prediction kept beside it."""
     from types import SimpleNamespace
 
-    from analysis.calibration import grid_rows
+    from analysis.validation.calibration import grid_rows
     from schedules.trace import write_trace
     from sim import simulate
 
@@ -216,7 +216,7 @@ def test_collectives_stall_while_their_rank_computes():
     bucket 0's 6 ms do 5 by 30 ms, the last 1 ms after: ends at 31; bucket 1 then 31-37; OPTIM 37-40. At stall 1:
     26 and 36, 39. A 2 ms bucket 0 ends at 24 (2 x 2 ms within the pass)."""
     from sim import simulate
-    from sim.profiled import step_time
+    from sim.costs.profiled import step_time
 
     graph = dp_graph("gpipe", "ddp", 1, 2)
     for stall, alpha, want in ((2.0, 0.006, 0.040), (1.0, 0.006, 0.039), (2.0, 0.002, 0.035)):
@@ -234,7 +234,7 @@ def test_the_run_measures_collectives_stalled_by_compute(profile):  # noqa: F811
     """The simulator's own ddp trace at stall 4 (m=2, 3 buckets of 4 ms, compute slowed 1.5x): bucket 0 is issued
     20 ms before the last pass ends and its port stays busy, so the three did 12 - 7 = 5 ms of work in those
     20 ms: stall 4; bucket 2, served after the passes, took 4 ms alone. The costs fitted on it predict it."""
-    from analysis.dp_transfer import fitted_stall, idle_service
+    from analysis.validation.dp_transfer import fitted_stall, idle_service
 
     truth = replace(_truth(), comm_stall=4.0, step_overhead=STEP_OVERHEAD)
     df = _trace(costs=truth)
@@ -253,7 +253,7 @@ def test_a_stalled_collective_runs_at_full_speed_while_its_rank_waits_for_it():
     31.99, the pass resumes (10 ms left: to 41.99) while bucket 1 does 0.01 ms, and ends alone at 43.98;
     bucket 2 (ready at 41.99) 43.98-45.98; OPTIM 3 ms; the three 1 ms gathers after it: 51.98 ms."""
     from sim import simulate
-    from sim.profiled import step_time
+    from sim.costs.profiled import step_time
 
     costs = ProfiledCosts(stages=(StageCosts(f=0.010, b=0.030, i=0.0, w=0.0, optim=0.003, param_bytes=300),),
                           collectives=(("reduce_scatter", 0.002, math.inf), ("all_gather", 0.001, math.inf)),
@@ -266,7 +266,7 @@ def test_only_collectives_that_cannot_have_run_during_the_passes_time_one_alone(
     """Passes end at 10. a and b begin before; c begins at 11 but was issued at 4 and a (two before it) ended at 9,
     so on gloo's second thread it may have run since 9: left out; d's collective two before (b) ended at 11, and
     e was issued at 13: both kept. With one thread, c's predecessor b ended at 11: kept."""
-    from analysis.dp_transfer import GLOO_THREADS, wholly_after
+    from analysis.validation.dp_transfer import GLOO_THREADS, wholly_after
 
     a, b, c, d, e = (2.0, 2.0, 9.0), (3.0, 9.0, 11.0), (4.0, 11.0, 12.0), (5.0, 12.0, 14.0), (13.0, 14.0, 15.0)
     assert GLOO_THREADS == 2

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("torch")
 
 from analysis.cli.train import main as real_main
-from real.elastic import share
+from real.faults.elastic import share
 
 LIVE = ["--elastic", "live", "--lighthouse", "http://localhost:29510"]
 
@@ -45,7 +45,7 @@ def test_shares_are_contiguous_in_quorum_order_and_cover_the_batch(batch, n, row
 
 def test_a_schedule_that_cannot_run_every_share_of_the_microbatches_is_refused():
     from real.config import RunConfig
-    from real.elastic_pp import check_shares
+    from real.faults.elastic_pp import check_shares
     from schedules import ConfigError
 
     check_shares(RunConfig.of(steps=2, schedule="1f1b", pp=2, microbatches=4, batch_size=8))  # 4, 2, 1: all run

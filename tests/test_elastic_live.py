@@ -39,7 +39,7 @@ pytest.importorskip("torchft")
 from real.checkpoint import complete_checkpoints  # noqa: E402
 from real.config import ModelConfig  # noqa: E402
 from real.data.tokens import TokenBatches, TokenFile, prepare  # noqa: E402
-from real.elastic import pause_report, share  # noqa: E402
+from real.faults.elastic import pause_report, share  # noqa: E402
 from real.launch import torchrun  # noqa: E402
 from real.models import build_model, loss_fn, make_optimizer  # noqa: E402
 

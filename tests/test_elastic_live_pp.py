@@ -42,7 +42,7 @@ pytest.importorskip("torchft")
 from real.checkpoint import complete_checkpoints  # noqa: E402
 from real.config import ModelConfig  # noqa: E402
 from real.data.tokens import TokenBatches, TokenFile, prepare  # noqa: E402
-from real.elastic import pause_report, share  # noqa: E402
+from real.faults.elastic import pause_report, share  # noqa: E402
 from real.launch import torchrun  # noqa: E402
 from real.models import build_model  # noqa: E402
 from tests.test_elastic_live import _events, _reference, _wait_for  # noqa: E402  (the same event log and reference)

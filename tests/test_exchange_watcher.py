@@ -1,4 +1,4 @@
-"""decentralized SGD's exchange rows on gloo end when the exchange completes (real.peer_sync._Watcher).
+"""decentralized SGD's exchange rows on gloo end when the exchange completes (real.dp.peer_sync._Watcher).
 
 gloo's send/recv works say ``is_completed()`` False until waited for, so the trainer's polling between tasks
 stamped every exchange at the step's drain (after the last backward). The watcher thread waits for each
@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from real.peer_sync import _Watcher
+from real.dp.peer_sync import _Watcher
 
 
 class _Work:

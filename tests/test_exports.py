@@ -20,15 +20,15 @@ from pathlib import Path
 
 import pytest
 
-from analysis.export_megatron import FLAG_SOURCES, REDUCE_FLAGS, megatron_args, megatron_layout
-from analysis.export_torchtitan import torchtitan_notes
-from analysis.exports import PlanLayout, plan_layout, plan_schedule, write_exports
-from schedules.errors import ConfigError
-from schedules.torch_csv import read_torch_csv
-from sim.cluster import cluster_preset
-from sim.plan import plan
-from sim.plan_space import PlanConfig, PlanSpace
-from sim.transformer import TransformerConfig
+from analysis.plan.exports import PlanLayout, plan_layout, plan_schedule, write_exports
+from analysis.plan.megatron import FLAG_SOURCES, REDUCE_FLAGS, megatron_args, megatron_layout
+from analysis.plan.torchtitan import torchtitan_notes
+from common.errors import ConfigError
+from schedules.interop.torch_csv import read_torch_csv
+from sim.costs.cluster import cluster_preset
+from sim.costs.transformer import TransformerConfig
+from sim.plan.search import plan
+from sim.plan.space import PlanConfig, PlanSpace
 
 # 7 layers: 4 stages of interleaved 1F1B on pp=2 split unevenly (2, 2, 2, 1).
 TINY = TransformerConfig(name="tiny-llama", layers=7, hidden=64, heads=4, vocab=256, seq_len=32, ffn=128, kv_heads=2,
@@ -355,7 +355,7 @@ def test_torchtitan_places_405b_interleaved_on_16_ranks(tmp_path):
     pytest.importorskip("torchtitan", reason="the exports extra: pip install -e '.[exports]'")
     import dataclasses
 
-    from sim.transformer import model_preset
+    from sim.costs.transformer import model_preset
 
     model = dataclasses.replace(model_preset("llama3-405b"), seq_len=8192)
     c = PlanConfig(8, 16, 4, "interleaved-1f1b", 2, 1, 128, "fsdp", "none", True)

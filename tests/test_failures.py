@@ -7,7 +7,7 @@ import math
 import pytest
 
 from schedules import ConfigError
-from sim.failures import (
+from sim.faults.failures import (
     CheckpointPolicy,
     FailureModel,
     daly_interval,

@@ -1,4 +1,4 @@
-"""experiments/grid_runs.py: repeated validation grids side by side (analysis.grid_runs)."""
+"""experiments/grid_runs.py: repeated validation grids side by side (analysis.validation.grid_runs)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.grid_runs import RepeatRow, repeat_rows, run_summary
+from analysis.validation.grid_runs import RepeatRow, repeat_rows, run_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,11 +11,11 @@ import re
 
 import pytest
 
+from common.errors import ConfigError, CostFileError, SchedlabError, ScheduleError
 from schedules import build, lower
-from schedules.errors import ConfigError, CostFileError, SchedlabError, ScheduleError
 from schedules.trace import read_trace, write_trace
 from sim import UniformCosts, simulate
-from sim.study import load_study, study_from_dict
+from sim.plan.study import load_study, study_from_dict
 
 
 def one_line(err: pytest.ExceptionInfo[SchedlabError]) -> str:
@@ -291,7 +291,7 @@ def test_good_traces_still_read(trace, tmp_path):
 # ---------------------------------------------------------------- torch CSV schedule files (csv:PATH)
 
 def _torch_csv() -> str:
-    from schedules.torch_csv import torch_csv_text
+    from schedules.interop.torch_csv import torch_csv_text
 
     return torch_csv_text(build("1f1b", pp=2, microbatches=2))  # 0F0,0F1,0B0,0B1 / 1F0,1B0,1F1,1B1
 
@@ -307,7 +307,7 @@ def _torch_csv() -> str:
     (b"", "is empty; expected one row of actions per rank"),
 ])
 def test_bad_torch_csv(tmp_path, content, message):
-    from schedules.torch_csv import read_torch_csv, read_torch_csv_graph
+    from schedules.interop.torch_csv import read_torch_csv, read_torch_csv_graph
 
     path = tmp_path / "bad.csv"
     path.write_bytes(content)
@@ -320,7 +320,7 @@ def test_bad_torch_csv(tmp_path, content, message):
 @pytest.mark.parametrize("newline", ["\n", "\r\n"])
 def test_torch_csv_with_a_byte_order_mark_reads(tmp_path, newline):
     """Excel and Windows editors start a UTF-8 file with a BOM; the file is the same schedule."""
-    from schedules.torch_csv import read_torch_csv, read_torch_csv_graph
+    from schedules.interop.torch_csv import read_torch_csv, read_torch_csv_graph
 
     plain, bom = tmp_path / "plain.csv", tmp_path / "bom.csv"
     plain.write_text(_torch_csv())
@@ -381,7 +381,7 @@ def _row(stage: object = 0, **changes) -> dict:
 def test_bad_cost_file(tmp_path, profile, message):
     import json
 
-    from sim.profiled import load_profile
+    from sim.costs.profiled import load_profile
 
     path = tmp_path / "costs.json"
     path.write_text(json.dumps(profile))
@@ -396,7 +396,7 @@ def test_cost_file_stages_are_taken_by_their_stage_field(tmp_path):
     import json
 
     from schedules import load_graph, validate
-    from sim.profiled import load_profile
+    from sim.costs.profiled import load_profile
 
     data = _profile()
     rows = data["partitions"][1]["stages"]
@@ -420,7 +420,7 @@ def test_cost_file_without_p2p_refuses_messages(tmp_path, p2p):
 
     from schedules import load_graph, validate
     from sim import simulate
-    from sim.profiled import load_profile
+    from sim.costs.profiled import load_profile
 
     data = _profile(p2p=None)
     if p2p == "absent":

@@ -19,8 +19,8 @@ import pytest
 
 from analysis.cli import main as schedlab
 from analysis.cli.data import main as data_main
-from schedules.errors import ClusterError, ConfigError, OutputError, choice, find_name, quote
-from schedules.outputs import atomic_write, atomic_write_all, check_distinct, check_output_dir, check_output_file
+from common.errors import ClusterError, ConfigError, OutputError, choice, find_name, quote
+from common.outputs import atomic_write, atomic_write_all, check_distinct, check_output_dir, check_output_file
 
 LONG = "n" * 256  # one byte over NAME_MAX on Linux file systems
 
@@ -294,7 +294,7 @@ def test_a_failed_compare_leaves_no_figure(tmp_path, capsys, monkeypatch):
 
 @pytest.mark.parametrize("n", [1, 2, 12, 36, 97, 360, 1024, 9973 * 9973, 2**40])
 def test_divisors_in_order(n):
-    from sim.plan_space import _divisors
+    from sim.plan.space import _divisors
 
     got = _divisors(n)
     if n < 10**5:
@@ -360,9 +360,9 @@ def test_names_are_found_in_any_case_and_nothing_else(value, valid, expect):
 
 
 def test_presets_and_modes_in_any_case():
-    from sim.cluster import cluster_preset
-    from sim.parallel import ParallelConfig
-    from sim.transformer import model_preset
+    from sim.costs.cluster import cluster_preset
+    from sim.costs.parallel import ParallelConfig
+    from sim.costs.transformer import model_preset
 
     assert model_preset("GPT-TINY") is model_preset("gpt-tiny")
     assert cluster_preset("DGX-H100:2").num_devices == 16
@@ -381,7 +381,7 @@ def test_presets_and_modes_in_any_case():
                              "devices are supported: give fewer nodes"),
 ])
 def test_a_cluster_too_large_is_refused_before_its_devices_are_built(text, message):
-    from sim.cluster import cluster_preset
+    from sim.costs.cluster import cluster_preset
 
     with pytest.raises(ClusterError) as err:
         cluster_preset(text)
@@ -395,7 +395,7 @@ def test_a_cluster_too_large_is_refused_before_its_devices_are_built(text, messa
                                                              "1,048,576 (2^20) are supported: give fewer nodes"),
 ])
 def test_placements_too_large_are_refused_before_they_are_built(devices, message):
-    from sim.cluster import cluster_from_dict
+    from sim.costs.cluster import cluster_from_dict
 
     with pytest.raises(ClusterError) as err:
         cluster_from_dict({"devices": devices})
@@ -403,9 +403,9 @@ def test_placements_too_large_are_refused_before_they_are_built(devices, message
 
 
 def _space():
-    from sim.cluster import cluster_preset
-    from sim.plan_space import PlanSpace
-    from sim.transformer import model_preset
+    from sim.costs.cluster import cluster_preset
+    from sim.costs.transformer import model_preset
+    from sim.plan.space import PlanSpace
 
     return PlanSpace(model=model_preset("gpt-tiny"), cluster=cluster_preset("dgx-h100:1"), global_batch=8,
                      schedules=("1f1b",), dp_modes=("ddp",), recompute=("none",))
@@ -415,7 +415,7 @@ def _space():
 def test_a_pool_that_cannot_fork_falls_back_to_fewer_workers(monkeypatch, caplog, forks_allowed):
     """The fork failure of a process limit, simulated: the planner ends with the one-process answer, and no
     worker that did start is left behind."""
-    from sim.plan import plan
+    from sim.plan.search import plan
 
     expect = [(e.config, e.step_time) for e in plan(_space(), top=3, workers=1).top]
     real_fork, count = os.fork, []
@@ -429,7 +429,7 @@ def test_a_pool_that_cannot_fork_falls_back_to_fewer_workers(monkeypatch, caplog
     monkeypatch.setattr(os, "fork", fork)
     got = [(e.config, e.step_time) for e in plan(_space(), top=3, workers=4).top]
     assert got == expect
-    assert [r.getMessage() for r in caplog.records if r.name == "sim.plan"][:2] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "sim.plan.search"][:2] == [
         "plan: 4 worker processes could not start ([Errno 11] Resource temporarily unavailable); trying 2",
         "plan: 2 worker processes could not start ([Errno 11] Resource temporarily unavailable); trying 1"]
     assert multiprocessing.active_children() == []
@@ -440,11 +440,11 @@ def _killed(*args: object) -> None:
 
 
 def test_a_worker_that_dies_mid_search_is_one_error(monkeypatch):
-    import sim.plan
+    import sim.plan.search
 
-    monkeypatch.setattr(sim.plan, "_refine_job", _killed)
+    monkeypatch.setattr(sim.plan.search, "_refine_job", _killed)
     with pytest.raises(ConfigError) as err:
-        sim.plan.plan(_space(), top=3, workers=2)
+        sim.plan.search.plan(_space(), top=3, workers=2)
     assert str(err.value) == ("plan: a worker process died during the search (killed for memory?); run again with "
                               "fewer workers than 2")
     assert multiprocessing.active_children() == []

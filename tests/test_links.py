@@ -7,15 +7,15 @@ import json
 
 import pytest
 
+from common.errors import ConfigError
 from schedules import Action, Kind, Stream, Task, TaskGraph, build, lower
-from schedules.dp import add_data_parallel
-from schedules.errors import ConfigError
+from schedules.dp.modes import add_data_parallel
 from sim import simulate
-from sim.cluster import cluster_preset
+from sim.costs.cluster import cluster_preset
+from sim.costs.parallel import ParallelConfig
+from sim.costs.transformer import model_preset
+from sim.costs.transformer_costs import TransformerCosts
 from sim.network import FairLinks, Network, max_min_rates
-from sim.parallel import ParallelConfig
-from sim.transformer import model_preset
-from sim.transformer_costs import TransformerCosts
 
 A, B = 0, 1  # two ports
 
@@ -162,8 +162,8 @@ def test_fair_sharing_is_deterministic_and_differs_from_fcfs_under_contention():
 def test_fcfs_reproduces_the_engine_before_fair_sharing(mode, cluster, makespan):
     # the makespans of the FIFO-port engine of commit b81a9a7 (whose start and end times fcfs matches bit for
     # bit on these graphs); the embedding all-reduce, which that engine's graphs did not have, left out; the
-    # H100 timed at the constant 0.6 of peak it had then (it has a device model now, sim.devices), and its links
-    # at their line rate as then (they run at NCCL's achieved fraction now, sim.cluster)
+    # H100 timed at the constant 0.6 of peak it had then (it has a device model now, sim.costs.devices), and its links
+    # at their line rate as then (they run at NCCL's achieved fraction now, sim.costs.cluster)
     c = TransformerCosts(model=GPT6, cluster=_line_rate(cluster_preset(cluster)), efficiency=0.6, parallel=ParallelConfig(
         pp=8, dp=2, dp_mode=mode, link_model="fcfs", embedding_allreduce="off"))
     graph = add_data_parallel(lower(build("1f1b", pp=8, microbatches=8)), mode, c.buckets(8))

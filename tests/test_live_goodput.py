@@ -1,4 +1,4 @@
-"""The live mode of the goodput model (sim/live.py): closed forms checked by hand arithmetic."""
+"""The live mode of the goodput model (sim/faults/live.py): closed forms checked by hand arithmetic."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from schedules import ConfigError
-from sim.failures import daly_interval, young_interval
-from sim.live import LiveCosts, checkpoint_interval, live_failure_cost, live_goodput, restart_goodput
+from sim.faults.failures import daly_interval, young_interval
+from sim.faults.live import LiveCosts, checkpoint_interval, live_failure_cost, live_goodput, restart_goodput
 
 ROOT = Path(__file__).resolve().parents[1]
 # detection 1 s, quorum 0.5 s, transfer 1 ns/byte x 2 GB = 2 s, replacement 10 min, step 10 s

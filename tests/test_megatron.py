@@ -9,14 +9,14 @@ import re
 import pytest
 
 from schedules import ConfigError, Kind
-from sim import collectives as coll
-from sim.cluster import cluster_preset
-from sim.devices import DEVICE_MODELS
-from sim.gpu_model import GemmEfficiency, Op, layer_ops
-from sim.parallel import ParallelConfig
-from sim.study import Study, load_study, run_study
-from sim.transformer import model_preset
-from sim.transformer_costs import TransformerCosts
+from sim.costs import collectives as coll
+from sim.costs.cluster import cluster_preset
+from sim.costs.devices import DEVICE_MODELS
+from sim.costs.gpu_model import GemmEfficiency, Op, layer_ops
+from sim.costs.parallel import ParallelConfig
+from sim.costs.transformer import model_preset
+from sim.costs.transformer_costs import TransformerCosts
+from sim.plan.study import Study, load_study, run_study
 
 GPT175 = model_preset("gpt3-175b")
 M22 = model_preset("megatron-22b")
@@ -43,7 +43,7 @@ def test_tp_bytes_and_collectives_per_layer():
     c = _costs()
     n = 2 * 2048 * 1 * 12288
     assert c.tp_bytes() == n == 50_331_648
-    nvlink = c.cluster.intra  # 300 GB/s per direction, of which NCCL moves 80% (sim/cluster.py), 3 us
+    nvlink = c.cluster.intra  # 300 GB/s per direction, of which NCCL moves 80% (sim/costs/cluster.py), 3 us
     ar = 2 * 7 * 3e-6 + 2 * 7 / 8 * n / (300e9 * 0.8)
     assert coll.ring_allreduce(n, 8, nvlink) == pytest.approx(ar)
     assert ar == pytest.approx(4.090e-4, rel=1e-3)
@@ -136,7 +136,7 @@ def test_override_keeps_the_constant_model():
     assert c.pass_time(Kind.I, 1, 8) == pytest.approx(expect)
     h100 = TransformerCosts(model=model_preset("gpt-6.2b"), cluster=cluster_preset("dgx-h100:2"),
                             parallel=ParallelConfig(pp=8))
-    assert h100.gemm_efficiency is DEVICE_MODELS["H100"].gemm  # H100 has a device model now (sim.devices)
+    assert h100.gemm_efficiency is DEVICE_MODELS["H100"].gemm  # H100 has a device model now (sim.costs.devices)
     cpu = TransformerCosts(model=model_preset("gpt-tiny"), cluster=cluster_preset("cpu-host"),
                            parallel=ParallelConfig(pp=2))
     assert cpu.gemm_efficiency is None and cpu.matmul_efficiency == 0.6  # no device model: the stated constant

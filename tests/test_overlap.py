@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 
 from analysis.cli.simulate import main
+from common.errors import ConfigError
 from schedules import Kind, Stream, build, lower
-from schedules.dp import add_data_parallel
-from schedules.errors import ConfigError
-from sim import collectives as coll
+from schedules.dp.modes import add_data_parallel
 from sim import simulate
-from sim.cluster import cluster_preset
-from sim.parallel import ParallelConfig
-from sim.study import Study, load_study, run_study
-from sim.transformer import model_preset
-from sim.transformer_costs import TransformerCosts
+from sim.costs import collectives as coll
+from sim.costs.cluster import cluster_preset
+from sim.costs.parallel import ParallelConfig
+from sim.costs.transformer import model_preset
+from sim.costs.transformer_costs import TransformerCosts
+from sim.plan.study import Study, load_study, run_study
 
 GPT6 = model_preset("gpt-6.2b")
 

@@ -1,5 +1,5 @@
-"""decentralized's and local-sgd's parameter copies as costs: loaded and validated (sim.profiled, sim.param_copy),
-charged where real.peer_sync does them: the flatten on the rank's first pass, the averaging back on the OPTIM,
+"""decentralized's and local-sgd's parameter copies as costs: loaded and validated (sim.costs.profiled, sim.costs.param_copy),
+charged where real.dp.peer_sync does them: the flatten on the rank's first pass, the averaging back on the OPTIM,
 local-sgd's copies on each bucket's all-reduce."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from dataclasses import replace
 import pytest
 
 from schedules import CostFileError, Kind, build, lower, validate
-from schedules.dp import add_data_parallel
+from schedules.dp.modes import add_data_parallel
 from sim import simulate
-from sim.param_copy import ParamCopy
-from sim.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, load_profile, step_time
+from sim.costs.param_copy import ParamCopy
+from sim.costs.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, load_profile, step_time
 
 # One stage of 3 MB in 3 buckets of 1 MB; exchanges and collectives of 0.2 ms each, far shorter than a forward
 FLAT, AVG, LOCAL = 0.2, 0.3, 0.4  # ns per parameter byte

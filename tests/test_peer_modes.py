@@ -14,7 +14,7 @@ uninterrupted, 2 steps that checkpoint at step 2, and 4 steps resumed from it:
 * a resumed run (decentralized ring; local-sgd K = 3 with AdamW, resumed at step 2,
   where a lost counter would average) is bit-identical to the uninterrupted one;
 * the bytes each rank traced per step equal the prediction: the IR's tasks
-  (``schedules.dp``) for the mode, each a bucket of the runtime's, and their
+  (``schedules.dp.modes``) for the mode, each a bucket of the runtime's, and their
   sum the closed form (decentralized: every parameter once per neighbour;
   local-sgd: once on an averaging step, none on the others).
 """
@@ -32,11 +32,11 @@ from real.checkpoint import CheckpointConfig  # noqa: E402
 from real.config import make_plan  # noqa: E402
 from real.data import microbatches  # noqa: E402
 from real.data.tokens import prepare  # noqa: E402
-from real.dp import make_buckets  # noqa: E402
+from real.dp.sync import make_buckets  # noqa: E402
 from real.model_api import data_for  # noqa: E402
 from real.models import build_model, loss_fn, make_optimizer  # noqa: E402
 from schedules import Kind  # noqa: E402
-from schedules.dp import add_data_parallel, random_peer, ring_neighbours  # noqa: E402
+from schedules.dp.modes import add_data_parallel, random_peer, ring_neighbours  # noqa: E402
 
 LAUNCH_TIMEOUT = 150  # seconds for the launch (8 runs of 2-4 steps on 2 processes)
 SEQ = 8

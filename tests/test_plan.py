@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from analysis.exports import TORCH_SCHEDULE_CLASS
+from analysis.plan.exports import TORCH_SCHEDULE_CLASS
 from schedules import (
     ConfigError,
     ScheduleError,
@@ -27,14 +27,14 @@ from schedules import (
 from schedules.ir import Kind
 from schedules.lower import _GraphBuilder, insert_comms
 from schedules.timing import compile_timing, rank_ends
-from sim.cluster import cluster_preset
-from sim.parallel import ParallelConfig
-from sim.plan import plan
-from sim.plan_bounds import MONOTONE_IN_M, Bounds, memory_rows
-from sim.plan_space import PlanConfig, PlanSpace, enumerate_configs, shape_ok
-from sim.study import Study, StudyResult, run_study
-from sim.transformer import TransformerConfig, model_preset, partition_layers
-from sim.transformer_costs import TransformerCosts
+from sim.costs.cluster import cluster_preset
+from sim.costs.parallel import ParallelConfig
+from sim.costs.transformer import TransformerConfig, model_preset, partition_layers
+from sim.costs.transformer_costs import TransformerCosts
+from sim.plan.bounds import MONOTONE_IN_M, Bounds, memory_rows
+from sim.plan.search import plan
+from sim.plan.space import PlanConfig, PlanSpace, enumerate_configs, shape_ok
+from sim.plan.study import Study, StudyResult, run_study
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = TransformerConfig(name="plan-tiny", layers=4, hidden=256, heads=4, vocab=1024, seq_len=128)
@@ -322,7 +322,7 @@ def test_fast_lowering_builds_the_checked_graph(name):
 @pytest.mark.parametrize("mode", ["full", "bubbles"])
 def test_fast_lowering_builds_the_checked_graph_with_recomputation(name, chunks, mode):
     """R waits for its F and a backward for its R: both builders read that from the one rule table."""
-    from schedules.recompute import place_recompute
+    from schedules.library.recompute import place_recompute
 
     sched = place_recompute(build(name, pp=4, microbatches=8, chunks=chunks), mode, 3.0 if mode == "bubbles" else None)
     progs = insert_comms(sched)

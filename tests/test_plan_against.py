@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 
 from analysis.cli.plan import plan_main
-from analysis.plan_report import why_against
+from analysis.plan.report import why_against
 from schedules import ConfigError
-from sim.cluster import cluster_preset
-from sim.plan import plan
-from sim.plan_against import in_space, parse_layout, simulate_layout
-from sim.plan_space import PlanConfig, PlanSpace
-from sim.transformer import model_preset
+from sim.costs.cluster import cluster_preset
+from sim.costs.transformer import model_preset
+from sim.plan.against import in_space, parse_layout, simulate_layout
+from sim.plan.search import plan
+from sim.plan.space import PlanConfig, PlanSpace
 
 # gpt-tiny on 4 CPU cores (a constant 0.6 of peak: no fitted device curve in these figures), limit 32 MB
 SPACE = PlanSpace(model=model_preset("gpt-tiny"), cluster=cluster_preset("cpu-host:2"), global_batch=8,

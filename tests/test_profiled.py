@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from schedules import CostFileError, Kind, build, load_graph, lower, validate
-from schedules.dp import add_data_parallel
+from schedules.dp.modes import add_data_parallel
 from sim import simulate
-from sim.param_copy import ParamCopy
-from sim.profiled import PROFILE_SCHEMA, ProfiledCosts, load_profile, step_time
+from sim.costs.param_copy import ParamCopy
+from sim.costs.profiled import PROFILE_SCHEMA, ProfiledCosts, load_profile, step_time
 from tests.conftest import run_sim
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,7 +203,7 @@ def test_cli_costs_errors_one_line_exit_2(profile_path, tmp_path, capsys, argv, 
 @pytest.mark.timeout(120)  # a torchrun launch: a hang guard, with room for a loaded CI machine
 def test_tiny_real_profile_loads_and_simulates(tmp_path):
     """Two gloo processes profile a tiny model; the file loads and predicts a finite positive step time."""
-    from real.compress import PROFILED
+    from real.dp.compress import PROFILED
     from real.launch import torchrun
 
     out = tmp_path / "p.json"
@@ -230,10 +230,10 @@ def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
     """--dp 2: every collective is fitted per member of a burst issued as the runtime issues its buckets, with the
     one-at-a-time timings kept; the passes are timed alone and with a bucket's all-reduce in flight
     (comm_slowdown); the file prices a bucketed ddp graph, its compute stretched by that factor."""
-    from analysis.dp_modes import measured_hooks
+    from analysis.validation.dp_modes import measured_hooks
     from real.launch import torchrun
     from real.profile import BURST
-    from schedules.compression import powersgd_messages
+    from schedules.dp.codecs import powersgd_messages
 
     out = tmp_path / "p.json"
     proc = torchrun(2, ["-m", "real.profile", "--layers", "2", "--dim", "16", "--seq", "8", "--stages", "1", "--dp", "2",
@@ -250,7 +250,7 @@ def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
     for c in colls.values():
         assert c["burst"] == BURST and len(c["sizes"]) == len(c["single"]["sizes"]) == 2
         assert c["alpha"] >= 0 and c["single"]["alpha"] >= 0
-    # zero2/zero3's reduce-scatter hook (real.profile.hook): timed on the run's own buckets (real.dp.make_buckets
+    # zero2/zero3's reduce-scatter hook (real.profile.hook): timed on the run's own buckets (real.dp.sync.make_buckets
     # of the stage's parameters at --bucket-mb, each padded to a multiple of dp), per flat gradient byte
     hook = data["reduce_hook"]
     assert hook["bucket_bytes"] == _bucket_bytes(data["model"], 0.01, 2) and hook["cpu"]["n"] == 6
@@ -270,7 +270,7 @@ def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
         assert inside["hooks"]["median"] > 0
         assert measured_hooks(out, spec, len(psgd["buckets"])) == inside["hooks"]["median"]
     # decentralized's and local-sgd's parameter copies (real.profile.param_copy): the runtime's PeerSync on the same
-    # buckets, per parameter byte (no padding), 3 reps x 2 ranks each; loaded as sim.param_copy.ParamCopy
+    # buckets, per parameter byte (no padding), 3 reps x 2 ranks each; loaded as sim.costs.param_copy.ParamCopy
     copy = data["param_copy"]
     assert sum(copy["bucket_bytes"]) == sum(4 * math.prod(s) for b in _bucket_shapes(data["model"], 0.01) for s in b)
     for key, clock in (("flatten", "wall"), ("average", "wall"), ("local_sgd", "cpu")):  # local-sgd's wall: all-reduce
@@ -296,7 +296,7 @@ def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
 def _bucket_shapes(model: dict, bucket_mb: float) -> list[list[tuple[int, ...]]]:
     """The parameter shapes of each of the runtime's buckets of the whole model (one stage)."""
     from real.config import ModelConfig
-    from real.dp import make_buckets
+    from real.dp.sync import make_buckets
     from real.models import build_layers
 
     cfg = ModelConfig(**model)
@@ -307,7 +307,7 @@ def _bucket_shapes(model: dict, bucket_mb: float) -> list[list[tuple[int, ...]]]
 def _bucket_bytes(model: dict, bucket_mb: float, dp: int) -> list[int]:
     """The runtime's buckets of the whole model (one stage) in flat bytes, padded to a multiple of ``dp``."""
     from real.config import ModelConfig
-    from real.dp import make_buckets
+    from real.dp.sync import make_buckets
     from real.models import build_layers
 
     cfg = ModelConfig(**model)

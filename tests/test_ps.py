@@ -1,11 +1,11 @@
-"""The parameter server (dp mode ps, :mod:`real.ps`) for real: equal to plain training, memory, resume.
+"""The parameter server (dp mode ps, :mod:`real.dp.ps`) for real: equal to plain training, memory, resume.
 
 One torchrun launch of 3 gloo processes runs every case in one process group (this file is also its
 worker): 2 trainers + 1 server (pp 1), 1 trainer x pp 2 + 1 server (zb-h1: split backwards), 1 trainer +
 2 servers (every bucket split in two shards), and the pp 2 case checkpointed at step 2 and resumed to
 step 4 beside an uninterrupted 4-step run. Each is compared with :func:`real.reference_run` (losses and
 every parameter to 1e-5, SGD with momentum); the resumed run is bit-identical to the uninterrupted one.
-The same launch runs async-ps (:mod:`real.ps_async`): at staleness 0 bit-identical to ps, and at staleness 2
+The same launch runs async-ps (:mod:`real.dp.ps_async`): at staleness 0 bit-identical to ps, and at staleness 2
 with trainer 1 delayed by :data:`DELAY_S` every step, where the logged staleness reaches the bound and never
 passes it.
 """
@@ -102,7 +102,7 @@ def test_ps_trace_has_a_push_and_a_pull_per_bucket(three, label):
 
 def _check_server_updates(cfg: RunConfig, trace, trainers: int) -> None:
     """Trainers step nothing: each server traces one update ({s}OPTIM, collective stream) per stage and step, the
-    last stage first (real.ps.ParamServer.step), on the server's own clock; the trace replays with them."""
+    last stage first (real.dp.ps.ParamServer.step), on the server's own clock; the trace replays with them."""
     from sim.replay import replay, server_updates
 
     optim = trace[trace["kind"] == "OPTIM"]

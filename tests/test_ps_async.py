@@ -1,4 +1,4 @@
-"""async-ps (real.ps_async) checkpointed and resumed bit-identically, and its staleness against the simulator's.
+"""async-ps (real.dp.ps_async) checkpointed and resumed bit-identically, and its staleness against the simulator's.
 
 One torchrun launch of 3 gloo processes (2 trainers + 1 server, pp 1) runs every case (this file is its worker):
 
@@ -8,7 +8,7 @@ One torchrun launch of 3 gloo processes (2 trainers + 1 server, pp 1) runs every
 * staleness 0: 2 steps checkpointed, resumed to 4, beside an uninterrupted 4-step run without checkpoints (and, in
   a launch of its own, the server killed at step 3 and restarted by torchrun);
 * staleness 2 with the straggler and no checkpoint: the measured max staleness of each trainer against
-  :func:`sim.async_ps.simulate_async_ps` at the same speeds (trainer 0's own step time measured, trainer 1's that
+  :func:`sim.costs.async_ps.simulate_async_ps` at the same speeds (trainer 0's own step time measured, trainer 1's that
   plus :data:`SLOW_S`).
 """
 
@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch")
 
 from real import ModelConfig, RunConfig, param_digest  # noqa: E402
 from real.checkpoint import CheckpointConfig  # noqa: E402
-from sim.async_ps import Cycle, simulate_async_ps  # noqa: E402
+from sim.costs.async_ps import Cycle, simulate_async_ps  # noqa: E402
 
 LAUNCH_TIMEOUT = 150  # a hang guard
 MODEL = ModelConfig(kind="gpt", layers=2, dim=16, heads=2, vocab=32, seq=8)

@@ -11,14 +11,14 @@ import json
 import pytest
 
 from schedules import Kind, Stream, build, lower
-from schedules.dp import add_data_parallel
-from sim import collectives as coll
-from sim.cluster import cluster_preset
+from schedules.dp.modes import add_data_parallel
+from sim.costs import collectives as coll
+from sim.costs.cluster import cluster_preset
+from sim.costs.parallel import ParallelConfig
+from sim.costs.transformer import model_preset
+from sim.costs.transformer_costs import TransformerCosts
 from sim.memory import server_memory
-from sim.parallel import ParallelConfig
-from sim.study import Study, run_study
-from sim.transformer import model_preset
-from sim.transformer_costs import TransformerCosts
+from sim.plan.study import Study, run_study
 
 GPT6 = model_preset("gpt-6.2b")
 
@@ -40,7 +40,7 @@ def test_async_ps_has_the_tasks_of_ps():
 @pytest.mark.parametrize(("schedule", "pp", "buckets"), [("zb-h1", 2, [2, 3]), ("interleaved-1f1b", 2, [1, 2, 1, 3]),
                                                          ("1f1b", 1, [2])])
 def test_the_servers_update_each_stage_after_its_pushes_last_stage_first_and_the_pulls_wait(schedule, pp, buckets):
-    """real.ps.ParamServer.step: a stage's update once all its buckets' pushes are in, the stages one at a time
+    """real.dp.ps.ParamServer.step: a stage's update once all its buckets' pushes are in, the stages one at a time
     from the last; each pull waits for its stage's update. On the stage's rank, on the collective stream."""
     graph = lower(build(schedule, pp=pp, microbatches=4))
     ps = add_data_parallel(graph, "ps", buckets)
@@ -59,7 +59,7 @@ def test_the_servers_update_each_stage_after_its_pushes_last_stage_first_and_the
 @pytest.mark.parametrize("mode", ["ps", "async-ps"])
 @pytest.mark.parametrize(("servers", "tp"), [(1, 1), (2, 2), (4, 1)])
 def test_a_servers_update_moves_28_bytes_per_parameter_of_its_shard_at_its_memory_bandwidth(mode, servers, tp):
-    """Each stage's update: 28 B x (stage params x tp) / K at the server's memory bandwidth (sim.async_ps.update_time,
+    """Each stage's update: 28 B x (stage params x tp) / K at the server's memory bandwidth (sim.costs.async_ps.update_time,
     one function for both modes); it holds no link, so it starts when its last dependency ends."""
     r = run_study(Study(schedule="1f1b", microbatches=4, costs=TransformerCosts(
         model=GPT6, cluster=cluster_preset(f"dgx-h100:2+ps{servers}"),
@@ -92,7 +92,7 @@ def test_async_ps_at_staleness_0_is_the_ps_step_plus_the_update_ps_hides_before_
         servers, dp, pp, bucket_mb, link_model):
     """Equal speeds, S = 0, dp <= K (a push or pull costs the same alone as with every trainer's): async-ps's time
     per update = the ps step + the servers' update work ps does before the step's last push is in (the later
-    stages', while the earlier ones push): sim.async_ps runs the whole update after the last push. At pp 1
+    stages', while the earlier ones push): sim.costs.async_ps runs the whole update after the last push. At pp 1
     there is none: the two are equal."""
     def study(mode):
         return Study(schedule="1f1b", microbatches=4, costs=TransformerCosts(
@@ -195,7 +195,7 @@ def test_a_bad_ps_order_file_is_one_line_and_exit_2_before_any_process_starts(ca
 
 
 def test_a_ps_order_file_reads_back_what_a_run_s_json_holds(tmp_path):
-    from real.ps_async import ANSWER, FOLD, read_ps_order
+    from real.dp.ps_async import ANSWER, FOLD, read_ps_order
 
     order = {2: [(FOLD, 0, 0, 0), (ANSWER, 0, 0, 1), (FOLD, 1, 0, 0)]}
     path = tmp_path / "run.json"

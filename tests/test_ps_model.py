@@ -15,12 +15,12 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from analysis.calibration import dp_graph
-from analysis.dp_calibration import dp_self_costs
-from analysis.dp_modes import predict_mode
+from analysis.validation.calibration import dp_graph
+from analysis.validation.dp_calibration import dp_self_costs
+from analysis.validation.dp_modes import predict_mode
+from common.errors import CostFileError
 from real.profile.server import server_update_samples
 from schedules import Kind
-from schedules.errors import CostFileError
 from sim import simulate
 from tests.test_async_grid import BULK, MESSAGE, P2P_ALPHA
 from tests.test_async_grid import _costs as _ps_costs
@@ -89,7 +89,7 @@ def test_a_ps_graph_needs_the_all_gather_bandwidth(graph):
 
 def test_self_calibration_of_ps_keeps_the_profiles_collectives(graph, tmp_path):
     """A ps trace's push rows end at the trainer's wait after its last pass and its pull rows are zero-length at
-    that pass's end (real.ps): no service times. Its own costs keep the profile's collectives (the messages'
+    that pass's end (real.dp.ps): no service times. Its own costs keep the profile's collectives (the messages'
     bandwidth), the server's traced update is the update, and the step overhead is the wall time less the span
     (the server's update's end) less the pulls the simulator puts after it: 73 - 65 - 6 = 2 ms."""
     import json
@@ -152,8 +152,8 @@ def _profile(tmp_path, server: float | None):
 def test_the_servers_update_is_the_profiles_server_update_where_it_has_one(graph, tmp_path):
     """ps's OPTIM (the servers') takes SERVER_UPDATE, 1.5 ms: the step 73 - 1.5 ms; a ddp trainer's OPTIM keeps the
     optimizer step (3 ms); async-ps's update_s is the server update too. A file without it: the optimizer step."""
-    from analysis.async_grid import update_s
-    from sim.profiled import load_profile
+    from analysis.validation.async_grid import update_s
+    from sim.costs.profiled import load_profile
 
     costs = load_profile(_profile(tmp_path, SERVER), 1)
     assert (costs.stages[0].server_update, costs.stages[0].optim) == (SERVER, OPTIM)
@@ -169,7 +169,7 @@ def test_the_servers_update_is_the_profiles_server_update_where_it_has_one(graph
 
 
 def test_a_bad_server_update_in_the_cost_file_is_one_line(tmp_path):
-    from sim.profiled import load_profile
+    from sim.costs.profiled import load_profile
 
     path = _profile(tmp_path, SERVER)
     import json
@@ -225,9 +225,9 @@ def test_rescore_reads_a_moved_grid_and_predicts_its_rows_as_the_calibration_doe
     carried from the pipeline run), its error against the saved measurement."""
     import json
 
-    from analysis.calibration import Calibration
+    from analysis.validation.calibration import Calibration
     from real.config import ModelConfig
-    from real.protocol import dp_buckets
+    from real.profile.protocol import dp_buckets
     from schedules import load_graph, validate
     from schedules.trace import write_trace
     from tests.test_calibrate import _as_recorded, _profile_file

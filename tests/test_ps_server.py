@@ -2,7 +2,7 @@
 
 The "real" trace is the simulator's own ps step (gpipe, pp 1, m 2, 3 buckets) for 2 trainers and 1 server:
 the trainers' rows on ranks 0 and 1, the server's update ({s}OPTIM, collective stream) on rank 2, as
-real.ps records them. So every figure read back from it has a known true value.
+real.dp.ps records them. So every figure read back from it has a known true value.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ import math
 import pandas as pd
 import pytest
 
-from analysis.calibration import dp_graph, predict
-from analysis.dp_calibration import dp_replay_error, dp_self_costs
 from analysis.metrics import summarize
+from analysis.validation.calibration import dp_graph, predict
+from analysis.validation.dp_calibration import dp_replay_error, dp_self_costs
 from schedules import Kind, Stream, build, lower
-from schedules.dp import add_data_parallel, server_update
+from schedules.dp.modes import add_data_parallel, server_update
 from schedules.formats import PROFILE_SCHEMA
 from sim import simulate
+from sim.costs.profiled import ProfiledCosts, StageCosts
 from sim.network import Network
-from sim.profiled import ProfiledCosts, StageCosts
 from sim.replay import dp_replayable, replay, server_update_times, server_updates
 
 F, B, UPDATE, ALPHA, STEP_OVERHEAD = 0.010, 0.020, 0.003, 0.004, 0.002
@@ -46,7 +46,7 @@ def test_the_grids_ps_step_is_the_pushes_the_servers_update_and_the_pulls():
 
 
 def _trace(steps: int = 2, recorded_pulls: bool = True) -> pd.DataFrame:
-    """``recorded_pulls``: the pulls as real.ps records them, posted at the last pass's end and zero-length (else
+    """``recorded_pulls``: the pulls as real.dp.ps records them, posted at the last pass's end and zero-length (else
     as simulated)."""
     result = simulate(dp_graph("gpipe", "ps", 2, 3), _truth())
     one = result.trace.copy()

@@ -81,7 +81,7 @@ def test_llama3_rows_reduce_and_accumulate_gradients_in_fp32():
 
 
 def test_meta_split_puts_the_embedding_and_output_alone():
-    from sim.transformer import partition_layers
+    from sim.costs.transformer import partition_layers
 
     assert partition_layers(126, 128) == (0, *(1,) * 126, 0)
     assert partition_layers(30, 8) == (4, 4, 4, 4, 4, 4, 3, 3)  # otherwise unchanged
@@ -90,14 +90,14 @@ def test_meta_split_puts_the_embedding_and_output_alone():
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a100_gemm_constants_are_where_the_fit_lands_today():
-    """sim.devices' A100 curve is what ``--fit`` gives under today's model, checked without its ~100 evaluations:
+    """sim.costs.devices' A100 curve is what ``--fit`` gives under today's model, checked without its ~100 evaluations:
     the fit ends on a point of the FIT_RESOLUTION lattice no 3 x 3 neighbour of which has a lower loss; the
     constants name one lattice point (peak_fraction exactly, half_flops to 2 digits), and no neighbour of it on
     either axis may be lower. A model change that moves the fit fails here until ``--fit`` is run again."""
     import math
 
-    from sim.devices import DEVICE_MODELS
-    from sim.gpu_model import GemmEfficiency
+    from sim.costs.devices import DEVICE_MODELS
+    from sim.costs.gpu_model import GemmEfficiency
     from sim.published import FIT_RESOLUTION, fit_graphs, fit_loss
 
     a100 = DEVICE_MODELS["A100"].gemm
@@ -123,10 +123,10 @@ def test_a100_gemm_constants_are_where_the_fit_lands_today():
 def test_planner_finds_metas_405b_layout_feasible_and_best():
     """llama3-405b on 1,024 DGX H100 nodes, global batch 2048 x 8192: Meta's layout (TP 8, PP 16, DP 64,
     interleaved, no recomputation) fits the H100's memory and is the planner's best."""
-    from sim.cluster import cluster_preset
-    from sim.plan import plan
-    from sim.plan_space import PlanSpace
-    from sim.transformer import model_preset
+    from sim.costs.cluster import cluster_preset
+    from sim.costs.transformer import model_preset
+    from sim.plan.search import plan
+    from sim.plan.space import PlanSpace
 
     space = PlanSpace(model=model_preset("llama3-405b"), cluster=cluster_preset("dgx-h100:1024"), global_batch=2048,
                       schedules=("interleaved-1f1b", "1f1b"), chunks=(2, 4, 8), dp_modes=("zero1", "zero2"))

@@ -213,7 +213,7 @@ def test_four_ranks_pp_x_dp_equal_plain_training(four, label):
 
 @pytest.mark.parametrize(("label", "per_bucket"), [("zb-h1 pp2 dp2 fsdp", 12), ("interleaved-1f1b pp2 dp2 zero3", 4)])
 def test_zero3_gathers_are_the_graphs_one_for_one_and_replay(four, label, per_bucket):
-    """Every rank's traced all-gathers are its pipeline rank's in the IR (schedules.dp, one_buffer), action for
+    """Every rank's traced all-gathers are its pipeline rank's in the IR (schedules.dp.modes, one_buffer), action for
     action (stage, microbatch of the pass served, bucket): zb-h1 gathers before F, I and W of 4 microbatches (12
     per bucket), interleaved 1F1B before F and B of 2 microbatches (4 per bucket of each of its 2 stages). The trace
     replays."""

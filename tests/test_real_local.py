@@ -13,10 +13,10 @@ from analysis import summarize  # noqa: E402
 from real import ModelConfig, RunConfig, make_plan, param_digest, partition, reference_run, run  # noqa: E402
 from real.backward import backward_full, backward_input, backward_weight  # noqa: E402
 from real.data import make_batch, microbatches  # noqa: E402
-from real.dp import GradSync, make_buckets  # noqa: E402
+from real.dp.sync import GradSync, make_buckets  # noqa: E402
 from real.models import build_layers, build_model, loss_fn  # noqa: E402
 from schedules import ConfigError  # noqa: E402
-from schedules.recompute import recompute_full  # noqa: E402
+from schedules.library.recompute import recompute_full  # noqa: E402
 from schedules.trace import TRACE_COLUMNS  # noqa: E402
 
 MODEL = ModelConfig(kind="gpt", layers=4, dim=16, heads=2, vocab=32, seq=8)
@@ -72,7 +72,7 @@ def test_a_recomputed_forward_keeps_only_its_input():
 
 def test_a_recomputed_runs_trace_is_predicted_with_its_r_actions():
     """A real trace records the placement (params recompute); the prediction runs the same program."""
-    from sim.sweep import predict_for_trace
+    from sim.plan.sweep import predict_for_trace
 
     for kw in (dict(recompute="full"), dict(recompute="bubbles", recompute_limit=2.0)):
         trace = run(_cfg("gpipe", steps=1, **kw)).trace

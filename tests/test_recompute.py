@@ -6,7 +6,7 @@ import pytest
 from conftest import run_sim
 
 from schedules import Action, Kind, Schedule, ScheduleError, build, lower, validate
-from schedules.recompute import recompute_full, recompute_in_bubbles
+from schedules.library.recompute import recompute_full, recompute_in_bubbles
 from schedules.timing import evaluate
 from sim import UniformCosts, simulate
 
@@ -64,7 +64,7 @@ def test_recompute_in_bubbles_trades_memory_for_time(name, kw, limit):
 def test_v_half_recompute_in_bubbles_is_faster():
     """v-half, p=4, m=8 at 2 M_B: R before B takes 34.5; dropping the R's the limit does not need gives 29.5,
     moving the rest into bubbles 29.0. At 3 M_B (v-half's own peak) no R is left: 26.5, no recomputation."""
-    from schedules.recompute import _drop
+    from schedules.library.recompute import _drop
 
     base = build("v-half", pp=4, microbatches=8)
     assert simulate(lower(recompute_full(base)), UniformCosts()).makespan == 34.5
@@ -97,7 +97,7 @@ def test_cli_recompute_full(capsys):
 
 def test_place_recompute_modes_and_errors():
     from schedules import ConfigError
-    from schedules.recompute import place_recompute
+    from schedules.library.recompute import place_recompute
 
     base = build("1f1b", pp=2, microbatches=4)
     assert place_recompute(base, "none") is base
@@ -123,10 +123,10 @@ def test_r_round_trips_through_the_csv(tmp_path):
 
 
 def _units(recompute: str = "none", tp: int = 1, cluster: str = "dgx-a100:1", **kw):
-    from sim.cluster import cluster_preset
-    from sim.parallel import ParallelConfig
-    from sim.transformer import model_preset
-    from sim.transformer_costs import TransformerCosts
+    from sim.costs.cluster import cluster_preset
+    from sim.costs.parallel import ParallelConfig
+    from sim.costs.transformer import model_preset
+    from sim.costs.transformer_costs import TransformerCosts
 
     return TransformerCosts(model=model_preset("gpt-6.2b"), cluster=cluster_preset(cluster),
                             parallel=ParallelConfig(pp=4, tp=tp), recompute=recompute, **kw)
@@ -172,7 +172,7 @@ def test_units_refuse_r_actions_with_full_recompute_and_count_their_flops(tmp_pa
     """A schedule with R's (here from a CSV file) simulates in physical units; its hardware FLOPs count the R's,
     the same as full recomputation inside I; with costs recompute full the layers would be recomputed twice."""
     from schedules import ConfigError, write_torch_csv
-    from sim.study import Study, run_study
+    from sim.plan.study import Study, run_study
 
     s = recompute_full(build("1f1b", pp=4, microbatches=8))
     with pytest.raises(ConfigError, match="recomputes with R actions and the costs' recompute is full"):

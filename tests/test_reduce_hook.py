@@ -1,5 +1,5 @@
 """zero2/zero3's per-bucket reduce-scatter hook as a cost: measured by the profiler (real.profile.hook), loaded
-and validated (sim.profiled), charged bucket bytes x ns per byte to the pass that runs it, per microbatch."""
+and validated (sim.costs.profiled), charged bucket bytes x ns per byte to the pass that runs it, per microbatch."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 
 from schedules import CostFileError, Kind, build, lower, validate
-from schedules.dp import add_data_parallel
+from schedules.dp.modes import add_data_parallel
 from sim import simulate
-from sim.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, load_profile, step_time
+from sim.costs.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, load_profile, step_time
 
 # One stage of 3 MB in 3 buckets of 1 MB; collectives of 0.2 ms, far shorter than a third of a backward, so each
 # bucket's reduce-scatter ends before the next is ready and only the last one's time follows the last pass.
@@ -55,8 +55,8 @@ def test_the_hook_lands_on_the_pass_that_completes_the_bucket():
 
 @pytest.mark.parametrize("mode", ["sync", "ddp", "zero1", "ps", "none"])
 def test_modes_without_the_per_microbatch_copy_are_not_charged(mode):
-    """ddp and zero1 accumulate into the flat buffer and launch once a step (real.dp): no copy to charge, so their
-    predictions do not move; neither do sync's, ps's (real.ps pushes its own way) or none's."""
+    """ddp and zero1 accumulate into the flat buffer and launch once a step (real.dp.sync): no copy to charge, so their
+    predictions do not move; neither do sync's, ps's (real.dp.ps pushes its own way) or none's."""
     graph = _graph(mode)
     assert replace(COSTS, reduce_hook_ns_per_byte=NS).durations(graph) == COSTS.durations(graph)
 

@@ -10,11 +10,11 @@ import pytest
 from analysis.cli import main as schedlab
 from analysis.perfetto import to_chrome_trace, write_chrome_trace
 from analysis.report import write_report
-from analysis.validation import compare_pair, decomposition, half_difference, kendall_tau, validation_summary
+from analysis.validation.scores import compare_pair, decomposition, half_difference, kendall_tau, validation_summary
 from schedules import OutputError, build, lower
 from schedules.trace import write_trace
 from sim import UniformCosts, simulate
-from sim.sweep import SweepConfig, run_sweep
+from sim.plan.sweep import SweepConfig, run_sweep
 
 
 def small_trace(tcomm=0.5, name="1f1b"):

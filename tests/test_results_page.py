@@ -9,7 +9,7 @@ import pytest
 
 from analysis import results_page
 from analysis.results_page import check_page, command, render_page, table, write_page
-from schedules.errors import OutputError
+from common.errors import OutputError
 
 WHEN = dt.datetime(2026, 12, 1, 16, 5, 59, tzinfo=dt.UTC)
 

@@ -71,7 +71,7 @@ def test_slowdown_is_the_slowest_probe_over_the_launchs_fastest():
 
 
 def test_the_probe_times_a_fixed_piece_of_work():
-    from real.probe import probe_seconds, spell
+    from real.profile.probe import probe_seconds, spell
 
     t = probe_seconds(iters=2, repeats=2)
     assert 0.0 < t < 1.0
@@ -188,7 +188,7 @@ if __name__ == "__main__":
 
 def test_a_profile_the_host_slowed_is_taken_again_and_the_least_slowed_kept(tmp_path, monkeypatch, caplog):
     import real.launch
-    from real.protocol import profile_machine
+    from real.profile.protocol import profile_machine
 
     spells = iter([1.4, 1.25, 1.3])  # every attempt over 1 + max_slow: the second, least slowed, is kept
     calls = []
@@ -201,7 +201,7 @@ def test_a_profile_the_host_slowed_is_taken_again_and_the_least_slowed_kept(tmp_
 
     monkeypatch.setattr(real.launch, "torchrun", torchrun)
     model = ModelConfig(kind="gpt", layers=2, dim=16, heads=2, vocab=32, seq=8)
-    with caplog.at_level("WARNING", logger="real.protocol"):
+    with caplog.at_level("WARNING", logger="real.profile.protocol"):
         path = profile_machine(model, 2, [2], 3, tmp_path / "profile.json", max_slow=0.1, attempts=3)
     assert calls == ["profile.json", "profile.attempt2.json", "profile.attempt3.json"]
     assert json.loads(path.read_text())["attempt"] == 2

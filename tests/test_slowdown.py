@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from schedules import ConfigError, CostFileError, build, lower, validate
-from schedules.dp import add_data_parallel
+from schedules.dp.modes import add_data_parallel
 from sim import simulate
-from sim.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, load_profile
+from sim.costs.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, load_profile
 
 # One stage: F 10 ms, B 20 ms, OPTIM 3 ms, no overheads; an all-reduce of a bucket takes ALPHA (beta inf).
 STAGE = StageCosts(f=0.010, b=0.020, i=0.011, w=0.012, optim=0.003, param_bytes=1000)
@@ -153,7 +153,7 @@ def test_reduce_scatters_in_flight_bound_stops_the_backward():
 
 
 def test_the_bound_is_zero2_and_zero3s_only():
-    """zero1's reduce-scatters come from the unbounded sync (real.dp): a bound changes nothing there."""
+    """zero1's reduce-scatters come from the unbounded sync (real.dp.sync): a bound changes nothing there."""
     assert _times(simulate(_zero("zero1"), _bounded(1))) == _times(simulate(_zero("zero1"), _bounded(0)))
     with pytest.raises(CostFileError, match=r"max_inflight must be a whole number of collectives >= 0 .*got -1"):
         _bounded(-1)

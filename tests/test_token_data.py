@@ -23,9 +23,9 @@ np = pytest.importorskip("numpy")
 
 from analysis.cli.data import main as data_main  # noqa: E402
 from real import RunConfig  # noqa: E402
+from real.data.sampler import EpochSampler  # noqa: E402
 from real.data.tokens import TokenBatches, TokenFile, prepare  # noqa: E402
 from real.launch import torchrun  # noqa: E402
-from real.sampler import EpochSampler  # noqa: E402
 from schedules import CheckpointError, ConfigError  # noqa: E402
 
 SEQ = 8

@@ -9,14 +9,14 @@ import pytest
 
 from analysis.cli.simulate import main
 from schedules import Kind, Stream, build, lower
-from schedules.dp import add_data_parallel
-from sim import collectives as coll
+from schedules.dp.modes import add_data_parallel
 from sim import simulate
-from sim.cluster import Link, cluster_preset
-from sim.parallel import ParallelConfig
-from sim.study import Study, run_study
-from sim.transformer import model_preset, partition_layers
-from sim.transformer_costs import TransformerCosts
+from sim.costs import collectives as coll
+from sim.costs.cluster import Link, cluster_preset
+from sim.costs.parallel import ParallelConfig
+from sim.costs.transformer import model_preset, partition_layers
+from sim.costs.transformer_costs import TransformerCosts
+from sim.plan.study import Study, run_study
 
 H100 = cluster_preset("dgx-h100:2")
 GPT6 = model_preset("gpt-6.2b")
@@ -24,7 +24,7 @@ GPT6 = model_preset("gpt-6.2b")
 
 def _costs(pp=8, dp=1, mode="none", cluster=H100, **kw) -> TransformerCosts:
     """The constant-efficiency model (0.6 of peak, matmuls only) whose arithmetic these tests check by hand; the
-    H100's device model (sim.devices) is tested in tests/test_devices.py."""
+    H100's device model (sim.costs.devices) is tested in tests/test_devices.py."""
     kw.setdefault("efficiency", 0.6)
     return TransformerCosts(model=GPT6, cluster=cluster, parallel=ParallelConfig(pp=pp, dp=dp, dp_mode=mode), **kw)
 
@@ -95,7 +95,7 @@ def test_pipeline_send_across_nodes_uses_the_nic():
     graph = lower(build("1f1b", pp=8, microbatches=2))
     sends = {str(t.action): t for t in graph.tasks if t.stream is Stream.SEND}
     n = 2 * 1024 * 4096
-    # at NCCL's achieved rates (sim.cluster): 47 of NDR's 50 GB/s, 370 of NVLink 4's 450
+    # at NCCL's achieved rates (sim.costs.cluster): 47 of NDR's 50 GB/s, 370 of NVLink 4's 450
     assert c.duration(sends["3SEND_F0"], graph) == 5e-6 + n / (50e9 * (47 / 50))  # rank 3 node0 -> rank 4 node1
     assert c.duration(sends["0SEND_F0"], graph) == 3e-6 + n / (450e9 * (370 / 450))
 

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from analysis.results_page import json_ready
-from analysis.validation import (
+from analysis.validation.scores import (
     TOO_NOISY_EXIT,
     decomposition,
     describe_verdict,

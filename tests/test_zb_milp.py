@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from schedules import build
+from schedules.library.zb_exact import refine
+from schedules.library.zb_milp import refine_milp
 from schedules.timing import evaluate
-from schedules.zb_exact import refine
-from schedules.zb_milp import refine_milp
 
 
 def _seed(p, m, t, limit):

@@ -10,8 +10,8 @@ import pytest
 
 from schedules import build, lower
 from schedules.timing import evaluate
-from schedules.zb_paper import TABLE5, zb2p_refined
 from sim import UniformCosts, simulate
+from sim.published.zero_bubble import TABLE5, zb2p_refined
 
 
 def row(model, p, m):

@@ -1,5 +1,5 @@
 """ZeRO-3's gathers and the passes after them: the profile section (``real.profile.zero3``, measured on 2 gloo
-processes) and how a zero3 row's costs take it (``analysis.dp_transfer.zero3_costs``: each gather its bucket's
+processes) and how a zero3 row's costs take it (``analysis.validation.dp_transfer.zero3_costs``: each gather its bucket's
 share of the measured burst, the passes the measured factors). This file is also the worker of the 2-process
 test."""
 
@@ -15,8 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from analysis.dp_transfer import zero3_costs  # noqa: E402
-from sim.profiled import ProfiledCosts, StageCosts  # noqa: E402
+from analysis.validation.dp_transfer import zero3_costs  # noqa: E402
+from sim.costs.profiled import ProfiledCosts, StageCosts  # noqa: E402
 
 LAUNCH_TIMEOUT = 90  # seconds: a hang guard, with room for a loaded 2-core CI machine
 COSTS = ProfiledCosts(stages=(StageCosts(f=0.01, b=0.02, i=0.012, w=0.011, optim=0.003, param_bytes=3e6),),
@@ -57,7 +57,7 @@ def _worker(out: Path) -> None:
     import torch.distributed as dist
 
     from real import ModelConfig
-    from real.dp import make_buckets
+    from real.dp.sync import make_buckets
     from real.profile import _gathered, _StageBench
     from real.profile.zero3 import zero3_section
 

@@ -1,4 +1,4 @@
-"""ZeRO-3's gathers: the IR's (schedules.dp) and the runtime's (real.zero) are the same, one for one, and replay.
+"""ZeRO-3's gathers: the IR's (schedules.dp.modes) and the runtime's (real.dp.zero) are the same, one for one, and replay.
 
 The runtime reads its program with ``ShardedSync._program`` and gathers, per compute task, every stage the task
 reads, traced with the microbatch of the task's pass of that stage; the IR adds the same gathers
@@ -15,14 +15,14 @@ import pandas as pd
 import pytest
 
 from schedules import Kind, Stream, build, lower
-from schedules.dp import ZERO3_READS, add_data_parallel
-from schedules.recompute import recompute_full
+from schedules.dp.modes import ZERO3_READS, add_data_parallel
+from schedules.library.recompute import recompute_full
 from sim import simulate
-from sim.profiled import ProfiledCosts, StageCosts
+from sim.costs.profiled import ProfiledCosts, StageCosts
 
 torch = pytest.importorskip("torch")
 
-from real.zero import ShardedSync  # noqa: E402
+from real.dp.zero import ShardedSync  # noqa: E402
 
 
 def _gathers_of(graph, tid):
@@ -41,7 +41,7 @@ def _compute(graph, rank):
                                                 ("interleaved-1f1b", "FB"), ("dualpipe-v", "FIWB")])
 def test_every_pass_waits_for_its_stages_gathers_w_and_r_included(schedule, passes):
     """F, I, W, B and R each wait for every bucket (2) of each stage they read, with their microbatch; and the
-    runtime's program (real.zero) reads exactly those stages and microbatches."""
+    runtime's program (real.dp.zero) reads exactly those stages and microbatches."""
     name, _, extra = schedule.partition(" ")
     sched = build(name, pp=2, microbatches=4, chunks=2 if name in ("interleaved-1f1b", "dualpipe-v") else 1)
     if extra == "recompute":
@@ -96,7 +96,7 @@ def test_w_reads_the_parameters():
         out = layer(x)
         _, work = backward_input(out, torch.ones_like(out), x, list(layer.parameters()))
         for p in layer.parameters():
-            p.data.untyped_storage().resize_(0)  # ZeRO-3's freed parameters (real.zero)
+            p.data.untyped_storage().resize_(0)  # ZeRO-3's freed parameters (real.dp.zero)
         backward_weight(work)
 
     weight_pass(nn.Linear(8, 4))
@@ -177,7 +177,7 @@ def test_a_local_sgd_local_steps_span_is_the_first_replicas():
 
 
 def test_a_zero3_gather_issued_inside_a_task_is_served_from_its_end():
-    """real.zero launches the next pass's gathers in after_task, before the task's row end is stamped: the
+    """real.dp.zero launches the next pass's gathers in after_task, before the task's row end is stamped: the
     gather issued at 8 ms inside 0F0 (0-10 ms) is served from 10 ms; one issued in a gap keeps its issue; other
     modes keep theirs."""
     from sim.replay import collective_service

@@ -14,7 +14,7 @@ import pytest
 from conftest import run_sim
 
 from schedules import Kind, PipelineParams, ScheduleError, ZBAutoOptions, build, lower, validate
-from schedules.zb_auto import MIN_MEM_LIMIT, makespan
+from schedules.library.zb_auto import MIN_MEM_LIMIT, makespan
 from sim import UniformCosts, simulate
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "torch" / "dualpipev_4rank_10mb.csv"  # copied from shared/

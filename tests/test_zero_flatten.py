@@ -1,10 +1,10 @@
-"""real.zero's flat gradient of a bucket (what each microbatch's reduce-scatter sends): exact contents."""
+"""real.dp.zero's flat gradient of a bucket (what each microbatch's reduce-scatter sends): exact contents."""
 
 import torch
 from torch import nn
 
-from real.dp import _Bucket
-from real.zero import _flatten_grads
+from real.dp.sync import _Bucket
+from real.dp.zero import _flatten_grads
 
 
 def test_flatten_grads_orders_pads_zero_fills_and_drops_grads():

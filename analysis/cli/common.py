@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
+from common.errors import quote
 from schedules import SchedlabError, names
-from schedules.errors import quote
 from schedules.registry import lookup
 
 __all__ = [

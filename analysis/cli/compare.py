@@ -23,8 +23,8 @@ from analysis.cli.common import (
 )
 from analysis.cli.simulate import COMM_KEYS, add_comm_args, comm_overrides
 from analysis.cli.time_to_loss import add_time_to_loss_args, time_to_loss_main
+from common.outputs import check_distinct, check_output_dir, check_output_file, write_files_into
 from schedules import ScheduleError
-from schedules.outputs import check_distinct, check_output_dir, check_output_file, write_files_into
 from schedules.registry import lookup
 
 __all__ = ["compare_main", "perfetto_main", "report_main"]
@@ -81,7 +81,7 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
            "without physical units: add --model and --cluster")
     from analysis.compare import comparison_table, format_comparison
     from analysis.timeline import plot_timeline, plot_timelines
-    from sim.sweep import applicable, simulate_many
+    from sim.plan.sweep import applicable, simulate_many
 
     skipped: dict[str, str] = {}
     if is_all(args.schedules):  # every schedule that takes the shape; the others are listed, not fatal
@@ -126,11 +126,11 @@ def _canonical(name: str) -> str:
 
 def _units_compare(args, chosen: list[str], parser: OneLineParser, prog: str) -> int:
     from analysis.compare import format_units_comparison
-    from sim.cluster import cluster_preset
-    from sim.parallel import ParallelConfig
-    from sim.sweep import units_comparison
-    from sim.transformer import model_preset
-    from sim.transformer_costs import TransformerCosts
+    from sim.costs.cluster import cluster_preset
+    from sim.costs.parallel import ParallelConfig
+    from sim.costs.transformer import model_preset
+    from sim.costs.transformer_costs import TransformerCosts
+    from sim.plan.sweep import units_comparison
 
     if not (args.model and args.cluster):
         fail(f"{prog}: physical units need both --model and --cluster (see --help)")
@@ -250,8 +250,8 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
     args = p.parse_args(argv)
     check_cost_flags(args)
     from analysis.report import check_report_dir, write_report
-    from analysis.validation import load_validation
-    from sim.sweep import SweepConfig, run_sweep
+    from analysis.validation.scores import load_validation
+    from sim.plan.sweep import SweepConfig, run_sweep
 
     chosen = () if is_all(args.schedules) else tuple(name_list(args.schedules))
     progress = None

@@ -1,4 +1,4 @@
-"""The flags of ``--elastic live`` (``python -m real`` / ``schedlab run``): see :mod:`real.elastic`.
+"""The flags of ``--elastic live`` (``python -m real`` / ``schedlab run``): see :mod:`real.faults.elastic`.
 
     torchft_lighthouse --min_replicas 1 --join_timeout_ms 10000 &          # once, on a host every replica reaches
     torchrun --standalone --nproc-per-node 1 --max-restarts 3 -m real --elastic live \\
@@ -12,8 +12,8 @@ import sys
 
 from analysis.cli.common import given, print_json, refuse
 from real.config import RunConfig
-from real.elastic import ELASTIC_MODES, LiveConfig, check_live_layout, train_live
-from real.elastic_pp import train_live_pipeline
+from real.faults.elastic import ELASTIC_MODES, LiveConfig, check_live_layout, train_live
+from real.faults.elastic_pp import train_live_pipeline
 
 __all__ = ["add_live_args", "live_config", "live_defaults", "refuse_live_flags", "run_live"]
 

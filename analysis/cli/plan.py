@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from analysis.cli.common import OneLineParser, errors_to_exit, guarded, int_list, is_all, name_list, print_json
-from schedules.outputs import check_output_dir, check_output_file, write_files_into
+from common.outputs import check_output_dir, check_output_file, write_files_into
 
 __all__ = ["plan_main"]
 
@@ -53,15 +53,15 @@ def _parser(prog: str) -> OneLineParser:
 def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") -> int:
     p = _parser(prog)
     args = p.parse_args(argv)
-    from analysis.export_megatron import MEGATRON_COMMIT
-    from analysis.export_torchtitan import TORCHTITAN_VERSION
-    from analysis.exports import write_exports
-    from analysis.plan_report import format_plan, plot_pareto, why_against, why_winner
-    from sim.cluster import cluster_preset
-    from sim.plan import plan
-    from sim.plan_against import in_space, parse_layout, simulate_layout
-    from sim.plan_space import PlanSpace
-    from sim.transformer import model_preset
+    from analysis.plan.exports import write_exports
+    from analysis.plan.megatron import MEGATRON_COMMIT
+    from analysis.plan.report import format_plan, plot_pareto, why_against, why_winner
+    from analysis.plan.torchtitan import TORCHTITAN_VERSION
+    from sim.costs.cluster import cluster_preset
+    from sim.costs.transformer import model_preset
+    from sim.plan.against import in_space, parse_layout, simulate_layout
+    from sim.plan.search import plan
+    from sim.plan.space import PlanSpace
 
     with errors_to_exit(p):
         model = model_preset(args.model)
@@ -94,7 +94,7 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
         finally:
             if bar is not None:
                 bar.close()
-        from sim.study import Study
+        from sim.plan.study import Study
 
         win = result.top[0].config  # plan() refuses a question with no configuration
         study = Study(schedule=win.schedule, microbatches=win.microbatches, chunks=win.chunks,
@@ -129,6 +129,6 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
 
 
 def _costs(space, c):
-    from sim.plan_bounds import Bounds
+    from sim.plan.bounds import Bounds
 
     return Bounds(space).costs(c)

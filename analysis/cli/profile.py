@@ -19,11 +19,11 @@ import torch.distributed as dist
 
 from analysis.cli.common import OneLineParser, errors_to_exit, guarded, int_list
 from analysis.cli.train import add_model_args, model_from_args
+from common.errors import check_positive_ints
 from real.config import MODEL_KINDS, OPTIMIZERS
 from real.mesh import env_world
 from real.profile import ProfileConfig, profile
 from schedules import ConfigError
-from schedules.errors import check_positive_ints
 from schedules.util import atomic_write, check_output_file
 
 __all__ = ["config_from_args", "main"]

@@ -28,8 +28,8 @@ from analysis.cli.common import (
     positive_int_list,
     schedule_list,
 )
-from analysis.validation import NOISE_LIMIT
-from schedules.errors import quote
+from analysis.validation.scores import NOISE_LIMIT
+from common.errors import quote
 
 __all__ = ["add_grid_args", "check_grid_args", "profile_guard", "report_results"]
 
@@ -59,7 +59,7 @@ def add_grid_args(p: argparse.ArgumentParser, *, rounds: int = 5, timeout: float
 
 
 def profile_guard(a: argparse.Namespace) -> dict[str, Any]:
-    """The grid flags' guard against a slowed host for :func:`real.protocol.profile_machine` (``max_slow``,
+    """The grid flags' guard against a slowed host for :func:`real.profile.protocol.profile_machine` (``max_slow``,
     ``attempts``), as the runs have it (``--max-slow 0``: not checked)."""
     return {"max_slow": a.max_slow or None, "attempts": a.attempts}
 
@@ -68,8 +68,8 @@ def check_grid_args(p: OneLineParser, a: argparse.Namespace, *, calibrate_with_m
     """What the types cannot check alone; ``p.error`` (one line, exit 2) on the first bad value."""
     from analysis.cli.train import model_from_args
     from analysis.results_page import check_page
+    from common.outputs import check_output_dir
     from real.metrics_log import check_log_dir
-    from schedules.outputs import check_output_dir
 
     for flag, parse in (("schedules", schedule_list), ("microbatches", positive_int_list)):
         text = getattr(a, flag)
@@ -108,9 +108,9 @@ def report_results(a: argparse.Namespace, summary: dict, *, json_name: str, titl
 
     from analysis.cli.common import print_json
     from analysis.results_page import json_ready, write_page
-    from analysis.validation import exit_status
+    from analysis.validation.scores import exit_status
+    from common.outputs import atomic_write
     from real.metrics_log import log_rows
-    from schedules.outputs import atomic_write
 
     atomic_write(Path(a.out) / json_name, lambda tmp: tmp.write_text(json.dumps(json_ready(summary), indent=1)),
                  "result file")

@@ -1,7 +1,7 @@
 """``python -m sim`` / ``schedlab simulate``: simulate one schedule with uniform costs, or in physical units.
 
 With ``--model``/``--cluster``/``--config`` the schedule runs on a cluster in
-seconds and bytes, with data parallelism (``--dp``, ``--dp-mode``): see :mod:`sim.study`.
+seconds and bytes, with data parallelism (``--dp``, ``--dp-mode``): see :mod:`sim.plan.study`.
 
 The flags are parsed into the same objects a script would build, and the
 same functions run: load_graph (build or import, lower) -> validate ->
@@ -31,15 +31,15 @@ from analysis.cli.common import (
     uniform_costs,
 )
 from analysis.timeline import check_figure_path, plot_timeline
+from common.errors import find_name
+from common.outputs import check_distinct
 from schedules import load_graph, lower, names, spec, validate, write_torch_csv
-from schedules.errors import find_name
-from schedules.outputs import check_distinct
-from schedules.recompute import RECOMPUTE_PLACEMENTS, place_recompute
-from schedules.torch_csv import check_csv_path
+from schedules.interop.torch_csv import check_csv_path
+from schedules.library.recompute import RECOMPUTE_PLACEMENTS, place_recompute
 from schedules.trace import check_trace_path, write_trace
 from sim import SimResult, simulate
-from sim.cluster import CLUSTER_PRESETS
-from sim.transformer import MODEL_PRESETS
+from sim.costs.cluster import CLUSTER_PRESETS
+from sim.costs.transformer import MODEL_PRESETS
 
 __all__ = ["add_units_args", "format_table", "main", "units_overrides"]
 
@@ -129,7 +129,7 @@ def add_comm_args(g: argparse._ArgumentGroup) -> None:
                    "(sync/ddp); their bytes shrink as docs/compression.md says")
     g.add_argument("--codec-ns-per-param", type=float, default=None, metavar="NS",
                    help="with --grad-compression: the codec's compress+decompress time per gradient element "
-                   "(default 0; measure it with python -m real.compress)")
+                   "(default 0; measure it with python -m real.dp.compress)")
     g.add_argument("--peer-selection", default=None, choices=("ring", "random"),
                    help="dp-mode decentralized: exchange with both ring neighbours (ring, the default) or one peer")
     g.add_argument("--sync-every", type=int, default=None, metavar="K",
@@ -141,7 +141,7 @@ def add_comm_args(g: argparse._ArgumentGroup) -> None:
                    help="dp-mode async-ps: the steps a trainer may run ahead of the slowest (default 0)")
     g.add_argument("--trainer-speeds", type=_speeds, default=None, metavar="V,V,...",
                    help="dp-mode async-ps: each replica's compute speed, one per replica (1: the device's, 2: twice "
-                   "as fast; default all 1); the trainers run many steps under --staleness (sim.async_ps)")
+                   "as fast; default all 1); the trainers run many steps under --staleness (sim.costs.async_ps)")
 
 
 COMM_KEYS = ("link_model", "fsdp_reshard_after_forward", "fsdp_prefetch", "embedding_allreduce", "grad_compression",
@@ -208,7 +208,7 @@ def _write_outputs(trace, trace_path, plot_path) -> None:
 
 def units_main(args: argparse.Namespace, parser: OneLineParser) -> int:
     """The physical-units path: a Study from --config and flags, simulated, printed."""
-    from sim.study import load_study, run_study
+    from sim.plan.study import load_study, run_study
 
     if args.mem_limit is not None:
         fail("--mem-limit is a unit-cost (M_B) option; in physical units the memory is reported in bytes")
@@ -306,7 +306,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
                                                    (c.tf, c.tb, c.tw, c.tcomm, c.mw))))
         step_time = None
         if args.costs:
-            from sim.profiled import load_costs, step_time
+            from sim.costs.profiled import load_costs, step_time
 
             costs = load_costs(args.costs, graph.schedule.num_stages, args.costs_profile)
         result = simulate(graph, costs, check=False)

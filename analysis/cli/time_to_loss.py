@@ -8,8 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from analysis.cli.common import OneLineParser, errors_to_exit, fail, given, is_all, name_list, print_json, refuse
+from common.outputs import check_output_dir, check_output_file, write_files_into
 from schedules import ConfigError
-from schedules.outputs import check_output_dir, check_output_file, write_files_into
 
 __all__ = ["add_time_to_loss_args", "time_to_loss_main"]
 
@@ -76,12 +76,12 @@ def _fill(stage: Path, curves, times, rows, title: str, target: float) -> None:
 def _step_times(args: argparse.Namespace, schedule: str, specs) -> dict[str, float]:
     """Seconds per step of each mode on the cluster (local-sgd amortized over K)."""
     from analysis.cli.simulate import comm_overrides
-    from sim.cluster import cluster_preset
-    from sim.comm_modes import mode_step_time
-    from sim.parallel import ParallelConfig
-    from sim.study import Study
-    from sim.transformer import model_preset
-    from sim.transformer_costs import TransformerCosts
+    from sim.costs.cluster import cluster_preset
+    from sim.costs.parallel import ParallelConfig
+    from sim.costs.transformer import model_preset
+    from sim.costs.transformer_costs import TransformerCosts
+    from sim.plan.comm_modes import mode_step_time
+    from sim.plan.study import Study
 
     base = TransformerCosts(model=model_preset(args.model), cluster=cluster_preset(args.cluster),
                             parallel=ParallelConfig(pp=args.pp, dp=args.dp or 1, tp=args.tp or 1),

@@ -35,6 +35,7 @@ from analysis.cli.common import (
 from analysis.cli.live import add_live_args, live_defaults, refuse_live_flags, run_live
 from analysis.cli.progress import format_seconds
 from analysis.timeline import check_figure_path, plot_timeline
+from common.outputs import atomic_write, check_distinct, check_output_dir, check_output_file
 from real import stop
 from real.checkpoint import CheckpointConfig, check_unlocked
 from real.config import (
@@ -57,20 +58,19 @@ from real.config import (
     model_argv,
 )
 from real.data.tokens import sidecar_vocab
+from real.dp.ps_async import read_ps_order
 from real.launch import launch
 from real.mesh import env_world
 from real.metrics_log import MetricsLog, check_log_dir
 from real.model_api import UserModel, from_factory, plan_for
 from real.p2p import PeerError
-from real.ps_async import read_ps_order
 from real.train import RunResult, resolve_backend, restart_count, resume_point, run
 from real.usercode import UserCodeError, check_model, raised, user_frames
 from schedules import ConfigError, SchedlabError
-from schedules.dp import PEER_SELECTIONS
-from schedules.outputs import atomic_write, check_distinct, check_output_dir, check_output_file
-from schedules.recompute import RECOMPUTE_PLACEMENTS
+from schedules.dp.modes import PEER_SELECTIONS
+from schedules.library.recompute import RECOMPUTE_PLACEMENTS
 from schedules.trace import check_trace_path
-from sim.cluster import parse_placement
+from sim.costs.cluster import parse_placement
 
 __all__ = ["add_model_args", "config_from_args", "launch_main", "main", "model_argv", "model_from_args", "parser",
            "refuse_model_flags"]
@@ -272,7 +272,7 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
 
 
 def _placement(text: str, pp: int, dp: int | str) -> tuple[int, int]:
-    """``--placement``: (dp, servers) from its trainer and parameter-server devices (:func:`sim.cluster.parse_placement`)."""
+    """``--placement``: (dp, servers) from its trainer and parameter-server devices (:func:`sim.costs.cluster.parse_placement`)."""
     devices = [d for part in text.split(",") for d in parse_placement(part)]
     trainers = [d for d in devices if d.job == "trainer"]
     servers = [d for d in devices if d.job == "pserver"]

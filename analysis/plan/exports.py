@@ -1,14 +1,14 @@
 """A planned configuration as other frameworks take it: torchtitan, Megatron-LM and torch's schedule CSV.
 
 :func:`plan_layout` is what both exports are built from: the decoder layers of
-each pipeline stage (the planner's split, :func:`sim.transformer.partition_layers`:
+each pipeline stage (the planner's split, :func:`sim.costs.transformer.partition_layers`:
 embedding on stage 0, norm and head on the last stage, extra layers on the
 first stages) and the rank that holds each stage (the schedule's own
 ``stage_to_rank``). :func:`write_exports` writes the three files:
 
 * ``schedule.csv``: the pipeline order as torch's compute-only CSV (``_load_csv``);
-* ``torchtitan_plan.py``: a torchtitan config module (:mod:`analysis.export_torchtitan`);
-* ``megatron.txt``: a Megatron-LM argument line (:mod:`analysis.export_megatron`).
+* ``torchtitan_plan.py``: a torchtitan config module (:mod:`analysis.plan.torchtitan`);
+* ``megatron.txt``: a Megatron-LM argument line (:mod:`analysis.plan.megatron`).
 
 Each export names the version it was written for and says in a ``# note:``
 comment what its target cannot express, with the nearest setting that runs.
@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from schedules import build
+from schedules.interop.torch_csv import write_torch_csv
 from schedules.ir import Schedule
 from schedules.registry import lookup
-from schedules.torch_csv import write_torch_csv
 from schedules.util import atomic_write
-from sim.plan_space import PlanConfig
-from sim.study import Study
-from sim.transformer import TransformerConfig, partition_layers
+from sim.costs.transformer import TransformerConfig, partition_layers
+from sim.plan.space import PlanConfig
+from sim.plan.study import Study
 
 __all__ = ["TORCH_SCHEDULE_CLASS", "PlanLayout", "plan_layout", "plan_schedule", "write_exports",
            "write_schedule_csv"]
@@ -97,8 +97,8 @@ def write_exports(c: PlanConfig, model: TransformerConfig, global_batch: int, st
 
     ``final``: the folder the files will be moved to (when ``out`` is a staging folder), which the torchtitan
     module's schedule-CSV path names; default ``out``."""
-    from analysis.export_megatron import megatron_args
-    from analysis.export_torchtitan import torchtitan_config
+    from analysis.plan.megatron import megatron_args
+    from analysis.plan.torchtitan import torchtitan_config
 
     out = Path(out)
     sched = plan_schedule(c, study)

@@ -24,12 +24,12 @@ from __future__ import annotations
 import shlex
 from typing import TYPE_CHECKING
 
-from schedules.errors import ConfigError
-from sim.plan_space import PlanConfig
-from sim.transformer import TransformerConfig
+from common.errors import ConfigError
+from sim.costs.transformer import TransformerConfig
+from sim.plan.space import PlanConfig
 
-if TYPE_CHECKING:  # only a type here: analysis.exports imports this module
-    from analysis.exports import PlanLayout
+if TYPE_CHECKING:  # only a type here: analysis.plan.exports imports this module
+    from analysis.plan.exports import PlanLayout
 
 __all__ = ["DP_FLAGS", "FLAG_SOURCES", "MEGATRON_COMMIT", "REDUCE_FLAGS", "megatron_args", "megatron_dp_flags", "megatron_layout",
            "megatron_notes"]
@@ -134,7 +134,7 @@ def _model_flags(model: TransformerConfig) -> list[str]:
 
 #: Data-parallel mode -> Megatron-LM's flags (``megatron/core/distributed/distributed_data_parallel_config.py``:
 #: ``overlap_grad_reduce`` and ``overlap_param_gather`` default False, so plain DDP all-reduces after the backward).
-#: zero1's parameter all-gather stays after the optimizer step, as in ``schedules.dp`` (no ``--overlap-param-gather``,
+#: zero1's parameter all-gather stays after the optimizer step, as in ``schedules.dp.modes`` (no ``--overlap-param-gather``,
 #: which moves it into the next forward). Megatron-FSDP turns both overlaps on for optim_grads(_params) whatever the
 #: flags (``megatron_fsdp.py``, ``MegatronFSDP.__init__``); the line says so. ``ps`` (parameter servers) and ``none``
 #: with replicas (no gradient exchange) have no Megatron-LM setting: :func:`megatron_dp_flags` refuses them.

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from schedules.util import atomic_write
-from sim.plan import PlanEntry, PlanResult
+from sim.plan.search import PlanEntry, PlanResult
 
 __all__ = ["format_plan", "pareto_front", "plot_pareto", "why_against", "why_beats", "why_winner"]
 

@@ -29,12 +29,12 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from schedules.errors import ConfigError
-from sim.plan_space import PlanConfig
-from sim.transformer import TransformerConfig
+from common.errors import ConfigError
+from sim.costs.transformer import TransformerConfig
+from sim.plan.space import PlanConfig
 
-if TYPE_CHECKING:  # only a type here: analysis.exports imports this module
-    from analysis.exports import PlanLayout
+if TYPE_CHECKING:  # only a type here: analysis.plan.exports imports this module
+    from analysis.plan.exports import PlanLayout
 
 __all__ = ["DP_SETTINGS", "TORCHTITAN_VERSION", "torchtitan_config", "torchtitan_notes"]
 

@@ -1,17 +1,17 @@
 """The validation grid's async-ps row (issue 26): its time per update predicted from profiled costs.
 
-The runtime's async-ps (:mod:`real.ps_async`) has no step in lockstep: each
+The runtime's async-ps (:mod:`real.dp.ps_async`) has no step in lockstep: each
 trainer computes, pushes, asks the server for the next step's parameters and
 goes on once the staleness bound S lets it. One simulated step of the graph
 (ps's: passes, pushes, the servers' update, pulls) is not what it measures, so
-the row is predicted as :mod:`sim.study` predicts the mode: the graph's step
-cut into a cycle (:func:`sim.async_ps.cycle_of`: compute, the push left exposed
+the row is predicted as :mod:`sim.plan.study` predicts the mode: the graph's step
+cut into a cycle (:func:`sim.costs.async_ps.cycle_of`: compute, the push left exposed
 after it, the pull) and the server's update, run over many steps by both
-trainers under the bound in :func:`sim.async_ps.simulate_async_ps`; its time per
+trainers under the bound in :func:`sim.costs.async_ps.simulate_async_ps`; its time per
 update (dp / the sum of the trainers' rates) is the prediction.
 
-From :class:`sim.profiled.ProfiledCosts` (the data-parallel calibration run's,
-or the row's own trace's, :func:`analysis.dp_calibration.dp_self_costs`):
+From :class:`sim.costs.profiled.ProfiledCosts` (the data-parallel calibration run's,
+or the row's own trace's, :func:`analysis.validation.dp_calibration.dp_self_costs`):
 
 * the update is every stage's optimizer step (the server's update, as ps's
   OPTIM on the collective stream costs it; from the row's own trace the
@@ -46,22 +46,22 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from schedules import TaskGraph
-    from sim.async_ps import AsyncPSResult
+    from sim.costs.async_ps import AsyncPSResult
+    from sim.costs.profiled import ProfiledCosts
     from sim.engine import SimResult
-    from sim.profiled import ProfiledCosts
 
 __all__ = ["async_loop", "measured_parts", "predict_async", "predicted_parts", "trainer_rows", "update_s"]
 
 
 def update_s(graph: TaskGraph, costs: ProfiledCosts) -> float:
     """The servers' whole update of a step: every stage's update on the servers (ps's OPTIM on the collective
-    stream: the profile's SERVER_UPDATE, else the optimizer step; :meth:`sim.profiled.StageCosts.update_on_server`)."""
+    stream: the profile's SERVER_UPDATE, else the optimizer step; :meth:`sim.costs.profiled.StageCosts.update_on_server`)."""
     return sum(costs.stages[s].update_on_server() for s in range(graph.schedule.num_stages))
 
 
 def async_loop(result: SimResult, costs: ProfiledCosts, staleness: int, dp: int) -> AsyncPSResult:
     """``dp`` equal trainers running ``result``'s step under ``staleness`` (module doc)."""
-    from sim.async_ps import cycle_of, simulate_async_ps
+    from sim.costs.async_ps import cycle_of, simulate_async_ps
 
     cycle = cycle_of(SimpleNamespace(sim=result), update_s(result.graph, costs))
     cycle = replace(cycle, compute_s=cycle.compute_s + costs.step_overhead)
@@ -76,8 +76,8 @@ def predict_async(graph: TaskGraph, costs: ProfiledCosts, staleness: int, dp: in
 
 
 def predicted_parts(graph: TaskGraph, costs: ProfiledCosts, staleness: int, dp: int = 2) -> dict[str, float]:
-    """The predicted update taken apart (module doc; :data:`analysis.dp_transfer.PARTS` and ``step``)."""
-    from analysis.dp_transfer import _simulated
+    """The predicted update taken apart (module doc; :data:`analysis.validation.dp_transfer.PARTS` and ``step``)."""
+    from analysis.validation.dp_transfer import _simulated
     from sim import simulate
 
     result = simulate(graph, costs, check=False)
@@ -95,7 +95,7 @@ def trainer_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def measured_parts(frames: Sequence[pd.DataFrame]) -> dict[str, float]:
-    """:func:`analysis.dp_transfer.measured_parts` of the first trainer's rows (module doc)."""
-    from analysis.dp_transfer import measured_parts as parts
+    """:func:`analysis.validation.dp_transfer.measured_parts` of the first trainer's rows (module doc)."""
+    from analysis.validation.dp_transfer import measured_parts as parts
 
     return parts([trainer_rows(df) for df in frames])

@@ -4,13 +4,13 @@
 and ``experiments/plan_check.py`` (is the planner's ranking right?) both run
 it; the protocol is written down in ``docs/validation-protocol.md``:
 
-1. :func:`real.protocol.profile_machine` runs ``real.profile`` once under
+1. :func:`real.profile.protocol.profile_machine` runs ``real.profile`` once under
    torchrun (every stage count needed; for the data-parallel pair, pp=1 dp=2
-   with its collectives); :mod:`real.protocol` also makes the runs' configs.
+   with its collectives); :mod:`real.profile.protocol` also makes the runs' configs.
 2. One configuration, the calibration run, is measured and traced;
    :class:`Calibration` turns its traces into cost models:
    :meth:`Calibration.pipeline` for any stage count
-   (:func:`sim.profiled.from_trace`), :meth:`Calibration.data_parallel` for
+   (:func:`sim.costs.profiled.from_trace`), :meth:`Calibration.data_parallel` for
    the pair (its own profile, each pass scaled by the calibration run's
    in-run/profiled ratio).
 3. :func:`predict` simulates a graph and reads off the step time the runtime
@@ -18,7 +18,7 @@ it; the protocol is written down in ``docs/validation-protocol.md``:
    side, each row labelled ``kind`` (pipeline or data-parallel) and
    ``in_sample`` (the calibration configuration itself: its own traces fitted
    the model, so its error does not say how well the model transfers).
-   :func:`analysis.validation.score_grid` scores them.
+   :func:`analysis.validation.scores.score_grid` scores them.
 
 Nothing here prints; the scripts do.
 """
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from schedules import TaskGraph
-    from sim.profiled import ProfiledCosts, TraceCalibration
+    from sim.costs.profiled import ProfiledCosts, TraceCalibration
 
 __all__ = ["ABLATIONS", "DP_ABLATIONS", "Calibration", "dp_graph", "grid_rows", "predict"]
 
@@ -47,7 +47,7 @@ Measured = Any
 ABLATIONS: dict[str, dict[str, float]] = {"send_cpu": {"send_cpu": 0.0}, "task_overhead": {"task_overhead": 0.0},
                                           "step_overhead": {"step_overhead": 0.0}}
 # The data-parallel rows also switch off compute slowed by concurrent communication and its converse (sim.slowdown).
-# reduce_hook: zero2/zero3's per-bucket reduce-scatter hook on the training thread (sim.profiled, measured by
+# reduce_hook: zero2/zero3's per-bucket reduce-scatter hook on the training thread (sim.costs.profiled, measured by
 # real.profile.hook); the other modes' predictions do not change without it.
 DP_ABLATIONS: dict[str, dict[str, float]] = {**ABLATIONS, "comm_slowdown": {"comm_slowdown": 1.0},
                                              "max_inflight": {"max_inflight": 0}, "comm_stall": {"comm_stall": 1.0},
@@ -56,23 +56,23 @@ DP_ABLATIONS: dict[str, dict[str, float]] = {**ABLATIONS, "comm_slowdown": {"com
 
 def dp_graph(schedule: str, mode: str, m: int, buckets: int) -> TaskGraph:
     """The simulator's pp=1 data-parallel graph with ``buckets`` gradient buckets (as many as the runtime makes:
-    :func:`real.protocol.dp_buckets`).
+    :func:`real.profile.protocol.dp_buckets`).
 
     zero3 gathers on demand (prefetch 0), as the runtime does on a rank of one stage: its next pass reads the
-    stage the running one holds, whose buffer is in use until that pass ends (``real.zero``'s ``after_task``)."""
-    from analysis.dp_modes import split_mode
+    stage the running one holds, whose buffer is in use until that pass ends (``real.dp.zero``'s ``after_task``)."""
+    from analysis.validation.dp_modes import split_mode
     from schedules import build, lower, validate
-    from schedules.dp import add_data_parallel
+    from schedules.dp.modes import add_data_parallel
 
-    mode = split_mode(mode)[0]  # ddp+int8: the codec is the costs' (analysis.dp_modes.codec_costs), not the graph's
+    mode = split_mode(mode)[0]  # ddp+int8: the codec is the costs' (analysis.validation.dp_modes.codec_costs), not the graph's
     prefetch = 0 if mode in ("zero3", "fsdp") else 1
     return validate(add_data_parallel(lower(build(schedule, pp=1, microbatches=m)), mode, [buckets],
                                       prefetch=prefetch))
 
 
 def predict(graph: TaskGraph, costs: ProfiledCosts) -> float:
-    """The step time the runtime would measure for ``graph`` under ``costs`` (:func:`sim.profiled.step_time`)."""
-    from analysis.dp_modes import predict as simulated_step
+    """The step time the runtime would measure for ``graph`` under ``costs`` (:func:`sim.costs.profiled.step_time`)."""
+    from analysis.validation.dp_modes import predict as simulated_step
 
     return simulated_step(graph, costs)
 
@@ -85,11 +85,11 @@ class Calibration:
     traces: tuple[str, ...]
     fit: TraceCalibration
     dp_profile: Path | None = None
-    max_inflight: int = 0  # the runtime's bound on zero2/zero3's reduce-scatters in flight (real.zero.MAX_INFLIGHT)
-    dp_traces: tuple[str, ...] = ()  # the data-parallel calibration run's traces (analysis.dp_transfer); () none
-    dp_fit: ProfiledCosts | None = None  # their costs (analysis.dp_transfer.dp_run_costs)
-    dp_straggler: float = 1.0  # their straggler factor (analysis.dp_transfer.straggler; reported, not applied)
-    dp_skew: float = 0.0  # their replicas' skew over busy time (analysis.dp_skew.skew_fraction), added to a step
+    max_inflight: int = 0  # the runtime's bound on zero2/zero3's reduce-scatters in flight (real.dp.zero.MAX_INFLIGHT)
+    dp_traces: tuple[str, ...] = ()  # the data-parallel calibration run's traces (analysis.validation.dp_transfer); () none
+    dp_fit: ProfiledCosts | None = None  # their costs (analysis.validation.dp_transfer.dp_run_costs)
+    dp_straggler: float = 1.0  # their straggler factor (analysis.validation.dp_transfer.straggler; reported, not applied)
+    dp_skew: float = 0.0  # their replicas' skew over busy time (analysis.validation.dp_skew.skew_fraction), added to a step
     dp_shapes: tuple[tuple[int, ...], ...] = ()  # the model's parameter shapes (powersgd's bytes)
     dp_residual: float = 0.0  # seconds: the data-parallel run's measured step less its own prediction (closed_on)
     dp_zero3: Mapping[str, Any] | None = None  # the data-parallel profile's zero3 section (read once, in of)
@@ -103,10 +103,10 @@ class Calibration:
         pipeline run's. ``dp_shapes``: the model's parameter shapes, for a ``ddp+powersgd:R`` row."""
         import json
 
-        from analysis.dp_skew import skew_fraction
-        from analysis.dp_transfer import dp_run_costs, straggler
+        from analysis.validation.dp_skew import skew_fraction
+        from analysis.validation.dp_transfer import dp_run_costs, straggler
         from schedules.trace import read_trace
-        from sim.profiled import trace_calibration
+        from sim.costs.profiled import trace_calibration
 
         fit, k, s, zero3 = None, 1.0, 0.0, None
         if dp_profile is not None:
@@ -127,7 +127,7 @@ class Calibration:
         carries it. On the grids of 2026-12-02 the gap was -0.6 to -4.4% of the run's step, mostly its
         all-reduces' tail after the last backward (measured 3.7-6.2 ms, predicted 2.0-3.4). Fitted on the
         calibration run alone: its row stays in-sample, the others held out. No data-parallel run: unchanged."""
-        from analysis.dp_modes import predict_mode
+        from analysis.validation.dp_modes import predict_mode
 
         if self.dp_fit is None:
             return self
@@ -139,14 +139,14 @@ class Calibration:
 
     def pipeline(self, num_stages: int, **off: float) -> ProfiledCosts:
         """The calibration run's costs for ``num_stages`` stages; ``off``: fields set (an ablation)."""
-        from sim.profiled import from_trace
+        from sim.costs.profiled import from_trace
 
         costs = from_trace(list(self.traces), self.profile, num_stages=num_stages, calibration=self.fit)
         return replace(costs, **off) if off else costs
 
     def profile_only(self, num_stages: int) -> ProfiledCosts:
         """The profile alone, no trace: the second calibration source, reported beside the first."""
-        from sim.profiled import load_profile
+        from sim.costs.profiled import load_profile
 
         return load_profile(self.profile, num_stages)
 
@@ -161,9 +161,9 @@ class Calibration:
 
     def data_parallel(self, mode: str = "ddp", **off: float) -> ProfiledCosts:
         """The costs of a data-parallel row of ``mode``: from the data-parallel calibration run
-        (:mod:`analysis.dp_transfer`: its costs, the optimizer step sharded for the ZeRO modes) when there is
+        (:mod:`analysis.validation.dp_transfer`: its costs, the optimizer step sharded for the ZeRO modes) when there is
         one, else :meth:`from_pipeline`; ``off``: fields set (an ablation)."""
-        from analysis.dp_transfer import ZERO3_MODES, mode_costs, zero3_costs
+        from analysis.validation.dp_transfer import ZERO3_MODES, mode_costs, zero3_costs
 
         if self.dp_fit is None:
             return self.from_pipeline(**off)
@@ -175,7 +175,7 @@ class Calibration:
     def from_pipeline(self, **off: float) -> ProfiledCosts:
         """The data-parallel rows' costs carried from the pipeline run: the pair's own profile, F and B scaled by
         :meth:`ratios`, the run's send_cpu and task_overhead, and the runtime's ``max_inflight``."""
-        from sim.profiled import load_profile
+        from sim.costs.profiled import load_profile
 
         if self.dp_profile is None:
             raise ValueError("this calibration has no data-parallel profile; give dp_profile")
@@ -189,7 +189,7 @@ class Calibration:
 
     def warnings(self) -> list[str]:
         """The guesses in these cost models (each names its field): the profiles' fits and the calibration's."""
-        from sim.profiled import load_profile
+        from sim.costs.profiled import load_profile
 
         out = list(self.pipeline(self.fit.num_stages).warnings)
         if self.dp_profile is not None:
@@ -197,7 +197,7 @@ class Calibration:
         return out
 
     def describe(self) -> dict[str, Any]:
-        from analysis.dp_transfer import describe_fit
+        from analysis.validation.dp_transfer import describe_fit
 
         out = {"traces": list(self.traces), "fit": {k: v for k, v in vars(self.fit).items() if k != "passes"},
                "passes": {f"{s}{k}": v for (s, k), v in self.fit.passes.items()}, "warnings": self.warnings()}
@@ -209,7 +209,7 @@ class Calibration:
 
 
 def _measured_row(key: tuple[str, int], r: Measured) -> dict[str, Any]:
-    from analysis.validation import half_difference
+    from analysis.validation.scores import half_difference
 
     return {"schedule": key[0], "microbatches": key[1], "measured_step_time": r.step_time,
             "measured_spread": list(r.spread), "round_medians": list(r.round_medians),
@@ -228,7 +228,7 @@ def pipeline_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calib
     """One pipeline configuration: predicted from the calibration and from the profile alone, each ablation,
     its self-calibrated error (from its own runs) and its replay error (each traced step with its own times)."""
     from schedules.trace import read_trace
-    from sim.profiled import from_trace, trace_calibration
+    from sim.costs.profiled import from_trace, trace_calibration
     from sim.replay import replay
 
     n = graph.schedule.num_stages
@@ -250,24 +250,24 @@ def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration
     """One data-parallel configuration (``key[0]`` is ``dp2-MODE``): predicted from its own profile scaled by
     the calibration run; its self-calibrated error (:func:`dp_self_costs`), its replay error (each traced step
     with its own task and collective times) and each mechanism, comm_slowdown included, switched off in turn.
-    The modes of :mod:`analysis.dp_modes` (ps, decentralized, local-sgd, MODE+CODEC) are predicted as it says;
-    async-ps (its time per update, no replay) as :mod:`analysis.async_grid` says."""
-    from analysis.async_grid import measured_parts as async_measured
-    from analysis.async_grid import predict_async
-    from analysis.async_grid import predicted_parts as async_parts
-    from analysis.dp_calibration import dp_replay_error, dp_self_costs
-    from analysis.dp_modes import predict_mode
-    from analysis.dp_skew import skew_fraction
-    from analysis.dp_transfer import measured_parts, predicted_parts
+    The modes of :mod:`analysis.validation.dp_modes` (ps, decentralized, local-sgd, MODE+CODEC) are predicted as it says;
+    async-ps (its time per update, no replay) as :mod:`analysis.validation.async_grid` says."""
+    from analysis.validation.async_grid import measured_parts as async_measured
+    from analysis.validation.async_grid import predict_async
+    from analysis.validation.async_grid import predicted_parts as async_parts
+    from analysis.validation.dp_calibration import dp_replay_error, dp_self_costs
+    from analysis.validation.dp_modes import predict_mode
+    from analysis.validation.dp_skew import skew_fraction
+    from analysis.validation.dp_transfer import measured_parts, predicted_parts
     from schedules.trace import read_trace
-    from sim.profiled import HOOKED_MODES, load_profile
+    from sim.costs.profiled import HOOKED_MODES, load_profile
 
     mode = key[0].removeprefix("dp2-")
     every = r.config.sync.sync_every if mode == "local-sgd" else 1  # local-sgd's K: of the RunConfig measured
     bound = r.config.sync.staleness if mode == "async-ps" else 0  # async-ps's S: of the RunConfig measured
 
     def step(costs: ProfiledCosts, measured: bool = False, skew: float = cal.dp_skew) -> float:
-        if mode == "async-ps":  # the time per update (analysis.async_grid); its trainers wait for no one
+        if mode == "async-ps":  # the time per update (analysis.validation.async_grid); its trainers wait for no one
             return predict_async(graph, costs, bound)
         return predict_mode(mode, graph, costs, cal.dp_profile, every, measured_collectives=measured, skew=skew,
                             shapes=cal.dp_shapes)["step"]
@@ -291,10 +291,10 @@ def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration
     row["pipeline_predicted_step_time"] = step(cal.from_pipeline(), skew=0.0)
     row["without"] = {**{k: step(cal.data_parallel(mode, **v)) for k, v in DP_ABLATIONS.items()},
                       "skew": step(costs, skew=0.0)}
-    own = dp_self_costs(frames, cal.dp_profile, cal.max_inflight)  # its own skew too (analysis.dp_skew)
+    own = dp_self_costs(frames, cal.dp_profile, cal.max_inflight)  # its own skew too (analysis.validation.dp_skew)
     row["self_error"] = (step(own, True, skew_fraction(frames)) - row["measured_step_time"]) / row["measured_step_time"]
     # async-ps: no replay (one lockstep step of the graph; its updates fold pushes of other steps) and the
-    # trainers' rows taken apart (analysis.async_grid)
+    # trainers' rows taken apart (analysis.validation.async_grid)
     row["replay_error"], row["replay_abs_p90"] = (None, None) if mode == "async-ps" else \
         dp_replay_error(frames, cal.dp_profile)
     row["parts"] = {"measured": (async_measured if mode == "async-ps" else measured_parts)(frames),
@@ -307,10 +307,10 @@ def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration
 
 
 def _amortize(row: dict[str, Any], r: Measured, frames: list[Any], predicted: dict[str, float]) -> None:
-    """local-sgd: the row's measurement is the time per step amortized over K (analysis.dp_modes), and its plain
+    """local-sgd: the row's measurement is the time per step amortized over K (analysis.validation.dp_modes), and its plain
     and averaging steps apart, measured and predicted."""
-    from analysis.dp_modes import amortized_measured, percentile, split_steps
-    from analysis.validation import half_difference
+    from analysis.validation.dp_modes import amortized_measured, percentile, split_steps
+    from analysis.validation.scores import half_difference
 
     step, means = amortized_measured(r.step_times)
     row.update(measured_step_time=step, round_medians=list(means), half_difference=half_difference(means, step),

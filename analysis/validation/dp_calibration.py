@@ -2,7 +2,7 @@
 
 A data-parallel run's trace (``dp`` > 1) holds, beside its passes, the
 optimizer step and every bucket's collectives. Two of the grid's error parts
-come from it (:func:`analysis.calibration.dp_row` uses both):
+come from it (:func:`analysis.validation.calibration.dp_row` uses both):
 
 * **self-calibrated** (:func:`dp_self_costs`): the configuration predicted
   from its own runs. The passes' in-run times are the measured ones with the
@@ -17,7 +17,7 @@ come from it (:func:`analysis.calibration.dp_row` uses both):
   op's mean service time in the traces (:func:`collective_times`; an op the
   traces lack keeps the profile's alpha/beta; decentralized SGD's exchanges set
   the p2p message time; ps and async-ps keep the profile's: their push and
-  pull rows are no service times, sim.profiled times them as messages; a ps
+  pull rows are no service times, sim.costs.profiled times them as messages; a ps
   trace's step overhead is also taken less those pulls, which end in the step
   after its traced span), and ``c`` comes from the pair's profile. The per-task gap is read
   only where none of the rank's collectives ended in it (:func:`task_gaps`: a
@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-    from sim.profiled import ProfiledCosts
+    from sim.costs.profiled import ProfiledCosts
 
 __all__ = ["blocked_spans", "collective_times", "dp_replay_error", "dp_self_costs", "task_gaps", "unslowed_passes"]
 
@@ -113,7 +113,7 @@ def unslowed_passes(frames: Sequence[pd.DataFrame], factor: float, limit: int = 
 def _gaps_calibration(frames: Sequence[pd.DataFrame]) -> Any:
     """trace_calibration of the compute rows alone, the OPTIM rows dropped: the last gradient pass's wait for its
     collectives is then no gap (it is the rank's last row)."""
-    from sim.profiled import trace_calibration
+    from sim.costs.profiled import trace_calibration
 
     kept = []
     for df in frames:
@@ -176,8 +176,8 @@ def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_in
                   comm_slowdown: float | None = None) -> ProfiledCosts:
     """A pp=1 data-parallel configuration's costs from its own traces and the pair's profile (module doc);
     ``max_inflight``: the runtime's bound on zero2/zero3's reduce-scatters in flight; ``comm_slowdown``: the
-    factor, if not the profile's (:func:`analysis.dp_transfer.fitted_slowdown`)."""
-    from sim.profiled import HOOKED_MODES, PS_MODES, _trimmed_mean, load_profile
+    factor, if not the profile's (:func:`analysis.validation.dp_transfer.fitted_slowdown`)."""
+    from sim.costs.profiled import HOOKED_MODES, PS_MODES, _trimmed_mean, load_profile
     from sim.replay import server_update_times
 
     own = replace(load_profile(dp_profile, 1), max_inflight=max_inflight)
@@ -211,7 +211,7 @@ def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_in
 
 def _pulls(frames: Sequence[pd.DataFrame], costs: ProfiledCosts) -> float:
     """ps: the seconds the simulator gives one trainer's pulls of a step, one message per bucket after another
-    (:meth:`sim.profiled.ProfiledCosts.bucket_message_time` of each traced pull's bytes; the first trainer's first
+    (:meth:`sim.costs.profiled.ProfiledCosts.bucket_message_time` of each traced pull's bytes; the first trainer's first
     traced step). A ps trace records them zero-length: posted at the last pass's end, waited for when already in."""
     rows = frames[0][frames[0]["kind"] == "ALL_GATHER"]
     if rows.empty:
@@ -224,7 +224,7 @@ def dp_replay_error(frames: Sequence[pd.DataFrame], dp_profile: str | Path) -> t
     """Median replay error and p90 |replay error| over every traced step; (None, None) when the traces'
     collectives are not their graph's one for one (a zero3 trace recorded before its gathers carried their
     microbatch)."""
-    from sim.profiled import from_trace, load_profile
+    from sim.costs.profiled import from_trace, load_profile
     from sim.replay import dp_replayable, replay
 
     steps: list[float] = []

@@ -10,18 +10,18 @@ Beside the exact modes (ddp, sync, zero1, zero2, zero3), a grid row's mode may b
 * ``decentralized``: each replica exchanges its parameters with its one ring neighbour (dp 2), timed
   as a p2p message of the bucket;
 * ``local-sgd``: averages the parameters every K steps (the run's ``sync_every``; the grid's K is
-  :data:`real.protocol.SYNC_EVERY`, 2). Its steps alternate, so the row
+  :data:`real.profile.protocol.SYNC_EVERY`, 2). Its steps alternate, so the row
   is scored on the time per step amortized over K steps: predicted ``((K - 1) t_local + t_averaging) / K``
-  (:func:`sim.comm_modes.amortized`, both steps simulated), measured the median over rounds of each
+  (:func:`sim.plan.comm_modes.amortized`, both steps simulated), measured the median over rounds of each
   round's mean step time (each round measures whole periods of K steps). The averaging step and the
   plain step are also reported apart (``measured_local`` / ``measured_averaging`` and the predictions);
-* ``async-ps``: the asynchronous parameter server at staleness :data:`real.protocol.STALENESS` (1), measured
+* ``async-ps``: the asynchronous parameter server at staleness :data:`real.profile.protocol.STALENESS` (1), measured
   in ps's 3-process group; scored on the time per update (dp / the sum of the trainers' rates, equal to a
-  trainer's step time when both run alike), predicted by :mod:`analysis.async_grid` (:mod:`sim.async_ps`'s
+  trainer's step time when both run alike), predicted by :mod:`analysis.validation.async_grid` (:mod:`sim.costs.async_ps`'s
   loop over the graph's step);
 * ``MODE+CODEC`` (``ddp+int8``, ``ddp+fp16``, ``ddp+bf16``): the mode with ``grad_compression`` CODEC. The
-  profiled costs carry the codec as the simulator does (:mod:`sim.compression`): each gradient collective
-  moves :func:`schedules.compression.buffer_bytes` of its bucket (its beta scaled by the bytes' ratio) and
+  profiled costs carry the codec as the simulator does (:mod:`sim.costs.compression`): each gradient collective
+  moves :func:`schedules.dp.codecs.buffer_bytes` of its bucket (its beta scaled by the bytes' ratio) and
   takes the codec's compress + decompress time, the profile's ``codecs`` nanoseconds per element, in its
   latency (alpha);
 * ``ddp+powersgd:R``: the runtime waits for each bucket's PowerSGD hook where the bucket is launched, on the
@@ -38,14 +38,14 @@ Beside the exact modes (ddp, sync, zero1, zero2, zero3), a grid row's mode may b
   and per bucket torch's three all-reduces (the whole tensors, then P, then Q), each waited for before the
   next: the profile's small all-reduce waited for alone (:func:`single_all_reduce`: its ``small`` fit over
   the sizes PowerSGD sends, else ``single``), alpha each and the bucket's factors and whole tensors over beta
-  (:func:`schedules.compression.buffer_bytes` of the model's parameter shapes). On the CPU testbed that
+  (:func:`schedules.dp.codecs.buffer_bytes` of the model's parameter shapes). On the CPU testbed that
   build-up falls far short of the measured hooks: an all-reduce issued from the hook's future callbacks and
   waited for there takes several times a plain one of its size (docs/compression.md).
 
 Every mode whose replicas wait for each other each step also gets the skew between them
-(:mod:`analysis.dp_skew`): a fraction, measured in the calibration run, of the simulated step's busy time.
+(:mod:`analysis.validation.dp_skew`): a fraction, measured in the calibration run, of the simulated step's busy time.
 
-Nothing here runs anything; :mod:`analysis.calibration` builds the rows.
+Nothing here runs anything; :mod:`analysis.validation.calibration` builds the rows.
 """
 
 from __future__ import annotations
@@ -63,8 +63,8 @@ from schedules.util import percentile  # re-exported: the grid's spread, as real
 
 if TYPE_CHECKING:
     from schedules import TaskGraph
+    from sim.costs.profiled import ProfiledCosts
     from sim.engine import SimResult
-    from sim.profiled import ProfiledCosts
 
 __all__ = ["HOOK_COLLECTIVES", "amortized_measured", "codec_costs", "codec_ns", "hook_time", "local_graph",
            "measured_hooks", "percentile", "predict_mode", "simulate_mode", "single_all_reduce", "split_mode", "split_steps"]
@@ -96,7 +96,7 @@ def codec_costs(costs: ProfiledCosts, codec: str, ns_per_element: float, buckets
                 ) -> ProfiledCosts:
     """``costs`` with the gradient collectives compressed by ``codec`` (module doc): beta / ratio, alpha +
     codec time of a bucket of ``param_bytes / buckets`` bytes of float32 gradients."""
-    from schedules.compression import buffer_bytes, parse_compression
+    from schedules.dp.codecs import buffer_bytes, parse_compression
 
     comp = parse_compression(codec)
     if comp.codec == "none":
@@ -113,7 +113,7 @@ def codec_costs(costs: ProfiledCosts, codec: str, ns_per_element: float, buckets
 def local_graph(graph: TaskGraph) -> TaskGraph:
     """A local-sgd graph's step that does not average (the same schedule, microbatches and buckets)."""
     from schedules import build, lower, validate
-    from schedules.dp import add_data_parallel
+    from schedules.dp.modes import add_data_parallel
 
     sched = graph.schedule
     plain = lower(build(sched.name, pp=1, microbatches=sched.num_microbatches))
@@ -169,7 +169,7 @@ def _powersgd_hooks(codec: str, costs: ProfiledCosts, dp_profile: str | Path | N
                     shapes: Sequence[tuple[int, ...]]) -> tuple[ProfiledCosts, float]:
     """(``costs`` with the gradient collectives taking no time, the seconds of the step's hooks: measured
     (:func:`measured_hooks`), else :func:`hook_time`)."""
-    from schedules.compression import buffer_bytes, parse_compression
+    from schedules.dp.codecs import buffer_bytes, parse_compression
 
     if dp_profile is None or not shapes:
         raise ValueError(f"a {codec} row needs the data-parallel profile and the model's parameter shapes "
@@ -215,12 +215,12 @@ def predict_mode(mode: str, graph: TaskGraph, costs: ProfiledCosts, dp_profile: 
     """The step time the runtime would measure for ``mode``'s row: ``step`` (local-sgd: amortized over
     ``sync_every`` steps), and for local-sgd ``local`` and ``averaging`` apart. ``measured_collectives``: the
     costs' collective times were read from the mode's own traces, so they hold the codec already. ``skew``: the
-    replicas' skew as a fraction of the busy time (:mod:`analysis.dp_skew`), added where the step waits for
+    replicas' skew as a fraction of the busy time (:mod:`analysis.validation.dp_skew`), added where the step waits for
     the slower replica. ``shapes``: the model's parameter shapes (powersgd's bytes)."""
-    from analysis.dp_skew import simulated_busy, waits_each_step
+    from analysis.validation.dp_skew import simulated_busy, waits_each_step
     from sim import simulate
-    from sim.comm_modes import amortized
-    from sim.profiled import step_time
+    from sim.costs.profiled import step_time
+    from sim.plan.comm_modes import amortized
 
     res, used, hooks = simulate_mode(mode, graph, costs, dp_profile, measured_collectives=measured_collectives,
                                      shapes=shapes)
@@ -234,9 +234,9 @@ def predict_mode(mode: str, graph: TaskGraph, costs: ProfiledCosts, dp_profile: 
 
 
 def predict(graph: TaskGraph, costs: ProfiledCosts) -> float:
-    """:func:`analysis.calibration.predict` (which imports this module): the simulated step, as measured."""
+    """:func:`analysis.validation.calibration.predict` (which imports this module): the simulated step, as measured."""
     from sim import simulate
-    from sim.profiled import step_time
+    from sim.costs.profiled import step_time
 
     return step_time(simulate(graph, costs, check=False), costs)
 

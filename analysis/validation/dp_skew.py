@@ -2,7 +2,7 @@
 
 The simulator runs one replica, so a simulated data-parallel step has no skew:
 every rank is the mean replica. A real step waits for the slower one: taken
-apart (:func:`analysis.dp_transfer.step_parts`), its ``skew`` part is the busier
+apart (:func:`analysis.validation.dp_transfer.step_parts`), its ``skew`` part is the busier
 rank's busy time (its passes and optimizer step) less the ranks' mean, 2-9 ms
 per step in the grid's runs (docs/validation-protocol.md).
 
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 __all__ = ["BUSY_KINDS", "busy_skew", "simulated_busy", "skew_fraction", "waits_each_step"]
 
-BUSY_KINDS = ("F", "B", "I", "W", "OPTIM")  # a rank's busy time, as analysis.dp_transfer.step_parts counts it
+BUSY_KINDS = ("F", "B", "I", "W", "OPTIM")  # a rank's busy time, as analysis.validation.dp_transfer.step_parts counts it
 NO_WAIT = ("async-ps",)  # trainers that never wait for each other (local-sgd waits only when it averages)
 
 

@@ -19,7 +19,7 @@ ran, stretched by what overlapped it):
 * ``forward``, ``backward`` (B, I, W), ``optimizer``: the ranks' mean;
 * ``skew``: the most busy rank's busy time less the ranks' mean (the step waits
   for the slowest replica; the simulator runs one replica, so a simulated step's
-  skew is :mod:`analysis.dp_skew`'s model of it);
+  skew is :mod:`analysis.validation.dp_skew`'s model of it);
 * ``exposed``: the step's span less the most busy rank's busy time (waits for
   collectives, per-task gaps, gathers on demand);
 * ``overhead``: the step's wall time less its span.
@@ -28,7 +28,7 @@ ran, stretched by what overlapped it):
 run (validate_sim's: ddp at the grid's middle microbatch count; in-sample, scored
 apart) gives the machine's costs while both ranks compute the whole model with
 gloo's threads beside them: every pass's work with the stretch of concurrent
-communication taken out (:func:`analysis.dp_calibration.dp_self_costs`), its
+communication taken out (:func:`analysis.validation.dp_calibration.dp_self_costs`), its
 optimizer step, its per-task and per-step overheads and its all-reduces' service
 time, which every gradient reduction (zero's reduce-scatters too) takes; the
 all-gathers keep the data-parallel profile's alpha/beta. Four mechanisms
@@ -48,11 +48,11 @@ complete it:
   traces; 1.55-1.88 on its zero1 and codec rows), so every pass unslowed with it
   kept part of the stretch;
 * **the slowest replica**: the skew between the two replicas, a fraction of the
-  busy time measured in the run, added to the step (:mod:`analysis.dp_skew`, not
+  busy time measured in the run, added to the step (:mod:`analysis.validation.dp_skew`, not
   here: it is not a cost of a task). :func:`straggler` (the busier rank's pass time
   over the mean) scaled every pass before and is still reported;
 * **a sharded optimizer**: zero1, zero2 and zero3 step 1/dp of the parameters
-  (``real.zero``), as :class:`sim.transformer_costs.TransformerCosts` charges them.
+  (``real.dp.zero``), as :class:`sim.costs.transformer_costs.TransformerCosts` charges them.
 
 Nothing is fitted per mode: every other row (the other modes, and every mode at
 the other microbatch count) is held out.
@@ -70,15 +70,15 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from schedules import TaskGraph
+    from sim.costs.profiled import ProfiledCosts
     from sim.engine import SimResult
-    from sim.profiled import ProfiledCosts
 
 __all__ = ["PARTS", "SHARDED_OPTIMIZER", "ZERO3_MODES", "describe_fit", "dp_run_costs", "fitted_slowdown",
            "fitted_stall", "idle_service", "measured_parts", "mode_costs", "pass_overlaps", "predicted_parts",
            "step_parts", "straggler", "wholly_after", "zero3_costs"]
 
 PARTS = ("forward", "backward", "optimizer", "skew", "exposed", "overhead")
-SHARDED_OPTIMIZER = ("zero1", "zero2", "zero3", "fsdp")  # step 1/dp of the parameters (real.zero)
+SHARDED_OPTIMIZER = ("zero1", "zero2", "zero3", "fsdp")  # step 1/dp of the parameters (real.dp.zero)
 _BACKWARD = ("B", "I", "W")
 # Collectives gloo runs at once per process group: its worker threads (torch 2.13's default, read on this machine
 # from a gloo group's backend: options._threads == 2).
@@ -131,7 +131,7 @@ def measured_parts(frames: Sequence[pd.DataFrame]) -> dict[str, float]:
 
 def _simulated(result: SimResult, costs: ProfiledCosts) -> dict[str, float]:
     from schedules import Stream
-    from sim.profiled import step_time
+    from sim.costs.profiled import step_time
 
     graph = result.graph
     rows = [(t.rank, t.action.kind.value, result.end[t.id] - result.start[t.id])
@@ -142,12 +142,12 @@ def _simulated(result: SimResult, costs: ProfiledCosts) -> dict[str, float]:
 def predicted_parts(mode: str, graph: TaskGraph, costs: ProfiledCosts, dp_profile: str | Path | None,
                     sync_every: int = 1, *, measured_collectives: bool = False, skew: float = 0.0,
                     shapes: Sequence[tuple[int, ...]] = ()) -> dict[str, float]:
-    """The simulated step of ``mode``'s row taken apart, as :func:`analysis.dp_modes.predict_mode` predicts it
+    """The simulated step of ``mode``'s row taken apart, as :func:`analysis.validation.dp_modes.predict_mode` predicts it
     (a codec's costs, PowerSGD's hooks in the backward; the ``skew`` fraction of the busy time as the skew
-    where the step waits for the slower replica, :mod:`analysis.dp_skew`; local-sgd amortized over
+    where the step waits for the slower replica, :mod:`analysis.validation.dp_skew`; local-sgd amortized over
     ``sync_every``): ``step`` is their sum, its prediction."""
-    from analysis.dp_modes import local_graph, simulate_mode, split_mode
-    from analysis.dp_skew import waits_each_step
+    from analysis.validation.dp_modes import local_graph, simulate_mode, split_mode
+    from analysis.validation.dp_skew import waits_each_step
     from sim import simulate
 
     res, used, hooks = simulate_mode(mode, graph, costs, dp_profile, measured_collectives=measured_collectives,
@@ -184,7 +184,7 @@ def straggler(frames: Sequence[pd.DataFrame]) -> float:
 def pass_overlaps(frames: Sequence[pd.DataFrame], kinds: Sequence[str] = _BACKWARD) -> list[tuple[float, float]]:
     """(duration, seconds of it during which a collective of its rank was in service) of every pass of
     ``kinds`` in the traces (service as :func:`sim.replay.collective_service` has it)."""
-    from analysis.dp_calibration import _overlap, collective_spans
+    from analysis.validation.dp_calibration import _overlap, collective_spans
     from schedules.trace import trace_steps
 
     out = []
@@ -202,7 +202,7 @@ def fitted_slowdown(frames: Sequence[pd.DataFrame]) -> float | None:
     backward passes that no collective of their rank overlapped, and each overlapped one of d overlapped for o,
     sum(d - w) = (1 - 1/c) sum(o) (:mod:`sim.slowdown`'s closed form). None without both kinds of pass, or
     when the overlapped ones did not run longer (c <= 1) or longer than the closed form allows."""
-    from sim.profiled import _trimmed_mean
+    from sim.costs.profiled import _trimmed_mean
 
     seen = pass_overlaps(frames)
     clean = [d for d, o in seen if o == 0.0]
@@ -264,7 +264,7 @@ def fitted_stall(frames: Sequence[pd.DataFrame], service: float) -> float | None
     did what they were in service then, so those in service between t0 and tc did n ``service`` less that;
     summed over steps and ranks, the time in service between t0 and tc over that work. None if that work is
     none, or no less than the time (nothing stalled)."""
-    from analysis.dp_calibration import _overlap
+    from analysis.validation.dp_calibration import _overlap
     from schedules.trace import trace_steps
     from sim.replay import collective_service
 
@@ -288,18 +288,18 @@ def fitted_stall(frames: Sequence[pd.DataFrame], service: float) -> float | None
 
 def dp_run_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_inflight: int = 0) -> ProfiledCosts:
     """The data-parallel rows' costs from one data-parallel run's traces (module doc): its own costs
-    (:func:`analysis.dp_calibration.dp_self_costs`) at its own :func:`fitted_slowdown` (the profile's where
-    that is None), the passes of the mean replica (the skew is :mod:`analysis.dp_skew`'s); the gradient
+    (:func:`analysis.validation.dp_calibration.dp_self_costs`) at its own :func:`fitted_slowdown` (the profile's where
+    that is None), the passes of the mean replica (the skew is :mod:`analysis.validation.dp_skew`'s); the gradient
     reductions (all-reduce and
     reduce-scatter) take the all-reduces' time alone (:func:`idle_service`) and the run's
     :func:`fitted_stall`, or, where either cannot be measured, the all-reduces' mean service time."""
-    from analysis.dp_calibration import dp_self_costs
+    from analysis.validation.dp_calibration import dp_self_costs
 
     own = dp_self_costs(frames, dp_profile, max_inflight, fitted_slowdown(frames))
     reduce = next(((a, b) for op, a, b in own.collectives if op == "all_reduce"), None)
     idle = idle_service(frames)
     if idle and reduce:
-        from sim.profiled import _trimmed_mean
+        from sim.costs.profiled import _trimmed_mean
 
         alone = _trimmed_mean(idle)
         g = fitted_stall(frames, alone)
@@ -314,7 +314,7 @@ def dp_run_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_inf
 def mode_costs(costs: ProfiledCosts, mode: str, dp: int, calibrated_mode: str = "ddp") -> ProfiledCosts:
     """``costs`` of a run of ``calibrated_mode`` for a row of ``mode`` (``MODE+CODEC``: the mode): the optimizer
     step over dp when ``mode`` shards it and the calibration run did not (and times dp the other way)."""
-    from analysis.dp_modes import split_mode
+    from analysis.validation.dp_modes import split_mode
 
     sharded, was = split_mode(mode)[0] in SHARDED_OPTIMIZER, split_mode(calibrated_mode)[0] in SHARDED_OPTIMIZER
     if sharded == was:
@@ -323,7 +323,7 @@ def mode_costs(costs: ProfiledCosts, mode: str, dp: int, calibrated_mode: str = 
     return replace(costs, stages=tuple(replace(s, optim=s.optim * scale) for s in costs.stages))
 
 
-ZERO3_MODES = ("zero3", "fsdp")  # the modes whose passes read gathered parameters (real.zero)
+ZERO3_MODES = ("zero3", "fsdp")  # the modes whose passes read gathered parameters (real.dp.zero)
 
 
 def zero3_costs(costs: ProfiledCosts, section: Mapping[str, Any] | None) -> ProfiledCosts:

@@ -6,7 +6,7 @@ A goal such as "every data-parallel row within 10%" must hold on repeated runs, 
 same code, one after the other) and gives, per data-parallel row (schedule label and microbatch count), its
 signed error on each run, whether it is within the bound on all of them, and, for the run where it is worst,
 the part of the step (``parts``: forward, backward, optimizer, skew, exposed, overhead; measured against
-predicted, :func:`analysis.dp_transfer.step_parts`) whose gap is largest: where the rest lies.
+predicted, :func:`analysis.validation.dp_transfer.step_parts`) whose gap is largest: where the rest lies.
 ``experiments/grid_runs.py`` writes the page.
 """
 

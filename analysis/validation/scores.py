@@ -167,7 +167,7 @@ def _scores(rows: Sequence[dict[str, Any]], predicted: str = "predicted_step_tim
 
 
 def score_grid(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """A validation grid's scores (rows of :func:`analysis.calibration.grid_rows`).
+    """A validation grid's scores (rows of :func:`analysis.validation.calibration.grid_rows`).
 
     The headline (``mean_abs_error``, ``max_abs_error``, ``kendall_tau_b``, and the profile-alone
     ``profile_*``) is over the out-of-sample rows: every row but the calibration configuration, whose own
@@ -196,7 +196,7 @@ def score_grid(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def _from_pipeline(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     """``from_pipeline``: the mean |error| of the out-of-sample data-parallel rows predicted with the pipeline
-    run's calibration carried over (``pipeline_error``), where the rows have it (analysis.dp_transfer)."""
+    run's calibration carried over (``pipeline_error``), where the rows have it (analysis.validation.dp_transfer)."""
     old = [abs(r["pipeline_error"]) for r in rows if r["kind"] == "data-parallel" and "pipeline_error" in r]
     return {"from_pipeline": statistics.fmean(old)} if old else {}
 
@@ -274,7 +274,7 @@ def load_validation(path: str | os.PathLike) -> dict[str, Any]:
     """The JSON that ``experiments/validate_sim.py --json`` writes; ConfigError (one line) if it is not one."""
     import json
 
-    from schedules.errors import ConfigError
+    from common.errors import ConfigError
     from schedules.util import read_text_file
 
     where = f"validation file {str(path)!r}"

@@ -11,7 +11,7 @@ trained on the inputs.
 
 :class:`TokenBatches` is the data source of a run on a token file: the global
 batch of a step is the next ``batch_size`` windows of an
-:class:`real.sampler.EpochSampler` stream, replica ``d`` of ``dp`` reads its
+:class:`real.data.sampler.EpochSampler` stream, replica ``d`` of ``dp`` reads its
 contiguous share of them, and the stream position goes into checkpoints.
 """
 
@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.outputs import atomic_write_all, check_distinct, check_output_file
 from real.config import RunConfig
 from real.data.documents import Tokenizer, byte_tokenizer, encode_documents
-from real.sampler import EpochSampler
+from real.data.sampler import EpochSampler
 from schedules import CheckpointError, ConfigError
-from schedules.outputs import atomic_write_all, check_distinct, check_output_file
 
 __all__ = ["BYTE_VOCAB", "DTYPES", "TokenBatches", "TokenFile", "prepare", "sidecar_vocab"]
 

@@ -1,10 +1,10 @@
-"""The gradient codecs of ``grad_compression`` (:mod:`schedules.compression`) on the runtime's flat buckets.
+"""The gradient codecs of ``grad_compression`` (:mod:`schedules.dp.codecs`) on the runtime's flat buckets.
 
 Each codec turns one bucket's gradient collective into its compressed form and hands back a
 :class:`Pending` (``is_completed`` / ``wait``, as a ``dist.Work``) whose ``wait`` leaves the **average**
 over the group (not the sum) where the uncompressed collective would leave the sum: the caller does not
 divide again. ``nbytes`` is the size of the buffers handed to the collectives (the ``n`` of
-:func:`schedules.compression.buffer_bytes`), counted from the tensors sent.
+:func:`schedules.dp.codecs.buffer_bytes`), counted from the tensors sent.
 
 * ``fp16`` / ``bf16``, all-reduce: torch's own ``fp16_compress_hook`` / ``bf16_compress_hook``
   (``torch.distributed.algorithms.ddp_comm_hooks.default_hooks``), called with the bucket as a one-tuple,
@@ -47,7 +47,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
 from real import checkpoint as ckpt
-from schedules.compression import SCALE_BYTES, Compression, parse_compression
+from schedules.dp.codecs import SCALE_BYTES, Compression, parse_compression
 
 __all__ = ["PROFILED", "Codec", "Pending", "codec_state", "dequantize", "load_codec", "make_codec", "profile_codecs",
            "quantize"]

@@ -1,8 +1,8 @@
 """The bytes a step's gradient collectives should send under a codec, from a model's parameter shapes alone.
 
 The prediction the runtime's measured bytes are checked against (tests, ``experiments/compression_loss.py``):
-the runtime's buckets (:func:`real.dp.make_buckets`: parameters in reverse order, cut at the cap, padded to a
-multiple of the group) and each bucket's bytes from :func:`schedules.compression.buffer_bytes`. Nothing here
+the runtime's buckets (:func:`real.dp.sync.make_buckets`: parameters in reverse order, cut at the cap, padded to a
+multiple of the group) and each bucket's bytes from :func:`schedules.dp.codecs.buffer_bytes`. Nothing here
 reads what a run sent.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from real.dp import make_buckets
-from schedules.compression import SCATTER_MODES, Compression, buffer_bytes
+from real.dp.sync import make_buckets
+from schedules.dp.codecs import SCATTER_MODES, Compression, buffer_bytes
 
 __all__ = ["predicted_step_bytes"]
 

@@ -22,7 +22,7 @@ when they equal ddp).
   g_i(x_t): x_{t+1} = mean(x_t over the neighbourhood) - lr g_i(x_t).
   ``peer_selection`` ring: both ring neighbours (one at dp 2); random: one
   peer per step, the replicas paired by a shuffle drawn from (seed, step)
-  (:func:`schedules.dp.random_peer`).
+  (:func:`schedules.dp.modes.random_peer`).
 * ``local-sgd``: replicas step alone; after the optimizer step, each bucket's
   parameters are averaged over the dp group by torch's
   ``PeriodicModelAverager`` (period ``sync_every``, no warm-up: it averages
@@ -53,11 +53,11 @@ from torch.distributed.algorithms.model_averaging.averagers import PeriodicModel
 
 from real import checkpoint as ckpt
 from real.config import RunConfig
-from real.dp import GradSync, make_buckets
+from real.dp.sync import GradSync, make_buckets
+from real.dp.zero import make_sync
 from real.p2p import Inflight
-from real.zero import make_sync
 from schedules import Action, CheckpointError, Kind
-from schedules.dp import random_peer, ring_neighbours
+from schedules.dp.modes import random_peer, ring_neighbours
 from schedules.graph import TaskGraph
 
 __all__ = ["PEER_MODES", "PeerSync", "check_resume", "make_data_sync"]
@@ -71,7 +71,7 @@ _STEP_KEY = "peer_sync.step"
 def make_data_sync(stage_params: dict[int, Sequence[nn.Parameter]], config: RunConfig, *, graph: TaskGraph,
                    pp_rank: int, group: dist.ProcessGroup, stamp: Callable[[], object],
                    record: Callable[..., list | None]) -> GradSync | PeerSync:
-    """The data-parallel sync of ``config``'s mode: :class:`PeerSync` here, or :func:`real.zero.make_sync`'s."""
+    """The data-parallel sync of ``config``'s mode: :class:`PeerSync` here, or :func:`real.dp.zero.make_sync`'s."""
     sync = config.sync
     common = {"group": group, "mode": sync.dp_mode, "bucket_mb": sync.bucket_mb, "stamp": stamp, "record": record}
     if sync.dp_mode in PEER_MODES:

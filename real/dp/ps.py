@@ -2,7 +2,7 @@
 
 A run with ``servers`` K > 0 has pp x dp trainers (global ranks 0 .. pp x dp - 1,
 the usual pipelines, :mod:`real.mesh`) and K servers after them. Each stage's
-parameters are cut into :func:`real.dp.make_buckets`'s buckets, each bucket
+parameters are cut into :func:`real.dp.sync.make_buckets`'s buckets, each bucket
 padded to a multiple of K and split into K contiguous shards: server j holds
 shard j of every bucket of every stage, its gradient and its optimizer state
 (one optimizer per stage, as the trainers' would be), 1/K of the model each.
@@ -19,7 +19,7 @@ shard j of every bucket of every stage, its gradient and its optimizer state
   on the collective stream (the trainers only wait for it, as for a transfer):
   from the moment the stage's last push is in to the end of its optimizer step
   (the last bucket's fold and the step; the simulator's server update,
-  :mod:`schedules.dp`).
+  :mod:`schedules.dp.modes`).
 * **pull** (trainer): the updated shards come back straight into the trainer's
   flat parameters (``irecv`` into the bucket's slice for server j, traced
   ``{s}ALL_GATHER_b{k}``), posted once the last pass of the step that reads the
@@ -36,7 +36,7 @@ torchrun restarts it like any rank (``--max-restarts``).
 
 Checkpoints keep the layout of every other mode (whole tensors under whole-model
 names): the servers gather their shards of the parameters and the optimizer
-state over the servers' group (:func:`real.zero.full_state`) and write them;
+state over the servers' group (:func:`real.dp.zero.full_state`) and write them;
 a trainer writes its random state only and reads the parameters back.
 """
 
@@ -57,14 +57,14 @@ from torch import nn
 from real import checkpoint as ckpt
 from real import stop
 from real.config import Plan
-from real.dp import GradSync, _Bucket, make_buckets
+from real.dp.sync import GradSync, _Bucket, make_buckets
+from real.dp.zero import ShardedSync, full_state, load_full
 from real.executor import Stage
 from real.measure import clock_offset, held_bytes
 from real.mesh import Mesh
 from real.model_api import StagedModel
 from real.models import make_optimizer
 from real.p2p import PeerError
-from real.zero import ShardedSync, full_state, load_full
 from schedules import Action, ConfigError, Kind
 from schedules.graph import TaskGraph
 
@@ -85,7 +85,7 @@ def bucket_tag(stage: int, bucket: int) -> int:
 
 
 def request_tag(stage: int) -> int:
-    """async-ps: the tag of a trainer's request for stage ``stage``'s parameters (:mod:`real.ps_async`)."""
+    """async-ps: the tag of a trainer's request for stage ``stage``'s parameters (:mod:`real.dp.ps_async`)."""
     return stage * _TAGS + _TAGS - 1
 
 

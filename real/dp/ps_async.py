@@ -1,6 +1,6 @@
 """The asynchronous parameter server (dp mode ``async-ps``): trainers do not wait for each other.
 
-The servers hold the same shards as :mod:`real.ps` and trainers push the same
+The servers hold the same shards as :mod:`real.dp.ps` and trainers push the same
 buckets from the same gradient hooks; what changes is when a server updates and
 when a trainer may go on (stale synchronous parallel, Ho et al. 2013, "More
 effective distributed ML via a stale synchronous parallel parameter server",
@@ -33,13 +33,13 @@ point, no collective per step); the trainers skip the per-step loss all-reduce
 (each keeps its own losses; rank 0 averages them over replicas at the end).
 
 **Trace.** A traced run's servers record each update as sync ps's do
-(:mod:`real.ps`): a row ``{s}OPTIM`` of the server's rank on the collective
+(:mod:`real.dp.ps`): a row ``{s}OPTIM`` of the server's rank on the collective
 stream, from the start of the fold of the push that completes it (its
 gradients summed, / dp) to the end of its optimizer step, for update k of the
 stage (k = 0, 1, ...) in the run's traced steps, as step k. The pulls are the
-trainers' rows (``{s}ALL_GATHER``, :mod:`real.ps`). The simulator reads the
+trainers' rows (``{s}ALL_GATHER``, :mod:`real.dp.ps`). The simulator reads the
 updates (:func:`sim.replay.server_updates`: the update time of
-:mod:`sim.async_ps`'s loop, ``analysis.async_grid``).
+:mod:`sim.costs.async_ps`'s loop, ``analysis.validation.async_grid``).
 
 **Order.** With S >= 1 what a run computes depends on the order in which a
 server folds pushes and answers requests, which timing decides. Each server
@@ -54,7 +54,7 @@ K) is a barrier. Its requests are answered only once every trainer's pushes of
 steps < T are folded and their updates applied (as the final request), so every
 trainer starts step T with the parameters of update T; then every rank saves
 (the trainers' random state, own losses and staleness history; the servers'
-whole parameters and optimizer state as :mod:`real.ps`, their version counters
+whole parameters and optimizer state as :mod:`real.dp.ps`, their version counters
 and push clocks, all T, and their order so far), and the servers receive nothing
 more until the save is written. A run resumed from step T starts from exactly
 that state, so it is bit-identical to a run that checkpointed at the same steps
@@ -80,11 +80,11 @@ from torch import nn
 
 from real import checkpoint as ckpt
 from real import stop
-from real.dp import _Bucket
+from real.dp.ps import ParamServer, PSTrainer, ServerResult, _Pending, _restarts, bucket_tag, request_tag, version_tag
+from real.dp.sync import _Bucket
+from real.dp.zero import full_state, load_full
 from real.measure import clock_offset
 from real.p2p import PeerError
-from real.ps import ParamServer, PSTrainer, ServerResult, _Pending, _restarts, bucket_tag, request_tag, version_tag
-from real.zero import full_state, load_full
 from schedules import Action, CheckpointError, ConfigError, Kind
 
 __all__ = ["ANSWER", "FOLD", "AsyncPSTrainer", "AsyncParamServer", "read_ps_order"]
@@ -130,7 +130,7 @@ def _read(restored: ckpt.Restored, prefix: str, rank: int) -> dict[str, torch.Te
 
 
 class AsyncPSTrainer(PSTrainer):
-    """A trainer of async-ps: pushes as :class:`real.ps.PSTrainer`, pulls by request within the staleness bound."""
+    """A trainer of async-ps: pushes as :class:`real.dp.ps.PSTrainer`, pulls by request within the staleness bound."""
 
     def __init__(self, stage_params: dict[int, Sequence[nn.Parameter]], *, staleness: int, steps: int,
                  **kw: Any) -> None:

@@ -21,7 +21,7 @@ Modes:
   shard, and an all-gather puts the updated parameters back everywhere.
 
 Gradients are averaged over replicas (sum / dp); the loss is already divided
-by the number of microbatches. With ``compression`` (``grad_compression``, :mod:`real.compress`) each
+by the number of microbatches. With ``compression`` (``grad_compression``, :mod:`real.dp.compress`) each
 bucket's gradient collective is its codec's, which leaves the average itself; the bytes traced for it are
 what the codec handed to its collectives, and the step's total is logged.
 """
@@ -36,10 +36,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from real.compress import make_codec
+from real.dp.compress import make_codec
 from real.p2p import Inflight
 from schedules import Action, Kind
-from schedules.compression import parse_compression
+from schedules.dp.codecs import parse_compression
 
 __all__ = ["GradSync", "make_buckets"]
 
@@ -197,7 +197,7 @@ class GradSync:
     def poll(self) -> None:
         self.works.poll()
 
-    on_gather: Callable[[], None] = staticmethod(lambda: None)  # ZeRO-3 (real.zero) re-allocates parameters
+    on_gather: Callable[[], None] = staticmethod(lambda: None)  # ZeRO-3 (real.dp.zero) re-allocates parameters
 
     def before_task(self, tid: int) -> None:
         """Called before each compute task; parameters are whole here, nothing to gather."""

@@ -1,6 +1,6 @@
 """ZeRO-2 and ZeRO-3 (FSDP) on the runtime's own gradient hooks.
 
-Both keep, per bucket of :mod:`real.dp`, this replica's contiguous shard of the
+Both keep, per bucket of :mod:`real.dp.sync`, this replica's contiguous shard of the
 flat parameters (``shard``, what the optimizer steps), its gradient
 (``shard_grad``) and so its optimizer state: 1/dp of each.
 
@@ -10,13 +10,13 @@ flat parameters (``shard``, what the optimizer steps), its gradient
   dropped, and the buffer is reduce-scattered asynchronously, its result
   added to ``shard_grad`` once it completes (polled between tasks). So no
   full-size gradient outlives the collective of one microbatch; this is the
-  per-microbatch reduce-scatter of ``schedules.dp``'s zero2 and zero3.
+  per-microbatch reduce-scatter of ``schedules.dp.modes``'s zero2 and zero3.
 * ``zero2``: the flat parameters stay whole on every replica; after the
   optimizer step each bucket is all-gathered from the updated shards.
 * ``zero3``: the flat parameters are freed (their storage resized to 0, so
   every view, and every tensor autograd saved from them, stays valid but
   empty) and all-gathered before each compute task that reads the stage (F,
-  I, W, B, R: ``schedules.dp.ZERO3_READS``) and freed after it, one gather
+  I, W, B, R: ``schedules.dp.modes.ZERO3_READS``) and freed after it, one gather
   per bucket, task and stage, traced with the microbatch of the task's pass
   of that stage (``{s}ALL_GATHER{m}_b{k}``), as the IR's gathers say
   (``add_data_parallel(..., one_buffer=True)``); the gathers of the next
@@ -46,9 +46,9 @@ import torch.distributed as dist
 from torch import nn
 
 from real import checkpoint as ckpt
-from real.dp import GradSync, _Bucket
+from real.dp.sync import GradSync, _Bucket
 from schedules import Action, Kind
-from schedules.dp import ZERO3_READS
+from schedules.dp.modes import ZERO3_READS
 from schedules.graph import TaskGraph
 
 __all__ = ["SHARDED_MODES", "ShardedSync", "full_state", "load_full", "make_sync"]
@@ -84,7 +84,7 @@ def _flatten_grads(bucket: _Bucket) -> torch.Tensor:
 
 def make_sync(stage_params: dict[int, Sequence[nn.Parameter]], *, graph: TaskGraph, pp_rank: int, mode: str,
               **kw: Any) -> GradSync:
-    """The data-parallel sync of ``mode``: :class:`real.dp.GradSync` (sync, ddp, zero1) or :class:`ShardedSync`."""
+    """The data-parallel sync of ``mode``: :class:`real.dp.sync.GradSync` (sync, ddp, zero1) or :class:`ShardedSync`."""
     if mode in (*SHARDED_MODES, "fsdp"):
         return ShardedSync(stage_params, graph=graph, pp_rank=pp_rank, mode=mode, **kw)
     return GradSync(stage_params, mode=mode, **kw)

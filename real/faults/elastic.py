@@ -123,7 +123,7 @@ def share(batch: int, participants: int, rank: int) -> tuple[int, int]:
 
 def check_live_layout(pp: int, dp: int | str, microbatches: int) -> None:
     """What ``--elastic live`` runs: dp left to the quorum; at pp 1 one process and one pass a step, at pp > 1 a
-    whole pipeline per replica (:mod:`real.elastic_pp`) whose microbatches the replicas share."""
+    whole pipeline per replica (:mod:`real.faults.elastic_pp`) whose microbatches the replicas share."""
     if not isinstance(pp, int) or pp < 1:
         raise ConfigError(f"pp must be an integer >= 1, got {pp!r}", field="pp")
     if dp != 1:
@@ -294,7 +294,7 @@ def train_live(config: RunConfig, live: LiveConfig) -> LiveResult:
 
     check_live(config)
     if config.layout.pp > 1:
-        raise ConfigError(f"pp {config.layout.pp}: pipeline replicas train with real.elastic_pp.train_live_pipeline",
+        raise ConfigError(f"pp {config.layout.pp}: pipeline replicas train with real.faults.elastic_pp.train_live_pipeline",
                           field="pp")
     events = _Events(live.events)
     replica = _Replica(config)

@@ -1,4 +1,4 @@
-"""Live elastic training of pipeline replicas (``--elastic live --pp P``, P > 1): see :mod:`real.elastic`.
+"""Live elastic training of pipeline replicas (``--elastic live --pp P``, P > 1): see :mod:`real.faults.elastic`.
 
 Each replica group is one torchrun job of ``pp`` processes: a whole pipeline.
 Its ranks run the schedule's program with :class:`real.executor.Executor` and
@@ -49,8 +49,8 @@ import torch.distributed as dist
 from real import checkpoint as ckpt
 from real import stop
 from real.config import RunConfig, make_plan
-from real.elastic import LiveConfig, LiveResult, _Events, _resume, _tensors, check_live, share
 from real.executor import Executor, Stage
+from real.faults.elastic import LiveConfig, LiveResult, _Events, _resume, _tensors, check_live, share
 from real.measure import ActivationMeter, Recorder
 from real.mesh import Mesh
 from real.model_api import data_for
@@ -267,7 +267,7 @@ def train_live_pipeline(config: RunConfig, live: LiveConfig) -> LiveResult:
 
     check_live(config)
     if config.layout.pp < 2:
-        raise ConfigError(f"pp {config.layout.pp}: a replica of one process trains with real.elastic.train_live",
+        raise ConfigError(f"pp {config.layout.pp}: a replica of one process trains with real.faults.elastic.train_live",
                           field="pp")
     check_shares(config)
     mesh = Mesh.create(make_plan(config, config.layout.pp), "gloo", config.runtime.timeout_s)

@@ -48,7 +48,7 @@ Measured, with the same code the executor runs (:mod:`real.backward`):
   into a flat buffer, launch, add into the shard), inside the first
   partition's backward passes on its buckets at ``--bucket-mb``
   (:mod:`real.profile.hook`);
-* ``powersgd`` (``--dp`` > 1): PowerSGD's hook (torch's ``powerSGD_hook``, as :mod:`real.compress` calls it)
+* ``powersgd`` (``--dp`` > 1): PowerSGD's hook (torch's ``powerSGD_hook``, as :mod:`real.dp.compress` calls it)
   on each of the first stage's buckets at ``--bucket-mb``: its compute alone and its wall on the
   data-parallel group, waited for at once as the runtime waits for it; and ``collectives.all_reduce.small``,
   plain blocking all-reduces of the sizes the hook sends (a few KB), fitted as alpha + n / beta over that
@@ -57,7 +57,7 @@ Measured, with the same code the executor runs (:mod:`real.backward`):
 * ``zero3`` (``--dp`` > 1): every bucket of the first stage freed and all-gathered at once (the ``burst``)
   and its forward and backward right after one, against the same passes with the parameters whole
   (:mod:`real.profile.zero3`);
-* ``machine_speed``: every rank's probe of the host's speed (:mod:`real.probe`) at the start, between
+* ``machine_speed``: every rank's probe of the host's speed (:mod:`real.profile.probe`) at the start, between
   the parts and at the end, and ``spell``, the slowest over the fastest.
 
 File schema (JSON, ``"schema": "schedlab.profile/1"``)::
@@ -89,9 +89,9 @@ File schema (JSON, ``"schema": "schedlab.profile/1"``)::
      "machine_speed": {"probes": [seconds], "spell": slowest / fastest},
      "warnings": [str]: every guess an alpha/beta fit made, each naming its field (also under the
                  section's own "warnings"; the small all-reduce fit's too): a time that did not grow with the size (beta null, alpha the
-                 fastest time) or a negative intercept (alpha 0). sim.profiled logs them on loading.}
+                 fastest time) or a negative intercept (alpha 0). sim.costs.profiled logs them on loading.}
 
-All times in seconds, beta in bytes per second. :class:`sim.profiled.ProfiledCosts` loads it.
+All times in seconds, beta in bytes per second. :class:`sim.costs.profiled.ProfiledCosts` loads it.
 """
 
 from __future__ import annotations
@@ -109,18 +109,18 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from common.errors import ConfigError, check_choice, check_positive_ints, quote
 from real.backward import backward_full, backward_input, backward_weight
-from real.compress import profile_codecs
 from real.config import OPTIMIZERS, ModelConfig, partition
 from real.data import make_batch
 from real.data import microbatches as microbatches_of
+from real.dp.compress import profile_codecs
 from real.measure import Recorder
 from real.mesh import env_world
 from real.models import activation_shape, build_layers, loss_fn, make_optimizer
-from real.probe import probe_seconds, spell
+from real.profile.probe import probe_seconds, spell
 from real.profile.server import server_update_samples
 from real.profile.stats import stat as _stat
-from schedules.errors import ConfigError, check_choice, check_positive_ints, quote
 from schedules.formats import PROFILE_SCHEMA
 
 __all__ = ["PROFILE_SCHEMA", "ProfileConfig", "StageProfile", "profile", "profile_stage"]
@@ -500,7 +500,7 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
     # Round robin over the stages, one repetition each at a time: a load that comes and goes on a shared
     # machine then shifts every stage's samples alike instead of one stage's.
     samples: list[dict[str, list[float]]] = [{k: [] for k in _PASSES} for _ in benches]
-    probes = [probe_seconds()]  # the machine's speed around each part (real.probe): a slow spell shows
+    probes = [probe_seconds()]  # the machine's speed around each part (real.profile.probe): a slow spell shows
     for rep in range(cfg.warmup + cfg.reps):
         for bench, times in zip(benches, samples, strict=True):
             sample = bench.one_rep(timed)
@@ -555,10 +555,10 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
         "zero3": zero3,
         "warnings": fit_warnings(p2p, colls, slow),
         # nanoseconds per gradient element of each codec's compress + decompress (the first stage's parameters
-        # as one bucket): the simulator's parallel.codec_ns_per_param (real.compress.profile_codecs)
+        # as one bucket): the simulator's parallel.codec_ns_per_param (real.dp.compress.profile_codecs)
         "codecs": profile_codecs([tuple(p.shape) for p in benches[0].params], warmup=cfg.warmup, reps=cfg.reps,
                                  device=device),
-        # every rank's probes (real.probe) at the start, after the passes, after the collectives, after the
+        # every rank's probes (real.profile.probe) at the start, after the passes, after the collectives, after the
         # overlap sections and at the end: how much slower than its fastest the host ran meanwhile
         "machine_speed": {"probes": probes, "spell": spell(probes)},
     }

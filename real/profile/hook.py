@@ -1,29 +1,29 @@
 """The CPU cost of zero2/zero3's per-bucket reduce-scatter hook, per gradient byte.
 
-In zero2 and zero3 (:class:`real.zero.ShardedSync`) every bucket is reduce-scattered once per microbatch: when
+In zero2 and zero3 (:class:`real.dp.zero.ShardedSync`) every bucket is reduce-scattered once per microbatch: when
 the bucket's last gradient of a backward is in, the hook (``ShardedSync._reduce``) runs on the training thread,
 inside the pass. Its work beside the collective itself is:
 
 * the bucket's gradients copied into one flat buffer and the parameters' ``.grad`` dropped
-  (:func:`real.zero._flatten_grads`, one ``torch.cat``);
+  (:func:`real.dp.zero._flatten_grads`, one ``torch.cat``);
 * the reduce-scatter's output allocated and the collective launched (``dist.reduce_scatter_tensor``,
   ``async_op``: gloo queues it for its own threads);
 * once it completes, its output added into the bucket's shard of the gradient (``ShardedSync._fold``) and
   the flat buffer and output freed.
 
 ddp and zero1 do none of this per microbatch: autograd accumulates into views of one flat buffer, launched
-once a step (:mod:`real.dp`), so a ddp calibration run never sees it (docs/dp-modes.md, "What a zero3 pass
+once a step (:mod:`real.dp.sync`), so a ddp calibration run never sees it (docs/dp-modes.md, "What a zero3 pass
 costs on the CPU testbed", measured 0.7-0.9 ms of one core per 1.3 MB bucket with ``experiments/pass_cpu.py``).
 
-:func:`reduce_hook` runs that hook (the same calls, :data:`real.zero.MAX_INFLIGHT` reduce-scatters in flight
-at most) on the stage's own parameters, cut into the run's buckets by :func:`real.dp.make_buckets` at the
+:func:`reduce_hook` runs that hook (the same calls, :data:`real.dp.zero.MAX_INFLIGHT` reduce-scatters in flight
+at most) on the stage's own parameters, cut into the run's buckets by :func:`real.dp.sync.make_buckets` at the
 run's ``bucket_mb``, inside the stage's real forward and full backward (so the gradients are autograd's and
 the caches hold what a backward leaves in them), over the data-parallel group, every rank at once; and times
 each hook call on the calling thread's CPU clock (``time.thread_time``: gloo's threads, which move the bytes,
 the waits for a collective and a loaded machine's waits for the core are not in it). ``ns_per_byte`` = the
 median over repetitions and ranks of (CPU seconds of one backward's hooks) / (its buckets' flat bytes); the
 simulator charges bytes x it to the pass that runs the hook of each per-microbatch reduce-scatter
-(:class:`sim.profiled.ProfiledCosts` ``reduce_hook_ns_per_byte``).
+(:class:`sim.costs.profiled.ProfiledCosts` ``reduce_hook_ns_per_byte``).
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ import torch.distributed as dist
 from torch import nn
 
 from real.backward import backward_full
-from real.dp import make_buckets
+from real.dp.sync import make_buckets
+from real.dp.zero import MAX_INFLIGHT, _flatten_grads
 from real.profile.stats import stat as _stat
-from real.zero import MAX_INFLIGHT, _flatten_grads
 
 __all__ = ["reduce_hook"]
 
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 
 
 class _HookBucket:
-    """What :func:`real.zero._flatten_grads` reads of a bucket (its parameters, flat size, shard dtype), and the
+    """What :func:`real.dp.zero._flatten_grads` reads of a bucket (its parameters, flat size, shard dtype), and the
     shard its reduce-scatters are added into."""
 
     def __init__(self, params: list[nn.Parameter], world: int) -> None:
@@ -90,7 +90,7 @@ class _Hooks:
         self.wall += time.perf_counter() - w0
 
     def _reduce(self, b: _HookBucket) -> None:
-        """``real.zero.ShardedSync._reduce``'s work: flatten, launch, fold all but the newest MAX_INFLIGHT."""
+        """``real.dp.zero.ShardedSync._reduce``'s work: flatten, launch, fold all but the newest MAX_INFLIGHT."""
         flat = _flatten_grads(b)
         out = torch.empty_like(b.shard_grad)
         work = dist.reduce_scatter_tensor(out, flat, group=self.group, async_op=True)

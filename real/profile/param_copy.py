@@ -1,7 +1,7 @@
 """The CPU cost of decentralized's and local-sgd's parameter copies, per parameter byte.
 
-:mod:`real.peer_sync` copies parameters on the training thread around its exchanges (where in the step, and how
-the simulator charges them: :mod:`sim.param_copy`):
+:mod:`real.dp.peer_sync` copies parameters on the training thread around its exchanges (where in the step, and how
+the simulator charges them: :mod:`sim.costs.param_copy`):
 
 * decentralized, before the first pass: ``PeerSync._launch`` (each bucket flattened by ``torch.cat``, the
   receive buffers allocated, the isend/irecv to the neighbours posted);
@@ -10,7 +10,7 @@ the simulator charges them: :mod:`sim.param_copy`):
 * local-sgd, after the OPTIM of an averaging step: ``PeerSync.after_step`` (per bucket torch's
   ``average_parameters``: flatten, divide, a blocking all-reduce, the parameters pointed at the result).
 
-:func:`param_copy` builds the runtime's own :class:`real.peer_sync.PeerSync` on the stages' parameters, bucketed
+:func:`param_copy` builds the runtime's own :class:`real.dp.peer_sync.PeerSync` on the stages' parameters, bucketed
 at the run's ``bucket_mb``, over the data-parallel group, and times those three methods on the calling thread's
 clock (``time.perf_counter``) and CPU clock (``time.thread_time``). Each ``*_ns_per_byte`` = the median over
 repetitions and ranks of (seconds of one call) / (the buckets' parameter bytes), in:
@@ -38,7 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from real.peer_sync import PeerSync
+from real.dp.peer_sync import PeerSync
 from real.profile.stats import stat as _stat
 
 __all__ = ["param_copy"]

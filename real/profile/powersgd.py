@@ -1,6 +1,6 @@
 """What PowerSGD's hook costs the trainer's thread per bucket, and a small all-reduce waited for alone.
 
-The runtime (:mod:`real.compress`) waits for each bucket's ``powerSGD_hook`` where the bucket is launched, on the
+The runtime (:mod:`real.dp.compress`) waits for each bucket's ``powerSGD_hook`` where the bucket is launched, on the
 training thread, so each bucket's hook holds the pass that completes it for its whole length: its compute (the
 error-feedback add and the clone of the bucket, the ``torch.cat`` of the vectors sent whole, the orthogonalization
 of Q and P, the products ``M Q``, ``M^T P`` and ``P Q^T``, the copies back and the new error) and its three
@@ -9,7 +9,7 @@ each). The profile's ``collectives.all_reduce.single`` is timed on buffers of a 
 gradients (MBs), so its fit says nothing of a message of 10 KB.
 
 :func:`powersgd_section` measures, on the stages' own parameter shapes cut into the run's buckets
-(:func:`real.dp.make_buckets` at the run's ``bucket_mb``, padded to a multiple of the group as the runtime pads
+(:func:`real.dp.sync.make_buckets` at the run's ``bucket_mb``, padded to a multiple of the group as the runtime pads
 them), for each ``powersgd:R`` of :data:`HOOK_SPECS`, every bucket in the runtime's order:
 
 * ``compute``: the hook on a group of this process alone (its all-reduces move nothing), less three plain
@@ -37,11 +37,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from real.compress import Codec
-from real.dp import make_buckets
+from real.dp.compress import Codec
+from real.dp.sync import make_buckets
+from real.profile.protocol import POWERSGD_RANK
 from real.profile.stats import stat as _stat
-from real.protocol import POWERSGD_RANK
-from schedules.compression import parse_compression, powersgd_messages
+from schedules.dp.codecs import parse_compression, powersgd_messages
 
 __all__ = ["HOOK_SPECS", "powersgd_section"]
 

@@ -1,6 +1,6 @@
 """The real side of the calibration protocol (docs/validation-protocol.md): profile this machine, and the runs.
 
-:mod:`analysis.calibration` turns what these produce into cost models and
+:mod:`analysis.validation.calibration` turns what these produce into cost models and
 scores; ``experiments/validate_sim.py`` and ``experiments/plan_check.py`` call
 both. Nothing here prints.
 """
@@ -35,11 +35,11 @@ __all__ = [
 MODEL_SHAPE: dict[str, Any] = {"kind": "gpt", "layers": 6, "dim": 128, "heads": 4, "vocab": 256, "seq": 64}
 BUCKET_MB = 1.0  # the data-parallel rows' gradient buckets: several per model, so ddp has something to overlap
 # The data-parallel modes of the validation grid, one pp=1 dp=2 row each (fsdp is zero3 by another name): the exact
-# modes, then (analysis.dp_modes) the parameter server (2 trainers + 1 server: 3 processes, measured in a process
+# modes, then (analysis.validation.dp_modes) the parameter server (2 trainers + 1 server: 3 processes, measured in a process
 # group of their own), decentralized and local SGD, and ddp with a gradient codec (MODE+CODEC; PowerSGD at rank
 # POWERSGD_RANK). Each of the latter costs about as much as a ddp row (ps more: a second torchrun group), well
 # under 40 s on a quiet machine.
-POWERSGD_RANK = 4  # as experiments/compression_loss.py and the profile's codecs (real.compress.PROFILED) take it
+POWERSGD_RANK = 4  # as experiments/compression_loss.py and the profile's codecs (real.dp.compress.PROFILED) take it
 GRID_EXTRA_DP_MODES = ("ps", "decentralized", "local-sgd", "ddp+int8", "ddp+fp16", "ddp+bf16",
                        f"ddp+powersgd:{POWERSGD_RANK}", "async-ps")
 GRID_DP_MODES = ("ddp", "sync", "zero1", "zero2", "zero3", *GRID_EXTRA_DP_MODES)
@@ -51,7 +51,7 @@ def profile_machine(model: ModelConfig, microbatch_size: int, stages: Sequence[i
     """``python -m real.profile`` on 2 processes (pp=2, or pp=1 x ``dp``), written to ``path``.
 
     With ``max_slow``, a profile during which the host ran more than that fraction slower at its slowest
-    probe than at its fastest (the file's ``machine_speed.spell``, :mod:`real.probe`) is taken again, up to
+    probe than at its fastest (the file's ``machine_speed.spell``, :mod:`real.profile.probe`) is taken again, up to
     ``attempts`` times; the least slowed is kept (each retake logged as a warning). Raises RuntimeError with the profiler's
     last lines if it fails."""
     import json
@@ -104,7 +104,7 @@ def dp_config(model: ModelConfig, schedule: str, m: int, microbatch_size: int, m
 
 def dp_buckets(model: ModelConfig) -> int:
     """How many gradient buckets of :data:`BUCKET_MB` the runtime makes for ``model``."""
-    from real.dp import make_buckets
+    from real.dp.sync import make_buckets
     from real.models import build_model
 
     return len(make_buckets(list(build_model(model, 0).parameters()), BUCKET_MB * 2**20))
@@ -112,7 +112,7 @@ def dp_buckets(model: ModelConfig) -> int:
 
 def dp_shapes(model: ModelConfig) -> list[tuple[int, ...]]:
     """The shapes of ``model``'s parameters, in the runtime's order (a powersgd row's bytes: the IR's
-    :func:`schedules.compression.buffer_bytes` of them)."""
+    :func:`schedules.dp.codecs.buffer_bytes` of them)."""
     from real.models import build_model
 
     return [tuple(p.shape) for p in build_model(model, 0).parameters()]

@@ -1,7 +1,7 @@
 """PowerSGD's hooks timed the way a run waits for them: launched from inside a real backward pass.
 
 :func:`real.profile.powersgd.powersgd_section` times each bucket's hook back to back, the ranks in lockstep after a
-barrier, nothing between them. In a run (:class:`real.dp.GradSync` with a ``powersgd:R`` codec) each bucket's hook
+barrier, nothing between them. In a run (:class:`real.dp.sync.GradSync` with a ``powersgd:R`` codec) each bucket's hook
 is called from autograd's post-accumulate-grad hook of its last parameter, on the training thread, inside the
 last microbatch's backward, after the slice of backward compute that completes the bucket; its three all-reduces
 are each waited for before the next. So every bucket's first all-reduce waits for the later replica (the ranks
@@ -9,9 +9,9 @@ drift apart over the compute between buckets), and the hook's future callbacks h
 training thread while autograd's engine is in the pass.
 
 :func:`hooks_in_backward` reproduces that: the stage's own parameters cut into the run's buckets
-(:func:`real.dp.make_buckets`, padded to a multiple of the group), ``p.grad`` views of each bucket's flat buffer
+(:func:`real.dp.sync.make_buckets`, padded to a multiple of the group), ``p.grad`` views of each bucket's flat buffer
 as the runtime sets them, a post-accumulate-grad hook per parameter that calls the runtime's codec
-(:meth:`real.compress.Codec.allreduce`, waited for at once) when its bucket is complete, inside the stage's real
+(:meth:`real.dp.compress.Codec.allreduce`, waited for at once) when its bucket is complete, inside the stage's real
 forward and full backward, every rank of the data-parallel group at once (a barrier before each repetition only).
 Per repetition it records:
 
@@ -38,10 +38,10 @@ import torch.distributed as dist
 from torch import nn
 
 from real.backward import backward_full
-from real.compress import Codec
-from real.dp import make_buckets
+from real.dp.compress import Codec
+from real.dp.sync import make_buckets
 from real.profile.stats import stat as _stat
-from schedules.compression import parse_compression
+from schedules.dp.codecs import parse_compression
 
 __all__ = ["hooks_in_backward"]
 
@@ -53,7 +53,7 @@ MAX_REPS = 10
 
 
 class _Bucket:
-    """A bucket's flat gradient buffer, its parameters' ``.grad`` views of it (as :class:`real.dp.GradSync`)."""
+    """A bucket's flat gradient buffer, its parameters' ``.grad`` views of it (as :class:`real.dp.sync.GradSync`)."""
 
     def __init__(self, params: list[nn.Parameter], world: int) -> None:
         n = sum(p.numel() for p in params)

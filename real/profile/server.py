@@ -1,11 +1,11 @@
 """A stage's ``SERVER_UPDATE`` (dp mode ps): the parameter server's update of the stage, timed as a server runs it.
 
-A ps server (:class:`real.ps.ParamServer`) folds each bucket's pushes as they arrive and, once the stage's last
+A ps server (:class:`real.dp.ps.ParamServer`) folds each bucket's pushes as they arrive and, once the stage's last
 bucket is in, steps the stage's optimizer over its shards of the stage's buckets: one flat tensor per bucket, not
 the model's parameter tensors, and alone: the trainers wait for it (in the step's loss all-reduce). Its traced
 ``{s}OPTIM`` row is the last bucket's fold and that step. So the profiler times the same: the fold of the last
 bucket's ``dp`` pushes (copy, add, divide) and the optimizer over flat copies of the stage's buckets
-(:func:`real.dp.make_buckets` of ``bucket_mb``), on rank 0 while every other rank waits at a barrier. On the CPU
+(:func:`real.dp.sync.make_buckets` of ``bucket_mb``), on rank 0 while every other rank waits at a barrier. On the CPU
 testbed a server's update took 3.0 ms in-run where a ddp trainer's optimizer step over the same model took 6.3
 (docs/dp-modes.md, "What a ps step costs").
 """
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from real.dp import make_buckets
+from real.dp.sync import make_buckets
 from real.models import make_optimizer
 
 __all__ = ["server_update_samples"]

@@ -1,6 +1,6 @@
 """ZeRO-3's gathers and the passes that read what they gathered, timed as the runtime runs them.
 
-zero3 (:mod:`real.zero`) keeps each bucket's flat parameters freed (their storage resized to 0) and, before
+zero3 (:mod:`real.dp.zero`) keeps each bucket's flat parameters freed (their storage resized to 0) and, before
 every task that reads the stage, all-gathers them: every bucket's gather launched at once, the task waiting for
 all of them, the storage freed again after the task. The simulator charged each gather the all-gather fit of
 the ``collectives`` section (alpha + bytes / beta over two sizes, the stage's whole parameters and a quarter of
@@ -10,8 +10,8 @@ between grids whose measurements agreed within 4%. The passes themselves ran abo
 same passes of a ddp run (the forward 7.8 against 5.7 ms), with no collective in flight beside them.
 
 :func:`zero3_section` times what zero3 does, on the stage's own parameters cut into the run's buckets
-(:func:`real.dp.make_buckets`, each padded to a multiple of the group, the parameters views of the flat
-buffer, as :class:`real.zero.ShardedSync` lays them out), every rank of the data-parallel group at once, in
+(:func:`real.dp.sync.make_buckets`, each padded to a multiple of the group, the parameters views of the flat
+buffer, as :class:`real.dp.zero.ShardedSync` lays them out), every rank of the data-parallel group at once, in
 alternating repetitions:
 
 * ``alone``: a forward (F) and its full backward (B), the parameters whole;
@@ -19,7 +19,7 @@ alternating repetitions:
   every bucket launched at once, all waited for: the ``burst``), then F; freed, gathered again, then B; freed.
 
 The section's ``burst`` is the median burst (seconds for every bucket's gather, launched together), and
-``factor`` per pass the gathered median over the alone median. :meth:`analysis.calibration.Calibration.
+``factor`` per pass the gathered median over the alone median. :meth:`analysis.validation.calibration.Calibration.
 data_parallel` charges a zero3 row's gathers ``burst`` / buckets each, and its passes the factors.
 """
 
@@ -35,7 +35,7 @@ import torch.distributed as dist
 from torch import nn
 
 from real.backward import backward_full
-from real.dp import make_buckets
+from real.dp.sync import make_buckets
 from real.profile.stats import stat as _stat
 
 __all__ = ["MAX_REPS", "zero3_section"]

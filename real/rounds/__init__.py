@@ -61,7 +61,7 @@ import torch.distributed as dist
 
 from real.config import RunConfig, make_plan
 from real.mesh import Mesh, env_world
-from real.probe import probe_seconds
+from real.profile.probe import probe_seconds
 from real.train import resolve_backend, run
 
 __all__ = ["DesyncError", "fastest_probe", "foreign_cores", "machine_busy_seconds", "probe_seconds", "run_rounds",

@@ -1,8 +1,8 @@
 """Gradient compression of the data-parallel gradient collectives, defined once: the codecs and their bytes.
 
 ``grad_compression`` is one of ``none``, ``fp16``, ``bf16``, ``int8`` or ``powersgd:R`` (R >= 1, the rank
-of the approximation). The runtime executes it (:mod:`real.compress`), the simulator charges its bytes
-(:mod:`sim.transformer_costs`); both take the bytes from the functions here, so what the trace counts and
+of the approximation). The runtime executes it (:mod:`real.dp.compress`), the simulator charges its bytes
+(:mod:`sim.costs.transformer_costs`); both take the bytes from the functions here, so what the trace counts and
 what the IR predicts are one formula.
 
 Only ``none`` is exact. ``fp16`` and ``bf16`` round every gradient to 16 bits before the sum (torch's
@@ -12,7 +12,7 @@ codecs do, only less. ``int8`` and ``powersgd`` carry error feedback (what one s
 added to the next step's gradient), so the error is delayed, not dropped.
 
 Bytes of one bucket's gradient collective (``buffer_bytes``): the size of the buffers handed to the
-collectives, the ``n`` of the alpha-beta formulas of :mod:`sim.collectives`. The runtime's bucket holds
+collectives, the ``n`` of the alpha-beta formulas of :mod:`sim.costs.collectives`. The runtime's bucket holds
 ``padded`` elements (a multiple of the group size ``p``) of 4-byte gradients:
 
 * ``none``: ``4 padded``; ``fp16`` / ``bf16``: ``2 padded``;
@@ -33,7 +33,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schedules.errors import ConfigError, quote
+from common.errors import ConfigError, quote
 
 __all__ = ["CODECS", "Compression", "buffer_bytes", "check_dp_mode", "parse_compression", "powersgd_messages",
            "powersgd_split"]

@@ -35,7 +35,7 @@ Modes (``fsdp`` is an alias of ``zero3``):
   ``prefetch`` k >= 1 issues a pass's gathers when the compute k passes before
   it starts (1, the default: one pass ahead, as FSDP's forward/backward
   prefetch); 0 issues them when the compute before it ends (on demand,
-  exposed). With ``one_buffer`` (the runtime, :mod:`real.zero`: one flat
+  exposed). With ``one_buffer`` (the runtime, :mod:`real.dp.zero`: one flat
   buffer per stage, not FSDP's per-layer units) a gather is issued no earlier
   than the end of the last pass within its prefetch window that reads the
   same stage: it cannot land in a buffer that pass still reads (and the
@@ -71,9 +71,9 @@ Modes (``fsdp`` is an alias of ``zero3``):
   stream of the stage's rank: the servers' work, which the trainer only waits
   for) follows the last push of the stage's buckets and the update of the stage
   after it (a server folds the pushes and steps the stages one at a time, the
-  last stage first: :meth:`real.ps.ParamServer.step`), and each bucket's pull
+  last stage first: :meth:`real.dp.ps.ParamServer.step`), and each bucket's pull
   (ALL_GATHER) waits for its stage's update;
-* ``async-ps``: the same tasks as ps (one trainer's step; :mod:`sim.async_ps`
+* ``async-ps``: the same tasks as ps (one trainer's step; :mod:`sim.costs.async_ps`
   runs it over many steps for every trainer under the staleness bound); the
   cost model times each push and pull as one trainer's alone at the servers
   (trainers do not wait for each other's pushes, so they do not arrive
@@ -101,7 +101,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from schedules.errors import ScheduleError
+from common.errors import ScheduleError
 from schedules.graph import Stream, Task, TaskGraph
 from schedules.ir import Action, Kind
 from schedules.util import paused_gc
@@ -115,7 +115,7 @@ DP_MODES = ("none", "sync", "ddp", "zero1", "zero2", "zero3", "fsdp", "ps", "asy
 APPROXIMATE_MODES = ("decentralized", "local-sgd")
 PEER_SELECTIONS = ("ring", "random")  # decentralized: both ring neighbours every step, or one random peer per step
 _GRAD_KINDS = (Kind.B, Kind.W)
-ZERO3_READS = (Kind.F, Kind.I, Kind.W, Kind.B, Kind.R)  # zero3: the passes that read the parameters (real.zero too)
+ZERO3_READS = (Kind.F, Kind.I, Kind.W, Kind.B, Kind.R)  # zero3: the passes that read the parameters (real.dp.zero too)
 _PARAM_KINDS = ZERO3_READS
 _FORWARDS = (Kind.F, Kind.R)
 
@@ -210,7 +210,7 @@ class _DPBuilder:
                  embedding: bool, overlap_param_gather: bool = False, *, peers: int = 1,
                  averaging: bool = True, one_buffer: bool = False) -> None:
         self.graph, self.mode, self.buckets = graph, mode, buckets
-        self.one_buffer = one_buffer  # zero3: a stage's gathers land in one buffer (real.zero)
+        self.one_buffer = one_buffer  # zero3: a stage's gathers land in one buffer (real.dp.zero)
         self.prefetch, self.reshard, self.embedding = prefetch, reshard, embedding
         self.peers = peers  # decentralized: the neighbours each bucket is exchanged with
         self.averaging = averaging  # local-sgd: this step averages the parameters
@@ -302,7 +302,7 @@ class _DPBuilder:
 
     def _server_updates(self, grads: list[dict[int, list[int]]]) -> dict[int, int]:
         """ps: stage -> the servers' update of it, on the stage's rank: after the stage's pushes and the update of
-        the stage after it (:meth:`real.ps.ParamServer.step` folds and steps the stages one at a time, last first)."""
+        the stage after it (:meth:`real.dp.ps.ParamServer.step` folds and steps the stages one at a time, last first)."""
         s2r, out = self.graph.schedule.stage_to_rank, {}
         for s in range(self.graph.schedule.num_stages - 1, -1, -1):
             pushes = grads[s2r[s]].get(s, [])

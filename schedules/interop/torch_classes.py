@@ -11,10 +11,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from schedules.errors import ScheduleError, quote
+from common.errors import ScheduleError, quote
+from schedules.interop.torch_csv import SKIPPED_CELL
 from schedules.ir import Action, Schedule
 from schedules.registry import PipelineParams, check_size
-from schedules.torch_csv import SKIPPED_CELL
 
 __all__ = ["TORCH_VERSION", "from_torch", "torch_schedule_names"]
 

@@ -18,7 +18,7 @@ Facts about torch (2.13.0) this module relies on, from
   They are no pipeline work, have no counterpart in a :class:`Schedule`, and
   are skipped by the readers here (:data:`TORCH_SKIPPED_KINDS`).
 
-One extension: a recomputation ``2R0`` (:mod:`schedules.recompute`) is written
+One extension: a recomputation ``2R0`` (:mod:`schedules.library.recompute`) is written
 and read back like any compute action. torch has no such action; its loader
 refuses a file that holds one.
 """
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from schedules.errors import ScheduleError, quote
+from common.errors import ScheduleError, quote
 from schedules.graph import TaskGraph
 from schedules.ir import Action, Kind, Schedule
 from schedules.lower import graph_from_programs, lower

@@ -46,8 +46,8 @@ import math
 from collections import deque
 
 from schedules.ir import Action, Kind, Schedule
+from schedules.library.zero_bubble import v_placement
 from schedules.registry import PipelineParams, make_schedule, register
-from schedules.zero_bubble import v_placement
 
 __all__ = ["V_MIN_INTERVAL", "v_block_schedule", "v_half", "v_list_schedule", "v_min", "v_min_offsets"]
 

@@ -6,7 +6,7 @@ so every microbatch loops through the ranks v times.
 
 from __future__ import annotations
 
-from schedules.errors import check_multiple_of_pp
+from common.errors import check_multiple_of_pp
 from schedules.ir import Action, Kind, Schedule
 from schedules.registry import PipelineParams, make_schedule, register
 

@@ -18,7 +18,7 @@ a forward, holds the activations again until the backward frees them
 
 from __future__ import annotations
 
-from schedules.errors import ConfigError, check_choice, check_positive
+from common.errors import ConfigError, check_choice, check_positive
 from schedules.ir import Action, Kind, Schedule
 from schedules.timing import evaluate, pass_time
 

@@ -16,13 +16,13 @@ p - r per rank; f_wait from 0 to t_f) and keeps the candidate with the
 shortest makespan, ties going to the smallest largest span (the zero-bubble
 paper's cost), the handcrafted ZB-H1 and ZB-H2 joining as candidates when they
 fit the limit; so the result is never slower than those at the same limit.
-That seed then goes to the exact refinement (:mod:`schedules.zb_exact`), whose
+That seed then goes to the exact refinement (:mod:`schedules.library.zb_exact`), whose
 schedule is kept only if its largest span is smaller at no larger makespan.
 Candidates are timed by :func:`schedules.timing.evaluate`, the simulator's semantics.
 
 The schedule's params say what the refinement did: ``refinement`` is the
 solver's status ("optimal", "feasible", "no solution", "timed out"; see
-:data:`schedules.zb_exact.STATUSES`), or "not run" (``time_limit`` 0, or one
+:data:`schedules.library.zb_exact.STATUSES`), or "not run" (``time_limit`` 0, or one
 rank), or "seed optimal" (no rank of the seed idles inside its span, so its
 largest span is the busy time, a lower bound: nothing to search); ``refined``
 is True when the schedule is the solver's rather than the seed.
@@ -34,12 +34,12 @@ import math
 from collections import deque
 from dataclasses import dataclass
 
-from schedules.errors import ScheduleError, quote
+from common.errors import ScheduleError, quote
 from schedules.ir import Action, Kind, Schedule
+from schedules.library.zb_exact import solve
+from schedules.library.zero_bubble import zb_h1
 from schedules.registry import PipelineParams, check_uniform_times, make_schedule, register
 from schedules.timing import evaluate
-from schedules.zb_exact import solve
-from schedules.zero_bubble import zb_h1
 
 __all__ = ["ZBAutoOptions", "greedy_zero_bubble", "makespan", "peak_memory", "zb_auto", "zb_h2"]
 

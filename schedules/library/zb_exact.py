@@ -4,7 +4,7 @@ The zero-bubble paper (Qi et al., ICLR 2024, sec. 3.2) refines its heuristic
 schedule with an ILP. We state the same problem for CP-SAT (OR-Tools), which
 takes the heuristic schedule as a complete hint, has interval and no-overlap
 constraints built in, and improves on the hint within its time limit. The
-paper's form, a big-M MILP, is :mod:`schedules.zb_milp`; on Table 5 rows
+paper's form, a big-M MILP, is :mod:`schedules.library.zb_milp`; on Table 5 rows
 HiGHS found no schedule at all within the same time limit through
 ``scipy.optimize.milp``, which takes no starting solution, and, given the seed
 through highspy, did not improve on it, where CP-SAT

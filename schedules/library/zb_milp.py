@@ -1,6 +1,6 @@
 """zb-auto's exact refinement as a mixed-integer linear program for HiGHS (``scipy.optimize.milp``).
 
-The same problem as :mod:`schedules.zb_exact` (CP-SAT), stated the way the
+The same problem as :mod:`schedules.library.zb_exact` (CP-SAT), stated the way the
 zero-bubble paper states its ILP (Qi et al., ICLR 2024, sec. 3.2): continuous
 start times, and for each pair of passes on one rank whose order the other
 constraints leave open a binary that orders them, with a big-M of the seed's
@@ -44,7 +44,7 @@ def refine_milp(
     seed: Schedule, tf: float, tb: float, tw: float, tcomm: float, mw: float, limit: float, time_limit: float,
     solver: str = "scipy",
 ) -> Schedule | None:
-    """Like :func:`schedules.zb_exact.refine`, through HiGHS; None if it found nothing in ``time_limit`` seconds
+    """Like :func:`schedules.library.zb_exact.refine`, through HiGHS; None if it found nothing in ``time_limit`` seconds
     (or ``mw`` > 0, which this formulation does not take).
 
     ``solver``: ``scipy`` (``scipy.optimize.milp``: no starting solution) or

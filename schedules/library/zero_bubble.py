@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 
-from schedules.errors import ScheduleError, check_multiple_of_pp
+from common.errors import ScheduleError, check_multiple_of_pp
 from schedules.ir import Action, Kind, Schedule
-from schedules.looped import looped_placement
+from schedules.library.looped import looped_placement
 from schedules.registry import PipelineParams, make_schedule, register
 
 __all__ = ["dualpipe_v", "interleaved_zb", "v_placement", "zb_h1", "zb_v"]

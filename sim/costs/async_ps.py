@@ -1,10 +1,10 @@
 """The asynchronous parameter server over many steps: trainers of different speeds under a staleness bound.
 
-The task graph of ``async-ps`` (:mod:`schedules.dp`, ps's) is one step of one
+The task graph of ``async-ps`` (:mod:`schedules.dp.modes`, ps's) is one step of one
 trainer: its passes, each bucket's push, the servers' update of each stage
 and the pulls after it (:func:`cycle_of` cuts it). This module
 runs that step over and over for ``dp`` trainers at once, as the runtime's
-:mod:`real.ps_async` does, in a small event loop (no SimPy):
+:mod:`real.dp.ps_async` does, in a small event loop (no SimPy):
 
 * **trainer** i with speed v_i (``ParallelConfig.trainer_speeds``, 1 = the
   simulated device; 2 = twice as fast) starts its step n, computes for
@@ -17,12 +17,12 @@ runs that step over and over for ``dp`` trainers at once, as the runtime's
   of ``update_s`` (the servers' shards, 28 bytes per parameter at the server's
   memory bandwidth, :func:`update_time`) during which nothing else is served;
   a push is counted (the trainer's clock) once it is folded, the dp-th once
-  its update is done (the runtime's :meth:`real.ps_async.AsyncParamServer._fold`);
+  its update is done (the runtime's :meth:`real.dp.ps_async.AsyncParamServer._fold`);
 * **bound**: the request for step n + 1 is answered, when the server is not
   busy, once every trainer (the asker too) has pushed at least n + 1 - S steps
   (``staleness`` S); the answer's parameters arrive ``pull_s`` later and step
   n + 1 starts. The **staleness** of that step is n + 1 minus the fewest steps
-  another trainer has pushed then, at most S (what :mod:`real.ps_async` logs);
+  another trainer has pushed then, at most S (what :mod:`real.dp.ps_async` logs);
   its **wait** is the time from the request to the answer.
 
 Closed forms (``update_s`` = 0, τ_i = compute_s / v_i + push_s + pull_s, the
@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from schedules.errors import ConfigError, check_positive, quote
+from common.errors import ConfigError, check_positive, quote
 
 __all__ = ["AsyncPSResult", "Cycle", "TrainerStats", "check_speeds", "cycle_of", "simulate_async_ps", "update_time"]
 
@@ -207,7 +207,7 @@ class _Loop:
 
     def _answer(self, now: float) -> bool:
         for k, (i, n, asked) in enumerate(self.waiting):
-            if min(self.clock) >= n - self.staleness:  # every trainer's pushes, the asker's too (real.ps_async)
+            if min(self.clock) >= n - self.staleness:  # every trainer's pushes, the asker's too (real.dp.ps_async)
                 others = min((c for j, c in enumerate(self.clock) if j != i), default=n)
                 del self.waiting[k]
                 self.wait[i] += now - asked
@@ -237,9 +237,9 @@ def simulate_async_ps(cycle: Cycle, speeds: Sequence[float], staleness: int, ste
 
 
 def cycle_of(result: Any, update_s: float) -> Cycle:
-    """The cycle of a simulated async-ps step (a :class:`sim.study.StudyResult`): compute to the last compute
+    """The cycle of a simulated async-ps step (a :class:`sim.plan.study.StudyResult`): compute to the last compute
     task's end, the push to the last push's end after it, the pull to the last pull's end after the later of
-    that and the servers' last update (the graph's OPTIM tasks, :mod:`schedules.dp`); ``update_s``: the
+    that and the servers' last update (the graph's OPTIM tasks, :mod:`schedules.dp.modes`); ``update_s``: the
     servers' whole update of the step (every stage's), which the loop runs after the step's last push.
 
     So at staleness 0 and equal speeds the time per update is the synchronous ps step of the same graph plus

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from schedules.errors import (
+from common.errors import (
     ClusterError,
     ConfigError,
     check_fraction,

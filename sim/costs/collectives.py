@@ -2,7 +2,7 @@
 
 ``n`` bytes per participant's full buffer, ``p`` participants, a link with
 latency alpha (s) and bandwidth B (bytes/s per direction: the rate NCCL achieves,
-:attr:`sim.cluster.Link.rate`, the line rate times the link's efficiency). Sources:
+:attr:`sim.costs.cluster.Link.rate`, the line rate times the link's efficiency). Sources:
 
 * ring all-reduce = reduce-scatter + all-gather, each (p-1) steps of n/p
   bytes: 2(p-1)alpha + 2(p-1)/p * n/B (Patarasuk & Yuan 2009, "Bandwidth
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 
-from sim.cluster import Link
+from sim.costs.cluster import Link
 
 __all__ = [
     "ALGORITHMS",

@@ -1,18 +1,18 @@
 """Gradient compression in the simulator: a gradient collective's bytes and the codec's time.
 
-The codecs and their bytes are :mod:`schedules.compression`'s. The simulator's buckets are 16-bit
+The codecs and their bytes are :mod:`schedules.dp.codecs`'s. The simulator's buckets are 16-bit
 gradients cut by bytes, not by parameter (``TransformerCosts.bucket_size``), so:
 
 * ``fp16`` / ``bf16``: 2 bytes per element (also when ``reduce_dtype`` is fp32);
 * ``int8``: 1 byte per element plus a 4-byte scale per chunk, one chunk per rank of the dp group;
 * ``powersgd:R``: the stage's ratio of (P and Q factors + tensors sent whole) to its elements, from the
-  shapes of its parameters (torch's rule per tensor, :func:`schedules.compression.powersgd_split`),
+  shapes of its parameters (torch's rule per tensor, :func:`schedules.dp.codecs.powersgd_split`),
   applied to each of its buckets alike, in the reduction's dtype (the factors are the gradient's
   dtype). The shapes are at tp 1: with tensor parallelism a shard's (n + m) R shrinks less than its n m,
   which this ratio does not follow.
 
 The codec's own compute (compress and decompress) stretches the collective by ``codec_ns_per_param``
-nanoseconds per gradient element of the bucket (0 unless profiled: ``python -m real.compress``), in its
+nanoseconds per gradient element of the bucket (0 unless profiled: ``python -m real.dp.compress``), in its
 latency (the part of its duration that moves no bytes), so a shared link's flows are unchanged.
 """
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from schedules.compression import Compression, powersgd_split
-from sim.transformer import TransformerConfig
+from schedules.dp.codecs import Compression, powersgd_split
+from sim.costs.transformer import TransformerConfig
 
 __all__ = ["compressed_bytes", "layer_shapes", "powersgd_ratio", "stage_shapes"]
 

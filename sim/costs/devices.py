@@ -24,8 +24,8 @@ dimension 128, sequence 8k-16k: ~610 TFLOP/s forward, ~470 backward, read from
 the charts; cuDNN's fused attention, which Transformer Engine runs, is of the
 same speed there). The H200 has the H100's tensor cores: the same fractions.
 
-Memory-bound operations run at the datasheet HBM bandwidth (sim.cluster).
-Links run at NCCL's achieved fraction of their line rate (sim.cluster, each
+Memory-bound operations run at the datasheet HBM bandwidth (sim.costs.cluster).
+Links run at NCCL's achieved fraction of their line rate (sim.costs.cluster, each
 figure with its source); the latencies are assumptions.
 
 Compute slowed by communication (``comm_slowdown``): while a rank's NCCL
@@ -40,7 +40,7 @@ three devices: the study does not give it per device in its abstract.
 
 from __future__ import annotations
 
-from sim.gpu_model import DeviceModel, GemmEfficiency
+from sim.costs.gpu_model import DeviceModel, GemmEfficiency
 
 __all__ = ["COMM_SLOWDOWN", "DEVICE_MODELS", "MAMF", "transferred_gemm"]
 

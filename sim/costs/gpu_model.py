@@ -40,7 +40,7 @@ Korthikanti et al. 2022, sec. 4.2.2): per layer two all-reduces of the 2Th-byte
 activation in the forward and two in the input-gradient pass; with sequence
 parallelism each becomes a reduce-scatter plus an all-gather (the same bytes
 over the wire). The group is t devices of one node (NVLink), ring
-algorithms (:mod:`sim.collectives`), not overlapped with compute.
+algorithms (:mod:`sim.costs.collectives`), not overlapped with compute.
 """
 
 from __future__ import annotations
@@ -48,15 +48,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from schedules.errors import ConfigError
-from sim import collectives as coll
-from sim.cluster import DeviceSpec, Link
-from sim.recompute_modes import PLANNER_MODES, layer_every
+from common.errors import ConfigError
+from sim.costs import collectives as coll
+from sim.costs.cluster import DeviceSpec, Link
+from sim.costs.recompute_modes import PLANNER_MODES, layer_every
 
 __all__ = ["RECOMPUTE_MODES", "DeviceModel", "GemmEfficiency", "LayerCosts", "Op", "flash_attention_flops",
            "layer_ops"]
 
-RECOMPUTE_MODES = PLANNER_MODES  # the planner's default choices; every policy: sim.recompute_modes
+RECOMPUTE_MODES = PLANNER_MODES  # the planner's default choices; every policy: sim.costs.recompute_modes
 FLASH_BACKWARD_FACTOR = 2.5  # the fused backward's FLOPs over its forward's (module docstring)
 
 
@@ -86,7 +86,7 @@ class GemmEfficiency:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceModel:
-    """How fast one device type runs each kind of operation (the registry with sources: :mod:`sim.devices`).
+    """How fast one device type runs each kind of operation (the registry with sources: :mod:`sim.costs.devices`).
 
     ``gemm``: a 16-bit GEMM's fraction of dense peak by its size; ``attention_forward`` and
     ``attention_backward``: a fused (flash) attention kernel's fraction of dense 16-bit peak, on the FLOPs
@@ -183,7 +183,7 @@ def layer_ops(*, hidden: int, heads: int, kv_hidden: int, ffn: int, gated: bool,
     ``elementwise``: the bytes of the norms, rotary embedding and activation (:data:`ELEMENTWISE_BYTES`);
     ``rotary``: Q and K rotated (Llama); ``dropout``: the residual adds also write a 1-byte mask;
     ``context``: the context-parallel degree (``seq_len`` is then one rank's share of the sequence).
-    ``op_share``: what torchtitan's selective-op policy recomputes of each (sim.recompute_modes): every
+    ``op_share``: what torchtitan's selective-op policy recomputes of each (sim.costs.recompute_modes): every
     memory-bound operation, and every second matmul (GPT: out and fc2; Llama: k, out and up).
     """
     h, s, t = hidden, seq_len, tp
@@ -238,7 +238,7 @@ class LayerCosts:
         return sum(self._t(op) for op in self.ops if op.weight)
 
     def recompute(self, mode: str) -> float:
-        """Extra forward work inside the backward (sim.recompute_modes): the whole forward (full), the attention
+        """Extra forward work inside the backward (sim.costs.recompute_modes): the whole forward (full), the attention
         core (selective), each operation's ``op_share`` (selective-op), one layer's forward in N (layer:N)."""
         if mode == "full":
             return self.forward()

@@ -9,7 +9,7 @@ Tensor parallelism (Megatron-style) splits a rank's FLOPs and parameters
 over tp devices; its activations per Korthikanti et al. 2022 (the LayerNorm and
 dropout ones split too only with sequence parallelism, ``sp``); its
 collectives, two per layer in the forward and two in the backward, are timed
-inside the passes (:mod:`sim.gpu_model`), not overlapped. tp must still divide what it splits (heads, hidden size, ...: see
+inside the passes (:mod:`sim.costs.gpu_model`), not overlapped. tp must still divide what it splits (heads, hidden size, ...: see
 :meth:`ParallelConfig.check_tp`) and the devices of every node, so that a
 tensor-parallel group, tp consecutive devices, sits inside one node.
 """
@@ -20,9 +20,7 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
-from schedules.compression import check_dp_mode, parse_compression
-from schedules.dp import DP_MODES, PEER_SELECTIONS
-from schedules.errors import (
+from common.errors import (
     ClusterError,
     ConfigError,
     check_choice,
@@ -30,9 +28,11 @@ from schedules.errors import (
     check_positive_ints,
     choice,
 )
-from sim import collectives as coll
-from sim.async_ps import check_speeds
-from sim.cluster import Cluster, Link
+from schedules.dp.codecs import check_dp_mode, parse_compression
+from schedules.dp.modes import DP_MODES, PEER_SELECTIONS
+from sim.costs import collectives as coll
+from sim.costs.async_ps import check_speeds
+from sim.costs.cluster import Cluster, Link
 from sim.network import LINK_MODELS
 
 __all__ = ["EMBEDDING_ALLREDUCE", "PS_MODES", "DPGroup", "ParallelConfig"]
@@ -48,7 +48,7 @@ class ParallelConfig:
     pp: int
     dp: int = 1
     tp: int = 1
-    cp: int = 1  # context parallelism: the sequence split over cp ranks (ring attention, sim.transformer_costs)
+    cp: int = 1  # context parallelism: the sequence split over cp ranks (ring attention, sim.costs.transformer_costs)
     dp_mode: str = "none"
     order: str = "dp-inner"
     bucket_mb: float = 25.0  # PyTorch DDP's default bucket_cap_mb (MiB)
@@ -58,12 +58,12 @@ class ParallelConfig:
     fsdp_reshard_after_forward: bool = True  # zero3/fsdp: False keeps a forward's gathered parameters for the backward
     fsdp_prefetch: int = 1  # zero3/fsdp: a pass's all-gathers issued this many passes ahead (0: on demand)
     embedding_allreduce: str = "auto"  # the tied embedding's gradient between the first and last stage: auto|on|off
-    grad_compression: str = "none"  # codec of the gradient collectives (schedules.compression): bytes and codec time
-    codec_ns_per_param: float = 0.0  # the codec's compress+decompress time per gradient element (real.compress profile)
-    peer_selection: str = "ring"  # decentralized: both ring neighbours per step, or one random peer (schedules.dp)
+    grad_compression: str = "none"  # codec of the gradient collectives (schedules.dp.codecs): bytes and codec time
+    codec_ns_per_param: float = 0.0  # the codec's compress+decompress time per gradient element (real.dp.compress profile)
+    peer_selection: str = "ring"  # decentralized: both ring neighbours per step, or one random peer (schedules.dp.modes)
     sync_every: int = 1  # local-sgd: the parameters are averaged once every sync_every steps
     overlap_param_gather: bool = False  # zero1/zero2: the updated parameters' all-gather under the next forward
-    staleness: int = 0  # async-ps: the steps a trainer may run ahead of the slowest (sim.async_ps)
+    staleness: int = 0  # async-ps: the steps a trainer may run ahead of the slowest (sim.costs.async_ps)
     trainer_speeds: tuple[float, ...] = ()  # async-ps: each replica's compute speed (1: the device's; empty: all 1)
 
     def __post_init__(self) -> None:
@@ -94,7 +94,7 @@ class ParallelConfig:
         self._check_async()
 
     def _check_async(self) -> None:
-        """staleness and trainer_speeds: async-ps's only (sim.async_ps)."""
+        """staleness and trainer_speeds: async-ps's only (sim.costs.async_ps)."""
         s = self.staleness
         if isinstance(s, bool) or not isinstance(s, int) or s < 0:
             raise ConfigError(f"parallel: staleness must be a whole number of steps >= 0, got {s!r}", field="staleness")

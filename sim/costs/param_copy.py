@@ -1,6 +1,6 @@
 """The parameter copies decentralized and local-sgd do on the training thread around their exchanges, as costs.
 
-:mod:`real.peer_sync` moves parameters, not gradients, and copies them on the trainer's thread:
+:mod:`real.dp.peer_sync` moves parameters, not gradients, and copies them on the trainer's thread:
 
 * ``decentralized``, before the step's first pass (``PeerSync._launch``): each bucket's parameters x_t are
   concatenated into one flat buffer (``torch.cat``), the neighbours' receive buffers allocated and the
@@ -27,8 +27,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from common.errors import CostFileError, quote
 from schedules import Kind, Stream
-from schedules.errors import CostFileError, quote
 
 if TYPE_CHECKING:
     from schedules import TaskGraph

@@ -16,7 +16,7 @@ the last) cost what they cost. The formulas:
 * SEND_F / SEND_B: alpha + n / beta, the one-way time of an n-byte message
   (n = ``activation_bytes``, one float32 boundary tensor) fitted from a
   ping-pong over sizes around n; the flight time sits on the send, as in
-  :class:`sim.costs.UniformCosts`; RECV costs nothing (it waits). A file
+  :class:`sim.costs.uniform.UniformCosts`; RECV costs nothing (it waits). A file
   without ``p2p`` (profiled by one process) cannot time messages, so a graph
   that sends any is refused rather than given free messages;
 * OPTIM of stage s (data-parallel graphs): the measured optimizer step over
@@ -59,7 +59,7 @@ Two mechanisms of the CPU testbed, each with its measured parameter:
   bucket-sized all-reduce in flight over the same passes alone; the engine
   stretches the compute that overlaps a transfer (:mod:`sim.slowdown`). A file
   without it (or ``null``) gives 1.0: nothing is stretched;
-* ``reduce_hook_ns_per_byte``: zero2/zero3 (``real.zero``) copy each bucket's
+* ``reduce_hook_ns_per_byte``: zero2/zero3 (``real.dp.zero``) copy each bucket's
   gradients into a flat buffer, launch its reduce-scatter and later add the
   result into the shard on the training thread, once per bucket per
   microbatch, inside the backward that completes the bucket (ddp and zero1
@@ -100,12 +100,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from common.errors import CostFileError, quote
 from schedules import Action, Kind, Stream, Task, TaskGraph
-from schedules.dp import server_update
-from schedules.errors import CostFileError, quote
+from schedules.dp.modes import server_update
 from schedules.formats import PROFILE_SCHEMA
-from sim.costs import UniformCosts
-from sim.param_copy import ParamCopy, charge_param_copies, param_copy_section
+from sim.costs.param_copy import ParamCopy, charge_param_copies, param_copy_section
+from sim.costs.uniform import UniformCosts
 
 if TYPE_CHECKING:
     from sim.engine import SimResult
@@ -117,9 +117,9 @@ log = logging.getLogger(__name__)
 
 _PASS_KINDS = (Kind.F, Kind.B, Kind.I, Kind.W)
 _COLLECTIVES = {Kind.ALLREDUCE: "all_reduce", Kind.REDUCE_SCATTER: "reduce_scatter", Kind.ALL_GATHER: "all_gather"}
-# dp modes whose runtime (real.zero.ShardedSync) runs a copy-and-launch hook per bucket per microbatch
+# dp modes whose runtime (real.dp.zero.ShardedSync) runs a copy-and-launch hook per bucket per microbatch
 HOOKED_MODES = ("zero2", "zero3", "fsdp")
-# dp modes whose gradient collectives are point-to-point messages with the parameter servers (real.ps, real.ps_async:
+# dp modes whose gradient collectives are point-to-point messages with the parameter servers (real.dp.ps, real.dp.ps_async:
 # a push is an isend of the bucket to a server that has posted its receive, a pull the server's isend back)
 PS_MODES = ("ps", "async-ps")
 
@@ -180,7 +180,7 @@ class ProfiledCosts:
     # zero2/zero3: CPU of the per-microbatch reduce-scatter hook per gradient byte, on the pass that runs it (module
     # doc); measured by real.profile.hook (the cost file's reduce_hook.ns_per_byte); 0.0: not charged
     reduce_hook_ns_per_byte: float = 0.0
-    # decentralized / local-sgd: CPU of the parameter copies around their exchanges (sim.param_copy); measured by
+    # decentralized / local-sgd: CPU of the parameter copies around their exchanges (sim.costs.param_copy); measured by
     # real.profile.param_copy (the cost file's param_copy); all 0.0: not charged
     param_copy: ParamCopy = field(default_factory=ParamCopy)
 

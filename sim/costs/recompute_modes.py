@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from schedules.errors import ConfigError, quote
+from common.errors import ConfigError, quote
 
 __all__ = ["PLANNER_MODES", "check_recompute", "key_recompute", "layer_every"]
 
@@ -44,5 +44,5 @@ def check_recompute(owner: str, value: object, error: type[ConfigError] = Config
 
 
 def key_recompute(owner: str, key: str, value: object, error: type[ConfigError] = ConfigError) -> None:
-    """The [run] table's check (sim.cluster.KeyCheck's signature)."""
+    """The [run] table's check (sim.costs.cluster.KeyCheck's signature)."""
     check_recompute(owner, value, error)

@@ -34,10 +34,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from schedules.errors import ConfigError, check_choice, check_positive_ints, find_name, quote
+from common.errors import ConfigError, check_choice, check_positive_ints, find_name, quote
 from schedules.partition import split_layers
-from sim.cluster import KeyCheck, check_table, key_choice, key_flag, key_positive_int, key_string
-from sim.recompute_modes import layer_every
+from sim.costs.cluster import KeyCheck, check_table, key_choice, key_flag, key_positive_int, key_string
+from sim.costs.recompute_modes import layer_every
 
 __all__ = ["ATTENTION_KINDS", "MODEL_PRESETS", "TransformerConfig", "model_from_dict", "model_preset", "partition_layers"]
 

@@ -4,9 +4,9 @@
   for one microbatch of ``microbatch_size`` sequences on one tensor shard;
   stage 0 adds the embedding, the last stage the LM head and the loss.
   With ``efficiency`` None (the default) each layer is a list of operations
-  timed by :mod:`sim.gpu_model`: GEMMs by FLOPs at the device's calibrated,
+  timed by :mod:`sim.costs.gpu_model`: GEMMs by FLOPs at the device's calibrated,
   size-dependent efficiency, the rest by the bytes they move at HBM bandwidth
-  (``sim.devices.DEVICE_MODELS``; a device without a model falls back to
+  (``sim.costs.devices.DEVICE_MODELS``; a device without a model falls back to
   0.6). A number ``efficiency`` overrides: FLOPs / (tp * peak * efficiency),
   the matmuls only.
 * Tensor parallelism: two all-reduces of the 2sbh-byte activation per layer in
@@ -16,7 +16,7 @@
   TP collectives) inside I; ``selective`` the attention core (QK^T, softmax,
   dropout, the product with V). Activations per Korthikanti et al. 2022
   (:meth:`TransformerConfig.layer_activation_bytes`).
-* Recomputation as an action (an R task of the schedule, :mod:`schedules.recompute`):
+* Recomputation as an action (an R task of the schedule, :mod:`schedules.library.recompute`):
   R re-runs the forward of the stage's transformer layers with their TP
   collectives, exactly the work ``full`` adds to I (with SP, I keeps its two
   extra all-gathers: R rebuilds the activations as F stores them). The
@@ -32,13 +32,13 @@
   and writes those three (12) and the fp16 weight (2): 28 bytes at HBM
   bandwidth, on the rank's shard of the parameters (1/dp under ZeRO). dp mode
   ps: the OPTIM of a stage is the parameter servers' update (on the collective
-  stream, :mod:`schedules.dp`): each of the K servers moves the same 28 bytes
+  stream, :mod:`schedules.dp.modes`): each of the K servers moves the same 28 bytes
   per parameter of its 1/K of the stage (every tensor-parallel shard) at the
-  server's memory bandwidth (:func:`sim.async_ps.update_time`, async-ps's too).
+  server's memory bandwidth (:func:`sim.costs.async_ps.update_time`, async-ps's too).
 * A pipeline SEND moves one boundary activation (2sbh/tp bytes): alpha + n/B
   over the link between the two ranks' devices (NVLink on one node, the NIC
   across nodes).
-* Collectives: :class:`sim.parallel.DPGroup` (formulas in :mod:`sim.collectives`)
+* Collectives: :class:`sim.costs.parallel.DPGroup` (formulas in :mod:`sim.costs.collectives`)
   on the bucket's bytes (fp16 gradients or parameters, 2 bytes each, /tp).
 
 Contention: every device has four ports (NVLink out/in, NIC out/in) and each
@@ -48,7 +48,7 @@ became ready (a FIFO queue per port). So two transfers on one port take the
 sum of their times, not the max. (Tensor-parallel collectives sit inside the
 passes and hold no port.) That is ``link_model`` fcfs; fair shares a port's
 bandwidth (:mod:`sim.network`) and slows a rank's compute while it communicates
-by ``contention`` (default: the device model's ``comm_slowdown``, sim.devices).
+by ``contention`` (default: the device model's ``comm_slowdown``, sim.costs.devices).
 """
 
 from __future__ import annotations
@@ -60,22 +60,22 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from common.errors import ConfigError, check_choice, check_fraction, check_positive_ints, quote
 from schedules import Action, Kind, Stream, Task, TaskGraph
-from schedules.compression import parse_compression
-from schedules.dp import DataParallelGraph, server_update
-from schedules.errors import ConfigError, check_choice, check_fraction, check_positive_ints, quote
+from schedules.dp.codecs import parse_compression
+from schedules.dp.modes import DataParallelGraph, server_update
 from schedules.timing import action_held_freed
-from sim import collectives as coll
-from sim.async_ps import update_time
-from sim.cluster import Cluster, Link
-from sim.compression import compressed_bytes, powersgd_ratio
-from sim.costs import memoized_durations, recomputed_in
-from sim.devices import DEVICE_MODELS
-from sim.gpu_model import DeviceModel, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
+from sim.costs import collectives as coll
+from sim.costs.async_ps import update_time
+from sim.costs.cluster import Cluster, Link
+from sim.costs.compression import compressed_bytes, powersgd_ratio
+from sim.costs.devices import DEVICE_MODELS
+from sim.costs.gpu_model import DeviceModel, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
+from sim.costs.parallel import PS_MODES, DPGroup, ParallelConfig
+from sim.costs.recompute_modes import check_recompute, layer_every
+from sim.costs.transformer import TransformerConfig, partition_layers
+from sim.costs.uniform import memoized_durations, recomputed_in
 from sim.network import Network
-from sim.parallel import PS_MODES, DPGroup, ParallelConfig
-from sim.recompute_modes import check_recompute, layer_every
-from sim.transformer import TransformerConfig, partition_layers
 
 __all__ = ["ADAM_BYTES_PER_PARAM", "TransformerCosts"]
 
@@ -89,7 +89,7 @@ _FP32_KINDS = (Kind.ALLREDUCE, Kind.REDUCE_SCATTER, Kind.EXCHANGE)
 
 
 def _is_embedding(task: Task, graph: TaskGraph) -> bool:
-    """The task is one end of the embedding gradient all-reduce (:attr:`schedules.dp.DPPlan.embedding`)."""
+    """The task is one end of the embedding gradient all-reduce (:attr:`schedules.dp.modes.DPPlan.embedding`)."""
     plan = getattr(graph, "plan", None)
     return plan is not None and task.id in plan.embedding
 
@@ -111,11 +111,11 @@ class TransformerCosts:
     pair_overlap: float = 0.0
     layers_per_stage: tuple[int, ...] | None = None
     recompute: str = "none"
-    dtype: str = "bf16"  # fp8: the weight GEMMs at the device's FP8 peak (sim.gpu_model)
+    dtype: str = "bf16"  # fp8: the weight GEMMs at the device's FP8 peak (sim.costs.gpu_model)
     reduce_dtype: str = "bf16"  # fp32: gradient reductions move 4 bytes per parameter (collective_bytes)
-    elementwise: str = "fused"  # eager: PyTorch's unfused norm, rotary and activation kernels (sim.gpu_model)
+    elementwise: str = "fused"  # eager: PyTorch's unfused norm, rotary and activation kernels (sim.costs.gpu_model)
     tp_overlap: bool = False  # SP collectives hidden behind their GEMMs (Megatron --tp-comm-overlap): exposed_tp
-    device_model: DeviceModel | None = None  # None: sim.devices.DEVICE_MODELS of the cluster's device
+    device_model: DeviceModel | None = None  # None: sim.costs.devices.DEVICE_MODELS of the cluster's device
     contention: float | None = None  # compute slowdown while communicating; None: the device model's (network)
 
     def __post_init__(self) -> None:
@@ -242,7 +242,7 @@ class TransformerCosts:
 
     @property
     def device(self) -> DeviceModel | None:
-        """The device model timing each operation (sim.devices); None for a device without one."""
+        """The device model timing each operation (sim.costs.devices); None for a device without one."""
         return self.device_model or DEVICE_MODELS.get(self.cluster.spec.name)
 
     @property
@@ -419,7 +419,7 @@ class TransformerCosts:
         comp = parse_compression(self.parallel.grad_compression)
         if comp.exact or kind is Kind.EXCHANGE:  # a codec applies to gradient reductions only
             return 2 * n if self.reduce_dtype == "fp32" else n
-        # a codec's bytes (sim.compression): int8 + scales, PowerSGD's (n + m) R per matrix, 16-bit casts
+        # a codec's bytes (sim.costs.compression): int8 + scales, PowerSGD's (n + m) R per matrix, 16-bit casts
         ratio = 1.0 if comp.codec != "powersgd" else powersgd_ratio(
             self.model, self.stage_layers(num_stages)[stage], stage == 0, stage == num_stages - 1, num_stages > 1,
             comp.rank)
@@ -428,7 +428,7 @@ class TransformerCosts:
 
     def codec_time(self, kind: Kind, stage: int, num_stages: int, bucket: int) -> float:
         """Seconds of a gradient reduction's compress and decompress (``parallel.codec_ns_per_param`` per element
-        of the bucket; sim.compression), 0 for other collectives."""
+        of the bucket; sim.costs.compression), 0 for other collectives."""
         if kind not in (Kind.ALLREDUCE, Kind.REDUCE_SCATTER) or not self.parallel.codec_ns_per_param:
             return 0.0
         return self.parallel.codec_ns_per_param * 1e-9 * self.bucket_size(stage, num_stages, bucket) / 2
@@ -455,7 +455,7 @@ class TransformerCosts:
         a, n_st = task.action, graph.schedule.num_stages
         if a.is_compute:
             return self._compute(a, n_st)
-        if server_update(task):  # ps: the servers' update (schedules.dp)
+        if server_update(task):  # ps: the servers' update (schedules.dp.modes)
             return self.server_update_time(a.stage, n_st)
         if a.kind is Kind.OPTIM:
             return self._optim(a.stage, n_st)
@@ -484,7 +484,7 @@ class TransformerCosts:
             return self.collective_bytes(a.kind, a.stage, graph.schedule.num_stages, a.bucket or 0)
         return 0.0
 
-    # --- the tied word embedding's gradient all-reduce between the first and the last stage (schedules.dp) ---
+    # --- the tied word embedding's gradient all-reduce between the first and the last stage (schedules.dp.modes) ---
     def embedding_bytes(self) -> float:
         """The word embedding's 16-bit gradient on one tensor shard: 2 V h / tp bytes."""
         return 2.0 * self.model.vocab * self.model.hidden / self.parallel.tp

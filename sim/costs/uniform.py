@@ -12,8 +12,8 @@ from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from common.errors import check_fraction
 from schedules import Action, Kind, ScheduleError, Task, TaskGraph
-from schedules.errors import check_fraction
 from schedules.registry import check_uniform_times
 from schedules.timing import action_held_freed, pass_time, recomputed_keys
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from schedules.errors import ConfigError, check_positive, check_positive_ints
+from common.errors import ConfigError, check_positive, check_positive_ints
 
 __all__ = [
     "CheckpointPolicy",

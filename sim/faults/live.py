@@ -5,7 +5,7 @@ Two ways a data-parallel job of ``dp`` replicas survives a failed device:
 * **checkpoint-restart**: every replica stops, the job restarts (``restart``
   seconds: detection, rescheduling, loading) and recomputes the steps since the
   last checkpoint. Expected goodput from Daly (2006, eq. 20, as in
-  :func:`sim.failures.daly_wall_time`) with the job's MTBF.
+  :func:`sim.faults.failures.daly_wall_time`) with the job's MTBF.
 * **live** (torchft's per-step quorum, ``schedlab run --elastic live``): the
   failed replica drops out of the next quorum; the others pause for
   ``detection + quorum``, redo the interrupted step (half a step on average),
@@ -30,8 +30,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from schedules.errors import ConfigError, check_positive, check_positive_ints
-from sim.failures import daly_interval, daly_wall_time, young_interval
+from common.errors import ConfigError, check_positive, check_positive_ints
+from sim.faults.failures import daly_interval, daly_wall_time, young_interval
 
 __all__ = ["LiveCosts", "checkpoint_interval", "live_failure_cost", "live_goodput", "restart_goodput"]
 

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import re
 
-from schedules.errors import ConfigError, quote
+from common.errors import ConfigError, quote
 from schedules.registry import lookup
-from sim.plan import PlanEntry, entry_of
-from sim.plan_bounds import Bounds
-from sim.plan_space import _PLAN_ALIASES, _PLANNABLE, PlanConfig, PlanSpace, chunk_choices, shape_ok, tp_choices
-from sim.recompute_modes import check_recompute
-from sim.study import Study, run_study
+from sim.costs.recompute_modes import check_recompute
+from sim.plan.bounds import Bounds
+from sim.plan.search import PlanEntry, entry_of
+from sim.plan.space import _PLAN_ALIASES, _PLANNABLE, PlanConfig, PlanSpace, chunk_choices, shape_ok, tp_choices
+from sim.plan.study import Study, run_study
 
 __all__ = ["in_space", "parse_layout", "simulate_layout"]
 

@@ -31,7 +31,7 @@ waiting only adds): for rank r with stages S_r,
 * with full backwards only (no I/W split), r's last pass is a B of a stage
   >= min S_r, and the input gradient still has to run back through every lower
   stage: tail_r = sum_{s < min S_r} (B_s + message), then stage 0's rank's dp tail;
-* with the embedding gradient all-reduce (:mod:`schedules.dp`), it starts after
+* with the embedding gradient all-reduce (:mod:`schedules.dp.modes`), it starts after
   the last pass of both the first and the last stage's ranks a and b, and both
   stages' optimizer steps follow it (on a, every stage's: stage 0's comes first):
   max(head + busy over a, b) + its alpha-beta time + the larger of a's optimizer
@@ -49,15 +49,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from common.errors import ConfigError
 from schedules import Action, Kind, Schedule, ScheduleError, build
-from schedules.errors import ConfigError
 from schedules.timing import CompiledTiming, rank_ends
-from sim import collectives as coll
+from sim.costs import collectives as coll
+from sim.costs.parallel import ParallelConfig
+from sim.costs.transformer import partition_layers
+from sim.costs.transformer_costs import TransformerCosts
 from sim.memory import model_state_bytes
-from sim.parallel import ParallelConfig
-from sim.plan_space import PlanConfig, PlanSpace, shape_ok
-from sim.transformer import partition_layers
-from sim.transformer_costs import TransformerCosts
+from sim.plan.space import PlanConfig, PlanSpace, shape_ok
 
 __all__ = ["Bounds", "MemoryRows", "memory_rows", "peak_activations"]
 
@@ -297,7 +297,7 @@ class Bounds:
         found = self._states.get(key)
         if found is None:
             fsdp = c.dp_mode in ("zero3", "fsdp")
-            grad = 4 if self.space.reduce_dtype == "fp32" else 2  # an fp32 accumulator, as sim.study counts it
+            grad = 4 if self.space.reduce_dtype == "fp32" else 2  # an fp32 accumulator, as sim.plan.study counts it
             found = self._states[key] = tuple(model_state_bytes(p, c.dp_mode, c.dp, grad) + (g if fsdp else 0.0)
                                               for p, g in zip(ranks.params, ranks.gather, strict=True))
         return found
@@ -332,7 +332,7 @@ class Bounds:
         tails = []
         for r, stages in enumerate(info.rank_stages):
             optim = [costs.optim_time(s, n) for s in stages]
-            if c.dp_mode == "ps":  # the servers update the stage of the rank's last pass after it (schedules.dp)
+            if c.dp_mode == "ps":  # the servers update the stage of the rank's last pass after it (schedules.dp.modes)
                 tails.append(min(costs.server_update_time(s, n) for s in stages))
                 continue
             if c.dp <= 1:
@@ -394,7 +394,7 @@ class Bounds:
         return best
 
     def _embedding_tail(self, c: PlanConfig, info: ShapeInfo) -> tuple[int, int, float] | None:
-        """The embedding gradient all-reduce (schedules.dp): the ranks of the first and the last stage, and what
+        """The embedding gradient all-reduce (schedules.dp.modes): the ranks of the first and the last stage, and what
         follows the later of their last passes at least: the all-reduce, then on the first stage's rank all its
         optimizer steps (stage 0's is its first), on the last stage's the last stage's. None when there is none."""
         costs, n = self.costs(c), len(info.placement)

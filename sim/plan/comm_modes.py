@@ -7,9 +7,9 @@ is the simulated step's. ``local-sgd`` averages the parameters on one step in
     t = ((K - 1) t_local + t_averaging) / K
 
 with t_local the step without the parameter all-reduce and t_averaging the
-step with it (:func:`schedules.dp.add_data_parallel`, ``averaging``), both
+step with it (:func:`schedules.dp.modes.add_data_parallel`, ``averaging``), both
 simulated. ``async-ps``'s time per step is one update's (a global batch):
-dp / the sum of the trainers' steps per second, from :mod:`sim.async_ps`
+dp / the sum of the trainers' steps per second, from :mod:`sim.costs.async_ps`
 (the trainers' speeds and the staleness bound), not the one-trainer step.
 """
 
@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from schedules import load_graph, validate
-from schedules.dp import add_data_parallel
+from schedules.dp.modes import add_data_parallel
 from sim.engine import simulate
-from sim.study import Study, StudyResult, dp_options, run_study
+from sim.plan.study import Study, StudyResult, dp_options, run_study
 
 __all__ = ["ModeStepTime", "amortized", "mode_step_time"]
 

@@ -1,11 +1,11 @@
 """The planner: the fastest configurations of a model on a cluster, searched in simulation.
 
-    >>> from sim.plan import plan
-    >>> from sim.plan_space import PlanSpace
+    >>> from sim.plan.search import plan
+    >>> from sim.plan.space import PlanSpace
     >>> result = plan(PlanSpace(model=..., cluster=..., global_batch=2048), top=5, workers=2)  # doctest: +SKIP
     >>> result.top[0].config, result.top[0].step_time                                           # doctest: +SKIP
 
-1. Enumerate every valid configuration (:mod:`sim.plan_space`).
+1. Enumerate every valid configuration (:mod:`sim.plan.space`).
 2. Memory, first bound: drop those whose model states plus one microbatch
    already overflow (``Bounds.memory_floor``).
 3. Best first on the bound: take the rest in order of the lower bound
@@ -42,15 +42,15 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any
 
+from common.errors import ConfigError, check_positive_ints
 from schedules import Schedule, TaskGraph, build, validate
-from schedules.dp import add_data_parallel
-from schedules.errors import ConfigError, check_positive_ints
+from schedules.dp.modes import add_data_parallel
 from schedules.registry import lookup
 from schedules.timing import CompiledTiming, compile_timing
 from sim.engine import simulate
-from sim.plan_bounds import Bounds, MemoryRows, memory_rows, small_m
-from sim.plan_space import PlanConfig, PlanSpace, enumerate_configs, why_empty
-from sim.study import Study, StudyResult, dp_options, exposed_comm
+from sim.plan.bounds import Bounds, MemoryRows, memory_rows, small_m
+from sim.plan.space import PlanConfig, PlanSpace, enumerate_configs, why_empty
+from sim.plan.study import Study, StudyResult, dp_options, exposed_comm
 
 __all__ = ["PlanEntry", "PlanResult", "entry_of", "plan"]
 
@@ -263,7 +263,7 @@ def plan(space: PlanSpace, *, top: int = 5, workers: int | None = None,
     them); ``progress(done, total)`` is called as candidates are settled
     (dropped or simulated). A space with no configuration, or none that fits in
     memory, raises :class:`ConfigError` naming the constraint that leaves
-    nothing (:func:`sim.plan_space.why_empty`); so does one of more than
+    nothing (:func:`sim.plan.space.why_empty`); so does one of more than
     :data:`MAX_CANDIDATES` configurations.
     """
     check_positive_ints("plan", top=top)

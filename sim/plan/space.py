@@ -26,21 +26,21 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+from common.errors import ConfigError, check_choice, check_positive, check_positive_ints, choice, quote
 from schedules import ScheduleError, build, names, spec
-from schedules.compression import check_dp_mode, parse_compression
-from schedules.errors import ConfigError, check_choice, check_positive, check_positive_ints, choice, quote
+from schedules.dp.codecs import check_dp_mode, parse_compression
 from schedules.registry import MAX_TASKS, TASKS_PER_PASS
-from sim.cluster import Cluster
-from sim.gpu_model import RECOMPUTE_MODES
+from sim.costs.cluster import Cluster
+from sim.costs.gpu_model import RECOMPUTE_MODES
+from sim.costs.recompute_modes import check_recompute
+from sim.costs.transformer import TransformerConfig
 from sim.network import LINK_MODELS
-from sim.recompute_modes import check_recompute
-from sim.transformer import TransformerConfig
 
 __all__ = ["MAX_GLOBAL_BATCH", "MAX_MICROBATCHES", "PLAN_DP_MODES", "PlanConfig", "PlanSpace", "enumerate_configs",
            "shape_ok", "tp_choices", "why_empty"]
 
 #: The data-parallel modes the planner searches by default: every exact mode the runtime runs (``real/``), ``zero3``
-#: under its FSDP name (``schedules.dp``'s alias: ``zero3`` is read as ``fsdp``). ``none`` is what every mode is at
+#: under its FSDP name (``schedules.dp.modes``'s alias: ``zero3`` is read as ``fsdp``). ``none`` is what every mode is at
 #: dp = 1. ``ps`` is searched when named (it needs parameter servers: a cluster such as ``dgx-h100:2+ps2``).
 #: async-ps, decentralized and local SGD change the mathematics: they are compared by time to a loss
 #: (schedlab compare --time-to-loss), not planned by step time.
@@ -107,7 +107,7 @@ class PlanSpace:
     pp: tuple[int, ...] | None = None  # None: every valid divisor
     bucket_mb: float | None = None  # None: one transformer layer's 16-bit weights per tensor shard, at least 25 MiB
     link_model: str = "fair"  # how transfers share a port in the simulations (sim.network)
-    grad_compression: str = "none"  # the codec of every candidate's gradient collectives (schedules.compression)
+    grad_compression: str = "none"  # the codec of every candidate's gradient collectives (schedules.dp.codecs)
     reduce_dtype: str = "bf16"  # fp32: gradients accumulated and reduced in fp32 (Llama 3; TransformerCosts.reduce_dtype)
 
     def bucket_for(self, tp: int) -> float:

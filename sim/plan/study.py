@@ -1,10 +1,10 @@
 """A real-units study: model x cluster x (pp, dp, tp) x schedule -> step time, throughput, MFU, memory.
 
-    >>> from sim.study import Study, run_study
-    >>> from sim.cluster import cluster_preset
-    >>> from sim.parallel import EMBEDDING_ALLREDUCE, ParallelConfig
-    >>> from sim.transformer import model_preset
-    >>> from sim.transformer_costs import TransformerCosts
+    >>> from sim.plan.study import Study, run_study
+    >>> from sim.costs.cluster import cluster_preset
+    >>> from sim.costs.parallel import EMBEDDING_ALLREDUCE, ParallelConfig
+    >>> from sim.costs.transformer import model_preset
+    >>> from sim.costs.transformer_costs import TransformerCosts
     >>> costs = TransformerCosts(model=model_preset("gpt-6.2b"), cluster=cluster_preset("dgx-h100:2"),
     ...                          parallel=ParallelConfig(pp=8, dp=2, dp_mode="ddp"))
     >>> s = Study(schedule="1f1b", microbatches=32, costs=costs)
@@ -12,7 +12,7 @@
 
 One pipeline replica is simulated (its pp ranks); the dp replicas are
 symmetric, so each collective's cost covers its whole dp group (see
-:mod:`schedules.dp`). MFU counts model FLOPs: forward + backward of every
+:mod:`schedules.dp.modes`). MFU counts model FLOPs: forward + backward of every
 layer and the LM head, no recomputation (:meth:`TransformerConfig.model_flops_per_token`),
 over all pp*dp*tp devices at dense peak.
 """
@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.errors import ConfigError, check_positive_ints, quote
 from schedules import Kind, PipelineParams, Stream, TaskGraph, ZBAutoOptions, load_graph, validate
-from schedules.dp import DP_MODES, PEER_SELECTIONS, add_data_parallel, exchange_peers
-from schedules.errors import ConfigError, check_positive_ints, quote
+from schedules.dp.modes import DP_MODES, PEER_SELECTIONS, add_data_parallel, exchange_peers
 from schedules.registry import lookup
-from sim import collectives as coll
-from sim.async_ps import AsyncPSResult, cycle_of, simulate_async_ps
-from sim.cluster import (
+from sim.costs import collectives as coll
+from sim.costs.async_ps import AsyncPSResult, cycle_of, simulate_async_ps
+from sim.costs.cluster import (
     GB,
     Cluster,
     KeyCheck,
@@ -46,13 +46,13 @@ from sim.cluster import (
     key_string,
     read_toml,
 )
+from sim.costs.parallel import EMBEDDING_ALLREDUCE, ParallelConfig
+from sim.costs.recompute_modes import key_recompute
+from sim.costs.transformer import TransformerConfig, model_from_dict
+from sim.costs.transformer_costs import DTYPES, TransformerCosts
 from sim.engine import SimResult, simulate
 from sim.memory import DeviceMemory, model_state_bytes
 from sim.network import LINK_MODELS
-from sim.parallel import EMBEDDING_ALLREDUCE, ParallelConfig
-from sim.recompute_modes import key_recompute
-from sim.transformer import TransformerConfig, model_from_dict
-from sim.transformer_costs import DTYPES, TransformerCosts
 
 __all__ = ["Study", "StudyResult", "dp_options", "exposed_comm", "load_study", "run_study", "study_from_dict"]
 
@@ -205,7 +205,7 @@ class StudyResult:
 
     @property
     def async_ps(self) -> AsyncPSResult | None:
-        """async-ps: this step run by every trainer at its speed under the staleness bound (sim.async_ps); else None."""
+        """async-ps: this step run by every trainer at its speed under the staleness bound (sim.costs.async_ps); else None."""
         s, p = self.study, self.study.parallel
         if p.dp_mode != "async-ps":
             return None
@@ -258,7 +258,7 @@ class StudyResult:
              f"bandwidth ({s.cluster.pserver_spec.memory_bw / 1e12:g} TB/s)")
             + (", after each rank's last pass (dp mode none adds no OPTIM task)" if p.dp_mode == "none" else ""),
             *([f"local-sgd: the step simulated is one that averages (1 in {p.sync_every}); time per step amortized "
-               "over the others: sim.comm_modes.mode_step_time, schedlab compare --time-to-loss"]
+               "over the others: sim.plan.comm_modes.mode_step_time, schedlab compare --time-to-loss"]
               if p.dp_mode == "local-sgd" else []),
             *_ps_assumption(p.dp_mode, p.dp, len(s.cluster.pservers)),
         ]
@@ -319,7 +319,7 @@ def _ps_assumption(mode: str, dp: int, servers: int) -> list[str]:
     if mode == "async-ps":
         return [f"parameter servers: {servers}; a push or pull is one trainer's alone, alpha + n / B (async-ps: "
                 "trainers do not wait for each other); the step above is one trainer's, run over many steps by every "
-                "trainer at its speed under the staleness bound with the servers' updates in sim.async_ps (time per "
+                "trainer at its speed under the staleness bound with the servers' updates in sim.costs.async_ps (time per "
                 "update = dp / sum of the trainers' rates); what stale gradients do to the loss is not modelled"]
     return []
 
@@ -367,8 +367,8 @@ def key_slowdown(owner: str, key: str, value: Any, error: type[ConfigError] = Co
 _STUDY_KEYS = ("schedule", "microbatches", "chunks")
 _COST_KEYS = ("microbatch_size", "efficiency", "pair_overlap", "layers_per_stage", "recompute", "dtype",
               "reduce_dtype", "elementwise", "tp_overlap", "contention")
-#: The [run] and [parallel] tables: their keys and their kinds ([model]: sim.transformer.MODEL_TABLE,
-#: [cluster]: sim.cluster.cluster_from_dict).
+#: The [run] and [parallel] tables: their keys and their kinds ([model]: sim.costs.transformer.MODEL_TABLE,
+#: [cluster]: sim.costs.cluster.cluster_from_dict).
 RUN_TABLE: dict[str, KeyCheck] = {
     "schedule": key_string("a schedule name, torch:CLASS or csv:FILE"),
     "microbatches": key_positive_int, "chunks": key_positive_int, "microbatch_size": key_positive_int,

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from schedules import PipelineParams, ScheduleError, ZBAutoOptions, build, lower, names, spec, validate
-from schedules.recompute import place_recompute
+from schedules.library.recompute import place_recompute
 from schedules.trace import median_step, read_trace
-from sim.costs import CostModel, UniformCosts
+from sim.costs.profiled import load_costs
+from sim.costs.uniform import CostModel, UniformCosts
 from sim.engine import SimResult, simulate
-from sim.profiled import load_costs
-from sim.study import Study, run_study
+from sim.plan.study import Study, run_study
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -55,7 +55,7 @@ def simulate_many(
 ) -> list[SimResult]:
     """Simulate each named schedule at the same shape; multi-chunk ones get ``chunks`` stages per rank.
 
-    ``profile``: a cost file (real.profile) or a real trace (:func:`sim.profiled.load_costs`, scaled with
+    ``profile``: a cost file (real.profile) or a real trace (:func:`sim.costs.profiled.load_costs`, scaled with
     ``costs_profile``); each schedule gets its partition's measured costs.
     """
     graphs = []
@@ -114,7 +114,7 @@ class RecomputePoint:
     """One schedule with one placement of R actions: its step time and its busiest rank's peak (M_B)."""
 
     schedule: str
-    placement: str  # none, full, bubbles (schedules.recompute.RECOMPUTE_PLACEMENTS)
+    placement: str  # none, full, bubbles (schedules.library.recompute.RECOMPUTE_PLACEMENTS)
     limit: float | None  # the bubbles pass's memory limit
     makespan: float
     peak_activations: float

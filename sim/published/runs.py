@@ -5,7 +5,7 @@ Suites:
 * ``megatron-2022``: Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
   Models", arXiv 2205.05198), Table 5 iteration times on A100s (TP 8; configurations from Table 3), and
   the activation memory of Figures 1 and 7 (:data:`KORTHIKANTI_MEMORY`). The four full-recomputation rows
-  fitted the A100 GEMM curve (sim.devices); the four others are held out.
+  fitted the A100 GEMM curve (sim.costs.devices); the four others are held out.
 * ``torchtitan``: pytorch/torchtitan docs/performance.md (Aug 2024), Llama 3 on 64 A100 80GB with FSDP2:
   8B selective-op AC 2,973 tok/s/GPU (line 11), 70B full AC 331 tok/s/GPU (line 12). Local batch 1, sequence
   8192 (torchtitan's Llama 3 default; 2,973 tok/s x 6.1e10 FLOPs/token = 58% of 312 TFLOP/s, the MFU of the
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sim.transformer import model_preset
+from sim.costs.transformer import model_preset
 
 __all__ = ["KORTHIKANTI_MEMORY", "METRICS", "RUNS", "SUITES", "PublishedRun", "suite_runs"]
 
@@ -38,8 +38,8 @@ class PublishedRun:
 
     suite: str
     name: str
-    model: str  # a preset of sim.transformer
-    cluster: str  # a preset of sim.cluster, e.g. dgx-a100:8
+    model: str  # a preset of sim.costs.transformer
+    cluster: str  # a preset of sim.costs.cluster, e.g. dgx-a100:8
     tp: int
     pp: int
     dp: int
@@ -54,14 +54,14 @@ class PublishedRun:
     reduce_dtype: str = "bf16"
     elementwise: str = "fused"
     tp_overlap: bool = False
-    overlap_param_gather: bool = False  # zero1/zero2: Megatron-LM's --overlap-param-gather (schedules.dp)
+    overlap_param_gather: bool = False  # zero1/zero2: Megatron-LM's --overlap-param-gather (schedules.dp.modes)
     bucket_mb: float = 25.0  # gradient/parameter bucket (MiB): PyTorch DDP's default, or one FSDP unit
-    layers_per_stage: tuple[int, ...] | None = None  # None: as even as possible (sim.transformer.partition_layers)
+    layers_per_stage: tuple[int, ...] | None = None  # None: as even as possible (sim.costs.transformer.partition_layers)
     metric: str = "step_s"
     published: float
     source: str  # file and line, or table and row
     assumed: tuple[str, ...] = ()  # the settings the source does not give
-    fit: bool = False  # the row fitted a parameter (sim.devices)
+    fit: bool = False  # the row fitted a parameter (sim.costs.devices)
     scored: bool = True  # False: listed with its reason in ``note``, no prediction scored
     note: str = ""
     settings_source: str = ""  # where the settings (not the figure) come from
@@ -115,12 +115,12 @@ def _megatron_h100(model: str, tp: int, pp: int, dp: int, batch: int, tflops: fl
 
 def _layer_mib(model: str, tp: int) -> float:
     """One transformer layer's 16-bit weights per tensor shard, MiB: FSDP's communication unit (it wraps each
-    block, as torchtitan and Meta's FSDP do), the bucket the planner also uses (sim.plan_space)."""
+    block, as torchtitan and Meta's FSDP do), the bucket the planner also uses (sim.plan.space)."""
     return 2 * model_preset(model).layer_params / tp / 2**20
 
 
 # 126 layers on 16 x 8 = 128 virtual stages: the first holds only the embedding, the last only the output
-# (Dubey et al. 2024, sec. 3.3.2, "Pipeline parallelism improvements"; sim.transformer.partition_layers splits them
+# (Dubey et al. 2024, sec. 3.3.2, "Pipeline parallelism improvements"; sim.costs.transformer.partition_layers splits them
 # so). Gradients accumulated across microbatches and reduce-scattered across the data-parallel workers in FP32
 # (sec. 3.3.2, "Numerical stability"): reduce_dtype fp32 (4-byte reduce-scatters, an fp32 gradient shard).
 _LLAMA_SETTINGS = (f"{_LLAMA} (TP, CP, PP, DP, sequence, batch size/DP); sec. 3.3.2 'Pipeline parallelism "

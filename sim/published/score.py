@@ -1,7 +1,7 @@
 """Predict every published run with the simulator, score it, and fit the A100 GEMM curve.
 
-Each row becomes a :class:`sim.study.Study` (:func:`study_of`) run with the
-same device models (sim.devices); its prediction is the row's metric: the
+Each row becomes a :class:`sim.plan.study.Study` (:func:`study_of`) run with the
+same device models (sim.costs.devices); its prediction is the row's metric: the
 step time, tokens per second per GPU (tokens of the step over step time and
 GPUs), or model TFLOP/s per GPU (:meth:`StudyResult.model_flops_per_step`,
 Megatron-LM's count: attention over the whole s x s, no recomputation). A
@@ -16,15 +16,15 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from schedules import TaskGraph
-from sim.cluster import cluster_preset
-from sim.devices import DEVICE_MODELS
+from sim.costs.cluster import cluster_preset
+from sim.costs.devices import DEVICE_MODELS
+from sim.costs.gpu_model import DeviceModel, GemmEfficiency
+from sim.costs.parallel import ParallelConfig
+from sim.costs.transformer import model_preset
+from sim.costs.transformer_costs import TransformerCosts
 from sim.engine import activation_peaks, simulate
-from sim.gpu_model import DeviceModel, GemmEfficiency
-from sim.parallel import ParallelConfig
+from sim.plan.study import Study, StudyResult, build_graph, run_study
 from sim.published.runs import KORTHIKANTI_MEMORY, PublishedRun, suite_runs
-from sim.study import Study, StudyResult, build_graph, run_study
-from sim.transformer import model_preset
-from sim.transformer_costs import TransformerCosts
 
 __all__ = ["FIT_EVALUATIONS", "FIT_MOVES", "FIT_RESOLUTION", "FIT_STEPS", "command", "fit_gemm_efficiency", "fit_graphs",
            "fit_loss", "memory_rows", "predict", "score", "study_of", "summarize"]
@@ -137,7 +137,7 @@ FIT_RESOLUTION = FIT_STEPS[-1]
 #: At most this many moves per step (each evaluates at most 5 new points).
 FIT_MOVES = 12
 #: Loss evaluations of :func:`fit_gemm_efficiency` at most: the 9 x 6 grid, then per step 8 neighbours and
-#: 5 new points per move (the progress line's total; the fit of sim.devices took 108).
+#: 5 new points per move (the progress line's total; the fit of sim.costs.devices took 108).
 FIT_EVALUATIONS = 9 * 6 + len(FIT_STEPS) * (8 + 5 * FIT_MOVES)
 
 

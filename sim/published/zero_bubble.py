@@ -36,7 +36,7 @@ TABLE5 = [
 def zb2p_refined(p: int, m: int, tf: float, tb: float, tw: float, tc: float,
                  time_limit: float) -> tuple[float, str, bool]:
     """zb-auto at a 2p M_B limit: its bubble rate (the paper's definition), the exact refinement's status
-    and whether the refinement's schedule was kept (see :mod:`schedules.zb_auto`)."""
+    and whether the refinement's schedule was kept (see :mod:`schedules.library.zb_auto`)."""
     s = build("zb-auto", pp=p, microbatches=m, tf=tf, tb=tb, tw=tw, tcomm=tc, mem_limit=2 * p, time_limit=time_limit)
     return evaluate(s, tf, tb, tw, tc).span_bubble, str(s.params["refinement"]), bool(s.params["refined"])
 
