@@ -14,7 +14,7 @@ size is fixed, so the batch grows with m: one profile serves every candidate).
 
 Costs by the calibration protocol (:mod:`analysis.validation.calibration`, docs/validation-protocol.md):
 ``real.profile`` once (every stage count the plan needs; the pair's own profile for dp=2), then
-:func:`sim.costs.profiled.from_trace` on the traces of one calibration run (``--calibrate-from``,
+:func:`sim.costs.calibrated.from_trace` on the traces of one calibration run (``--calibrate-from``,
 default 1f1b at m=8). A row of that configuration is marked in-sample.
 
 Then the planner's top 5 and bottom 3 run for real, interleaved in rounds

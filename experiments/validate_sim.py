@@ -208,13 +208,13 @@ def _measure(configs: dict, a, out: Path) -> dict:
 
 
 def _factor(dp_profile: Path | None) -> float | None:
-    from sim.costs.profiled import load_profile
+    from sim.costs.cost_file import load_profile
 
     return None if dp_profile is None else load_profile(dp_profile, 1).comm_slowdown
 
 
 def _hook_ns(dp_profile: Path | None) -> float | None:
-    from sim.costs.profiled import load_profile
+    from sim.costs.cost_file import load_profile
 
     return None if dp_profile is None else load_profile(dp_profile, 1).reduce_hook_ns_per_byte
 

@@ -625,7 +625,7 @@ class _Trainer:
             "batch_size": cfg.data.batch_size,
             "microbatch_size": cfg.microbatch_size, "step": cfg.traced_step, "steps": cfg.steps,
             # rank 0's wall time of each traced step (its end to the previous step's end): programs, optimizer,
-            # the loss all-reduce; what sim.costs.profiled.from_trace calls the step time.
+            # the loss all-reduce; what sim.costs.calibrated.from_trace calls the step time.
             "step_times": {str(k): v for k, v in sorted(traced_times.items())},
             "layers_per_stage": [len(r) for r in self.plan.layers], "memory": memory,
         }

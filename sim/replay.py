@@ -8,7 +8,7 @@ posting of its messages and the executor's gap are its own), and what remains
 is how tasks wait for each other and for messages. A message the receiver
 waited for takes what it took, from the later of the wait and the producer's
 end to its arrival; one that arrived before the wait costs the calibrated
-latency (:func:`sim.costs.profiled.from_trace`).
+latency (:func:`sim.costs.calibrated.from_trace`).
 
 A data-parallel trace (``dp`` > 1) replays on the graph of its mode (buckets
 per stage as the trace has them), each collective taking its measured
@@ -42,7 +42,8 @@ from typing import Any
 from common.errors import CostFileError
 from schedules import Kind, Stream, TaskGraph, build, lower, spec
 from schedules.dp.modes import server_update
-from sim.costs.profiled import ProfiledCosts, _frames, from_trace, occupancy, trace_calibration
+from sim.costs.profiled import ProfiledCosts
+from sim.costs.calibrated import _frames, from_trace, occupancy, trace_calibration
 from sim.engine import simulate
 
 __all__ = ["ReplayStep", "collective_service", "dp_replayable", "graph_of", "replay", "server_update_times", "server_updates",

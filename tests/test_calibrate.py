@@ -18,7 +18,8 @@ import pytest
 from schedules import CostFileError, Kind, load_graph, validate
 from schedules.trace import work_span
 from sim import simulate
-from sim.costs.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, from_trace, step_time, trace_calibration
+from sim.costs.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, step_time
+from sim.costs.calibrated import from_trace, trace_calibration
 from sim.replay import replay
 from tests.conftest import run_sim
 
@@ -347,7 +348,7 @@ def test_profile_fit_guesses_are_warnings_in_the_cost_file(recorded, tmp_path, c
     import logging
 
     from real.profile import _fit_alpha_beta, fit_warnings
-    from sim.costs.profiled import load_profile
+    from sim.costs.cost_file import load_profile
 
     with caplog.at_level(logging.WARNING, logger="real.profile"):
         alpha, beta, warned = _fit_alpha_beta([1e3, 2e3], [1e-5, 3e-5], "collectives.all_reduce")

@@ -244,7 +244,7 @@ def test_each_replica_holds_its_whole_model_states(mode):
 
 
 def test_a_cost_file_times_an_exchange_as_one_measured_message_of_the_bucket(tmp_path):
-    from sim.costs.profiled import load_profile
+    from sim.costs.cost_file import load_profile
     from tests.test_profiled import PROFILE
 
     path = tmp_path / "profile.json"

@@ -134,7 +134,7 @@ def test_waits_for_bounded_reduce_scatters_are_found_and_taken_out():
 def test_replay_of_a_data_parallel_trace_is_exact_and_not_stretched_twice(profile):
     """Each step replayed with its own (already stretched) times is the step; a base model with the factor does
     not stretch them again."""
-    from sim.costs.profiled import from_trace
+    from sim.costs.calibrated import from_trace
     from sim.replay import replay
 
     median, p90 = dp_replay_error([_trace()], profile)

@@ -381,7 +381,7 @@ def _row(stage: object = 0, **changes) -> dict:
 def test_bad_cost_file(tmp_path, profile, message):
     import json
 
-    from sim.costs.profiled import load_profile
+    from sim.costs.cost_file import load_profile
 
     path = tmp_path / "costs.json"
     path.write_text(json.dumps(profile))
@@ -396,7 +396,7 @@ def test_cost_file_stages_are_taken_by_their_stage_field(tmp_path):
     import json
 
     from schedules import load_graph, validate
-    from sim.costs.profiled import load_profile
+    from sim.costs.cost_file import load_profile
 
     data = _profile()
     rows = data["partitions"][1]["stages"]
@@ -420,7 +420,7 @@ def test_cost_file_without_p2p_refuses_messages(tmp_path, p2p):
 
     from schedules import load_graph, validate
     from sim import simulate
-    from sim.costs.profiled import load_profile
+    from sim.costs.cost_file import load_profile
 
     data = _profile(p2p=None)
     if p2p == "absent":

@@ -153,7 +153,7 @@ def test_the_servers_update_is_the_profiles_server_update_where_it_has_one(graph
     """ps's OPTIM (the servers') takes SERVER_UPDATE, 1.5 ms: the step 73 - 1.5 ms; a ddp trainer's OPTIM keeps the
     optimizer step (3 ms); async-ps's update_s is the server update too. A file without it: the optimizer step."""
     from analysis.validation.async_grid import update_s
-    from sim.costs.profiled import load_profile
+    from sim.costs.cost_file import load_profile
 
     costs = load_profile(_profile(tmp_path, SERVER), 1)
     assert (costs.stages[0].server_update, costs.stages[0].optim) == (SERVER, OPTIM)
@@ -169,7 +169,7 @@ def test_the_servers_update_is_the_profiles_server_update_where_it_has_one(graph
 
 
 def test_a_bad_server_update_in_the_cost_file_is_one_line(tmp_path):
-    from sim.costs.profiled import load_profile
+    from sim.costs.cost_file import load_profile
 
     path = _profile(tmp_path, SERVER)
     import json

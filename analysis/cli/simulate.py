@@ -306,7 +306,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
                                                    (c.tf, c.tb, c.tw, c.tcomm, c.mw))))
         step_time = None
         if args.costs:
-            from sim.costs.profiled import load_costs, step_time
+            from sim.costs.calibrated import load_costs
+            from sim.costs.profiled import step_time
 
             costs = load_costs(args.costs, graph.schedule.num_stages, args.costs_profile)
         result = simulate(graph, costs, check=False)

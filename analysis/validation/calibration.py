@@ -10,7 +10,7 @@ it; the protocol is written down in ``docs/validation-protocol.md``:
 2. One configuration, the calibration run, is measured and traced;
    :class:`Calibration` turns its traces into cost models:
    :meth:`Calibration.pipeline` for any stage count
-   (:func:`sim.costs.profiled.from_trace`), :meth:`Calibration.data_parallel` for
+   (:func:`sim.costs.calibrated.from_trace`), :meth:`Calibration.data_parallel` for
    the pair (its own profile, each pass scaled by the calibration run's
    in-run/profiled ratio).
 3. :func:`predict` simulates a graph and reads off the step time the runtime
@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from schedules import TaskGraph
-    from sim.costs.profiled import ProfiledCosts, TraceCalibration
+    from sim.costs.profiled import ProfiledCosts
+    from sim.costs.calibrated import TraceCalibration
 
 __all__ = ["ABLATIONS", "DP_ABLATIONS", "Calibration", "dp_graph", "grid_rows", "predict"]
 
@@ -106,7 +107,7 @@ class Calibration:
         from analysis.validation.dp_skew import skew_fraction
         from analysis.validation.dp_transfer import dp_run_costs, straggler
         from schedules.trace import read_trace
-        from sim.costs.profiled import trace_calibration
+        from sim.costs.calibrated import trace_calibration
 
         fit, k, s, zero3 = None, 1.0, 0.0, None
         if dp_profile is not None:
@@ -139,14 +140,14 @@ class Calibration:
 
     def pipeline(self, num_stages: int, **off: float) -> ProfiledCosts:
         """The calibration run's costs for ``num_stages`` stages; ``off``: fields set (an ablation)."""
-        from sim.costs.profiled import from_trace
+        from sim.costs.calibrated import from_trace
 
         costs = from_trace(list(self.traces), self.profile, num_stages=num_stages, calibration=self.fit)
         return replace(costs, **off) if off else costs
 
     def profile_only(self, num_stages: int) -> ProfiledCosts:
         """The profile alone, no trace: the second calibration source, reported beside the first."""
-        from sim.costs.profiled import load_profile
+        from sim.costs.cost_file import load_profile
 
         return load_profile(self.profile, num_stages)
 
@@ -175,7 +176,7 @@ class Calibration:
     def from_pipeline(self, **off: float) -> ProfiledCosts:
         """The data-parallel rows' costs carried from the pipeline run: the pair's own profile, F and B scaled by
         :meth:`ratios`, the run's send_cpu and task_overhead, and the runtime's ``max_inflight``."""
-        from sim.costs.profiled import load_profile
+        from sim.costs.cost_file import load_profile
 
         if self.dp_profile is None:
             raise ValueError("this calibration has no data-parallel profile; give dp_profile")
@@ -189,7 +190,7 @@ class Calibration:
 
     def warnings(self) -> list[str]:
         """The guesses in these cost models (each names its field): the profiles' fits and the calibration's."""
-        from sim.costs.profiled import load_profile
+        from sim.costs.cost_file import load_profile
 
         out = list(self.pipeline(self.fit.num_stages).warnings)
         if self.dp_profile is not None:
@@ -228,7 +229,7 @@ def pipeline_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calib
     """One pipeline configuration: predicted from the calibration and from the profile alone, each ablation,
     its self-calibrated error (from its own runs) and its replay error (each traced step with its own times)."""
     from schedules.trace import read_trace
-    from sim.costs.profiled import from_trace, trace_calibration
+    from sim.costs.calibrated import from_trace, trace_calibration
     from sim.replay import replay
 
     n = graph.schedule.num_stages
@@ -260,7 +261,8 @@ def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration
     from analysis.validation.dp_skew import skew_fraction
     from analysis.validation.dp_transfer import measured_parts, predicted_parts
     from schedules.trace import read_trace
-    from sim.costs.profiled import HOOKED_MODES, load_profile
+    from sim.costs.profiled import HOOKED_MODES
+    from sim.costs.cost_file import load_profile
 
     mode = key[0].removeprefix("dp2-")
     every = r.config.sync.sync_every if mode == "local-sgd" else 1  # local-sgd's K: of the RunConfig measured

@@ -113,7 +113,7 @@ def unslowed_passes(frames: Sequence[pd.DataFrame], factor: float, limit: int = 
 def _gaps_calibration(frames: Sequence[pd.DataFrame]) -> Any:
     """trace_calibration of the compute rows alone, the OPTIM rows dropped: the last gradient pass's wait for its
     collectives is then no gap (it is the rank's last row)."""
-    from sim.costs.profiled import trace_calibration
+    from sim.costs.calibrated import trace_calibration
 
     kept = []
     for df in frames:
@@ -177,7 +177,9 @@ def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_in
     """A pp=1 data-parallel configuration's costs from its own traces and the pair's profile (module doc);
     ``max_inflight``: the runtime's bound on zero2/zero3's reduce-scatters in flight; ``comm_slowdown``: the
     factor, if not the profile's (:func:`analysis.validation.dp_transfer.fitted_slowdown`)."""
-    from sim.costs.profiled import HOOKED_MODES, PS_MODES, _trimmed_mean, load_profile
+    from sim.costs.profiled import HOOKED_MODES, PS_MODES
+    from sim.costs.calibrated import _trimmed_mean
+    from sim.costs.cost_file import load_profile
     from sim.replay import server_update_times
 
     own = replace(load_profile(dp_profile, 1), max_inflight=max_inflight)
@@ -224,7 +226,8 @@ def dp_replay_error(frames: Sequence[pd.DataFrame], dp_profile: str | Path) -> t
     """Median replay error and p90 |replay error| over every traced step; (None, None) when the traces'
     collectives are not their graph's one for one (a zero3 trace recorded before its gathers carried their
     microbatch)."""
-    from sim.costs.profiled import from_trace, load_profile
+    from sim.costs.calibrated import from_trace
+    from sim.costs.cost_file import load_profile
     from sim.replay import dp_replayable, replay
 
     steps: list[float] = []

@@ -202,7 +202,7 @@ def fitted_slowdown(frames: Sequence[pd.DataFrame]) -> float | None:
     backward passes that no collective of their rank overlapped, and each overlapped one of d overlapped for o,
     sum(d - w) = (1 - 1/c) sum(o) (:mod:`sim.slowdown`'s closed form). None without both kinds of pass, or
     when the overlapped ones did not run longer (c <= 1) or longer than the closed form allows."""
-    from sim.costs.profiled import _trimmed_mean
+    from sim.costs.calibrated import _trimmed_mean
 
     seen = pass_overlaps(frames)
     clean = [d for d, o in seen if o == 0.0]
@@ -299,7 +299,7 @@ def dp_run_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_inf
     reduce = next(((a, b) for op, a, b in own.collectives if op == "all_reduce"), None)
     idle = idle_service(frames)
     if idle and reduce:
-        from sim.costs.profiled import _trimmed_mean
+        from sim.costs.calibrated import _trimmed_mean
 
         alone = _trimmed_mean(idle)
         g = fitted_stall(frames, alone)

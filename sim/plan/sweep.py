@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from schedules import PipelineParams, ScheduleError, ZBAutoOptions, build, lower, names, spec, validate
 from schedules.library.recompute import place_recompute
 from schedules.trace import median_step, read_trace
-from sim.costs.profiled import load_costs
+from sim.costs.calibrated import load_costs
 from sim.costs.uniform import CostModel, UniformCosts
 from sim.engine import SimResult, simulate
 from sim.plan.study import Study, run_study
@@ -55,7 +55,7 @@ def simulate_many(
 ) -> list[SimResult]:
     """Simulate each named schedule at the same shape; multi-chunk ones get ``chunks`` stages per rank.
 
-    ``profile``: a cost file (real.profile) or a real trace (:func:`sim.costs.profiled.load_costs`, scaled with
+    ``profile``: a cost file (real.profile) or a real trace (:func:`sim.costs.calibrated.load_costs`, scaled with
     ``costs_profile``); each schedule gets its partition's measured costs.
     """
     graphs = []
