@@ -164,7 +164,7 @@ def _runs_of(data: Any, where: str) -> list[dict[str, Any]]:
         missing = [k for k in ("dp_mode", "pp", "dp", "step_times", "memory") if not isinstance(run, dict) or k not in run]
         if missing:
             raise ConfigError(f"{where}: run #{i + 1} has no {', '.join(missing)}; give the JSON of a real run "
-                              "(real.train.RunResult.to_json: one object, a list, or {\"runs\": [...]})",
+                              "(real.trainer.RunResult.to_json: one object, a list, or {\"runs\": [...]})",
                               field="measured")
     return runs
 

@@ -24,7 +24,8 @@ from real.config import (
 from real.mesh import Mesh
 from real.model_api import UserModel
 from real.reference import reference_run
-from real.train import RunResult, fit, param_digest, run
+from real.train import fit, run
+from real.trainer import RunResult, param_digest
 
 __all__ = [
     "DataConfig",

@@ -42,8 +42,8 @@ from typing import Any
 from common.errors import CostFileError
 from schedules import Kind, Stream, TaskGraph, build, lower, spec
 from schedules.dp.modes import server_update
-from sim.costs.profiled import ProfiledCosts
 from sim.costs.calibrated import _frames, from_trace, occupancy, trace_calibration
+from sim.costs.profiled import ProfiledCosts
 from sim.engine import simulate
 
 __all__ = ["ReplayStep", "collective_service", "dp_replayable", "graph_of", "replay", "server_update_times", "server_updates",

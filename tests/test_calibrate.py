@@ -18,8 +18,8 @@ import pytest
 from schedules import CostFileError, Kind, load_graph, validate
 from schedules.trace import work_span
 from sim import simulate
-from sim.costs.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, step_time
 from sim.costs.calibrated import from_trace, trace_calibration
+from sim.costs.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, step_time
 from sim.replay import replay
 from tests.conftest import run_sim
 

@@ -12,9 +12,9 @@ import pytest
 from schedules import CostFileError, Kind, build, lower, validate
 from schedules.dp.modes import add_data_parallel
 from sim import simulate
+from sim.costs.cost_file import load_profile
 from sim.costs.param_copy import ParamCopy
 from sim.costs.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, step_time
-from sim.costs.cost_file import load_profile
 
 # One stage of 3 MB in 3 buckets of 1 MB; exchanges and collectives of 0.2 ms each, far shorter than a forward
 FLAT, AVG, LOCAL = 0.2, 0.3, 0.4  # ns per parameter byte

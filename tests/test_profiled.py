@@ -12,9 +12,9 @@ import pytest
 from schedules import CostFileError, Kind, build, load_graph, lower, validate
 from schedules.dp.modes import add_data_parallel
 from sim import simulate
+from sim.costs.cost_file import load_profile
 from sim.costs.param_copy import ParamCopy
 from sim.costs.profiled import PROFILE_SCHEMA, ProfiledCosts, step_time
-from sim.costs.cost_file import load_profile
 from tests.conftest import run_sim
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -40,7 +40,7 @@ from real.checkpoint import MARKER, CheckpointConfig, Checkpointer, complete_che
 from real.checkpoint import load as load_checkpoint  # noqa: E402
 from real.checkpoint import state_dict as checkpoint_state  # noqa: E402
 from real.launch import KILL_GRACE, torchrun  # noqa: E402
-from real.train import _Trainer  # noqa: E402
+from real.trainer import Trainer  # noqa: E402
 from schedules import ConfigError  # noqa: E402
 
 SMALL = ["--layers", "4", "--dim", "16", "--heads", "2", "--vocab", "32", "--seq", "8"]
@@ -292,8 +292,8 @@ def _tiny(**kw) -> RunConfig:
 
 
 def _loss_at(step: int, value: float):
-    """A patch of _Trainer._step: the loss of ``step`` is ``value``."""
-    original = _Trainer._step
+    """A patch of Trainer._step: the loss of ``step`` is ``value``."""
+    original = Trainer._step
 
     def patched(self, s):
         loss = original(self, s)
@@ -311,7 +311,7 @@ def _loss_at(step: int, value: float):
 ])
 def test_a_non_finite_loss_stops_the_run_naming_the_step(monkeypatch, config, patch, message):
     if patch is not None:
-        monkeypatch.setattr(_Trainer, "_step", _loss_at(*patch))
+        monkeypatch.setattr(Trainer, "_step", _loss_at(*patch))
     seen = []
     with pytest.raises(ConfigError) as info:
         run(config, on_step=lambda step, loss, _: seen.append((step, loss)))
@@ -322,7 +322,7 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step(monkeypatch, config, pa
 
 def test_a_non_finite_loss_is_never_checkpointed(tmp_path, monkeypatch):
     """Saves before the failing step are complete (async one included); none after it, none with a NaN."""
-    monkeypatch.setattr(_Trainer, "_step", _loss_at(3, float("nan")))
+    monkeypatch.setattr(Trainer, "_step", _loss_at(3, float("nan")))
     config = _tiny(checkpoint=CheckpointConfig(directory=str(tmp_path), every=1, keep_last=9, async_save=True))
     with pytest.raises(ConfigError, match=r"^step 3: the loss is nan; "):
         run(config)

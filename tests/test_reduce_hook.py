@@ -11,8 +11,8 @@ import pytest
 from schedules import CostFileError, Kind, build, lower, validate
 from schedules.dp.modes import add_data_parallel
 from sim import simulate
-from sim.costs.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, step_time
 from sim.costs.cost_file import load_profile
+from sim.costs.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts, step_time
 
 # One stage of 3 MB in 3 buckets of 1 MB; collectives of 0.2 ms, far shorter than a third of a backward, so each
 # bucket's reduce-scatter ends before the next is ready and only the last one's time follows the last pass.

@@ -11,8 +11,8 @@ import pytest
 from schedules import ConfigError, CostFileError, build, lower, validate
 from schedules.dp.modes import add_data_parallel
 from sim import simulate
-from sim.costs.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts
 from sim.costs.cost_file import load_profile
+from sim.costs.profiled import PROFILE_SCHEMA, ProfiledCosts, StageCosts
 
 # One stage: F 10 ms, B 20 ms, OPTIM 3 ms, no overheads; an all-reduce of a bucket takes ALPHA (beta inf).
 STAGE = StageCosts(f=0.010, b=0.020, i=0.011, w=0.012, optim=0.003, param_bytes=1000)

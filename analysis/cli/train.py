@@ -64,7 +64,8 @@ from real.mesh import env_world
 from real.metrics_log import MetricsLog, check_log_dir
 from real.model_api import UserModel, from_factory, plan_for
 from real.p2p import PeerError
-from real.train import RunResult, resolve_backend, restart_count, resume_point, run
+from real.train import resolve_backend, resume_point, run
+from real.trainer import RunResult, restart_count
 from real.usercode import UserCodeError, check_model, raised, user_frames
 from schedules import ConfigError, SchedlabError
 from schedules.dp.modes import PEER_SELECTIONS

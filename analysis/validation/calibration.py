@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from schedules import TaskGraph
-    from sim.costs.profiled import ProfiledCosts
     from sim.costs.calibrated import TraceCalibration
+    from sim.costs.profiled import ProfiledCosts
 
 __all__ = ["ABLATIONS", "DP_ABLATIONS", "Calibration", "dp_graph", "grid_rows", "predict"]
 
@@ -261,8 +261,8 @@ def dp_row(key: tuple[str, int], r: Measured, graph: TaskGraph, cal: Calibration
     from analysis.validation.dp_skew import skew_fraction
     from analysis.validation.dp_transfer import measured_parts, predicted_parts
     from schedules.trace import read_trace
-    from sim.costs.profiled import HOOKED_MODES
     from sim.costs.cost_file import load_profile
+    from sim.costs.profiled import HOOKED_MODES
 
     mode = key[0].removeprefix("dp2-")
     every = r.config.sync.sync_every if mode == "local-sgd" else 1  # local-sgd's K: of the RunConfig measured

@@ -177,9 +177,9 @@ def dp_self_costs(frames: Sequence[pd.DataFrame], dp_profile: str | Path, max_in
     """A pp=1 data-parallel configuration's costs from its own traces and the pair's profile (module doc);
     ``max_inflight``: the runtime's bound on zero2/zero3's reduce-scatters in flight; ``comm_slowdown``: the
     factor, if not the profile's (:func:`analysis.validation.dp_transfer.fitted_slowdown`)."""
-    from sim.costs.profiled import HOOKED_MODES, PS_MODES
     from sim.costs.calibrated import _trimmed_mean
     from sim.costs.cost_file import load_profile
+    from sim.costs.profiled import HOOKED_MODES, PS_MODES
     from sim.replay import server_update_times
 
     own = replace(load_profile(dp_profile, 1), max_inflight=max_inflight)

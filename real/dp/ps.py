@@ -428,5 +428,5 @@ class ParamServer:
 
 
 def _restarts() -> int:
-    """torchrun's restart count (:func:`real.train.restart_count`, which imports this module)."""
+    """torchrun's restart count (:func:`real.trainer.restart_count`, which imports this module)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))

@@ -290,7 +290,7 @@ def _step(replica: _Replica, manager, live: LiveConfig, events: _Events) -> bool
 
 def train_live(config: RunConfig, live: LiveConfig) -> LiveResult:
     """Train this replica until the job's step count is reached (see the module doc)."""
-    from real.train import param_digest
+    from real.trainer import param_digest
 
     check_live(config)
     if config.layout.pp > 1:

@@ -263,7 +263,7 @@ def _save(replica: _PipelineReplica, manager, saver: ckpt.Checkpointer) -> None:
 
 def train_live_pipeline(config: RunConfig, live: LiveConfig) -> LiveResult:
     """Train this pipeline rank of this replica until the job's step count is reached."""
-    from real.train import param_digest, restart_count
+    from real.trainer import param_digest, restart_count
 
     check_live(config)
     if config.layout.pp < 2:
