@@ -26,7 +26,7 @@ import torch
 from analysis.cli.common import OneLineParser
 from real import ModelConfig, RunConfig, reference_run, run
 from real.launch import torchrun
-from real.profile import profile_stage
+from real.profile.machine import profile_stage
 
 MODELS = {  # per device: big enough that a GPU is busy, small enough for a CPU dry run
     "cuda": ModelConfig(kind="gpt", layers=8, dim=512, heads=8, vocab=1024, seq=256),

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from real import ModelConfig
-from real.profile import _fit_alpha_beta, _gathered, _StageBench
+from real.profile.comm import _fit_alpha_beta, _gathered
+from real.profile.machine import _StageBench
 from real.profile.powersgd import powersgd_section
 from real.profile.protocol import BUCKET_MB, MODEL_SHAPE, POWERSGD_RANK
 from real.profile.psgd_backward import hooks_in_backward

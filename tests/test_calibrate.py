@@ -347,7 +347,7 @@ def test_profile_fit_guesses_are_warnings_in_the_cost_file(recorded, tmp_path, c
     logs them and the costs carry them (into every result's "costs")."""
     import logging
 
-    from real.profile import _fit_alpha_beta, fit_warnings
+    from real.profile.comm import _fit_alpha_beta, fit_warnings
     from sim.costs.cost_file import load_profile
 
     with caplog.at_level(logging.WARNING, logger="real.profile"):

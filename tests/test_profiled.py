@@ -153,7 +153,7 @@ def test_cli_costs(profile_path, capsys):
 def test_null_bandwidth_is_size_independent(profile_path, tmp_path, capsys):
     """A fitted bandwidth of inf is stored as null (JSON has no inf): messages cost alpha, the JSON output stays
     strict, and the profiler's fit yields it when time does not grow with the size."""
-    from real.profile import _fit_alpha_beta, _json_bandwidth
+    from real.profile.comm import _fit_alpha_beta, _json_bandwidth
 
     alpha, beta, warned = _fit_alpha_beta([1e3, 1e6], [2e-4, 1e-4], "p2p")
     assert (alpha, beta, _json_bandwidth(beta)) == (1e-4, math.inf, None)
@@ -233,7 +233,7 @@ def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
     (comm_slowdown); the file prices a bucketed ddp graph, its compute stretched by that factor."""
     from analysis.validation.dp_modes import measured_hooks
     from real.launch import torchrun
-    from real.profile import BURST
+    from real.profile.comm import BURST
     from schedules.dp.codecs import powersgd_messages
 
     out = tmp_path / "p.json"

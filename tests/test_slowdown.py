@@ -126,7 +126,7 @@ def test_bad_factor_in_costs_is_refused():
 def test_profile_bucket_is_a_positive_size(bad):
     """The all-reduce kept in flight while comm_slowdown times the passes: refused before anything runs."""
     pytest.importorskip("torch")
-    from real.profile import ProfileConfig
+    from real.profile.machine import ProfileConfig
 
     with pytest.raises(ConfigError) as err:
         ProfileConfig(bucket_mb=bad)

@@ -58,7 +58,8 @@ def _worker(out: Path) -> None:
 
     from real import ModelConfig
     from real.dp.sync import make_buckets
-    from real.profile import _gathered, _StageBench
+    from real.profile.comm import _gathered
+    from real.profile.machine import _StageBench
     from real.profile.zero3 import zero3_section
 
     dist.init_process_group("gloo")

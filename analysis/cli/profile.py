@@ -22,7 +22,7 @@ from analysis.cli.train import add_model_args, model_from_args
 from common.errors import check_positive_ints
 from real.config import MODEL_KINDS, OPTIMIZERS
 from real.mesh import env_world
-from real.profile import ProfileConfig, profile
+from real.profile.machine import ProfileConfig, profile
 from schedules import ConfigError
 from schedules.util import atomic_write, check_output_file
 

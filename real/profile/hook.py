@@ -115,7 +115,7 @@ class _Hooks:
 def reduce_hook(benches: Sequence[Any], group: Any, bucket_mb: float, warmup: int, reps: int,
                 gathered: Callable[[list[float]], list[float]]) -> dict[str, Any]:
     """The ``reduce_hook`` section of the cost file (schema in :mod:`real.profile`); every rank of ``group``
-    calls it at once. ``benches``: the stages (``real.profile._StageBench``) whose forward and full backward
+    calls it at once. ``benches``: the stages (``real.profile.machine._StageBench``) whose forward and full backward
     run, the hook on their parameters bucketed per stage as the runtime does (removed after); ``gathered``:
     every rank's samples."""
     world = dist.get_world_size(group)

@@ -60,7 +60,7 @@ def _chain_length(buf: torch.Tensor, group: Any, passes_s: float, warmup: int) -
 def comm_slowdown(benches: Sequence[Any], group: Any, bucket_bytes: int, timed: Callable, warmup: int, reps: int,
                   gathered: Callable[[list[float]], list[float]]) -> dict[str, Any]:
     """The ``comm_slowdown`` section of the cost file (schema in :mod:`real.profile`); every rank of ``group``
-    calls it at once. ``benches``: the stages to time (``real.profile._StageBench``); ``gathered``: every
+    calls it at once. ``benches``: the stages to time (``real.profile.machine._StageBench``); ``gathered``: every
     rank's samples."""
     device = benches[0].device
     buf = torch.zeros(max(bucket_bytes // 4, 1), dtype=torch.float32, device=device)

@@ -83,7 +83,7 @@ def _reps(decentralized: PeerSync, local: PeerSync, group: Any, n: int, warmup: 
 def param_copy(benches: Sequence[Any], group: Any, bucket_mb: float, warmup: int, reps: int,
                gathered: Callable[[list[float]], list[float]]) -> dict[str, Any]:
     """The ``param_copy`` section of the cost file (schema in :mod:`real.profile`); every rank of ``group`` calls
-    it at once. ``benches``: the stages (``real.profile._StageBench``) whose parameters are copied; ``gathered``:
+    it at once. ``benches``: the stages (``real.profile.machine._StageBench``) whose parameters are copied; ``gathered``:
     every rank's samples."""
     stage_params = {s: list(bench.params) for s, bench in enumerate(benches)}
     common = {"group": group, "bucket_mb": bucket_mb, "stamp": lambda: 0.0, "record": lambda *a, **k: None}

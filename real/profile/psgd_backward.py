@@ -114,7 +114,7 @@ def _backward(bench: Any) -> float:
 def hooks_in_backward(spec: str, bench: Any, group: Any, bucket_mb: float, warmup: int, reps: int,
                       gathered: Callable[[list[float]], list[float]], lockstep: bool = False) -> dict[str, Any]:
     """The ``in_backward`` entry of the cost file's ``powersgd.<spec>`` (module doc); every rank of ``group`` calls
-    it at once. ``bench``: the stage (``real.profile._StageBench``) whose forward and full backward run; its
+    it at once. ``bench``: the stage (``real.profile.machine._StageBench``) whose forward and full backward run; its
     parameters' ``.grad`` are left None. ``lockstep``: a barrier (not timed) before each hook, so the replicas'
     drift is out of ``hooks`` (experiments/psgd_hooks.py; the profile leaves it False)."""
     t_start = time.perf_counter()

@@ -77,7 +77,7 @@ class _Flat:
 def zero3_section(bench: Any, group: Any, bucket_mb: float, reps: int,
                   gathered: Callable[[list[float]], list[float]]) -> dict[str, Any]:
     """The ``zero3`` section of the cost file (module doc); every rank of ``group`` calls it at once. ``bench``:
-    the stage (``real.profile._StageBench``); ``gathered``: every rank's samples."""
+    the stage (``real.profile.machine._StageBench``); ``gathered``: every rank's samples."""
     world, rank = dist.get_world_size(group), dist.get_rank(group)
     flats = [_Flat(b, world, rank) for b in make_buckets(bench.params, bucket_mb * 2**20)]
 
