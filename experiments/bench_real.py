@@ -108,7 +108,7 @@ def _torch_pipeline(cfg, torch_class: str, orders: dict | None = None) -> list[f
     from torch.distributed import pipelining
 
     from real import make_plan
-    from real.data import make_batch
+    from real.data.sources import make_batch
     from real.executor import Stage
     from real.models import build_layers, loss_fn, make_optimizer
 
@@ -146,7 +146,7 @@ def _torch_ddp(cfg) -> list[float]:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from real.data import make_batch, microbatches
+    from real.data.sources import make_batch, microbatches
     from real.models import build_model, loss_fn, make_optimizer
 
     model = DistributedDataParallel(build_model(cfg.data.model, cfg.data.seed))

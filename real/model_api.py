@@ -50,7 +50,7 @@ from torch import nn
 
 from real import usercode
 from real.config import Plan, RunConfig, make_plan
-from real.data import DataSource, GlobalBatches, SyntheticData
+from real.data.sources import DataSource, GlobalBatches, SyntheticData
 from real.models import activation_shape, build_layers, loss_fn
 from schedules import ConfigError, Kind
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from real.config import RunConfig
-from real.data import make_batch
+from real.data.sources import make_batch
 from real.model_api import UserModel, data_for
 from real.models import build_model, loss_fn, make_optimizer
 

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from real import checkpoint as ckpt
 from real import usercode
 from real.config import Plan, RunConfig, make_plan
-from real.data import DataSource
+from real.data.sources import DataSource
 from real.dp.peer_sync import check_resume
 from real.dp.ps import ParamServer
 from real.dp.ps_async import AsyncParamServer

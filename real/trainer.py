@@ -27,8 +27,8 @@ import torch.distributed as dist
 from real import checkpoint as ckpt
 from real import stop
 from real.config import Plan, RunConfig
-from real.data import DataSource, microbatches, step_seed
 from real.data.datamaster import MasterBatches
+from real.data.sources import DataSource, microbatches, step_seed
 from real.dp.compress import codec_state, load_codec
 from real.dp.peer_sync import PeerSync, make_data_sync
 from real.dp.ps import PSTrainer

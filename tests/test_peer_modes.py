@@ -30,7 +30,7 @@ torch = pytest.importorskip("torch")
 from real import ModelConfig, RunConfig  # noqa: E402
 from real.checkpoint import CheckpointConfig  # noqa: E402
 from real.config import make_plan  # noqa: E402
-from real.data import microbatches  # noqa: E402
+from real.data.sources import microbatches  # noqa: E402
 from real.data.tokens import prepare  # noqa: E402
 from real.dp.sync import make_buckets  # noqa: E402
 from real.model_api import data_for  # noqa: E402

@@ -12,7 +12,7 @@ import schedules  # noqa: E402
 from analysis import summarize  # noqa: E402
 from real import ModelConfig, RunConfig, make_plan, param_digest, partition, reference_run, run  # noqa: E402
 from real.backward import backward_full, backward_input, backward_weight  # noqa: E402
-from real.data import make_batch, microbatches  # noqa: E402
+from real.data.sources import make_batch, microbatches  # noqa: E402
 from real.dp.sync import GradSync, make_buckets  # noqa: E402
 from real.models import build_layers, build_model, loss_fn  # noqa: E402
 from schedules import ConfigError  # noqa: E402

@@ -42,7 +42,7 @@ def _config(lr: float) -> RunConfig:
 
 
 def test_foreign_cores_is_rank_0s_busy_time_less_every_ranks_cpu_over_rank_0s_wall():
-    from real.rounds import foreign_cores
+    from real.rounds.worker import foreign_cores
 
     rows = [[3, 0.5, 4.0, 2.0], [3, 0.25, 0.0, 8.0], [-1, 0.25, 0.0, 0.5]]  # (steps, cpu, busy, wall) per rank
     assert foreign_cores(rows) == (4.0 - 1.0) / 2.0  # rank 1's and 2's walls play no part
@@ -50,7 +50,7 @@ def test_foreign_cores_is_rank_0s_busy_time_less_every_ranks_cpu_over_rank_0s_wa
 
 
 def test_the_guard_after_a_run_names_every_ranks_step_count():
-    from real.rounds import DesyncError, _same_steps
+    from real.rounds.worker import DesyncError, _same_steps
 
     _same_steps([[3, 0.1, 1.0, 1.0], [3, 0.1, 0.0, 1.0], [-1, 0.1, 0.0, 1.0]], "x")  # an async-ps server: -1
     with pytest.raises(DesyncError) as exc:
@@ -60,7 +60,7 @@ def test_the_guard_after_a_run_names_every_ranks_step_count():
 
 
 def test_slowdown_is_the_slowest_probe_over_the_launchs_fastest():
-    from real.rounds import fastest_probe, slowdown
+    from real.rounds.worker import fastest_probe, slowdown
 
     # (steps, cpu, busy, wall, probe before, probe after) per rank; a parameter server's probes are 0.0
     rows = [[3, 0.5, 4.0, 2.0, 0.004, 0.005], [3, 0.25, 0.0, 8.0, 0.006, 0.004], [-1, 0.1, 0.0, 2.0, 0.0, 0.0]]

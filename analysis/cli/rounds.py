@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from analysis.cli.common import fail
-from real.rounds import run_rounds
+from real.rounds.worker import run_rounds
 from schedules import ConfigError
 from schedules.util import atomic_write
 

@@ -112,8 +112,8 @@ import torch.distributed as dist
 from common.errors import ConfigError, check_choice, check_positive_ints, quote
 from real.backward import backward_full, backward_input, backward_weight
 from real.config import OPTIMIZERS, ModelConfig, partition
-from real.data import make_batch
-from real.data import microbatches as microbatches_of
+from real.data.sources import make_batch
+from real.data.sources import microbatches as microbatches_of
 from real.dp.compress import profile_codecs
 from real.measure import Recorder
 from real.mesh import env_world
