@@ -3,8 +3,8 @@
     python experiments/bench_plan.py [--workers 2] [--json] [--skip-405b] [--markdown docs/results/bench_plan.md]
 
 Plan cases (``sim.plan.search.plan``, all cores unless --workers): Llama 3 405B on 64
-DGX H100 nodes (global batch 2048 x 8192 tokens, the issue's "done when"
-command) and GPT 1.5B on one node (batch 64), about 10,000 candidates each or
+DGX H100 nodes (global batch 2048 x 8192 tokens, the planner's reference
+question) and GPT 1.5B on one node (batch 64), about 10,000 candidates each or
 more. Goal: 10,000 candidates in at most 60 s on 2 cores.
 
 Lowering: lower()+validate() of large graphs, the fast paths against the

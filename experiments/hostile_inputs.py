@@ -26,16 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import stat
-import subprocess
 import sys
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from analysis.hostile import Case, run_case
 
 PY = sys.executable
 SIM = [PY, "-m", "sim"]
@@ -44,16 +42,6 @@ REAL = [PY, "-m", "real"]
 PROFILE = [PY, "-m", "real.profile"]
 SHAPE = ["--schedule", "1f1b", "--pp", "4", "--microbatches", "8"]
 SMALL = ["--layers", "2", "--dim", "16", "--heads", "2", "--vocab", "32", "--seq", "8"]
-
-
-@dataclass(frozen=True)
-class Case:
-    group: str
-    argv: tuple[str, ...]
-    expect: str  # "error" or "ok"
-    stdout: str | None = None  # "full": /dev/full; "head": read 10 bytes, then close the pipe
-    message: str | None = None  # the exact one line (after "error: ") a refusal must print, if given
-    keep: tuple[str, ...] = ()  # paths that must be as they were afterwards (same kind; a file, same bytes)
 
 
 def _files(d: Path) -> dict[str, str]:
@@ -207,7 +195,7 @@ def _cases(d: Path) -> list[Case]:
                     ("--microbatch-size", "2"), ("--bucket-mb", "10"), ("--order", "pp-inner"), ("--efficiency", "0.5"),
                     ("--recompute", "selective"), ("--seq-len", "4096")):
         add("ignored flags", [*SIM, *SHAPE, flag, v])
-    add("ignored flags", [*SIM, *SHAPE, "--recompute", "full"], "ok")  # R before every backward (issue 14)
+    add("ignored flags", [*SIM, *SHAPE, "--recompute", "full"], "ok")  # R before every backward
     add("ignored flags", [*SIM, *SHAPE, "--sp"])
     add("ignored flags", [*SIM, "--model", "gpt3-175b", "--cluster", "dgx-a100:8", "--pp", "8", "--schedule", "1f1b",
                           "--microbatches", "8", "--sp"])  # sequence parallelism with tp=1 would do nothing
@@ -322,7 +310,7 @@ def _cases(d: Path) -> list[Case]:
                   ["--bucket-mb", "5"], ["--recv-ahead", "2"], ["--seed", str(2**64)], ["--seed", "-1"]):
         add("runtime: idle flags", [*REAL, *one, *extra])
     models = d / "hostile_models.py"
-    models.write_text(HOSTILE_MODELS)
+    models.write_bytes((EXPERIMENTS / "hostile_models.py").read_bytes())
     user = ["--schedule", "gpipe", "--pp", "1", "--microbatches", "2", "--batch-size", "8", "--steps", "3"]
     add("runtime: idle flags", [*REAL, *user, "--model", f"{models}:good", "--heads", "4"])
     add("runtime: idle flags", [*PROFILE, "--model", f"{models}:good", "--out", str(d / "p.json")])
@@ -503,157 +491,6 @@ def _hardening_cases(d: Path) -> list[Case]:
     return cases
 
 
-HOSTILE_MODELS = """
-import sys
-
-import torch
-import torch.nn.functional as F
-from torch import nn
-
-from real import UserModel
-
-
-class Pair(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(8, 8)
-
-    def forward(self, x):
-        return self.lin(x), x
-
-
-class Nothing(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(8, 8)
-
-    def forward(self, x):
-        self.lin(x)
-
-
-def data(step):
-    g = torch.Generator().manual_seed(step)
-    return torch.randn(8, 8, generator=g), torch.randint(4, (8,), generator=g)
-
-
-def net():
-    return nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 4))
-
-
-def good():
-    return UserModel(model=net(), loss=F.cross_entropy, batches=data)
-
-
-def stage_tuple():
-    return UserModel(model=nn.Sequential(Pair(), nn.Linear(8, 4)), loss=F.cross_entropy, batches=data)
-
-
-def last_tuple():
-    return UserModel(model=nn.Sequential(nn.Linear(8, 8), Pair()), loss=F.cross_entropy, batches=data)
-
-
-def last_none():
-    return UserModel(model=nn.Sequential(nn.Linear(8, 8), Nothing()), loss=F.cross_entropy, batches=data)
-
-
-def zero_d():
-    return UserModel(model=net(), loss=F.cross_entropy, batches=lambda step: (torch.tensor(1.0), torch.tensor(1)))
-
-
-def int_inputs():
-    return UserModel(model=net(), loss=F.cross_entropy,
-                     batches=lambda step: (torch.randint(3, (8, 8)), torch.randint(4, (8,))))
-
-
-def width_changes():
-    return UserModel(model=net(), loss=F.cross_entropy,
-                     batches=lambda step: data(step) if step == 0 else (torch.randn(8, 9), data(step)[1]))
-
-
-def loss_vector():
-    return UserModel(model=net(), loss=lambda out, y: F.cross_entropy(out, y, reduction="none"), batches=data)
-
-
-def loss_float():
-    return UserModel(model=net(), loss=lambda out, y: float(F.cross_entropy(out, y)), batches=data)
-
-
-def loss_nograd():
-    return UserModel(model=net(), loss=lambda out, y: F.cross_entropy(out, y).detach(), batches=data)
-
-
-def exits():
-    sys.exit(0)
-
-
-def exits_text():
-    sys.exit("bye")
-"""
-
-
-def _classify(case: Case, rc: int | None, out: str, err: str) -> str:
-    if rc is None:
-        return "hang"
-    if "Traceback (most recent call last)" in err:
-        return "traceback"
-    clean_error = rc == 2 and err.count("\n") == 1 and err.startswith("error: ")
-    ok = rc == 0 or (case.stdout == "head" and rc in (0, 1) and err == "")
-    if ok and "--json" in case.argv and case.stdout is None:
-        try:
-            json.loads(out, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
-        except ValueError:
-            return "unclean"
-    if clean_error:
-        exact = case.message is None or err == f"error: {case.message}\n"
-        return "clean error" if case.expect == "error" and exact else "wrong"
-    if ok:
-        return "ok" if case.expect == "ok" else "wrong"
-    return "unclean"
-
-
-def _state(path: str) -> tuple:
-    """What a kept path is: its kind, and a regular file's bytes (a fifo or a device is never read)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return ("gone",)
-    return (stat.S_IFMT(st.st_mode), Path(path).read_bytes() if stat.S_ISREG(st.st_mode) else None)
-
-
-def _run(case: Case, cwd: Path, timeout: float) -> dict:
-    kept = {p: _state(p) for p in case.keep}
-    row = _run_command(case, cwd, timeout)
-    if any(_state(p) != before for p, before in kept.items()):
-        row["outcome"] = "data lost"
-    return row
-
-
-def _run_command(case: Case, cwd: Path, timeout: float) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
-    start = time.monotonic()
-    rc: int | None
-    try:
-        if case.stdout == "head":
-            proc = subprocess.Popen(case.argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            proc.stdout.read(10)
-            proc.stdout.close()
-            err = proc.stderr.read().decode(errors="replace")
-            rc, out = proc.wait(timeout=timeout), ""
-        elif case.stdout == "full":
-            with open("/dev/full", "w") as full:
-                p = subprocess.run(case.argv, cwd=cwd, env=env, stdout=full, stderr=subprocess.PIPE, text=True,
-                                   timeout=timeout)
-            rc, out, err = p.returncode, "", p.stderr
-        else:
-            p = subprocess.run(case.argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                               errors="replace")
-            rc, out, err = p.returncode, p.stdout, p.stderr
-    except subprocess.TimeoutExpired:
-        rc, out, err = None, "", ""
-    return {"group": case.group, "argv": " ".join(a if len(a) < 60 else a[:57] + "..." for a in case.argv[1:]),
-            "expect": case.expect, "outcome": _classify(case, rc, out, err), "rc": rc,
-            "stderr": err.strip().splitlines()[-1][:300] if err.strip() else "",
-            "seconds": round(time.monotonic() - start, 2)}
 
 
 def _page(rows: list[dict], groups: dict[str, dict[str, int]], bad: list[dict], args: argparse.Namespace) -> str:
@@ -696,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.only:
             cases = [c for c in cases if any(c.group.startswith(g) for g in args.only.split(","))]
         with ThreadPoolExecutor(args.workers) as pool:
-            rows = list(pool.map(lambda c: _run(c, d, args.timeout), cases))
+            rows = list(pool.map(lambda c: run_case(c, d, args.timeout), cases))
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1

@@ -1,5 +1,5 @@
 """What a hostile user types gets one line and exit 2, or a correct result: never a traceback, a hang,
-a silent NaN or an ignored flag. Each class of the hardening issue is a table here."""
+a silent NaN or an ignored flag. Each class of bad input is a table here."""
 
 from __future__ import annotations
 

@@ -90,7 +90,7 @@ def _predicted(cfg: RunConfig, params: dict[str, torch.Tensor], rank: int, per_m
     return rank_memory(plan.graph, sizes, rank, cfg.sync.dp_mode, cfg.layout.dp, microbatch_bytes=per_mb)
 
 
-MEMORY_TOL = 0.05  # the bound; measured off by < 1% (bucket padding, AdamW's step counters)
+MEMORY_TOL = 0.05  # the memory table's bound; measured off by < 1% (bucket padding, AdamW's step counters)
 
 
 @pytest.mark.parametrize("mode", ["none", "sync", "ddp", *MODES])

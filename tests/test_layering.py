@@ -6,7 +6,8 @@ The command line (analysis/cli/) sits on top and may import any package; the
 module's ``if __name__ == "__main__":`` block is command-line code too. Everything
 else is library code and is checked here, import by import, from the source.
 
-No two modules import each other, directly or around a longer circle. Every
+No two modules import each other, directly or around a longer circle, and no two capability folders do
+(``sim.costs`` and ``sim.plan``, or a folder and a module at its package's top). Every
 import counts, a lazy one inside a function and one under a ``__main__`` guard
 included: a circle closed by a lazy import still means the two modules cannot be
 read, tested or moved apart. Only ``if TYPE_CHECKING:`` imports are left out (they
@@ -209,6 +210,46 @@ def test_module_graph_counts_lazy_and_main_guard_imports():
     assert graph["real.model_api"]["real.data.tokens"] > 0  # imported inside data_for()
     assert "analysis.cli.simulate" in graph["sim.__main__"]
     assert "pandas" not in graph["real.train"] and all(m.split(".")[0] in PACKAGES for m in graph["real.train"])
+
+
+def _folders(graph: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """The module graph collapsed to capability units: a package's subpackage (``sim.costs``, ``real.dp``, with
+    everything inside it) is one unit, a module at a package's top (``sim.engine``) is one of its own. ``__main__``
+    shims are command-line code and are left out (they import analysis.cli by design)."""
+    packages = {m.rpartition(".")[0] for m in graph if "." in m}
+
+    def unit(m: str) -> str:
+        parts = m.split(".")
+        return ".".join(parts[:2]) if len(parts) > 2 or (len(parts) == 2 and m in packages) else m
+
+    out: dict[str, dict[str, int]] = {}
+    for a, edges in graph.items():
+        if a.endswith(".__main__"):
+            continue
+        mine = out.setdefault(unit(a), {})
+        for b, line in edges.items():
+            if unit(b) != unit(a):
+                mine.setdefault(unit(b), line)
+    return out
+
+
+def test_no_circle_between_capability_folders():
+    """A capability folder and what it uses stay apart: no folder imports a module that, directly or around a
+    longer circle, imports back into the folder (a circle between two folders is a circle even when no two of
+    their modules import each other)."""
+    folders = _folders(_module_graph())
+    circles = _circles(folders)
+    assert circles == [], "circles between capability folders: " + " | ".join(_describe(c, folders) for c in circles)
+
+
+def test_folder_graph_collapses_subpackages_and_finds_their_circle():
+    graph = {"sim.costs.a": {"sim.engine": 3}, "sim.engine": {"sim.costs.b": 7}, "sim.costs.b": {},
+             "sim.costs": {}, "sim": {"sim.costs.a": 1}, "real.data.__main__": {"analysis.cli": 2}, "analysis.cli": {}}
+    folders = _folders(graph)
+    assert folders["sim.costs"] == {"sim.engine": 3} and folders["sim.engine"] == {"sim.costs": 7}
+    assert _circles(folders) == [["sim.costs", "sim.engine"]]
+    assert "real.data.__main__" not in folders and "real.data" not in folders
+    assert _circles(_folders({k: v for k, v in graph.items() if k != "sim.engine"})) == []
 
 
 EXPERIMENTS = ROOT / "experiments"

@@ -121,7 +121,7 @@ FAST_PROBE, SLOW_PROBE = 0.001, 0.004  # seconds: the second is 4 x the first, o
 
 
 def _slow_worker(out: Path) -> None:
-    import real.rounds as rounds
+    import real.rounds.worker as rounds
 
     rank = int(os.environ["RANK"])
     runs, probes = [0], [0]
@@ -146,7 +146,7 @@ def _slow_worker(out: Path) -> None:
 def _worker(out: Path) -> None:
     import torch.distributed as dist
 
-    import real.rounds as rounds
+    import real.rounds.worker as rounds
 
     if (out / "mode").exists():
         _slow_worker(out)

@@ -129,7 +129,7 @@ def add_comm_args(g: argparse._ArgumentGroup) -> None:
                    "(sync/ddp); their bytes shrink as docs/compression.md says")
     g.add_argument("--codec-ns-per-param", type=float, default=None, metavar="NS",
                    help="with --grad-compression: the codec's compress+decompress time per gradient element "
-                   "(default 0; measure it with python -m real.dp.compress)")
+                   "(default 0; python -m real.profile measures it, in its cost file's codecs section)")
     g.add_argument("--peer-selection", default=None, choices=("ring", "random"),
                    help="dp-mode decentralized: exchange with both ring neighbours (ring, the default) or one peer")
     g.add_argument("--sync-every", type=int, default=None, metavar="K",

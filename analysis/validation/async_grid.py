@@ -1,4 +1,4 @@
-"""The validation grid's async-ps row (issue 26): its time per update predicted from profiled costs.
+"""The validation grid's async-ps row: its time per update predicted from profiled costs.
 
 The runtime's async-ps (:mod:`real.dp.ps_async`) has no step in lockstep: each
 trainer computes, pushes, asks the server for the next step's parameters and

@@ -1,4 +1,4 @@
-"""The validation grid's rows of the communication-efficient data-parallel modes (issues 24 and 26).
+"""The validation grid's rows of the communication-efficient data-parallel modes (servers, peers, codecs).
 
 Beside the exact modes (ddp, sync, zero1, zero2, zero3), a grid row's mode may be:
 

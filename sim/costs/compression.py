@@ -12,8 +12,8 @@ gradients cut by bytes, not by parameter (``TransformerCosts.bucket_size``), so:
   which this ratio does not follow.
 
 The codec's own compute (compress and decompress) stretches the collective by ``codec_ns_per_param``
-nanoseconds per gradient element of the bucket (0 unless profiled: ``python -m real.dp.compress``), in its
-latency (the part of its duration that moves no bytes), so a shared link's flows are unchanged.
+nanoseconds per gradient element of the bucket (0 unless profiled: the ``codecs`` section of
+``python -m real.profile``), in its latency (the part of its duration that moves no bytes), so a shared link's flows are unchanged.
 """
 
 from __future__ import annotations

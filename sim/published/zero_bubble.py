@@ -15,8 +15,8 @@ from schedules.timing import evaluate
 __all__ = ["TABLE5", "zb2p", "zb2p_refined"]
 
 # (model, p, m, T_F, T_B, T_W, T_comm) from the paper's Table 9 and its ZB-2p bubble rate from Table 5.
-# The p=8 m=32, p=16 m=48 and p=32 m=96 rates are also quoted in schedlab issue 14; 1.5B p=8 m=24's 4.33%
-# is the optimum the exact refinement proves for those times. The other rates are as we read the table.
+# The p=8 m=32, p=16 m=48 and p=32 m=96 rates are the ones most often quoted from the paper; 1.5B p=8 m=24's
+# 4.33% is the optimum the exact refinement proves for those times. The other rates are as we read the table.
 TABLE5 = [
     ("1.5B", 8, 24, 18.522, 18.086, 9.337, 0.601, 0.0433),
     ("1.5B", 8, 32, 18.513, 18.086, 9.331, 0.626, 0.0039),
