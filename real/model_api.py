@@ -32,22 +32,17 @@ the blocks without gradients: a stage but the last must return one tensor.
 from __future__ import annotations
 
 import copy
-import importlib
-import importlib.machinery
-import importlib.util
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
 from torch import nn
 
+from common.usercode import call, import_user
 from real import usercode
 from real.config import Plan, RunConfig, make_plan
 from real.data.sources import DataSource, GlobalBatches, SyntheticData
@@ -137,50 +132,11 @@ def load_factory(spec: str) -> Callable[[], Any]:
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
         raise ConfigError(f"model {spec!r}: give pkg.module:factory or path/file.py:factory", field="factory")
-    try:
-        if module_name.endswith(".py"):
-            path = Path(module_name)
-            if not path.is_file():
-                raise ConfigError(f"model {spec!r}: no file {module_name}", field="factory")
-            loader = importlib.util.spec_from_file_location(f"schedlab_user_{path.stem}", path)
-            module = importlib.util.module_from_spec(loader)
-            sys.modules[loader.name] = module
-            loader.loader.exec_module(module)
-        else:
-            module = _import_beside_command(module_name)
-    except ConfigError:
-        raise
-    except SystemExit as exc:  # the module's own code exits while it is imported
-        raise usercode.raised(f"model {spec!r}: importing {module_name}", exc, "factory") from exc
-    except Exception as exc:  # the user's module failed to import: one line with its error
-        raise ConfigError(f"model {spec!r}: importing {module_name} failed ({type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0] if str(exc) else ''})", field="factory") from exc
+    module = import_user(module_name, f"model {spec!r}", "factory", spec=spec)
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ConfigError(f"model {spec!r}: {module_name} has no function {attr!r}", field="factory")
     return factory
-
-
-def _import_beside_command(name: str) -> ModuleType:
-    """Import ``name`` as ``python -m`` finds it: its top-level module in the working directory first, else on sys.path.
-
-    importlib alone, sys.path untouched: the top-level module or package is loaded from the working directory by
-    its path, and a package's submodules come from its own ``__path__``. A model split over several files next
-    to the command is therefore a package (``pkg/__init__.py``) whose modules import each other as ``pkg.x`` or
-    relatively; a lone module's ``import neighbour`` resolves on sys.path as usual.
-    """
-    top = name.partition(".")[0]
-    if top not in sys.modules:
-        found = importlib.machinery.PathFinder.find_spec(top, [str(Path.cwd())])
-        if found is not None and found.origin is not None and found.loader is not None:  # not a namespace dir
-            module = importlib.util.module_from_spec(found)
-            sys.modules[top] = module
-            try:
-                found.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[top]
-                raise
-    return importlib.import_module(name)
 
 
 def from_factory(spec: str, seed: int) -> UserModel:
@@ -188,7 +144,7 @@ def from_factory(spec: str, seed: int) -> UserModel:
     factory = load_factory(spec)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        made = usercode.call(f"model {spec!r}: the factory", factory, field="factory")
+        made = call(f"model {spec!r}: the factory", factory, field="factory")
     if not isinstance(made, UserModel):
         raise ConfigError(f"model {spec!r}: the factory returned {type(made).__name__}; it must return "
                           "real.UserModel(model=..., loss=..., batches=...)", field="factory")
@@ -272,7 +228,7 @@ def infer_boundaries(model: StagedModel, plan: Plan, sample: torch.Tensor, dtype
             b.eval()  # no running statistics move (batch norm), no dropout mask drawn from the global RNG
         with torch.no_grad(), autocast_for(dtype, sample.device)():
             for s, r in enumerate(plan.layers[:-1]):
-                x = usercode.call(f"{model.what}: stage {s} (blocks {r.start}..{r.stop - 1})", _run, model.layers(r), x)
+                x = call(f"{model.what}: stage {s} (blocks {r.start}..{r.stop - 1})", _run, model.layers(r), x)
                 out[s] = _boundary(model, s, r, x, dtype)
                 x = x.to(out[s][1])
     finally:

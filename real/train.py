@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 
+from common.usercode import UserCodeError
 from real import checkpoint as ckpt
 from real import usercode
 from real.config import Plan, RunConfig, make_plan
@@ -167,7 +168,7 @@ def _check_user_model(config: RunConfig, mesh: Mesh, model: StagedModel, plan: P
     refusal = _from_rank0(refusal, mesh)
     if refusal is not None:
         message, field_, frames = refusal
-        error = usercode.UserCodeError(message, field=field_, frames=frames)
+        error = UserCodeError(message, field=field_, frames=frames)
         error.every_rank = True
         raise error
 

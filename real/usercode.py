@@ -1,8 +1,8 @@
-"""The boundary of the user's code: its errors as one line naming the user's function, file and line.
+"""The boundary of the user's model: what its loss and blocks must return, checked before training.
 
 A user's model (:mod:`real.model_api`) brings three kinds of code: the
 factory, ``batches(step)`` and ``loss(output, targets)``, and the blocks'
-``forward``. :func:`call` runs one of them and turns whatever it raises
+``forward``. :func:`common.usercode.call` runs one of them and turns whatever it raises
 (``sys.exit`` included) into a :class:`UserCodeError`: one line with the
 exception and the innermost frame of the user's own files, and the user's
 frames alone (never the runtime's) in :attr:`UserCodeError.frames`, which
@@ -15,84 +15,15 @@ step.
 
 from __future__ import annotations
 
-import inspect
-import sys
-import traceback
 import warnings
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from schedules import ConfigError
+from common.usercode import UserCodeError, call, describe
 
-__all__ = ["UserCodeError", "call", "check_loss", "check_model", "checked_loss", "describe", "user_frames"]
-
-# Files that are not the user's: the interpreter's, installed packages', and schedlab's own packages.
-_OURS = tuple(str(Path(__file__).resolve().parents[1] / d) + "/" for d in ("real", "sim", "schedules", "analysis"))
-_SYSTEM = tuple({str(Path(p).resolve()) + "/" for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
-
-
-class UserCodeError(ConfigError):
-    """The user's code failed or returned what the runtime cannot use; ``frames``: the user's traceback frames."""
-
-    def __init__(self, message: str, *, field: str | None = None, frames: Sequence[str] = ()) -> None:
-        super().__init__(message, field=field)
-        self.frames = list(frames)
-
-
-def is_user_file(filename: str) -> bool:
-    if filename.startswith("<"):
-        return False
-    path = str(Path(filename).resolve())
-    return not path.startswith(_OURS) and not path.startswith(_SYSTEM) and "site-packages" not in path
-
-
-def user_frames(exc: BaseException) -> list[traceback.FrameSummary]:
-    """The frames of ``exc``'s traceback that are in the user's files, outermost first."""
-    return [f for f in traceback.extract_tb(exc.__traceback__) if is_user_file(f.filename)]
-
-
-def describe(fn: Callable[..., Any], name: str) -> str:
-    """``name`` with where ``fn`` is defined: ``batches (my_model.py:14, make)``, or its qualified name if not the user's."""
-    target = inspect.unwrap(getattr(fn, "forward", fn)) if not inspect.isroutine(fn) else fn
-    try:
-        file, line = inspect.getsourcefile(target), inspect.getsourcelines(target)[1]
-    except (TypeError, OSError):
-        file, line = None, None
-    qual = getattr(target, "__qualname__", type(fn).__name__)
-    if file is None or not is_user_file(file):
-        return f"{name} ({getattr(target, '__module__', '?')}.{qual})"
-    return f"{name} ({Path(file).name}:{line}, {qual})"
-
-
-def _first_line(exc: BaseException) -> str:
-    if isinstance(exc, SystemExit):
-        return f"sys.exit({exc.code!r})"
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-def raised(what: str, exc: BaseException, field: str) -> UserCodeError:
-    """The UserCodeError of ``exc`` raised by ``what`` (the user's code)."""
-    frames = user_frames(exc)
-    at = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno} in {frames[-1].name}" if frames else ""
-    verb = "called" if isinstance(exc, SystemExit) else "raised"
-    hint = "; a function of the model must return, not exit" if isinstance(exc, SystemExit) else ""
-    return UserCodeError(f"{what} {verb} {_first_line(exc)}{at}{hint}", field=field,
-                         frames=traceback.format_list(frames))
-
-
-def call(what: str, fn: Callable[..., Any], *args: Any, field: str = "model") -> Any:
-    """``fn(*args)``; whatever it raises (``sys.exit`` too) as a UserCodeError naming ``what``."""
-    try:
-        return fn(*args)
-    except UserCodeError:
-        raise
-    except (Exception, SystemExit) as exc:
-        raise raised(what, exc, field) from exc
-
+__all__ = ["check_loss", "check_model", "checked_loss"]
 
 def check_loss(value: Any, what: str) -> torch.Tensor:
     """``value`` if it is what a loss must return: one floating number as a tensor with grad (while grad is on)."""

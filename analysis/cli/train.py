@@ -36,6 +36,7 @@ from analysis.cli.live import add_live_args, live_defaults, refuse_live_flags, r
 from analysis.cli.progress import format_seconds
 from analysis.timeline import check_figure_path, plot_timeline
 from common.outputs import atomic_write, check_distinct, check_output_dir, check_output_file
+from common.usercode import UserCodeError, raised, user_frames
 from real import stop
 from real.checkpoint import CheckpointConfig, check_unlocked
 from real.config import (
@@ -66,7 +67,7 @@ from real.model_api import UserModel, from_factory, plan_for
 from real.p2p import PeerError
 from real.train import resolve_backend, resume_point, run
 from real.trainer import RunResult, restart_count
-from real.usercode import UserCodeError, check_model, raised, user_frames
+from real.usercode import check_model
 from schedules import ConfigError, SchedlabError
 from schedules.dp.modes import PEER_SELECTIONS
 from schedules.library.recompute import RECOMPUTE_PLACEMENTS

@@ -131,7 +131,7 @@ class GlobalBatches:
     """A user's function ``step -> (inputs, targets)`` of the whole global batch (``batch_size`` rows each)."""
 
     def __init__(self, fn: Callable[[int], tuple[torch.Tensor, torch.Tensor]], batch_size: int) -> None:
-        from real.usercode import describe
+        from common.usercode import describe
 
         self.fn, self.batch_size = fn, batch_size
         self.what = describe(fn, "batches")
@@ -142,7 +142,7 @@ class GlobalBatches:
 
         Every error is raised alike by every rank that reads data, rank 0 among them (it holds stage 0).
         """
-        from real.usercode import UserCodeError, call
+        from common.usercode import UserCodeError, call
 
         try:
             got = call(f"{self.what} at step {step}", self.fn, step, field="batches")
