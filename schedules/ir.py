@@ -171,7 +171,11 @@ class Schedule:
     def __post_init__(self) -> None:
         object.__setattr__(self, "stage_to_rank", tuple(self.stage_to_rank))
         object.__setattr__(self, "programs", tuple(tuple(p) for p in self.programs))
-        object.__setattr__(self, "params", MappingProxyType(dict(self.params)))
+        # Every schedule records its shape, however it was built (make_schedule, from_programs, the constructor):
+        # traces, reports and titles read pp, microbatches and chunks from ``params``.
+        shape = {"pp": self.num_ranks, "microbatches": self.num_microbatches,
+                 "chunks": max(1, self.num_stages // max(self.num_ranks, 1))}
+        object.__setattr__(self, "params", MappingProxyType({**shape, **dict(self.params)}))
         if len(self.stage_to_rank) != self.num_stages:
             raise ScheduleError(
                 f"schedule {self.name!r}: stage_to_rank places {len(self.stage_to_rank)} stage(s) "
