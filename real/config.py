@@ -15,7 +15,7 @@ from typing import Any
 
 from common.errors import check_choice, check_positive, check_positive_ints
 from real.checkpoint import CheckpointConfig
-from schedules import ConfigError, Kind, ScheduleError, TaskGraph, load_graph, lower, validate
+from schedules import ConfigError, Kind, ScheduleError, TaskGraph, import_schedules, load_graph, lower, validate
 from schedules.dp.codecs import check_dp_mode, parse_compression
 from schedules.dp.modes import DP_MODES as SCHEDULE_DP_MODES
 from schedules.dp.modes import PEER_SELECTIONS
@@ -122,7 +122,9 @@ class Layout:
     most one of them; none: as even as possible).
     ``recompute`` places R actions (:func:`schedules.library.recompute.place_recompute`):
     none, full (an R right before every backward) or bubbles (moved into idle
-    time within ``recompute_limit`` M_B per rank).
+    time within ``recompute_limit`` M_B per rank). ``schedule`` may be the user's
+    own (``file.py:NAME``, :mod:`schedules.load`); ``imports`` are imported first
+    (modules or files whose registered schedules ``schedule`` names).
     """
 
     schedule: str
@@ -135,8 +137,10 @@ class Layout:
     balance: str | None = None
     recompute: str = "none"
     recompute_limit: float | None = None
+    imports: tuple[str, ...] = ()  # modules or files that register schedules, imported by every rank first
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "imports", tuple(self.imports))
         check_positive_ints(f"run of {self.schedule!r}", pp=self.pp, dp=self.dp, microbatches=self.microbatches)
         check_recompute(f"run of {self.schedule!r}", self.recompute, self.recompute_limit)
         if self.balance is not None:
@@ -480,7 +484,8 @@ def make_plan(config: RunConfig, world_size: int, *, num_layers: int | None = No
 
     ``num_layers``/``what``: the blocks of a user model (:mod:`real.model_api`) instead of the built-in model's layers.
     """
-    lay = config.layout  # a registered name, torch:CLASS or csv:FILE
+    lay = config.layout  # a registered name, torch:CLASS, csv:FILE or the user's file.py:NAME
+    import_schedules(lay.imports)
     graph = validate(load_graph(lay.schedule, pp=lay.pp, microbatches=lay.microbatches, chunks=lay.chunks))
     if lay.recompute != "none" or lay.recompute_limit is not None:
         graph = validate(lower(place_recompute(graph.schedule, lay.recompute, lay.recompute_limit)))

@@ -460,6 +460,8 @@ class Trainer:
         }
         meta = {
             "source": "real", "schedule": sched.name, "params": dict(sched.params),
+            # the order the ranks ran (R actions included): a report rebuilds any schedule from it, a user's too
+            "programs": [[str(a) for a in prog] for prog in sched.programs], "stage_to_rank": list(sched.stage_to_rank),
             "dp": cfg.layout.dp, "world_size": cfg.world_size, "backend": self.backend, "device": self.mesh.device.type,
             "dp_mode": cfg.sync.dp_mode, "model": cfg.data.model.to_dict() if cfg.data.factory is None else {"factory": cfg.data.factory},
             "batch_size": cfg.data.batch_size,

@@ -27,7 +27,7 @@ from schedules.interop.torch_csv import read_torch_csv, read_torch_csv_graph, wr
 from schedules.ir import Action, Kind, Schedule
 from schedules.library import controllable, flush, looped, zb_auto, zero_bubble  # noqa: F401  (registers the generators)
 from schedules.library.zb_auto import ZBAutoOptions
-from schedules.load import load_graph, load_schedule
+from schedules.load import import_schedules, load_graph, load_schedule, schedule_spec
 from schedules.lower import graph_from_programs, insert_comms, lower
 from schedules.registry import PipelineParams, build, make_schedule, names, register, spec
 from schedules.validate import validate
@@ -53,6 +53,7 @@ __all__ = [
     "find_cycle",
     "from_torch",
     "graph_from_programs",
+    "import_schedules",
     "insert_comms",
     "load_graph",
     "load_schedule",
@@ -62,6 +63,7 @@ __all__ = [
     "read_torch_csv",
     "read_torch_csv_graph",
     "register",
+    "schedule_spec",
     "spec",
     "topological_order",
     "torch_schedule_names",

@@ -1,26 +1,51 @@
-"""One name for any schedule: a registered name, ``torch:<ClassName>`` or ``csv:<PATH>``.
+"""One name for any schedule: a registered name, ``torch:<ClassName>``, ``csv:<PATH>``, or the user's own code.
 
-:func:`load_schedule` resolves the reference to a :class:`Schedule`;
-:func:`load_graph` to a lowered :class:`TaskGraph` (a csv: file keeps its own
-SEND/RECV placement if it has any).
+A user's schedule is ``path/file.py:NAME`` or ``pkg.module:NAME``: NAME is a function the file registered with
+:func:`schedules.register` (or the name it registered it under), or a plain function ``(PipelineParams) ->
+Schedule``; importing the file or module is all it takes, in every process that resolves the reference (each
+torchrun worker does). :func:`import_schedules` imports modules whose registered names are then used plainly.
+
+:func:`load_schedule` resolves the reference to a :class:`Schedule`; :func:`load_graph` to a lowered
+:class:`TaskGraph` (a csv: file keeps its own SEND/RECV placement if it has any); :func:`schedule_spec` to the
+generator behind it (its name, chunks and options), so that a user's schedule goes wherever a built-in goes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from common.errors import ScheduleError, quote
+from common.usercode import import_user
 from schedules.graph import TaskGraph
 from schedules.interop.torch_classes import from_torch
 from schedules.interop.torch_csv import read_torch_csv, read_torch_csv_graph
 from schedules.ir import Schedule
 from schedules.lower import lower
-from schedules.registry import PipelineParams, build, lookup
+from schedules.registry import PipelineParams, ScheduleSpec, build, is_user_ref, lookup, spec
 
-__all__ = ["load_graph", "load_schedule"]
+__all__ = ["import_schedules", "load_graph", "load_schedule", "schedule_spec"]
+
+
+def import_schedules(modules: Iterable[str]) -> None:
+    """Import each module (``pkg.module``) or file (``path/file.py``) so that the schedules it registers are known."""
+    for module in modules:
+        import_user(module, f"schedule module {quote(module)}", "imports")
+
+
+def schedule_spec(ref: str) -> ScheduleSpec | None:
+    """The generator behind a registered name or a user's ``file.py:NAME`` / ``pkg.module:NAME``
+    (:func:`schedules.registry.spec`); None for ``torch:`` and ``csv:`` (their own orders, of their own shape).
+    Unknown names and missing functions raise."""
+    if ref.startswith(("torch:", "csv:")):
+        _split_ref(ref)  # an empty torch: / csv: is refused here
+        return None
+    return spec(ref)
 
 
 def _split_ref(ref: str) -> tuple[str, str]:
+    if is_user_ref(ref):
+        return "user", ref
     for prefix in ("torch:", "csv:"):
         if ref.startswith(prefix):
             rest = ref[len(prefix):]
@@ -48,7 +73,7 @@ def load_schedule(
     ref: str, params: PipelineParams | None = None, options: Any = None, /, *, pp: int | None = None,
     microbatches: int | None = None, chunks: int | None = None, **option_fields: Any
 ) -> Schedule:
-    """Resolve ``ref``: a registered name, ``torch:<ClassName>`` or ``csv:<PATH>``.
+    """Resolve ``ref``: a registered name, ``torch:<ClassName>``, ``csv:<PATH>``, ``file.py:NAME`` or ``module:NAME``.
 
     The shape comes as a :class:`PipelineParams` or as keywords. Registered
     names and torch classes need ``pp`` and ``microbatches``; a csv: file
@@ -67,6 +92,8 @@ def load_schedule(
     _need(ref, pp=pp, microbatches=microbatches)
     if kind == "torch":
         return from_torch(rest, pp, microbatches, chunks)
+    if kind == "user":  # its own errors (the user's file, line and function) as they are
+        return build(rest, None, options, pp=pp, microbatches=microbatches, chunks=chunks, **option_fields)
     try:
         return build(rest, None, options, pp=pp, microbatches=microbatches, chunks=chunks, **option_fields)
     except ScheduleError as exc:

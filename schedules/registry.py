@@ -9,16 +9,29 @@ which no other schedule sees.
 from __future__ import annotations
 
 import difflib
+import inspect
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from common.errors import ScheduleError, check_fraction, check_positive_ints, quote
+from common.errors import SchedlabError, ScheduleError, check_fraction, check_positive_ints, quote
+from common.usercode import describe, import_user, is_file_or_module_ref, is_user_file, raised
 from schedules.ir import Action, Schedule
 
 __all__ = [
-    "PipelineParams", "ScheduleSpec", "build", "check_uniform_times", "lookup", "make_schedule", "names", "register",
+    "PipelineParams",
+    "ScheduleSpec",
+    "build",
+    "build_from",
+    "check_built",
+    "check_uniform_times",
+    "is_user_ref",
+    "lookup",
+    "make_schedule",
+    "names",
+    "register",
     "spec",
+    "spec_of",
 ]
 
 
@@ -103,6 +116,7 @@ class ScheduleSpec:
     summary: str
     fixed_chunks: int | None = None  # e.g. 2 for V-shaped schedules
     options: type | None = None  # an adaptive schedule's options (a frozen dataclass, defaults for every field)
+    any_chunks: bool = False  # a user's unregistered generator: it takes the chunks it is given (default 1)
 
     @property
     def adaptive(self) -> bool:
@@ -158,17 +172,23 @@ def lookup(name: str) -> ScheduleSpec | None:
 
 
 def spec(name: str) -> ScheduleSpec:
-    """The registered schedule called ``name`` (case-insensitive); an unknown name suggests the closest."""
+    """The registered schedule called ``name`` (case-insensitive), or the user's ``file.py:NAME`` /
+    ``pkg.module:NAME`` (the file imported once per process); an unknown name suggests the closest."""
     found = lookup(name)
     if found is not None:
         return found
+    if is_user_ref(name):
+        return _user_spec(name)
     close = difflib.get_close_matches(str(name).lower(), names(), n=1, cutoff=0.6)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ScheduleError(f"unknown schedule {quote(name)}{hint}; valid: {', '.join(names())}", field="schedule")
+    raise ScheduleError(f"unknown schedule {quote(name)}{hint}; valid: {', '.join(names())}, or your own as "
+                        "FILE.py:NAME", field="schedule")
 
 
 def _check_chunks(sp: ScheduleSpec, chunks: object) -> None:
     name = sp.name
+    if sp.any_chunks:
+        return
     if sp.fixed_chunks is not None and chunks != sp.fixed_chunks:
         raise ScheduleError(
             f"schedule {name!r} places exactly {sp.fixed_chunks} stages per rank (chunks={sp.fixed_chunks}), "
@@ -196,7 +216,12 @@ def build(name: str, params: PipelineParams | None = None, options: Any = None, 
     impossible parameters raise ScheduleError, and so do options given to a
     schedule that is not adaptive.
     """
-    sp = spec(name)
+    return build_from(spec(name), params, options, **fields)
+
+
+def build_from(sp: ScheduleSpec, params: PipelineParams | None = None, options: Any = None, /,
+               **fields: Any) -> Schedule:
+    """:func:`build` of a spec (a registered one, or a user's generator that :mod:`schedules.load` found)."""
     shape = {k: v for k, v in fields.items() if k in _SHAPE_FIELDS}
     extra = {k: v for k, v in fields.items() if k not in _SHAPE_FIELDS}
     if extra or options is not None:
@@ -215,7 +240,70 @@ def build(name: str, params: PipelineParams | None = None, options: Any = None, 
     _check_chunks(sp, chunks)
     check_size(sp.name, params.pp, chunks, params.microbatches)
     params = replace(params, chunks=chunks)
-    return sp.fn(params, options) if sp.adaptive else sp.fn(params)
+    try:
+        made = sp.fn(params, options) if sp.adaptive else sp.fn(params)
+    except SchedlabError:
+        raise
+    except (Exception, SystemExit) as exc:
+        if not is_user_code(sp.fn):
+            raise
+        raise raised(describe(sp.fn, f"schedule {sp.name!r}: its generator"), exc, "schedule") from exc
+    return check_built(sp.name, made, params, sp.fn)
+
+
+def is_user_code(fn: Callable[..., Any]) -> bool:
+    """``fn`` is defined in the user's files (not schedlab's, not an installed package's)."""
+    try:
+        return is_user_file(inspect.getsourcefile(inspect.unwrap(fn)) or "<unknown>")
+    except TypeError:
+        return False
+
+
+def check_built(name: str, made: Any, params: PipelineParams, fn: Callable[..., Any]) -> Schedule:
+    """What a generator returned, if it is a Schedule of the shape it was asked for; else one line naming it."""
+    if not isinstance(made, Schedule):
+        raise ScheduleError(f"{describe(fn, f'schedule {name!r}: its generator')} returned {type(made).__name__}; it "
+                            "must return a schedules.Schedule (build one with schedules.make_schedule)",
+                            field="schedule")
+    if made.num_ranks != params.pp or made.num_microbatches != params.microbatches:
+        raise ScheduleError(f"schedule {name!r}: its generator was asked for pp={params.pp}, microbatches="
+                            f"{params.microbatches} and returned pp={made.num_ranks}, microbatches="
+                            f"{made.num_microbatches}; build the programs from the params it is given",
+                            field="schedule")
+    return made
+
+
+def is_user_ref(ref: object) -> bool:
+    """``file.py:NAME`` or ``pkg.module:NAME``: a schedule in the user's own code."""
+    return isinstance(ref, str) and not ref.startswith(("torch:", "csv:")) and is_file_or_module_ref(ref)
+
+
+def _user_spec(ref: str) -> ScheduleSpec:
+    """The generator ``ref`` names in the user's file or module, imported once per process: a function the file
+    registered (or the registered name itself), else a plain ``(PipelineParams) -> Schedule`` taking any chunks."""
+    module_name, _, attr = ref.rpartition(":")
+    what = f"schedule {quote(ref)}"
+    module = import_user(module_name, what, "schedule", spec=ref)
+    found = getattr(module, attr, None)
+    if found is None:  # NAME may be the name the file registered its function under
+        registered = lookup(attr)
+        if registered is not None:
+            return registered
+        raise ScheduleError(f"{what}: {module_name} defines no {attr!r} and registers no schedule of that name",
+                            field="schedule")
+    if not callable(found):
+        raise ScheduleError(f"{what}: {attr!r} in {module_name} is a {type(found).__name__}, not a function "
+                            "(PipelineParams) -> Schedule", field="schedule")
+    registered = spec_of(found)
+    if registered is not None:
+        return registered
+    doc = (found.__doc__ or "").strip().splitlines()
+    return ScheduleSpec(name=attr, fn=found, multi_chunk=False, summary=doc[0] if doc else "", any_chunks=True)
+
+
+def spec_of(fn: Callable[..., Any]) -> ScheduleSpec | None:
+    """The registered schedule whose generator is ``fn`` (a function the user registered in their file), or None."""
+    return next((sp for sp in _REGISTRY.values() if sp.fn is fn or inspect.unwrap(sp.fn) is fn), None)
 
 
 def _check_adaptive(sp: ScheduleSpec, given: list[str]) -> None:

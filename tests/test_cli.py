@@ -71,7 +71,7 @@ def test_trace_and_plot_written(tmp_path, capsys):
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--schedule", "nope", "--pp", "4", "--microbatches", "8"],
-     "error: unknown schedule 'nope'; valid: " + ", ".join(names())),
+     "error: unknown schedule 'nope'; valid: " + ", ".join(names()) + ", or your own as FILE.py:NAME"),
     (["--schedule", "gpipe", "--pp", "0", "--microbatches", "8"], "error: pipeline: pp must be an integer >= 1, got 0 (flag --pp)"),
     (["--schedule", "gpipe", "--pp", "two", "--microbatches", "8"], "argument --pp: invalid int value: 'two'"),
     (["--schedule", "gpipe", "--pp", "4"], "the following arguments are required: --microbatches"),

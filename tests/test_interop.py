@@ -270,7 +270,7 @@ def test_load_schedule_resolves_names_and_files(tmp_path):
     assert len(load_graph(f"csv:{path}").tasks) == len(lower(s).tasks)
     with pytest.raises(ScheduleError, match=r"has 2 stage\(s\) per rank \(4 stages on 2 ranks\) but chunks=3 was given"):
         load_schedule(f"csv:{path}", chunks=3)
-    with pytest.raises(ScheduleError, match=r"^unknown schedule 'nope'; valid: .*; or torch:<ClassName>, csv:<FILE>$"):
+    with pytest.raises(ScheduleError, match=r"^unknown schedule 'nope'; valid: .*, or your own as FILE.py:NAME; or torch:<ClassName>, csv:<FILE>$"):
         load_schedule("nope", pp=2, microbatches=2)
     with pytest.raises(ScheduleError, match=r"^schedule 'torch:GPipe' needs pp and microbatches; only csv: files"):
         load_schedule("torch:GPipe")

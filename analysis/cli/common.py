@@ -19,13 +19,16 @@ from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from common.errors import quote
-from schedules import SchedlabError, names
+from schedules import SchedlabError, import_schedules, names, schedule_spec
+from schedules.registry import is_user_ref
 from schedules.registry import lookup
 
 __all__ = [
     "OneLineParser",
     "add_cost_args",
+    "add_import_arg",
     "add_schedule_args",
+    "canonical_schedule",
     "check_cost_flags",
     "errors_to_exit",
     "fail",
@@ -42,12 +45,15 @@ __all__ = [
     "positive_int_list",
     "print_json",
     "refuse",
+    "resolve_schedules",
     "schedule_list",
+    "schedule_source",
     "uniform_costs",
 ]
 
 # Fields whose flag is not "--" + the field with dashes.
 FLAG_ALIASES: Mapping[str, str] = {
+    "imports": "--import",
     "timeout_s": "--timeout",
     "async_save": "--async-checkpoint",
     "every": "--checkpoint-every",
@@ -213,15 +219,52 @@ def positive_int_list(text: str) -> tuple[int, ...]:
 
 
 def schedule_list(text: str) -> list[str]:
-    """``1f1b,zb-h1`` -> the registered names (any case); an unknown one is refused in one line; an argparse type."""
+    """``1f1b,zb-h1,my.py:lazy`` -> the schedule references, registered names in their own case; an argparse type.
+
+    An unknown name is refused in one line; a user's ``file.py:NAME``, ``csv:`` and ``torch:`` are kept as given
+    and resolved by :func:`resolve_schedules` (a name another module registers is given as ``file.py:NAME``).
+    """
     chosen = [s.strip() for s in text.split(",") if s.strip()]
     if not chosen:
         raise argparse.ArgumentTypeError(f"no names in {quote(text)}: give comma-separated schedule names")
-    found = [lookup(s) for s in chosen]
-    bad = [s for s, f in zip(chosen, found, strict=True) if f is None]
+    bad = [s for s in chosen if lookup(s) is None and not is_user_ref(s) and not s.startswith(("csv:", "torch:"))]
     if bad:
-        raise argparse.ArgumentTypeError(f"unknown schedule {quote(bad[0])}; valid: {', '.join(names())}")
-    return list(dict.fromkeys(f.name for f in found))
+        raise argparse.ArgumentTypeError(f"unknown schedule {quote(bad[0])}; valid: {', '.join(names())}, or your "
+                                         "own as FILE.py:NAME")
+    return list(dict.fromkeys(canonical_schedule(s) for s in chosen))
+
+
+def canonical_schedule(ref: str) -> str:
+    """A registered name in its registered case; any other reference as given."""
+    found = lookup(ref)
+    return found.name if found is not None else ref
+
+
+def schedule_source(ref: str | None) -> str | None:
+    """The file a schedule reference reads (csv:FILE, FILE.py:NAME), which no output may replace; else None."""
+    if not ref:
+        return None
+    if ref.startswith("csv:"):
+        return ref[4:]
+    module = ref.rpartition(":")[0]
+    return module if is_user_ref(ref) and module.endswith(".py") else None
+
+
+def add_import_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                   help="import a module (pkg.module) or file (path/file.py) that registers schedules with "
+                   "schedules.register, before the schedules are looked up (repeatable)")
+
+
+def resolve_schedules(refs: Sequence[str], imports: Sequence[str] = ()) -> list[str]:
+    """Import ``imports``, then check every reference resolves (an unknown name or a missing function: one line).
+
+    Returns the references with registered names in their own case, the user's ``file.py:NAME`` as given.
+    """
+    import_schedules(imports)
+    for ref in refs:
+        schedule_spec(ref)  # raises for an unknown name or a missing function; torch: and csv: are built later
+    return [canonical_schedule(r) for r in refs]
 
 
 def is_all(text: str) -> bool:
@@ -244,9 +287,12 @@ def name_list(text: str, all_names: Sequence[str] | None = None) -> list[str]:
 
 def add_schedule_args(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--schedule", required=required, metavar="NAME",
-                   help="a schedule name (" + ", ".join(names()) + "), torch:CLASS for torch.distributed.pipelining's "
+                   help="a schedule name (" + ", ".join(names()) + "), your own FILE.py:NAME (a function registered "
+                   "with schedules.register, or one that returns a Schedule from the PipelineParams), "
+                   "torch:CLASS for torch.distributed.pipelining's "
                    "own order (e.g. torch:ZBVZeroBubble; needs torch), or csv:FILE for a torch CSV schedule "
                    "(one row per rank; its SEND/RECV, if any, are kept)")
+    add_import_arg(p)
     p.add_argument("--pp", type=int, required=required, metavar="P", help="pipeline ranks (csv: from the file)")
     p.add_argument("--microbatches", type=int, required=required, metavar="M",
                    help="microbatches per step (csv: from the file)")
@@ -307,7 +353,7 @@ def check_cost_flags(args: argparse.Namespace) -> None:
 def schedule_options(args: argparse.Namespace) -> dict[str, Any]:
     """What an adaptive schedule (zb-auto) reads: the pass times, --mem-limit and --time-limit; nothing for the others."""
     options: dict[str, Any] = {}
-    found = lookup(args.schedule)
+    found = schedule_spec(args.schedule)
     if found is not None and found.adaptive:
         options = {k: uniform(args, k) for k in ("tf", "tb", "tw", "tcomm", "mw")}
     if getattr(args, "mem_limit", None) is not None:

@@ -28,12 +28,13 @@ from analysis.cli.common import (
     print_json,
     refuse,
     schedule_options,
+    schedule_source,
     uniform_costs,
 )
 from analysis.timeline import check_figure_path, plot_timeline
 from common.errors import find_name
 from common.outputs import check_distinct
-from schedules import load_graph, lower, names, spec, validate, write_torch_csv
+from schedules import import_schedules, load_graph, lower, names, spec, validate, write_torch_csv
 from schedules.interop.torch_csv import check_csv_path
 from schedules.library.recompute import RECOMPUTE_PLACEMENTS, place_recompute
 from schedules.trace import check_trace_path, write_trace
@@ -191,7 +192,7 @@ def _outputs(args: argparse.Namespace) -> tuple:
     plot_path = check_figure_path(args.plot) if args.plot else None
     exports = {comms: check_csv_path(path) for comms, path in ((False, args.export_csv), (True, args.export_csv_comms))
                if path}
-    schedule_file = args.schedule[4:] if (args.schedule or "").startswith("csv:") else None
+    schedule_file = schedule_source(args.schedule)
     check_distinct({f: getattr(args, f[2:].replace("-", "_")) for f in ("--trace", "--plot", "--export-csv",
                                                                         "--export-csv-comms")},
                    {"--schedule": schedule_file, "--costs": getattr(args, "costs", None),
@@ -278,6 +279,8 @@ UNITS_ONLY = ("dp", "tp", "cp", "dp_mode", "microbatch_size", "bucket_mb", "coll
 def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
     parser = _parser(prog)
     args = parser.parse_args(argv)
+    with errors_to_exit(parser):  # the user's modules register their schedules before any name is looked up
+        import_schedules(args.imports)
     if args.list:
         return _list()
     if args.recompute is not None:  # names in any case, as everywhere

@@ -11,7 +11,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from schedules import PipelineParams, ScheduleError, ZBAutoOptions, build, lower, names, spec, validate
+from schedules import (
+    Schedule,
+    ScheduleError,
+    ZBAutoOptions,
+    load_schedule,
+    lower,
+    names,
+    schedule_spec,
+    validate,
+)
 from schedules.library.recompute import place_recompute
 from schedules.trace import median_step, read_trace
 from sim.costs.calibrated import load_costs
@@ -38,15 +47,25 @@ SWEEP_TIME_LIMIT = 0.0
 
 def _quick(name: str, c: UniformCosts | None = None) -> ZBAutoOptions | None:
     """An adaptive schedule's options for a sweep: the heuristic alone, with ``c``'s pass times if given."""
-    if not spec(name).adaptive:
+    sp = schedule_spec(name)
+    if sp is None or not sp.adaptive:
         return None
     times = {} if c is None else {"tf": c.tf, "tb": c.tb, "tw": c.tw, "tcomm": c.tcomm}
     return ZBAutoOptions(**times, time_limit=SWEEP_TIME_LIMIT)
 
 
-def _chunks_for(name: str, chunks: int) -> int:
-    """``chunks`` for multi-chunk schedules, 1 for the others."""
-    return chunks if spec(name).multi_chunk else 1
+def _chunks_for(name: str, chunks: int) -> int | None:
+    """``chunks`` for multi-chunk schedules (and torch's classes), 1 for the others; None for a csv: file (its own)."""
+    if name.startswith("csv:"):
+        return None
+    sp = schedule_spec(name)
+    return chunks if sp is None or sp.multi_chunk else 1
+
+
+def _build(name: str, pp: int, microbatches: int, chunks: int, c: UniformCosts | None = None) -> Schedule:
+    """Any schedule reference (a registered name, torch:, csv:, the user's file.py:NAME) at one shape."""
+    return load_schedule(name, None, _quick(name, c), pp=pp, microbatches=microbatches,
+                         chunks=_chunks_for(name, chunks))
 
 
 def simulate_many(
@@ -60,8 +79,7 @@ def simulate_many(
     """
     graphs = []
     for name in names:  # build and validate all first: a bad name fails before any simulation
-        graphs.append(validate(build(name, None, _quick(name), pp=pp, microbatches=microbatches,
-                                     chunks=_chunks_for(name, chunks))))
+        graphs.append(validate(_build(name, pp, microbatches, chunks)))
     if profile is None:
         return [simulate(g, costs or UniformCosts(), check=False) for g in graphs]
     return [simulate(g, load_costs(profile, g.schedule.num_stages, costs_profile), check=False) for g in graphs]
@@ -72,7 +90,7 @@ def applicable(names: Iterable[str], *, pp: int, microbatches: int, chunks: int 
     ok, skipped = [], {}
     for name in names:
         try:
-            build(name, None, _quick(name), pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks))
+            _build(name, pp, microbatches, chunks)
         except ScheduleError as exc:
             skipped[name] = str(exc)
         else:
@@ -93,9 +111,8 @@ def bubble_sweep(
     jobs = [(n, m) for n in names for m in microbatches]
     out: dict[str, list[tuple[int, int, float]]] = {n: [] for n in names}
     for name, m in (progress(jobs) if progress else jobs):
-        params = PipelineParams(pp=pp, microbatches=m, chunks=_chunks_for(name, chunks))
         try:
-            graph = lower(build(name, params, _quick(name, c)))
+            graph = lower(_build(name, pp, m, chunks, c))
         except ScheduleError:
             continue  # a shape this schedule does not take (e.g. m not a multiple of p)
         out[name].append((m, graph.schedule.chunks, simulate(graph, c, check=False).bubble_ratio))
@@ -104,8 +121,7 @@ def bubble_sweep(
 
 def units_comparison(names: Iterable[str], *, chunks: int = 2, microbatches: int, costs: Any) -> list[dict[str, Any]]:
     """Each named schedule as a physical-units study on the same :class:`TransformerCosts`; result dicts."""
-    studies = [Study(schedule=n, microbatches=microbatches, chunks=chunks if spec(n).multi_chunk else None,
-                     costs=costs) for n in names]
+    studies = [Study(schedule=n, microbatches=microbatches, chunks=_chunks_for(n, chunks), costs=costs) for n in names]
     return [run_study(s).to_dict() for s in studies]
 
 
@@ -132,7 +148,7 @@ def recompute_tradeoff(names: Iterable[str], *, pp: int, microbatches: int, chun
     times = (c.tf, c.tb, c.tw, c.tcomm, c.mw)
     out = []
     for name in names:
-        base = build(name, None, _quick(name), pp=pp, microbatches=microbatches, chunks=_chunks_for(name, chunks))
+        base = _build(name, pp, microbatches, chunks)
         for placement, limit in (("none", None), ("full", None), *(("bubbles", x) for x in limits)):
             r = simulate(lower(place_recompute(base, placement, limit, times)), c, check=False)
             out.append(RecomputePoint(name, placement, limit, r.makespan, r.peak_activations))
@@ -147,9 +163,15 @@ def predict_for_trace(attrs: Mapping[str, Any], costs: CostModel | None = None,
         pp, m = int(params["pp"]), int(params["microbatches"])
     except (KeyError, TypeError, ValueError):
         raise ScheduleError(f"trace of {name!r} does not record its pp and microbatches (attrs params={params!r})") from None
-    schedule = build(name, pp=pp, microbatches=m, chunks=int(params.get("chunks") or spec(name).default_chunks))
-    if params.get("recompute") in ("full", "bubbles"):  # placed as the run placed them (unit pass times)
-        schedule = place_recompute(schedule, params["recompute"], params.get("recompute_mem_limit"))
+    if attrs.get("programs") is not None:  # the run's own order, R actions included: any schedule, a user's too
+        schedule = Schedule.from_programs(attrs["programs"], name=name, stage_to_rank=attrs.get("stage_to_rank"),
+                                          num_microbatches=m, params=params)
+    else:  # a trace written before traces recorded their programs: a registered schedule, rebuilt
+        sp = schedule_spec(name)
+        chunks = int(params.get("chunks") or (sp.default_chunks if sp is not None else 1))
+        schedule = load_schedule(name, pp=pp, microbatches=m, chunks=chunks)
+        if params.get("recompute") in ("full", "bubbles"):  # placed as the run placed them (unit pass times)
+            schedule = place_recompute(schedule, params["recompute"], params.get("recompute_mem_limit"))
     graph = lower(schedule)
     if profile is not None:
         costs = load_costs(profile, graph.schedule.num_stages)
@@ -176,7 +198,7 @@ class SweepConfig:
 
     def __post_init__(self) -> None:
         for name in self.schedules:
-            spec(name)  # unknown names fail here, before anything runs
+            schedule_spec(name)  # unknown names and missing user functions fail here, before anything runs
         for path in self.real_traces:
             if not Path(path).is_file():
                 raise ScheduleError(f"trace file {str(path)!r} not found")
