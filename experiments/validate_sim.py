@@ -103,15 +103,17 @@ def _check(p: OneLineParser, a) -> None:
 
 def _grid(p: OneLineParser, a) -> tuple[list[str], list[int]]:
     from schedules import names
+    from schedules.registry import is_user_ref
 
     scheds, ms = (list(QUICK[0]), list(QUICK[1])) if a.quick else (list(names()), list(DEFAULT_M))
     if a.tiny:
         scheds, ms = list(TINY[0]), list(TINY[1])
     if a.schedules:
         scheds = [s for s in a.schedules.split(",") if s]
-    unknown = [s for s in scheds if s not in names()]
+    unknown = [s for s in scheds if s not in names() and not is_user_ref(s)]
     if unknown:
-        p.error(f"--schedules: unknown {','.join(unknown)}; the runtime has {','.join(names())}")
+        p.error(f"--schedules: unknown {','.join(unknown)}; the runtime has {','.join(names())}, or your own as "
+                "FILE.py:NAME")
     if a.microbatches:
         try:
             ms = [int(x) for x in a.microbatches.split(",") if x]

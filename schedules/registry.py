@@ -301,6 +301,18 @@ def _user_spec(ref: str) -> ScheduleSpec:
     return ScheduleSpec(name=attr, fn=found, multi_chunk=False, summary=doc[0] if doc else "", any_chunks=True)
 
 
+def canonical_name(ref: str) -> str:
+    """A registered name in its registered case; a user's ``file.py:NAME`` as given (checked: it resolves).
+
+    The reference, not the generator's name, is what travels (to a pool's or torchrun's processes, into a plan's
+    exports): a plain function in the user's file is found again by it, and only by it."""
+    found = lookup(ref)
+    if found is not None:
+        return found.name
+    spec(ref)  # an unknown name or a missing function: one line
+    return ref
+
+
 def spec_of(fn: Callable[..., Any]) -> ScheduleSpec | None:
     """The registered schedule whose generator is ``fn`` (a function the user registered in their file), or None."""
     return next((sp for sp in _REGISTRY.values() if sp.fn is fn or inspect.unwrap(sp.fn) is fn), None)

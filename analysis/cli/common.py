@@ -20,8 +20,7 @@ from typing import Any, NoReturn
 
 from common.errors import quote
 from schedules import SchedlabError, import_schedules, names, schedule_spec
-from schedules.registry import is_user_ref
-from schedules.registry import lookup
+from schedules.registry import is_user_ref, lookup
 
 __all__ = [
     "OneLineParser",
@@ -32,6 +31,7 @@ __all__ = [
     "check_cost_flags",
     "errors_to_exit",
     "fail",
+    "file_safe",
     "flag_of",
     "given",
     "guarded",
@@ -238,6 +238,11 @@ def canonical_schedule(ref: str) -> str:
     """A registered name in its registered case; any other reference as given."""
     found = lookup(ref)
     return found.name if found is not None else ref
+
+
+def file_safe(name: str) -> str:
+    """``name`` as part of a file name: what is not a letter, digit, dot, dash or underscore becomes ``_``."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "schedule"
 
 
 def schedule_source(ref: str | None) -> str | None:

@@ -10,9 +10,11 @@ from pathlib import Path
 from analysis.cli.common import (
     OneLineParser,
     add_cost_args,
+    add_import_arg,
     check_cost_flags,
     errors_to_exit,
     fail,
+    file_safe,
     given,
     guarded,
     is_all,
@@ -24,7 +26,7 @@ from analysis.cli.common import (
 from analysis.cli.simulate import COMM_KEYS, add_comm_args, comm_overrides
 from analysis.cli.time_to_loss import add_time_to_loss_args, time_to_loss_main
 from common.outputs import check_distinct, check_output_dir, check_output_file, write_files_into
-from schedules import ScheduleError
+from schedules import ScheduleError, import_schedules
 from schedules.registry import lookup
 
 __all__ = ["compare_main", "perfetto_main", "report_main"]
@@ -34,7 +36,9 @@ __all__ = ["compare_main", "perfetto_main", "report_main"]
 def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compare") -> int:
     p = OneLineParser(prog=prog, description="Simulate schedules at one shape; print a comparison table and write timelines.")
     p.add_argument("--schedules", default="all", metavar="A,B,...",
-                   help="comma-separated names, or 'all' (default: every schedule that takes this shape)")
+                   help="comma-separated names, your own FILE.py:NAME, csv:FILE or torch:CLASS, or 'all' (default: "
+                   "every registered schedule that takes this shape)")
+    add_import_arg(p)
     p.add_argument("--pp", type=int, default=4, metavar="P", help="pipeline ranks (default 4)")
     p.add_argument("--microbatches", type=int, default=8, metavar="M", help="microbatches (default 8)")
     p.add_argument("--chunks", type=int, default=2, metavar="V", help="stages per rank for multi-chunk schedules (default 2)")
@@ -63,6 +67,8 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
                         "mixed-precision Adam; the runtime's fp32 AdamW is 4,4,8)")
     add_time_to_loss_args(p)
     args = p.parse_args(argv)
+    with errors_to_exit(p):  # a user's module registers its schedules before any name is looked up
+        import_schedules(args.imports)
     check_cost_flags(args)
     if args.time_to_loss is not None:
         return time_to_loss_main(args, p, prog)
@@ -102,10 +108,10 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
             if results:
                 plot_timelines([r.trace for r in results], stage / "timelines.png")
             for r in results:
-                plot_timeline(r.trace, stage / f"timeline-{r.schedule}.png")
+                plot_timeline(r.trace, stage / f"timeline-{file_safe(r.schedule)}.png")
             table.to_csv(stage / "comparison.csv", index=False)
 
-        order = ["timelines.png"] * bool(results) + [f"timeline-{r.schedule}.png" for r in results] + ["comparison.csv"]
+        order = ["timelines.png"] * bool(results) + [f"timeline-{file_safe(r.schedule)}.png" for r in results] + ["comparison.csv"]
         written = sorted(write_files_into(out, fill, "output folder"), key=lambda q: order.index(q.name))
     if args.json:
         print_json({"schedules": json.loads(table.to_json(orient="records")), "skipped": skipped,
@@ -120,8 +126,10 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
 
 
 def _canonical(name: str) -> str:
+    """The name a schedule's files are called by: a registered name in its own case, any other reference made
+    safe for a file name (csv:/path/f.csv, dir/file.py:NAME)."""
     found = lookup(name)
-    return found.name if found is not None else name
+    return found.name if found is not None else file_safe(name)
 
 
 def _units_compare(args, chosen: list[str], parser: OneLineParser, prog: str) -> int:
@@ -236,7 +244,9 @@ def _dp_compare(args, chosen: list[str], costs, prog: str) -> int:
 def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report") -> int:
     p = OneLineParser(prog=prog, description="Simulate the schedules, compare them, and write a report with figures.")
     p.add_argument("--out", default="out/report", metavar="DIR", help="report folder (default out/report)")
-    p.add_argument("--schedules", default="all", metavar="A,B,...", help="comma-separated names, or 'all' (default)")
+    p.add_argument("--schedules", default="all", metavar="A,B,...",
+                   help="comma-separated names, your own FILE.py:NAME, csv:FILE or torch:CLASS, or 'all' (default)")
+    add_import_arg(p)
     p.add_argument("--pp", type=int, default=4, metavar="P")
     p.add_argument("--microbatches", type=int, default=8, metavar="M")
     p.add_argument("--chunks", type=int, default=2, metavar="V", help="stages per rank for multi-chunk schedules")
@@ -248,6 +258,8 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_cost_args(p)
     args = p.parse_args(argv)
+    with errors_to_exit(p):
+        import_schedules(args.imports)
     check_cost_flags(args)
     from analysis.report import check_report_dir, write_report
     from analysis.validation.scores import load_validation

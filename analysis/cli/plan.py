@@ -7,8 +7,18 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from analysis.cli.common import OneLineParser, errors_to_exit, guarded, int_list, is_all, name_list, print_json
+from analysis.cli.common import (
+    OneLineParser,
+    add_import_arg,
+    errors_to_exit,
+    guarded,
+    int_list,
+    is_all,
+    name_list,
+    print_json,
+)
 from common.outputs import check_output_dir, check_output_file, write_files_into
+from schedules import import_schedules
 
 __all__ = ["plan_main"]
 
@@ -23,7 +33,9 @@ def _parser(prog: str) -> OneLineParser:
     p.add_argument("--memory-limit", type=float, metavar="GB", help="memory per device (default: the device's)")
     p.add_argument("--top", type=int, default=5, metavar="K", help="configurations to list (default 5)")
     p.add_argument("--workers", type=int, metavar="N", help="processes (default: every core)")
-    p.add_argument("--schedules", default="all", metavar="A,B,...", help="schedules to try (default all)")
+    p.add_argument("--schedules", default="all", metavar="A,B,...",
+                   help="schedules to try (default all): names, or your own as FILE.py:NAME")
+    add_import_arg(p)
     p.add_argument("--chunks", type=int_list, default=(2, 3, 4, 8), metavar="V,...",
                    help="stages per rank tried for multi-chunk schedules (default 2,3,4,8)")
     p.add_argument("--microbatch-sizes", type=int_list, metavar="B,...",
@@ -64,6 +76,7 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
     from sim.plan.space import PlanSpace
 
     with errors_to_exit(p):
+        import_schedules(args.imports)  # a user's module registers its schedules before the space is checked
         model = model_preset(args.model)
         if args.seq_len is not None:
             model = dataclasses.replace(model, seq_len=args.seq_len)

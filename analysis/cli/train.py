@@ -30,6 +30,7 @@ from analysis.cli.common import (
     int_list,
     print_json,
     refuse,
+    schedule_source,
     with_flag,
 )
 from analysis.cli.live import add_live_args, live_defaults, refuse_live_flags, run_live
@@ -256,7 +257,7 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
         layout=Layout(schedule=args.schedule, pp=args.pp, dp=dp,
                       microbatches=args.microbatches, chunks=args.chunks, split=args.split,
                       boundaries=args.boundaries, balance=args.balance, recompute=args.recompute,
-                      recompute_limit=args.recompute_limit),
+                      recompute_limit=args.recompute_limit, imports=tuple(args.imports)),
         steps=args.steps,
         data=DataConfig(model=model, batch_size=args.batch_size, seed=args.seed, factory=_factory(args),
                         token_file=args.data, data_master=args.data_master),
@@ -337,7 +338,8 @@ def _checked(args: argparse.Namespace, world: int) -> tuple[RunConfig, UserModel
         check_output_dir(args.checkpoint_dir, "checkpoint directory")
     if args.log_dir:
         check_log_dir(args.log_dir)
-    check_distinct({"--trace": args.trace, "--plot": args.plot, "--save-params": args.save_params}, {"--data": args.data})
+    check_distinct({"--trace": args.trace, "--plot": args.plot, "--save-params": args.save_params},
+                   {"--data": args.data, "--schedule": schedule_source(args.schedule)})
     return config, user
 
 

@@ -51,6 +51,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 import zlib
 from pathlib import Path
@@ -200,7 +201,8 @@ def run_rounds(spec: dict[str, Any]) -> dict[str, Any] | None:
                 if key not in meshes:
                     meshes[key] = Mesh.create(plan, resolve_backend(config.runtime.backend), config.runtime.timeout_s)
                     fastest = min(fastest, _seed(meshes[key]))
-                name = f"{i}-{config.layout.schedule}-m{config.layout.microbatches}-r{r}.csv"
+                safe = re.sub(r"[^A-Za-z0-9._-]+", "_", config.layout.schedule)  # a user's dir/file.py:NAME too
+                name = f"{i}-{safe}-m{config.layout.microbatches}-r{r}.csv"
                 trace = trace_dir / name if trace_dir is not None else None
                 best: tuple[float, dict[str, Any]] | None = None
                 for attempt in range(attempts):

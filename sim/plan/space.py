@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 from common.errors import ConfigError, check_choice, check_positive, check_positive_ints, choice, quote
 from schedules import ScheduleError, build, names, spec
 from schedules.dp.codecs import check_dp_mode, parse_compression
-from schedules.registry import MAX_TASKS, TASKS_PER_PASS
+from schedules.registry import MAX_TASKS, TASKS_PER_PASS, canonical_name
 from sim.costs.cluster import Cluster
 from sim.costs.gpu_model import RECOMPUTE_MODES
 from sim.costs.recompute_modes import check_recompute
@@ -158,7 +158,7 @@ class PlanSpace:
         one configuration twice."""
         modes = (*_PLANNABLE, *_PLAN_ALIASES)
         fixed = {
-            "schedules": None if self.schedules is None else [spec(n).name for n in self.schedules],
+            "schedules": None if self.schedules is None else [canonical_name(n) for n in self.schedules],
             "dp_modes": [_PLAN_ALIASES.get(m, m) for m in (choice("plan", "dp_mode", m, modes) for m in self.dp_modes)],
             "recompute": [check_recompute("plan", r.lower() if isinstance(r, str) else r) for r in self.recompute],
             "chunks": self.chunks, "microbatch_sizes": self.microbatch_sizes, "sp": self.sp, "tp": self.tp,
@@ -171,7 +171,7 @@ class PlanSpace:
     @property
     def schedule_names(self) -> tuple[str, ...]:
         if self.schedules is not None:
-            return tuple(spec(n).name for n in self.schedules)
+            return self.schedules  # canonical already (_normalize): registered names, the user's references
         return tuple(n for n in names(by_family=True) if not spec(n).adaptive)
 
     @property

@@ -62,6 +62,12 @@ def _chunks_for(name: str, chunks: int) -> int | None:
     return chunks if sp is None or sp.multi_chunk else 1
 
 
+def _display(ref: str) -> str:
+    """The name a table shows for a reference: a user's registered or function name, a built-in's own case."""
+    sp = schedule_spec(ref)
+    return sp.name if sp is not None else ref
+
+
 def _build(name: str, pp: int, microbatches: int, chunks: int, c: UniformCosts | None = None) -> Schedule:
     """Any schedule reference (a registered name, torch:, csv:, the user's file.py:NAME) at one shape."""
     return load_schedule(name, None, _quick(name, c), pp=pp, microbatches=microbatches,
@@ -109,13 +115,14 @@ def bubble_sweep(
     c = costs or UniformCosts()
     names = list(names)
     jobs = [(n, m) for n in names for m in microbatches]
-    out: dict[str, list[tuple[int, int, float]]] = {n: [] for n in names}
+    shown = {n: _display(n) for n in names}
+    out: dict[str, list[tuple[int, int, float]]] = {shown[n]: [] for n in names}
     for name, m in (progress(jobs) if progress else jobs):
         try:
             graph = lower(_build(name, pp, m, chunks, c))
         except ScheduleError:
             continue  # a shape this schedule does not take (e.g. m not a multiple of p)
-        out[name].append((m, graph.schedule.chunks, simulate(graph, c, check=False).bubble_ratio))
+        out[shown[name]].append((m, graph.schedule.chunks, simulate(graph, c, check=False).bubble_ratio))
     return out
 
 
