@@ -149,7 +149,7 @@ def register(
     """
 
     def deco(fn: Generator) -> Generator:
-        if name in _REGISTRY:
+        if name in _REGISTRY and not _same_function(_REGISTRY[name].fn, fn):
             raise RuntimeError(f"schedule {name!r} registered twice")
         doc = (fn.__doc__ or "").strip().splitlines()
         multi = multi_chunk or (fixed_chunks is not None and fixed_chunks > 1)
@@ -157,6 +157,13 @@ def register(
         return fn
 
     return deco
+
+
+def _same_function(a: Callable[..., Any], b: Callable[..., Any]) -> bool:
+    """The same function of the same file, imported again (a user's file by its path and as a module)."""
+    code_a, code_b = getattr(a, "__code__", None), getattr(b, "__code__", None)
+    return (code_a is not None and code_b is not None and a.__qualname__ == b.__qualname__
+            and code_a.co_filename == code_b.co_filename)
 
 
 def names(*, by_family: bool = False) -> list[str]:
