@@ -159,7 +159,8 @@ class _Run:
     def __init__(self, name: str, params: PipelineParams, policy: Policy, placement: tuple[int, ...],
                  split: bool, mem_limit: float | None, times: PassTimes) -> None:
         self.name, self.policy, self.s2r, self.mem_limit = name, policy, placement, mem_limit
-        self.policy_name = getattr(policy, "__qualname__", None) or repr(policy)
+        qualname = getattr(policy, "__qualname__", None)  # a function defined in another: its own name alone
+        self.policy_name = qualname.rpartition("<locals>.")[2] if isinstance(qualname, str) else repr(policy)
         self.p, self.m, self.n_st = params.pp, params.microbatches, len(placement)
         self.share = self.p / self.n_st  # M_B one chunk's forward holds
         self.back = Kind.I if split else Kind.B
