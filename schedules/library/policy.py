@@ -24,7 +24,7 @@ is asked again when its ready actions change or its running action ends, never f
 from __future__ import annotations
 
 import heapq
-from bisect import insort
+from bisect import bisect_left, insort
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -170,7 +170,9 @@ class _Run:
         self.duration = {k: pass_time(k, times.tf, times.tb, times.tw) / v for k in self.kinds}
         self.end: dict[Action, float] = {}  # action -> when it ended
         self.step_of: dict[Action, int] = {}  # action -> the step of its rank that started it
-        self.ready: list[list[tuple[tuple[int, int, int], Action]]] = [[] for _ in range(self.p)]
+        self.stages = [tuple(s for s, x in enumerate(placement) if x == r) for r in range(self.p)]
+        self.ready: list[list[tuple[tuple[int, int, int], Action]]] = [[] for _ in range(self.p)]  # sorted by key
+        self.ready_set: list[set[Action]] = [set() for _ in range(self.p)]
         self.done: list[list[Action]] = [[] for _ in range(self.p)]
         self.counts: list[dict[tuple[Kind, int], int]] = [{} for _ in range(self.p)]
         self.held = [0.0] * self.p
@@ -199,6 +201,7 @@ class _Run:
                 self.dependents.setdefault(d, []).append(a)
             if a.stage == 0 and a.kind is Kind.F:
                 self._push(0.0, False, a)
+        t = 0.0
         while self.heap:
             t = self.heap[0][0]
             while self.heap and self.heap[0][0] == t:
@@ -216,7 +219,8 @@ class _Run:
         r = self.s2r[a.stage]
         self.changed[r] = True
         if not is_end:
-            insort(self.ready[r], ((a.microbatch, a.stage, _KIND_ORDER[a.kind]), a))
+            insort(self.ready[r], (_key(a), a))
+            self.ready_set[r].add(a)
             return
         self.busy[r] = None
         self.end[a] = t
@@ -240,7 +244,7 @@ class _Run:
     def _state(self, r: int, t: float) -> RankState:
         return RankState(
             rank=r, pp=self.p, num_stages=self.n_st, num_microbatches=self.m,
-            stages=tuple(s for s, x in enumerate(self.s2r) if x == r), time=t,
+            stages=self.stages[r], time=t,
             ready=tuple(a for _, a in self.ready[r]), done=tuple(self.done[r]),
             counts=MappingProxyType(dict(self.counts[r])), held=self.held[r], mem_limit=self.mem_limit,
         )
@@ -253,7 +257,7 @@ class _Run:
             text = " ".join(str(e).split())
             raise ScheduleError(f"schedule {self.name!r}, rank {r}: the policy {self.policy_name} raised "
                                 f"{type(e).__name__} at step {len(state.done)} (t={t:g}): {text}") from e
-        if a is not None and a not in state.ready:
+        if a is not None and not (isinstance(a, Action) and a in self.ready_set[r]):
             raise ScheduleError(self._refusal(state, a))
         return a
 
@@ -265,7 +269,8 @@ class _Run:
                 f"{len(self.done[r])} (t={t:g}), but it would hold {self.held[r]:g} + {self.share:g} = "
                 f"{self.held[r] + self.share:g} M_B, above mem_limit {self.mem_limit:g} M_B; valid: "
                 f"{_listed([x[1] for x in fit])}None (state.fits says which fit)")
-        self.ready[r] = [x for x in self.ready[r] if x[1] != a]
+        del self.ready[r][bisect_left(self.ready[r], (_key(a),))]
+        self.ready_set[r].discard(a)
         self.step_of[a] = len(self.done[r])
         self.done[r].append(a)
         key = (a.kind, a.stage)
@@ -312,10 +317,15 @@ class _Run:
                 continue
             todo = [a for a in self.work() if self.s2r[a.stage] == r and a not in self.step_of]
             if todo:
-                a = min(todo, key=lambda x: (x.microbatch, x.stage, _KIND_ORDER[x.kind]))
+                a = min(todo, key=_key)
                 waits.append(f"rank {r} waits for {a}: {self._missing(a)}")
         return ScheduleError(f"schedule {self.name!r}: the policy {self.policy_name} deadlocks at t={t:g}, every "
                              f"rank waiting and nothing in flight with {self.left} actions left: " + "; ".join(waits))
+
+
+def _key(a: Action) -> tuple[int, int, int]:
+    """Where ``a`` sorts among ready actions: by microbatch, then stage, then kind (F, I or B, W)."""
+    return a.microbatch, a.stage, _KIND_ORDER[a.kind]
 
 
 def _listed(actions: Sequence[Action]) -> str:
