@@ -26,6 +26,7 @@ from sim import UniformCosts, simulate
 F, I, W, B = Kind.F, Kind.I, Kind.W, Kind.B  # noqa: E741  (the kinds as torch writes them)
 SHAPES = [(p, m) for p in range(1, 7) for m in range(1, 3 * p + 1)]
 SKEWED = PassTimes(tf=1, tb=2, tw=0.5, tcomm=0.3)
+INSTANT = PassTimes(tf=0, tb=0, tw=0)  # every pass ends as it starts: the run goes in waves at t=0
 
 
 # The built-ins, written as a user would: each a rule over the rank's counts, waiting (None) for what it wants.
@@ -93,7 +94,8 @@ def params(p: int, m: int) -> PipelineParams:
 # Built-ins as policies: the same programs, action for action.
 
 @pytest.mark.parametrize(("p", "m"), SHAPES)
-@pytest.mark.parametrize("times", [None, SKEWED], ids=["unit", "skewed"])
+@pytest.mark.parametrize("times", [None, SKEWED, PassTimes(tw=0, tcomm=1), INSTANT],
+                         ids=["unit", "skewed", "free-w", "instant"])
 def test_1f1b_gpipe_and_zb_h1_as_policies_equal_the_built_ins(p, m, times):
     for name, policy, split in [("1f1b", one_f_one_b, False), ("gpipe", gpipe, False), ("zb-h1", zb_h1, True)]:
         mine = from_policy(name, params(p, m), policy, split_backward=split, times=times)
@@ -144,6 +146,11 @@ def test_a_greedy_policy_follows_the_pass_times():
     # tf=2, B=1: 0B0 arrives at t=5, while 0F2 runs (4..6), so it runs before 0F3
     slow_forward = from_policy("greedy", params(2, 4), backward_first, times=PassTimes(tf=2, tb=0.5, tw=0.5))
     assert slow_forward.to_text() == "0F0,0F1,0F2,0B0,0F3,0B1,0B2,0B3\n1F0,1B0,1F1,1B1,1F2,1B2,1F3,1B3\n"
+    # instant passes: each wave of ends readies the next; in the fifth, rank 1 has 1B0 and 1F3 ready and runs 1B0
+    instant = from_policy("greedy", params(3, 4), backward_first, times=INSTANT)
+    assert instant.to_text() == ("0F0,0F1,0F2,0F3,0B0,0B1,0B2,0B3\n1F0,1F1,1F2,1B0,1F3,1B1,1B2,1B3\n"
+                                 "2F0,2B0,2F1,2B1,2F2,2B2,2F3,2B3\n")
+    validate(instant)
 
 
 def test_a_policy_that_asks_fits_stays_within_the_limit():
