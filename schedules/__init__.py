@@ -4,7 +4,8 @@
     >>> graph = validate(build("1f1b", pp=4, microbatches=8))
 
 In flow order: ``ir`` (Action, Kind, Schedule) -> ``registry`` and the
-generators (``flush``, ``looped``, ``zero_bubble``, ``zb_auto``) -> ``check``
+generators (``flush``, ``looped``, ``zero_bubble``, ``zb_auto``; ``policy``: a schedule written as a rule
+that picks each rank's next action, ``from_policy``) -> ``check``
 (a schedule's work) -> ``lower`` (SEND/RECV and dependencies, a ``graph``) ->
 ``validate`` (deadlocks) -> ``dp`` (data-parallel collectives). ``load``
 resolves any schedule reference; ``torch_csv`` and ``torch_interop`` speak
@@ -26,6 +27,7 @@ from schedules.interop.torch_classes import from_torch, torch_schedule_names
 from schedules.interop.torch_csv import read_torch_csv, read_torch_csv_graph, write_torch_csv
 from schedules.ir import Action, Kind, Schedule
 from schedules.library import controllable, flush, looped, zb_auto, zero_bubble  # noqa: F401  (registers the generators)
+from schedules.library.policy import PassTimes, Policy, RankState, from_policy
 from schedules.library.zb_auto import ZBAutoOptions
 from schedules.load import import_schedules, load_graph, load_schedule, schedule_spec
 from schedules.lower import graph_from_programs, insert_comms, lower
@@ -40,7 +42,10 @@ __all__ = [
     "CostFileError",
     "Kind",
     "OutputError",
+    "PassTimes",
     "PipelineParams",
+    "Policy",
+    "RankState",
     "SchedlabError",
     "Schedule",
     "ScheduleError",
@@ -51,6 +56,7 @@ __all__ = [
     "build",
     "check_schedule",
     "find_cycle",
+    "from_policy",
     "from_torch",
     "graph_from_programs",
     "import_schedules",
