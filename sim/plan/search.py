@@ -186,22 +186,27 @@ def _study(c: PlanConfig) -> Study:
     return Study(schedule=c.schedule, microbatches=c.microbatches, costs=_STATE["bounds"].costs(c), chunks=c.chunks)
 
 
+def _shape_key(study: Study) -> tuple:
+    """What a schedule is built from: its name and shape, and an adaptive one's options (its pass times, memory)."""
+    return (study.schedule, study.pipeline(), study.schedule_options())
+
+
 def _schedule(study: Study) -> Schedule:
     params, options = study.pipeline(), study.schedule_options()
-    return _cached(_STATE["schedules"], (study.schedule, params, options), lambda: build(study.schedule, params, options))
+    return _cached(_STATE["schedules"], _shape_key(study), lambda: build(study.schedule, params, options))
 
 
 def _timing(study: Study) -> CompiledTiming:
     sched = _schedule(study)
-    return _cached(_STATE["timings"], (study.schedule, study.pipeline()), lambda: compile_timing(sched))
+    return _cached(_STATE["timings"], _shape_key(study), lambda: compile_timing(sched))
 
 
 def _graph(study: Study) -> TaskGraph:
     sched = _schedule(study)
-    pipe = _cached(_STATE["pipelines"], (study.schedule, study.pipeline()), lambda: validate(sched))
+    pipe = _cached(_STATE["pipelines"], _shape_key(study), lambda: validate(sched))
     buckets = tuple(study.costs.buckets(sched.num_stages))
     mode, options = study.parallel.dp_mode, dp_options(study.costs)
-    key = (study.schedule, study.pipeline(), mode, buckets, tuple(options.items()))
+    key = (*_shape_key(study), mode, buckets, tuple(options.items()))
 
     def make() -> TaskGraph:
         graph = add_data_parallel(pipe, mode, buckets, **options)
@@ -211,7 +216,8 @@ def _graph(study: Study) -> TaskGraph:
 
 
 def _row_key(c: PlanConfig) -> tuple:
-    """What a schedule's activation rows depend on: its shape, and for an adaptive one the pass times too."""
+    """What a schedule's activation rows depend on: its shape, and for an adaptive one its options too (pass times:
+    tp, sp, recompute; with pp and m they fix dp, b and the placement, so tcomm)."""
     key = (c.schedule, c.pp, c.microbatches, c.chunks)
     return (*key, c.tp, c.sp, c.recompute) if _adaptive(c.schedule) else key
 
