@@ -56,10 +56,10 @@ def parse_bytes(value: Any, field: str = "mem_limit") -> float:
         raise ConfigError(f"{field} must be a size in bytes, {_FORMS}; got {quote(value)}", field=field)
     if isinstance(value, str):
         found = _SIZE.fullmatch(value)
-        unit = _UNITS.get(found.group(2).lower() if found else "", None) if found and found.group(2) else 1
+        scale = None if found is None else _UNITS.get(found.group(2).lower()) if found.group(2) else 1
         try:
-            size = float(Decimal(found.group(1)) * unit) if found and unit is not None else None
-        except InvalidOperation:
+            size = None if scale is None else float(Decimal(found.group(1)) * scale)
+        except InvalidOperation:  # "1.2.3", "."
             size = None
         if size is None:
             raise ConfigError(f"{field} {quote(value)} is not a size in bytes; write {_FORMS}", field=field)
