@@ -126,7 +126,7 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
         extra = {} if against is None else {"against": {**against.to_dict(), "layout": args.against,
                                                         "fits": against.peak_memory_bytes <= space.capacity,
                                                         "untried": in_space(layout, space)}}
-        print_json({**result.to_dict(), **extra, "files": [str(f) for f in files],
+        print_json({**result.to_dict(), **extra, "files": [str(f) for f in files], "exported_schedule": win.schedule,
                     "export_targets": {"torchtitan": TORCHTITAN_VERSION, "megatron-lm": MEGATRON_COMMIT}})
         return 0
     print(format_plan(result))
@@ -135,6 +135,8 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
     if against is not None:
         print()
         print(why_against(result.top[0], against, space.capacity, in_space(layout, space)))
+    if result.top[0].same_as:
+        print(f"\nexports: #1 is {result.top[0].tie_reason()}")
     print(f"\ntorchtitan {TORCHTITAN_VERSION}: {exports['torchtitan']} (a config module, see docs/exports.md)")
     print(f"Megatron-LM main {MEGATRON_COMMIT[:12]} ({exports['megatron']}):\n{exports['megatron'].read_text()}")
     print("wrote " + ", ".join(str(f) for f in files))

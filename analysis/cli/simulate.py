@@ -48,8 +48,10 @@ __all__ = ["add_units_args", "format_table", "main", "units_overrides"]
 def _parser(prog: str) -> OneLineParser:
     p = OneLineParser(prog=prog, description="Simulate a pipeline schedule and report bubble, step time and activation memory.")
     add_schedule_args(p, required=False)
-    p.add_argument("--mem-limit", type=float, default=None, metavar="M_B",
-                   help="activation memory limit per rank in M_B, for zb-auto (default pp)")
+    p.add_argument("--mem-limit", type=_number_or_size, default=None, metavar="LIMIT",
+                   help="zb-auto's memory limit: with unit costs activations per rank in M_B (default pp); in "
+                   "physical units (--model/--cluster) bytes per device, e.g. 60GB, 56GiB or 6e10, of which the "
+                   "model states are taken first")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="seconds zb-auto's exact refinement may search after its heuristic (default 10; 0: the "
                    "heuristic alone, reproducible bit for bit)")
@@ -66,6 +68,15 @@ def _parser(prog: str) -> OneLineParser:
     p.add_argument("--list", action="store_true", help="list the registered schedules and exit")
     add_units_args(p)
     return p
+
+
+def _number_or_size(text: str) -> float | str:
+    """--mem-limit: a number (M_B with unit costs, bytes in physical units), else the text of a size with a unit
+    (60GB), which the physical-units path parses (sim.plan.budget.parse_bytes) and the unit-cost path refuses."""
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def add_units_args(p: argparse.ArgumentParser) -> None:
@@ -182,6 +193,9 @@ def units_overrides(args: argparse.Namespace) -> dict[str, dict]:
         tables[table].update({k: getattr(args, k) for k in keys if getattr(args, k) is not None})
     if args.pair_overlap is not None:
         tables["run"]["pair_overlap"] = args.pair_overlap
+    for key in ("mem_limit", "time_limit"):  # zb-auto's: bytes per device (sim.plan.budget), seconds of search
+        if getattr(args, key, None) is not None:
+            tables["run"][key] = getattr(args, key)
     tables["parallel"].update(comm_overrides(args))
     return {k: v for k, v in tables.items() if v}
 
@@ -211,10 +225,6 @@ def units_main(args: argparse.Namespace, parser: OneLineParser) -> int:
     """The physical-units path: a Study from --config and flags, simulated, printed."""
     from sim.plan.study import load_study, run_study
 
-    if args.mem_limit is not None:
-        fail("--mem-limit is a unit-cost (M_B) option; in physical units the memory is reported in bytes")
-    if args.time_limit is not None:
-        fail("--time-limit applies to zb-auto, a unit-cost (M_B) schedule; leave it out in physical units")
     if args.recompute_limit is not None:
         fail("--recompute-limit places R actions under unit costs (M_B); in physical units --recompute is "
              "none, selective or full inside the backward (a schedule with R's can be given as csv:FILE)")
@@ -291,6 +301,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m sim") -> int:
         return units_main(args, parser)
     refuse(given(args, *UNITS_ONLY), "without physical units: add --model and --cluster (or --config)")
     check_cost_flags(args)
+    if isinstance(args.mem_limit, str):
+        fail(f"--mem-limit {args.mem_limit!r}: a size in bytes applies in physical units (--model/--cluster); with "
+             "unit costs the limit is activations per rank in M_B, a number such as 6")
     if args.recompute not in (None, *RECOMPUTE_PLACEMENTS):
         fail(f"--recompute {args.recompute!r} without physical units: valid are none, full (an R before every "
              "backward) and bubbles; selective recomputes part of a layer, which needs --model and --cluster")

@@ -16,23 +16,30 @@ GB = 1e9
 def format_plan(result: PlanResult) -> str:
     """The summary line and the top-K table, fastest first."""
     s = result.space
+    w = max([17, *(len(e.schedule_label) + 1 for e in result.top)])  # a merged row's names widen the column
+    merged = f", {result.merged:,} exact ties merged (the same order under another name)" if result.merged else ""
     lines = [
         f"plan: {s.model.name} (seq {s.model.seq_len}) on {s.cluster.name} ({s.devices} x {s.cluster.spec.name}), "
         f"global batch {s.global_batch}, memory limit {s.capacity / GB:g} GB per device",
         f"{result.candidates:,} candidates, {result.feasible:,} fit in memory, {result.simulated:,} simulated, "
-        f"{result.pruned_bound:,} dropped by the lower bound, in {result.seconds:.1f} s",
+        f"{result.pruned_bound:,} dropped by the lower bound{merged}, in {result.seconds:.1f} s",
         "",
-        f"{'#':>2} {'tp':>3} {'sp':>3} {'pp':>3} {'dp':>4} {'schedule':<17}{'v':>2} {'mb x b':>9} {'dp mode':<6} "
+        f"{'#':>2} {'tp':>3} {'sp':>3} {'pp':>3} {'dp':>4} {'schedule':<{w}}{'v':>2} {'mb x b':>9} {'dp mode':<6} "
         f"{'recomp':<9} {'step s':>8} {'tokens/s':>11} {'MFU':>6} {'mem GB':>7} {'bubble':>7} {'exp comm s':>10}",
     ]
     for i, e in enumerate(result.top, 1):
         c = e.config
         lines.append(
-            f"{i:>2} {c.tp:>3} {'on' if c.sp else '-':>3} {c.pp:>3} {c.dp:>4} {c.schedule:<17}{c.chunks:>2} "
+            f"{i:>2} {c.tp:>3} {'on' if c.sp else '-':>3} {c.pp:>3} {c.dp:>4} {e.schedule_label:<{w}}{c.chunks:>2} "
             f"{f'{c.microbatches}x{c.microbatch_size}':>9} {c.dp_mode:<6} {c.recompute:<9} {e.step_time:>8.3f} "
             f"{e.tokens_per_s:>11,.0f} {e.mfu:>6.1%} {e.peak_memory_bytes / GB:>7.1f} {e.bubble_ratio:>7.1%} "
             f"{e.exposed_comm:>10.4f}")
-    return "\n".join(lines)
+    rows: dict[str, list[str]] = {}  # one line per reason, naming its rows
+    for i, e in enumerate(result.top, 1):
+        if e.same_as:
+            rows.setdefault(e.tie_reason(), []).append(f"#{i}")
+    ties = [f"  {', '.join(where)}: {why}" for why, where in rows.items()]
+    return "\n".join(lines + (["", "merged rows (exact ties):", *ties] if ties else []))
 
 
 def why_winner(result: PlanResult) -> str:
@@ -53,7 +60,7 @@ def why_beats(a: PlanEntry, b: PlanEntry, name: str = "#2") -> str:
     head = (f"why #1 beats {name} ({gap:.4f} s per step, {gap / b.step_time:.2%} of {name}'s step):" if gap >= 0 else
             f"{name} beats #1 ({-gap:.4f} s per step, {-gap / a.step_time:.2%} of #1's step):")
     w = max(10, len(name) + 7)  # the columns of a longer name widen
-    out = [head, f"  #1 {a.config.label()}", f"  {name} {b.config.label()}",
+    out = [head, f"  #1 {_label(a)}", f"  {name} {_label(b)}",
            f"  {'':<32}{'#1 s':>10}{name + ' s':>{w}}{name + ' - #1':>{w}}"]
     out += [f"  {row:<32}{x:>10.4f}{y:>{w}.4f}{y - x:>+{w}.4f}" for row, x, y in rows]
     if gap == 0:
@@ -65,6 +72,9 @@ def why_against(a: PlanEntry, b: PlanEntry, capacity: float, untried: list[str])
     """The #1 against a named layout (``schedlab plan --against``): the decomposition, then whether it fits."""
     if a.config == b.config:
         return f"LAYOUT is the planner's #1: {a.config.label()}"
+    if b.config in a.tied_configs():
+        return (f"LAYOUT is the planner's #1: {b.config.label()} runs the same order as #1's {a.config.schedule} "
+                f"({a.tie_reason()})")
     out = [why_beats(a, b, "LAYOUT")]
     fits = b.peak_memory_bytes <= capacity
     out.append(f"  LAYOUT {'fits' if fits else 'does NOT fit'}: peak memory {b.peak_memory_bytes / GB:.3g} GB per device "
@@ -72,6 +82,11 @@ def why_against(a: PlanEntry, b: PlanEntry, capacity: float, untried: list[str])
     if untried:
         out.append(f"  LAYOUT is outside the searched space ({', '.join(untried)})")
     return "\n".join(out)
+
+
+def _label(e: PlanEntry) -> str:
+    """The row's label, with the schedules a merged row stands for."""
+    return e.config.label() + (f" (= {e.schedule_label})" if e.same_as else "")
 
 
 def _compute(e: PlanEntry) -> float:

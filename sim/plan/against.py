@@ -9,7 +9,8 @@ commas, in any order::
     tp8,sp,pp16,dp64,interleaved-1f1b,v8,mb32x1,zero2,rc-none
 
 ``tpN`` (``+sp`` or a separate ``sp`` for sequence parallelism), ``ppN``,
-``dpN``, a registered schedule, ``mMxB`` (or ``mbMxB``: M microbatches of B
+``dpN``, a registered schedule (or a merged row's ``gpipe/1f1b``: its first,
+the one exported), ``mMxB`` (or ``mbMxB``: M microbatches of B
 sequences), and a data-parallel mode are required; ``vN`` (default 1) and
 ``rc-MODE`` (default none) are optional. The layout must use the space's
 devices (tp x pp x dp) and global batch (dp x M x B); it may lie outside the
@@ -71,6 +72,8 @@ def _tokens(text: str) -> dict[str, object]:
             put("dp_mode", _PLAN_ALIASES.get(low, low), token)
         elif lookup(low) is not None:
             put("schedule", lookup(low).name, token)
+        elif "/" in low and all(lookup(x) is not None for x in low.split("/")):
+            put("schedule", lookup(low.split("/")[0]).name, token)  # a merged row: its first, the one exported
         else:
             raise _fail(text, f"token {quote(token)} is none of: {_FORMS}")
     return got

@@ -25,10 +25,21 @@
 4. A lowered, validated graph is shared by every configuration with the same
    (schedule, pp, microbatches, chunks, dp mode, buckets): only the costs differ.
    Work goes to ``workers`` processes in groups that share one graph.
+5. Exact ties merge: two candidates that differ only in the schedule's name and
+   whose schedules are the same data (each rank's program and the stage
+   placement: at pp=1 gpipe and 1f1b are F0 B0 F1 B1 ... only at m=1, but
+   interleaved-zb and zb-v at v=2 are one order for any m; at m=1
+   interleaved-1f1b and looped-bfs are) lower to the same task graph under the
+   same costs, and nothing the simulator or the costs compute reads the name, so
+   their results are the same, bit for bit. They are one plan: one entry (the
+   simplest of them, :data:`SIMPLEST_FIRST`, is the one exported) that names
+   the others (``same_as``), and the top K holds K distinct plans.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import heapq
 import itertools
 import logging
@@ -52,7 +63,13 @@ from sim.plan.bounds import Bounds, MemoryRows, memory_rows, small_m
 from sim.plan.space import PlanConfig, PlanSpace, enumerate_configs, why_empty
 from sim.plan.study import Study, StudyResult, dp_options, exposed_comm
 
-__all__ = ["PlanEntry", "PlanResult", "entry_of", "plan"]
+__all__ = ["SIMPLEST_FIRST", "PlanEntry", "PlanResult", "entry_of", "merge_ties", "order_digest", "plan"]
+
+#: Which of schedules that tie exactly stands for them (and is exported): flush schedules first, then looped ones
+#: (interleaved 1F1B, which Megatron-LM and torch both run, before breadth-first), then zero-bubble ones, each
+#: family's plainest first; a schedule not listed comes after these, by name.
+SIMPLEST_FIRST = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "interleaved-zb", "zb-v",
+                  "v-half", "v-min", "dualpipe-v", "zb-auto")
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +94,32 @@ class PlanEntry:
     exposed_comm: float
     recompute_time: float
     lower_bound: float
+    order: str = ""  # order_digest of the pipeline schedule simulated: equal orders, equal results
+    same_as: tuple[str, ...] = ()  # the other schedules whose order is this one's (merged exact ties)
+
+    @property
+    def schedules(self) -> tuple[str, ...]:
+        """The schedules this entry stands for: its own (the simplest, exported) first."""
+        return (self.config.schedule, *self.same_as)
+
+    @property
+    def schedule_label(self) -> str:
+        """``gpipe/1f1b`` for a merged entry, the schedule's name otherwise."""
+        return "/".join(self.schedules)
+
+    def tie_reason(self) -> str:
+        """Why a merged entry's schedules are one plan (empty for one that is not merged)."""
+        if not self.same_as:
+            return ""
+        c = self.config
+        where = ", ".join(x for x in (f"pp={c.pp}" if c.pp == 1 else "", f"m={c.microbatches}"
+                                      if c.microbatches == 1 else "") if x)
+        return (f"{self.schedule_label}: the same order on every rank{f' at {where}' if where else ''}, so the same "
+                f"simulation; {c.schedule}, the simplest, is exported")
+
+    def tied_configs(self) -> tuple[PlanConfig, ...]:
+        """The configuration of every schedule this entry stands for."""
+        return tuple(self.config._replace(schedule=n) for n in self.schedules)
 
     @property
     def bubble_time(self) -> float:
@@ -87,7 +130,8 @@ class PlanEntry:
         return {"config": self.config.to_dict(), "step_time": self.step_time, "tokens_per_s": self.tokens_per_s,
                 "mfu": self.mfu, "peak_memory_bytes": self.peak_memory_bytes, "bubble_ratio": self.bubble_ratio,
                 "bubble_time": self.bubble_time, "exposed_comm": self.exposed_comm,
-                "recompute_time": self.recompute_time, "lower_bound": self.lower_bound}
+                "recompute_time": self.recompute_time, "lower_bound": self.lower_bound,
+                "same_as": list(self.same_as)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,10 +145,12 @@ class PlanResult:
     memory_unchecked: int  # dropped by the bound before their schedule's activation peak was known
     seconds: float
     top: tuple[PlanEntry, ...]
-    entries: tuple[PlanEntry, ...] = field(repr=False)  # every simulated configuration, fastest first
+    entries: tuple[PlanEntry, ...] = field(repr=False)  # every simulated plan, fastest first, exact ties merged
+    merged: int = 0  # simulated configurations merged into another's entry (the same order: an exact tie)
 
     def to_dict(self) -> dict[str, Any]:
         return {"candidates": self.candidates, "feasible": self.feasible, "simulated": self.simulated,
+                "merged": self.merged,
                 "seconds": self.seconds, "top": [e.to_dict() for e in self.top],
                 "pruned_memory": self.pruned_memory, "pruned_bound": self.pruned_bound,
                 "memory_unchecked": self.memory_unchecked}
@@ -140,22 +186,27 @@ def _study(c: PlanConfig) -> Study:
     return Study(schedule=c.schedule, microbatches=c.microbatches, costs=_STATE["bounds"].costs(c), chunks=c.chunks)
 
 
+def _shape_key(study: Study) -> tuple:
+    """What a schedule is built from: its name and shape, and an adaptive one's options (its pass times, memory)."""
+    return (study.schedule, study.pipeline(), study.schedule_options())
+
+
 def _schedule(study: Study) -> Schedule:
     params, options = study.pipeline(), study.schedule_options()
-    return _cached(_STATE["schedules"], (study.schedule, params, options), lambda: build(study.schedule, params, options))
+    return _cached(_STATE["schedules"], _shape_key(study), lambda: build(study.schedule, params, options))
 
 
 def _timing(study: Study) -> CompiledTiming:
     sched = _schedule(study)
-    return _cached(_STATE["timings"], (study.schedule, study.pipeline()), lambda: compile_timing(sched))
+    return _cached(_STATE["timings"], _shape_key(study), lambda: compile_timing(sched))
 
 
 def _graph(study: Study) -> TaskGraph:
     sched = _schedule(study)
-    pipe = _cached(_STATE["pipelines"], (study.schedule, study.pipeline()), lambda: validate(sched))
+    pipe = _cached(_STATE["pipelines"], _shape_key(study), lambda: validate(sched))
     buckets = tuple(study.costs.buckets(sched.num_stages))
     mode, options = study.parallel.dp_mode, dp_options(study.costs)
-    key = (study.schedule, study.pipeline(), mode, buckets, tuple(options.items()))
+    key = (*_shape_key(study), mode, buckets, tuple(options.items()))
 
     def make() -> TaskGraph:
         graph = add_data_parallel(pipe, mode, buckets, **options)
@@ -165,7 +216,8 @@ def _graph(study: Study) -> TaskGraph:
 
 
 def _row_key(c: PlanConfig) -> tuple:
-    """What a schedule's activation rows depend on: its shape, and for an adaptive one the pass times too."""
+    """What a schedule's activation rows depend on: its shape, and for an adaptive one its options too (pass times:
+    tp, sp, recompute; with pp and m they fix dp, b and the placement, so tcomm)."""
     key = (c.schedule, c.pp, c.microbatches, c.chunks)
     return (*key, c.tp, c.sp, c.recompute) if _adaptive(c.schedule) else key
 
@@ -200,6 +252,13 @@ def _simulate_job(configs: Sequence[PlanConfig], lower: Sequence[float]) -> list
     return out
 
 
+def order_digest(schedule: Schedule) -> str:
+    """A fingerprint of what the simulator reads of a schedule: each rank's program and the stage placement (not
+    its name or parameters); equal digests, equal task graphs."""
+    text = repr((schedule.num_stages, schedule.stage_to_rank, schedule.programs))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def entry_of(c: PlanConfig, result: StudyResult, bounds: Bounds, lower_bound: float) -> PlanEntry:
     """The table's figures of ``c`` from its simulation."""
     step = result.step_time
@@ -207,7 +266,28 @@ def entry_of(c: PlanConfig, result: StudyResult, bounds: Bounds, lower_bound: fl
         config=c, step_time=step, tokens_per_s=result.tokens_per_step / step, mfu=result.mfu,
         peak_memory_bytes=max(d.memory_bytes for d in result.devices()), bubble_ratio=result.sim.bubble_ratio,
         exposed_comm=max(exposed_comm(result.sim), default=0.0), recompute_time=bounds.recompute_time(c),
-        lower_bound=lower_bound)
+        lower_bound=lower_bound, order=order_digest(result.sim.graph.schedule))
+
+
+def _simplest(name: str) -> tuple[int, str]:
+    return (SIMPLEST_FIRST.index(name) if name in SIMPLEST_FIRST else len(SIMPLEST_FIRST), name)
+
+
+def _tie_key(e: PlanEntry) -> tuple:
+    """Entries with the same key are one plan: the same configuration but for the schedule's name, the same order."""
+    return (e.config._replace(schedule=""), e.order)
+
+
+def merge_ties(entries: Sequence[PlanEntry]) -> list[PlanEntry]:
+    """One entry per plan, fastest first: exact ties (:func:`_tie_key`) as the simplest one's, naming the others."""
+    groups: dict[tuple, list[PlanEntry]] = {}
+    for e in entries:
+        groups.setdefault(_tie_key(e), []).append(e)
+    out = []
+    for group in groups.values():
+        group.sort(key=lambda e: _simplest(e.config.schedule))
+        out.append(dataclasses.replace(group[0], same_as=tuple(e.config.schedule for e in group[1:])))
+    return sorted(out, key=lambda e: (e.step_time, e.config))
 
 
 # ------------------------------------------------------------------------------------------------ the search
@@ -291,7 +371,8 @@ def plan(space: PlanSpace, *, top: int = 5, workers: int | None = None,
                           f"fewer workers than {workers}", field="workers") from None
     finally:
         pool.shutdown()
-    done = sorted((e for e in search.entries if e is not None), key=lambda e: (e.step_time, e.config))
+    simulated = [e for e in search.entries if e is not None]
+    done = merge_ties(simulated)
     if not done:
         least = min(floors) / 1e9
         why = (f"the smallest needs at least {least:.4g} GB (model states and one microbatch)"
@@ -301,9 +382,9 @@ def plan(space: PlanSpace, *, top: int = 5, workers: int | None = None,
         raise ConfigError(f"plan: no configuration fits in {space.capacity / 1e9:.3g} GB per device: {why}; raise "
                           "memory_limit, add nodes or give smaller microbatch sizes", field="memory_limit")
     return PlanResult(space=space, candidates=len(configs), feasible=len(configs) - search.pruned_memory - search.unchecked,
-                      simulated=len(done), pruned_memory=search.pruned_memory, pruned_bound=search.pruned_bound,
+                      simulated=len(simulated), pruned_memory=search.pruned_memory, pruned_bound=search.pruned_bound,
                       memory_unchecked=search.unchecked, seconds=time.perf_counter() - t0, top=tuple(done[:top]),
-                      entries=tuple(done))
+                      entries=tuple(done), merged=len(simulated) - len(done))
 
 
 class _Search:
@@ -320,8 +401,9 @@ class _Search:
         self.floor_rows: dict[tuple, MemoryRows | None] = {}
         self.fit: dict[PlanConfig, bool] = {}
         self.floor_checked: set[PlanConfig] = set()
-        self.best: list[float] = []  # max-heap (negated) of the top step times found
+        self.best: list[float] = []  # max-heap (negated) of the top step times found, one per distinct plan
         self.entries: list[PlanEntry | None] = []
+        self.plans: set[tuple] = set()  # the tie keys seen: an exact tie of a plan found is not another plan
 
     def settle(self, n: int, memory: int = 0) -> None:
         self.settled += n
@@ -367,6 +449,9 @@ class _Search:
     def push_entries(self, results: list[PlanEntry]) -> None:
         for e in results:
             self.entries.append(e)
+            if _tie_key(e) in self.plans:
+                continue
+            self.plans.add(_tie_key(e))
             heapq.heappush(self.best, -e.step_time)
             if len(self.best) > self.top:
                 heapq.heappop(self.best)

@@ -51,8 +51,9 @@ from sim.costs.recompute_modes import key_recompute
 from sim.costs.transformer import TransformerConfig, model_from_dict
 from sim.costs.transformer_costs import DTYPES, TransformerCosts
 from sim.engine import SimResult, simulate
-from sim.memory import DeviceMemory, model_state_bytes
+from sim.memory import DeviceMemory
 from sim.network import LINK_MODELS
+from sim.plan.budget import ActivationBudget, held_bytes, parse_bytes, zb_auto_options
 
 __all__ = ["Study", "StudyResult", "dp_options", "exposed_comm", "load_study", "run_study", "study_from_dict"]
 
@@ -62,13 +63,19 @@ class Study:
 
     ``costs`` holds the model, the cluster and the parallel layout
     (``costs.parallel.pp`` is the pipeline's rank count); ``chunks`` None takes
-    the schedule's default.
+    the schedule's default. An adaptive schedule (zb-auto) also takes
+    ``mem_limit``, bytes per device (or text such as ``"60GB"``, ``"56GiB"``;
+    None: its default of pp M_B), turned into its activation budget by
+    :func:`sim.plan.budget.activation_budget`, and ``time_limit``, seconds of
+    exact search (None: its default).
     """
 
     schedule: str
     microbatches: int
     costs: TransformerCosts
     chunks: int | None = None
+    mem_limit: float | str | None = None
+    time_limit: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.schedule, str):
@@ -77,6 +84,12 @@ class Study:
         check_positive_ints("study", microbatches=self.microbatches)
         if self.chunks is not None:
             check_positive_ints("study", chunks=self.chunks)
+        for key in ("mem_limit", "time_limit"):
+            if getattr(self, key) is not None and not spec_adaptive(self.schedule):
+                raise ConfigError(f"study: {key} applies only to adaptive schedules (zb-auto), not to "
+                                  f"{self.schedule!r}", field=key)
+        if self.mem_limit is not None:
+            object.__setattr__(self, "mem_limit", parse_bytes(self.mem_limit))
 
     @property
     def model(self) -> TransformerConfig:
@@ -95,13 +108,17 @@ class Study:
         return PipelineParams(pp=self.parallel.pp, microbatches=self.microbatches, chunks=self.chunks)
 
     def schedule_options(self) -> ZBAutoOptions | None:
-        """An adaptive schedule's options (zb-auto): this model's pass times (a middle stage's); None for the others."""
+        """An adaptive schedule's options (zb-auto): this model's pass times, its activations and the memory limit
+        as a budget in M_B (:func:`sim.plan.budget.zb_auto_options`); None for the others."""
         if not spec_adaptive(self.schedule):
             return None
-        pp = self.parallel.pp
-        n = min(pp - 1, max(1, pp // 2))  # a middle stage; the only one at pp=1
-        return ZBAutoOptions(**{k: self.costs.pass_time(kind, n, pp) for k, kind in (("tf", Kind.F), ("tb", Kind.I),
-                                                                                      ("tw", Kind.W))})
+        return zb_auto_options(self.costs, self.mem_limit, self.time_limit)[0]
+
+    def activation_budget(self) -> ActivationBudget | None:
+        """The memory limit as zb-auto's activation budget (what it used, in M_B and bytes); None without a limit."""
+        if self.mem_limit is None:
+            return None
+        return zb_auto_options(self.costs, self.mem_limit, self.time_limit)[1]
 
 
 def build_graph(study: Study) -> TaskGraph:
@@ -218,13 +235,10 @@ class StudyResult:
         n_st, p = graph.schedule.num_stages, s.parallel
         out = []
         for stats in self.sim.ranks:
-            stages = graph.schedule.stages_of(stats.rank)
-            psi = sum(costs.stage_params(st, n_st) for st in stages)
-            gather = _gathered_bytes([costs.stage_params(st, n_st) for st in stages], p)
+            states, gather = held_bytes(costs, graph.schedule.stages_of(stats.rank), n_st)  # fp32 gradients too
             dev = s.cluster.devices[p.device(stats.rank)]
-            grad = 4 if getattr(costs, "reduce_dtype", "bf16") == "fp32" else 2  # an fp32 gradient accumulator (its shard under zero2/3)
-            out.append(DeviceMemory(stats.rank, str(dev), model_state_bytes(psi, p.dp_mode, p.dp, grad),
-                                    stats.peak_activations, gather, s.cluster.spec.memory_bytes))
+            out.append(DeviceMemory(stats.rank, str(dev), states, stats.peak_activations, gather,
+                                    s.cluster.spec.memory_bytes))
         return out
 
     def assumptions(self) -> list[str]:
@@ -282,6 +296,7 @@ class StudyResult:
             "transformer": self.study.model.describe(),
             "assumptions": self.assumptions(),
             **({"async_ps": a.to_dict()} if (a := self.async_ps) is not None else {}),
+            **({"zb_auto_memory": b.to_dict()} if (b := self.study.activation_budget()) is not None else {}),
         }
 
     def format(self) -> str:
@@ -306,6 +321,8 @@ class StudyResult:
             )
         if (a := self.async_ps) is not None:
             lines += ["", *a.format()]
+        if (b := s.activation_budget()) is not None:
+            lines += ["", b.format()]
         lines += ["", "assumptions:"] + [f"  - {a}" for a in d["assumptions"]]
         return "\n".join(lines)
 
@@ -322,14 +339,6 @@ def _ps_assumption(mode: str, dp: int, servers: int) -> list[str]:
                 "trainer at its speed under the staleness bound with the servers' updates in sim.costs.async_ps (time per "
                 "update = dp / sum of the trainers' rates); what stale gradients do to the loss is not modelled"]
     return []
-
-
-def _gathered_bytes(stage_params: list[float], p: ParallelConfig) -> float:
-    """ZeRO-3's gathered 16-bit parameters at the peak: one stage's (the largest) while a pass runs; with
-    ``fsdp_reshard_after_forward`` off a forward's stay gathered until its backward, so every stage of the rank."""
-    if p.dp_mode not in ("zero3", "fsdp"):
-        return 0.0
-    return 2 * (max(stage_params) if p.fsdp_reshard_after_forward else sum(stage_params))
 
 
 def run_study(study: Study) -> StudyResult:
@@ -364,7 +373,21 @@ def key_slowdown(owner: str, key: str, value: Any, error: type[ConfigError] = Co
         raise error(f"{owner}: {key} must be a finite slowdown >= 0 (0: none), got {quote(value)}", field=key)
 
 
-_STUDY_KEYS = ("schedule", "microbatches", "chunks")
+def _key_size(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
+    """A size in bytes: a number, or text such as "60GB" (:func:`sim.plan.budget.parse_bytes`)."""
+    try:
+        parse_bytes(value, key)
+    except ConfigError as e:
+        raise error(f"{owner}: {e}", field=key) from None
+
+
+def _key_seconds(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
+    """A finite number of seconds >= 0 (zb-auto's time_limit; its upper bound is zb-auto's to check)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise error(f"{owner}: {key} must be a finite number of seconds >= 0, got {quote(value)}", field=key)
+
+
+_STUDY_KEYS = ("schedule", "microbatches", "chunks", "mem_limit", "time_limit")
 _COST_KEYS = ("microbatch_size", "efficiency", "pair_overlap", "layers_per_stage", "recompute", "dtype",
               "reduce_dtype", "elementwise", "tp_overlap", "contention")
 #: The [run] and [parallel] tables: their keys and their kinds ([model]: sim.costs.transformer.MODEL_TABLE,
@@ -375,7 +398,7 @@ RUN_TABLE: dict[str, KeyCheck] = {
     "efficiency": key_fraction("a fraction of peak", open_low=True), "pair_overlap": key_fraction(),
     "layers_per_stage": key_layer_counts, "recompute": key_recompute, "dtype": key_choice(DTYPES),
     "reduce_dtype": key_choice(("bf16", "fp32")), "elementwise": key_choice(("fused", "eager")), "tp_overlap": key_flag,
-    "contention": key_slowdown,
+    "contention": key_slowdown, "mem_limit": _key_size, "time_limit": _key_seconds,
 }
 PARALLEL_TABLE: dict[str, KeyCheck] = {
     "pp": key_positive_int, "dp": key_positive_int, "tp": key_positive_int, "cp": key_positive_int,
