@@ -7,5 +7,5 @@ parallel modes amortized over steps, and the planner with its space, bounds and 
 ``why_empty``. ``study``: ``Study``, ``StudyResult``, ``dp_options``, ``exposed_comm``, ``load_study``,
 ``run_study``, ``study_from_dict``. ``sweep``: ``RecomputePoint``, ``Sweep``, ``SweepConfig``, ``applicable``,
 ``bubble_sweep``, ``predict_for_trace``, ``recompute_tradeoff``, ``run_sweep``, ``simulate_many``,
-``units_comparison``.
+``trace_graph``, ``units_comparison``.
 """
