@@ -194,6 +194,15 @@ class SweepConfig:
                                 field="costs_profile")
         if self.profile is not None:  # a missing or malformed file fails here, before anything runs
             load_costs(self.profile, None, self.costs_profile)
+        if self.real_traces and self.calibrated and self.costs_profile is None:
+            raise ScheduleError(f"predicting real traces from the calibration trace {str(self.profile)!r} needs "
+                                "the machine's profile (real.profile's cost file), as the validation grid does; "
+                                "give costs_profile", field="costs_profile")
+
+    @property
+    def calibrated(self) -> bool:
+        """``profile`` is a calibration run's trace (the real traces are predicted from it), not a cost file."""
+        return self.profile is not None and Path(self.profile).suffix in (".csv", ".parquet")
 
 
 @dataclass(frozen=True, eq=False)
