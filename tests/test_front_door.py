@@ -265,3 +265,41 @@ def test_report_calibration_trace_needs_the_profile(runs, tmp_path, capsys):
                                 "--costs", runs["cal"], "--real", runs["gpipe"], "--no-progress")
     assert code == 2 and "needs the machine's profile" in err and "--costs-profile" in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)  # two torchrun launches of 2 gloo processes, with room for a loaded machine
+def test_report_on_real_runs(tmp_path, capsys):
+    """Two real 2-process runs (1f1b calibrates, gpipe is held out) through schedlab report: the grid's rows, the
+    verdict, and each rank's measured peak activations beside the simulated."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    small = ["--layers", "4", "--dim", "16", "--heads", "2", "--vocab", "32", "--seq", "8"]
+    for name in ("1f1b", "gpipe"):
+        cmd = [sys.executable, "-m", "analysis", "run", "--nproc-per-node", "2", "--schedule", name, "--pp", "2",
+               "--microbatches", "4", "--steps", "5", "--trace-steps", "4", "--batch-size", "16", *small,
+               "--trace", str(tmp_path / f"{name}.csv")]
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"}) as proc:
+            try:
+                _, err = proc.communicate(timeout=100)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                pytest.fail(f"schedlab run hung; stderr so far:\n{proc.communicate()[1][-4000:]}")
+        assert proc.returncode == 0, err[-4000:]
+    out = tmp_path / "report"
+    code, _, err = run_cli(capsys, "report", "--out", str(out), "--schedules", "1f1b,gpipe", "--pp", "2",
+                           "--microbatches", "4", "--costs", str(tmp_path / "1f1b.csv"), "--costs-profile",
+                           str(_profile_file(tmp_path)), "--real", str(tmp_path / "gpipe.csv"), "--no-progress")
+    assert code == 0, err
+    md = (out / "report.md").read_text()
+    assert "**Noise verdict: " in md and "| 1f1b | 4 | in-sample |" in md and "| gpipe | 4 | held out |" in md
+    memory = md.split("| run | rank | measured MiB | measured M_B | simulated M_B |")[1].split("\n\n")[0]
+    cells = [line.split(" | ") for line in memory.strip().splitlines()[1:]]
+    assert [(c[0].strip("| "), c[1]) for c in cells] == [("1f1b", "0"), ("1f1b", "1"), ("gpipe", "0"), ("gpipe", "1")]
+    assert all(c[2] != "-" and float(c[2]) > 0 for c in cells)  # the runtime measured every rank
+    assert [c[4].strip(" |") for c in cells] == ["2", "1", "4", "4"]  # 1f1b at pp=2: 2 and 1 M_B; gpipe: all 4
