@@ -272,10 +272,13 @@ def _against_section(cfg: SweepConfig, figures: list[str]) -> list[str]:
                    f"{_pct(scores['max_abs_error'])}, Kendall tau_b {format_tau(scores['kendall_tau_b'])} "
                    f"(overlapping spreads tie); the profile alone: mean |error| "
                    f"{_pct(scores['profile_mean_abs_error'])}.")
-    else:
+    elif v["verdict"] == "too noisy to judge":
         summary = ("Errors not reported: the runs were too noisy to judge an error of "
                    f"{v['limit']:.0%}, so any error here would be the measurement's as much as the model's. "
                    "Measure on a quiet machine, or trace more steps.")
+    else:
+        summary = ("Errors not reported: no run traced two steps or more, so nothing says how far the "
+                   "measurement itself wanders; trace more steps (`schedlab run --trace-steps N`).")
     table = _markdown_table(["schedule", "m", "sample", "predicted ms", "measured ms", "p10-p90 ms", "error"],
                             format_rows(res))
     return ["## Prediction against measurement", "", verdict_line(v), "", where, "", table, "", summary, "",

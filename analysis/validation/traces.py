@@ -151,12 +151,14 @@ def predict_traces(traces: Sequence[str | Path], profile: str | Path, calibratio
 
 
 def format_rows(result: Mapping[str, Any]) -> list[tuple[str, ...]]:
-    """Table cells per row: schedule, m, sample, predicted ms, measured ms, p10-p90 ms, error (or "too noisy")."""
-    judged = result["noise_verdict"]["judged"]
+    """Table cells per row: schedule, m, sample, predicted ms, measured ms, p10-p90 ms, error ("too noisy" or
+    "noise undefined" where the runs could not judge it: :func:`noise_verdict`)."""
+    v = result["noise_verdict"]
+    unjudged = "too noisy" if v["verdict"] == "too noisy to judge" else "noise undefined"
     out = []
     for r in result["rows"]:
         lo, hi = r["measured_spread"]
-        error = f"{r['error']:+.1%}" if judged else "too noisy"
+        error = f"{r['error']:+.1%}" if v["judged"] else unjudged
         out.append((str(r["schedule"]), str(r["microbatches"]), "in-sample" if r["in_sample"] else "held out",
                     f"{r['predicted_step_time'] * 1e3:.2f}", f"{r['measured_step_time'] * 1e3:.2f}",
                     f"{lo * 1e3:.2f}-{hi * 1e3:.2f}", error))
