@@ -129,6 +129,28 @@ def test_compare_alone_is_the_comparison_table(tmp_path):
                                                "timelines.png"]
 
 
+def test_compare_in_physical_units_is_units_comparison(tmp_path):
+    from analysis import compare
+    from common.errors import ConfigError
+    from sim import ParallelConfig, TransformerCosts, cluster_preset, model_preset, units_comparison
+
+    costs = TransformerCosts(model=model_preset("gpt-6.2b"), cluster=cluster_preset("dgx-h100:2"),
+                             parallel=ParallelConfig(pp=8, dp=2, dp_mode="ddp"))
+    c = compare(["1f1b", "zb-h1"], costs, microbatches=16, out=tmp_path / "u")
+    rows = units_comparison(["1f1b", "zb-h1"], microbatches=16, costs=costs)
+    assert json.dumps(list(c.units), sort_keys=True) == json.dumps(rows, sort_keys=True) and c.results == ()
+    assert list(c.table["step_time"]) == [d["step_time"] for d in rows]
+    assert list(c.table["peak_memory_bytes"]) == [max(x["memory_bytes"] for x in d["devices"]) for d in rows]
+    assert [p.name for p in c.files] == ["comparison.csv"]
+    with pytest.raises(ConfigError, match="pp=4 but the costs' parallel layout has pp=8") as exc:
+        compare(["1f1b"], costs, pp=4)
+    assert exc.value.field == "pp"
+    with pytest.raises(ConfigError, match="costs must be UniformCosts, TransformerCosts, or the path of a cost "
+                                          "file or trace, got 3") as exc:
+        compare(["1f1b"], 3)
+    assert exc.value.field == "costs"
+
+
 def _grid(runs, held_out):
     """The validation grid's own functions on the same traces: Calibration.of, grid_rows, score_grid."""
     from analysis.validation.calibration import Calibration, grid_rows
