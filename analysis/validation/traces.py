@@ -88,7 +88,7 @@ def _keys(frames: Mapping[str, pd.DataFrame]) -> dict[str, tuple[str, int]]:
     traces ran the same configuration."""
     plain = {p: (str(df.attrs.get("schedule")), int(df.attrs.get("params", {}).get("microbatches", 0)))
              for p, df in frames.items()}
-    seen = [k for k in plain.values()]
+    seen = list(plain.values())
     return {p: (f"{k[0]} ({Path(p).stem})", k[1]) if seen.count(k) > 1 else k for p, k in plain.items()}
 
 
