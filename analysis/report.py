@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from analysis.compare import comparison_table
 from analysis.theory import bubble_ratio as closed_form_bubble
 from analysis.timeline import plot_timeline, plot_timelines
-from analysis.validation.scores import compare_pair, format_tau, plot_validation, validation_summary
+from analysis.validation.scores import compare_pair, format_tau, plot_validation, validation_summary, verdict_line
 from common.outputs import check_output_dir, replace_folder
 from schedules.trace import write_trace
 
@@ -225,13 +225,6 @@ def _real_section(sweep: Sweep, out: Path) -> list[str]:
     from analysis.perfetto import write_chrome_trace
 
     profile = sweep.config.profile
-    where = (f"Predicted with the profiled costs of `{profile}` (seconds, measured on the machine by "
-             "`python -m real.profile`); simulated and measured timelines share one time axis. Span: first task "
-             "start to last task end of the traced step (the step time the runtime reports adds the optimizer "
-             "steps and the loss all-reduce; `experiments/validate_sim.py` compares those)."
-             if profile is not None else
-             "Predicted with the uniform costs above (unit-free), so only the shape and the bubble compare; "
-             "pass `--costs PROFILE.json` for predictions in seconds.")
     rows, figures = [], []
     for path, real, predicted in sweep.predictions:
         rows.append(compare_pair(predicted, real))
@@ -240,7 +233,12 @@ def _real_section(sweep: Sweep, out: Path) -> list[str]:
         plot_timelines([predicted, real], out / f"sim-vs-real-{stem}.png", same_axis=profile is not None)
         write_chrome_trace(real, out / f"{stem}.perfetto.json")
         figures += [f"![{name}: simulated (top) and measured (bottom)](sim-vs-real-{stem}.png)", ""]
+    if profile is not None:
+        return _against_section(sweep.config, figures)
     summary = validation_summary(rows)
+    where = ("Predicted with the uniform costs above (unit-free), so only the shape and the bubble compare; "
+             "pass `--costs RUN.csv --costs-profile PROFILE.json` (a calibration run's trace and the machine's "
+             "profile) for predictions in seconds, made as the validation grid makes them.")
     table = _markdown_table(
         ["schedule", "predicted span", "measured span (traced step)", "error", "predicted bubble", "measured bubble"],
         [(r["schedule"], f"{r['predicted_step_time']:.4g}", f"{r['measured_step_time']:.4g}", f"{r['error']:+.1%}",
@@ -249,6 +247,62 @@ def _real_section(sweep: Sweep, out: Path) -> list[str]:
     return ["## Prediction against measurement", "", where, "", table, "",
             f"Mean absolute error {summary['mean_abs_error']:.1%}, worst {summary['max_abs_error']:.1%}, "
             f"ranking agreement (Kendall tau) {format_tau(summary['kendall_tau'])}.", "", *figures]
+
+
+def _against_section(cfg: SweepConfig, figures: list[str]) -> list[str]:
+    """Real runs in seconds, predicted as the validation grid predicts (:mod:`analysis.validation.traces`): the
+    noise verdict first, the errors only when the runs could judge them, and each rank's peak activations."""
+    from analysis.validation.traces import format_rows, predict_traces
+
+    if cfg.calibrated:
+        res = predict_traces(cfg.real_traces, cfg.costs_profile, [cfg.profile])
+        where = (f"Predicted as the validation grid predicts (docs/validation-protocol.md): calibrated from the run "
+                 f"`{cfg.profile}` (an in-sample row: its own steps fitted the model) and the profile "
+                 f"`{cfg.costs_profile}`; the step time is the runtime's (rank 0's wall time of a traced step), "
+                 "the median over the traced steps, spread p10-p90.")
+    else:
+        res = predict_traces(cfg.real_traces, cfg.profile)
+        where = (f"Predicted from the profile `{cfg.profile}` alone (the validation grid's second source, which "
+                 "scores worse than a calibration run: docs/results/validation.md); give a calibration run's trace "
+                 "as `--costs RUN.csv --costs-profile PROFILE.json` to predict as the grid does.")
+    v, scores = res["noise_verdict"], res["scores"]
+    if scores is not None:
+        held = scores["out_of_sample"]
+        summary = (f"Held-out rows ({len(held)}): mean |error| {_pct(scores['mean_abs_error'])}, worst "
+                   f"{_pct(scores['max_abs_error'])}, Kendall tau_b {format_tau(scores['kendall_tau_b'])} "
+                   f"(overlapping spreads tie); the profile alone: mean |error| "
+                   f"{_pct(scores['profile_mean_abs_error'])}.")
+    elif v["verdict"] == "too noisy to judge":
+        summary = ("Errors not reported: the runs were too noisy to judge an error of "
+                   f"{v['limit']:.0%}, so any error here would be the measurement's as much as the model's. "
+                   "Measure on a quiet machine, or trace more steps.")
+    else:
+        summary = ("Errors not reported: no run traced two steps or more, so nothing says how far the "
+                   "measurement itself wanders; trace more steps (`schedlab run --trace-steps N`).")
+    table = _markdown_table(["schedule", "m", "sample", "predicted ms", "measured ms", "p10-p90 ms", "error"],
+                            format_rows(res))
+    return ["## Prediction against measurement", "", verdict_line(v), "", where, "", table, "", summary, "",
+            *_memory_table(res["memory"]), *figures]
+
+
+def _pct(x: float) -> str:
+    return "undefined" if x != x else f"{x:.1%}"
+
+
+def _memory_table(memory: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Each run's measured peak activation memory per rank (the runtime's, ``attrs["memory"]``) beside the
+    simulated peak of the same rank."""
+    def mib(x: Any) -> str:
+        return "-" if x is None else f"{x / 2**20:.3g}"
+
+    def mb(x: Any) -> str:
+        return "-" if x is None else f"{x:.3g}"
+
+    rows = [(name, m["rank"], mib(m["measured_peak_activation_bytes"]), mb(m["measured_peak_activations_mb"]),
+             mb(m["simulated_peak_activations_mb"])) for name, ranks in memory.items() for m in ranks]
+    return ["Peak activation memory per rank: measured by the runtime (autograd's saved tensors) and simulated, "
+            "in M_B (one microbatch's activations for the rank's layers); '-': the trace records none.", "",
+            _markdown_table(["run", "rank", "measured MiB", "measured M_B", "simulated M_B"], rows), ""]
 
 
 def write_report(out: str | os.PathLike, sweep: Sweep, validation: dict[str, Any] | None = None, *,

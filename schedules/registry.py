@@ -213,16 +213,18 @@ def _check_chunks(sp: ScheduleSpec, chunks: object) -> None:
         )
 
 
-def build(name: str, params: PipelineParams | None = None, options: Any = None, /, **fields: Any) -> Schedule:
-    """Build a registered schedule: ``build("1f1b", params)`` or ``build("1f1b", pp=4, microbatches=8)``.
+def build(name: str, *args: Any, **fields: Any) -> Schedule:
+    """Build a registered schedule: ``build("1f1b", 4, 8)`` (pp, microbatches[, chunks]),
+    ``build("1f1b", pp=4, microbatches=8)`` or ``build("1f1b", params)``.
 
     The keywords are :class:`PipelineParams`' fields and, for an adaptive
     schedule, its options' (``build("zb-auto", pp=4, microbatches=8,
-    mem_limit=6, tf=1.1)``), or ``options`` itself
+    mem_limit=6, tf=1.1)``), or ``options`` itself after the params
     (``build("zb-auto", params, ZBAutoOptions(mem_limit=6))``). Bad names and
     impossible parameters raise ScheduleError, and so do options given to a
     schedule that is not adaptive.
     """
+    params, options = _positional(name, args, fields)
     return build_from(spec(name), params, options, **fields)
 
 
@@ -323,6 +325,27 @@ def canonical_name(ref: str) -> str:
 def spec_of(fn: Callable[..., Any]) -> ScheduleSpec | None:
     """The registered schedule whose generator is ``fn`` (a function the user registered in their file), or None."""
     return next((sp for sp in _REGISTRY.values() if sp.fn is fn or inspect.unwrap(sp.fn) is fn), None)
+
+
+_POSITIONAL = ("pp", "microbatches", "chunks")
+
+
+def _positional(name: str, args: tuple[Any, ...], fields: dict[str, Any]) -> tuple[Any, Any]:
+    """``build``'s positional arguments: (params[, options]), or up to three ints (pp, microbatches, chunks) that
+    join ``fields``; returns (params, options)."""
+    if not args or isinstance(args[0], PipelineParams) or args[0] is None:
+        if len(args) > 2:
+            raise TypeError(f"build({name!r}, params, options) takes at most 2 arguments after the name, "
+                            f"got {len(args)}")
+        return (*args, None, None)[:2]
+    if len(args) > len(_POSITIONAL) or not all(isinstance(a, int) and not isinstance(a, bool) for a in args):
+        raise TypeError(f"build({name!r}, ...) takes a PipelineParams or up to three ints (pp, microbatches, "
+                        f"chunks) after the name, got {', '.join(quote(a) for a in args)}")
+    for key, value in zip(_POSITIONAL, args, strict=False):
+        if key in fields:
+            raise TypeError(f"build({name!r}, ...) got {key} both by position and as a keyword")
+        fields[key] = value
+    return None, None
 
 
 def _check_adaptive(sp: ScheduleSpec, given: list[str]) -> None:

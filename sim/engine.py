@@ -45,11 +45,11 @@ from typing import TYPE_CHECKING, Any
 
 import simpy
 
-from schedules import ScheduleError, Stream, TaskGraph, validate
+from schedules import Schedule, ScheduleError, Stream, TaskGraph, lower, validate
 from schedules.dp.modes import server_update
 from schedules.trace import make_trace
 from schedules.util import paused_gc
-from sim.costs.uniform import CostModel
+from sim.costs.uniform import CostModel, UniformCosts
 from sim.network import FairLinks, Network
 from sim.slowdown import check_factor, check_max_inflight, slowed_links
 
@@ -162,14 +162,22 @@ class SimResult:
         }
 
 
-def simulate(graph: TaskGraph, costs: CostModel, *, check: bool = True) -> SimResult:
-    """Run the task graph under the cost model; deterministic.
+def simulate(graph: TaskGraph | Schedule, costs: CostModel | None = None, *, check: bool = True) -> SimResult:
+    """Run the task graph (or a schedule, lowered here) under the cost model (default: :class:`UniformCosts`);
+    deterministic: ``simulate(schedule, costs)`` is ``simulate(lower(schedule), costs)``.
 
     ``check`` validates the graph first (a deadlock is reported, not simulated);
     pass False only for a graph that :func:`schedules.validate` already accepted.
     """
-    if check:
+    if isinstance(graph, Schedule):
+        graph = validate(graph) if check else lower(graph)
+    elif not isinstance(graph, TaskGraph):
+        raise ScheduleError(f"simulate: graph must be a Schedule or a TaskGraph (schedules.build, schedules.lower), "
+                            f"got {type(graph).__name__}", field="graph")
+    elif check:
         validate(graph)
+    if costs is None:
+        costs = UniformCosts()
     with paused_gc():  # millions of small allocations; a full collection would walk the whole graph
         return _simulate(graph, costs)
 

@@ -341,7 +341,9 @@ def test_report_predicts_real_traces_with_profiled_costs(profile_path, tmp_path,
     assert schedlab(["report", "--out", str(out), "--pp", "2", "--microbatches", "4", "--schedules", "1f1b,zb-h1",
                      "--no-progress", "--real", str(trace), "--costs", str(profile_path)]) == 0
     md = (out / "report.md").read_text()
-    assert "profiled costs" in md and "| zb-h1 |" in md and "-20.0%" in md
+    # the profile alone predicts the step; one traced step has no two halves, so its error is not judged
+    assert f"Predicted from the profile `{profile_path}` alone" in md and "| zb-h1 | 4 | held out |" in md
+    assert "**Noise verdict: noise undefined" in md and "| noise undefined |" in md and "no run traced two" in md
     assert (out / "sim-vs-real-zb-h1.png").is_file()
     with pytest.raises(SystemExit) as exc:
         schedlab(["report", "--out", str(tmp_path / "r2"), "--real", str(trace), "--costs", str(tmp_path / "no.json")])

@@ -280,7 +280,8 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
         check_distinct({}, inputs, folders={"--out": args.out})
         cfg = SweepConfig(pp=args.pp, microbatches=args.microbatches, chunks=args.chunks, schedules=chosen,
                           costs=uniform_costs(args), real_traces=tuple(Path(t) for t in args.real),
-                          profile=Path(args.costs) if args.costs else None)
+                          profile=Path(args.costs) if args.costs else None,
+                          costs_profile=Path(args.costs_profile) if args.costs_profile else None)
         validation = load_validation(args.validation) if args.validation else None
         dp_rows = _load_dp_compare(args.dp_compare) if args.dp_compare else None
         path = write_report(args.out, run_sweep(cfg, progress), validation, dp_modes=dp_rows)

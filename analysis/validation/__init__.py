@@ -13,5 +13,6 @@ side by side. ``async_grid``: ``async_loop``, ``measured_parts``, ``predict_asyn
 ``run_summary``. ``scores``: ``GOAL_GAP``, ``GOAL_TAU``, ``NOISE_LIMIT``, ``TOO_NOISY_EXIT``, ``compare_pair``,
 ``decomposition``, ``describe_verdict``, ``exit_status``, ``format_tau``, ``half_difference``, ``kendall_tau``,
 ``kind_durations``, ``load_validation``, ``noise_verdict``, ``plan_goal``, ``plot_validation``, ``score_grid``,
-``score_plan``, ``validation_summary``, ``verdict_line``.
+``score_plan``, ``validation_summary``, ``verdict_line``. ``traces``: ``TracedRun``, ``format_rows``,
+``memory_rows``, ``predict_traces``, ``traced_run``.
 """

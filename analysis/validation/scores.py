@@ -261,10 +261,14 @@ def verdict_line(v: dict[str, Any]) -> str:
 def describe_verdict(v: dict[str, Any]) -> str:
     """One line: the verdict, the noise against the limit, the load."""
     noise = "undefined" if math.isnan(v["noise"]) else f"{v['noise']:.1%}"
-    return (f"{v['verdict']}: measured noise {noise} (limit {v['limit']:.1%}); load average (1, 5, 15 min) "
+    head = f"{v['verdict']}: measured noise {noise} (limit {v['limit']:.1%})"
+    if not v["load_before"] and not v["load_after"]:  # traces of runs made elsewhere (analysis.validation.traces)
+        return f"{head}, from the two halves of each run's traced steps; the runs' load was not recorded"
+    foreign = v["max_foreign_cores"]
+    return (f"{head}; load average (1, 5, 15 min) "
             f"{', '.join(f'{x:.2f}' for x in v['load_before'])} before, "
             f"{', '.join(f'{x:.2f}' for x in v['load_after'])} after, on {v['cores']} cores; other processes "
-            f"used up to {v['max_foreign_cores']:.2f} cores during a run")
+            f"used up to {'an unrecorded number of' if math.isnan(foreign) else f'{foreign:.2f}'} cores during a run")
 
 
 _ROW_KEYS = ("schedule", "microbatches", "predicted_step_time", "measured_step_time", "error", "measured_spread")

@@ -9,5 +9,5 @@ budget): ``SIZE_UNITS``, ``ActivationBudget``, ``activation_budget``, ``held_byt
 ``why_empty``. ``study``: ``Study``, ``StudyResult``, ``dp_options``, ``exposed_comm``, ``load_study``,
 ``run_study``, ``study_from_dict``. ``sweep``: ``RecomputePoint``, ``Sweep``, ``SweepConfig``, ``applicable``,
 ``bubble_sweep``, ``predict_for_trace``, ``recompute_tradeoff``, ``run_sweep``, ``simulate_many``,
-``units_comparison``.
+``trace_graph``, ``units_comparison``.
 """

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from schedules import (
     Schedule,
     ScheduleError,
+    TaskGraph,
     ZBAutoOptions,
     load_schedule,
     lower,
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RecomputePoint", "Sweep", "SweepConfig", "applicable", "bubble_sweep", "predict_for_trace", "recompute_tradeoff",
-    "run_sweep", "simulate_many", "units_comparison",
+    "run_sweep", "simulate_many", "trace_graph", "units_comparison",
 ]
 
 SWEEP_MICROBATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
@@ -162,9 +163,8 @@ def recompute_tradeoff(names: Iterable[str], *, pp: int, microbatches: int, chun
     return out
 
 
-def predict_for_trace(attrs: Mapping[str, Any], costs: CostModel | None = None,
-                      profile: str | Path | None = None) -> SimResult:
-    """Simulate the schedule a trace ran (its ``attrs``: schedule, params) with ``costs``, or a cost file's."""
+def trace_graph(attrs: Mapping[str, Any]) -> TaskGraph:
+    """The validated graph of the schedule a trace ran (its ``attrs``: schedule, params, recomputation)."""
     name, params = str(attrs.get("schedule")), attrs.get("params", {})
     try:
         pp, m = int(params["pp"]), int(params["microbatches"])
@@ -179,18 +179,27 @@ def predict_for_trace(attrs: Mapping[str, Any], costs: CostModel | None = None,
         schedule = load_schedule(name, pp=pp, microbatches=m, chunks=chunks)
         if params.get("recompute") in ("full", "bubbles"):  # placed as the run placed them (unit pass times)
             schedule = place_recompute(schedule, params["recompute"], params.get("recompute_mem_limit"))
-    graph = lower(schedule)
+    return validate(schedule)
+
+
+def predict_for_trace(attrs: Mapping[str, Any], costs: CostModel | None = None, profile: str | Path | None = None,
+                      costs_profile: str | Path | None = None) -> SimResult:
+    """Simulate the schedule a trace ran (its ``attrs``: schedule, params) with ``costs``, or ``profile``'s: a cost
+    file, or a calibration run's trace scaled to other stage counts with ``costs_profile``
+    (:func:`sim.costs.calibrated.load_costs`)."""
+    graph = trace_graph(attrs)
     if profile is not None:
-        costs = load_costs(profile, graph.schedule.num_stages)
-    return simulate(graph, costs or UniformCosts())
+        costs = load_costs(profile, graph.schedule.num_stages, costs_profile)
+    return simulate(graph, costs or UniformCosts(), check=False)
 
 
 @dataclass(frozen=True, kw_only=True)
 class SweepConfig:
     """What a report simulates: the schedules at one shape, a bubble sweep over m, and predictions for real traces.
 
-    ``profile``: a cost file (real.profile) to predict the real traces in
-    seconds; without it they are predicted with ``costs``.
+    ``profile``: a cost file (real.profile), or a calibration run's trace, to predict the real traces in
+    seconds; without it they are predicted with ``costs``. ``costs_profile``: the cost file that scales a
+    calibration trace to other stage counts and passes (:func:`sim.costs.calibrated.load_costs`).
     """
 
     pp: int = 4
@@ -201,6 +210,7 @@ class SweepConfig:
     sweep: tuple[int, ...] = SWEEP_MICROBATCHES
     real_traces: tuple[Path, ...] = ()
     profile: Path | None = None
+    costs_profile: Path | None = None
     recompute_limits: tuple[float, ...] = RECOMPUTE_LIMITS  # empty: no recomputation section
 
     def __post_init__(self) -> None:
@@ -209,8 +219,20 @@ class SweepConfig:
         for path in self.real_traces:
             if not Path(path).is_file():
                 raise ScheduleError(f"trace file {str(path)!r} not found")
-        if self.profile is not None:
-            load_costs(self.profile)  # a missing or malformed file fails here, before anything runs
+        if self.costs_profile is not None and self.profile is None:
+            raise ScheduleError("costs_profile scales a calibration trace given as profile; give profile too",
+                                field="costs_profile")
+        if self.profile is not None:  # a missing or malformed file fails here, before anything runs
+            load_costs(self.profile, None, self.costs_profile)
+        if self.real_traces and self.calibrated and self.costs_profile is None:
+            raise ScheduleError(f"predicting real traces from the calibration trace {str(self.profile)!r} needs "
+                                "the machine's profile (real.profile's cost file), as the validation grid does; "
+                                "give costs_profile", field="costs_profile")
+
+    @property
+    def calibrated(self) -> bool:
+        """``profile`` is a calibration run's trace (the real traces are predicted from it), not a cost file."""
+        return self.profile is not None and Path(self.profile).suffix in (".csv", ".parquet")
 
 
 @dataclass(frozen=True, eq=False)
@@ -234,7 +256,8 @@ def run_sweep(cfg: SweepConfig, progress: Callable[[Sequence], Iterable] | None 
         real = median_step(read_trace(path))
         if real.attrs.get("source") != "real":
             raise ScheduleError(f"trace {str(path)!r} is not a real run's trace (attrs source={real.attrs.get('source')!r})")
-        predicted = predict_for_trace(real.attrs, cfg.costs if cfg.profile is None else None, cfg.profile).trace
+        predicted = predict_for_trace(real.attrs, cfg.costs if cfg.profile is None else None, cfg.profile,
+                                      cfg.costs_profile).trace
         predictions.append((Path(path), real, predicted))
     recompute = recompute_tradeoff(chosen, pp=cfg.pp, microbatches=cfg.microbatches, chunks=cfg.chunks,
                                    costs=cfg.costs, limits=cfg.recompute_limits) if cfg.recompute_limits else []
