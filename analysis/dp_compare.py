@@ -283,7 +283,7 @@ def plot_dp_modes(rows: Sequence[DPModeRow], path: str | os.PathLike) -> Path:
         ax_t.bar([x for x, _ in meas], [t for _, t in meas], 0.4, label="measured", hatch="//", fill=False)
     ax_t.set_xticks(list(xs), modes)
     ax_t.set_ylabel("step time (s)")
-    ax_t.set_title("step time per mode")
+    ax_t.set_title("step time per mode (simulated; measured where run)", fontsize=10)
     highest = max([first[m].step_time for m in modes] + [t for _, t in meas], default=0.0)
     ax_t.set_ylim(0, highest * 1.3 or 1.0)  # room for the legend above the bars
     ax_t.legend(loc="upper right", fontsize=8)
@@ -299,8 +299,8 @@ def plot_dp_modes(rows: Sequence[DPModeRow], path: str | os.PathLike) -> Path:
         ax_m.scatter([i for i, _ in marks], [v for _, v in marks], marker="_", s=400, color="black", zorder=3,
                      label="measured total")
     ax_m.set_xticks(range(len(rows)), labels, fontsize=7)
-    ax_m.set_ylabel(f"{unit} per device")
-    ax_m.set_title("memory per pipeline rank per mode (predicted, stacked)")
+    ax_m.set_ylabel(f"memory per device ({unit})")
+    ax_m.set_title("memory per pipeline rank per mode (simulated, stacked; measured total: marker)", fontsize=10)
     ax_m.legend(fontsize=7)
     fig.subplots_adjust(left=0.06, right=0.99, bottom=0.16, top=0.92, wspace=0.18)  # tight_layout: 1 s a figure
     path = Path(path)
