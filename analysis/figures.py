@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from matplotlib.text import Text
 
 __all__ = ["UNITS", "axes_without_units", "figure_problems", "has_unit", "label_marker_overlaps",
-           "legend_data_overlaps", "overlapping_texts", "place_labels", "place_legend", "time_unit"]
+           "legend_data_overlaps", "overlapping_texts", "place_labels", "place_legend", "texts_outside", "time_unit"]
 
 # Words that name a unit inside a label's brackets: "time (s)", "peak activations (M_B)", "goodput (fraction
 # of wall time)". Unit-free quantities say what they are a ratio or a count of.
@@ -164,16 +164,23 @@ _INSIDE = ("upper right", "upper left", "lower right", "lower left", "center rig
            "upper center", "lower center")
 
 
-def place_legend(ax: Axes, *, headroom: bool = True, relayout: bool = True, **kwargs: Any) -> Legend:
+def place_legend(ax: Axes, *, headroom: bool = True, relayout: bool = True, avoid: Sequence[Sequence[float]] = (),
+                 **kwargs: Any) -> Legend:
     """A legend inside ``ax`` where it covers no plotted data; else (``headroom``) the y range grown up to twice
     for room above the data; else outside, right of the axes, the figure laid out again to make room for it
-    (``relayout``; save with ``bbox_inches="tight"`` otherwise)."""
+    (``relayout``; save with ``bbox_inches="tight"`` otherwise). ``avoid``: boxes (display px: x0, y0, x1, y1)
+    it must not cover either, such as point labels."""
     fig = ax.figure
     renderer = _renderer(fig)
     data, clip = _data(ax), _box(ax.get_window_extent(renderer))
+
+    def free(leg: Legend) -> bool:
+        box = _box(leg.get_window_extent(renderer))
+        return not _covers(box, data, clip) and not any(_overlap(box, a) for a in avoid)
+
     for loc in _INSIDE:
         leg = ax.legend(loc=loc, **kwargs)
-        if not _covers(_box(leg.get_window_extent(renderer)), data, clip):
+        if free(leg):
             return leg
     if headroom:
         lo, hi = ax.get_ylim()
@@ -184,7 +191,7 @@ def place_legend(ax: Axes, *, headroom: bool = True, relayout: bool = True, **kw
             data = _data(ax)
             for loc in ("upper right", "upper left", "upper center"):
                 leg = ax.legend(loc=loc, **kwargs)
-                if not _covers(_box(leg.get_window_extent(renderer)), data, clip):
+                if free(leg):
                     return leg
         ax.set_ylim(lo, hi)
     leg = ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0, **kwargs)
@@ -239,7 +246,8 @@ def place_labels(ax: Axes, xs: Sequence[float], ys: Sequence[float], labels: Seq
     """Label each point (data coordinates) where the label overlaps no other label, marker, legend or text of
     ``ax`` and stays inside it, avoiding lines too where it can. Points within ``merge_px`` px share one
     label ("a, b"). A label far from its point gets a leader line; one with no room at all becomes a number,
-    with the numbered key in a legend right of the axes. Call it with the layout and the limits final."""
+    with the numbered key in a legend (:func:`place_legend`: inside where it covers no data, else right of
+    the axes). Call it with the layout and the limits final."""
     from matplotlib.lines import Line2D
     fig = ax.figure
     renderer = _renderer(fig)
@@ -288,8 +296,8 @@ def place_labels(ax: Axes, xs: Sequence[float], ys: Sequence[float], labels: Seq
         if ax.get_legend() is not None:
             ax.add_artist(ax.get_legend())
         handles = [Line2D([], [], linestyle="none", label=k) for k in key]
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
-                  handlelength=0, handletextpad=0, fontsize=fontsize, title=key_title)
+        place_legend(ax, headroom=False, relayout=False, avoid=taken, handles=handles, handlelength=0, handletextpad=0,
+                     fontsize=fontsize, title=key_title)
     return out
 
 
@@ -336,6 +344,14 @@ def _texts(fig: Figure) -> list[tuple[str, tuple]]:
             if bb.width > 0 and bb.height > 0:
                 out.append((t.get_text(), _box(bb)))
     return out
+
+
+def texts_outside(fig: Figure, *, draw: bool = True) -> list[str]:
+    """Visible texts that reach past the figure's edge (cut off in the saved file)."""
+    if draw:
+        fig.canvas.draw()
+    w, h = fig.bbox.width, fig.bbox.height
+    return [text for text, b in _texts(fig) if b[0] < -_EPS or b[1] < -_EPS or b[2] > w + _EPS or b[3] > h + _EPS]
 
 
 def overlapping_texts(fig: Figure, *, draw: bool = True) -> list[tuple[str, str]]:
@@ -419,9 +435,11 @@ def axes_without_units(fig: Figure, *, draw: bool = True) -> list[str]:
 
 
 def figure_problems(fig: Figure) -> list[str]:
-    """Everything :func:`overlapping_texts`, :func:`legend_data_overlaps`, :func:`label_marker_overlaps` and
-    :func:`axes_without_units` find in ``fig``, one line each ([] for a figure fit to print)."""
+    """Everything :func:`overlapping_texts`, :func:`texts_outside`, :func:`legend_data_overlaps`,
+    :func:`label_marker_overlaps` and :func:`axes_without_units` find in ``fig``, one line each ([] for a figure
+    fit to print)."""
     fig.canvas.draw()  # once: the checks read the positions of this draw
     out = [f"texts overlap: {a!r} and {b!r}" for a, b in overlapping_texts(fig, draw=False)]
+    out += [f"text cut off by the figure's edge: {t!r}" for t in texts_outside(fig, draw=False)]
     return (out + legend_data_overlaps(fig, draw=False) + label_marker_overlaps(fig, draw=False)
             + axes_without_units(fig, draw=False))

@@ -182,7 +182,7 @@ def plot_loss_vs_time(curves: Sequence[LossCurve], step_times: dict[str, float],
     ax.axhline(target, color="grey", linestyle="--", linewidth=0.8, label=f"target {target:g}")
     ax.set_xlabel("time = steps x simulated seconds per step (s)")
     ax.set_ylabel("training loss, measured (nats/token)")
-    what = (f"loss measured on {measured or 'the given runs'}; seconds per step simulated for "
+    what = (f"loss measured on {measured or 'the given runs'};\nseconds per step simulated for "
             f"{simulated or 'the cluster of interest'}")
     ax.set_title(f"{title}\n{what}" if title else what, fontsize=9, loc="left")
     fig.tight_layout()

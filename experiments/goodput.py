@@ -227,8 +227,8 @@ def _plot_scale(live: dict, out: Path) -> Path:
     ax.set_xscale("log")
     ax.set_xlabel("cluster size (GPUs), at Llama 3's failure rate per GPU")
     ax.set_ylabel("goodput (fraction of wall time)")
-    ax.set_title(f"goodput, closed form (sim/faults/live.py): replicas of {REPLICA_GPUS} GPUs; live: detection and "
-                 f"quorum measured,\n{live['job_wide']:g} of failures job-wide (assumed)", fontsize=9, loc="left")
+    ax.set_title(f"goodput, closed form (sim/faults/live.py), replicas of {REPLICA_GPUS} GPUs;\nlive: detection and "
+                 f"quorum measured, {live['job_wide']:g} of failures job-wide (assumed)", fontsize=9, loc="left")
     fig.tight_layout()
     place_legend(ax, fontsize=8)
     try:
