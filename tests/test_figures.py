@@ -26,6 +26,7 @@ from analysis.figures import (
     overlapping_texts,
     place_labels,
     place_legend,
+    texts_outside,
     time_unit,
 )
 
@@ -75,8 +76,10 @@ def test_checker_catches_a_deliberately_bad_figure():
     ax.legend(loc="center")  # over the line through the middle
     ax.set_xlabel("time")  # no unit
     ax.set_ylabel("memory (GB)")
+    ax.set_title("a title far too long for a figure four inches wide, cut off at its edge", loc="left")
     fig.tight_layout()
     assert ("first label", "second label") in overlapping_texts(fig)
+    assert texts_outside(fig) == ["a title far too long for a figure four inches wide, cut off at its edge"]
     assert legend_data_overlaps(fig)
     assert label_marker_overlaps(fig)
     assert [p for p in axes_without_units(fig) if p.startswith("x axis")] == axes_without_units(fig)
