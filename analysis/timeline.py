@@ -113,7 +113,7 @@ def _title(trace: pd.DataFrame) -> str:
     s = summarize(trace)
     name = trace.attrs.get("schedule", "trace")
     params = trace.attrs.get("params", {})
-    shape = ", ".join(f"{k}={v}" for k, v in params.items() if k in ("pp", "microbatches", "chunks"))
+    shape = ", ".join(f"{k}={params[k]}" for k in ("pp", "microbatches", "chunks") if k in params)
     source = {"sim": "simulated", "real": "measured"}.get(trace.attrs.get("source", ""), "")
     unit = time_unit(trace)
     return (f"{name} ({shape}){', ' + source if source else ''}: makespan {s['makespan']:.4g} {unit}, "

@@ -276,3 +276,26 @@ def test_bandwidth_sweep_figure(tmp_path):
     times = {label: [(200 + 1e4 * k / g) if k else 120 + 1000 / g for g in sweep.GBPS] for k, label in
              enumerate(labels)}
     assert _problems(sweep.plot, times, tmp_path / "bw.png", 2.841) == []
+
+
+def test_every_figure_of_a_report_from_a_real_sweep(tmp_path):
+    """write_report end to end (small sweep, a stand-in measured trace): each of its figures passes."""
+    from analysis.report import write_report
+    from schedules.trace import write_trace
+    from sim.plan.sweep import SweepConfig, run_sweep
+
+    real = _sim_trace("zb-h1", pp=2)
+    real[["start", "end"]] *= 1.25
+    real.attrs = {**real.attrs, "source": "real"}
+    real.attrs.pop("costs")
+    cfg = SweepConfig(pp=2, microbatches=4, schedules=("gpipe", "1f1b", "zb-h1", "zb-v"), sweep=(2, 4, 8),
+                      real_traces=(write_trace(real, tmp_path / "real-zb-h1.csv"),))
+    sweep = run_sweep(cfg)
+    with _kept_open() as figs:
+        write_report(tmp_path / "rep", sweep)
+    try:
+        assert len(figs) >= 8  # timelines, bubbles, memory vs throughput, recomputation, sim vs real, one per schedule
+        assert [(f.texts[0].get_text() if f.texts else "", p) for f in figs for p in figure_problems(f)] == []
+    finally:
+        for f in figs:
+            plt.close(f)
