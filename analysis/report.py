@@ -74,8 +74,8 @@ def _plot_bubbles(sweep: dict[str, list[tuple[int, float, float | None]]], cfg: 
     shown = [n for n, rows in sweep.items() if rows]
     cols = min(5, max(1, len(shown)))
     nrows = math.ceil(len(shown) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(2.6 * cols, 2.3 * nrows + 0.6), sharex=True, sharey=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(nrows, cols, figsize=(max(2.6 * cols, 8.5), 2.3 * nrows + 0.6), sharex=True,
+                             sharey=True, squeeze=False)
     for ax, name in zip(axes.flat, shown, strict=False):
         rows = sweep[name]
         ax.plot([r[0] for r in rows], [r[1] for r in rows], "o", color="#3a78c9", ms=3.5, label="simulated")
@@ -159,7 +159,7 @@ def plot_recompute_tradeoff(points: Sequence[RecomputePoint], path: Path) -> Pat
     shown = list(dict.fromkeys(pt.schedule for pt in points))
     cols = min(4, len(shown))
     nrows = math.ceil(len(shown) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(2.8 * cols, 2.4 * nrows + 0.7), squeeze=False)
+    fig, axes = plt.subplots(nrows, cols, figsize=(max(2.8 * cols, 8.5), 2.4 * nrows + 1.0), squeeze=False)
     for ax, name in zip(axes.flat, shown, strict=False):
         mine = [pt for pt in points if pt.schedule == name]
         curve = sorted(mine, key=lambda pt: (pt.peak_activations, -pt.makespan))  # the trade-off, left to right
@@ -176,9 +176,9 @@ def plot_recompute_tradeoff(points: Sequence[RecomputePoint], path: Path) -> Pat
         for line in ax.lines[1:]:
             handles.setdefault(line.get_label(), line)
     fig.legend(list(handles.values()), list(handles), loc="upper right", fontsize=8, frameon=False, ncol=3)
-    fig.suptitle("recomputation, simulated with uniform costs: step time against peak memory (down and left is "
+    fig.suptitle("recomputation, simulated with uniform costs:\nstep time against peak memory (down and left is "
                  "better)", fontsize=10, x=0.01, ha="left")
-    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))  # half an inch for the two-line title
     for ax, name in zip(axes.flat, shown, strict=False):  # the layout is final: now the labels
         mine = [pt for pt in points if pt.schedule == name]
         place_labels(ax, [pt.peak_activations for pt in mine], [pt.makespan for pt in mine],

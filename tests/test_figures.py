@@ -173,6 +173,8 @@ def test_report_figures(tmp_path):
     bubbles = {name: [(m, 3 / (m + 3), 3 / (m + 3) if name != "zb-v" else None) for m in (1, 2, 4, 8, 16)]
                for name in ("gpipe", "1f1b", "zb-h1", "zb-v", "v-half", "interleaved-1f1b")}
     assert _problems(report._plot_bubbles, bubbles, SimpleNamespace(pp=4), tmp_path / "bubbles.png") == []
+    two = {k: bubbles[k] for k in ("gpipe", "zb-v")}
+    assert _problems(report._plot_bubbles, two, SimpleNamespace(pp=4), tmp_path / "two.png") == []
 
 
 def test_recompute_tradeoff_figure(tmp_path):
@@ -189,6 +191,7 @@ def test_recompute_tradeoff_figure(tmp_path):
               + pts("v-min", (29.5, 2), (37.5, 0.5), (33, 1), (29.5, 2), (29.5, 2))  # none = bubbles@2 = @3
               + pts("gpipe", (33, 8), (41, 1), (40, 1), (39, 2), (38, 3)))
     assert _problems(plot_recompute_tradeoff, points, tmp_path / "recompute.png") == []
+    assert _problems(plot_recompute_tradeoff, points[:5], tmp_path / "one.png") == []  # one panel: the title fits
 
 
 def test_plan_pareto_figure(tmp_path):
