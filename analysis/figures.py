@@ -1,20 +1,21 @@
 """Figures for a paper: point labels that overlap nothing, legends that cover no data, and a checker.
 
-Every figure the project writes goes through these helpers (STYLE lesson 16: units on every axis, no label
-over another, a title that says what was measured and what simulated):
+The project's scatter plots place their point labels and legends with these, and every figure it writes is
+checked by them (STYLE lesson 16: units on every axis, no label over another, a title that says what was
+measured and what simulated):
 
-    >>> fig, ax = plt.subplots()                                   # doctest: +SKIP
-    >>> ax.scatter(xs, ys); ax.set_xlabel("memory (GB)"); ...      # doctest: +SKIP
-    >>> fig.tight_layout()                                         # the layout first: placing needs it final
-    >>> place_legend(ax)                                           # inside where it covers no data, or outside
-    >>> place_labels(ax, xs, ys, ["#1", "#2", ...])                # nudged, with leader lines, or numbered
-    >>> figure_problems(fig)                                       # [] for a figure fit to print
+    fig, ax = plt.subplots()
+    ax.scatter(xs, ys); ax.set_xlabel("memory (GB)"); ...
+    fig.tight_layout()                            # the layout first: placing needs it final
+    place_legend(ax)                              # inside where it covers no data, or outside
+    place_labels(ax, xs, ys, ["#1", "#2", ...])   # nudged, with leader lines, or numbered
+    figure_problems(fig)                          # [] for a figure fit to print
 
 :func:`place_labels` works in display coordinates, so the axes' size and limits must be final when it is
 called (call ``tight_layout`` before, not after; save with ``bbox_inches="tight"`` where a numbered key may
 sit outside the axes). :func:`figure_problems` is what ``tests/test_figures.py`` asserts on every figure:
-text boxes that overlap, a legend over plotted data, a point label over a marker, a numeric axis whose label
-names no unit (:data:`UNITS`).
+text boxes that overlap or run past the figure's edge, a legend over plotted data, a point label over a
+marker, a numeric axis whose label names no unit (:data:`UNITS`).
 """
 
 from __future__ import annotations
