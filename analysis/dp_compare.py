@@ -272,6 +272,8 @@ def plot_dp_modes(rows: Sequence[DPModeRow], path: str | os.PathLike) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from analysis.figures import place_legend
+
     modes = list(dict.fromkeys(r.mode for r in rows))
     first = {m: next(r for r in rows if r.mode == m) for m in modes}
     fig, (ax_t, ax_m) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [1, 2]})
@@ -283,10 +285,9 @@ def plot_dp_modes(rows: Sequence[DPModeRow], path: str | os.PathLike) -> Path:
         ax_t.bar([x for x, _ in meas], [t for _, t in meas], 0.4, label="measured", hatch="//", fill=False)
     ax_t.set_xticks(list(xs), modes)
     ax_t.set_ylabel("step time (s)")
-    ax_t.set_title("step time per mode")
+    ax_t.set_title("step time per mode (simulated; measured where run)", fontsize=10)
     highest = max([first[m].step_time for m in modes] + [t for _, t in meas], default=0.0)
     ax_t.set_ylim(0, highest * 1.3 or 1.0)  # room for the legend above the bars
-    ax_t.legend(loc="upper right", fontsize=8)
     top = max((max(r.total, r.measured_total or 0.0) for r in rows), default=0.0)
     unit, scale = next(((u, f) for u, f in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)) if top >= f), ("B", 1))
     labels, bottom = [f"{r.mode}\nr{r.rank}" for r in rows], [0.0] * len(rows)
@@ -299,10 +300,11 @@ def plot_dp_modes(rows: Sequence[DPModeRow], path: str | os.PathLike) -> Path:
         ax_m.scatter([i for i, _ in marks], [v for _, v in marks], marker="_", s=400, color="black", zorder=3,
                      label="measured total")
     ax_m.set_xticks(range(len(rows)), labels, fontsize=7)
-    ax_m.set_ylabel(f"{unit} per device")
-    ax_m.set_title("memory per pipeline rank per mode (predicted, stacked)")
-    ax_m.legend(fontsize=7)
+    ax_m.set_ylabel(f"memory per device ({unit})")
+    ax_m.set_title("memory per pipeline rank per mode (simulated, stacked; measured total: marker)", fontsize=10)
     fig.subplots_adjust(left=0.06, right=0.99, bottom=0.16, top=0.92, wspace=0.18)  # tight_layout: 1 s a figure
+    place_legend(ax_t, fontsize=8, relayout=False)
+    place_legend(ax_m, fontsize=7, relayout=False)
     path = Path(path)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -55,13 +55,12 @@ def _with_closed_forms(sweep: Sweep) -> dict[str, list[tuple[int, float, float |
 
 
 def _label_grid(axes: Any, used: int, xlabel: str, ylabel: str) -> None:
-    """A grid of small plots: blank the unused panels, label the bottom row's x and the left column's y."""
+    """A grid of small plots: blank the unused panels, one x label and one y label for the whole grid."""
     for ax in list(axes.flat)[used:]:
         ax.axis("off")
-    for ax in axes[-1]:
-        ax.set_xlabel(xlabel, fontsize=8)
-    for ax in axes[:, 0]:
-        ax.set_ylabel(ylabel, fontsize=8)
+    fig = axes.flat[0].figure
+    fig.supxlabel(xlabel, fontsize=9)
+    fig.supylabel(ylabel, fontsize=9)
 
 
 def _plot_bubbles(sweep: dict[str, list[tuple[int, float, float | None]]], cfg: SweepConfig, path: Path) -> Path:
@@ -70,12 +69,13 @@ def _plot_bubbles(sweep: dict[str, list[tuple[int, float, float | None]]], cfg: 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import PercentFormatter
 
     shown = [n for n, rows in sweep.items() if rows]
     cols = min(5, max(1, len(shown)))
     nrows = math.ceil(len(shown) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(2.6 * cols, 2.3 * nrows + 0.6), sharex=True, sharey=True,
-                             squeeze=False)
+    fig, axes = plt.subplots(nrows, cols, figsize=(max(2.6 * cols, 8.5), 2.3 * nrows + 0.6), sharex=True,
+                             sharey=True, squeeze=False)
     for ax, name in zip(axes.flat, shown, strict=False):
         rows = sweep[name]
         ax.plot([r[0] for r in rows], [r[1] for r in rows], "o", color="#3a78c9", ms=3.5, label="simulated")
@@ -84,11 +84,13 @@ def _plot_bubbles(sweep: dict[str, list[tuple[int, float, float | None]]], cfg: 
             ax.plot([x for x, _ in closed], [y for _, y in closed], "-", color="#d1495b", lw=1, label="closed form")
         ax.set_title(name, fontsize=9)
         ax.set_xscale("log", base=2)
+        ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=0))
         ax.grid(alpha=0.3)
-    _label_grid(axes, len(shown), "microbatches (m)", "bubble ratio")
+    _label_grid(axes, len(shown), "microbatches per step m (count)", "bubble ratio (%)")
     handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="upper right", fontsize=8, frameon=False)
-    fig.suptitle(f"bubble ratio against microbatches, p={cfg.pp}", fontsize=10, x=0.01, ha="left")
+    fig.legend(handles, labels, loc="upper right", fontsize=8, frameon=False, ncol=2)
+    fig.suptitle(f"bubble ratio against microbatches at p={cfg.pp}: simulated (uniform costs) and the closed form",
+                 fontsize=10, x=0.01, ha="left")
     fig.tight_layout(rect=(0, 0, 1, 0.95))
     _savefig(fig, path)
     plt.close(fig)
@@ -116,23 +118,27 @@ def _plot_pareto(table: pd.DataFrame, front: list[str], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from analysis.figures import place_labels, place_legend
+
     fig, ax = plt.subplots(figsize=(8, 5))
-    points: dict[tuple[float, float], list[str]] = {}
-    for r in table.itertuples(index=False):
-        points.setdefault((round(r.peak_act_max, 9), round(r.throughput, 9)), []).append(r.schedule)
-    for (x, y), group in points.items():  # schedules at the same point share one label
-        on = any(s in front for s in group)
-        ax.scatter(x, y, s=50 if on else 25, color="#d1495b" if on else "#3a78c9", zorder=3)
-        ax.annotate(", ".join(group), (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
-    pts = sorted((r.peak_act_max, r.throughput) for r in table.itertuples(index=False) if r.schedule in front)
+    rows = list(table.itertuples(index=False))
+    for r in rows:
+        on = r.schedule in front
+        ax.scatter(r.peak_act_max, r.throughput, s=50 if on else 25, color="#d1495b" if on else "#3a78c9", zorder=3)
+    pts = sorted((r.peak_act_max, r.throughput) for r in rows if r.schedule in front)
     if len(pts) > 1:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "--", color="#d1495b", lw=1, label="Pareto front")
-        ax.legend(fontsize=8)
     ax.set_xlabel("peak activations on the busiest rank (M_B)")
-    ax.set_ylabel("throughput (microbatches per unit time)")
-    ax.set_title("memory vs throughput (up and left is better)", fontsize=10, loc="left")
+    ax.set_ylabel("throughput (microbatches/unit)")
+    ax.set_title("simulated, uniform costs: memory against throughput (up and left is better)", fontsize=10,
+                 loc="left")
     ax.grid(alpha=0.3)
+    ax.margins(0.12)
     fig.tight_layout()
+    if len(pts) > 1:
+        place_legend(ax, fontsize=8)
+    # schedules at one point share one label
+    place_labels(ax, [r.peak_act_max for r in rows], [r.throughput for r in rows], [r.schedule for r in rows])
     _savefig(fig, path)
     plt.close(fig)
     return path
@@ -148,10 +154,12 @@ def plot_recompute_tradeoff(points: Sequence[RecomputePoint], path: Path) -> Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from analysis.figures import place_labels
+
     shown = list(dict.fromkeys(pt.schedule for pt in points))
     cols = min(4, len(shown))
     nrows = math.ceil(len(shown) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(2.8 * cols, 2.4 * nrows + 0.7), squeeze=False)
+    fig, axes = plt.subplots(nrows, cols, figsize=(max(2.8 * cols, 8.5), 2.4 * nrows + 1.0), squeeze=False)
     for ax, name in zip(axes.flat, shown, strict=False):
         mine = [pt for pt in points if pt.schedule == name]
         curve = sorted(mine, key=lambda pt: (pt.peak_activations, -pt.makespan))  # the trade-off, left to right
@@ -159,20 +167,22 @@ def plot_recompute_tradeoff(points: Sequence[RecomputePoint], path: Path) -> Pat
         for pt in mine:
             marker, color = _PLACEMENT_STYLE[pt.placement]
             ax.plot(pt.peak_activations, pt.makespan, marker, color=color, ms=6, label=pt.placement)
-            ax.annotate(pt.label, (pt.peak_activations, pt.makespan), textcoords="offset points", xytext=(4, 3),
-                        fontsize=7)
         ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3)
-        ax.margins(0.25)
-    _label_grid(axes, len(shown), "peak activations (M_B)", "step time")
+        ax.margins(0.3)
+    _label_grid(axes, len(shown), "peak activations of the busiest rank (M_B)", "step time (unit)")
     handles = {}
     for ax in axes.flat:
         for line in ax.lines[1:]:
             handles.setdefault(line.get_label(), line)
     fig.legend(list(handles.values()), list(handles), loc="upper right", fontsize=8, frameon=False, ncol=3)
-    fig.suptitle("recomputation: step time against peak memory (down and left is better)", fontsize=10, x=0.01,
-                 ha="left")
-    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    fig.suptitle("recomputation, simulated with uniform costs:\nstep time against peak memory (down and left is "
+                 "better)", fontsize=10, x=0.01, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))  # half an inch for the two-line title
+    for ax, name in zip(axes.flat, shown, strict=False):  # the layout is final: now the labels
+        mine = [pt for pt in points if pt.schedule == name]
+        place_labels(ax, [pt.peak_activations for pt in mine], [pt.makespan for pt in mine],
+                     [pt.label for pt in mine], fontsize=7)
     _savefig(fig, path)
     plt.close(fig)
     return path

@@ -162,23 +162,31 @@ def format_table(rows: Sequence[dict], target: float) -> str:
 
 
 def plot_loss_vs_time(curves: Sequence[LossCurve], step_times: dict[str, float], target: float, path: str | Path,
-                      title: str = "") -> Path:
-    """Loss against simulated wall-clock time ((step + 1) x seconds per step), one curve per mode."""
+                      title: str = "", *, measured: str = "", simulated: str = "") -> Path:
+    """Loss against simulated wall-clock time ((step + 1) x seconds per step), one curve per mode.
+
+    The title says what is which: ``measured`` names the runs the losses come from ("a tiny GPT at dp 4"),
+    ``simulated`` what the seconds per step were simulated for ("gpt-1.5b on 64 H100s"); ``title``, when
+    given, goes above them."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    from analysis.figures import place_legend
+
+    fig, ax = plt.subplots(figsize=(7, 4.6))
     for c in curves:
         t = step_times[c.spec.label]
         ax.plot([(s + 1) * t for s in c.steps], c.losses, label=f"{c.spec.label} ({t:.3g} s/step)")
     ax.axhline(target, color="grey", linestyle="--", linewidth=0.8, label=f"target {target:g}")
-    ax.set_xlabel("simulated wall-clock time (s)")
-    ax.set_ylabel("training loss (measured)")
-    ax.set_title(title or "loss against simulated time")
-    ax.legend(fontsize=8)
+    ax.set_xlabel("time = steps x simulated seconds per step (s)")
+    ax.set_ylabel("training loss, measured (nats/token)")
+    what = (f"loss measured on {measured or 'the given runs'};\nseconds per step simulated for "
+            f"{simulated or 'the cluster of interest'}")
+    ax.set_title(f"{title}\n{what}" if title else what, fontsize=9, loc="left")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    place_legend(ax, fontsize=8)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return Path(path)

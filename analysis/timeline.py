@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from analysis.figures import time_unit
 from common.errors import ScheduleError
 from schedules.trace import median_step
 from schedules.util import atomic_write, check_output_file
@@ -112,9 +113,11 @@ def _title(trace: pd.DataFrame) -> str:
     s = summarize(trace)
     name = trace.attrs.get("schedule", "trace")
     params = trace.attrs.get("params", {})
-    shape = ", ".join(f"{k}={v}" for k, v in params.items() if k in ("pp", "microbatches", "chunks"))
-    source = trace.attrs.get("source", "")
-    return f"{name} ({shape})  {source}  makespan {s['makespan']:.4g}  bubble {s['bubble_ratio']:.1%}"
+    shape = ", ".join(f"{k}={params[k]}" for k in ("pp", "microbatches", "chunks") if k in params)
+    source = {"sim": "simulated", "real": "measured"}.get(trace.attrs.get("source", ""), "")
+    unit = time_unit(trace)
+    return (f"{name} ({shape}){', ' + source if source else ''}: makespan {s['makespan']:.4g} {unit}, "
+            f"bubble {s['bubble_ratio']:.1%}")
 
 
 def plot_timelines(traces: Sequence[pd.DataFrame], path: str | os.PathLike, *, same_axis: bool = True) -> Path:
@@ -130,14 +133,17 @@ def plot_timelines(traces: Sequence[pd.DataFrame], path: str | os.PathLike, *, s
     heights = [max(1, t["rank"].max() + 1) for t in traces]
     fig, axes = plt.subplots(
         len(traces), 1, figsize=(12, 0.9 + sum(0.32 * h + 0.55 for h in heights)),
-        gridspec_kw={"height_ratios": [h + 1.5 for h in heights]}, squeeze=False,
+        gridspec_kw={"height_ratios": [h + 1.5 for h in heights]}, squeeze=False, sharex=same_axis,
     )
     xmax = max(float(t["end"].max()) for t in traces) if same_axis else None
     kinds: set[str] = set()
     for ax, trace in zip(axes[:, 0], traces, strict=True):
         draw_timeline(ax, trace, title=_title(trace), xmax=xmax)
         kinds |= set(trace.loc[trace["stream"] == "compute", "kind"])
-    axes[-1, 0].set_xlabel("time", fontsize=9)
+    units = [time_unit(t) for t in traces]
+    for ax, unit in zip(axes[:, 0], units, strict=True):  # one time axis: the bottom one says its unit
+        if ax is axes[-1, 0] or not same_axis:
+            ax.set_xlabel(f"time ({unit})", fontsize=9)
     fig.tight_layout(rect=(0, 0.05, 1, 1))
     _legend(fig, sorted(kinds))
     try:

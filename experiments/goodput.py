@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 
 from analysis.cli.common import OneLineParser, errors_to_exit, positive_int
+from analysis.figures import place_legend
 from analysis.results_page import check_page, table, write_page
 from common.outputs import atomic_write, check_output_dir
 from schedules import ConfigError
@@ -224,12 +225,12 @@ def _plot_scale(live: dict, out: Path) -> Path:
                               ("live_young", "live (torchft), Young", "s--"), ("live_daly", "live (torchft), Daly", "s-")):
         ax.plot(xs, [r[key] for r in live["rows"]], style, label=label)
     ax.set_xscale("log")
-    ax.set_xlabel("GPUs (Llama 3's failure rate per GPU)")
-    ax.set_ylabel("goodput (useful / wall time)")
-    ax.set_title(f"replicas of {REPLICA_GPUS} GPUs; live: {live['job_wide']:g} of failures job-wide", fontsize=10,
-                 loc="left")
-    ax.legend(fontsize=8)
+    ax.set_xlabel("cluster size (GPUs), at Llama 3's failure rate per GPU")
+    ax.set_ylabel("goodput (fraction of wall time)")
+    ax.set_title(f"goodput, closed form (sim/faults/live.py), replicas of {REPLICA_GPUS} GPUs;\nlive: detection and "
+                 f"quorum measured, {live['job_wide']:g} of failures job-wide (assumed)", fontsize=9, loc="left")
     fig.tight_layout()
+    place_legend(ax, fontsize=8)
     try:
         return atomic_write(out / "goodput_scale.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"), "figure")
     finally:
@@ -250,9 +251,9 @@ def _plot(summary: dict, wait, shrink, out: Path) -> Path:
     ax.axvline(summary["daly_min"], color="#d1495b", ls=":", label=f"Daly {summary['daly_min']:.1f} min")
     ax.set_xscale("log")
     ax.set_xlabel("checkpoint interval (min)")
-    ax.set_ylabel("goodput (useful / wall time)")
-    ax.set_title(f"{GPUS} GPUs, job MTBF {summary['job_mtbf_h']:.2f} h", fontsize=10, loc="left")
-    ax.legend(fontsize=8)
+    ax.set_ylabel("goodput (fraction of wall time)")
+    ax.set_title(f"simulated: {GPUS:,} GPUs at Llama 3's measured job MTBF ({summary['job_mtbf_h']:.2f} h)",
+                 fontsize=10, loc="left")
     for res, label, color in ((wait, "wait for repair", "#3a78c9"), (shrink, "shrink and continue", "#e8a33d")):
         ts = [t / 3600 for t, _ in res.timeline]
         ns = [n / 128 for _, n in res.timeline]
@@ -260,9 +261,10 @@ def _plot(summary: dict, wait, shrink, out: Path) -> Path:
         ax2.fill_between(ts, ns, step="post", alpha=0.25, color=color)
     ax2.set_xlabel("wall time (h)")
     ax2.set_ylabel("throughput (fraction of 128 replicas)")
-    ax2.set_title("elastic: 128 replicas x 128 GPUs, 2 h repair (one seed)", fontsize=10, loc="left")
-    ax2.legend(fontsize=8)
+    ax2.set_title("simulated elastic run: 128 replicas x 128 GPUs, 2 h repair (one seed)", fontsize=10, loc="left")
     fig.tight_layout()
+    place_legend(ax, fontsize=8)
+    place_legend(ax2, fontsize=8)
     try:
         return atomic_write(out / "goodput.png", lambda tmp: fig.savefig(tmp, dpi=110, format="png"), "figure")
     finally:

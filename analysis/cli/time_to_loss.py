@@ -66,7 +66,8 @@ def time_to_loss_main(args: argparse.Namespace, parser: OneLineParser, prog: str
 def _fill(stage: Path, curves, times, rows, title: str, target: float) -> None:
     from analysis.time_to_loss import plot_loss_vs_time
 
-    plot_loss_vs_time(curves, times, target, stage / FIGURE, title)
+    plot_loss_vs_time(curves, times, target, stage / FIGURE, measured="the runs of the curve files",
+                      simulated=title)
     with (stage / TABLE).open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
         w.writeheader()

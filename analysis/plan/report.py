@@ -112,24 +112,29 @@ def plot_pareto(result: PlanResult, path: str | os.PathLike) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from analysis.figures import place_labels, place_legend
+
     entries = list(result.entries)
     fig, ax = plt.subplots(figsize=(8, 5))
-    ax.scatter([e.peak_memory_bytes / GB for e in entries], [e.tokens_per_s for e in entries], s=10, alpha=0.4,
-               label=f"simulated ({len(entries)})")
+    ax.scatter([e.peak_memory_bytes / GB for e in entries], [e.tokens_per_s / 1e6 for e in entries], s=10,
+               alpha=0.4, label=f"simulated ({len(entries)})")
     front = pareto_front(entries)
-    ax.plot([e.peak_memory_bytes / GB for e in front], [e.tokens_per_s for e in front], "-o", color="C1", ms=4,
-            label="Pareto front")
-    for i, e in enumerate(result.top[:5], 1):
-        ax.annotate(f"#{i}", (e.peak_memory_bytes / GB, e.tokens_per_s), textcoords="offset points", xytext=(4, 4))
+    ax.plot([e.peak_memory_bytes / GB for e in front], [e.tokens_per_s / 1e6 for e in front], "-o", color="C1",
+            ms=4, label="Pareto front")
     ax.axvline(result.space.capacity / GB, color="gray", ls="--", lw=1, label="memory limit")
     ax.set_xlabel("peak memory per device (GB)")
-    ax.set_ylabel("tokens / s")
-    ax.set_title(f"{result.space.model.name} on {result.space.cluster.name}: memory against throughput")
-    ax.legend(loc="lower right")
+    ax.set_ylabel("throughput (M tokens/s)")
+    ax.set_title(f"{result.space.model.name} on {result.space.cluster.name}, simulated: memory against throughput "
+                 f"(#1-#{min(5, len(result.top))}: the fastest)", fontsize=10)
+    ax.margins(0.08)
     fig.tight_layout()
+    place_legend(ax, fontsize=8)
+    top = result.top[:5]
+    place_labels(ax, [e.peak_memory_bytes / GB for e in top], [e.tokens_per_s / 1e6 for e in top],
+                 [f"#{i}" for i in range(1, len(top) + 1)], fontsize=8)
 
     def save(tmp: Path) -> None:
-        fig.savefig(tmp, dpi=120, format="png")
+        fig.savefig(tmp, dpi=120, format="png", bbox_inches="tight")  # a numbered key may sit right of the axes
 
     try:
         return atomic_write(path, save, "Pareto plot")

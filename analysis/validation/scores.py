@@ -306,6 +306,7 @@ def plot_validation(data: dict[str, Any], path: str | os.PathLike) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from analysis.figures import place_legend
     from schedules.util import atomic_write
 
     rows = data["schedules"]
@@ -328,10 +329,11 @@ def plot_validation(data: dict[str, Any], path: str | os.PathLike) -> Path:
     ax.set_xlabel("measured step time (ms; bar: p10-p90 of round medians)")
     ax.set_ylabel("predicted step time (ms)")
     tau, mean = data.get("kendall_tau_b"), data.get("mean_abs_error")  # None: undefined (JSON has no NaN)
-    ax.set_title(f"mean |error| {'-' if mean is None else f'{mean:.1%}'}"
-                 + f", Kendall tau_b {format_tau(math.nan if tau is None else tau)} (dashed: +-5%)")
-    ax.legend(fontsize=8)
+    ax.set_title("simulated (predicted) against measured step time\n"
+                 f"mean |error| {'-' if mean is None else f'{mean:.1%}'}"
+                 + f", Kendall tau_b {format_tau(math.nan if tau is None else tau)} (dashed: +-5%)", fontsize=10)
     fig.tight_layout()
+    place_legend(ax, fontsize=8)
     out = atomic_write(Path(path), lambda tmp: fig.savefig(tmp, format="png", dpi=110), "validation plot")
     plt.close(fig)
     return out
