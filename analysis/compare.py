@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,10 +35,10 @@ class Comparison:
     and the files written (none without ``out``)."""
 
     table: pd.DataFrame
-    results: tuple[SimResult, ...]
-    against: dict[str, Any] | None = None
+    results: tuple[SimResult, ...] = field(repr=False)
+    against: dict[str, Any] | None = field(default=None, repr=False)
     files: tuple[Path, ...] = ()
-    units: tuple[dict[str, Any], ...] = ()  # physical units: sim.units_comparison's result dicts (results is empty)
+    units: tuple[dict[str, Any], ...] = field(default=(), repr=False)  # physical units: sim.units_comparison's result dicts (results is empty)
 
 
 def _schedule_names(schedules: Iterable[str] | str | None, pp: int, microbatches: int, chunks: int) -> list[str]:
