@@ -60,6 +60,22 @@ def test_zb_h1_memory_rank_i_holds_p_minus_i_plus_1_mb_plus_i_minus_1_mw(p, m, m
     assert peaks == [(p - i + 1) + (i - 1) * mw for i in range(1, p + 1)]  # mw in quarters: exact
 
 
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (3, 6), (4, 8), (4, 16), (6, 12)])
+def test_peaks_held_until_w(p, m):
+    """The runtime's accounting, the default (an activation held until its W; docs/schedules.md's table): zb-h1,
+    zb-v and interleaved-zb hold p M_B on every rank, dualpipe-v p + 1/2, v-min (p+4)//3, and zb-h2 all m
+    microbatches (its W's run after its last I), where I freeing gives p-i+1, p, (vp-r)/v, p+1/2, p//3+1, 2(p-r)-1."""
+    def peaks(name, **kw):
+        return [x.peak_activations for x in sim(name, p, m, **kw).ranks]
+
+    assert peaks("zb-h1") == peaks("zb-v") == [p] * p
+    assert peaks("interleaved-zb", chunks=2) == [p] * p
+    assert peaks("interleaved-zb", chunks=3) == pytest.approx([p] * p, rel=1e-12)  # sums of 1/3: float rounding
+    assert peaks("dualpipe-v") == [p + 0.5] * p
+    assert max(peaks("v-min")) == (p + 4) // 3
+    assert peaks("zb-h2") == [m] * p
+
+
 def test_zb_h1_issue_figure():
     """p=4, m=8, unit costs: bubble 3 on the busiest-span rank, makespan 24 + 3."""
     r = sim("zb-h1", 4, 8)
