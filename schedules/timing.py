@@ -20,8 +20,9 @@ I frees all but the fraction ``mw`` that W needs, and W frees that.
 The default ``mw`` is :data:`MW_RUNTIME` = 1: I frees nothing and W frees the
 whole microbatch, because that is what schedlab's runtime does (and what
 torch.distributed.pipelining does): I runs ``autograd.grad`` with the graph
-retained (:mod:`real.backward`), so every tensor the forward saved lives until
-W has run; the runtime's ActivationMeter counts exactly that. ``mw`` = 0
+retained (:mod:`real.backward`), so what the forward saved lives until W has
+run (only nodes above a stage's last weight op may go earlier); the runtime's
+ActivationMeter counts every saved tensor until that W. ``mw`` = 0
 (:data:`MW_FREED_AT_I`) models a runtime that frees at I everything W does not
 need and counts W's remnant as nothing, the accounting of the zero-bubble
 paper's schedules (Qi et al. 2024) as this project reproduces them; a value in
