@@ -9,7 +9,7 @@ from schedules.trace import median_step
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["summarize"]
+__all__ = ["measured_peaks", "summarize"]
 
 
 def summarize(trace: pd.DataFrame) -> dict[str, Any]:
@@ -42,3 +42,12 @@ def summarize(trace: pd.DataFrame) -> dict[str, Any]:
     busy = sum(x["busy"] for x in per_rank)
     ratio = 1.0 - busy / (len(ranks) * makespan) if makespan > 0 else 0.0
     return {"makespan": makespan, "bubble_ratio": ratio, "ranks": per_rank}
+
+
+def measured_peaks(trace: pd.DataFrame) -> list[float]:
+    """Per pipeline rank, a real trace's measured peak activations in M_B, the unit of the simulator's
+    ``peak_activations``: ``attrs["memory"]``'s ``peak_activations_mb`` of data-parallel replica 0 (the bytes the
+    runtime's ActivationMeter saw held at the peak over one microbatch's bytes through the rank's stages).
+    [] for a trace that has no measured memory (a simulated one)."""
+    rows = [m for m in trace.attrs.get("memory") or () if "peak_activations_mb" in m and m.get("dp_rank", 0) == 0]
+    return [float(m["peak_activations_mb"]) for m in sorted(rows, key=lambda m: m["pp_rank"])]

@@ -73,8 +73,9 @@ def _page(points: list, args: argparse.Namespace, png: Path | None) -> str:
         figure = f"\n![step time against peak activations: none, full, bubbles at 1, 2, 3 M_B]({rel})\n"
     return f"""\
 Uniform costs tf = tb = tw = 1, tcomm = 0, at p={args.pp}, m={args.microbatches} (interleaved schedules at
-their default chunks). Each cell is the step (makespan) / the largest peak of activations over ranks (M_B).
-"full": an R right before every backward; "bubbles@L": the recompute-in-the-bubbles pass within L M_B per
+their default chunks). Each cell is the step (makespan) / the largest peak of activations over ranks (M_B),
+counted as the runtime holds them (the default: an activation lives until its W, so an R before an I whose W
+is deferred saves nothing until that W). "full": an R right before every backward; "bubbles@L": the recompute-in-the-bubbles pass within L M_B per
 rank (drop the R's the limit does not need, move the rest into earlier idle time), as
 `sim.plan.sweep.recompute_tradeoff` computes for the report.
 

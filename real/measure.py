@@ -7,7 +7,11 @@
   that will be recomputed saves nothing: the input it keeps is counted, and
   its R saves the rest). A tensor (by address and size) is counted once
   however many ops or stages save it; parameters and views of them are not
-  activations.
+  activations. An I frees nothing here: it keeps the graph (``retain_graph``)
+  for its W, and what it does let go (nodes above the stage's last weight op)
+  stays counted until that W. A saved tensor that autograd has freed while
+  still counted is known by its address no more, so a new tensor at that
+  address (another microbatch's) is counted on its own.
 * :class:`Recorder` stamps task starts and ends: ``time.perf_counter`` on the
   CPU, CUDA events on the compute stream on a GPU (resolved once per step).
 * :func:`clock_offset` estimates, NTP-style, what to add to this rank's clock
@@ -16,7 +20,9 @@
 
 from __future__ import annotations
 
+import itertools
 import time
+import weakref
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -39,6 +45,8 @@ class ActivationMeter:
         self._owners: dict[tuple[int, int], set[Hashable]] = {}  # (address, bytes) -> keys that saved it
         self._size: dict[tuple[int, int], int] = {}
         self._keys: dict[Hashable, set[tuple[int, int]]] = {}
+        self._live: dict[tuple[int, int], int] = {}  # (address, bytes) -> saved copies autograd still holds
+        self._gone = itertools.count()  # ids for counted tensors autograd has freed (their address may be reused)
         self.current = 0
         self.peak = 0
         self.first_bytes: dict[Hashable, int] = {}  # bytes first counted under each key
@@ -51,16 +59,20 @@ class ActivationMeter:
             yield
             return
 
-        def pack(t: torch.Tensor) -> torch.Tensor:
-            self._count(key, t)
+        def pack(t: torch.Tensor) -> _Saved:
+            ident = self._count(key, t)
             # Not ``t`` itself: a node that saves its own output (softmax, log_softmax, tanh) would then hold, in
             # C++, a Python tensor whose grad_fn is that node. Such a cycle is invisible to Python's collector,
             # and after a split backward (I then W: retain_graph=True, so backward never frees what was saved)
             # it kept the metered step's whole graph, parameters included, alive for good: the rounds worker grew
             # by that graph per configuration. ``detach()`` shares the storage and the version counter.
-            return t.detach()
+            saved = _Saved(t.detach())
+            if ident is not None:  # told when autograd lets this copy go
+                self._live[ident] = self._live.get(ident, 0) + 1
+                weakref.finalize(saved, self._let_go, ident)
+            return saved
 
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda saved: saved.tensor):
             yield
 
     def hold(self, key: Hashable, tensor: torch.Tensor) -> None:
@@ -68,12 +80,15 @@ class ActivationMeter:
         if self.enabled:
             self._count(key, tensor)
 
-    def _count(self, key: Hashable, t: torch.Tensor) -> None:
+    def _count(self, key: Hashable, t: torch.Tensor) -> tuple[int, int] | None:
+        """Count ``t`` under ``key``; returns its (address, bytes), or None for a parameter or an empty tensor."""
         mine = self._keys.setdefault(key, set())
         storage = t.untyped_storage()
         nbytes = min(t.numel() * t.element_size(), storage.nbytes())
         ident = (t.data_ptr(), nbytes)  # a view: slices of one batch are separate activations
-        if nbytes and storage.data_ptr() not in self._exclude and ident not in mine:
+        if not nbytes or storage.data_ptr() in self._exclude:
+            return None
+        if ident not in mine:
             mine.add(ident)
             owners = self._owners.setdefault(ident, set())
             if not owners:
@@ -82,6 +97,23 @@ class ActivationMeter:
                 self.first_bytes[key] = self.first_bytes.get(key, 0) + nbytes
                 self.peak = max(self.peak, self.current)
             owners.add(key)
+        return ident
+
+    def _let_go(self, ident: tuple[int, int]) -> None:
+        """Autograd freed a saved copy of ``ident``; once none is left, a tensor still counted (its backward has
+        not run) gives up its address, which the allocator may hand to another microbatch's tensor."""
+        left = self._live.get(ident, 0) - 1
+        if left > 0:
+            self._live[ident] = left
+            return
+        self._live.pop(ident, None)
+        owners = self._owners.pop(ident, None)
+        if owners:
+            gone = (-1 - next(self._gone), ident[1])  # no address is negative
+            self._owners[gone], self._size[gone] = owners, self._size.pop(ident)
+            for k in owners:
+                self._keys[k].discard(ident)
+                self._keys[k].add(gone)
 
     def release(self, key: Hashable) -> None:
         """The backward of ``key`` is done: what only it held is freed."""
@@ -97,12 +129,22 @@ class ActivationMeter:
         if self._keys:
             raise RuntimeError(f"activations of {sorted(self._keys)} were never released")
         self.enabled, self.current, self.peak, self.first_bytes = enabled, 0, 0, {}
+        self._live.clear()
         if enabled:
             self.exclude_parameters()
 
     def exclude_parameters(self) -> None:
         """Take the parameters' storages anew (ZeRO-3 re-allocates them at every gather)."""
         self._exclude = {p.untyped_storage().data_ptr() for p in self._params}
+
+
+class _Saved:
+    """What autograd keeps of a saved tensor while metered: the tensor, in an object the meter can watch die."""
+
+    __slots__ = ("__weakref__", "tensor")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
 
 
 def held_bytes(params: Iterable[torch.Tensor], optimizers: Iterable[torch.optim.Optimizer]) -> dict[str, int]:

@@ -16,6 +16,20 @@ Activations, in M_B per chunk share (``size``): F holds ``size`` from its
 start, or only ``input_fraction * size`` when its microbatch is recomputed
 later; R holds the rest again from its start; B frees what is held at its end;
 I frees all but the fraction ``mw`` that W needs, and W frees that.
+
+The default ``mw`` is :data:`MW_RUNTIME` = 1: I frees nothing and W frees the
+whole microbatch, because that is what schedlab's runtime does (and what
+torch.distributed.pipelining does): I runs ``autograd.grad`` with the graph
+retained (:mod:`real.backward`), so what the forward saved lives until W has
+run (only nodes above a stage's last weight op may go earlier); the runtime's
+ActivationMeter counts every saved tensor until that W. ``mw`` = 0
+(:data:`MW_FREED_AT_I`) models a runtime that frees at I everything W does not
+need and counts W's remnant as nothing, the accounting of the zero-bubble
+paper's schedules (Qi et al. 2024) as this project reproduces them; a value in
+between is that paper's M_W / M_B. A recomputed forward keeps, in the runtime,
+its stage's input tensor (and nothing else until its R); ``input_fraction`` is
+that input's share of the chunk's activations, 0 by default (one boundary
+tensor against everything a stage's layers save).
 """
 
 from __future__ import annotations
@@ -25,8 +39,11 @@ from dataclasses import dataclass
 
 from schedules.ir import Action, Kind, Schedule
 
-__all__ = ["CompiledTiming", "Timing", "action_held_freed", "compile_timing", "evaluate", "held_freed", "pass_time",
-           "rank_ends", "recomputed_keys"]
+__all__ = ["MW_FREED_AT_I", "MW_RUNTIME", "CompiledTiming", "Timing", "action_held_freed", "compile_timing",
+           "evaluate", "held_freed", "pass_time", "rank_ends", "recomputed_keys"]
+
+MW_RUNTIME = 1.0  # the runtime's: I keeps the autograd graph (retain_graph) until W, which frees it all
+MW_FREED_AT_I = 0.0  # the zero-bubble paper's accounting as reproduced here: I frees everything, W holds nothing
 
 
 def pass_time(kind: Kind, tf: float, tb: float, tw: float) -> float:
@@ -224,7 +241,7 @@ def rank_ends(ct: CompiledTiming, durations: list[float], hops: list[float]) -> 
     return _timeline(ct, durations, hops)[1]
 
 
-def evaluate(schedule: Schedule, tf: float, tb: float, tw: float, tcomm: float = 0.0, mw: float = 0.0,
+def evaluate(schedule: Schedule, tf: float, tb: float, tw: float, tcomm: float = 0.0, mw: float = MW_RUNTIME,
              pair_overlap: float = 0.0, input_fraction: float = 0.0) -> Timing:
     """The simulator's timing of ``schedule`` under uniform costs, without lowering it.
 

@@ -42,7 +42,9 @@ def test_costs_flags_reach_the_model(capsys):
     _, out, _ = run_sim(capsys, "--schedule", "1f1b", "--pp", "2", "--microbatches", "3",
                            "--tf", "2", "--tb", "3", "--tw", "1", "--tcomm", "0.5", "--json")
     d = json.loads(out)
-    assert d["costs"] == {"model": "uniform", "tf": 2.0, "tb": 3.0, "tw": 1.0, "tcomm": 0.5, "mw": 0.0, "pair_overlap": 0.0}
+    # mw 1 unless given: the runtime's memory (an I frees nothing until its W); input_fraction: a recomputed F's input
+    assert d["costs"] == {"model": "uniform", "tf": 2.0, "tb": 3.0, "tw": 1.0, "tcomm": 0.5, "mw": 1.0, "pair_overlap": 0.0,
+                          "input_fraction": 0.0}
     # p=2: F0 on rank 0 [0,2], message 0.5, rank 1 F0 [2.5,4.5] B0 [4.5,8.5], grad 0.5 -> rank 0 B0 [9,13] ...
     assert d["ranks"][1]["first_start"] == 2.5
 

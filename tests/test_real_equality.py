@@ -187,7 +187,9 @@ def test_recomputation_on_two_ranks_equals_plain_training(two_recompute, label):
     _assert_trace(label, cfg, two_recompute[label]["trace"])
     schedule = make_plan(cfg, 2).graph.schedule
     recomputes = sum(a.kind is schedules.Kind.R for p in schedule.programs for x in p for a in x.parts())
-    if cfg.layout.recompute == "full":
+    if cfg.layout.recompute == "full" or label == "zb-h1 recompute bubbles 1":
+        # zb-h1 at 1 M_B: activations held until W (the runtime's memory, the pass's default), rank 1 holds 2 M_B
+        # even with every R (its W's lag a microbatch), so no R can go
         assert recomputes == cfg.layout.microbatches * schedule.num_stages
     else:  # the pass dropped some R's and kept others (moved or not)
         assert 0 < recomputes < cfg.layout.microbatches * schedule.num_stages, f"{label}: {recomputes} R's"

@@ -40,14 +40,19 @@ def test_1f1b_full_recompute_exact():
 
 @pytest.mark.parametrize(("name", "kw"), SHAPES)
 def test_full_recompute_on_every_schedule(name, kw):
-    """Valid everywhere; peak one microbatch's share; the evaluator and the simulator agree."""
-    s = recompute_full(build(name, pp=4, microbatches=8, **kw))
+    """Valid everywhere; the evaluator and the simulator agree; never more than without R. Counting an I as
+    freeing its microbatch (mw 0), the peak is one microbatch's share; in the runtime's accounting (the default)
+    a schedule that defers its W's holds every R'd microbatch until that W (zb-h1: 4 M_B, as without R)."""
+    base = build(name, pp=4, microbatches=8, **kw)
+    s = recompute_full(base)
     r = simulate(validate(s), UniformCosts(tcomm=0.1))
     e = evaluate(s, 1.0, 1.0, 1.0, 0.1)
     assert r.makespan == pytest.approx(e.makespan, rel=1e-12)
     assert tuple(x.peak_activations for x in r.ranks) == e.peaks
+    assert r.peak_activations <= simulate(validate(base), UniformCosts(tcomm=0.1)).peak_activations
     share = 1 / s.chunks
-    assert r.peak_activations <= 2 * share  # an overlapped pair may hold its own R and its partner's
+    freed_at_i = simulate(validate(s), UniformCosts(tcomm=0.1, mw=0.0))
+    assert freed_at_i.peak_activations <= 2 * share  # an overlapped pair may hold its own R and its partner's
 
 
 @pytest.mark.parametrize(("name", "kw"), SHAPES)
@@ -62,16 +67,20 @@ def test_recompute_in_bubbles_trades_memory_for_time(name, kw, limit):
 
 
 def test_v_half_recompute_in_bubbles_is_faster():
-    """v-half, p=4, m=8 at 2 M_B: R before B takes 34.5; dropping the R's the limit does not need gives 29.5,
-    moving the rest into bubbles 29.0. At 3 M_B (v-half's own peak) no R is left: 26.5, no recomputation."""
+    """v-half, p=4, m=8 at 2 M_B, counting an I as freeing its microbatch (mw 0, asked for): R before B takes
+    34.5; dropping the R's the limit does not need gives 29.5, moving the rest into bubbles 29.0. At 3 M_B
+    (v-half's own peak there) no R is left: 26.5, no recomputation. In the runtime's accounting (the default:
+    held until W) v-half with an R before every backward still holds 6 M_B, so at 2 M_B the pass keeps them all."""
     from schedules.library.recompute import _drop
 
     base = build("v-half", pp=4, microbatches=8)
     assert simulate(lower(recompute_full(base)), UniformCosts()).makespan == 34.5
-    assert evaluate(_drop(recompute_full(base), 2.0, (1.0, 1.0, 1.0, 0.0, 0.0)), 1, 1, 1).makespan == 29.5
-    r = simulate(lower(recompute_in_bubbles(base, 2.0)), UniformCosts())
+    assert evaluate(_drop(recompute_full(base), 2.0, (1.0, 1.0, 1.0, 0.0, 0.0)), 1, 1, 1, 0.0, 0.0).makespan == 29.5
+    r = simulate(lower(recompute_in_bubbles(base, 2.0, mw=0.0)), UniformCosts(mw=0.0))
     assert (r.makespan, r.peak_activations) == (29.0, 2.0)
-    assert evaluate(recompute_in_bubbles(base, 3.0), 1, 1, 1).makespan == 26.5
+    assert evaluate(recompute_in_bubbles(base, 3.0, mw=0.0), 1, 1, 1, 0.0, 0.0).makespan == 26.5
+    held = simulate(lower(recompute_in_bubbles(base, 2.0)), UniformCosts())
+    assert (held.makespan, held.peak_activations) == (34.5, 6.0)
 
 
 def test_1f1b_recomputes_only_where_the_limit_needs():
@@ -189,7 +198,7 @@ def test_cli_recompute_bubbles(capsys):
     import json
 
     code, out, _ = run_sim(capsys, "--schedule", "v-half", "--pp", "4", "--microbatches", "8", "--recompute",
-                           "bubbles", "--recompute-limit", "2", "--json")
+                           "bubbles", "--recompute-limit", "2", "--mw", "0", "--json")  # the I-frees accounting
     d = json.loads(out)
     assert code == 0 and (d["makespan"], d["peak_activations"]) == (29.0, 2.0)
     code, _, err = run_sim(capsys, "--schedule", "v-half", "--pp", "4", "--microbatches", "8", "--recompute", "bubbles")

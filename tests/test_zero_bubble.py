@@ -60,6 +60,22 @@ def test_zb_h1_memory_rank_i_holds_p_minus_i_plus_1_mb_plus_i_minus_1_mw(p, m, m
     assert peaks == [(p - i + 1) + (i - 1) * mw for i in range(1, p + 1)]  # mw in quarters: exact
 
 
+@pytest.mark.parametrize(("p", "m"), [(2, 4), (3, 6), (4, 8), (4, 16), (6, 12)])
+def test_peaks_held_until_w(p, m):
+    """The runtime's accounting, the default (an activation held until its W; docs/schedules.md's table): zb-h1,
+    zb-v and interleaved-zb hold p M_B on every rank, dualpipe-v p + 1/2, v-min (p+4)//3, and zb-h2 all m
+    microbatches (its W's run after its last I), where I freeing gives p-i+1, p, (vp-r)/v, p+1/2, p//3+1, 2(p-r)-1."""
+    def peaks(name, **kw):
+        return [x.peak_activations for x in sim(name, p, m, **kw).ranks]
+
+    assert peaks("zb-h1") == peaks("zb-v") == [p] * p
+    assert peaks("interleaved-zb", chunks=2) == [p] * p
+    assert peaks("interleaved-zb", chunks=3) == pytest.approx([p] * p, rel=1e-12)  # sums of 1/3: float rounding
+    assert peaks("dualpipe-v") == [p + 0.5] * p
+    assert max(peaks("v-min")) == (p + 4) // 3
+    assert peaks("zb-h2") == [m] * p
+
+
 def test_zb_h1_issue_figure():
     """p=4, m=8, unit costs: bubble 3 on the busiest-span rank, makespan 24 + 3."""
     r = sim("zb-h1", 4, 8)
@@ -77,10 +93,13 @@ def test_zb_h2_bubble_is_p_minus_1_times_tf_plus_tb_minus_2tw(tf, tb, tw):
 
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 6, 8])
 def test_zb_h2_memory_and_zero_bubble_at_equal_times(p):
-    """Rank r holds 2(p-r)-1 activations, 2p-1 on rank 0; at tf=tb=tw each rank is busy all its span."""
-    r = sim("zb-h2", p, 3 * p)
+    """Rank r holds 2(p-r)-1 activations, 2p-1 on rank 0, in the paper's accounting (an I frees its microbatch);
+    at tf=tb=tw each rank is busy all its span. In the runtime's (the default: held until W) every rank holds
+    all 3p microbatches at once: its W's run after its last I."""
+    r = sim("zb-h2", p, 3 * p, UniformCosts(mw=0.0))
     assert [x.peak_activations for x in r.ranks] == [2 * (p - k) - 1 for k in range(p)]
     assert span_bubble(r) == 0.0
+    assert [x.peak_activations for x in sim("zb-h2", p, 3 * p).ranks] == [3 * p] * p
 
 
 def test_zb_h2_with_too_few_microbatches_still_valid():
@@ -116,8 +135,9 @@ def test_zb_v_with_fewer_microbatches_drops_the_extra_ones():
 
 @pytest.mark.parametrize(("p", "v"), [(2, 2), (4, 2), (4, 3), (3, 4)])
 def test_interleaved_zb_memory(p, v):
-    """ZB1P looped: rank r runs (v-1)p + p-1-r warm-up forwards, so peaks at (vp - r)/v M_B (p on rank 0)."""
-    r = sim("interleaved-zb", p, 2 * p, chunks=v)
+    """ZB1P looped: rank r runs (v-1)p + p-1-r warm-up forwards, so peaks at (vp - r)/v M_B (p on rank 0), in the
+    zero-bubble accounting (an I frees its microbatch; the runtime's default holds it until W)."""
+    r = sim("interleaved-zb", p, 2 * p, UniformCosts(mw=0.0), chunks=v)
     # Sums of 1/v: exact up to float rounding (1/3 is not a binary fraction).
     assert [x.peak_activations for x in r.ranks] == pytest.approx([(v * p - k) / v for k in range(p)], rel=1e-12)
 

@@ -310,7 +310,8 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tb", type=float, help="input-gradient backward; B costs tb+tw (default 1)")
     g.add_argument("--tw", type=float, help="weight-gradient backward (default 1)")
     g.add_argument("--tcomm", type=float, help="delay of each cross-rank message (default 0)")
-    g.add_argument("--mw", type=float, help="fraction of M_B that W still holds after I (default 0)")
+    g.add_argument("--mw", type=float, help="fraction of M_B that W still holds after I (default 1, the runtime's: "
+                   "I frees nothing; 0: the zero-bubble paper's accounting)")
     g.add_argument("--pair-overlap", type=float, metavar="H",
                    help="fraction of the shorter pass hidden in an overlapped F+B pair (DualPipe); 0 = sum (default)")
     g.add_argument("--costs", metavar="PROFILE.json|TRACE.csv",
@@ -321,7 +322,7 @@ def add_cost_args(p: argparse.ArgumentParser) -> None:
                    "(each traced stage's time shared in the profile's proportions)")
 
 
-UNIFORM_DEFAULTS: Mapping[str, float] = {"tf": 1.0, "tb": 1.0, "tw": 1.0, "tcomm": 0.0, "mw": 0.0, "pair_overlap": 0.0}
+UNIFORM_DEFAULTS: Mapping[str, float] = {"tf": 1.0, "tb": 1.0, "tw": 1.0, "tcomm": 0.0, "mw": 1.0, "pair_overlap": 0.0}
 
 
 def given(args: argparse.Namespace, *fields: str) -> list[str]:

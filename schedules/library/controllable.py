@@ -24,11 +24,13 @@ v-min is the paper's repeating building block (:func:`v_min_offsets`,
 :func:`v_block_schedule`): each microbatch's four passes on a rank at fixed
 slot offsets, one block every 6 slots, W's in the free slots, then run as early
 as dependencies allow. Its peak is exactly (p+4)//3 M_B under the paper's
-accounting (an activation held until its W, ``mw`` = 1) and p//3 + 1 under
-ours (I frees it); its span bubble is under 2p/(3m) for p = 2..16 (13.3% at
-p=16, m=64). The block applies to every p >= 1 and m >= 1.
+accounting (an activation held until its W, ``mw`` = 1, also the runtime's and
+the simulator's default) and p//3 + 1 with I freeing it (``mw`` = 0); its span
+bubble is under 2p/(3m) for p = 2..16 (13.3% at p=16, m=64). The block applies to every p >= 1 and m >= 1.
 
-v-half is our own list scheduler under a cap of (p+2)//2 M_B: the paper's
+v-half is our own list scheduler under a cap of (p+2)//2 M_B, counted with I
+freeing its microbatch (``mw`` = 0); held until W, as the runtime holds it, its
+deferred W's keep more than 1F1B (7 M_B at p=4, m=8). The paper's
 V-Half block run the same way (without its greedy reordering) measured worse
 than the list scheduler at every p in 2..16 we tried, so v-half keeps it. It
 walks the ranks in time order: a free

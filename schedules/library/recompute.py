@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from common.errors import ConfigError, check_choice, check_positive
 from schedules.ir import Action, Kind, Schedule
-from schedules.timing import evaluate, pass_time
+from schedules.timing import MW_RUNTIME, evaluate, pass_time
 
 __all__ = ["RECOMPUTE_PLACEMENTS", "check_recompute", "place_recompute", "recompute_full", "recompute_in_bubbles"]
 
@@ -42,12 +42,12 @@ def check_recompute(owner: str, mode: str, limit: float | None) -> None:
 
 
 def place_recompute(schedule: Schedule, mode: str, limit: float | None = None,
-                    times: tuple[float, float, float, float, float] = (1.0, 1.0, 1.0, 0.0, 0.0)) -> Schedule:
+                    times: tuple[float, float, float, float, float] = (1.0, 1.0, 1.0, 0.0, MW_RUNTIME)) -> Schedule:
     """``schedule`` with R actions placed by ``mode`` (:data:`RECOMPUTE_PLACEMENTS`).
 
     ``bubbles`` needs ``limit`` (M_B per rank) and times the moves with
     ``times`` = (tf, tb, tw, tcomm, mw) (default: unit passes, no message
-    delay); the other modes take no limit. A schedule that already has R
+    delay, the runtime's memory: I frees nothing); the other modes take no limit. A schedule that already has R
     actions is only accepted with ``none``.
     """
     owner = f"recompute of schedule {schedule.name!r}"
@@ -79,7 +79,7 @@ def recompute_full(schedule: Schedule) -> Schedule:
 
 
 def recompute_in_bubbles(schedule: Schedule, mem_limit: float, tf: float = 1.0, tb: float = 1.0,
-                         tw: float = 1.0, tcomm: float = 0.0, mw: float = 0.0) -> Schedule:
+                         tw: float = 1.0, tcomm: float = 0.0, mw: float = MW_RUNTIME) -> Schedule:
     """R right before each backward; then each R dropped whose removal keeps every rank's peak within
     ``mem_limit`` M_B at no longer step; then each R left moved into the earliest idle gap after its F
     that is at least a recompute long, within the limit and at no longer step.

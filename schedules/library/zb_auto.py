@@ -5,7 +5,8 @@ and message delay. A rank that is free picks, among the passes it can start
 now: an I whose gradient has arrived (it unblocks the ranks upstream), else an
 F whose input has arrived and whose activations fit under the memory limit,
 else a pending W (filling what would be a bubble), else it waits for the next
-arrival. One stage per rank; I frees all but ``mw`` of a microbatch, W the rest.
+arrival. One stage per rank; I frees all but ``mw`` of a microbatch, W the rest
+(default 1, the runtime's: I frees nothing, :data:`schedules.timing.MW_RUNTIME`).
 A rank whose next I arrives within ``f_wait`` does not start an F that would
 hold that I up (each rank that does so delays the gradient on its way to rank
 0: at p=8 the cascade is most of the heuristic's bubble without it).
@@ -39,7 +40,7 @@ from schedules.ir import Action, Kind, Schedule
 from schedules.library.zb_exact import solve
 from schedules.library.zero_bubble import zb_h1
 from schedules.registry import PipelineParams, check_uniform_times, make_schedule, register
-from schedules.timing import evaluate
+from schedules.timing import MW_FREED_AT_I, MW_RUNTIME, evaluate
 
 __all__ = ["ZBAutoOptions", "greedy_zero_bubble", "makespan", "peak_memory", "zb_auto", "zb_h2"]
 
@@ -53,7 +54,8 @@ class ZBAutoOptions:
 
     The uniform pass times ``tf, tb, tw`` and the message delay ``tcomm`` (per
     microbatch through a rank's whole share), the fraction ``mw`` of a
-    microbatch's activations that its W holds, ``mem_limit`` (M_B per rank;
+    microbatch's activations that its W holds (default 1: the runtime keeps all
+    of them until W; 0: the zero-bubble paper's accounting), ``mem_limit`` (M_B per rank;
     None: p) and ``time_limit`` (seconds of exact search; 0: the heuristic alone).
     """
 
@@ -61,7 +63,7 @@ class ZBAutoOptions:
     tb: float = 1.0
     tw: float = 1.0
     tcomm: float = 0.0
-    mw: float = 0.0
+    mw: float = MW_RUNTIME
     mem_limit: float | None = None
     time_limit: float = 10.0
 
@@ -178,7 +180,7 @@ def makespan(schedule: Schedule, tf: float, tb: float, tw: float, tcomm: float) 
         raise ScheduleError(f"schedule {schedule.name!r} deadlocks (cycle of waits)") from e
 
 
-def peak_memory(schedule: Schedule, mw: float) -> list[float]:
+def peak_memory(schedule: Schedule, mw: float = MW_RUNTIME) -> list[float]:
     """Peak activations per rank in M_B, following program order (as the simulator counts them)."""
     return list(evaluate(schedule, 0.0, 0.0, 0.0, 0.0, mw).peaks)
 
@@ -189,10 +191,11 @@ def zb_h2(params: PipelineParams) -> Schedule:
 
     Rank r runs up to 2(p-1-r)+1 forwards before its first I, so the warm-up
     bubble fills; the tail fills with deferred W passes. The order is the list
-    scheduler's at unit pass times under a 2p-1 limit, W filling every gap.
+    scheduler's at unit pass times under a 2p-1 limit, W filling every gap, in
+    the paper's accounting (I frees a microbatch; the runtime holds it until W).
     """
     p, m = params.pp, params.microbatches
-    progs = greedy_zero_bubble(p, m, 1.0, 1.0, 1.0, 0.0, 0.0, 2 * p - 1, _Policy(True, True, extra=p - 1))
+    progs = greedy_zero_bubble(p, m, 1.0, 1.0, 1.0, 0.0, MW_FREED_AT_I, 2 * p - 1, _Policy(True, True, extra=p - 1))
     return make_schedule("zb-h2", params, progs)
 
 

@@ -162,11 +162,12 @@ def solve(
 
 def _memory(model, cp_model, at, r: int, m: int, t_f: int, t_b: int, t_w: int, mw: float, limit: float) -> None:
     """Activations of rank r within ``limit`` M_B at every instant."""
-    if mw == 0:
-        # F(j + L) may start only when I(j) has freed its microbatch: at most L held at once.
+    if mw in (0, 1):
+        # F(j + L) may start only when I(j) (mw 0), or W(j) (mw 1), has freed its microbatch: at most L held at once.
         held = math.floor(limit + 1e-9)
+        kind, t = (Kind.I, t_b) if mw == 0 else (Kind.W, t_w)
         for j in range(m - held):
-            model.add(at(Kind.F, r, j + held) >= at(Kind.I, r, j) + t_b)
+            model.add(at(Kind.F, r, j + held) >= at(kind, r, j) + t)
         return
     q_i = round(_MEM_Q * (1 - mw))
     times, changes = [], []

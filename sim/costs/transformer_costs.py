@@ -494,7 +494,7 @@ class TransformerCosts:
         return self.cluster.link_between(p.device(s2r[0]), p.device(s2r[-1]))
 
     def activations(self, action: Action, graph: TaskGraph) -> tuple[float, float]:
-        """Bytes held from the start / freed at the end of a pass (W keeps ``w_held_fraction`` after I)."""
+        """Bytes held / freed by a pass: W keeps ``w_held_fraction`` after I (ZB Megatron's; ours holds all)."""
         n_st, mw = graph.schedule.num_stages, self.model.w_held_fraction(self.recompute)
         return action_held_freed(action, lambda a: self.stage_activations(a.stage, n_st), mw,
                                  self._check_recompute(graph), kept_of=lambda a: self.recompute_kept(a.stage, n_st))

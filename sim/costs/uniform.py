@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 from common.errors import check_fraction
 from schedules import Action, Kind, ScheduleError, Task, TaskGraph
 from schedules.registry import check_uniform_times
-from schedules.timing import action_held_freed, pass_time, recomputed_keys
+from schedules.timing import MW_RUNTIME, action_held_freed, pass_time, recomputed_keys
 
 _RECOMPUTED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> its recomputed (stage, mb)
 
@@ -80,9 +80,12 @@ class UniformCosts:
 
     Activations, in M_B (one microbatch through a rank's whole share): a chunk's
     F holds 1/v; B frees it; I frees all but the fraction ``mw`` that W still
-    needs, and W frees that (``mw`` = 0: W needs nothing extra). A recomputed
-    microbatch's F keeps only its input (counted as 0 M_B) and its R, costing a
-    forward, holds the activations again until the backward
+    needs, and W frees that. The default ``mw`` = 1 is the runtime's: its I keeps
+    the whole autograd graph until W (:data:`schedules.timing.MW_RUNTIME`);
+    ``mw`` = 0 models a runtime that frees everything at I (the zero-bubble
+    paper's accounting as reproduced here). A recomputed microbatch's F keeps
+    only its input, ``input_fraction`` of the chunk's share (default 0), and its
+    R, costing a forward, holds the rest again until the backward
     (:mod:`schedules.timing` has the arithmetic).
 
     An overlapped pair (OVERLAP_F_B, DualPipe's F of one chunk with B of the
@@ -94,13 +97,16 @@ class UniformCosts:
     tb: float = 1.0
     tw: float = 1.0
     tcomm: float = 0.0
-    mw: float = 0.0
+    mw: float = MW_RUNTIME
     pair_overlap: float = 0.0
+    input_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         check_uniform_times(tf=self.tf, tb=self.tb, tw=self.tw, tcomm=self.tcomm, mw=self.mw)
         check_fraction("uniform costs", "pair_overlap", self.pair_overlap, "a fraction of the shorter pass hidden",
                        error=ScheduleError)
+        check_fraction("uniform costs", "input_fraction", self.input_fraction,
+                       "a fraction of the chunk's activations", error=ScheduleError)
 
     def _pass(self, kind: Kind) -> float:
         return pass_time(kind, self.tf, self.tb, self.tw)
@@ -125,7 +131,7 @@ class UniformCosts:
 
     def activations(self, action: Action, graph: TaskGraph) -> tuple[float, float]:
         share = 1.0 / graph.schedule.chunks
-        return action_held_freed(action, lambda _a: share, self.mw, recomputed_in(graph))
+        return action_held_freed(action, lambda _a: share, self.mw, recomputed_in(graph), self.input_fraction)
 
     def describe(self) -> dict[str, Any]:
         return {"model": "uniform", **asdict(self)}
