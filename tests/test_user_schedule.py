@@ -157,6 +157,13 @@ def test_a_file_that_fails_to_import_is_one_line(tmp_path):
         load_schedule(f"{tmp_path / 'missing.py'}:f", pp=2, microbatches=4)
 
 
+def test_the_tutorial_shows_the_file_it_runs():
+    """docs/your-schedule.md's code block is experiments/my_schedule.py, which its commands run."""
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "your-schedule.md").read_text()
+    assert page.split("```python\n", 1)[1].split("```", 1)[0] == (root / "experiments" / "my_schedule.py").read_text()
+
+
 def test_a_schedule_built_by_hand_records_its_shape():
     """A Schedule made with the constructor, as a user might: its params still say pp, microbatches and chunks."""
     from schedules import Schedule
@@ -233,11 +240,18 @@ def test_a_users_schedule_goes_through_every_command(tmp_path):
     assert max(abs(a - b) for a, b in zip(out["losses"], reference_run(cfg)[0], strict=True)) <= 1e-5
     assert out["schedule"] == ref and [m["peak_activations_mb"] for m in out["memory"]] == pytest.approx([3.0, 3.0])
 
-    # the report: predicted against measured for the run, beside the built-ins
-    _cli(["analysis", "report", "--schedules", f"1f1b,{ref}", "--pp", "2", "--microbatches", "4",
-          "--real", "real.csv", "--out", "rep", "--no-progress"], tmp_path)
+    # the report: predicted against measured as the validation grid predicts, calibrated from a 1F1B run's trace
+    # and a profile of this machine, the user's run held out, with the noise verdict and the measured peaks
+    _cli(["analysis", "run", "--schedule", "1f1b", "--pp", "2", "--microbatches", "4", "--steps", "3",
+          "--batch-size", "16", *SMALL, "--optimizer", "sgd", "--lr", "0.1", "--trace", "calib.csv"], tmp_path)
+    _cli(["torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "real.profile", "--microbatch-size",
+          "4", "--stages", "2", *SMALL, "--reps", "3", "--out", "profile.json"], tmp_path)
+    _cli(["analysis", "report", "--schedules", f"1f1b,{ref}", "--pp", "2", "--microbatches", "4", "--costs",
+          "calib.csv", "--costs-profile", "profile.json", "--real", "real.csv", "--out", "rep", "--no-progress"],
+         tmp_path)
     page = (tmp_path / "rep" / "report.md").read_text()
-    assert "1f1b-lazyw" in page and (tmp_path / "rep" / "sim-vs-real-real.png").is_file()
+    assert "Noise verdict" in page and "| 1f1b-lazyw | 4 | held out |" in page, page
+    assert "| 1f1b-lazyw | 0 |" in page and (tmp_path / "rep" / "sim-vs-real-real.png").is_file()
 
     # the planner searches it and exports its order for torch
     plan = json.loads(_cli(["analysis", "plan", "--model", "gpt-tiny", "--cluster", "dgx-h100:1", "--global-batch",
