@@ -476,7 +476,7 @@ def _hardening_cases(d: Path) -> list[Case]:
             (["validate_sim.py", "--schedules", "1f1b,nope"], "argument --schedules: unknown schedule 'nope'; valid: "
                                                               "1f1b, dualpipe-v, gpipe, interleaved-1f1b, "
                                                               "interleaved-zb, looped-bfs, v-half, v-min, zb-auto, "
-                                                              "zb-h1, zb-h2, zb-v"),
+                                                              "zb-h1, zb-h2, zb-v, or your own as FILE.py:NAME"),
             (["validate_sim.py", "--calibrate-from", "zb-v", "--schedules", "1f1b"],
              "--calibrate-from 'zb-v' is not in the grid 1f1b; give one of them"),
             (["plan_check.py", "--calibrate-from", "1f1b"], "argument --calibrate-from: invalid value '1f1b': give "

@@ -250,8 +250,13 @@ def test_a_users_schedule_goes_through_every_command(tmp_path):
           "calib.csv", "--costs-profile", "profile.json", "--real", "real.csv", "--out", "rep", "--no-progress"],
          tmp_path)
     page = (tmp_path / "rep" / "report.md").read_text()
-    assert "Noise verdict" in page and "| 1f1b-lazyw | 4 | held out |" in page, page
-    assert "| 1f1b-lazyw | 0 |" in page and (tmp_path / "rep" / "sim-vs-real-real.png").is_file()
+    assert "**Noise verdict: " in page and "| 1f1b-lazyw | 4 | held out |" in page, page
+    memory = page.split("| run | rank | measured MiB | measured M_B | simulated M_B |")[1].split("\n\n")[0]
+    cells = [[c.strip() for c in line.strip("| ").split(" | ")] for line in memory.strip().splitlines()[1:]]
+    # measured and simulated M_B per rank: 1F1B's p - r, and the held-back W's keeping 3 on both ranks
+    assert [(c[0], c[1], c[3], c[4]) for c in cells] == [("1f1b", "0", "2", "2"), ("1f1b", "1", "1", "1"),
+                                                         ("1f1b-lazyw", "0", "3", "3"), ("1f1b-lazyw", "1", "3", "3")]
+    assert (tmp_path / "rep" / "sim-vs-real-real.png").is_file()
 
     # the planner searches it and exports its order for torch
     plan = json.loads(_cli(["analysis", "plan", "--model", "gpt-tiny", "--cluster", "dgx-h100:1", "--global-batch",
