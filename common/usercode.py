@@ -10,6 +10,7 @@ command line prints under ``-v``. No torch here: the checks of a model's outputs
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.machinery
 import importlib.util
@@ -123,18 +124,10 @@ def import_user(module_name: str, what: str, field: str, *, spec: str | None = N
             path = Path(module_name)
             if not path.is_file():
                 raise ConfigError(f"{what}: no file {module_name}", field=field)
-            key = f"schedlab_user_{path.stem}_{abs(hash(str(path.resolve()))):x}"
-            if key in sys.modules:
+            key = f"schedlab_user_{path.stem}_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]}"
+            if key in sys.modules:  # once per process: a file named twice is one module
                 return sys.modules[key]
-            loader = importlib.util.spec_from_file_location(key, path)
-            module = importlib.util.module_from_spec(loader)
-            sys.modules[key] = module
-            try:
-                loader.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[key]
-                raise
-            return module
+            return _exec_module(importlib.util.spec_from_file_location(key, path), key)
         return import_beside_command(module_name)
     except ConfigError:
         raise
@@ -159,11 +152,17 @@ def import_beside_command(name: str) -> ModuleType:
     if top not in sys.modules:
         found = importlib.machinery.PathFinder.find_spec(top, [str(Path.cwd())])
         if found is not None and found.origin is not None and found.loader is not None:  # not a namespace dir
-            module = importlib.util.module_from_spec(found)
-            sys.modules[top] = module
-            try:
-                found.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[top]
-                raise
+            _exec_module(found, top)
     return importlib.import_module(name)
+
+
+def _exec_module(spec: importlib.machinery.ModuleSpec, key: str) -> ModuleType:
+    """Run the module of ``spec`` as ``sys.modules[key]``; a module that fails to import is not left there."""
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[key] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[key]
+        raise
+    return module
