@@ -62,6 +62,17 @@ def run_sim(capsys, *argv: str) -> tuple[int, str, str]:
     """``python -m sim ARGV`` in-process: (exit status, stdout, stderr)."""
     from analysis.cli.simulate import main
 
+    return _run_main(main, capsys, argv)
+
+
+def run_schedlab(capsys, *argv: str) -> tuple[int, str, str]:
+    """``schedlab ARGV`` in-process: (exit status, stdout, stderr)."""
+    from analysis.cli import main
+
+    return _run_main(main, capsys, argv)
+
+
+def _run_main(main, capsys, argv) -> tuple[int, str, str]:
     try:
         code = main(list(argv))
     except SystemExit as exc:

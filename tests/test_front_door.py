@@ -241,14 +241,9 @@ def test_compare_refuses_real_traces_without_seconds(runs):
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     """``schedlab ARGV`` in-process: (exit status, stdout, stderr)."""
-    from analysis.cli import main
+    from conftest import run_schedlab
 
-    try:
-        code = main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_schedlab(capsys, *argv)
 
 
 # -- schedlab report --------------------------------------------------------------------------------------------
