@@ -137,11 +137,10 @@ def launch_runs(runs: dict[str, Any], nproc: int, tmp: Path, timeout: float) -> 
     return launch_worker(str(RUN_CONFIGS_WORKER), nproc, {k: c.to_dict() for k, c in runs.items()}, tmp, timeout)
 
 
-# The longest files first (their times in `make test` on 2 cores, 2026-12-02 and 2026-12-04): with --dist loadfile
-# a file runs on one worker, and a long file collected late runs alone at the end while the other worker idles.
+# The longest files first (their times in `make test` on 2 cores, 2026-12-02): with --dist loadfile a file runs on
+# one worker, and a long file collected late runs alone at the end while the other worker idles.
 LONGEST_FIRST = ("test_docs.py", "test_hostile_outputs.py", "test_real_fault.py", "test_real_equality.py",
-                 "test_signals.py", "test_user_schedule.py", "test_properties.py", "test_megatron.py",
-                 "test_published.py", "test_model_api.py", "test_dp_modes.py", "test_memory_equality.py")
+                 "test_signals.py", "test_properties.py", "test_megatron.py", "test_dp_modes.py")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
