@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from common.errors import quote
-from schedules import SchedlabError, import_schedules, names, schedule_spec
+from schedules import SchedlabError, names, schedule_spec
 from schedules.registry import is_user_ref, lookup
 
 __all__ = [
@@ -45,7 +45,6 @@ __all__ = [
     "positive_int_list",
     "print_json",
     "refuse",
-    "resolve_schedules",
     "schedule_list",
     "schedule_source",
     "uniform_costs",
@@ -222,7 +221,7 @@ def schedule_list(text: str) -> list[str]:
     """``1f1b,zb-h1,my.py:lazy`` -> the schedule references, registered names in their own case; an argparse type.
 
     An unknown name is refused in one line; a user's ``file.py:NAME``, ``csv:`` and ``torch:`` are kept as given
-    and resolved by :func:`resolve_schedules` (a name another module registers is given as ``file.py:NAME``).
+    and resolved when they are built (a name another module registers is given as ``file.py:NAME``).
     """
     chosen = [s.strip() for s in text.split(",") if s.strip()]
     if not chosen:
@@ -259,17 +258,6 @@ def add_import_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import a module (pkg.module) or file (path/file.py) that registers schedules with "
                    "schedules.register, before the schedules are looked up (repeatable)")
-
-
-def resolve_schedules(refs: Sequence[str], imports: Sequence[str] = ()) -> list[str]:
-    """Import ``imports``, then check every reference resolves (an unknown name or a missing function: one line).
-
-    Returns the references with registered names in their own case, the user's ``file.py:NAME`` as given.
-    """
-    import_schedules(imports)
-    for ref in refs:
-        schedule_spec(ref)  # raises for an unknown name or a missing function; torch: and csv: are built later
-    return [canonical_schedule(r) for r in refs]
 
 
 def is_all(text: str) -> bool:

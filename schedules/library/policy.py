@@ -33,7 +33,7 @@ from common.errors import ScheduleError, check_positive, quote
 from schedules.check import check_schedule
 from schedules.ir import Action, Kind, Schedule
 from schedules.registry import PipelineParams, check_size, check_uniform_times, make_schedule
-from schedules.timing import pass_time
+from schedules.timing import MW_RUNTIME, pass_time
 
 __all__ = ["PassTimes", "Policy", "RankState", "from_policy"]
 
@@ -54,7 +54,7 @@ class PassTimes:
     tb: float = 1.0
     tw: float = 1.0
     tcomm: float = 0.0
-    mw: float = 0.0
+    mw: float = MW_RUNTIME  # as the simulator and the runtime count memory: I keeps what W needs
 
     def __post_init__(self) -> None:
         check_uniform_times(tf=self.tf, tb=self.tb, tw=self.tw, tcomm=self.tcomm, mw=self.mw)
