@@ -3,5 +3,6 @@ one output-path policy (checked early, written whole) that every writer uses. ``
 ``ClusterError``, ``ConfigError``, ``CostFileError``, ``OutputError``, ``SchedlabError``, ``ScheduleError``,
 ``check_choice``, ``check_fraction``, ``check_multiple_of_pp``, ``check_positive``, ``check_positive_ints``,
 ``choice``, ``quote``. ``outputs``: ``atomic_write``, ``atomic_write_all``, ``check_distinct``,
-``check_name_length``, ``check_output_dir``, ``check_output_file``, ``replace_folder``, ``write_files_into``.
+``check_name_length``, ``check_output_dir``, ``check_output_file``, ``replace_folder``, ``write_files_into``. ``procs``:
+``die_with_parent`` (no child process outlives its parent).
 """

@@ -20,7 +20,6 @@ and the status is the worker's. torchrun dies with the launcher
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
 import re
@@ -33,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from common.procs import die_with_parent
 from real.stop import GRACE_S, exit_status, message
 
 __all__ = ["KEEP_FREED_MEMORY", "STOP_GRACE", "descendants", "launch", "torchrun", "torchrun_command"]
@@ -123,9 +123,8 @@ def descendants(pid: int) -> list[int]:
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: SIGTERM when the launcher dies (Linux prctl PR_SET_PDEATHSIG = 1)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+    """In the child before exec: SIGTERM when the launcher dies (:func:`common.procs.die_with_parent`)."""
+    die_with_parent(signal.SIGTERM)
 
 
 def _kill(pids: Iterable[int], sig: signal.Signals) -> None:
