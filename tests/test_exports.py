@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from analysis.plan.exports import PlanLayout, plan_layout, plan_schedule, write_exports
-from analysis.plan.megatron import FLAG_SOURCES, REDUCE_FLAGS, megatron_args, megatron_layout
+from analysis.plan.megatron import FLAG_SOURCES, REDUCE_FLAGS, megatron_script, megatron_layout
 from analysis.plan.torchtitan import torchtitan_notes
 from common.errors import ConfigError
 from schedules.interop.torch_csv import read_torch_csv
@@ -152,7 +152,7 @@ def test_flag_table_covers_every_flag_the_exporter_writes():
                     for tp, sp in ((1, False), (2, True)):
                         c = PlanConfig(tp, 2, 2, sched, chunks, 1, 4, mode, rc, sp)
                         for reduce in ("bf16", "fp32"):
-                            line = megatron_args(c, model, 8, plan_layout(c, model, plan_schedule(c)), reduce)
+                            line = megatron_script(c, model, 8, plan_layout(c, model, plan_schedule(c)), reduce)
                             seen |= set(_flags(line.splitlines()[-1]))
     assert seen == set(FLAG_SOURCES)
 
@@ -163,11 +163,11 @@ def test_megatron_trains_in_bf16_and_reduces_gradients_in_the_plans_dtype():
     c = _mode_config("zero2")
     layout = plan_layout(c, TINY, plan_schedule(c))
     for reduce, flag in (("bf16", "--grad-reduce-in-bf16"), ("fp32", "--accumulate-allreduce-grads-in-fp32")):
-        fl = _flags(megatron_args(c, TINY, 8, layout, reduce).splitlines()[-1])
+        fl = _flags(megatron_script(c, TINY, 8, layout, reduce).splitlines()[-1])
         assert "--bf16" in fl and flag in fl and not ({*REDUCE_FLAGS.values()} - {flag}) & set(fl)
-    assert "--grad-reduce-in-bf16" in _flags(megatron_args(c, TINY, 8, layout).splitlines()[-1])  # the default
+    assert "--grad-reduce-in-bf16" in _flags(megatron_script(c, TINY, 8, layout).splitlines()[-1])  # the default
     with pytest.raises(ConfigError) as exc:
-        megatron_args(c, TINY, 8, layout, "fp16")
+        megatron_script(c, TINY, 8, layout, "fp16")
     assert str(exc.value) == "reduce dtype 'fp16': give one of bf16, fp32"
 
 
@@ -206,7 +206,7 @@ def test_megatron_flags_of_every_dp_mode():
     strategy = {"zero2": "optim_grads", "zero3": "optim_grads_params", "fsdp": "optim_grads_params"}
     for mode, expect in want.items():
         c = _mode_config(mode)
-        fl = _flags(megatron_args(c, TINY, 8, plan_layout(c, TINY, plan_schedule(c))).splitlines()[-1])
+        fl = _flags(megatron_script(c, TINY, 8, plan_layout(c, TINY, plan_schedule(c))).splitlines()[-1])
         assert set(fl) & dp_flags == expect, mode
         assert fl.get("--data-parallel-sharding-strategy") == strategy.get(mode), mode
         if "--overlap-param-gather" in fl:
@@ -214,18 +214,18 @@ def test_megatron_flags_of_every_dp_mode():
         if "--use-megatron-fsdp" in fl:
             assert fl["--ckpt-format"] == "fsdp_dtensor"
         c1 = _mode_config(mode, dp=1)  # one replica: no data-parallel flag whatever the mode
-        assert not set(_flags(megatron_args(c1, TINY, 4, plan_layout(c1, TINY, plan_schedule(c1))).splitlines()[-1])) \
+        assert not set(_flags(megatron_script(c1, TINY, 4, plan_layout(c1, TINY, plan_schedule(c1))).splitlines()[-1])) \
             & dp_flags
     for mode in ("ps", "none"):
         c = _mode_config(mode)
         with pytest.raises(ValueError, match=rf"^dp mode '{mode}' has no Megatron-LM setting \(it runs sync, ddp, "
                                              r"zero1, zero2, zero3, fsdp\); plan with one of those$"):
-            megatron_args(c, TINY, 8, plan_layout(c, TINY, plan_schedule(c)))
+            megatron_script(c, TINY, 8, plan_layout(c, TINY, plan_schedule(c)))
 
 
 def test_megatron_zero2_and_layouts():
     c = PlanConfig(1, 4, 2, "1f1b", 1, 1, 8, "zero2", "none", False)
-    line = megatron_args(c, TINY, 16, plan_layout(c, TINY, plan_schedule(c))).splitlines()[-1]
+    line = megatron_script(c, TINY, 16, plan_layout(c, TINY, plan_schedule(c))).splitlines()[-1]
     assert "--use-megatron-fsdp --data-parallel-sharding-strategy optim_grads --ckpt-format fsdp_dtensor" in line
     assert "--use-torch-fsdp2" not in line  # validate_args refuses it with pp > 1
     assert "--pipeline-model-parallel-layout 'Et*2|t*2|t*2|tL'" in line

@@ -297,10 +297,10 @@ def test_cli_json_and_exports(tmp_path):
     titan = (tmp_path / "torchtitan_plan.py").read_text()
     assert f"tensor_parallel_degree={d['top'][0]['config']['tp']}," in titan
     assert d["export_targets"] == {"torchtitan": "0.3.0", "megatron-lm": "d98e8a64ddf34856e74b24714e3bedb2f5a39553"}
-    assert sorted(Path(f).name for f in d["files"]) == ["megatron.txt", "pareto.png", "schedule.csv",
+    assert sorted(Path(f).name for f in d["files"]) == ["megatron.sh", "pareto.png", "schedule.csv",
                                                          "torchtitan_plan.py"]
     assert (tmp_path / "pareto.png").stat().st_size > 0 and (tmp_path / "schedule.csv").is_file()
-    assert (tmp_path / "megatron.txt").read_text().splitlines()[-1].startswith("--tensor-model-parallel-size")
+    assert (tmp_path / "megatron.sh").read_text().splitlines()[-1].startswith("--tensor-model-parallel-size")
 
 
 def test_cli_bad_input_is_one_line():

@@ -89,7 +89,7 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
             grad_compression=args.grad_compression, reduce_dtype=args.reduce_dtype)
         layout = None if args.against is None else parse_layout(args.against, space)
         out = check_output_dir(args.out, "output folder")
-        for name in ("schedule.csv", "torchtitan_plan.py", "megatron.txt", "pareto.png"):
+        for name in ("schedule.csv", "torchtitan_plan.py", "megatron.sh", "pareto.png"):
             check_output_file(out / name, "output file")  # a directory or fifo of that name: refused before work
         bar = None
         if not args.no_progress and sys.stderr.isatty():  # a bar in a log or a pipe is noise around the one line

@@ -8,7 +8,7 @@ first stages) and the rank that holds each stage (the schedule's own
 
 * ``schedule.csv``: the pipeline order as torch's compute-only CSV (``_load_csv``);
 * ``torchtitan_plan.py``: a torchtitan config module (:mod:`analysis.plan.torchtitan`);
-* ``megatron.txt``: a Megatron-LM argument line (:mod:`analysis.plan.megatron`).
+* ``megatron.sh``: a Megatron-LM launch script (:mod:`analysis.plan.megatron`).
 
 Each export names the version it was written for and says in a ``# note:``
 comment what its target cannot express, with the nearest setting that runs.
@@ -92,12 +92,12 @@ def write_schedule_csv(c: PlanConfig, study: Study | None, path: str | os.PathLi
 def write_exports(c: PlanConfig, model: TransformerConfig, global_batch: int, study: Study | None,
                   out: str | os.PathLike, final: str | os.PathLike | None = None,
                   reduce_dtype: str = "bf16") -> dict[str, Path]:
-    """``schedule.csv``, ``torchtitan_plan.py`` and ``megatron.txt`` for ``c`` in folder ``out``, with gradients
+    """``schedule.csv``, ``torchtitan_plan.py`` and ``megatron.sh`` for ``c`` in folder ``out``, with gradients
     reduced in ``reduce_dtype`` (the plan's ``--reduce-dtype``).
 
     ``final``: the folder the files will be moved to (when ``out`` is a staging folder), which the torchtitan
     module's schedule-CSV path names; default ``out``."""
-    from analysis.plan.megatron import megatron_args
+    from analysis.plan.megatron import megatron_script
     from analysis.plan.torchtitan import torchtitan_config
 
     out = Path(out)
@@ -106,9 +106,11 @@ def write_exports(c: PlanConfig, model: TransformerConfig, global_batch: int, st
     csv = write_torch_csv(sched, out / "schedule.csv")
     titan = torchtitan_config(c, model, global_batch, layout, (Path(final) / csv.name if final else csv).resolve(),
                               reduce_dtype)
-    megatron = megatron_args(c, model, global_batch, layout, reduce_dtype)
+    cluster = study.costs.cluster if study is not None else None
+    megatron = megatron_script(c, model, global_batch, layout, reduce_dtype,
+                               cluster.num_devices // cluster.num_nodes if cluster is not None else None)
     return {
         "schedule.csv": csv,
         "torchtitan": atomic_write(out / "torchtitan_plan.py", lambda tmp: tmp.write_text(titan), "torchtitan config"),
-        "megatron": atomic_write(out / "megatron.txt", lambda tmp: tmp.write_text(megatron), "Megatron-LM arguments"),
+        "megatron": atomic_write(out / "megatron.sh", lambda tmp: tmp.write_text(megatron), "Megatron-LM launch script"),
     }

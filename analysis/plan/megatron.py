@@ -1,4 +1,11 @@
-"""A planned configuration as Megatron-LM arguments (``pretrain_gpt.py``), for Megatron-LM's main branch.
+"""A planned configuration as a Megatron-LM launch script (``pretrain_gpt.py``), for Megatron-LM's main branch.
+
+:func:`megatron_script` writes a bash script: the GPU count it needs, the
+environment each mode needs (``CUDA_DEVICE_MAX_CONNECTIONS``), then
+``torchrun ... pretrain_gpt.py`` with the plan's arguments on the last line.
+Comments say what Megatron-LM cannot express (``# note:``), which of its
+defaults the plan relies on (``# default:``) and which the line overrides
+(``# override:``), each with the upstream file and line (:data:`DEFAULT_SOURCES`).
 
 No package on the index ships Megatron-LM's argument parser (megatron-core
 0.16.1's wheel has no ``megatron/training``), so every flag this module can
@@ -21,6 +28,7 @@ at most (line 928), and the layout's stage count sets the virtual stages
 
 from __future__ import annotations
 
+import math
 import shlex
 from typing import TYPE_CHECKING
 
@@ -31,8 +39,8 @@ from sim.plan.space import PlanConfig
 if TYPE_CHECKING:  # only a type here: analysis.plan.exports imports this module
     from analysis.plan.exports import PlanLayout
 
-__all__ = ["DP_FLAGS", "FLAG_SOURCES", "MEGATRON_COMMIT", "REDUCE_FLAGS", "megatron_args", "megatron_dp_flags", "megatron_layout",
-           "megatron_notes"]
+__all__ = ["DEFAULT_SOURCES", "DP_FLAGS", "FLAG_SOURCES", "FSDP_MODES", "MEGATRON_COMMIT", "REDUCE_FLAGS",
+           "megatron_defaults", "megatron_dp_flags", "megatron_env", "megatron_layout", "megatron_notes", "megatron_script"]
 
 #: The Megatron-LM commit (main, 2026-08-22) the flags were checked against.
 MEGATRON_COMMIT = "d98e8a64ddf34856e74b24714e3bedb2f5a39553"
@@ -43,7 +51,7 @@ _MPC = "megatron/core/model_parallel_config.py"  # TransformerConfig's base clas
 _TRAIN = "megatron/training/config/training_config.py"
 _COMMON = "megatron/training/config/common_config.py"
 
-#: Every flag :func:`megatron_args` can write -> (file, line, what is there) at :data:`MEGATRON_COMMIT`.
+#: Every flag :func:`megatron_script` can write -> (file, line, what is there) at :data:`MEGATRON_COMMIT`.
 FLAG_SOURCES: dict[str, tuple[str, int, str]] = {
     "--tensor-model-parallel-size": (_MPC, 55, "field tensor_model_parallel_size: int = 1"),
     "--pipeline-model-parallel-size": (_MPC, 83, "field pipeline_model_parallel_size: int = 1"),
@@ -85,6 +93,32 @@ FLAG_SOURCES: dict[str, tuple[str, int, str]] = {
     "--grad-reduce-in-bf16": (_ARGS, 3053, "add_argument, store_true; with --bf16 it turns off the fp32 "
                                            "accumulation and reduction --bf16 sets by default (line 1213)"),
     "--accumulate-allreduce-grads-in-fp32": (_ARGS, 3069, "add_argument, store_true"),
+    "--hidden-dropout": (_TC, 188, "field hidden_dropout: float = 0.1"),
+    "--attention-dropout": (_TC, 191, "field attention_dropout: float = 0.1"),
+    "--megatron-fsdp-main-grads-dtype": (_ARGS, 3691, "add_argument, default 'auto': the parameters' dtype"),
+    "--megatron-fsdp-grad-comm-dtype": (_ARGS, 3695, "add_argument, default 'auto': the main gradients' dtype"),
+    "--train-iters": (_TRAIN, 64, "TrainingConfig.train_iters: int | None = None (factory at arguments.py:2863)"),
+    "--lr": (_ARGS, 2984, "add_argument, type=float, default=None"),
+}
+
+#: Megatron-LM behaviour the script's ``# default:``, ``# override:`` and environment lines rest on -> (file, line,
+#: what is there) at :data:`MEGATRON_COMMIT`; experiments/check_megatron_flags.py checks each line holds ``text``.
+DEFAULT_SOURCES: dict[str, tuple[str, int, str]] = {
+    "dropout": (_TC, 188, "hidden_dropout: float = 0.1"),
+    "vocab-padding": (_ARGS, 2441, "'--make-vocab-size-divisible-by', type=int, default=128"),
+    "vocab-padding-multiple": ("megatron/training/vocab_utils.py", 58,
+                               "multiple = make_vocab_size_divisible_by * tensor_model_parallel_size"),
+    "data-parallel-size": (_ARGS, 448, "args.data_parallel_size = args.world_size // total_model_size"),
+    "context-parallel-size": (_MPC, 100, "context_parallel_size: int = 1"),
+    "microbatches": ("megatron/core/num_microbatches_calculator.py", 388,
+                     "num_micro_batches = global_batch_size // micro_batch_times_data_parallel_size"),
+    "fsdp-main-grads": ("megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py", 2322,
+                        "return torch.bfloat16 if is_fp8 else group.dtype"),
+    "fsdp-ddp-grads": ("megatron/training/training.py", 2647,
+                       'kwargs["megatron_fsdp_main_grads_dtype"] = args.megatron_fsdp_main_grads_dtype'),
+    "tp-connections": (_ARGS, 1477, "assert os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') == \"1\""),
+    "fsdp-connections": (_ARGS, 1166, "assert os.environ.get('CUDA_DEVICE_MAX_CONNECTIONS') != \"1\""),
+    "bf16-reduce": (_ARGS, 1216, "args.accumulate_allreduce_grads_in_fp32 = True"),
 }
 
 #: The planner's gradient reduction dtype (``schedlab plan --reduce-dtype``) -> Megatron-LM's flag. With ``--bf16``
@@ -148,6 +182,8 @@ DP_FLAGS: dict[str, tuple[str, ...]] = {
               "--ckpt-format fsdp_dtensor", "--overlap-grad-reduce", "--overlap-param-gather"),
 }
 DP_FLAGS["fsdp"] = DP_FLAGS["zero3"]
+#: The modes that run on Megatron-FSDP (with replicas).
+FSDP_MODES = ("zero2", "zero3", "fsdp")
 
 
 def megatron_dp_flags(mode: str, dp: int) -> list[str]:
@@ -160,25 +196,121 @@ def megatron_dp_flags(mode: str, dp: int) -> list[str]:
     return list(DP_FLAGS[mode])
 
 
-def megatron_args(c: PlanConfig, model: TransformerConfig, global_batch: int, layout: PlanLayout,
-                  reduce_dtype: str = "bf16") -> str:
-    """Comment lines (the version, the notes), then one line of ``pretrain_gpt.py`` arguments for ``c``: bf16
-    mixed precision, as the planner times it, with gradients reduced in ``reduce_dtype`` (:data:`REDUCE_FLAGS`)."""
+def megatron_env(c: PlanConfig) -> tuple[str | None, str]:
+    """``CUDA_DEVICE_MAX_CONNECTIONS`` as ``c`` needs it -> (value, why); value None: unset, "" : no requirement.
+
+    ``validate_args`` refuses Megatron-FSDP with the variable at 1 (:data:`DEFAULT_SOURCES` ``fsdp-connections``)
+    and, on Hopper and older GPUs (the planner's devices), tensor parallelism without FSDP unless it is 1
+    (``tp-connections``); with both, it warns and runs, so FSDP's rule wins."""
+    src = DEFAULT_SOURCES
+    if c.dp > 1 and c.dp_mode in FSDP_MODES:
+        return None, (f"Megatron-FSDP: validate_args refuses CUDA_DEVICE_MAX_CONNECTIONS=1 "
+                      f"({src['fsdp-connections'][0]}:{src['fsdp-connections'][1]})")
+    if c.tp > 1:
+        return "1", (f"tensor parallelism: on Hopper and older GPUs validate_args requires it "
+                     f"({src['tp-connections'][0]}:{src['tp-connections'][1]})")
+    return "", "no requirement (no tensor parallelism, no Megatron-FSDP)"
+
+
+def _where(key: str) -> str:
+    path, line, _ = DEFAULT_SOURCES[key]
+    return f"{path.rsplit('/', 1)[-1]}:{line}"
+
+
+def megatron_defaults(c: PlanConfig, model: TransformerConfig, global_batch: int,
+                      reduce_dtype: str) -> list[tuple[str, str]]:
+    """("default" | "override", what) for every Megatron-LM default the line relies on or overrides."""
+    out = [("default", f"data-parallel size = WORLD_SIZE / (tp x pp x cp) with context parallelism 1 "
+                       f"({_where('data-parallel-size')}, {_where('context-parallel-size')}): "
+                       f"{c.tp * c.pp * c.dp} processes give dp {c.dp}"),
+           ("default", f"microbatches = global batch / (micro batch x dp) ({_where('microbatches')}): "
+                       f"{global_batch} / ({c.microbatch_size} x {c.dp}) = {c.microbatches}")]
+    multiple = 128 * c.tp
+    padded = -(-model.vocab // multiple) * multiple
+    out.append(("default", f"--make-vocab-size-divisible-by 128 pads the vocabulary to a multiple of 128 x tp "
+                           f"({_where('vocab-padding')}, {_where('vocab-padding-multiple')}): {padded} rows"
+                + (", as planned" if padded == model.vocab else f"; the plan timed {model.vocab}")))
+    if model.dropout:
+        out.append(("default", f"hidden and attention dropout 0.1 ({_where('dropout')}); the plan has dropout, "
+                               "its rate is not planned"))
+    else:
+        out.append(("override", f"--hidden-dropout 0 --attention-dropout 0: Megatron's default is 0.1 "
+                                f"({_where('dropout')}), the model trains without dropout"))
+    if c.dp > 1 and c.dp_mode in FSDP_MODES:
+        out.append(("override", "--megatron-fsdp-main-grads-dtype fp32: Megatron-FSDP ignores "
+                                "--accumulate-allreduce-grads-in-fp32 and by default accumulates gradients in the "
+                                f"parameters' bf16 ({_where('fsdp-main-grads')}, {_where('fsdp-ddp-grads')})"))
+        out.append(("override", f"--megatron-fsdp-grad-comm-dtype {reduce_dtype}: the plan reduces gradients in "
+                                f"{reduce_dtype} (the default, auto, reduces in the main gradients' fp32)"))
+    elif reduce_dtype == "bf16":
+        out.append(("override", "--grad-reduce-in-bf16: with --bf16 Megatron accumulates and reduces gradients in "
+                                f"fp32 ({_where('bf16-reduce')}); the plan reduces in bf16"))
+    return out
+
+
+def _gpus(c: PlanConfig, gpus_per_node: int | None) -> tuple[int, int]:
+    """(nodes, GPUs per node) for the plan's world; a node's GPUs divide the world."""
+    world = c.tp * c.pp * c.dp
+    per = math.gcd(world, gpus_per_node or 8)
+    return world // per, per
+
+
+def megatron_script(c: PlanConfig, model: TransformerConfig, global_batch: int, layout: PlanLayout,
+                    reduce_dtype: str = "bf16", gpus_per_node: int | None = None) -> str:
+    """A bash script that launches ``c`` with Megatron-LM's ``pretrain_gpt.py``: bf16 mixed precision, as the
+    planner times it, with gradients reduced in ``reduce_dtype`` (:data:`REDUCE_FLAGS`); the planned arguments
+    are its last line. ``gpus_per_node``: the cluster's (default 8)."""
     if reduce_dtype not in REDUCE_FLAGS:
         raise ConfigError(f"reduce dtype {reduce_dtype!r}: give one of {', '.join(REDUCE_FLAGS)}", field="reduce_dtype")
+    fsdp = c.dp > 1 and c.dp_mode in FSDP_MODES
     args = [f"--tensor-model-parallel-size {c.tp}", f"--pipeline-model-parallel-size {c.pp}"]
     if c.pp > 1:
         args.append(f"--pipeline-model-parallel-layout {shlex.quote(megatron_layout(layout))}")
     args += [f"--micro-batch-size {c.microbatch_size}", f"--global-batch-size {global_batch}", *_model_flags(model)]
+    if not model.dropout:
+        args += ["--hidden-dropout 0", "--attention-dropout 0"]
     if c.sp and c.tp > 1:
         args.append("--sequence-parallel")
     if c.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
     elif c.recompute == "selective":
         args.append("--recompute-granularity selective")
-    args += ["--bf16", REDUCE_FLAGS[reduce_dtype]]
-    args += [*megatron_dp_flags(c.dp_mode, c.dp), "--tokenizer-type NullTokenizer", f"--vocab-size {model.vocab}", "--mock-data"]
-    head = [f"# Megatron-LM main ({MEGATRON_COMMIT[:12]}) arguments of the schedlab plan {c.label()}",
-            f"# torchrun --nproc-per-node ... pretrain_gpt.py on {c.tp * c.pp * c.dp} GPUs; "
-            "replace --mock-data with --data-path PREFIX for real data"]
-    return "\n".join(head + [f"# note: {n}" for n in megatron_notes(c, layout)] + [" ".join(args)]) + "\n"
+    args.append("--bf16")
+    dp_flags = megatron_dp_flags(c.dp_mode, c.dp)
+    if fsdp:
+        dp_flags += ["--megatron-fsdp-main-grads-dtype fp32", f"--megatron-fsdp-grad-comm-dtype {reduce_dtype}"]
+    else:
+        args.append(REDUCE_FLAGS[reduce_dtype])
+    args += [*dp_flags, "--tokenizer-type NullTokenizer", f"--vocab-size {model.vocab}", "--mock-data",
+             '--train-iters "$TRAIN_ITERS"', '--lr "$LR"']
+    world = c.tp * c.pp * c.dp
+    nodes, per = _gpus(c, gpus_per_node)
+    degrees = f"tp {c.tp} x pp {c.pp} x dp {c.dp}"
+    value, why = megatron_env(c)
+    env = ([f"export CUDA_DEVICE_MAX_CONNECTIONS=1  # {why}"] if value == "1" else
+           [f"unset CUDA_DEVICE_MAX_CONNECTIONS  # {why}"] if value is None else
+           [f"# CUDA_DEVICE_MAX_CONNECTIONS: {why}"])
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# Megatron-LM main ({MEGATRON_COMMIT[:12]}) launch of the schedlab plan {c.label()}",
+        f"# Run it in a Megatron-LM checkout at that commit on {world} GPUs ({degrees}), on every node with "
+        "NODE_RANK, MASTER_ADDR, MASTER_PORT set; replace --mock-data with --data-path PREFIX for real data",
+        *[f"# note: {n}" for n in megatron_notes(c, layout)],
+        *[f"# {kind}: {what}" for kind, what in megatron_defaults(c, model, global_batch, reduce_dtype)],
+        "set -euo pipefail",
+        f"NNODES=${{NNODES:-{nodes}}}",
+        f"GPUS_PER_NODE=${{GPUS_PER_NODE:-{per}}}",
+        f"if [ $((NNODES * GPUS_PER_NODE)) -ne {world} ]; then",
+        f'    echo "error: NNODES x GPUS_PER_NODE is $((NNODES * GPUS_PER_NODE)); the plan runs on {world} GPUs '
+        f'({degrees}): set them to make {world}" >&2',
+        "    exit 2",
+        "fi",
+        "# Not planned (choose them for your run): the number of steps and the learning rate.",
+        "TRAIN_ITERS=${TRAIN_ITERS:-100}",
+        "LR=${LR:-0.0003}",
+        *env,
+        'torchrun --nnodes "$NNODES" --nproc-per-node "$GPUS_PER_NODE" --node-rank "${NODE_RANK:-0}" '
+        '--master-addr "${MASTER_ADDR:-localhost}" --master-port "${MASTER_PORT:-6000}" pretrain_gpt.py \\',
+        " ".join(args),
+    ]
+    return "\n".join(lines) + "\n"
