@@ -38,14 +38,11 @@ import typing
 import warnings
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from analysis.plan.exports import plan_layout, plan_schedule  # noqa: E402
-from analysis.plan.megatron import MEGATRON_COMMIT, megatron_script  # noqa: E402
-from analysis.plan.megatron_launch import launch_script, megatron_settings, plan_settings, torchrun_env  # noqa: E402
-from analysis.results_page import check_page, table, write_page  # noqa: E402
-from tests.plan_questions import CLUSTER, GLOBAL_BATCH, QUESTIONS, TINY, Question  # noqa: E402
+from analysis.plan.exports import plan_layout, plan_schedule
+from analysis.plan.megatron import MEGATRON_COMMIT, megatron_script
+from analysis.plan.megatron_launch import launch_script, megatron_settings, plan_settings, torchrun_env
+from analysis.results_page import check_page, table, write_page
+from tests.plan_questions import CLUSTER, GLOBAL_BATCH, QUESTIONS, TINY, Question
 
 STARTS = {"unset": {}, "at 1": {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}}
 # The twelve questions' models have dropout; a Llama trains without: the 1f1b question on such a model.
@@ -58,7 +55,6 @@ def _import_megatron(tree: Path):
 
     if not hasattr(typing, "override"):  # Python 3.11: main uses typing.override (3.12)
         typing.override = typing_extensions.override
-    sys.path.insert(0, str(tree))
     warnings.simplefilter("ignore")
     with contextlib.redirect_stdout(io.StringIO()):
         import megatron.core
@@ -106,18 +102,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commit", default=MEGATRON_COMMIT, help=f"the revision (default {MEGATRON_COMMIT[:12]})")
     ap.add_argument("--markdown", help="write the results page here (docs/results/megatron_launch.md)")
     ap.add_argument("--json", help="write the verified launches here (docs/results/megatron_launch.json)")
+    ap.add_argument("--tree", help=argparse.SUPPRESS)  # the extracted checkout, on this process's PYTHONPATH
     args = ap.parse_args(argv)
     if args.markdown:
         check_page(args.markdown)
+    if args.tree is None:  # extract the commit, then run again with it first on PYTHONPATH
+        with tempfile.TemporaryDirectory(prefix="megatron-lm-") as tmp:
+            with subprocess.Popen(["git", "-C", args.repo, "archive", args.commit, "megatron", "pretrain_gpt.py"],
+                                  stdout=subprocess.PIPE) as git:
+                subprocess.run(["tar", "x", "-C", tmp], stdin=git.stdout, check=True)
+            if git.returncode != 0:
+                print(f"error: git archive {args.commit} in {args.repo} failed", file=sys.stderr)
+                return 2
+            path = os.pathsep.join(p for p in (tmp, os.environ.get("PYTHONPATH")) if p)
+            return subprocess.run([sys.executable, __file__, *(sys.argv[1:] if argv is None else argv), "--tree", tmp],
+                                  env={**os.environ, "PYTHONPATH": path}).returncode
     saved_env, saved_argv = dict(os.environ), list(sys.argv)
-    tmp = Path(tempfile.mkdtemp(prefix="megatron-lm-"))
-    with subprocess.Popen(["git", "-C", args.repo, "archive", args.commit, "megatron", "pretrain_gpt.py"],
-                          stdout=subprocess.PIPE) as git:
-        subprocess.run(["tar", "x", "-C", str(tmp)], stdin=git.stdout, check=True)
-    if git.returncode != 0:
-        print(f"error: git archive {args.commit} in {args.repo} failed", file=sys.stderr)
-        return 2
-    megatron = _import_megatron(tmp)
+    megatron = _import_megatron(Path(args.tree))
     rows, record, bad = [], {}, 0
     for name, q in CASES.items():
         c = q.winner()
@@ -168,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"commit": args.commit, "questions": record}, indent=1) + "\n")
     if args.markdown:
-        write_page(args.markdown, "Megatron-LM's parser on the exported launch scripts", body)
+        shown = saved_argv[:saved_argv.index("--tree")] + saved_argv[saved_argv.index("--tree") + 2:]
+        write_page(args.markdown, "Megatron-LM's parser on the exported launch scripts", body, argv=shown)
     return 1 if bad else 0
 
 

@@ -13,6 +13,7 @@ and line) and the layout string is decoded by its documented format.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import shlex
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from analysis.plan.exports import PlanLayout, plan_layout, plan_schedule, write_exports
-from analysis.plan.megatron import FLAG_SOURCES, REDUCE_FLAGS, megatron_script, megatron_layout
+from analysis.plan.megatron import FLAG_SOURCES, REDUCE_FLAGS, megatron_layout, megatron_script
 from analysis.plan.torchtitan import torchtitan_notes
 from common.errors import ConfigError
 from schedules.interop.torch_csv import read_torch_csv
@@ -145,7 +146,7 @@ def test_flag_table_covers_every_flag_the_exporter_writes():
     """Every flag of every (dp mode, recompute, sp, model variant, schedule) is in the table, and every row is used."""
     gpt = TransformerConfig(name="gpt", layers=8, hidden=64, heads=4, vocab=256, seq_len=32)
     seen: set[str] = set()
-    for model in (TINY, gpt):
+    for model in (TINY, gpt, dataclasses.replace(TINY, dropout=False)):
         for sched, chunks in (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-v", 2)):
             for mode in ("sync", "ddp", "zero1", "zero2", "fsdp", "zero3"):
                 for rc in ("none", "selective", "full"):
@@ -160,7 +161,7 @@ def test_flag_table_covers_every_flag_the_exporter_writes():
 def test_megatron_trains_in_bf16_and_reduces_gradients_in_the_plans_dtype():
     """--bf16 alone makes Megatron-LM accumulate and reduce gradients in fp32 (arguments.py:1204-1217 at
     MEGATRON_COMMIT): the planner's default bf16 reduction needs --grad-reduce-in-bf16."""
-    c = _mode_config("zero2")
+    c = _mode_config("zero1")  # DDP's flags; Megatron-FSDP's are in tests/test_megatron_launch.py
     layout = plan_layout(c, TINY, plan_schedule(c))
     for reduce, flag in (("bf16", "--grad-reduce-in-bf16"), ("fp32", "--accumulate-allreduce-grads-in-fp32")):
         fl = _flags(megatron_script(c, TINY, 8, layout, reduce).splitlines()[-1])

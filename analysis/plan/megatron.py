@@ -202,13 +202,10 @@ def megatron_env(c: PlanConfig) -> tuple[str | None, str]:
     ``validate_args`` refuses Megatron-FSDP with the variable at 1 (:data:`DEFAULT_SOURCES` ``fsdp-connections``)
     and, on Hopper and older GPUs (the planner's devices), tensor parallelism without FSDP unless it is 1
     (``tp-connections``); with both, it warns and runs, so FSDP's rule wins."""
-    src = DEFAULT_SOURCES
     if c.dp > 1 and c.dp_mode in FSDP_MODES:
-        return None, (f"Megatron-FSDP: validate_args refuses CUDA_DEVICE_MAX_CONNECTIONS=1 "
-                      f"({src['fsdp-connections'][0]}:{src['fsdp-connections'][1]})")
+        return None, f"Megatron-FSDP: validate_args refuses CUDA_DEVICE_MAX_CONNECTIONS=1 ({_where('fsdp-connections')})"
     if c.tp > 1:
-        return "1", (f"tensor parallelism: on Hopper and older GPUs validate_args requires it "
-                     f"({src['tp-connections'][0]}:{src['tp-connections'][1]})")
+        return "1", f"tensor parallelism: on Hopper and older GPUs validate_args requires it ({_where('tp-connections')})"
     return "", "no requirement (no tensor parallelism, no Megatron-FSDP)"
 
 
