@@ -362,6 +362,33 @@ def test_torchtitan_reads_every_dp_mode(tmp_path):
             write_exports(c, TINY, 8, None, tmp_path)
 
 
+def test_torchtitan_notes_what_its_runtime_runs_otherwise():
+    """zero2 v4 at pp 2: torch's CSV runtime runs it as zero1, re-timed by the simulator's zero1, and gathers the
+    fourth stage of a rank again and again (torch's own _add_unshard_reshard on the CSV: 15 UNSHARDs, not 4)."""
+    import dataclasses
+
+    from analysis.plan.torchtitan import retimed
+    from sim.plan.bounds import Bounds
+    from sim.plan.study import Study
+
+    model = dataclasses.replace(TINY, layers=16)
+    c = PlanConfig(1, 2, 4, "interleaved-1f1b", 4, 1, 8, "zero2", "none", False)
+    space = PlanSpace(model=model, cluster=cluster_preset("dgx-h100:1"), global_batch=32, microbatch_sizes=(1,))
+    study = Study(schedule=c.schedule, microbatches=8, chunks=4, costs=Bounds(space).costs(c))
+    sched = plan_schedule(c)
+    (t, peak), (t0, peak0) = retimed(study, "zero1"), retimed(study, "zero2")
+    assert peak > peak0  # whole gradients held through the step
+    assert torchtitan_notes(c, model, plan_layout(c, model, sched), "fp32", sched, study) == [
+        "zero2: torch's CSV runtime reduce-scatters each stage's gradients once a step, after its last backward "
+        "(REDUCE_GRAD), and holds them unsharded in float32 until then; the parameters are gathered once a step "
+        "(UNSHARD, fsdp_reshard_after_forward never): so zero2 runs as zero1 (whole gradients and parameters through "
+        "the step)",
+        f"zero2 re-timed as torchtitan runs it (zero1): {t:.4g} s a step, {peak / 1e9:.4g} GB peak; the plan's zero2: "
+        f"{t0:.4g} s, {peak0 / 1e9:.4g} GB",
+        "4 stages per rank: torch's runtime keeps 3 unsharded and gathers the others again, 15 UNSHARDs a step on a "
+        "rank where the plan times 4"]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_torchtitan_places_405b_interleaved_on_16_ranks(tmp_path):

@@ -35,6 +35,7 @@ def _shrunk(c):
 @pytest.mark.timeout(300)
 def test_torchtitan_runs_every_planned_question(tmp_path):
     pytest.importorskip("torchtitan", reason="the exports extra: pip install -e '.[exports]'")
+    import os
     import subprocess
 
     from analysis.plan.exports import plan_layout, plan_schedule, write_exports
@@ -61,7 +62,8 @@ def test_torchtitan_runs_every_planned_question(tmp_path):
     start = time.monotonic()
     try:
         proc = torchrun(WORLD, [__file__, str(tmp_path / "plans.json"), str(tmp_path / "out.json")], timeout=240,
-                        capture=True, env={"OMP_NUM_THREADS": "1"})
+                        capture=True, env={"OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(  # the worker imports tests.*
+                            [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])})
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"launch hung; stderr:\n{(exc.stderr or '')[-4000:]}")
     assert proc.returncode == 0, proc.stderr[-6000:]
@@ -230,5 +232,4 @@ def _worker(plans_file: str, out_file: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     _worker(sys.argv[1], sys.argv[2])
