@@ -315,19 +315,30 @@ def test_torchtitan_notes(exported):
     notes = {name: [x for x in n if not x.startswith(reduce)] for name, n in notes.items()}
     assert notes["1f1b"] == notes["interleaved-uneven"] == notes["fsdp-tp-recompute"] == []
     assert len(notes["zb-v"]) == 1 and notes["zb-v"][0].startswith("# note: selective recomputation of the attention")
-    assert len(notes["zero1"]) == 1 and notes["zero1"][0].startswith("# note: zero1: torchtitan has no ZeRO-1/2")
+    assert notes["zero1"] == ["# note: zero1: torch's CSV runtime reduce-scatters each stage's gradients once a step, "
+                              "after its last backward (REDUCE_GRAD), and holds them unsharded in float32 until then; "
+                              "the parameters are gathered once a step (UNSHARD, fsdp_reshard_after_forward never): "
+                              "as planned"]
 
 
 def test_torchtitan_reads_every_dp_mode(tmp_path):
-    """Each mode's degrees and FSDP setting as torchtitan's ConfigManager and ParallelDims read them; the modes
-    torchtitan runs only approximately say so in a note; ps and none with replicas are refused in one line."""
+    """Each mode's degrees and FSDP setting at pp 2 as torchtitan's ConfigManager and ParallelDims read them; the
+    modes torchtitan runs otherwise say so in a note (at pp > 1 every sharded mode keeps its parameters gathered
+    through the step: fsdp_reshard_after_forward never); ps and none with replicas are refused in one line."""
     pytest.importorskip("torchtitan", reason="the exports extra: pip install -e '.[exports]'")
     from torchtitan.distributed import ParallelDims
 
     want = {"sync": (2, 1, "default"), "ddp": (2, 1, "default"), "zero1": (1, 2, "never"), "zero2": (1, 2, "never"),
-            "zero3": (1, 2, "always"), "fsdp": (1, 2, "always")}
-    noted = {"sync": "# note: sync: torchtitan's replicated data parallelism", "zero1": "# note: zero1: torchtitan has "
-             "no ZeRO-1/2", "zero2": "# note: zero2: torchtitan has no ZeRO-1/2"}
+            "zero3": (1, 2, "never"), "fsdp": (1, 2, "never")}
+    csv = "once a step, after its last backward (REDUCE_GRAD), and holds them unsharded in float32 until then"
+    noted = {"sync": ["# note: sync: torchtitan's replicated data parallelism"],
+             **{m: [f"# note: {m}: torch's CSV runtime reduce-scatters each stage's gradients {csv}"]
+                for m in ("zero1", "zero2", "zero3", "fsdp")}}
+    ends = {"zero1": ": as planned", **{m: f"so {m} runs as zero1 (whole gradients and parameters through the step)"
+                                        for m in ("zero2", "zero3", "fsdp")}}
+    for m in ("zero3", "fsdp"):
+        noted[m].append(f"# note: {m}: fsdp_reshard_after_forward always is not written: with a CSV that splits the "
+                        "backward (I, W) the last stage gets no gradients")
     read: dict[str, object] = {}  # modules of the same parallelism are read once (a read costs ~0.5 s)
     for mode, expect in want.items():
         c = _mode_config(mode)
@@ -340,13 +351,43 @@ def test_torchtitan_reads_every_dp_mode(tmp_path):
         assert (dims.dp_replicate, dims.dp_shard, cfg.parallelism.fsdp_reshard_after_forward) == expect, mode
         assert (dims.pp, dims.tp) == (2, 1), mode
         notes = [x for x in path.read_text().splitlines() if x.startswith("# note:")]
-        assert [n[:len(noted[mode])] for n in notes] == ([noted[mode]] if mode in noted else []), mode
-    assert len(read) == 3  # replicated, sharded kept whole from forward to backward, sharded and resharded
+        assert len(notes) == len(noted.get(mode, [])), mode
+        assert [n[:len(m)] for n, m in zip(notes, noted.get(mode, []), strict=True)] == noted.get(mode, []), mode
+        if mode in ends:
+            assert notes[0].endswith(ends[mode]), mode
+    assert len(read) == 2  # replicated; sharded and kept whole through the step
     for mode in ("ps", "none"):
         c = _mode_config(mode)
         with pytest.raises(ValueError, match=rf"^dp mode '{mode}' has no torchtitan setting \(it runs sync, ddp, zero1, "
                                              r"zero2, zero3, fsdp\); plan with one of those$"):
             write_exports(c, TINY, 8, None, tmp_path)
+
+
+def test_torchtitan_notes_what_its_runtime_runs_otherwise():
+    """zero2 v4 at pp 2: torch's CSV runtime runs it as zero1, re-timed by the simulator's zero1, and gathers the
+    fourth stage of a rank again and again (torch's own _add_unshard_reshard on the CSV: 15 UNSHARDs, not 4)."""
+    import dataclasses
+
+    from analysis.plan.torchtitan import retimed
+    from sim.plan.bounds import Bounds
+    from sim.plan.study import Study
+
+    model = dataclasses.replace(TINY, layers=16)
+    c = PlanConfig(1, 2, 4, "interleaved-1f1b", 4, 1, 8, "zero2", "none", False)
+    space = PlanSpace(model=model, cluster=cluster_preset("dgx-h100:1"), global_batch=32, microbatch_sizes=(1,))
+    study = Study(schedule=c.schedule, microbatches=8, chunks=4, costs=Bounds(space).costs(c))
+    sched = plan_schedule(c)
+    (t, peak), (t0, peak0) = retimed(study, "zero1"), retimed(study, "zero2")
+    assert peak > peak0  # whole gradients held through the step
+    assert torchtitan_notes(c, model, plan_layout(c, model, sched), "fp32", sched, study) == [
+        "zero2: torch's CSV runtime reduce-scatters each stage's gradients once a step, after its last backward "
+        "(REDUCE_GRAD), and holds them unsharded in float32 until then; the parameters are gathered once a step "
+        "(UNSHARD, fsdp_reshard_after_forward never): so zero2 runs as zero1 (whole gradients and parameters through "
+        "the step)",
+        f"zero2 re-timed as torchtitan runs it (zero1): {t:.4g} s a step, {peak / 1e9:.4g} GB peak; the plan's zero2: "
+        f"{t0:.4g} s, {peak0 / 1e9:.4g} GB",
+        "4 stages per rank: torch's runtime keeps 3 unsharded and gathers the others again, 15 UNSHARDs a step on a "
+        "rank where the plan times 4"]
 
 
 @pytest.mark.slow

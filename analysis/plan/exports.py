@@ -105,7 +105,7 @@ def write_exports(c: PlanConfig, model: TransformerConfig, global_batch: int, st
     layout = plan_layout(c, model, sched)
     csv = write_torch_csv(sched, out / "schedule.csv")
     titan = torchtitan_config(c, model, global_batch, layout, (Path(final) / csv.name if final else csv).resolve(),
-                              reduce_dtype)
+                              reduce_dtype, sched, study)
     cluster = study.costs.cluster if study is not None else None
     megatron = megatron_script(c, model, global_batch, layout, reduce_dtype,
                                cluster.num_devices // cluster.num_nodes if cluster is not None else None)

@@ -20,7 +20,18 @@ checkpointing) and replaces what the plan decides. Facts about torchtitan
   places the stages, the CSV is the order that runs;
 * ``training.local_batch_size`` is the batch per data-parallel rank of one
   accumulation step, cut into ``local_batch_size / pipeline_parallel_microbatch_size``
-  microbatches.
+  microbatches;
+* the default ``spmd_backend`` (``spmd_types``) makes ``fully_shard`` require every
+  parameter to be a DTensor on the whole mesh, which torchtitan 0.3.0's llama3 does
+  not give it with torch 2.13.0 (``ValueError: When dp_mesh_dims is provided, all
+  parameters must be DTensors ...``); ``partial_dtensor`` (DTensors for tensor
+  parallelism only) builds;
+* torch's CSV runtime (``_PipelineScheduleRuntime._prepare_schedule_with_comms``,
+  torch 2.13.0) turns FSDP's gradient reduction off for every backward and adds one
+  ``REDUCE_GRAD`` per stage after its last backward, and one ``UNSHARD``/``RESHARD``
+  pair per stage (more when a rank holds over 3 stages: ``_add_unshard_reshard``
+  keeps 3 unsharded). So at pp > 1 every sharded mode runs as zero1
+  (:func:`torchtitan_dp_mode`).
 """
 
 from __future__ import annotations
@@ -33,10 +44,13 @@ from common.errors import ConfigError
 from sim.costs.transformer import TransformerConfig
 from sim.plan.space import PlanConfig
 
-if TYPE_CHECKING:  # only a type here: analysis.plan.exports imports this module
+if TYPE_CHECKING:  # only types here: analysis.plan.exports imports this module
     from analysis.plan.exports import PlanLayout
+    from schedules.ir import Schedule
+    from sim.plan.study import Study
 
-__all__ = ["DP_SETTINGS", "TORCHTITAN_VERSION", "torchtitan_config", "torchtitan_notes"]
+__all__ = ["DP_SETTINGS", "TORCHTITAN_VERSION", "fsdp_units", "planned_collectives", "retimed", "torchtitan_config",
+           "torchtitan_dp_mode", "torchtitan_notes"]
 
 #: The torchtitan release the module is written for (the ``exports`` extra installs it).
 TORCHTITAN_VERSION = "0.3.0"
@@ -51,9 +65,97 @@ def _ffn(model: TransformerConfig) -> int:
     return model.ffn if model.gated_mlp else 2 * model.ffn // 3
 
 
-def torchtitan_notes(c: PlanConfig, model: TransformerConfig, layout: PlanLayout, reduce_dtype: str = "bf16") -> list[str]:
+#: The data-parallel modes FSDP2 shards (a shard degree); the others replicate.
+_SHARDED = ("zero1", "zero2", "zero3", "fsdp")
+#: Stages of a rank torch 2.13's CSV runtime keeps unsharded at once (``_add_unshard_reshard``, max_active_stages).
+_ACTIVE_STAGES = 3
+#: Without pipelining, what the module turns off for every accumulation microbatch but the last (FSDP2's gradient
+#: reduction, its resharding after the backward), so that each mode gathers and reduces as the simulator times it:
+#: ddp all-reduces once a step, zero1 gathers and reduce-scatters once, zero2 gathers once and reduce-scatters every
+#: microbatch, zero3 gathers before every pass and reduce-scatters every microbatch (FSDP2's defaults).
+_SKIP_NAMES = {"sync": "gradient reduction (set_requires_gradient_sync)",
+               "reshard": "resharding after the backward (set_reshard_after_backward)"}
+_ACCUMULATION_SKIPS = {"sync": ("sync",), "ddp": ("sync",), "zero1": ("sync", "reshard"), "zero2": ("reshard",),
+                       "zero3": (), "fsdp": ()}
+
+
+def torchtitan_dp_mode(c: PlanConfig) -> str:
+    """The simulator's data-parallel mode torchtitan runs ``c`` as, with the settings the module writes.
+
+    sync runs as ddp (FSDP2 reduces while the backward runs). At pp > 1 torch's CSV runtime reduces each stage's
+    gradients once a step, after its last backward, and holds them unsharded until then: zero2, zero3 and fsdp run as
+    zero1 (the module keeps the parameters gathered through the step, ``fsdp_reshard_after_forward`` never)."""
+    if c.dp == 1:
+        return c.dp_mode
+    if c.dp_mode == "sync":
+        return "ddp"
+    if c.pp > 1 and c.dp_mode in _SHARDED:
+        return "zero1"
+    return c.dp_mode
+
+
+def fsdp_units(model: TransformerConfig, layout: PlanLayout, pp: int) -> tuple[int, ...]:
+    """FSDP2 units of each stage as torchtitan wraps them (``apply_fsdp_to_decoder``): one per decoder layer, the
+    embedding on the first stage, the final norm with the head on the last (one unit with the embedding when tied,
+    which torchtitan does only without pipelining). Each unit gathers and reduces its parameters in one collective."""
+    units = list(layout.layers)
+    units[0] += 1
+    if not (model.tied_embeddings and pp == 1):
+        units[-1] += 1
+    return tuple(units)
+
+
+def planned_collectives(c: PlanConfig, model: TransformerConfig, sched: Schedule, layout: PlanLayout
+                        ) -> list[dict[str, int]]:
+    """Per pipeline rank, the data-parallel collectives of one step as the simulator times ``c`` run by torchtitan:
+    :func:`schedules.dp.modes.add_data_parallel` in :func:`torchtitan_dp_mode`, with torchtitan's FSDP units as the
+    buckets. Keys: ``all_gather``, ``reduce_scatter``, ``all_reduce`` (tasks), ``gathers`` (all-gathers of a whole
+    stage: what torch's runtime does with one UNSHARD)."""
+    from schedules.dp.modes import add_data_parallel
+    from schedules.ir import Kind
+    from schedules.validate import validate
+
+    units = fsdp_units(model, layout, c.pp)
+    mode = torchtitan_dp_mode(c) if c.dp > 1 else "none"
+    graph = add_data_parallel(validate(sched), mode, units)
+    out = []
+    for prog in graph.programs:
+        kinds = [graph.tasks[i].action for i in prog]
+        count = {"all_gather": sum(a.kind is Kind.ALL_GATHER for a in kinds),
+                 "reduce_scatter": sum(a.kind is Kind.REDUCE_SCATTER for a in kinds),
+                 "all_reduce": sum(a.kind is Kind.ALLREDUCE for a in kinds)}
+        count["gathers"] = sum(a.kind is Kind.ALL_GATHER for a in kinds if a.bucket == 0)
+        out.append(count)
+    return out
+
+
+def _unshards(sched: Schedule) -> list[int]:
+    """UNSHARD actions per rank that torch 2.13's CSV runtime adds to the schedule (``_add_unshard_reshard``)."""
+    from torch.distributed.pipelining.schedules import _Action, _add_unshard_reshard
+
+    from schedules.interop.torch_csv import torch_csv_text
+
+    rows = [[_Action.from_str(x) for x in line.split(",") if x] for line in torch_csv_text(sched).splitlines()]
+    return [sum(a.computation_type.name == "UNSHARD" for a in _add_unshard_reshard(row)) for row in rows]
+
+
+def retimed(study: Study, mode: str) -> tuple[float, float]:
+    """(step seconds, peak bytes of a device) of ``study`` simulated in data-parallel mode ``mode``."""
+    import dataclasses
+
+    from sim.plan.study import run_study
+
+    costs = study.costs
+    res = run_study(dataclasses.replace(study, costs=dataclasses.replace(
+        costs, parallel=dataclasses.replace(costs.parallel, dp_mode=mode))))
+    return res.step_time, max(d.memory_bytes for d in res.devices())
+
+
+def torchtitan_notes(c: PlanConfig, model: TransformerConfig, layout: PlanLayout, reduce_dtype: str = "bf16",
+                     sched: Schedule | None = None, study: Study | None = None) -> list[str]:
     """What torchtitan cannot express for ``c`` (gradients reduced in ``reduce_dtype``), each with the setting the
-    module uses instead."""
+    module uses instead; with ``sched`` the UNSHARDs torch's runtime adds, with ``study`` a mode torchtitan runs
+    otherwise than planned re-timed by the simulator."""
     notes = []
     if reduce_dtype != "fp32" and c.dp > 1:  # torchtitan 0.3.0: TrainingConfig.mixed_precision_reduce is float32 only
         notes.append(f"gradients reduced in {reduce_dtype}: torchtitan reduces them in float32 only "
@@ -79,10 +181,32 @@ def torchtitan_notes(c: PlanConfig, model: TransformerConfig, layout: PlanLayout
         notes.append("sync: torchtitan's replicated data parallelism (FSDP2 on the dp_replicate mesh) all-reduces "
                      "each block's gradients while the backward runs; no setting all-reduces after it: "
                      "data_parallel_replicate_degree (ddp) is the nearest")
-    if c.dp_mode in ("zero1", "zero2") and c.dp > 1:
-        notes.append(f"{c.dp_mode}: torchtitan has no ZeRO-1/2; FSDP2 that keeps the parameters gathered from the "
-                     "forward through the backward (fsdp_reshard_after_forward never) is the nearest: it "
-                     "reduce-scatters the gradients of every microbatch, as ZeRO-2 does")
+    runs = torchtitan_dp_mode(c)
+    if c.dp > 1 and c.pp > 1 and c.dp_mode in _SHARDED:
+        how = ("as planned" if runs == c.dp_mode else
+               f"so {c.dp_mode} runs as zero1 (whole gradients and parameters through the step)")
+        notes.append(f"{c.dp_mode}: torch's CSV runtime reduce-scatters each stage's gradients once a step, after its "
+                     "last backward (REDUCE_GRAD), and holds them unsharded in float32 until then; the parameters "
+                     f"are gathered once a step (UNSHARD, fsdp_reshard_after_forward never): {how}")
+        if runs != c.dp_mode and study is not None:
+            t, peak = retimed(study, runs)
+            t0, peak0 = retimed(study, c.dp_mode)
+            notes.append(f"{c.dp_mode} re-timed as torchtitan runs it (zero1): {t:.4g} s a step, {peak / 1e9:.4g} GB "
+                         f"peak; the plan's {c.dp_mode}: {t0:.4g} s, {peak0 / 1e9:.4g} GB")
+        if c.dp_mode in ("zero3", "fsdp"):
+            notes.append(f"{c.dp_mode}: fsdp_reshard_after_forward always is not written: with a CSV that splits "
+                         "the backward (I, W) the last stage gets no gradients (checked with torch 2.13.0), and it "
+                         "would gather again before every pass while the gradients stay unsharded")
+        if sched is not None and c.chunks > _ACTIVE_STAGES:
+            unshards = _unshards(sched)
+            notes.append(f"{c.chunks} stages per rank: torch's runtime keeps {_ACTIVE_STAGES} unsharded and gathers "
+                         f"the others again, {max(unshards)} UNSHARDs a step on a rank where the plan times "
+                         f"{c.chunks}")
+    if c.dp > 1 and c.pp == 1 and c.microbatches > 1 and _ACCUMULATION_SKIPS[c.dp_mode]:
+        notes.append(f"{c.microbatches} accumulation steps: torchtitan would reduce every microbatch's gradients "
+                     f"({c.dp_mode} planned otherwise); the module's parallelize_fn turns FSDP2's "
+                     f"{' and '.join(_SKIP_NAMES[x] for x in _ACCUMULATION_SKIPS[c.dp_mode])} off for all but the "
+                     "last")
     if c.recompute == "selective":
         notes.append("selective recomputation of the attention core: torchtitan's flex attention keeps only the "
                      "attention output and recomputes the scores in its own backward, so no activation "
@@ -110,7 +234,10 @@ DP_SETTINGS: dict[str, tuple[str, str | None]] = {
 def _parallelism(c: PlanConfig, layout: PlanLayout, csv_path: str | os.PathLike | None) -> list[str]:
     how, reshard = DP_SETTINGS[c.dp_mode] if c.dp > 1 else ("replicate", None)
     shard = how == "shard"
-    lines = [f"data_parallel_replicate_degree={1 if shard else c.dp}",
+    if shard and c.pp > 1:  # torch's CSV runtime: see torchtitan_notes (never always with the CSV)
+        reshard = "never"
+    lines = ["spmd_backend='partial_dtensor'",  # spmd_types fails in fully_shard with torch 2.13.0 (module docstring)
+             f"data_parallel_replicate_degree={1 if shard else c.dp}",
              f"data_parallel_shard_degree={c.dp if shard else 1}"]
     if shard:
         lines.append(f"fsdp_reshard_after_forward={reshard!r}")
@@ -138,6 +265,9 @@ The data loader and tokenizer are those of torchtitan's llama3_8b recipe
 vocabulary must be the model's {vocab}.
 """
 {notes}
+import functools
+
+import torch
 from torchtitan.components.loss import ChunkedLossWrapper, CrossEntropyLoss
 from torchtitan.config import ParallelismConfig, TrainingConfig
 from torchtitan.distributed.activation_checkpoint import FullAC
@@ -152,6 +282,46 @@ from torchtitan.protocols.model_spec import ModelSpec
 STAGE_LAYERS = {stage_layers}
 #: The rank that holds each stage in the plan (torchtitan places them by the schedule name).
 STAGE_RANKS = {stage_ranks}
+#: Without pipelining: accumulation steps, and what FSDP2 skips on all of them but the last ("sync": the gradient
+#: reduction, "reshard": resharding after the backward), so that the mode gathers and reduces as planned.
+ACCUMULATION = {accumulation}
+SKIP_UNTIL_LAST = {skips}
+
+
+def parallelize_fn(model, **kwargs):
+    """torchtitan's parallelize_llama; without pipelining, FSDP2 reduces (and reshards) only on the last
+    accumulation microbatch where the plan does (torchtitan would do both on every microbatch)."""
+    model = llama3.parallelize_llama(model, **kwargs)
+    if ACCUMULATION > 1 and SKIP_UNTIL_LAST and not kwargs["parallel_dims"].pp_enabled:
+        seen = [0]
+
+        def before_forward(module, args):
+            if module.training and torch.is_grad_enabled():
+                seen[0] += 1
+                last = seen[0] % ACCUMULATION == 0
+                if "sync" in SKIP_UNTIL_LAST:
+                    module.set_requires_gradient_sync(last)
+                if "reshard" in SKIP_UNTIL_LAST:
+                    module.set_reshard_after_backward(last)
+
+        model.register_forward_pre_hook(before_forward)
+    return model
+
+
+def pipelining_fn(model, **kwargs):
+    """torchtitan's pipeline_llm, whose schedule takes the trainer's call, step(arg_mbs=..., kwarg_mbs=...):
+    torch 2.13.0's step takes a whole batch and splits it (given lists, it fails)."""
+    schedule, parts, has_first, has_last = pipeline_llm(model, **kwargs)
+    schedule.step = functools.partial(_step_microbatches, schedule)
+    return schedule, parts, has_first, has_last
+
+
+def _step_microbatches(schedule, *, arg_mbs=None, kwarg_mbs=None, target_mbs=None, losses=None,
+                       return_outputs=True, loss_kwargs=None):
+    for stage in schedule._stages:  # what torch 2.13.0's step does before it runs the microbatches
+        stage.has_backward = schedule._has_backward
+        stage.clear_runtime_states()
+    schedule._step_microbatches(arg_mbs, kwarg_mbs, target_mbs, losses, return_outputs, loss_kwargs=loss_kwargs)
 
 
 def stage_modules(layers):
@@ -177,8 +347,8 @@ def model_spec():
             n_layers={layers}, dim=dim, n_heads=heads, n_kv_heads={kv_heads}, hidden_dim={ffn},
             rope=ComplexRoPE.Config(dim=dim // heads, max_seq_len={seq_len}, theta=500000),
             attn_backend="flex"))
-    return ModelSpec(name="llama3", flavor="schedlab", model=model, parallelize_fn=llama3.parallelize_llama,
-                     pipelining_fn=pipeline_llm, post_optimizer_build_fn=None,
+    return ModelSpec(name="llama3", flavor="schedlab", model=model, parallelize_fn=parallelize_fn,
+                     pipelining_fn=pipelining_fn, post_optimizer_build_fn=None,
                      state_dict_adapter=llama3.Llama3StateDictAdapter)
 
 
@@ -198,16 +368,20 @@ def schedlab_plan():
 
 
 def torchtitan_config(c: PlanConfig, model: TransformerConfig, global_batch: int, layout: PlanLayout,
-                      csv_path: str | os.PathLike | None, reduce_dtype: str = "bf16") -> str:
+                      csv_path: str | os.PathLike | None, reduce_dtype: str = "bf16", sched: Schedule | None = None,
+                      study: Study | None = None) -> str:
     """The text of ``torchtitan_plan.py`` for configuration ``c`` (``csv_path``: the schedule CSV, for pp > 1;
-    ``reduce_dtype``: the plan's gradient reduction, noted where torchtitan cannot follow it)."""
+    ``reduce_dtype``: the plan's gradient reduction, noted where torchtitan cannot follow it; ``sched`` and
+    ``study``: for the notes, :func:`torchtitan_notes`)."""
     if global_batch % c.dp:
         raise ValueError(f"global batch {global_batch} does not split over dp {c.dp}")
     local = c.microbatches * c.microbatch_size if c.pp > 1 else c.microbatch_size
-    notes = torchtitan_notes(c, model, layout, reduce_dtype)
+    notes = torchtitan_notes(c, model, layout, reduce_dtype, sched, study)
+    accumulation = global_batch // (local * c.dp) if c.pp == 1 else 1
     return _MODULE.format(
         version=TORCHTITAN_VERSION, label=c.label(), folder=Path(csv_path).parent if csv_path is not None else ".",
         world=c.tp * c.pp * c.dp, notes="".join(f"# note: {n}\n" for n in notes),
+        accumulation=accumulation, skips=repr(_ACCUMULATION_SKIPS.get(c.dp_mode, ()) if c.dp > 1 and c.pp == 1 else ()),
         stage_layers=repr(tuple(layout.layers)), stage_ranks=repr(tuple(layout.ranks)),
         layers=model.layers, dim=model.hidden, heads=model.heads, kv_heads=model.kv_heads, ffn=_ffn(model),
         vocab=model.vocab, seq_len=model.seq_len, tied=model.tied_embeddings and c.pp == 1,
