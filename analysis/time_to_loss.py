@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common import parse
 from schedules import ConfigError
 from schedules.dp.modes import DP_MODES, PEER_SELECTIONS
 
@@ -65,10 +66,11 @@ def parse_mode(text: str) -> ModeSpec:
                           f"{', '.join(m for m in DP_MODES if m != 'none')} (local-sgd:K, decentralized:ring|random)",
                           field="curve")
     if mode == "local-sgd":
-        if not option.isdigit() or int(option) < 1:
+        every = parse.int_text(option)
+        if every is None or not 1 <= every <= parse.MAX_INT:
             raise ConfigError(f"time to loss: {text!r} needs its averaging period, e.g. local-sgd:4 (K >= 1)",
                               field="curve")
-        return ModeSpec(mode, sync_every=int(option))
+        return ModeSpec(mode, sync_every=every)
     if mode == "decentralized":
         if option not in ("", *PEER_SELECTIONS):
             raise ConfigError(f"time to loss: {text!r}: peer selection {option!r} is not one of "
