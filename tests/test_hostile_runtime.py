@@ -426,9 +426,13 @@ RUN_GPT = ["--schedule", "gpipe", "--pp", "1", "--microbatches", "1", "--batch-s
      "or vocab is wrong (flag --data)"),
     ([1, 2, 3, 4] * 5, {"dtype": "uint16", "vocab": "256"}, "uint16", [],
      "token file sidecar '{f}.json': vocab must be a positive integer, got '256' (flag --data)"),
-    ([1, 2, 3, 99] * 5, None, "uint16", ["--vocab", "64"],
+    ([1, 2, 3, 99] * 5, {"dtype": "uint16"}, "uint16", ["--vocab", "64"],
      "token file '{f}' holds token 99 (at token 3), not below the model's vocab 64: use a vocab of 100 or more "
      "(flag --vocab)"),
+    ([1, 2, 3, 4] * 5, None, "uint32", [],
+     "token file '{f}' has no sidecar '{f}.json' to say its dtype; the tokens of a file are never guessed: write "
+     '{"dtype": "uint16", "vocab": N} there (or uint32), or make the file with python -m real.data prepare '
+     "(flag --data)"),
 ])
 def test_token_files_are_checked_when_opened(capsys, tmp_path: Path, values, sidecar, dtype, flags, expected) -> None:
     f = _tokens(tmp_path / "t.bin", values, sidecar, dtype)
