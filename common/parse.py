@@ -34,10 +34,10 @@ from collections.abc import Collection
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from common.errors import ConfigError, SchedlabError, find_name, quote
+from common.errors import ConfigError, SchedlabError, choice, find_name, quote
 
-__all__ = ["MAX_INT", "SIZE_FORMS", "SIZE_UNITS", "bounds", "int_text", "integer", "name", "number", "real_text",
-           "size"]
+__all__ = ["MAX_INT", "SIZE_FORMS", "SIZE_UNITS", "bounds", "canonical_field", "int_text", "integer", "name", "number",
+           "real_text", "size"]
 
 #: The largest integer any count may be (torch's int64, numpy's default integer).
 MAX_INT = 2**63 - 1
@@ -136,6 +136,13 @@ def name(text: Any, valid: Collection[str], what: str, *, field: str | None = No
     if found is None:
         raise error(f"unknown {what} {quote(text)}; valid: {', '.join(valid)}", field=field)
     return found
+
+
+def canonical_field(obj: Any, field: str, owner: str, valid: Collection[str],
+                    error: type[SchedlabError] = ConfigError) -> None:
+    """A config dataclass's ``field`` (frozen or not) set to the member of ``valid`` it names without regard to case
+    (``FP32`` becomes ``fp32``), in ``__post_init__``; else the one-line error of :func:`common.errors.choice`."""
+    object.__setattr__(obj, field, choice(owner, field, getattr(obj, field), valid, error))
 
 
 def size(value: Any, what: str = "mem_limit", *, field: str | None = None,
