@@ -81,6 +81,12 @@ def _text(doc: bytes, where: str = "an input") -> str:
                           "byte level reads any bytes", field="input") from None
 
 
+def _cut(text: str, most: int = 200) -> str:
+    """``text`` on one line, at most ``most`` characters (a file's list of keys can be long)."""
+    text = " ".join(text.split())
+    return text if len(text) <= most else text[: most - 3] + "..."
+
+
 def _one_line(exc: BaseException) -> str:
     """A library's message on one line (pyarrow's run over several)."""
     return " ".join(str(exc).split()) or type(exc).__name__
@@ -209,7 +215,7 @@ def _jsonl(p: Path, field: str) -> Iterator[tuple[str, bytes]]:
             value = record.get(field) if isinstance(record, dict) else None
             if not isinstance(value, str):
                 keys = ", ".join(record) if isinstance(record, dict) else type(record).__name__
-                raise ConfigError(f"{where}: no string field {field!r} (it has: {quote(keys)}); choose one as field",
+                raise ConfigError(f"{where}: no string field {field!r} (it has: {_cut(keys)}); choose one as field",
                                   field="field")
             try:
                 yield where, value.encode("utf-8")
@@ -239,8 +245,8 @@ def _parquet(p: Path, field: str) -> Iterator[tuple[str, bytes]]:
         names = pf.schema_arrow.names
         kind = pf.schema_arrow.field(field).type if field in names else None
         if kind is None or not _string_column(kind):
-            raise ConfigError(f"{p}: no string column {field!r} (it has: {quote(', '.join(names))}); choose one as "
-                              "field", field="field")
+            raise ConfigError(f"{p}: no string column {field!r} (it has: {_cut(', '.join(names))}); choose one "
+                              "as field", field="field")
         row = 0
         for batch in pf.iter_batches(columns=[field]):
             for value in batch.column(0).to_pylist():
