@@ -109,7 +109,8 @@ def integer(text: Any, what: str, *, low: int | None = None, high: int = MAX_INT
     """
     value = text if isinstance(text, int) and not isinstance(text, bool) else int_text(text)
     if value is None or not _within(value, low, high, False) or value < -MAX_INT - 1:
-        raise error(f"{what} {quote(text)} is not {bounds('an integer', low, high)}", field=field)
+        shown = high if high != MAX_INT or (value is not None and value > high) else None  # the cap, when it bit
+        raise error(f"{what} {quote(text)} is not {bounds('an integer', low, shown)}", field=field)
     return value
 
 

@@ -81,18 +81,20 @@ class OneLineParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = _NEGATIVE_NUMBER
+        # Every number a flag reads goes through common.parse: type=int and type=float take ASCII digits only
+        # (int alone takes '٣' and '1_000'). The registry is shared with the argument groups and subparsers'
+        # parents; argparse's own message still names the type ("invalid int value").
+        for kind, read in _PLAIN.items():
+            self.register("type", kind, read)
 
-    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
-        """argparse's, with every number and name read by :mod:`common.parse`: ``type=int`` and ``type=float``
-        take ASCII digits only (``int`` alone takes '٣' and '1_000'), and ``choices`` of names match without
-        regard to case (``--dtype FLOAT32`` is float32)."""
-        kind = kwargs.get("type")
-        if kind is int or kind is float:
-            kwargs["type"] = _PLAIN[kind]
-        choices = kwargs.get("choices")
-        if kind is None and choices is not None and all(isinstance(c, str) for c in choices):
-            kwargs["type"] = _choice_type(tuple(choices))
-        return super().add_argument(*args, **kwargs)
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        """A flag's value; a name of its ``choices`` in their spelling, whatever its case (``--dtype FLOAT32``)."""
+        value = super()._get_value(action, arg_string)
+        if isinstance(value, str) and action.choices is not None and not isinstance(
+                action, argparse._SubParsersAction):  # a subcommand's own arguments pass through here too
+            names = [c for c in action.choices if isinstance(c, str)]
+            value = find_name(value, names) or value
+        return value
 
     def error(self, message: str) -> NoReturn:
         fail(f"{self.prog}: {message} (see --help)")
@@ -204,15 +206,6 @@ def _plain(kind: type, read: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 _PLAIN: Mapping[type, Callable[[str], Any]] = {int: _plain(int, parse.int_text), float: _plain(float, parse.real_text)}
-
-
-def _choice_type(choices: tuple[str, ...]) -> Callable[[str], str]:
-    """A name of ``choices`` in its registered spelling, whatever its case; other text as given (argparse refuses it)."""
-    def read(text: str) -> str:
-        return find_name(text, choices) or text
-
-    read.__name__ = "choice"
-    return read
 
 
 def int_list(text: str) -> tuple[int, ...]:
