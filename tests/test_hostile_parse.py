@@ -85,6 +85,14 @@ def test_each_case_has_its_exact_outcome(table, capsys, index) -> None:
     assert outcome == ("clean error" if case.expect == "error" else "ok"), (case.argv[1:], code, err[-600:])
 
 
+def test_the_table_holds_every_class_once(table) -> None:
+    cases = table[1]
+    assert (len(cases), sum(c.expect == "ok" for c in cases)) == (31, 5)
+    assert {c.group for c in cases} == {"parse"} and all(c.message is None for c in cases if c.expect == "ok")
+    loose = [Path(c.argv[5]).name for c in cases if c.expect == "error" and c.message is None]
+    assert loose == ["corrupt.parquet"]  # every refusal has its exact line but this one's: pyarrow's own words
+
+
 # -- the parser itself --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("text", "value"), [("8", 8), ("+8", 8), ("-3", -3), ("007", 7), (12, 12)])
@@ -140,7 +148,7 @@ def test_a_tokenizer_with_gaps_writes_its_ids_under_a_vocabulary_that_holds_them
     assert (wide["dtype"], wide["vocab"]) == ("uint32", 70001)  # an id past 65535: uint32, never wrapped
 
 
-def test_the_same_mode_in_two_cases_is_one_row(tmp_path, capsys) -> None:
+def test_one_mode_in_two_spellings_is_one_row(tmp_path, capsys) -> None:
     from analysis.cli import main as schedlab
 
     argv = ["compare", "--model", "gpt-6.2b", "--cluster", "dgx-h100:1", "--pp", "1", "--dp", "8", "--microbatches",
