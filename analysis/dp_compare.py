@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common import parse
 from common.errors import ConfigError, choice, find_name, quote
 from schedules.dp.modes import DP_MODES
 from sim.costs.transformer_costs import TransformerCosts
@@ -46,6 +47,7 @@ CATEGORIES = ("params", "grads", "optimizer", "gathered", "activations")
 RUN_KEYS = {"params": "param_bytes", "grads": "grad_bytes", "optimizer": "optimizer_bytes",
             "gathered": "gathered_param_bytes", "activations": "peak_activation_bytes"}
 _CANONICAL = {"fsdp": "zero3"}  # schedules.dp.modes's alias
+MAX_RANKS = 2**20  # the most devices a cluster holds (sim.costs.cluster.MAX_DEVICES): pp and dp of a run
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -170,31 +172,47 @@ def _runs_of(data: Any, where: str) -> list[dict[str, Any]]:
 
 
 def _measured_run(run: dict[str, Any], where: str) -> dict[str, Any]:
+    what = f"{where}: the {run['dp_mode']} run's"
     times = run["step_times"]
-    if not isinstance(times, list) or not times or not all(isinstance(t, int | float) for t in times):
-        raise ConfigError(f"{where}: the {run['dp_mode']} run's step_times must be a non-empty list of seconds, "
-                          f"got {quote(times)}", field="measured")
+    if not isinstance(times, list) or not times:
+        raise ConfigError(f"{what} step_times must be a non-empty list of seconds, got {quote(times)}",
+                          field="measured")
+    times = [parse.number(t, f"{what} step_times[{i}]", low=0, field="measured") for i, t in enumerate(times)]
+    entries = run["memory"]
+    if entries is not None and not isinstance(entries, list):
+        raise ConfigError(f"{what} memory must be a list of entries (pp_rank and the byte counts), got "
+                          f"{quote(entries)}", field="measured")
     memory: dict[int, dict[str, float]] = {}
-    for entry in run["memory"] or ():
+    for entry in entries or ():
         if not isinstance(entry, dict) or "pp_rank" not in entry:
-            raise ConfigError(f"{where}: the {run['dp_mode']} run's memory entries need pp_rank and the byte "
-                              f"counts, got {quote(entry)}", field="measured")
-        mine = memory.setdefault(int(entry["pp_rank"]), dict.fromkeys(CATEGORIES, 0.0))
+            raise ConfigError(f"{what} memory entries need pp_rank and the byte counts, got {quote(entry)}",
+                              field="measured")
+        rank = parse.integer(entry["pp_rank"], f"{what} pp_rank", low=0, high=MAX_RANKS - 1, field="measured")
+        mine = memory.setdefault(rank, dict.fromkeys(CATEGORIES, 0.0))
         for cat, key in RUN_KEYS.items():
-            mine[cat] = max(mine[cat], float(entry.get(key) or 0))
+            got = entry.get(key)
+            if got is not None:
+                mine[cat] = max(mine[cat], parse.number(got, f"{what} {key}", low=0, field="measured"))
     steady = times[1:] if len(times) > 1 else times  # the first step warms up
-    return {"pp": run["pp"], "dp": run["dp"], "step_time": float(statistics.median(steady)), "memory": memory}
+    layout = {k: parse.integer(run[k], f"{what} {k}", low=1, high=MAX_RANKS, field="measured") for k in ("pp", "dp")}
+    return {**layout, "step_time": float(statistics.median(steady)), "memory": memory}
+
+
+def _no_constant(name: str) -> float:
+    """JSON's NaN and Infinity are not numbers of a run: refused (json would take them)."""
+    raise ValueError(f"{name} is not a number")
 
 
 def load_measured(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
     """Canonical mode -> {pp, dp, step_time, memory: {pp rank: {category: bytes}}} from a file of real runs."""
     where = f"measured runs {str(path)!r}"
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(Path(path).read_bytes().decode("utf-8"), parse_constant=_no_constant)
     except OSError as exc:
         raise ConfigError(f"{where}: cannot be read ({exc.strerror or exc})", field="measured") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{where}: not JSON ({exc})", field="measured") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else " ".join(str(exc).split())
+        raise ConfigError(f"{where}: not JSON ({why})", field="measured") from None
     out: dict[str, dict[str, Any]] = {}
     for run in _runs_of(data, where):
         mode = choice(where, "dp_mode", run["dp_mode"], DP_MODES)

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common import parse
+from common.errors import find_name
 from schedules import ConfigError
 from schedules.dp.modes import DP_MODES, PEER_SELECTIONS
 
@@ -59,16 +61,19 @@ class ModeSpec:
 
 def parse_mode(text: str) -> ModeSpec:
     """``ddp``, ``local-sgd:K``, ``decentralized:ring|random``; ConfigError naming the text otherwise."""
-    mode, _, option = text.partition(":")
+    mode, _, option = text.strip().partition(":")
+    mode = find_name(mode, DP_MODES) or mode  # names without regard to case: DDP is ddp
+    option = option.casefold() if mode == "decentralized" else option
     if mode not in DP_MODES or mode == "none":
         raise ConfigError(f"time to loss: mode {text!r} is not a data-parallel mode; valid: "
                           f"{', '.join(m for m in DP_MODES if m != 'none')} (local-sgd:K, decentralized:ring|random)",
                           field="curve")
     if mode == "local-sgd":
-        if not option.isdigit() or int(option) < 1:
+        every = parse.int_text(option)
+        if every is None or not 1 <= every <= parse.MAX_INT:
             raise ConfigError(f"time to loss: {text!r} needs its averaging period, e.g. local-sgd:4 (K >= 1)",
                               field="curve")
-        return ModeSpec(mode, sync_every=int(option))
+        return ModeSpec(mode, sync_every=every)
     if mode == "decentralized":
         if option not in ("", *PEER_SELECTIONS):
             raise ConfigError(f"time to loss: {text!r}: peer selection {option!r} is not one of "
@@ -95,20 +100,30 @@ def read_curve(path: str | Path) -> tuple[tuple[int, ...], tuple[float, ...]]:
     if not path.is_file():
         raise ConfigError(f"time to loss: curve file {str(path)!r} not found", field="curve")
     rows: dict[int, float] = {}
+    where = f"time to loss: curve file {str(path)!r}"
+
+    def put(n: int, step: Any, loss: Any) -> None:  # a later row of a step wins: a resumed run repeats steps
+        at = f"{where} row {n}:"
+        rows[parse.integer(step, f"{at} step", low=0, field="curve")] = parse.number(loss, f"{at} loss",
+                                                                                      field="curve")
+
     try:
         if path.suffix == ".csv":
-            with path.open(newline="") as f:
-                for row in csv.DictReader(f):
-                    rows[int(row["step"])] = float(row["loss"])
+            with path.open(newline="", encoding="utf-8") as f:
+                for n, row in enumerate(csv.DictReader(f), 1):
+                    put(n, row["step"], row["loss"])
         else:
-            for line in path.read_text().splitlines():
+            for n, line in enumerate(path.read_bytes().decode("utf-8").splitlines(), 1):
                 if line.strip():
                     d = json.loads(line)
                     if "loss" in d:
-                        rows[int(d["step"])] = float(d["loss"])
-    except (KeyError, ValueError, TypeError) as exc:
-        raise ConfigError(f"time to loss: curve file {str(path)!r} is not a metrics.jsonl or a step,loss CSV "
-                          f"({type(exc).__name__}: {exc})", field="curve") from None
+                        put(n, d["step"], d["loss"])
+    except ConfigError:
+        raise
+    except (KeyError, ValueError, TypeError, RecursionError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else " ".join(str(exc).split())[:200]
+        raise ConfigError(f"{where} is not a metrics.jsonl or a step,loss CSV ({type(exc).__name__}: {why})",
+                          field="curve") from None
     if not rows:
         raise ConfigError(f"time to loss: curve file {str(path)!r} has no loss", field="curve")
     steps = tuple(sorted(rows))

@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from analysis.hostile import Case, run_case
+from analysis.hostile_parse import cases as parse_cases
 
 PY = sys.executable
 SIM = [PY, "-m", "sim"]
@@ -336,6 +337,8 @@ def _cases(d: Path) -> list[Case]:
     add("runtime: failures", [*SCHEDLAB, "run", "--schedule", "1f1b", "--pp", "2", "--microbatches", "2", "--steps",
                               "3", "--batch-size", "4", "--lr", "1e30", *SMALL])  # NaN at pp 2: one line
     cases += _hardening_cases(d)
+    (d / "parse").mkdir()
+    cases += parse_cases(d / "parse")  # group "parse": numbers, names, sizes and data files (analysis.hostile_parse)
     return cases
 
 

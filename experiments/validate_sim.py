@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from analysis.cli.common import OneLineParser, guarded
+from analysis.cli.common import OneLineParser, errors_to_exit, guarded
 from analysis.cli.progress import run_progress
 from analysis.cli.scripts import add_grid_args, check_grid_args, profile_guard, report_results
 from analysis.cli.train import add_model_args, model_from_args
@@ -94,6 +94,15 @@ def _check(p: OneLineParser, a) -> None:
     a.grid = _grid(p, a)
     if a.calibrate_from not in a.grid[0]:
         p.error(f"--calibrate-from {a.calibrate_from!r} is not in the grid {','.join(a.grid[0])}; give one of them")
+    if a.costs is not None:  # the profile covers every stage count of the grid, or nothing is measured
+        from schedules import load_graph
+        from sim.costs.cost_file import load_profile
+
+        with errors_to_exit(p):
+            counts = sorted({load_graph(s, pp=2, microbatches=m).schedule.num_stages for s in a.grid[0]
+                             for m in a.grid[1]})
+            for n in counts:
+                load_profile(a.costs, n)
     a.dp_modes = [] if a.no_dp else [m for m in a.dp_modes.split(",") if m]
     bad = [m for m in a.dp_modes if m not in GRID_DP_MODES]
     if bad or (not a.no_dp and not a.dp_modes):

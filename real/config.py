@@ -13,6 +13,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from common import parse
 from common.errors import check_choice, check_positive, check_positive_ints
 from real.checkpoint import CheckpointConfig
 from schedules import ConfigError, Kind, ScheduleError, TaskGraph, import_schedules, load_graph, lower, validate
@@ -184,7 +185,7 @@ class OptimConfig:
     lr: float = 3e-3
 
     def __post_init__(self) -> None:
-        check_choice("optimizer config", "optimizer", self.optimizer, OPTIMIZERS)
+        parse.canonical_field(self, "optimizer", "optimizer config", OPTIMIZERS)
         check_positive("optimizer config", "lr", self.lr)
 
 
@@ -210,7 +211,7 @@ class SyncConfig:
 
     def __post_init__(self) -> None:
         owner = "data-parallel sync"
-        check_choice(owner, "dp_mode", self.dp_mode, DP_MODES)
+        parse.canonical_field(self, "dp_mode", owner, DP_MODES)
         check_positive(owner, "bucket_mb", self.bucket_mb, " MiB")
         if not isinstance(self.servers, int) or isinstance(self.servers, bool) or self.servers < 0:
             raise ConfigError(f"{owner}: servers must be a whole number >= 0, got {self.servers!r}", field="servers")
@@ -231,7 +232,7 @@ class SyncConfig:
         check_dp_mode(comp, self.dp_mode)
         object.__setattr__(self, "grad_compression", comp.spec)  # POWERSGD:2 is powersgd:2
         check_positive_ints(owner, sync_every=self.sync_every)
-        check_choice(owner, "peer_selection", self.peer_selection, PEER_SELECTIONS)
+        parse.canonical_field(self, "peer_selection", owner, PEER_SELECTIONS)
         if self.sync_every != 1 and self.dp_mode != "local-sgd":
             raise ConfigError(f"{owner}: sync_every {self.sync_every} applies to dp_mode local-sgd, not "
                               f"{self.dp_mode!r}; use dp_mode local-sgd or leave it out", field="sync_every")
@@ -261,7 +262,7 @@ class RuntimeConfig:
         check_positive_ints("runtime", trace_steps=self.trace_steps)
         if self.backend is not None:
             check_choice("runtime", "backend", self.backend, BACKENDS)
-        check_choice("runtime", "dtype", self.dtype, DTYPES)
+        parse.canonical_field(self, "dtype", "runtime", DTYPES)
         check_positive("runtime", "timeout_s", self.timeout_s, " seconds")
         if self.recv_ahead is not None:
             check_positive_ints("runtime", recv_ahead=self.recv_ahead)

@@ -20,7 +20,7 @@ dist = pytest.importorskip("torch.distributed")
 from real.config import SyncConfig  # noqa: E402
 from real.dp.compress import Codec, dequantize, quantize  # noqa: E402
 
-VALID = "valid: none, fp16, bf16, int8, powersgd:R (R a rank >= 1, e.g. powersgd:2)"
+VALID = "valid: none, fp16, bf16, int8, powersgd:R (R a rank from 1 to 1,048,576 (2^20), e.g. powersgd:2)"
 
 
 @pytest.mark.parametrize("spec, want", [("none", Compression()), ("FP16", Compression("fp16")),

@@ -107,8 +107,9 @@ def test_parquet_with_a_named_field_and_a_trained_bpe(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["--field", "body"], "d.jsonl:1: no string field 'body' (it has: id, text); choose one as field (flag --field)"),
-    (["--train-tokenizer", "bpe:100"], "train_tokenizer 'bpe:100': write bpe:VOCAB with VOCAB >= 257 "
-                                       "(256 bytes and <|endoftext|>), e.g. bpe:4096 (flag --train-tokenizer)"),
+    (["--train-tokenizer", "bpe:100"], "train_tokenizer 'bpe:100': write bpe:VOCAB with VOCAB from 257 (256 "
+                                       "bytes and <|endoftext|>) to 1,048,576 (2^20), e.g. bpe:4096 (flag "
+                                       "--train-tokenizer)"),
     (["--eot", "</s>"], "--eot names a token of --tokenizer; give --tokenizer too"),
     (["--tokenizer", "missing.json"], "tokenizer 'missing.json' is not a file; give a Hugging Face tokenizer.json"),
 ])

@@ -425,10 +425,15 @@ RUN_GPT = ["--schedule", "gpipe", "--pp", "1", "--microbatches", "1", "--batch-s
      "token file '{f}' holds token 40 (at token 3), not below its sidecar's vocab 16: the sidecar's dtype (uint16) "
      "or vocab is wrong (flag --data)"),
     ([1, 2, 3, 4] * 5, {"dtype": "uint16", "vocab": "256"}, "uint16", [],
-     "token file sidecar '{f}.json': vocab must be a positive integer, got '256' (flag --data)"),
-    ([1, 2, 3, 99] * 5, None, "uint16", ["--vocab", "64"],
+     "token file sidecar '{f}.json': vocab must be a positive integer, at most 4,294,967,296 (2^32), got '256' "
+     "(flag --data)"),
+    ([1, 2, 3, 99] * 5, {"dtype": "uint16"}, "uint16", ["--vocab", "64"],
      "token file '{f}' holds token 99 (at token 3), not below the model's vocab 64: use a vocab of 100 or more "
      "(flag --vocab)"),
+    ([1, 2, 3, 4] * 5, None, "uint32", [],
+     "token file '{f}' has no sidecar '{f}.json' to say its dtype; the tokens of a file are never guessed: write "
+     '{"dtype": "uint16", "vocab": N} there (or uint32), or make the file with python -m real.data prepare '
+     "(flag --data)"),
 ])
 def test_token_files_are_checked_when_opened(capsys, tmp_path: Path, values, sidecar, dtype, flags, expected) -> None:
     f = _tokens(tmp_path / "t.bin", values, sidecar, dtype)
@@ -442,7 +447,7 @@ def test_the_vocabulary_comes_from_the_sidecar(capsys, tmp_path: Path) -> None:
 
 
 def test_a_token_file_truncated_while_read_is_one_error(tmp_path: Path) -> None:
-    f = _tokens(tmp_path / "t.bin", list(range(40)), None)
+    f = _tokens(tmp_path / "t.bin", list(range(40)), {"dtype": "uint16"})
     tokens = TokenFile(f, seq=4)
     assert tokens.windows([8])[0].tolist() == [[32, 33, 34, 35]]
     os.truncate(f, 40)

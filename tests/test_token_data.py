@@ -73,6 +73,7 @@ def test_a_uint32_file_is_read_through_its_sidecar(tmp_path):
 def test_bad_token_files_are_named(tmp_path, content, seq, message):
     path = tmp_path / "bad.u16"
     path.write_bytes(content)
+    (tmp_path / "bad.u16.json").write_text('{"dtype": "uint16"}')
     with pytest.raises(ConfigError, match=re.escape(message)):
         TokenFile(path, seq)
 

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-from common.errors import quote
+from common import parse
+from common.errors import find_name, quote
 from schedules import SchedlabError, names, schedule_spec
 from schedules.registry import is_user_ref, lookup
 
@@ -80,6 +81,20 @@ class OneLineParser(argparse.ArgumentParser):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._negative_number_matcher = _NEGATIVE_NUMBER
+        # Every number a flag reads goes through common.parse: type=int and type=float take ASCII digits only
+        # (int alone takes '٣' and '1_000'). The registry is shared with the argument groups and subparsers'
+        # parents; argparse's own message still names the type ("invalid int value").
+        for kind, read in _PLAIN.items():
+            self.register("type", kind, read)
+
+    def _get_value(self, action: argparse.Action, arg_string: str) -> Any:
+        """A flag's value; a name of its ``choices`` in their spelling, whatever its case (``--dtype FLOAT32``)."""
+        value = super()._get_value(action, arg_string)
+        if isinstance(value, str) and action.choices is not None and not isinstance(
+                action, argparse._SubParsersAction):  # a subcommand's own arguments pass through here too
+            names = [c for c in action.choices if isinstance(c, str)]
+            value = find_name(value, names) or value
+        return value
 
     def error(self, message: str) -> NoReturn:
         fail(f"{self.prog}: {message} (see --help)")
@@ -178,28 +193,41 @@ def with_flag(message: str, field: str | None, parser: OneLineParser | None) -> 
 # -- value parsers (argparse types) -----------------------------------------------------------------------------
 
 
+def _plain(kind: type, read: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type for any ``kind`` written in ASCII; argparse's own message names ``kind`` (invalid int value)."""
+    def parse(text: str) -> Any:
+        value = read(text)
+        if value is None:
+            raise ValueError(text)
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+_PLAIN: Mapping[type, Callable[[str], Any]] = {int: _plain(int, parse.int_text), float: _plain(float, parse.real_text)}
+
+
 def int_list(text: str) -> tuple[int, ...]:
     """``2,2,1,1`` -> (2, 2, 1, 1); an argparse type."""
-    try:
-        return tuple(int(x) for x in text.split(","))
-    except ValueError:
+    values = tuple(parse.int_text(x.strip()) for x in text.split(","))
+    if any(v is None for v in values):
         raise argparse.ArgumentTypeError(f"invalid value {quote(text)}: give integers separated by commas, "
-                                         "e.g. 2,4") from None
+                                         "e.g. 2,4")
+    return values
 
 
 def _number(kind: type, low: float, closed: bool, what: str) -> Callable[[str], Any]:
-    def parse(text: str) -> Any:
+    def read(text: str) -> Any:
         try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if value is None or value != value or value in (float("inf"), float("-inf")) or not (
-                value >= low if closed else value > low):
-            raise argparse.ArgumentTypeError(f"invalid value {quote(text)}: give {what}")
-        return value
+            if kind is int:
+                return parse.integer(text, "", low=low)
+            return parse.number(text, "", low=low, open_low=not closed)
+        except SchedlabError:
+            raise argparse.ArgumentTypeError(f"invalid value {quote(text)}: give {what}") from None
 
-    parse.__name__ = what  # argparse names the type in its own messages
-    return parse
+    read.__name__ = what  # argparse names the type in its own messages
+    return read
 
 
 positive_int = _number(int, 1, True, "an integer >= 1")

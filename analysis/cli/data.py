@@ -9,12 +9,11 @@
 from __future__ import annotations
 
 import argparse
-import itertools
 from collections.abc import Sequence
 from pathlib import Path
 
 from analysis.cli.common import OneLineParser, errors_to_exit, guarded
-from real.data.documents import Tokenizer, load_tokenizer, parse_train_spec, read_documents, train_bpe
+from real.data.documents import Tokenizer, load_tokenizer, parse_train_spec, text_documents, train_bpe
 from real.data.tokens import prepare
 from schedules import ConfigError
 
@@ -66,6 +65,5 @@ def _tokenizer(args) -> Tokenizer | None:
         for path in args.input:  # every input exists before the training reads them
             if not Path(path).is_file():
                 raise ConfigError(f"input {path!r} is not a file", field="input")
-        docs = itertools.chain.from_iterable(read_documents(path, args.field) for path in args.input)
-        return train_bpe(docs, vocab, f"{args.out}.tokenizer.json")
+        return train_bpe(text_documents(args.input, args.field), vocab, f"{args.out}.tokenizer.json")
     return None

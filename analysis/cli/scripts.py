@@ -92,6 +92,10 @@ def check_grid_args(p: OneLineParser, a: argparse.Namespace, *, calibrate_with_m
         p.error(f"--noise-limit must be a fraction in (0, 1) (0.05 is 5%), got {a.noise_limit}")
     with errors_to_exit(p):
         model_from_args(a)
+        if a.costs is not None:  # a file that is no profile is refused now, not after the measurements
+            from sim.costs.cost_file import load_profile
+
+            load_profile(a.costs)
         check_output_dir(a.out, "output folder")
         if a.markdown is not None:
             check_page(a.markdown)

@@ -46,7 +46,11 @@ def time_to_loss_main(args: argparse.Namespace, parser: OneLineParser, prog: str
             if not sep or not path:
                 raise ConfigError(f"--curve {item!r} must be MODE=FILE, e.g. ddp=run/metrics.jsonl", field="curve")
             steps, losses = read_curve(path)
-            curves.append(LossCurve(parse_mode(label), steps, losses, path))
+            spec = parse_mode(label)
+            if any(c.spec.label == spec.label for c in curves):
+                raise ConfigError(f"--curve names mode {spec.label} twice ({label!r}); give one curve per mode",
+                                  field="curve")
+            curves.append(LossCurve(spec, steps, losses, path))
         times = _step_times(args, schedules[0], [c.spec for c in curves])
         rows = time_to_loss_rows(curves, times, args.time_to_loss, 1 if args.smooth is None else args.smooth)
         out = check_output_dir(args.out, "output folder")

@@ -36,6 +36,7 @@ from analysis.cli.common import (
 from analysis.cli.live import add_live_args, live_defaults, refuse_live_flags, run_live
 from analysis.cli.progress import format_seconds
 from analysis.timeline import check_figure_path, plot_timeline
+from common import parse
 from common.outputs import atomic_write, check_distinct, check_output_dir, check_output_file
 from common.usercode import UserCodeError, raised, user_frames
 from real import stop
@@ -73,7 +74,7 @@ from schedules import ConfigError, SchedlabError
 from schedules.dp.modes import PEER_SELECTIONS
 from schedules.library.recompute import RECOMPUTE_PLACEMENTS
 from schedules.trace import check_trace_path
-from sim.costs.cluster import parse_placement
+from sim.costs.cluster import parse_devices
 
 __all__ = ["add_model_args", "config_from_args", "launch_main", "main", "model_argv", "model_from_args", "parser",
            "refuse_model_flags"]
@@ -126,7 +127,8 @@ def parser(prog: str) -> OneLineParser:
     p = OneLineParser(prog=prog, description="Train a model with a pipeline schedule on torch.distributed.")
     add_schedule_args(p, required=False)
     p.set_defaults(prog=prog)
-    p.add_argument("--dp", type=_dp, default=1, metavar="D",
+    p.set_defaults(dp_given=False)  # an explicit --dp 1 is not the default 1: a placement must agree with it
+    p.add_argument("--dp", type=_dp, default=1, metavar="D", action=_Given,
                    help="data-parallel replicas, or auto: world size / pp (elastic runs; default 1)")
     p.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
     p.add_argument("--batch-size", type=int, default=32, metavar="B", help="global batch per step (default 32)")
@@ -201,12 +203,21 @@ def parser(prog: str) -> OneLineParser:
 
 
 def _dp(text: str) -> int | str:
-    if text == "auto":
-        return text
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: give an integer or auto") from None
+    if text.strip().casefold() == "auto":
+        return "auto"
+    value = parse.int_text(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: give an integer or auto")
+    return value
+
+
+class _Given(argparse.Action):
+    """Store the value and mark ``DEST_given``: the flag was on the command line, not its default."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
 
 
 def _resolve_dp(dp: int | str, pp: int, world: int | None) -> int:
@@ -252,7 +263,7 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
     dp = _resolve_dp(args.dp, args.pp, world)
     servers = 0
     if args.placement is not None:
-        dp, servers = _placement(args.placement, args.pp, args.dp)
+        dp, servers = _placement(args.placement, args.pp, args.dp if args.dp_given else "auto")
     return RunConfig(
         layout=Layout(schedule=args.schedule, pp=args.pp, dp=dp,
                       microbatches=args.microbatches, chunks=args.chunks, split=args.split,
@@ -276,7 +287,7 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
 
 def _placement(text: str, pp: int, dp: int | str) -> tuple[int, int]:
     """``--placement``: (dp, servers) from its trainer and parameter-server devices (:func:`sim.costs.cluster.parse_placement`)."""
-    devices = [d for part in text.split(",") for d in parse_placement(part)]
+    devices = parse_devices(text)
     trainers = [d for d in devices if d.job == "trainer"]
     servers = [d for d in devices if d.job == "pserver"]
     if not servers:
@@ -290,7 +301,7 @@ def _placement(text: str, pp: int, dp: int | str) -> tuple[int, int]:
     if gpu:
         raise ConfigError(f"placement {text!r}: the parameter-server runtime runs CPU processes (gloo) only, not "
                           f"{', '.join(gpu)}; use /trainer/CPU and /pserver/CPU devices", field="placement")
-    if dp not in (1, "auto", len(trainers) // pp):
+    if dp not in ("auto", len(trainers) // pp):
         raise ConfigError(f"--dp {dp} does not match placement {text!r}: {len(trainers)} trainers at pp {pp} are "
                           f"dp {len(trainers) // pp}; leave --dp out", field="dp")
     return len(trainers) // pp, len(servers)

@@ -4,7 +4,8 @@ A file of N tokens holds ``(N - 1) // seq`` windows: window ``i`` is tokens
 ``i*seq .. i*seq + seq`` (inputs the first seq, targets the last seq), so
 consecutive windows share one token and every token is predicted once. A
 sidecar ``PATH.json`` (written by :func:`prepare`) gives the dtype and the
-vocabulary; without one the file is read as uint16. :func:`prepare` tokenizes
+vocabulary; a file without one is refused (its dtype is never guessed: a
+uint32 file read as uint16 would train on the halves of its tokens). :func:`prepare` tokenizes
 text, JSON Lines or Parquet documents (:mod:`real.data.documents`): at byte
 level (vocabulary 256: nothing to download), with a tokenizer.json or a BPE
 trained on the inputs.
@@ -27,9 +28,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from common.errors import find_name, quote
 from common.outputs import atomic_write_all, check_distinct, check_output_file
 from real.config import RunConfig
-from real.data.documents import Tokenizer, byte_tokenizer, encode_documents
+from real.data.documents import MAX_VOCAB, Tokenizer, byte_tokenizer, encode_documents
 from real.data.sampler import EpochSampler
 from schedules import CheckpointError, ConfigError
 
@@ -48,27 +50,32 @@ def _sidecar(path: Path) -> dict[str, Any]:
     """The checked sidecar ``PATH.json`` of a token file ({} if there is none): dtype and vocab, if given, valid."""
     side = path.with_name(path.name + ".json")
     if not side.is_file():
-        return {}
+        raise ConfigError(f"token file {str(path)!r} has no sidecar {str(side)!r} to say its dtype; the tokens of "
+                          f"a file are never guessed: write {{\"dtype\": \"uint16\", \"vocab\": N}} there (or "
+                          "uint32), or make the file with python -m real.data prepare", field="token_file")
     try:
-        meta = json.loads(side.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"token file sidecar {str(side)!r} is not valid JSON ({exc})", field="token_file") from None
+        meta = json.loads(side.read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else " ".join(str(exc).split())
+        raise ConfigError(f"token file sidecar {str(side)!r} is not valid JSON ({why})", field="token_file") from None
     if not isinstance(meta, dict):
         raise ConfigError(f"token file sidecar {str(side)!r} must hold a JSON object", field="token_file")
-    if meta.get("dtype", "uint16") not in DTYPES:
-        raise ConfigError(f"token file {str(path)!r}: dtype {meta.get('dtype')!r} in its sidecar; valid: "
+    dtype = find_name(meta.get("dtype"), DTYPES)
+    if dtype is None:
+        raise ConfigError(f"token file {str(path)!r}: dtype {quote(meta.get('dtype'))} in its sidecar; valid: "
                           f"{', '.join(DTYPES)}", field="token_file")
     vocab = meta.get("vocab")
-    if vocab is not None and (not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1):
-        raise ConfigError(f"token file sidecar {str(side)!r}: vocab must be a positive integer, got {vocab!r}",
-                          field="token_file")
-    return meta
+    if vocab is not None and (not isinstance(vocab, int) or isinstance(vocab, bool) or not 1 <= vocab <= MAX_VOCAB):
+        raise ConfigError(f"token file sidecar {str(side)!r}: vocab must be a positive integer, at most "
+                          f"{MAX_VOCAB:,} (2^32), got {quote(vocab)}", field="token_file")
+    return {**meta, "dtype": dtype}
 
 
 def sidecar_vocab(path: str | Path) -> int | None:
     """The vocabulary a token file's sidecar gives (None: no sidecar, or none given there); ConfigError if invalid."""
     p = Path(path)
-    return _sidecar(p).get("vocab") if p.is_file() else None
+    side = p.with_name(p.name + ".json")
+    return _sidecar(p).get("vocab") if p.is_file() and side.is_file() else None
 
 
 class TokenFile:
@@ -85,7 +92,7 @@ class TokenFile:
             raise ConfigError(f"token file {str(self.path)!r} does not exist; make one with "
                               "python -m real.data prepare", field="token_file")
         meta = _sidecar(self.path)
-        self.dtype = meta.get("dtype", "uint16")
+        self.dtype = meta["dtype"]
         self.vocab: int | None = meta.get("vocab")
         self.bytes, self.item = self.path.stat().st_size, np.dtype(self.dtype).itemsize
         if self.bytes % self.item:

@@ -109,7 +109,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from common.errors import ConfigError, check_choice, check_positive_ints, quote
+from common import parse
+from common.errors import ConfigError, check_positive, check_positive_ints, quote
 from real.backward import backward_full, backward_input, backward_weight
 from real.config import OPTIMIZERS, ModelConfig, partition
 from real.data.sources import make_batch
@@ -165,7 +166,8 @@ class ProfileConfig:
         if self.split is not None and len(self.stages) != 1:
             raise ConfigError(f"profile: split fixes one partition; give one stage count, not {self.stages}",
                               field="split")
-        check_choice("profile", "optimizer", self.optimizer, OPTIMIZERS)
+        parse.canonical_field(self, "optimizer", "profile", OPTIMIZERS)
+        check_positive("profile", "lr", self.lr)  # a negative rate would be timed as if it trained
         if isinstance(self.bucket_mb, bool) or not isinstance(self.bucket_mb, int | float) or \
                 not 0 < self.bucket_mb < math.inf:
             raise ConfigError(f"profile: bucket_mb must be a size > 0 MiB, got {quote(self.bucket_mb)}",

@@ -60,12 +60,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from common import parse
+from common.errors import ConfigError, quote
 from real.config import RunConfig, make_plan
 from real.mesh import Mesh, env_world
 from real.profile.probe import probe_seconds
 from real.train import resolve_backend, run
 
-__all__ = ["DesyncError", "fastest_probe", "foreign_cores", "machine_busy_seconds", "probe_seconds", "run_rounds",
+__all__ = ["DesyncError", "check_spec", "fastest_probe", "foreign_cores", "machine_busy_seconds", "probe_seconds", "run_rounds",
            "slowdown"]
 
 log = logging.getLogger(__name__)
@@ -181,14 +183,59 @@ def _seed(mesh: Mesh) -> float:
     return fastest_probe(rows)
 
 
+#: The keys of a SPEC, each with its default (None: required).
+SPEC_KEYS = {"configs": None, "rounds": 5, "attempts": 3, "max_foreign": 0.1, "max_slow": None, "trace_dir": None,
+             "result": None, "progress": None}
+MAX_ROUNDS = 10_000  # rounds, and attempts of one run: far beyond any protocol (docs/validation-protocol.md uses 5)
+
+
+def check_spec(spec: Any, where: str = "SPEC") -> dict[str, Any]:
+    """``spec`` (see the module doc) with its defaults filled in and every field checked: ConfigError in one line
+    naming the key and what would be valid, before any process group exists."""
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{where} must be a JSON object with keys {', '.join(SPEC_KEYS)}, got {quote(spec)}")
+    unknown = sorted(map(str, set(spec) - set(SPEC_KEYS)))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {quote(unknown)}; valid: {', '.join(SPEC_KEYS)}")
+    out = {**SPEC_KEYS, **spec}
+    configs, result = out["configs"], out["result"]
+    if not isinstance(configs, list) or not configs or not all(isinstance(c, dict) for c in configs):
+        raise ConfigError(f"{where}: configs must be a non-empty list of RunConfig.to_dict() objects, got "
+                          f"{quote(configs)}")
+    if not isinstance(result, str) or not result:
+        raise ConfigError(f"{where}: result must be the path of the result file, got {quote(result)}")
+    for key in ("trace_dir", "progress"):
+        if out[key] is not None and not isinstance(out[key], str):
+            raise ConfigError(f"{where}: {key} must be a path or null, got {quote(out[key])}")
+    for key in ("rounds", "attempts"):
+        out[key] = parse.integer(out[key], f"{where}: {key}", low=1, high=MAX_ROUNDS)
+    out["max_foreign"] = parse.number(out["max_foreign"], f"{where}: max_foreign", low=0)
+    if out["max_slow"] is not None:
+        out["max_slow"] = parse.number(out["max_slow"], f"{where}: max_slow", low=0)
+    built = []
+    for i, c in enumerate(configs):
+        try:
+            built.append(RunConfig.from_dict(c))
+        except ConfigError:
+            raise
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: configs[{i}] is not a RunConfig.to_dict() object "
+                              f"({type(exc).__name__}: {' '.join(str(exc).split())[:200]})") from None
+    out["configs"] = built
+    return out
+
+
 def run_rounds(spec: dict[str, Any]) -> dict[str, Any] | None:
-    """Run ``spec`` (see the module doc) on this rank; rank 0 returns the results, the others None."""
-    configs = [RunConfig.from_dict(c) for c in spec["configs"]]
-    rounds, attempts = int(spec.get("rounds", 5)), int(spec.get("attempts", 3))
-    max_foreign = float(spec.get("max_foreign", 0.1))
-    max_slow = float(spec["max_slow"]) if spec.get("max_slow") is not None else math.inf
-    trace_dir = Path(spec["trace_dir"]) if spec.get("trace_dir") else None
-    progress = Path(spec["progress"]) if spec.get("progress") and env_world()[0] == 0 else None
+    """Run ``spec`` (see the module doc; checked by :func:`check_spec` unless it was) on this rank; rank 0 returns
+    the results, the others None."""
+    if not all(isinstance(c, RunConfig) for c in spec.get("configs") or [None]):
+        spec = check_spec(spec)
+    configs = spec["configs"]
+    rounds, attempts = spec["rounds"], spec["attempts"]
+    max_foreign = spec["max_foreign"]
+    max_slow = spec["max_slow"] if spec["max_slow"] is not None else math.inf
+    trace_dir = Path(spec["trace_dir"]) if spec["trace_dir"] else None
+    progress = Path(spec["progress"]) if spec["progress"] and env_world()[0] == 0 else None
     rank, world, _ = env_world()
     plans = [make_plan(c, world) for c in configs]  # every check before the group exists
     meshes: dict[tuple[int, int], Mesh] = {}

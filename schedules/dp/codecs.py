@@ -33,6 +33,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from common import parse
 from common.errors import ConfigError, quote
 
 __all__ = ["CODECS", "Compression", "buffer_bytes", "check_dp_mode", "parse_compression", "powersgd_messages",
@@ -42,6 +43,8 @@ CODECS = ("none", "fp16", "bf16", "int8", "powersgd:R")
 REDUCE_MODES = ("sync", "ddp")  # all-reduce of whole buckets
 SCATTER_MODES = ("zero1", "zero2", "zero3", "fsdp")  # reduce-scatter into shards
 MIN_COMPRESSION_RATE = 2  # torch's PowerSGDState default: compress a matrix only if it shrinks at least 2x
+#: The largest PowerSGD rank taken (a matrix of n x m is compressed at rank min(n, m, R) at most).
+MAX_POWERSGD_RANK = 2**20
 SCALE_BYTES = 4  # int8: one float32 absmax scale per chunk
 
 
@@ -67,10 +70,11 @@ def parse_compression(spec: object) -> Compression:
     text = spec.strip().lower() if isinstance(spec, str) else None
     if text in ("none", "fp16", "bf16", "int8"):
         return Compression(text)
-    if text is not None and text.startswith("powersgd:") and text[9:].isdigit() and int(text[9:]) >= 1:
-        return Compression("powersgd", int(text[9:]))
-    raise ConfigError(f"unknown grad compression {quote(spec)}; valid: {', '.join(CODECS)} (R a rank >= 1, "
-                      "e.g. powersgd:2)", field="grad_compression")
+    rank = parse.int_text(text[9:]) if text is not None and text.startswith("powersgd:") else None
+    if rank is not None and 1 <= rank <= MAX_POWERSGD_RANK:
+        return Compression("powersgd", rank)
+    raise ConfigError(f"unknown grad compression {quote(spec)}; valid: {', '.join(CODECS)} (R a rank from 1 to "
+                      f"{MAX_POWERSGD_RANK:,} (2^20), e.g. powersgd:2)", field="grad_compression")
 
 
 def check_dp_mode(comp: Compression, dp_mode: str) -> None:

@@ -176,7 +176,8 @@ class Device:
         return f"node{self.node}/{self.job}/{self.type}:{self.index}"
 
 
-_PLACEMENT_RE = re.compile(r"^(?:node(\d+))?/(trainer|pserver)/([A-Za-z][A-Za-z0-9]*):(\d+)(?:-(\d+))?$")
+_PLACEMENT_RE = re.compile(r"^(?:node([0-9]+))?/(trainer|pserver)/([A-Za-z][A-Za-z0-9]*):([0-9]+)(?:-([0-9]+))?$",
+                           re.ASCII | re.IGNORECASE)
 
 
 def parse_placement(text: str) -> list[Device]:
@@ -188,11 +189,28 @@ def parse_placement(text: str) -> list[Device]:
             "e.g. '/trainer/GPU:0-7', 'node1/trainer/GPU:0-3', '/pserver/CPU:0'"
         )
     node, job, typ, lo, hi = m.groups()
-    first, last = int(lo), int(hi if hi is not None else lo)
+    first, last = _count(text, lo), _count(text, hi if hi is not None else lo)
     if last < first:
         raise ClusterError(f"malformed placement {text!r}: range {first}-{last} is empty; write the low index first")
     check_cluster_size(text, last - first + 1)
-    return [Device(int(node or 0), job, typ, i) for i in range(first, last + 1)]
+    typ = find_name(typ, ("CPU", "GPU", *DEVICE_PRESETS)) or typ  # names without regard to case: /trainer/cpu:0
+    return [Device(_count(text, node or "0"), job.lower(), typ, i) for i in range(first, last + 1)]
+
+
+def parse_devices(text: str) -> list[Device]:
+    """``/pserver/CPU:0,/trainer/CPU:0-3`` -> five devices (:func:`parse_placement` of each part); a device named
+    twice is refused (it would be counted, and launched, twice)."""
+    devices: list[Device] = []
+    seen: set[Device] = set()
+    for part in text.split(","):
+        for d in parse_placement(part):
+            if d in seen:
+                raise ClusterError(f"placement {quote(text)} lists device {d} twice; name each device once",
+                                   field="placement")
+            seen.add(d)
+            devices.append(d)
+        check_cluster_size(text, len(devices))
+    return devices
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -280,7 +298,7 @@ def _count(text: str, digits: str) -> int:
 
 def cluster_preset(text: str) -> Cluster:
     """``dgx-h100:2`` = two DGX H100 nodes; ``dgx-h100:2+ps4`` adds four CPU parameter servers."""
-    m = re.match(r"^([a-z0-9-]+)(?::(\d+))?(?:\+ps(\d+))?$", text.strip(), re.IGNORECASE)
+    m = re.match(r"^([a-z0-9-]+)(?::([0-9]+))?(?:\+ps([0-9]+))?$", text.strip(), re.IGNORECASE | re.ASCII)
     if m is None or find_name(m.group(1), _NODE_PRESETS) is None:
         raise ClusterError(
             f"unknown cluster {text!r}: valid presets are {', '.join(CLUSTER_PRESETS)}, written NAME[:NODES][+psK] "

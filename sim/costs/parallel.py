@@ -20,10 +20,10 @@ import math
 from collections import Counter
 from dataclasses import dataclass
 
+from common import parse
 from common.errors import (
     ClusterError,
     ConfigError,
-    check_choice,
     check_positive,
     check_positive_ints,
     choice,
@@ -76,7 +76,7 @@ class ParallelConfig:
         for key, valid in (("dp_mode", DP_MODES), ("order", ("dp-inner", "pp-inner")), ("collective", coll.ALGORITHMS)):
             object.__setattr__(self, key, choice("parallel", key, getattr(self, key), valid))  # DDP is ddp
         check_positive("parallel", "bucket_mb", self.bucket_mb, " MiB")
-        check_choice("parallel", "link_model", self.link_model, LINK_MODELS)
+        parse.canonical_field(self, "link_model", "parallel", LINK_MODELS)
         comp = parse_compression(self.grad_compression)
         check_dp_mode(comp, self.dp_mode)
         object.__setattr__(self, "grad_compression", comp.spec)
@@ -87,7 +87,7 @@ class ParallelConfig:
         if c and comp.exact:
             raise ConfigError("parallel: codec_ns_per_param times a codec; give a grad_compression other than none "
                               "or leave it out", field="codec_ns_per_param")
-        check_choice("parallel", "peer_selection", self.peer_selection, PEER_SELECTIONS)
+        parse.canonical_field(self, "peer_selection", "parallel", PEER_SELECTIONS)
         check_positive_ints("parallel", sync_every=self.sync_every)
         self._check_peer_options()
         self._check_overlap()
@@ -127,7 +127,7 @@ class ParallelConfig:
         if given and not fsdp:
             raise ConfigError(f"parallel: {given[0]} applies to dp_mode zero3 (fsdp), not {self.dp_mode!r}; "
                               "use dp_mode fsdp or leave it out", field=given[0])
-        check_choice("parallel", "embedding_allreduce", self.embedding_allreduce, EMBEDDING_ALLREDUCE)
+        parse.canonical_field(self, "embedding_allreduce", "parallel", EMBEDDING_ALLREDUCE)
         if self.embedding_allreduce == "on" and self.dp_mode in PS_MODES:
             raise ConfigError(f"parallel: embedding_allreduce on does not combine with dp_mode {self.dp_mode} (the "
                               "servers hold the update); use auto or off", field="embedding_allreduce")

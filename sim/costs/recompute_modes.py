@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+from common import parse
 from common.errors import ConfigError, quote
 
 __all__ = ["PLANNER_MODES", "check_recompute", "key_recompute", "layer_every"]
@@ -36,9 +37,9 @@ def check_recompute(owner: str, value: object, error: type[ConfigError] = Config
     if isinstance(value, str) and value in _NAMED:
         return value
     if isinstance(value, str) and value.startswith("layer:"):
-        n = value.split(":", 1)[1]
-        if n.isdigit() and int(n) >= 1:
-            return value
+        n = parse.int_text(value.split(":", 1)[1])
+        if n is not None and 1 <= n <= parse.MAX_INT:
+            return f"layer:{n}"
     raise error(f"{owner}: unknown recompute {quote(value)}; valid: {', '.join(_NAMED)}, layer:N (N >= 1: every "
                 "N-th layer in full)", field="recompute")
 

@@ -34,7 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from common.errors import ConfigError, check_choice, check_positive_ints, find_name, quote
+from common import parse
+from common.errors import ConfigError, check_positive_ints, find_name, quote
 from schedules.partition import split_layers
 from sim.costs.cluster import KeyCheck, check_table, key_choice, key_flag, key_positive_int, key_string
 from sim.costs.recompute_modes import layer_every
@@ -78,7 +79,7 @@ class TransformerConfig:
             if type(getattr(self, key)) is int and getattr(self, key) == 0:  # 0 (not 0.0, not False): the default
                 object.__setattr__(self, key, default)
         check_positive_ints(owner, ffn=self.ffn, kv_heads=self.kv_heads)
-        check_choice(owner, "attention", self.attention, ATTENTION_KINDS)
+        parse.canonical_field(self, "attention", owner, ATTENTION_KINDS)
         for key in ("gated_mlp", "bias", "tied_embeddings", "learned_positions", "dropout"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{owner}: {key} must be true or false, got {quote(getattr(self, key))}", field=key)

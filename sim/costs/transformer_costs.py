@@ -60,7 +60,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from common.errors import ConfigError, check_choice, check_fraction, check_positive_ints, quote
+from common import parse
+from common.errors import ConfigError, check_fraction, check_positive_ints, quote
 from schedules import Action, Kind, Stream, Task, TaskGraph
 from schedules.dp.codecs import parse_compression
 from schedules.dp.modes import DataParallelGraph, server_update
@@ -125,9 +126,9 @@ class TransformerCosts:
         if isinstance(self.recompute, str):  # names are case-insensitive, as everywhere
             object.__setattr__(self, "recompute", self.recompute.lower())
         check_recompute("costs", self.recompute)
-        check_choice("costs", "dtype", self.dtype, DTYPES)
-        check_choice("costs", "reduce_dtype", self.reduce_dtype, ("bf16", "fp32"))
-        check_choice("costs", "elementwise", self.elementwise, ("fused", "eager"))
+        parse.canonical_field(self, "dtype", "costs", DTYPES)
+        parse.canonical_field(self, "reduce_dtype", "costs", ("bf16", "fp32"))
+        parse.canonical_field(self, "elementwise", "costs", ("fused", "eager"))
         if self.parallel.cp > 1 and (self.model.attention != "flash" or self.model.seq_len % self.parallel.cp):
             raise ConfigError(f"costs: context parallelism (cp={self.parallel.cp}) is ring attention over a fused "
                               f"kernel: it needs attention flash and a sequence length divisible by cp, got "

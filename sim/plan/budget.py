@@ -27,12 +27,11 @@ counts them.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from common.errors import ConfigError, quote
+from common import parse
+from common.errors import ConfigError
 from schedules import Kind, ZBAutoOptions
 from schedules.library.zb_auto import MIN_MEM_LIMIT
 from sim.costs.parallel import ParallelConfig
@@ -41,33 +40,12 @@ from sim.memory import model_state_bytes
 
 __all__ = ["SIZE_UNITS", "ActivationBudget", "activation_budget", "held_bytes", "parse_bytes", "zb_auto_options"]
 
-#: Units of a size in bytes: decimal (10^3 steps, as vendors quote memory) and binary (2^10 steps, as drivers report it).
-SIZE_UNITS = {"B": 1, "kB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-              "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
-_UNITS = {k.lower(): v for k, v in SIZE_UNITS.items()}
-_SIZE = re.compile(r"\s*([0-9.]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*", re.IGNORECASE)
-_FORMS = "a number of bytes (6e10) or a number with a unit: 60GB, 56GiB, 512MiB (units " + ", ".join(SIZE_UNITS) + ")"
+SIZE_UNITS = parse.SIZE_UNITS
 
 
 def parse_bytes(value: Any, field: str = "mem_limit") -> float:
-    """A size in bytes from ``value``: a number, or text such as ``"60GB"`` (60 x 10^9), ``"56GiB"`` (56 x 2^30),
-    ``"6e10"``; units are case-insensitive. Exact: the digits are scaled as decimals before the one rounding to float."""
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ConfigError(f"{field} must be a size in bytes, {_FORMS}; got {quote(value)}", field=field)
-    if isinstance(value, str):
-        found = _SIZE.fullmatch(value)
-        scale = None if found is None else _UNITS.get(found.group(2).lower()) if found.group(2) else 1
-        try:
-            size = None if scale is None else float(Decimal(found.group(1)) * scale)
-        except InvalidOperation:  # "1.2.3", "."
-            size = None
-        if size is None:
-            raise ConfigError(f"{field} {quote(value)} is not a size in bytes; write {_FORMS}", field=field)
-    else:
-        size = float(value)
-    if not 0 < size < math.inf:
-        raise ConfigError(f"{field} must be a size in bytes > 0, {_FORMS}; got {quote(value)}", field=field)
-    return size
+    """A size in bytes from ``value``: a number, or text such as ``"60GB"``; :func:`common.parse.size`."""
+    return parse.size(value, field)
 
 
 def held_bytes(costs: TransformerCosts, stages: tuple[int, ...] | list[int], num_stages: int) -> tuple[float, float]:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+from common import parse
 from common.errors import ConfigError, check_choice, check_positive, check_positive_ints, choice, quote
 from schedules import ScheduleError, build, names, spec
 from schedules.dp.codecs import check_dp_mode, parse_compression
@@ -142,8 +143,8 @@ class PlanSpace:
             check_recompute("plan", r)
         if self.bucket_mb is not None:
             check_positive("plan", "bucket_mb", self.bucket_mb, " MiB")
-        check_choice("plan", "link_model", self.link_model, LINK_MODELS)
-        check_choice("plan", "reduce_dtype", self.reduce_dtype, ("bf16", "fp32"))
+        parse.canonical_field(self, "link_model", "plan", LINK_MODELS)
+        parse.canonical_field(self, "reduce_dtype", "plan", ("bf16", "fp32"))
         comp = parse_compression(self.grad_compression)
         for mode in self.dp_modes:  # powersgd: all-reduce modes only
             check_dp_mode(comp, mode)
