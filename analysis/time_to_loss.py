@@ -95,6 +95,7 @@ def read_curve(path: str | Path) -> tuple[tuple[int, ...], tuple[float, ...]]:
     if not path.is_file():
         raise ConfigError(f"time to loss: curve file {str(path)!r} not found", field="curve")
     rows: dict[int, float] = {}
+    runs: list[str] = []  # the runs of a metrics.jsonl (each line names its run)
     try:
         if path.suffix == ".csv":
             with path.open(newline="") as f:
@@ -104,6 +105,8 @@ def read_curve(path: str | Path) -> tuple[tuple[int, ...], tuple[float, ...]]:
             for line in path.read_text().splitlines():
                 if line.strip():
                     d = json.loads(line)
+                    if "run" in d and d["run"] not in runs:
+                        runs.append(d["run"])
                     if "loss" in d:
                         rows[int(d["step"])] = float(d["loss"])
     except (KeyError, ValueError, TypeError) as exc:
@@ -111,6 +114,10 @@ def read_curve(path: str | Path) -> tuple[tuple[int, ...], tuple[float, ...]]:
                           f"({type(exc).__name__}: {exc})", field="curve") from None
     if not rows:
         raise ConfigError(f"time to loss: curve file {str(path)!r} has no loss", field="curve")
+    if len(runs) > 1:
+        raise ConfigError(f"time to loss: curve file {str(path)!r} holds the lines of {len(runs)} runs "
+                          f"({', '.join(map(str, runs[:3]))}{', ...' if len(runs) > 3 else ''}); give one run's "
+                          "metrics (each run its own --log-dir)", field="curve")
     steps = tuple(sorted(rows))
     return steps, tuple(rows[s] for s in steps)
 
