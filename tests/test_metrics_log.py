@@ -31,15 +31,16 @@ def _f32(x: float) -> float:
 
 
 def test_the_log_writes_the_same_scalars_to_tensorboard_and_json_lines(tmp_path):
-    with MetricsLog(tmp_path / "logs") as m:
+    with MetricsLog(tmp_path / "logs", run="r1") as m:
         m.log(0, {"loss": 2.5, "lr": 0.1, "tokens_per_s": None})
         m.log(1, {"loss": 1.25, "lr": 0.05})
         m.log(1, {"memory/rank1/peak_activation_bytes": 4096})
     assert _scalars(tmp_path / "logs") == {"loss": [(0, 2.5), (1, 1.25)], "lr": [(0, _f32(0.1)), (1, _f32(0.05))],
                                            "memory/rank1/peak_activation_bytes": [(1, 4096.0)]}
     lines = (tmp_path / "logs" / JSONL_NAME).read_text().splitlines()
-    assert [json.loads(x) for x in lines] == [{"step": 0, "loss": 2.5, "lr": 0.1}, {"step": 1, "loss": 1.25, "lr": 0.05},
-                                              {"step": 1, "memory/rank1/peak_activation_bytes": 4096.0}]
+    assert [json.loads(x) for x in lines] == [{"run": "r1", "step": 0, "loss": 2.5, "lr": 0.1},
+                                              {"run": "r1", "step": 1, "loss": 1.25, "lr": 0.05},
+                                              {"run": "r1", "step": 1, "memory/rank1/peak_activation_bytes": 4096.0}]
 
 
 def test_a_run_with_log_dir_is_read_by_tensorboard(tmp_path, capsys):
