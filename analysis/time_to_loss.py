@@ -117,7 +117,7 @@ def read_curve(path: str | Path) -> tuple[tuple[int, ...], tuple[float, ...]]:
     if len(runs) > 1:
         raise ConfigError(f"time to loss: curve file {str(path)!r} holds the lines of {len(runs)} runs "
                           f"({', '.join(map(str, runs[:3]))}{', ...' if len(runs) > 3 else ''}); give one run's "
-                          "metrics (each run its own --log-dir)", field="curve")
+                          "metrics (each run its own log folder)", field="curve")
     steps = tuple(sorted(rows))
     return steps, tuple(rows[s] for s in steps)
 

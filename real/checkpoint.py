@@ -45,6 +45,7 @@ import os
 import re
 import socket
 import time
+import uuid
 import warnings
 import zlib
 from collections.abc import Iterator
@@ -66,7 +67,7 @@ from schedules import CheckpointError
 
 __all__ = [
     "LOCK", "MARKER", "CheckpointConfig", "Checkpointer", "Restored", "check_unlocked", "complete_checkpoints",
-    "latest_complete", "load", "load_state", "lock", "read_metadata", "state_dict", "unlock",
+    "latest_complete", "load", "load_state", "lock", "read_metadata", "run_id", "state_dict", "unlock",
 ]
 
 log = logging.getLogger(__name__)
@@ -273,6 +274,20 @@ def latest_complete(directory: str | Path) -> Restored | None:
 
 
 # -- one run per directory ---------------------------------------------------------------------------------------
+
+
+_RUN_ID: list[str] = []
+
+
+def run_id() -> str:
+    """This run's id: torchrun's (``TORCHELASTIC_RUN_ID``: the same on every rank and across its restarts), else one
+    made once for this process. Checkpoints and metrics lines name the run that wrote them."""
+    given = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if given and given != "none":  # torchrun's default id without --standalone or --rdzv-id is "none"
+        return given
+    if not _RUN_ID:
+        _RUN_ID.append(uuid.uuid4().hex)
+    return _RUN_ID[0]
 
 
 def _start_time(pid: int) -> str | None:
@@ -487,8 +502,6 @@ class Checkpointer:
         if self.config.async_save and dist.is_initialized():
             self._group = dist.new_group(backend="gloo")
         if self.run is None:
-            from real.mesh import run_id
-
             self.run = run_id()
 
     def resumed(self, restored: Restored) -> None:

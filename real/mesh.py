@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -27,7 +26,7 @@ import torch.distributed as dist
 
 from real.config import Plan
 
-__all__ = ["Mesh", "env_world", "run_id"]
+__all__ = ["Mesh", "env_world"]
 
 log = logging.getLogger(__name__)
 
@@ -37,20 +36,6 @@ def env_world() -> tuple[int, int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0))
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
-
-
-_RUN_ID: list[str] = []
-
-
-def run_id() -> str:
-    """This run's id: torchrun's (``TORCHELASTIC_RUN_ID``: the same on every rank and across its restarts), else one
-    made once for this process. Metrics lines and checkpoints name the run that wrote them."""
-    given = os.environ.get("TORCHELASTIC_RUN_ID", "")
-    if given and given != "none":  # torchrun's default id without --standalone or --rdzv-id is "none"
-        return given
-    if not _RUN_ID:
-        _RUN_ID.append(uuid.uuid4().hex)
-    return _RUN_ID[0]
 
 
 def _attempt_store(rank: int, world: int, timeout: timedelta) -> dict:

@@ -4,7 +4,7 @@
 (through ``torch.utils.tensorboard.SummaryWriter``; the ``metrics`` extra installs
 tensorboard) and ``metrics.jsonl``: one JSON object per logged step,
 ``{"run": ID, "step": S, "tag": value, ...}``, with the same tags and values. ``run`` is the
-run's id (:func:`real.mesh.run_id`): a second run with the same folder appends its own lines,
+run's id (:func:`real.checkpoint.run_id`): a second run with the same folder appends its own lines,
 which its id tells apart. ``metrics.jsonl`` is appended to, never replaced, and never when it
 is one of the run's inputs (:func:`common.outputs.open_append`). Tags:
 
@@ -52,13 +52,13 @@ class MetricsLog:
     """Scalars per step into TensorBoard event files and ``metrics.jsonl`` in ``log_dir``, each line with ``run``.
 
     ``inputs``: the files the run reads; ``metrics.jsonl`` is never one of them. ``run``: the run's id
-    (default :func:`real.mesh.run_id`).
+    (default :func:`real.checkpoint.run_id`).
     """
 
     def __init__(self, log_dir: str | Path, inputs: PathMap | None = None, run: str | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        from real.mesh import run_id
+        from real.checkpoint import run_id
 
         self.dir = check_log_dir(log_dir)
         self.run = run if run is not None else run_id()

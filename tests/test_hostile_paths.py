@@ -161,7 +161,7 @@ def test_two_runs_in_one_metrics_file_are_told_apart_and_a_curve_takes_one(tmp_p
     with pytest.raises(ConfigError) as exc:
         read_curve(tmp_path / JSONL_NAME)
     assert str(exc.value) == (f"time to loss: curve file '{tmp_path}/{JSONL_NAME}' holds the lines of 2 runs (first, "
-                              "second); give one run's metrics (each run its own --log-dir)")
+                              "second); give one run's metrics (each run its own log folder)")
 
 
 # -- one checkpoint directory, one run ----------------------------------------------------------------------------

@@ -95,12 +95,14 @@ def test_progress_says_the_time_left_from_the_mean_time_per_item():
 
 def test_a_results_table_is_logged_row_by_row(tmp_path):
     """The validation grid's and plan_check's --log-dir: numeric fields per row, then the scores (NaN left out)."""
+    from real.checkpoint import run_id
     from real.metrics_log import JSONL_NAME, log_rows
 
     rows = [{"schedule": "1f1b", "microbatches": 4, "in_sample": True, "error": 0.05, "replay_error": float("nan")},
             {"schedule": "gpipe", "microbatches": 8, "in_sample": False, "error": -0.02}]
     log_rows(tmp_path / "log", rows, {"grid/mean_abs_error": 0.02, "grid/kendall_tau_b": float("nan")})
     lines = [json.loads(x) for x in (tmp_path / "log" / JSONL_NAME).read_text().splitlines()]
+    assert {line.pop("run") for line in lines} == {run_id()}  # every line names its run
     assert lines == [{"step": 0, "row/microbatches": 4.0, "row/error": 0.05},
                      {"step": 1, "row/microbatches": 8.0, "row/error": -0.02},
                      {"step": 2, "grid/mean_abs_error": 0.02}]
