@@ -26,7 +26,7 @@ from analysis.cli.common import (
 )
 from analysis.cli.simulate import COMM_KEYS, add_comm_args, comm_overrides
 from analysis.cli.time_to_loss import add_time_to_loss_args, time_to_loss_main
-from common.outputs import Output, check_distinct, check_output_file, check_paths, write_files_into
+from common.outputs import Output, check_paths, write_files_into
 from schedules import ScheduleError, import_schedules
 from schedules.registry import lookup
 
@@ -268,7 +268,7 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
     with errors_to_exit(p):
         import_schedules(args.imports)
     check_cost_flags(args)
-    from analysis.report import check_report_dir, write_report
+    from analysis.report import is_report_folder, write_report
     from analysis.validation.scores import load_validation
     from sim.plan.sweep import SweepConfig, run_sweep
 
@@ -281,10 +281,9 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
             return tqdm(jobs, desc="bubble sweep", unit="sim", leave=False)
 
     with errors_to_exit(p):
-        check_report_dir(args.out)
         inputs = {**{f"--real #{i + 1}": t for i, t in enumerate(args.real)}, "--validation": args.validation, "--costs": args.costs,
                   "--costs-profile": args.costs_profile, "--dp-compare": args.dp_compare}
-        check_distinct({}, inputs, folders={"--out": args.out})
+        check_paths({"--out": Output(args.out, "report folder", "replaced", replaced=is_report_folder)}, inputs)
         cfg = SweepConfig(pp=args.pp, microbatches=args.microbatches, chunks=args.chunks, schedules=chosen,
                           costs=uniform_costs(args), real_traces=tuple(Path(t) for t in args.real),
                           profile=Path(args.costs) if args.costs else None,
@@ -322,8 +321,7 @@ def perfetto_main(argv: Sequence[str] | None = None, prog: str = "schedlab perfe
     with errors_to_exit(p):
         if not src.is_file():
             raise ScheduleError(f"trace file {str(src)!r} not found")
-        check_output_file(out, "chrome trace file", (".json",))
-        check_distinct({"OUT.json": out}, {"TRACE": src})
+        check_paths({"OUT.json": Output(out, "chrome trace file", suffixes=(".json",))}, {"TRACE": src})
         path = write_chrome_trace(read_trace(src), out)
     print(f"wrote {path} (open it in the Perfetto UI or chrome://tracing)")
     return 0
