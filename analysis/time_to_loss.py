@@ -107,6 +107,7 @@ def read_curve(path: str | Path) -> tuple[tuple[int, ...], tuple[float, ...]]:
         rows[parse.integer(step, f"{at} step", low=0, field="curve")] = parse.number(loss, f"{at} loss",
                                                                                       field="curve")
 
+    runs: list[str] = []  # the runs of a metrics.jsonl (each line names its run)
     try:
         if path.suffix == ".csv":
             with path.open(newline="", encoding="utf-8") as f:
@@ -116,6 +117,8 @@ def read_curve(path: str | Path) -> tuple[tuple[int, ...], tuple[float, ...]]:
             for n, line in enumerate(path.read_bytes().decode("utf-8").splitlines(), 1):
                 if line.strip():
                     d = json.loads(line)
+                    if "run" in d and d["run"] not in runs:
+                        runs.append(d["run"])
                     if "loss" in d:
                         put(n, d["step"], d["loss"])
     except ConfigError:
@@ -126,6 +129,10 @@ def read_curve(path: str | Path) -> tuple[tuple[int, ...], tuple[float, ...]]:
                           field="curve") from None
     if not rows:
         raise ConfigError(f"time to loss: curve file {str(path)!r} has no loss", field="curve")
+    if len(runs) > 1:
+        raise ConfigError(f"time to loss: curve file {str(path)!r} holds the lines of {len(runs)} runs "
+                          f"({', '.join(map(str, runs[:3]))}{', ...' if len(runs) > 3 else ''}); give one run's "
+                          "metrics (each run its own log folder)", field="curve")
     steps = tuple(sorted(rows))
     return steps, tuple(rows[s] for s in steps)
 

@@ -10,6 +10,13 @@ Before any work (:func:`check_output_file`, :func:`check_output_dir`, :func:`che
   inode), and an output that names one of the command's inputs, are refused;
 * the folder must be writable, or creatable under its nearest existing ancestor.
 
+A command checks all its paths at once with :func:`check_paths`: every input and every output it will
+write, derived sidecars (``OUT.json``, ``OUT.tokenizer.json``) and files inside its folders (the
+``metrics.jsonl`` of a log folder) included, as :class:`Output` entries. Files a command appends to
+(an event log, ``metrics.jsonl``) cannot be written atomically; they are checked like the others
+(never an input, never another output, a regular file or none, writable) and :func:`open_append`
+refuses again, on the file it opened, one that is an input.
+
 Writing (:func:`atomic_write`, :func:`atomic_write_all`, :func:`replace_folder`):
 each file goes to a short temporary name in its own folder, then ``os.replace``
 puts it in place; a set of files is all written to temporaries first and only
@@ -24,18 +31,24 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from common.errors import OutputError, quote
 
 __all__ = [
+    "Output",
     "atomic_write",
     "atomic_write_all",
+    "check_append_file",
     "check_distinct",
     "check_name_length",
     "check_output_dir",
     "check_output_file",
+    "check_paths",
+    "open_append",
     "replace_folder",
     "write_files_into",
 ]
@@ -138,6 +151,16 @@ def check_output_file(path: str | os.PathLike, what: str, suffixes: Sequence[str
     return p
 
 
+def check_append_file(path: str | os.PathLike, what: str) -> Path:
+    """Check a file that is appended to (never replaced): its length, a regular file or none, writable."""
+    p = check_name_length(path, what)
+    _refuse_special(p, what)
+    if p.exists() and not os.access(p, os.W_OK):
+        raise OutputError(f"{what} {_show(p)} is not writable; make it writable or give another name")
+    _writable_folder(p.parent if str(p.parent) else Path("."), what, p)
+    return p
+
+
 def check_output_dir(path: str | os.PathLike, what: str, *, replaced: Callable[[Path], bool] | None = None) -> Path:
     """Check an output folder before any work: its length, not a file, and writable or creatable.
 
@@ -179,33 +202,105 @@ def _inside(p: Path, folder: Path) -> bool:
 PathMap = Mapping[str, "str | os.PathLike | None"]
 
 
-def check_distinct(outputs: PathMap, inputs: PathMap | None = None, *, folders: PathMap | None = None) -> None:
+def check_distinct(outputs: PathMap, inputs: PathMap | None = None, *, folders: PathMap | None = None,
+                   appended: Collection[str] = ()) -> None:
     """No two outputs name one file, no output names an input, and no input lies in a replaced folder.
 
     Keys are what the message calls each path (a flag on the command line, a field in the library);
-    None values are ignored. ``folders``: output folders replaced as a whole.
+    None values are ignored. ``folders``: output folders replaced as a whole; ``appended``: the keys of
+    ``outputs`` that are appended to, not replaced (their message says so).
     """
     inputs, folders = inputs or {}, folders or {}
-    seen: dict[tuple, str] = {}
+    seen: dict[tuple, tuple[str, str | os.PathLike]] = {}
     for label, path in outputs.items():
         if path is None:
             continue
         key = _identity(Path(path))
         if key in seen:
-            raise OutputError(f"{seen[key]} and {label} name the same file {_show(path)}; one would overwrite "
+            raise OutputError(f"{seen[key][0]} and {label} name the same file {_show(path)}; one would overwrite "
                               "the other: give each output its own name")
-        seen[key] = label
+        seen[key] = (label, path)
     for label, path in inputs.items():
         if path is None:
             continue
         key = _identity(Path(path))
         if key in seen:
-            raise OutputError(f"{seen[key]} {_show(path)} is also an input ({label}); writing it would destroy "
-                              "the input: give the output another name")
+            out_label, out_path = seen[key]
+            harm = "appending to it would change" if out_label in appended else "writing it would destroy"
+            raise OutputError(f"{out_label} {_show(out_path)} is also an input ({label}); {harm} the input: give the "
+                              "output another name")
         for out_label, folder in folders.items():
             if folder is not None and _inside(Path(path), Path(folder)):
                 raise OutputError(f"the input {label} {_show(path)} lies in {out_label} {_show(folder)}, which is "
                                   "replaced as a whole: move the input out, or give another folder")
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """One path a command writes, for :func:`check_paths`.
+
+    ``kind``: ``file`` (written whole), ``append`` (appended to: an event log, ``metrics.jsonl``),
+    ``folder`` (files are added to it) or ``replaced`` (replaced as a whole: ``replaced(folder)`` says whether an
+    existing one holds only what the command writes). ``what`` names it in messages about the path itself.
+    """
+
+    path: str | os.PathLike
+    what: str
+    kind: str = "file"
+    suffixes: tuple[str, ...] = ()
+    replaced: Callable[[Path], bool] | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("file", "append", "folder", "replaced"):
+            raise ValueError(f"Output kind {self.kind!r}: file, append, folder or replaced")
+
+
+def check_paths(outputs: Mapping[str, Output | None], inputs: PathMap | None = None) -> dict[str, Path]:
+    """The one check of a command's paths, before anything runs or is written: each output on its own
+    (:func:`check_output_file`, :func:`check_append_file`, :func:`check_output_dir`), then all together
+    (:func:`check_distinct`): no two files are one, none is an input, no input lies in a replaced folder.
+
+    Keys are what messages call each path (a flag, or ``the metrics file of --log-dir``); None entries, and
+    inputs that are None, are ignored. Returns each output's checked path.
+    """
+    checked: dict[str, Path] = {}
+    for label, out in outputs.items():
+        if out is None:
+            continue
+        if out.kind == "file":
+            checked[label] = check_output_file(out.path, out.what, out.suffixes)
+        elif out.kind == "append":
+            checked[label] = check_append_file(out.path, out.what)
+        else:
+            checked[label] = check_output_dir(out.path, out.what, replaced=out.replaced if out.kind == "replaced"
+                                              else None)
+    files = {k: p for k, p in checked.items() if outputs[k].kind in ("file", "append")}
+    appended = {k for k, p in checked.items() if outputs[k].kind == "append"}
+    check_distinct(files, inputs, folders={k: p for k, p in checked.items() if outputs[k].kind == "replaced"},
+                   appended=appended)
+    return checked
+
+
+def open_append(path: str | os.PathLike, what: str, inputs: PathMap | None = None) -> IO[str]:
+    """``path`` opened for appending text, refused (OutputError) if what was opened is not a regular file or is
+    one of ``inputs`` (by inode: the check before the run could have been raced by a rename or a link)."""
+    p = check_append_file(path, what)
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        f = open(p, "a")
+    except OSError as exc:
+        raise OutputError(f"cannot write {what} {_show(p)}: {exc.strerror or exc}") from None
+    st = os.fstat(f.fileno())
+    mine = ("inode", st.st_dev, st.st_ino)
+    for label, source in (inputs or {}).items():
+        if source is not None and _identity(Path(source)) == mine:
+            f.close()
+            raise OutputError(f"{what} {_show(p)} is also an input ({label}); appending to it would change the "
+                              "input: give the output another name")
+    if not stat.S_ISREG(st.st_mode):
+        f.close()
+        raise OutputError(f"{what} {_show(p)} is not a regular file; it is never written: give a file name")
+    return f
 
 
 def _umask() -> int:

@@ -35,6 +35,7 @@ import numpy as np
 
 from analysis.hostile import Case, run_case
 from analysis.hostile_parse import cases as parse_cases
+from analysis.hostile_paths import cases as path_cases
 
 PY = sys.executable
 SIM = [PY, "-m", "sim"]
@@ -339,6 +340,7 @@ def _cases(d: Path) -> list[Case]:
     cases += _hardening_cases(d)
     (d / "parse").mkdir()
     cases += parse_cases(d / "parse")  # group "parse": numbers, names, sizes and data files (analysis.hostile_parse)
+    cases += path_cases(d)  # group paths: every input and output through the one output policy
     return cases
 
 

@@ -12,8 +12,13 @@ Layout of ``--checkpoint-dir``::
 Only what a save wrote is ever removed (DCP's files, the marker, their
 temporaries): a file of the user's in a checkpoint's folder stays, and so
 does its folder. One run uses a directory at a time (:func:`lock`); a lock
-whose holder has ended (this host: PID gone or reused) is taken over. A
+whose holder has ended (this host: PID gone or reused) is taken over. The
+replicas of one live elastic job are one run: they share the lock (its
+``run`` names the job), and each checks it again before every save. A
 COMPLETE whose losses are not a list of ``step`` numbers is not trusted.
+Each COMPLETE names the run that wrote it (``run``: a run that resumes from
+a checkpoint continues its run), and ``keep_last`` removes only that run's
+checkpoints: another run's, or one without a ``run`` (older schedlab), stay.
 
 A checkpoint is written into a temporary directory; once DCP has finished on
 every rank, rank 0 renames it to ``step_NNNNNN`` and then writes ``COMPLETE``
@@ -40,6 +45,7 @@ import os
 import re
 import socket
 import time
+import uuid
 import warnings
 import zlib
 from collections.abc import Iterator
@@ -61,7 +67,7 @@ from schedules import CheckpointError
 
 __all__ = [
     "LOCK", "MARKER", "CheckpointConfig", "Checkpointer", "Restored", "check_unlocked", "complete_checkpoints",
-    "latest_complete", "load", "load_state", "lock", "read_metadata", "state_dict", "unlock",
+    "latest_complete", "load", "load_state", "lock", "read_metadata", "run_id", "state_dict", "unlock",
 ]
 
 log = logging.getLogger(__name__)
@@ -270,6 +276,20 @@ def latest_complete(directory: str | Path) -> Restored | None:
 # -- one run per directory ---------------------------------------------------------------------------------------
 
 
+_RUN_ID: list[str] = []
+
+
+def run_id() -> str:
+    """This run's id: torchrun's (``TORCHELASTIC_RUN_ID``: the same on every rank and across its restarts), else one
+    made once for this process. Checkpoints and metrics lines name the run that wrote them."""
+    given = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if given and given != "none":  # torchrun's default id without --standalone or --rdzv-id is "none"
+        return given
+    if not _RUN_ID:
+        _RUN_ID.append(uuid.uuid4().hex)
+    return _RUN_ID[0]
+
+
 def _start_time(pid: int) -> str | None:
     """The start time of process ``pid`` in clock ticks since boot (field 22 of /proc/PID/stat), None if unknown."""
     try:
@@ -322,24 +342,33 @@ def _refuse_held(directory: Path, holder: dict[str, Any]) -> None:
                           field="directory")
 
 
-def check_unlocked(directory: str | Path) -> None:
-    """CheckpointError if a run that still runs holds ``directory``'s lock (reads only)."""
+def _shared(holder: dict[str, Any], run: str | None) -> bool:
+    """The lock is held by another process of the same run (a replica of the same live job)."""
+    return run is not None and holder.get("run") == run and holder.get("pid") != os.getpid()
+
+
+def check_unlocked(directory: str | Path, run: str | None = None) -> None:
+    """CheckpointError if a run that still runs holds ``directory``'s lock (reads only); ``run``: this run's id,
+    whose own processes may hold it (:func:`lock`)."""
     holder = _holder(Path(directory) / LOCK)
-    if holder:
+    if holder and not _shared(holder, run):
         _refuse_held(Path(directory), holder)
 
 
-def lock(directory: str | Path) -> Path:
+def lock(directory: str | Path, run: str | None = None) -> Path | None:
     """Take ``directory``'s lock for this process (rank 0 of a run): a file naming the host, PID and start time.
 
     A lock whose holder has ended (this host: its PID is gone or reused) is taken over, with a warning;
     CheckpointError if a live run holds it (or one on another host: this host cannot tell whether it ended).
+    ``run``: the id of a run of several processes that share the directory (the replicas of a live elastic
+    job): a lock another live process of the same ``run`` holds is shared, and None is returned (this process
+    holds nothing to unlock).
     """
     root = Path(directory)
     root.mkdir(parents=True, exist_ok=True)
     path = root / LOCK
     record = {"host": socket.gethostname(), "pid": os.getpid(), "start": _start_time(os.getpid()),
-              "since": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+              "since": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "run": run}
     part = root / f".{LOCK}.{os.getpid()}"
     part.write_text(json.dumps(record))
     try:
@@ -351,6 +380,10 @@ def lock(directory: str | Path) -> Path:
                 holder = _holder(path)
                 if holder is None:
                     continue
+                if _shared(holder, run) and _alive(holder) is not False:
+                    return None
+                if holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname():
+                    return path  # this process holds it already
                 _refuse_held(root, holder)
                 log.warning("checkpoint directory %s: taking over the lock of PID %s, which has ended", root,
                             holder.get("pid"))
@@ -458,6 +491,8 @@ class Checkpointer:
     config: CheckpointConfig
     rank: int
     attempt: int = 0
+    run: str | None = None  # the run the saves belong to (COMPLETE's run; keep_last prunes only its own)
+    shared: bool = False  # a run of several jobs (live elastic replicas): the lock is checked before each save
     _pending: tuple[Future, Path, Path, dict[str, Any]] | None = field(default=None, init=False)
     _group: dist.ProcessGroup | None = field(default=None, init=False)
     last: str | None = field(default=None, init=False)  # the newest checkpoint marked complete (rank 0 knows)
@@ -466,6 +501,14 @@ class Checkpointer:
         # The background save runs its own collectives: on a group of its own, never interleaved with training's.
         if self.config.async_save and dist.is_initialized():
             self._group = dist.new_group(backend="gloo")
+        if self.run is None:
+            self.run = run_id()
+
+    def resumed(self, restored: Restored) -> None:
+        """This run continues ``restored``: its saves belong to the run that wrote it (keep_last prunes them)."""
+        self.last = restored.path.name
+        if isinstance(restored.info.get("run"), str) and not self.shared:
+            self.run = restored.info["run"]
 
     @property
     def root(self) -> Path:
@@ -486,6 +529,8 @@ class Checkpointer:
         info = json.loads(json.dumps({**info, "step": steps_done}))
         if self.rank == 0:
             self.root.mkdir(parents=True, exist_ok=True)
+            if self.shared:  # another run may have taken a lock this job's replicas left
+                lock(self.root, self.run)
             if tmp.is_dir() and _remove_runtime_files(tmp):
                 raise CheckpointError(f"checkpoint: {tmp} holds files schedlab did not write; move them out of "
                                       "the checkpoint directory", field="directory")
@@ -525,7 +570,7 @@ class Checkpointer:
             tmp.rmdir()
         else:
             os.replace(tmp, final)
-        record = {**info, "files": _files(final)}
+        record = {**info, "run": self.run, "files": _files(final)}
         part = final / f".{MARKER}.part"
         part.write_text(json.dumps(record))
         os.replace(part, final / MARKER)
@@ -537,7 +582,8 @@ class Checkpointer:
         """Keep the last ``keep_last`` checkpoints with a marker and the right sizes (no checksums: they were
         just written; a checkpoint is verified when it is chosen), and drop the temporaries they supersede.
 
-        Only what a save wrote is removed (see :func:`_remove_runtime_files`): a user's file stays where it is.
+        Only what a save wrote is removed (see :func:`_remove_runtime_files`): a user's file stays where it is,
+        and so does a checkpoint of another run.
         """
         done = []
         for path in _step_dirs(self.root):
@@ -546,7 +592,8 @@ class Checkpointer:
                 _check_sizes(path, info)
             except (OSError, ValueError):
                 continue
-            done.append(Restored(path, info))
+            if info.get("run") == self.run:
+                done.append(Restored(path, info))
         for old in done[: max(0, len(done) - self.config.keep_last)]:
             _remove_runtime_files(old.path)
         newest = done[-1].step if done else -1

@@ -3,7 +3,10 @@
 :class:`MetricsLog` writes, into one folder, the event files TensorBoard reads
 (through ``torch.utils.tensorboard.SummaryWriter``; the ``metrics`` extra installs
 tensorboard) and ``metrics.jsonl``: one JSON object per logged step,
-``{"step": S, "tag": value, ...}``, with the same tags and values. Tags:
+``{"run": ID, "step": S, "tag": value, ...}``, with the same tags and values. ``run`` is the
+run's id (:func:`real.checkpoint.run_id`): a second run with the same folder appends its own lines,
+which its id tells apart. ``metrics.jsonl`` is appended to, never replaced, and never when it
+is one of the run's inputs (:func:`common.outputs.open_append`). Tags:
 
 * ``loss``, ``step_time_s``, ``tokens_per_s``, ``lr``: every step of a run;
 * ``memory/rank{R}/{what}``: per rank, at the step whose memory was measured;
@@ -17,10 +20,11 @@ import logging
 from collections.abc import Mapping
 from pathlib import Path
 
+from common.outputs import PathMap, check_append_file, open_append
 from schedules import ConfigError
 from schedules.util import check_output_dir
 
-__all__ = ["JSONL_NAME", "MetricsLog", "check_log_dir", "log_rows"]
+__all__ = ["JSONL_NAME", "MetricsLog", "check_log_dir", "log_rows", "metrics_file"]
 
 log = logging.getLogger(__name__)
 
@@ -34,26 +38,39 @@ def check_log_dir(path: str | Path) -> Path:
     except ImportError:
         raise ConfigError("log_dir writes TensorBoard event files and needs tensorboard: "
                           "pip install -e '.[metrics]'", field="log_dir") from None
-    return check_output_dir(path, "log directory")
+    folder = check_output_dir(path, "log directory")
+    check_append_file(metrics_file(folder), "metrics file")
+    return folder
+
+
+def metrics_file(log_dir: str | Path) -> Path:
+    """The JSON Lines file a log folder holds (an output of its own: no input may be it)."""
+    return Path(log_dir) / JSONL_NAME
 
 
 class MetricsLog:
-    """Scalars per step into TensorBoard event files and ``metrics.jsonl`` in ``log_dir``."""
+    """Scalars per step into TensorBoard event files and ``metrics.jsonl`` in ``log_dir``, each line with ``run``.
 
-    def __init__(self, log_dir: str | Path) -> None:
+    ``inputs``: the files the run reads; ``metrics.jsonl`` is never one of them. ``run``: the run's id
+    (default :func:`real.checkpoint.run_id`).
+    """
+
+    def __init__(self, log_dir: str | Path, inputs: PathMap | None = None, run: str | None = None) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
+        from real.checkpoint import run_id
+
         self.dir = check_log_dir(log_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.run = run if run is not None else run_id()
+        self.jsonl = open_append(metrics_file(self.dir), "metrics file", inputs)
         self.writer = SummaryWriter(log_dir=str(self.dir))
-        self.jsonl = (self.dir / JSONL_NAME).open("a")
 
     def log(self, step: int, values: Mapping[str, float | int | None]) -> None:
         """One step's scalars (None values are left out)."""
         kept = {k: float(v) for k, v in values.items() if v is not None}
         for tag, value in kept.items():
             self.writer.add_scalar(tag, value, global_step=step)
-        self.jsonl.write(json.dumps({"step": step, **kept}) + "\n")
+        self.jsonl.write(json.dumps({"run": self.run, "step": step, **kept}) + "\n")
         self.jsonl.flush()
 
     def close(self) -> None:

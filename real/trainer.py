@@ -311,7 +311,7 @@ class Trainer:
             log.warning("the checkpoint is at step %d, steps is %d: nothing left to train", start, cfg.steps)
         saver = ckpt.Checkpointer(cfg.checkpoint, self.mesh.rank, restart_count()) if cfg.checkpoint else None
         if saver is not None and restored is not None:
-            saver.last = restored.path.name
+            saver.resumed(restored)
         offset = clock_offset() if self.mesh.distributed else 0.0
         log.info("rank %d (pipeline rank %d, replica %d): stages %s, layers %s, clock offset to rank 0 %.6f s",
                  self.mesh.rank, self.mesh.pp_rank, self.mesh.dp_rank, sorted(self.stages),

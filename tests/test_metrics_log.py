@@ -31,15 +31,16 @@ def _f32(x: float) -> float:
 
 
 def test_the_log_writes_the_same_scalars_to_tensorboard_and_json_lines(tmp_path):
-    with MetricsLog(tmp_path / "logs") as m:
+    with MetricsLog(tmp_path / "logs", run="r1") as m:
         m.log(0, {"loss": 2.5, "lr": 0.1, "tokens_per_s": None})
         m.log(1, {"loss": 1.25, "lr": 0.05})
         m.log(1, {"memory/rank1/peak_activation_bytes": 4096})
     assert _scalars(tmp_path / "logs") == {"loss": [(0, 2.5), (1, 1.25)], "lr": [(0, _f32(0.1)), (1, _f32(0.05))],
                                            "memory/rank1/peak_activation_bytes": [(1, 4096.0)]}
     lines = (tmp_path / "logs" / JSONL_NAME).read_text().splitlines()
-    assert [json.loads(x) for x in lines] == [{"step": 0, "loss": 2.5, "lr": 0.1}, {"step": 1, "loss": 1.25, "lr": 0.05},
-                                              {"step": 1, "memory/rank1/peak_activation_bytes": 4096.0}]
+    assert [json.loads(x) for x in lines] == [{"run": "r1", "step": 0, "loss": 2.5, "lr": 0.1},
+                                              {"run": "r1", "step": 1, "loss": 1.25, "lr": 0.05},
+                                              {"run": "r1", "step": 1, "memory/rank1/peak_activation_bytes": 4096.0}]
 
 
 def test_a_run_with_log_dir_is_read_by_tensorboard(tmp_path, capsys):
@@ -94,12 +95,14 @@ def test_progress_says_the_time_left_from_the_mean_time_per_item():
 
 def test_a_results_table_is_logged_row_by_row(tmp_path):
     """The validation grid's and plan_check's --log-dir: numeric fields per row, then the scores (NaN left out)."""
+    from real.checkpoint import run_id
     from real.metrics_log import JSONL_NAME, log_rows
 
     rows = [{"schedule": "1f1b", "microbatches": 4, "in_sample": True, "error": 0.05, "replay_error": float("nan")},
             {"schedule": "gpipe", "microbatches": 8, "in_sample": False, "error": -0.02}]
     log_rows(tmp_path / "log", rows, {"grid/mean_abs_error": 0.02, "grid/kendall_tau_b": float("nan")})
     lines = [json.loads(x) for x in (tmp_path / "log" / JSONL_NAME).read_text().splitlines()]
+    assert {line.pop("run") for line in lines} == {run_id()}  # every line names its run
     assert lines == [{"step": 0, "row/microbatches": 4.0, "row/error": 0.05},
                      {"step": 1, "row/microbatches": 8.0, "row/error": -0.02},
                      {"step": 2, "grid/mean_abs_error": 0.02}]

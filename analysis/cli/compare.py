@@ -21,11 +21,12 @@ from analysis.cli.common import (
     name_list,
     print_json,
     refuse,
+    schedule_source,
     uniform_costs,
 )
 from analysis.cli.simulate import COMM_KEYS, add_comm_args, comm_overrides
 from analysis.cli.time_to_loss import add_time_to_loss_args, time_to_loss_main
-from common.outputs import check_distinct, check_output_dir, check_output_file, write_files_into
+from common.outputs import Output, check_paths, write_files_into
 from schedules import ScheduleError, import_schedules
 from schedules.registry import lookup
 
@@ -97,9 +98,10 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
 
         for name in chosen:  # an unknown name is the error to report, before the file names made from it
             spec(name)
-        out = check_output_dir(args.out, "output folder")
-        for name in ("timelines.png", "comparison.csv", *(f"timeline-{_canonical(s)}.png" for s in chosen)):
-            check_output_file(out / name, "output file")  # a directory or fifo of that name: refused before work
+        out = Path(args.out)
+        names = ("timelines.png", "comparison.csv", *(f"timeline-{_canonical(s)}.png" for s in chosen))
+        check_paths({"--out": Output(out, "output folder", "folder"),  # a directory or fifo of a file's name too
+                     **{f"--out {name}": Output(out / name, "output file") for name in names}}, _inputs(args, chosen))
         results = simulate_many(chosen, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks,
                                 costs=uniform_costs(args), profile=args.costs, costs_profile=args.costs_profile)
         table = comparison_table(results)
@@ -123,6 +125,12 @@ def compare_main(argv: Sequence[str] | None = None, prog: str = "schedlab compar
     print(f"\nwrote {len(written)} files under {out}/: timelines.png (all schedules, one time axis), "
           "timeline-<schedule>.png, comparison.csv")
     return 0
+
+
+def _inputs(args, chosen: list[str]) -> dict[str, str | None]:
+    """The files a comparison reads (cost files, schedule files): none of its outputs may be one."""
+    return {"--costs": args.costs, "--costs-profile": args.costs_profile,
+            **{f"--schedules {name}": schedule_source(name) for name in chosen}}
 
 
 def _canonical(name: str) -> str:
@@ -203,12 +211,11 @@ def _dp_compare(args, chosen: list[str], costs, prog: str) -> int:
         fail(f"{prog}: --dp-modes {','.join(modes)}: the modes differ only between replicas; give --dp 2 or more, "
              f"got --dp {args.dp}")
     name = spec(chosen[0]).name
-    out = check_output_dir(args.out, "output folder")
+    out = Path(args.out)
     files = ("dp_modes.png", "dp_modes.csv", "dp_modes.json")
-    for f in files:
-        check_output_file(out / f, "output file")
-    if args.measured is not None:
-        check_distinct({f"--out {f}": out / f for f in files}, {"--measured": args.measured})
+    check_paths({"--out": Output(out, "output folder", "folder"),
+                 **{f"--out {f}": Output(out / f, "output file") for f in files}},
+                {**_inputs(args, chosen), "--measured": args.measured})
     measured = load_measured(args.measured) if args.measured is not None else None
     rows = predict_dp_modes(modes, schedule=name, microbatches=args.microbatches, costs=costs,
                             chunks=args.chunks if spec(name).multi_chunk else None, state=args.state_bytes,
@@ -261,7 +268,7 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
     with errors_to_exit(p):
         import_schedules(args.imports)
     check_cost_flags(args)
-    from analysis.report import check_report_dir, write_report
+    from analysis.report import is_report_folder, write_report
     from analysis.validation.scores import load_validation
     from sim.plan.sweep import SweepConfig, run_sweep
 
@@ -274,10 +281,9 @@ def report_main(argv: Sequence[str] | None = None, prog: str = "schedlab report"
             return tqdm(jobs, desc="bubble sweep", unit="sim", leave=False)
 
     with errors_to_exit(p):
-        check_report_dir(args.out)
         inputs = {**{f"--real #{i + 1}": t for i, t in enumerate(args.real)}, "--validation": args.validation, "--costs": args.costs,
                   "--costs-profile": args.costs_profile, "--dp-compare": args.dp_compare}
-        check_distinct({}, inputs, folders={"--out": args.out})
+        check_paths({"--out": Output(args.out, "report folder", "replaced", replaced=is_report_folder)}, inputs)
         cfg = SweepConfig(pp=args.pp, microbatches=args.microbatches, chunks=args.chunks, schedules=chosen,
                           costs=uniform_costs(args), real_traces=tuple(Path(t) for t in args.real),
                           profile=Path(args.costs) if args.costs else None,
@@ -315,8 +321,7 @@ def perfetto_main(argv: Sequence[str] | None = None, prog: str = "schedlab perfe
     with errors_to_exit(p):
         if not src.is_file():
             raise ScheduleError(f"trace file {str(src)!r} not found")
-        check_output_file(out, "chrome trace file", (".json",))
-        check_distinct({"OUT.json": out}, {"TRACE": src})
+        check_paths({"OUT.json": Output(out, "chrome trace file", suffixes=(".json",))}, {"TRACE": src})
         path = write_chrome_trace(read_trace(src), out)
     print(f"wrote {path} (open it in the Perfetto UI or chrome://tracing)")
     return 0

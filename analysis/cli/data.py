@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
-from pathlib import Path
 
 from analysis.cli.common import OneLineParser, errors_to_exit, guarded
-from real.data.documents import Tokenizer, load_tokenizer, parse_train_spec, text_documents, train_bpe
+from real.data.documents import Tokenizer, load_tokenizer, parse_train_spec
 from real.data.tokens import prepare
 from schedules import ConfigError
 
@@ -44,8 +43,9 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m real.data") -
     args = p.parse_args(argv)
     with errors_to_exit(_subcommand(p, args.command)):  # a field's flag is the subcommand's
         tokenizer = _tokenizer(args)
-        meta = prepare(args.input, args.out, tokenizer, args.field)
-    kind = "byte level" if tokenizer is None else tokenizer.kind
+        train = parse_train_spec(args.train_tokenizer) if args.train_tokenizer is not None else None
+        meta = prepare(args.input, args.out, tokenizer, args.field, train_vocab=train)
+    kind = "byte level" if meta["tokenizer"] == "bytes" else meta["tokenizer"]["kind"]
     print(f"wrote {args.out}: {meta['tokens']} tokens ({kind}, vocabulary {meta['vocab']}) from "
           f"{meta['documents']} document(s) in {len(args.input)} file(s)")
     return 0
@@ -59,11 +59,5 @@ def _tokenizer(args) -> Tokenizer | None:
     if args.eot is not None and args.tokenizer is None:
         raise ConfigError("--eot names a token of --tokenizer; give --tokenizer too", field="eot")
     if args.tokenizer is not None:
-        return load_tokenizer(args.tokenizer, args.eot)
-    if args.train_tokenizer is not None:
-        vocab = parse_train_spec(args.train_tokenizer)
-        for path in args.input:  # every input exists before the training reads them
-            if not Path(path).is_file():
-                raise ConfigError(f"input {path!r} is not a file", field="input")
-        return train_bpe(text_documents(args.input, args.field), vocab, f"{args.out}.tokenizer.json")
+        return load_tokenizer(args.tokenizer, args.eot)  # only read: prepare checks it is no output
     return None

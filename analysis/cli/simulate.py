@@ -33,7 +33,7 @@ from analysis.cli.common import (
 )
 from analysis.timeline import check_figure_path, plot_timeline
 from common.errors import find_name
-from common.outputs import check_distinct
+from common.outputs import Output, check_paths
 from schedules import import_schedules, load_graph, lower, names, spec, validate, write_torch_csv
 from schedules.interop.torch_csv import check_csv_path
 from schedules.library.recompute import RECOMPUTE_PLACEMENTS, place_recompute
@@ -206,11 +206,12 @@ def _outputs(args: argparse.Namespace) -> tuple:
     plot_path = check_figure_path(args.plot) if args.plot else None
     exports = {comms: check_csv_path(path) for comms, path in ((False, args.export_csv), (True, args.export_csv_comms))
                if path}
-    schedule_file = schedule_source(args.schedule)
-    check_distinct({f: getattr(args, f[2:].replace("-", "_")) for f in ("--trace", "--plot", "--export-csv",
-                                                                        "--export-csv-comms")},
-                   {"--schedule": schedule_file, "--costs": getattr(args, "costs", None),
-                    "--costs-profile": getattr(args, "costs_profile", None), "--config": args.config})
+    whats = {"--trace": "trace file", "--plot": "figure file", "--export-csv": "torch CSV file",
+             "--export-csv-comms": "torch CSV file"}
+    given_ = {flag: getattr(args, flag[2:].replace("-", "_")) for flag in whats}
+    check_paths({flag: Output(path, whats[flag]) if path else None for flag, path in given_.items()},
+                {"--schedule": schedule_source(args.schedule), "--costs": getattr(args, "costs", None),
+                 "--costs-profile": getattr(args, "costs_profile", None), "--config": args.config})
     return trace_path, plot_path, exports
 
 

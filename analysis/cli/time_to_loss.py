@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from analysis.cli.common import OneLineParser, errors_to_exit, fail, given, is_all, name_list, print_json, refuse
-from common.outputs import check_output_dir, check_output_file, write_files_into
+from common.outputs import Output, check_paths, write_files_into
 from schedules import ConfigError
 
 __all__ = ["add_time_to_loss_args", "time_to_loss_main"]
@@ -40,22 +40,25 @@ def time_to_loss_main(args: argparse.Namespace, parser: OneLineParser, prog: str
     if len(schedules) != 1:
         fail(f"{prog}: --time-to-loss simulates one schedule, got --schedules {args.schedules}; name one")
     with errors_to_exit(parser):
-        curves = []
+        items = []
         for item in args.curve:
             label, sep, path = item.partition("=")
             if not sep or not path:
                 raise ConfigError(f"--curve {item!r} must be MODE=FILE, e.g. ddp=run/metrics.jsonl", field="curve")
-            steps, losses = read_curve(path)
+            items.append((label, path))
+        out = Path(args.out)
+        check_paths({"--out": Output(out, "output folder", "folder"),
+                     **{f"--out {name}": Output(out / name, "output file") for name in (FIGURE, TABLE)}},
+                    {f"--curve {label}": path for label, path in items})
+        curves = []
+        for label, path in items:
             spec = parse_mode(label)
             if any(c.spec.label == spec.label for c in curves):
                 raise ConfigError(f"--curve names mode {spec.label} twice ({label!r}); give one curve per mode",
                                   field="curve")
-            curves.append(LossCurve(spec, steps, losses, path))
+            curves.append(LossCurve(spec, *read_curve(path), path))
         times = _step_times(args, schedules[0], [c.spec for c in curves])
         rows = time_to_loss_rows(curves, times, args.time_to_loss, 1 if args.smooth is None else args.smooth)
-        out = check_output_dir(args.out, "output folder")
-        for name in (FIGURE, TABLE):
-            check_output_file(out / name, "output file")
         title = f"{args.model} on {args.cluster}, dp={args.dp or 1}, {schedules[0]}"
         written = write_files_into(out, lambda stage: _fill(stage, curves, times, rows, title, args.time_to_loss),
                                    "output folder")

@@ -33,11 +33,11 @@ from analysis.cli.common import (
     schedule_source,
     with_flag,
 )
-from analysis.cli.live import add_live_args, live_defaults, refuse_live_flags, run_live
+from analysis.cli.live import add_live_args, live_config, live_defaults, refuse_live_flags, run_live
 from analysis.cli.progress import format_seconds
 from analysis.timeline import check_figure_path, plot_timeline
 from common import parse
-from common.outputs import atomic_write, check_distinct, check_output_dir, check_output_file
+from common.outputs import Output, atomic_write, check_paths
 from common.usercode import UserCodeError, raised, user_frames
 from real import stop
 from real.checkpoint import CheckpointConfig, check_unlocked
@@ -62,9 +62,10 @@ from real.config import (
 )
 from real.data.tokens import sidecar_vocab
 from real.dp.ps_async import read_ps_order
+from real.faults.elastic import job_run
 from real.launch import launch
 from real.mesh import env_world
-from real.metrics_log import MetricsLog, check_log_dir
+from real.metrics_log import MetricsLog, check_log_dir, metrics_file
 from real.model_api import UserModel, from_factory, plan_for
 from real.p2p import PeerError
 from real.train import resolve_backend, resume_point, run
@@ -336,22 +337,42 @@ def _checked(args: argparse.Namespace, world: int) -> tuple[RunConfig, UserModel
     """Every check of the flags that needs no communication and no checkpoint read (run() checks the plan
     again and picks the checkpoint to resume from); the user's model, if ``--model`` names a factory."""
     config = config_from_args(args, world)
+    _check_paths(args)
     user = _user(config)
     plan_for(config, world, user)
     resolve_backend(config.runtime.backend)
+    return config, user
+
+
+def _inputs(args: argparse.Namespace) -> dict[str, str | None]:
+    """Every file a run reads: no output, appended or written, may be one of them."""
+    model = args.model.rpartition(":")[0] if args.model not in MODEL_KINDS else None
+    return {"--data": args.data, "the sidecar of --data": f"{args.data}.json" if args.data else None,
+            "--schedule": schedule_source(args.schedule), "--ps-order": args.ps_order,
+            "--model": model if model and model.endswith(".py") else None}
+
+
+def _check_paths(args: argparse.Namespace) -> None:
+    """Every input and output of the run through the one output policy (:func:`common.outputs.check_paths`),
+    before anything runs or is written: the files it writes whole, the files it appends to (--events, the
+    metrics file of --log-dir) and its folders."""
     if args.trace:
         check_trace_path(args.trace)
     if args.plot:
         check_figure_path(args.plot)
-    if args.save_params:
-        check_output_file(args.save_params, "parameter file")
-    if args.checkpoint_dir:
-        check_output_dir(args.checkpoint_dir, "checkpoint directory")
     if args.log_dir:
         check_log_dir(args.log_dir)
-    check_distinct({"--trace": args.trace, "--plot": args.plot, "--save-params": args.save_params},
-                   {"--data": args.data, "--schedule": schedule_source(args.schedule)})
-    return config, user
+    check_paths({
+        "--trace": Output(args.trace, "trace file") if args.trace else None,
+        "--plot": Output(args.plot, "figure file") if args.plot else None,
+        "--save-params": Output(args.save_params, "parameter file") if args.save_params else None,
+        "--events": Output(args.events, "events file", "append") if args.events else None,
+        "the metrics file of --log-dir": Output(metrics_file(args.log_dir), "metrics file", "append")
+        if args.log_dir else None,
+        "--log-dir": Output(args.log_dir, "log directory", "folder") if args.log_dir else None,
+        "--checkpoint-dir": Output(args.checkpoint_dir, "checkpoint directory", "folder")
+        if args.checkpoint_dir else None,
+    }, _inputs(args))
 
 
 def _on_step(config: RunConfig, quiet: bool, metrics: MetricsLog | None):
@@ -433,7 +454,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int
                 sys.stderr.write(f"warning: --data {config.data.token_file} trains the model; the batches function "
                                  f"of {config.data.factory} is not used\n")
             order = read_ps_order(args.ps_order) if args.ps_order else None
-            metrics = MetricsLog(args.log_dir) if args.log_dir and rank == 0 else None
+            metrics = MetricsLog(args.log_dir, _inputs(args)) if args.log_dir and rank == 0 else None
             result = run(config, trace_path=args.trace, on_step=_on_step(config, args.json, metrics), user=user,
                          ps_order=order)
             if metrics is not None:
@@ -512,7 +533,7 @@ def launch_main(argv: Sequence[str] | None = None, prog: str = "schedlab run") -
         config, user = _checked(args, nproc)
         _precheck_user_model(config, user, nproc)
         if config.checkpoint is not None:
-            check_unlocked(config.checkpoint.directory)
+            check_unlocked(config.checkpoint.directory, job_run(live_config(args)) if args.elastic else None)
         resume_point(config)
         if args.ps_order:
             read_ps_order(args.ps_order)

@@ -154,7 +154,9 @@ def parse_train_spec(text: str) -> int:
 
 
 def train_bpe(docs: Iterable[bytes], vocab: int, save: str | Path) -> Tokenizer:
-    """A byte-level BPE of ``vocab`` tokens trained on ``docs``, saved as a tokenizer.json at ``save``."""
+    """A byte-level BPE of ``vocab`` tokens trained on ``docs``; ``save``: where its tokenizer.json will be (the
+    record says so). Nothing is written here: :func:`real.data.tokens.prepare` writes it with the token file,
+    all or none, once every path was checked (``backend.to_str()``)."""
     tk = _tokenizers()
     backend = tk.Tokenizer(tk.models.BPE())
     backend.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -162,7 +164,6 @@ def train_bpe(docs: Iterable[bytes], vocab: int, save: str | Path) -> Tokenizer:
     trainer = tk.trainers.BpeTrainer(vocab_size=vocab, special_tokens=[BPE_EOT], show_progress=False,
                                      initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
     backend.train_from_iterator((_text(d) for d in docs), trainer=trainer)
-    backend.save(str(save))
     got = _vocab(backend)
     if got < vocab:
         log.warning("the inputs hold too little text for %d BPE tokens: %d learned", vocab, got)

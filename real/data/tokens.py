@@ -18,10 +18,11 @@ contiguous share of them, and the stream position goes into checkpoints.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,9 @@ import numpy as np
 import torch
 
 from common.errors import find_name, quote
-from common.outputs import atomic_write_all, check_distinct, check_output_file
+from common.outputs import Output, atomic_write_all, check_paths
 from real.config import RunConfig
-from real.data.documents import MAX_VOCAB, Tokenizer, byte_tokenizer, encode_documents
+from real.data.documents import MAX_VOCAB, Tokenizer, byte_tokenizer, encode_documents, read_documents, train_bpe
 from real.data.sampler import EpochSampler
 from schedules import CheckpointError, ConfigError
 
@@ -214,23 +215,40 @@ class TokenBatches:
 
 
 def prepare(inputs: Sequence[str | Path], out: str | Path, tokenizer: Tokenizer | None = None,
-            field: str = "text") -> dict[str, Any]:
+            field: str = "text", *, train_vocab: int | None = None) -> dict[str, Any]:
     """Tokenize ``inputs`` (text, JSON Lines or Parquet: :mod:`real.data.documents`) into ``out``.
 
-    ``tokenizer`` None is byte level (one uint16 token per byte, a newline between documents).
-    Writes ``out`` and its sidecar ``out.json`` atomically; returns the sidecar's record.
+    ``tokenizer`` None is byte level (one uint16 token per byte, a newline between documents);
+    ``train_vocab``: train a byte-level BPE of that many tokens on the inputs instead, saved as
+    ``out.tokenizer.json``. Every path is checked first (:func:`common.outputs.check_paths`: no output is an
+    input, the tokenizer read included); then ``out``, its sidecar ``out.json`` and the trained tokenizer are
+    written all or none. Returns the sidecar's record.
     """
-    outputs = {"token file": out, "token file sidecar": f"{out}.json"}
-    for what, path in outputs.items():
-        check_output_file(path, what)
-    check_distinct(outputs, {f"input #{i + 1}": p for i, p in enumerate(inputs)})
+    if tokenizer is not None and train_vocab is not None:
+        raise ConfigError("give a tokenizer or train_vocab, not both", field="train_tokenizer")
+    trained = f"{out}.tokenizer.json" if train_vocab is not None else None
+    sources = {f"input #{i + 1}": p for i, p in enumerate(inputs)}
+    if tokenizer is not None and tokenizer.record.get("path"):
+        sources["tokenizer"] = tokenizer.record["path"]
+    check_paths({"token file": Output(out, "token file"), "token file sidecar": Output(f"{out}.json", "token file sidecar"),
+                 "trained tokenizer": Output(trained, "trained tokenizer") if trained else None}, sources)
     for path in inputs:
         if not Path(path).is_file():
             raise ConfigError(f"input {str(path)!r} is not a file", field="input")
+    if trained is not None:
+        def docs() -> Iterator[bytes]:
+            return itertools.chain.from_iterable(read_documents(path, field) for path in inputs)
+
+        if not any(docs()):  # refused before training (which would warn about it first)
+            raise ConfigError("the inputs hold no text to tokenize", field="input")
+        tokenizer = train_bpe(docs(), train_vocab, trained)
     tokenizer = tokenizer or byte_tokenizer()
     tokens, docs = encode_documents(inputs, tokenizer, field)
     meta = {"dtype": str(tokens.dtype), "vocab": tokenizer.vocab, "tokens": len(tokens),
             "tokenizer": tokenizer.describe(), "documents": docs, "field": field, "sources": [str(p) for p in inputs]}
-    atomic_write_all([(out, lambda tmp: tokens.tofile(tmp), "token file"),  # both files, or neither
-                      (f"{out}.json", lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=1)), "token file sidecar")])
+    files = [(out, lambda tmp: tokens.tofile(tmp), "token file"),  # all of them, or none
+             (f"{out}.json", lambda tmp: Path(tmp).write_text(json.dumps(meta, indent=1)), "token file sidecar")]
+    if trained is not None:
+        files.append((trained, lambda tmp: Path(tmp).write_text(tokenizer.backend.to_str()), "trained tokenizer"))
+    atomic_write_all(files)
     return meta

@@ -370,7 +370,7 @@ class ParamServer:
             start, losses = restored.step, [float(x) for x in restored.info["losses"]]
         saver = ckpt.Checkpointer(cfg.checkpoint, self.mesh.rank, _restarts()) if cfg.checkpoint else None
         if saver is not None and restored is not None:
-            saver.last = restored.path.name
+            saver.resumed(restored)
         offset = clock_offset()
         dist.barrier()
         metered, memory, times, rows = max(cfg.metered_step, start), {}, [], []

@@ -269,7 +269,7 @@ class AsyncParamServer(ParamServer):
         if cfg.checkpoint is not None:
             self._saver = ckpt.Checkpointer(cfg.checkpoint, self.mesh.rank, _restarts())
             if restored is not None:
-                self._saver.last = restored.path.name
+                self._saver.resumed(restored)
         self._paused = {t: threading.Event() for t in range(self.start + 1, self.steps) if self._due(t)}
         self._offset = clock_offset()
         dist.barrier()

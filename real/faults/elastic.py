@@ -27,7 +27,10 @@ trained exactly once whatever the quorums were. Periodic DCP checkpoints
 (``--checkpoint-dir``) are written by the replica of quorum rank 0 after a
 committed step; a replica that starts fresh while a checkpoint exists loads it
 (the case where every replica died); one that joins live replicas is then
-overwritten by their state.
+overwritten by their state. The replicas of a job are one run of the
+directory (:func:`job_run`, their lighthouse): they share its ``LOCK`` and
+refuse a directory another run holds, at the start and before every save,
+and ``--keep-last`` removes only the job's own checkpoints.
 
 SIGINT or SIGTERM makes a replica leave after the step in progress (the others
 go on without it), with :class:`real.stop.Interrupted`.
@@ -53,6 +56,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from common.outputs import open_append
 from real import checkpoint as ckpt
 from real import stop
 from real.config import RunConfig
@@ -60,8 +64,8 @@ from real.model_api import data_for
 from real.models import build_model, loss_fn, make_optimizer
 from schedules import ConfigError
 
-__all__ = ["ELASTIC_MODES", "LiveConfig", "LiveResult", "check_live", "check_live_layout", "pause_report", "share",
-           "train_live"]
+__all__ = ["ELASTIC_MODES", "LiveConfig", "LiveResult", "check_live", "check_live_layout", "job_run", "pause_report",
+           "share", "train_live"]
 
 log = logging.getLogger(__name__)
 
@@ -142,17 +146,49 @@ def check_live(config: RunConfig) -> None:
                           "factory and a data master are not supported with it", field="elastic")
 
 
-class _Events:
-    """Append-only JSON-lines log of one replica (None: nothing written)."""
+def job_run(live: LiveConfig) -> str:
+    """The run id every replica of one live job shares (one lighthouse serves one job): the checkpoint
+    directory's lock and its checkpoints are the job's, not one replica's."""
+    return f"live {live.lighthouse}"
 
-    def __init__(self, path: str | None) -> None:
+
+def _inputs(config: RunConfig) -> dict[str, str | None]:
+    """The files a replica reads: an events file must never be one of them."""
+    token = config.data.token_file
+    return {"token_file": token, "token file sidecar": f"{token}.json" if token else None}
+
+
+class _Events:
+    """Append-only JSON-lines log of one replica (None: nothing written); never appended to one of ``inputs``
+    (:func:`common.outputs.open_append`)."""
+
+    def __init__(self, path: str | None, inputs: dict[str, str | None] | None = None) -> None:
         self.path = Path(path) if path else None
+        self._file = open_append(self.path, "events file", inputs) if self.path is not None else None
 
     def add(self, event: str, **fields: Any) -> None:
-        if self.path is None:
+        if self._file is None:
             return
-        with self.path.open("a") as f:
-            f.write(json.dumps({"event": event, "time": time.time(), "pid": os.getpid(), **fields}) + "\n")
+        self._file.write(json.dumps({"event": event, "time": time.time(), "pid": os.getpid(), **fields}) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
+def hold_lock(config: RunConfig, live: LiveConfig) -> None:
+    """Take (or share with this job's other replicas) the checkpoint directory's lock; CheckpointError naming
+    the directory and the holder if another run holds it. A resume-only run of no directory takes none."""
+    cfg = config.checkpoint
+    if cfg is not None and (cfg.every or Path(cfg.directory).is_dir()):
+        ckpt.lock(cfg.directory, job_run(live))
+
+
+def release_lock(config: RunConfig) -> None:
+    """Remove the checkpoint directory's lock if this process holds it (taken at the start or before a save)."""
+    if config.checkpoint is not None:
+        ckpt.unlock(Path(config.checkpoint.directory) / ckpt.LOCK)
 
 
 class _Replica:
@@ -290,16 +326,28 @@ def _step(replica: _Replica, manager, live: LiveConfig, events: _Events) -> bool
 
 def train_live(config: RunConfig, live: LiveConfig) -> LiveResult:
     """Train this replica until the job's step count is reached (see the module doc)."""
-    from real.trainer import param_digest
-
     check_live(config)
     if config.layout.pp > 1:
         raise ConfigError(f"pp {config.layout.pp}: pipeline replicas train with real.faults.elastic_pp.train_live_pipeline",
                           field="pp")
-    events = _Events(live.events)
+    hold_lock(config, live)
+    events = None
+    try:
+        events = _Events(live.events, _inputs(config))
+        return _train(config, live, events)
+    finally:
+        release_lock(config)
+        if events is not None:
+            events.close()
+
+
+def _train(config: RunConfig, live: LiveConfig, events: _Events) -> LiveResult:
+    from real.trainer import param_digest
+
     replica = _Replica(config)
     manager, hosted = _manager(config, live, replica)
-    saver = ckpt.Checkpointer(config.checkpoint, 0, 0) if config.checkpoint and config.checkpoint.every else None
+    saver = (ckpt.Checkpointer(config.checkpoint, 0, 0, run=job_run(live), shared=True)
+             if config.checkpoint and config.checkpoint.every else None)
     try:
         resumed = _resume(config, replica, manager) if config.checkpoint else None
         events.add("start", replica=live.replica_id, resumed_from=resumed, step=manager.current_step())

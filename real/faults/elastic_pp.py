@@ -50,13 +50,25 @@ from real import checkpoint as ckpt
 from real import stop
 from real.config import RunConfig, make_plan
 from real.executor import Executor, Stage
-from real.faults.elastic import LiveConfig, LiveResult, _Events, _resume, _tensors, check_live, share
+from real.faults.elastic import (
+    LiveConfig,
+    LiveResult,
+    _Events,
+    _inputs,
+    _resume,
+    _tensors,
+    check_live,
+    hold_lock,
+    job_run,
+    release_lock,
+    share,
+)
 from real.measure import ActivationMeter, Recorder
 from real.mesh import Mesh
 from real.model_api import data_for
 from real.models import activation_shape, build_layers, make_optimizer
 from real.p2p import PipeComm
-from schedules import ConfigError, SchedlabError
+from schedules import CheckpointError, ConfigError, SchedlabError
 
 __all__ = ["check_shares", "train_live_pipeline"]
 
@@ -263,18 +275,46 @@ def _save(replica: _PipelineReplica, manager, saver: ckpt.Checkpointer) -> None:
 
 def train_live_pipeline(config: RunConfig, live: LiveConfig) -> LiveResult:
     """Train this pipeline rank of this replica until the job's step count is reached."""
-    from real.trainer import param_digest, restart_count
-
     check_live(config)
     if config.layout.pp < 2:
         raise ConfigError(f"pp {config.layout.pp}: a replica of one process trains with real.faults.elastic.train_live",
                           field="pp")
     check_shares(config)
     mesh = Mesh.create(make_plan(config, config.layout.pp), "gloo", config.runtime.timeout_s)
-    events = _Events(live.events)
+    try:
+        _lock(config, live, mesh)
+        events = _Events(live.events, _inputs(config))
+    except BaseException:
+        mesh.close()
+        raise
+    try:
+        return _train(config, live, mesh, events)
+    finally:
+        if mesh.rank == 0:
+            release_lock(config)
+        events.close()
+
+
+def _lock(config: RunConfig, live: LiveConfig, mesh: Mesh) -> None:
+    """The replica's rank 0 takes the checkpoint directory's lock (:func:`real.faults.elastic.hold_lock`); every
+    rank of the replica raises its refusal alike."""
+    box: list[str | None] = [None]
+    if mesh.rank == 0:
+        try:
+            hold_lock(config, live)
+        except SchedlabError as exc:
+            box = [str(exc)]
+    dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise CheckpointError(box[0], field="directory")
+
+
+def _train(config: RunConfig, live: LiveConfig, mesh: Mesh, events: _Events) -> LiveResult:
+    from real.trainer import param_digest, restart_count
+
     replica = _PipelineReplica(config, mesh)
     manager, hosted = _manager(config, live, replica, mesh)
-    saver = (ckpt.Checkpointer(config.checkpoint, mesh.pp_rank, restart_count())
+    saver = (ckpt.Checkpointer(config.checkpoint, mesh.pp_rank, restart_count(), run=job_run(live), shared=True)
              if config.checkpoint and config.checkpoint.every else None)
     try:
         resumed = _resume(config, replica, manager, mesh.pp_rank) if config.checkpoint else None
