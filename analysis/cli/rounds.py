@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from analysis.cli.common import fail
+from real.launch import die_with_launcher
 from real.rounds.worker import run_rounds
 from schedules import ConfigError
 from schedules.util import atomic_write
@@ -20,6 +21,7 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    die_with_launcher()
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1:
         fail("usage: torchrun --nproc-per-node N -m real.rounds SPEC.json")

@@ -61,7 +61,7 @@ from real.config import (
 )
 from real.data.tokens import sidecar_vocab
 from real.dp.ps_async import read_ps_order
-from real.launch import launch
+from real.launch import die_with_launcher, launch
 from real.mesh import env_world
 from real.metrics_log import MetricsLog, check_log_dir
 from real.model_api import UserModel, from_factory, plan_for
@@ -406,6 +406,7 @@ def _report(result: RunResult, args: argparse.Namespace) -> None:
 
 @guarded
 def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int:
+    die_with_launcher()  # under torchrun: no worker outlives it
     p = parser(prog)
     args = p.parse_args(argv)
     rank, world, _ = env_world()
