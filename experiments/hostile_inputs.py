@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.hostile import Case, run_case
+from analysis.hostile import Case, cases_from, run_case
 
 PY = sys.executable
 SIM = [PY, "-m", "sim"]
@@ -336,6 +336,7 @@ def _cases(d: Path) -> list[Case]:
     add("runtime: failures", [*SCHEDLAB, "run", "--schedule", "1f1b", "--pp", "2", "--microbatches", "2", "--steps",
                               "3", "--batch-size", "4", "--lr", "1e30", *SMALL])  # NaN at pp 2: one line
     cases += _hardening_cases(d)
+    cases += cases_from(EXPERIMENTS / "hostile_procs.py", d)  # group procs: processes, signals, --elastic live
     return cases
 
 
