@@ -18,7 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["OUTCOMES", "Case", "classify", "run_case"]
+from common.procs import die_with_parent
+
+__all__ = ["OUTCOMES", "Case", "cases_from", "classify", "run_case"]
 
 OUTCOMES = ("clean error", "ok", "wrong", "unclean", "traceback", "hang", "data lost")
 
@@ -76,7 +78,8 @@ def _run_command(case: Case, cwd: Path, timeout: float) -> dict:
     rc: int | None
     try:
         if case.stdout == "head":
-            proc = subprocess.Popen(case.argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            proc = subprocess.Popen(case.argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    preexec_fn=die_with_parent)
             proc.stdout.read(10)
             proc.stdout.close()
             err = proc.stderr.read().decode(errors="replace")
@@ -84,11 +87,11 @@ def _run_command(case: Case, cwd: Path, timeout: float) -> dict:
         elif case.stdout == "full":
             with open("/dev/full", "w") as full:
                 p = subprocess.run(case.argv, cwd=cwd, env=env, stdout=full, stderr=subprocess.PIPE, text=True,
-                                   timeout=timeout)
+                                   timeout=timeout, preexec_fn=die_with_parent)
             rc, out, err = p.returncode, "", p.stderr
         else:
             p = subprocess.run(case.argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-                               errors="replace")
+                               errors="replace", preexec_fn=die_with_parent)
             rc, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired:
         rc, out, err = None, "", ""
@@ -96,3 +99,15 @@ def _run_command(case: Case, cwd: Path, timeout: float) -> dict:
             "expect": case.expect, "outcome": classify(case, rc, out, err), "rc": rc,
             "stderr": err.strip().splitlines()[-1][:300] if err.strip() else "",
             "seconds": round(time.monotonic() - start, 2)}
+
+
+def cases_from(path: Path, d: Path) -> list[Case]:
+    """The cases of a file of cases (``experiments/hostile_procs.py``): its ``cases(d)``, the file loaded by its
+    path as a user's model file is (:mod:`importlib.util`), so one script's table joins another's without an
+    import between scripts."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_hostile_cases_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return list(module.cases(d))

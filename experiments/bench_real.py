@@ -33,6 +33,7 @@ from pathlib import Path
 from analysis.cli.common import OneLineParser, nonnegative_int, positive_int
 from analysis.cli.train import add_model_args, model_from_args
 from real import ModelConfig
+from real.launch import die_with_launcher
 
 MODEL = ModelConfig(kind="gpt", layers=6, dim=128, heads=4, vocab=256, seq=64)  # the benchmark's default model
 
@@ -248,6 +249,7 @@ compare figures from one run.
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
     if a.worker:
+        die_with_launcher()
         _worker(a)
         return 0
     unknown = [s for s in a.schedules.split(",") if s and s not in PAIRS]

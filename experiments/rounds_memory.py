@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from real import ModelConfig, RunConfig, make_plan
+from real.launch import die_with_launcher
 from real.mesh import Mesh, env_world
 from real.train import run
 
@@ -36,6 +37,7 @@ def live_tensors() -> int:
 
 
 def main() -> None:
+    die_with_launcher()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()

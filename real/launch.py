@@ -6,6 +6,9 @@ port on this host) with ``OMP_NUM_THREADS=1`` and :data:`KEEP_FREED_MEMORY` as
 starts the launcher in its own session and, when time is up, stops it with
 SIGTERM (torchrun then stops its workers, which run in sessions of their own)
 and SIGKILLs its process group if needed, so a hung rank never outlives the call.
+torchrun dies with its caller (``PR_SET_PDEATHSIG``: SIGTERM, after which it
+stops its workers), and every worker that calls :func:`die_with_launcher` dies
+with torchrun, so a SIGKILLed script leaves nothing running.
 
 :func:`launch` is ``schedlab run``'s: SIGINT or SIGTERM to it goes to every
 worker (they stop after the step in progress and rank 0 prints one line,
@@ -35,7 +38,8 @@ from typing import IO
 from common.procs import die_with_parent
 from real.stop import GRACE_S, exit_status, message
 
-__all__ = ["KEEP_FREED_MEMORY", "STOP_GRACE", "descendants", "launch", "torchrun", "torchrun_command"]
+__all__ = ["KEEP_FREED_MEMORY", "STOP_GRACE", "descendants", "die_with_launcher", "launch", "torchrun",
+           "torchrun_command"]
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +82,7 @@ def torchrun(
     cmd = torchrun_command(nproc, target, launcher_args)
     pipe = subprocess.PIPE if capture else None
     with subprocess.Popen(cmd, stdout=pipe, stderr=pipe, text=True, env=full_env,
-                          start_new_session=timeout is not None) as proc:
+                          start_new_session=timeout is not None, preexec_fn=_die_with_parent) as proc:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -125,6 +129,17 @@ def descendants(pid: int) -> list[int]:
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM when the launcher dies (:func:`common.procs.die_with_parent`)."""
     die_with_parent(signal.SIGTERM)
+
+
+def die_with_launcher() -> None:
+    """In a torchrun worker, first thing: SIGTERM when torchrun dies, even by SIGKILL (elsewhere nothing).
+
+    torchrun stops its workers when it is itself stopped, but a SIGKILLed torchrun cannot; with this the
+    worker stops as on Ctrl-C (:mod:`real.stop`: at a step boundary, within :data:`real.stop.GRACE_S`).
+    torchrun's agent starts its workers from its main thread, which lives as long as torchrun.
+    """
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        die_with_parent(signal.SIGTERM)
 
 
 def _kill(pids: Iterable[int], sig: signal.Signals) -> None:

@@ -22,9 +22,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from typing import NoReturn
 
-__all__ = ["GRACE_S", "Interrupted", "exit_status", "handle_signals", "inject_fault", "message", "progress",
-           "requested"]
+__all__ = ["GRACE_S", "Interrupted", "exit_status", "handle_signals", "inject_fault", "leave", "message", "progress",
+           "requested", "stopping"]
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,30 @@ _progress: dict[str, int | str | None] = {"step": None, "checkpoint": None}
 def progress(step: int | None, checkpoint: str | None) -> None:
     """Where the run is (steps done, the last complete checkpoint's name), for the watcher's line."""
     _progress.update(step=step, checkpoint=checkpoint)
+
+
+def stopping(exc: BaseException) -> Interrupted | None:
+    """After a signal, what ``exc`` means: the run stopping (its peers leave at their own step boundaries, so a
+    collective or a message to one of them fails), as :class:`Interrupted` at the steps :func:`progress` last
+    recorded; None when no signal arrived (``exc`` is then a failure of its own)."""
+    if isinstance(exc, Interrupted):
+        return exc
+    signum = requested()
+    if signum is None:
+        return None
+    return Interrupted(signum, _progress["step"], _progress["checkpoint"])
+
+
+def leave(status: int) -> NoReturn:
+    """End a rank of a stopped multi-process run now, its output flushed: its process group is not torn down.
+
+    A peer that has already gone leaves this rank's gloo threads waiting on it, and destroying the group
+    then blocks or aborts the process (``terminate called without an active exception``)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(status)
 
 
 def _watch(read_fd: int, stopped: threading.Event) -> None:

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from common.usercode import UserCodeError
 from real import checkpoint as ckpt
-from real import usercode
+from real import stop, usercode
 from real.config import Plan, RunConfig, make_plan
 from real.data.sources import DataSource
 from real.dp.peer_sync import check_resume
@@ -129,7 +129,7 @@ def run(
     finally:
         if held is not None:
             ckpt.unlock(held)
-        if own:
+        if own and not (mesh.distributed and stop.requested() is not None):  # stopped: peers may be gone (stop.leave)
             mesh.close()
 
 

@@ -346,6 +346,7 @@ class Trainer:
                 memory = self._memory()
             if on_step is not None and self.mesh.rank == 0:
                 on_step(step, loss, times[-1])
+            stop.progress(step + 1, saver.last if saver is not None else last)  # a save cut off names these
             if saver is not None:
                 saver.poll()
                 if saver.due(step + 1):

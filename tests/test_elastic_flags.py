@@ -26,8 +26,8 @@ LIVE = ["--elastic", "live", "--lighthouse", "http://localhost:29510"]
     ([*LIVE, "--trace", "t.csv"], "--trace has no effect with --elastic live (a replica syncs its gradients "
      "through torchft; no traces, logs or tuning of the runtime's own sync)"),
     ([*LIVE, "--wait-replicas", "0"], "wait_replicas must be an integer >= 1, got 0 (flag --wait-replicas)"),
-    ([*LIVE, "--replica-id", "-1"], "replica_id must be an integer >= 0, got -1 (flag --replica-id)"),
-    ([*LIVE, "--min-step-time", "-1"], "min_step_s must be in [0, 3600) seconds, got -1.0"),
+    ([*LIVE, "--replica-id", "-1"], "replica_id must be an integer in 0..1048575, got -1 (flag --replica-id)"),
+    ([*LIVE, "--min-step-time", "-1"], "min_step_s must be in [0, 3600) seconds, got -1.0 (flag --min-step-time)"),
 ])
 def test_bad_live_flags_are_one_line_and_exit_2(capsys, argv, message):
     with pytest.raises(SystemExit) as exc:

@@ -1,7 +1,8 @@
 """Signals and failures of real multi-process runs (slow, gloo, 2 processes, hard timeouts); see docs/guarantees.md.
 
 * SIGTERM/SIGINT to ``schedlab run`` (and Ctrl-C to one ``python -m real``) stop every process of the run
-  within a bound, with one line and status 143/130, leaving only complete checkpoints and no lock;
+  within a bound, with one line and status 143/130, leaving only complete checkpoints and no lock; also a
+  parameter-server run (ps, async-ps) with a straggler;
 * a NaN loss at pp 2 is one line (that no documented command, the README's fault restart among them, prints a
   traceback is checked by tests/test_docs.py, which runs them);
 * a second run on a checkpoint directory in use is refused while the first trains on.
@@ -96,6 +97,23 @@ def _only_complete(root: Path, err: str) -> None:
 @pytest.mark.parametrize(("sig", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_stops_every_process_of_schedlab_run(tmp_path: Path, sig: signal.Signals, status: int) -> None:
     code, err, root = _stop_run(tmp_path, [sys.executable, "-m", "analysis", "run", *PP2], sig)
+    assert code == status
+    _only_complete(root, err)
+
+
+PS = ["--schedule", "1f1b", "--pp", "1", "--dp", "2", "--microbatches", "2", "--batch-size", "4", *SMALL, "--timeout",
+      "30", "--placement", "/pserver/CPU:0,/trainer/CPU:0-1", "--slow-rank", "1", "--slow-s", "0.1"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("mode", "sig", "status"), [("ps", signal.SIGINT, 130), ("async-ps", signal.SIGTERM, 143)])
+def test_a_signal_stops_a_parameter_server_run(tmp_path: Path, mode: str, sig: signal.Signals, status: int) -> None:
+    """2 trainers (rank 1 a straggler) and a server, checkpointing: one line from the whole run, naming the
+    checkpoint a rerun resumes from; async-ps's trainers, not in lockstep, each stop at their own boundary."""
+    extra = ["--staleness", "1"] if mode == "async-ps" else []
+    code, err, root = _stop_run(tmp_path, [sys.executable, "-m", "analysis", "run", *PS, "--dp-mode", mode, *extra],
+                                sig)
     assert code == status
     _only_complete(root, err)
 

@@ -66,6 +66,8 @@ FLAG_ALIASES: Mapping[str, str] = {
     "token_file": "--data",
     "batches": "--model",
     "loss": "--model",
+    "quorum_timeout_s": "--quorum-timeout",  # --elastic live
+    "min_step_s": "--min-step-time",
 }
 
 

@@ -21,6 +21,7 @@ from analysis.cli.common import OneLineParser, errors_to_exit, guarded, int_list
 from analysis.cli.train import add_model_args, model_from_args
 from common.errors import check_positive_ints
 from real.config import MODEL_KINDS, OPTIMIZERS
+from real.launch import die_with_launcher
 from real.mesh import env_world
 from real.profile.machine import ProfileConfig, profile
 from schedules import ConfigError
@@ -87,6 +88,7 @@ def config_from_args(args: argparse.Namespace) -> ProfileConfig:
 
 @guarded
 def main(argv: Sequence[str] | None = None) -> int:
+    die_with_launcher()
     parser = _parser()
     args = parser.parse_args(argv)
     rank, world, _ = env_world()

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from analysis.cli.common import fail
+from real.launch import die_with_launcher
 from real.rounds.worker import SPEC_KEYS, check_spec, run_rounds
 from schedules import SchedlabError
 from schedules.util import atomic_write
@@ -23,6 +24,7 @@ USAGE = "torchrun --nproc-per-node N -m real.rounds SPEC.json"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    die_with_launcher()
     args = list(sys.argv[1:] if argv is None else argv)
     if args in (["-h"], ["--help"]):
         print(f"usage: {USAGE}\n\nRuns the measurement protocol's configurations in interleaved rounds in one "

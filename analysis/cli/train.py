@@ -63,7 +63,7 @@ from real.config import (
 from real.data.tokens import sidecar_vocab
 from real.dp.ps_async import read_ps_order
 from real.faults.elastic import job_run
-from real.launch import launch
+from real.launch import die_with_launcher, launch
 from real.mesh import env_world
 from real.metrics_log import MetricsLog, check_log_dir, metrics_file
 from real.model_api import UserModel, from_factory, plan_for
@@ -438,6 +438,7 @@ def _report(result: RunResult, args: argparse.Namespace) -> None:
 
 @guarded
 def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int:
+    die_with_launcher()  # under torchrun: no worker outlives it
     p = parser(prog)
     args = p.parse_args(argv)
     rank, world, _ = env_world()
@@ -445,25 +446,31 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int
                         format=f"[rank {rank}] %(levelname)s %(name)s: %(message)s")
     prefix = f"[rank {rank}] " if world > 1 else ""
     with stop.handle_signals(), errors_to_exit(p, prefix):
-        metrics = None
+        metrics, halted = None, None
         try:
             config, user = _checked(args, world)
-            if args.elastic:
-                return run_live(config, args)
-            if rank == 0 and user is not None and user.batches is not None and config.data.token_file:
-                sys.stderr.write(f"warning: --data {config.data.token_file} trains the model; the batches function "
-                                 f"of {config.data.factory} is not used\n")
-            order = read_ps_order(args.ps_order) if args.ps_order else None
-            metrics = MetricsLog(args.log_dir, _inputs(args)) if args.log_dir and rank == 0 else None
-            result = run(config, trace_path=args.trace, on_step=_on_step(config, args.json, metrics), user=user,
-                         ps_order=order)
+            try:
+                if args.elastic:
+                    return run_live(config, args)
+                if rank == 0 and user is not None and user.batches is not None and config.data.token_file:
+                    sys.stderr.write(f"warning: --data {config.data.token_file} trains the model; the batches "
+                                     f"function of {config.data.factory} is not used\n")
+                order = read_ps_order(args.ps_order) if args.ps_order else None
+                metrics = MetricsLog(args.log_dir, _inputs(args)) if args.log_dir and rank == 0 else None
+                result = run(config, trace_path=args.trace, on_step=_on_step(config, args.json, metrics), user=user,
+                             ps_order=order)
+            except Exception as exc:  # after a signal, whatever failed is the run stopping (its peers leaving)
+                if (halt := stop.stopping(exc)) is None:
+                    raise
+                raise halt from None
             if metrics is not None:
                 _log_memory(metrics, config, result)
                 _log_staleness(metrics, result)
-        except stop.Interrupted as exc:  # every rank stopped after the same step; rank 0 says where
+        except stop.Interrupted as exc:  # every rank stopped after the same step (async-ps: its own); rank 0 says where
             if rank == 0:
                 sys.stderr.write(f"{exc}\n")
-            return stop.exit_status(exc.signum)
+            halted = stop.exit_status(exc.signum)
+            return halted
         except PeerError as exc:  # a peer died or hangs (torchrun restarts the group, if allowed): one line
             sys.stderr.write(f"error: {prefix}{str(exc).splitlines()[0]}\n")
             return 1
@@ -482,6 +489,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m real") -> int
         finally:
             if metrics is not None:
                 metrics.close()
+            if halted is not None and world > 1:  # peers may be gone: no teardown of the process group
+                stop.leave(halted)
         if rank == 0:
             _report(result, args)
     return 0

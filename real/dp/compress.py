@@ -172,7 +172,7 @@ class Codec:
         small = flat.to(dtype).div_(self.world)  # as torch's _compress_hook: cast, then divide
         small_out = torch.empty(out.numel(), dtype=dtype, device=out.device)
         self.seconds += time.perf_counter() - t0
-        work = dist.reduce_scatter_tensor(small_out, small, group=self.group, async_op=True)
+        work = dist.reduce_scatter_single(small_out, small, group=self.group, async_op=True)
         return Pending(small.numel() * small.element_size(), lambda: (work.wait(), out.copy_(small_out)))
 
     # --- int8 ---------------------------------------------------------------------------------------
@@ -212,7 +212,7 @@ class Codec:
         mine = _pack(q, scale)
         whole = torch.empty(mine.numel() * self.world, dtype=torch.int8, device=flat.device)
         self.seconds += time.perf_counter() - t0
-        dist.all_gather_into_tensor(whole, mine, group=self.group)
+        dist.all_gather_single(whole, mine, group=self.group)
         t1 = time.perf_counter()
         vals, sc = _unpack(whole, self.world)
         flat.copy_(dequantize(vals, sc))

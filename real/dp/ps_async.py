@@ -254,6 +254,8 @@ class AsyncParamServer(ParamServer):
         self._answered: dict[int, int] = {}  # checkpoint step asked for -> answers given
         self._saver: ckpt.Checkpointer | None = None
         self._paused: dict[int, threading.Event] = {}  # checkpoint step -> set once it is written
+        self._signalled: float | None = None  # when this server saw a signal (the run stopping)
+        self._gone: set[int] = set()  # trainers that have stopped since
         self._offset = 0.0  # this rank's clock offset (real.measure.clock_offset), for the trace's rows
         self.rows: list[tuple] = []  # traced updates and answers: real.train's row tuples (module doc)
 
@@ -315,11 +317,12 @@ class AsyncParamServer(ParamServer):
                 threading.Thread(target=target, args=(t, s), daemon=True, name=f"ps{self.rank}-{target.__name__}").start()
         left = len(self._channels) * (self.steps - self.start)  # answers to give: one per trainer, stage and step
         while left:
-            try:
-                what, t, s, a, b = self._inbox.get(timeout=self.plan.config.runtime.timeout_s)
-            except queue.Empty:
-                raise PeerError(f"parameter server {self.rank} (rank {self.mesh.rank}): no push or request from any "
-                                f"trainer in {self.plan.config.runtime.timeout_s:g} s; a trainer died or hangs") from None
+            what, t, s, a, b = self._next()
+            if what == "error" and self._stopping():  # a trainer that stopped after the signal has gone
+                self._gone.add(t)
+                if self._gone >= {ch.trainer for ch in self._channels.values()}:
+                    raise self._interrupted()
+                continue
             if what == "error":
                 raise self._dead(t, self._stage_buckets(s)[0], a, b) from b
             if what == "push":
@@ -328,6 +331,49 @@ class AsyncParamServer(ParamServer):
                 self._waiting.append((t, s, a))
             left -= self._advance()
             self._checkpoint()
+
+    # a signal: the trainers stop at their own step boundaries (no lockstep to stop in). The server goes on
+    # answering, at once and whatever the bound (so that no trainer waits for one that has stopped), starts no new
+    # save, and stops once every trainer has gone (its messages fail) or stop.GRACE_S after the signal.
+    def _stopping(self) -> bool:
+        if stop.requested() is not None and self._signalled is None:
+            self._signalled = time.monotonic()
+            for paused in self._paused.values():  # no save to wait for: the listeners go on (and see who left)
+                paused.set()
+        return self._signalled is not None
+
+    def _interrupted(self) -> stop.Interrupted:
+        last = self._saver.last if self._saver is not None else None
+        return stop.Interrupted(int(stop.requested() or 15), min(ch.clock for ch in self._channels.values()), last)
+
+    def _next(self) -> tuple:
+        """The next message of a trainer (polled, to see a signal); PeerError after the timeout."""
+        timeout = self.plan.config.runtime.timeout_s
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._stopping():
+                deadline = min(deadline, self._signalled + stop.GRACE_S)
+                self._answer_all()
+            try:
+                return self._inbox.get(timeout=min(0.1, max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                if time.monotonic() < deadline:
+                    continue
+                if self._stopping():
+                    raise self._interrupted() from None
+                raise PeerError(f"parameter server {self.rank} (rank {self.mesh.rank}): no push or request from "
+                                f"any trainer in {timeout:g} s; a trainer died or hangs") from None
+
+    def _answer_all(self) -> None:
+        """Stopping: every request waiting is answered now; one to a trainer that has gone is dropped."""
+        for t, s, step in list(self._waiting):
+            if t in self._gone:
+                self._waiting.remove((t, s, step))
+                continue
+            try:
+                self._give(t, s, step)
+            except PeerError:
+                self._gone.add(t)
 
     def _replaying(self) -> bool:
         return self._script is not None and self._pos < len(self._script)
@@ -351,7 +397,7 @@ class AsyncParamServer(ParamServer):
             while ch.ready:
                 self._fold(ch, ch.ready.popleft())
         for t, s, step in list(self._waiting):
-            if self._allowed(s, step):
+            if self._allowed(s, step) and not self._stopping():
                 self._give(t, s, step)
                 answered += 1
         return answered
@@ -441,7 +487,7 @@ class AsyncParamServer(ParamServer):
         """Once every request for a checkpoint step is answered (the barrier), save with the trainers (who are in
         the save's collectives by then), then let the listeners go on."""
         for step in sorted(self._answered):
-            if self._saver is None or self._answered[step] < len(self._channels):
+            if self._saver is None or self._answered[step] < len(self._channels) or self._stopping():
                 continue
             del self._answered[step]
             state = full_state(self, self.named, self.optimizers, self.mesh.rank)

@@ -144,7 +144,7 @@ class GradSync:
         elif out is None:
             work, nbytes = dist.all_reduce(flat, group=self.group, async_op=True), flat.numel() * flat.element_size()
         else:
-            work = dist.reduce_scatter_tensor(out, flat, group=self.group, async_op=True)
+            work = dist.reduce_scatter_single(out, flat, group=self.group, async_op=True)
             nbytes = flat.numel() * flat.element_size()
         self.step_bytes += nbytes
         return work, nbytes
@@ -236,7 +236,7 @@ class GradSync:
             return
         for b in self.buckets:
             start = self._stamp()
-            work = dist.all_gather_into_tensor(b.data, b.shard.clone(), group=self.group, async_op=True)
+            work = dist.all_gather_single(b.data, b.shard.clone(), group=self.group, async_op=True)
             self.works.add(work, self._record(Action(Kind.ALL_GATHER, b.stage, bucket=b.index), start, None,
                                               b.data.numel() * b.data.element_size()))
         self.works.drain()

@@ -221,7 +221,7 @@ class ShardedSync(GradSync):
         """All-gather bucket ``b``; zero3: ``mb``, the microbatch of the pass it is for (traced with it)."""
         start = self._stamp()
         source = b.shard.clone() if self.mode == "zero2" else b.shard  # zero2: the shard is a slice of the output
-        work = dist.all_gather_into_tensor(b.data, source, group=self.group, async_op=True)
+        work = dist.all_gather_single(b.data, source, group=self.group, async_op=True)
         row = self._record(Action(Kind.ALL_GATHER, b.stage, mb, bucket=b.index), start, None,
                            b.data.numel() * b.data.element_size())
         if keep is None:
@@ -292,7 +292,7 @@ class ShardedSync(GradSync):
 # replicated modes write them, so a run resumes with any dp and any mode.
 def _gathered(sync: GradSync, shard: torch.Tensor) -> torch.Tensor:
     full = torch.empty(shard.numel() * sync.world, dtype=shard.dtype, device=shard.device)
-    dist.all_gather_into_tensor(full, shard.contiguous(), group=sync.group)
+    dist.all_gather_single(full, shard.contiguous(), group=sync.group)
     return full
 
 

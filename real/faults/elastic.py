@@ -64,12 +64,16 @@ from real.model_api import data_for
 from real.models import build_model, loss_fn, make_optimizer
 from schedules import ConfigError
 
-__all__ = ["ELASTIC_MODES", "LiveConfig", "LiveResult", "check_live", "check_live_layout", "job_run", "pause_report",
-           "share", "train_live"]
+__all__ = ["ELASTIC_MODES", "MAX_REPLICA_ID", "QUORUM_TIMEOUT_S", "LiveConfig", "LiveResult", "check_live",
+           "check_live_layout", "check_quorum", "job_run", "make_manager", "pause_report", "share", "train_live"]
 
 log = logging.getLogger(__name__)
 
 ELASTIC_MODES = ("live",)
+# torchft numbers a process of replica N as N x (ranks per replica) + rank, a 32-bit rank of its process groups;
+# a larger id fails at every quorum, which torchft retries for ever. 2**20 replicas is far beyond any job.
+MAX_REPLICA_ID = 2**20 - 1
+QUORUM_TIMEOUT_S = 60.0  # the default of --quorum-timeout
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,15 +86,18 @@ class LiveConfig:
     min_replicas: int = 1  # fewer in a quorum: the step is not committed
     events: str | None = None  # JSON-lines event log of this replica
     min_step_s: float = 0.0  # each step lasts at least this long (a stand-in for a slower model: demos, tests)
-    quorum_timeout_s: float = 60.0
+    quorum_timeout_s: float = QUORUM_TIMEOUT_S  # wait_replicas to join, or min_replicas in a quorum, at most this long
 
     def __post_init__(self) -> None:
         if not self.lighthouse:
             raise ConfigError("live elastic training needs the lighthouse's address, e.g. http://host:29510",
                               field="lighthouse")
-        for name in ("replica_id",):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be an integer >= 0, got {getattr(self, name)!r}", field=name)
+        if not isinstance(self.replica_id, int) or not 0 <= self.replica_id <= MAX_REPLICA_ID:
+            raise ConfigError(f"replica_id must be an integer in 0..{MAX_REPLICA_ID}, got {self.replica_id!r}",
+                              field="replica_id")
+        if not 0 < self.quorum_timeout_s <= 86400:
+            raise ConfigError(f"quorum_timeout_s must be in (0, 86400] seconds, got {self.quorum_timeout_s!r}",
+                              field="quorum_timeout_s")
         if not 0 <= self.min_step_s < 3600:
             raise ConfigError(f"min_step_s must be in [0, 3600) seconds, got {self.min_step_s!r}", field="min_step_s")
         for name in ("wait_replicas", "min_replicas"):
@@ -202,7 +209,7 @@ class _Replica:
         self.data = data_for(config, None)
         self.losses: list[float] = []
         self.committed = False  # this process has committed a step
-        self.started = time.monotonic()
+        self.started = self.last_commit = time.monotonic()
         self.heals: list[tuple[float, int]] = []  # (seconds since the quorum began, bytes) of each received state
 
     def state_dict(self) -> dict[str, Any]:
@@ -243,17 +250,53 @@ def _store() -> tuple[str, int, dist.TCPStore | None]:
     return "localhost", store.port, store
 
 
-def _manager(config: RunConfig, live: LiveConfig, replica: _Replica):
+def make_manager(config: RunConfig, live: LiveConfig, replica: Any, rank: int, world_size: int, addr: str,
+                 port: int):
+    """torchft's Manager for this process of a replica: its per-attempt warnings quieted (the runtime says what
+    matters in one line), and a lighthouse it cannot reach one line naming ``--lighthouse`` (every rank alike)."""
+    os.environ.setdefault("RUST_LOG", "error")  # torchft's own Rust log lines (read when torchft is imported)
     from torchft import Manager, ProcessGroupGloo
 
+    if not log.isEnabledFor(logging.INFO):  # -v shows torchft's warnings
+        for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     timeout = timedelta(seconds=config.runtime.timeout_s)
+    try:
+        return Manager(pg=ProcessGroupGloo(timeout=timeout), load_state_dict=replica.load_state_dict,
+                       state_dict=replica.state_dict, min_replica_size=live.min_replicas, use_async_quorum=False,
+                       rank=rank, world_size=world_size, store_addr=addr, store_port=port,
+                       lighthouse_addr=live.lighthouse, replica_id=f"replica_{live.replica_id}", timeout=timeout,
+                       quorum_timeout=timedelta(seconds=live.quorum_timeout_s), connect_timeout=timeout)
+    except RuntimeError as exc:
+        why = str(exc).strip().splitlines()[-1].split(";")[0] if str(exc).strip() else type(exc).__name__
+        error = ConfigError(f"cannot reach the torchft lighthouse at {live.lighthouse!r} ({why}); start "
+                            "torchft_lighthouse there, or give its address", field="lighthouse")
+        error.every_rank = True
+        raise error from None
+
+
+def check_quorum(live: LiveConfig, n: int, waiting: bool, started: float, since: float) -> ConfigError | None:
+    """Why this replica gives up, or None: the ``wait_replicas`` not joined within quorum_timeout_s of the start
+    (``waiting``: its first step not committed yet), or fewer than min_replicas in the quorum for that long
+    since ``since`` (the last commit, or the start), rather than retrying for ever. Every rank of a replica
+    raises it alike (rank 0 prints it)."""
+    now, limit = time.monotonic(), live.quorum_timeout_s
+    error = None
+    if waiting and now - started > limit:
+        error = ConfigError(f"replica {live.replica_id}: {n} of the {live.wait_replicas} replicas to wait for "
+                            f"joined within {limit:g} s (has the job ended?)", field="wait_replicas")
+    elif n < live.min_replicas and now - since > limit:
+        error = ConfigError(f"replica {live.replica_id}: {n} replica(s) in the quorum for {limit:g} s, fewer than "
+                            f"the {live.min_replicas} a step needs (are the others running?); start them, or give "
+                            "fewer", field="min_replicas")
+    if error is not None:
+        error.every_rank = True
+    return error
+
+
+def _manager(config: RunConfig, live: LiveConfig, replica: _Replica):
     addr, port, hosted = _store()
-    manager = Manager(pg=ProcessGroupGloo(timeout=timeout), load_state_dict=replica.load_state_dict,
-                      state_dict=replica.state_dict, min_replica_size=live.min_replicas, use_async_quorum=False,
-                      rank=0, world_size=1, store_addr=addr, store_port=port, lighthouse_addr=live.lighthouse,
-                      replica_id=f"replica_{live.replica_id}", timeout=timeout,
-                      quorum_timeout=timedelta(seconds=live.quorum_timeout_s), connect_timeout=timeout)
-    return manager, hosted
+    return make_manager(config, live, replica, 0, 1, addr, port), hosted
 
 
 def _resume(config: RunConfig, replica: _Replica, manager, rank: int = 0) -> str | None:
@@ -294,9 +337,8 @@ def _step(replica: _Replica, manager, live: LiveConfig, events: _Events) -> bool
     step, n, rank = manager.current_step(), manager.num_participants(), manager.participating_rank()
     _inject_fault(replica.config, step, events)
     waiting = not replica.committed and n < live.wait_replicas
-    if waiting and time.monotonic() - replica.started > live.quorum_timeout_s:
-        raise ConfigError(f"replica {live.replica_id}: {n} of the {live.wait_replicas} replicas to wait for joined "
-                          f"within {live.quorum_timeout_s:g} s (has the job ended?)", field="wait_replicas")
+    if (error := check_quorum(live, n, waiting, replica.started, replica.last_commit)) is not None:
+        raise error
     if waiting:  # this process's first step commits only with wait_replicas replicas (a fresh or restarted job)
         manager.report_error(RuntimeError(f"{n} of the {live.wait_replicas} replicas to wait for"))
     inputs, targets, ids = replica.batch(step, n, rank)
@@ -313,12 +355,13 @@ def _step(replica: _Replica, manager, live: LiveConfig, events: _Events) -> bool
         replica.optimizer.step()
         replica.losses.append(float(total))
         replica.committed = True
+        replica.last_commit = time.monotonic()
     events.add("step", step=step, committed=committed, participants=n, rank=rank, rows=int(inputs.shape[0]),
                windows=ids, quorum_s=quorum_s, step_s=time.perf_counter() - t0,
                loss=float(total) if committed else None)
     if replica.heals and replica.heals[-1][0] >= t0:
         events.add("heal", step=step, bytes=replica.heals[-1][1], seconds=replica.heals[-1][0] - t0)
-    if waiting:
+    if waiting or n < live.min_replicas:
         time.sleep(0.05)  # do not spin the lighthouse
     time.sleep(max(0.0, live.min_step_s - (time.perf_counter() - t0)))
     return committed

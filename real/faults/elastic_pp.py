@@ -58,8 +58,10 @@ from real.faults.elastic import (
     _resume,
     _tensors,
     check_live,
+    check_quorum,
     hold_lock,
     job_run,
+    make_manager,
     release_lock,
     share,
 )
@@ -118,7 +120,7 @@ class _PipelineReplica:
         self.losses: list[float] = []
         self.committed = False
         self.leave = False  # a rank of this replica received SIGINT/SIGTERM: all leave after the committed step
-        self.started = time.monotonic()
+        self.started = self.last_commit = time.monotonic()
         self.heals: list[tuple[float, int]] = []
         self.recorder = Recorder(mesh.device)
         self.meter = ActivationMeter([p for _, p in self.named])
@@ -179,16 +181,8 @@ def _group_store(mesh: Mesh, timeout: timedelta) -> tuple[str, int, dist.TCPStor
 
 
 def _manager(config: RunConfig, live: LiveConfig, replica: _PipelineReplica, mesh: Mesh):
-    from torchft import Manager, ProcessGroupGloo
-
-    timeout = timedelta(seconds=config.runtime.timeout_s)
-    addr, port, hosted = _group_store(mesh, timeout)
-    manager = Manager(pg=ProcessGroupGloo(timeout=timeout), load_state_dict=replica.load_state_dict,
-                      state_dict=replica.state_dict, min_replica_size=live.min_replicas, use_async_quorum=False,
-                      rank=mesh.pp_rank, world_size=mesh.pp, store_addr=addr, store_port=port,
-                      lighthouse_addr=live.lighthouse, replica_id=f"replica_{live.replica_id}", timeout=timeout,
-                      quorum_timeout=timedelta(seconds=live.quorum_timeout_s), connect_timeout=timeout)
-    return manager, hosted
+    addr, port, hosted = _group_store(mesh, timedelta(seconds=config.runtime.timeout_s))
+    return make_manager(config, live, replica, mesh.pp_rank, mesh.pp, addr, port), hosted
 
 
 def _inject_fault(config: RunConfig, mesh: Mesh, step: int, events: _Events) -> None:
@@ -224,9 +218,12 @@ def _step(replica: _PipelineReplica, manager, live: LiveConfig, events: _Events)
     step, n, rank = manager.current_step(), manager.num_participants(), manager.participating_rank()
     _inject_fault(replica.config, replica.mesh, step, events)
     waiting = not replica.committed and n < live.wait_replicas
-    if waiting and time.monotonic() - replica.started > live.quorum_timeout_s:
-        raise ConfigError(f"replica {live.replica_id}: {n} of the {live.wait_replicas} replicas to wait for joined "
-                          f"within {live.quorum_timeout_s:g} s (has the job ended?)", field="wait_replicas")
+    error = check_quorum(live, n, waiting, replica.started, replica.last_commit)
+    late = torch.tensor([error is not None], dtype=torch.float64)
+    if waiting or n < live.min_replicas:  # every rank of the replica sees this quorum: they give up together
+        dist.all_reduce(late)
+    if late[0]:
+        raise error or check_quorum(replace(live, quorum_timeout_s=1e-9), n, waiting, 0.0, 0.0)
     if waiting:
         manager.report_error(RuntimeError(f"{n} of the {live.wait_replicas} replicas to wait for"))
     count = replica.config.layout.microbatches
@@ -247,6 +244,7 @@ def _step(replica: _PipelineReplica, manager, live: LiveConfig, events: _Events)
         replica.leave = bool(agreed[1])
         replica.losses.append(float(total))
         replica.committed = True
+        replica.last_commit = time.monotonic()
     events.add("step", step=step, committed=committed, participants=n, rank=rank, pp_rank=replica.mesh.pp_rank,
                microbatches=[lo, hi], rows=(hi - lo) * replica.config.microbatch_size,
                windows=replica.windows(step, lo, hi), quorum_s=quorum_s, step_s=time.perf_counter() - t0,
@@ -254,7 +252,7 @@ def _step(replica: _PipelineReplica, manager, live: LiveConfig, events: _Events)
     if replica.heals and replica.heals[-1][0] >= t0:
         events.add("heal", step=step, pp_rank=replica.mesh.pp_rank, bytes=replica.heals[-1][1],
                    seconds=replica.heals[-1][0] - t0)
-    if waiting:
+    if waiting or n < live.min_replicas:
         time.sleep(0.05)
     time.sleep(max(0.0, live.min_step_s - (time.perf_counter() - t0)))
     return committed

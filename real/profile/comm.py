@@ -158,10 +158,10 @@ def _collectives(pp: int, dp: int, param_bytes: int, warmup: int, reps: int) -> 
                     if op == "all_reduce":
                         works = [dist.all_reduce(f, group=group, async_op=True) for f in fulls]
                     elif op == "reduce_scatter":
-                        works = [dist.reduce_scatter_tensor(sh, f, group=group, async_op=True)
+                        works = [dist.reduce_scatter_single(sh, f, group=group, async_op=True)
                                  for sh, f in zip(shards, fulls, strict=True)]
                     else:
-                        works = [dist.all_gather_into_tensor(f, sh, group=group, async_op=True)
+                        works = [dist.all_gather_single(f, sh, group=group, async_op=True)
                                  for sh, f in zip(shards, fulls, strict=True)]
                     for w in works:
                         w.wait()

@@ -6,7 +6,7 @@ inside the pass. Its work beside the collective itself is:
 
 * the bucket's gradients copied into one flat buffer and the parameters' ``.grad`` dropped
   (:func:`real.dp.zero._flatten_grads`, one ``torch.cat``);
-* the reduce-scatter's output allocated and the collective launched (``dist.reduce_scatter_tensor``,
+* the reduce-scatter's output allocated and the collective launched (``dist.reduce_scatter_single``,
   ``async_op``: gloo queues it for its own threads);
 * once it completes, its output added into the bucket's shard of the gradient (``ShardedSync._fold``) and
   the flat buffer and output freed.
@@ -93,7 +93,7 @@ class _Hooks:
         """``real.dp.zero.ShardedSync._reduce``'s work: flatten, launch, fold all but the newest MAX_INFLIGHT."""
         flat = _flatten_grads(b)
         out = torch.empty_like(b.shard_grad)
-        work = dist.reduce_scatter_tensor(out, flat, group=self.group, async_op=True)
+        work = dist.reduce_scatter_single(out, flat, group=self.group, async_op=True)
         self.pending.append((b, work, out, flat))
         self._fold(MAX_INFLIGHT)
 

@@ -15,7 +15,7 @@ buffer, as :class:`real.dp.zero.ShardedSync` lays them out), every rank of the d
 alternating repetitions:
 
 * ``alone``: a forward (F) and its full backward (B), the parameters whole;
-* ``gathered``: every bucket's storage freed and gathered (``all_gather_into_tensor`` of this rank's shard,
+* ``gathered``: every bucket's storage freed and gathered (``all_gather_single`` of this rank's shard,
   every bucket launched at once, all waited for: the ``burst``), then F; freed, gathered again, then B; freed.
 
 The section's ``burst`` is the median burst (seconds for every bucket's gather, launched together), and
@@ -66,7 +66,7 @@ class _Flat:
 
     def gather(self, group: Any) -> Any:
         self.flat.untyped_storage().resize_(self.nbytes)
-        return dist.all_gather_into_tensor(self.flat, self.shard, group=group, async_op=True)
+        return dist.all_gather_single(self.flat, self.shard, group=group, async_op=True)
 
     def restore(self) -> None:
         """The parameters as they were: their own storage, untouched."""
