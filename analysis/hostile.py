@@ -20,7 +20,7 @@ from pathlib import Path
 
 from common.procs import die_with_parent
 
-__all__ = ["OUTCOMES", "Case", "cases_from", "classify", "run_case"]
+__all__ = ["OUTCOMES", "Case", "classify", "run_case"]
 
 OUTCOMES = ("clean error", "ok", "wrong", "unclean", "traceback", "hang", "data lost")
 
@@ -100,14 +100,3 @@ def _run_command(case: Case, cwd: Path, timeout: float) -> dict:
             "stderr": err.strip().splitlines()[-1][:300] if err.strip() else "",
             "seconds": round(time.monotonic() - start, 2)}
 
-
-def cases_from(path: Path, d: Path) -> list[Case]:
-    """The cases of a file of cases (``experiments/hostile_procs.py``): its ``cases(d)``, the file loaded by its
-    path as a user's model file is (:mod:`importlib.util`), so one script's table joins another's without an
-    import between scripts."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"_hostile_cases_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return list(module.cases(d))

@@ -1,6 +1,5 @@
 """Hostile numbers, names, sizes and data files: one case per class, each with its exact outcome.
 
-    python experiments/hostile_parse.py              # these cases alone
     python experiments/hostile_inputs.py --only parse
 
 Each class is fixed where it starts (common.parse for numbers and names,
@@ -19,8 +18,8 @@ real.data for the readers), and a case here stands for the class:
 * placements: a device named twice, an explicit ``--dp 1`` that the placement contradicts.
 
 :func:`cases` writes the input files into a folder and returns the cases (:class:`analysis.hostile.Case`, group
-``parse``); ``experiments/hostile_parse.py`` and ``experiments/hostile_inputs.py`` run them as subprocesses,
-``tests/test_hostile_parse.py`` in-process. The table lives here, in the library, because two scripts and a test
+``parse``); ``experiments/hostile_inputs.py --only parse`` runs them as subprocesses,
+``tests/test_hostile_parse.py`` in-process. The table lives here, in the library, because the experiment and a test
 share it.
 """
 

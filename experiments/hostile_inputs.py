@@ -33,9 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.hostile import Case, cases_from, run_case
+from analysis.hostile import Case, run_case
 from analysis.hostile_parse import cases as parse_cases
 from analysis.hostile_paths import cases as path_cases
+from analysis.hostile_procs import cases as proc_cases
 
 PY = sys.executable
 SIM = [PY, "-m", "sim"]
@@ -341,7 +342,7 @@ def _cases(d: Path) -> list[Case]:
     (d / "parse").mkdir()
     cases += parse_cases(d / "parse")  # group "parse": numbers, names, sizes and data files (analysis.hostile_parse)
     cases += path_cases(d)  # group paths: every input and output through the one output policy
-    cases += cases_from(EXPERIMENTS / "hostile_procs.py", d)  # group procs: processes, signals, --elastic live
+    cases += proc_cases(d)  # group procs: processes, signals, --elastic live
     return cases
 
 

@@ -1,6 +1,6 @@
 """No process outlives its parent, and --elastic live refuses what it cannot do (see docs/guarantees.md).
 
-* the table of ``--elastic live`` flag cases of experiments/hostile_procs.py, each its exact one line, in-process;
+* the table of ``--elastic live`` flag cases of analysis.hostile_procs, each its exact one line, in-process;
   torchft's own failures (an unreachable lighthouse, too few replicas for --min-replicas) one line each;
 * SIGKILL of a parent (experiments/validate_sim.py; ``schedlab run`` with ps, async-ps and --elastic live):
   every process below it that was there before the kill is gone within 5 s (slow, gloo, <= 3 processes).
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.hostile import cases_from
+from analysis.hostile_procs import cases
 from tests.conftest import run_schedlab
 
 torch = pytest.importorskip("torch")
@@ -34,7 +34,7 @@ PS = ["--schedule", "1f1b", "--pp", "1", "--dp", "2", "--microbatches", "2", "--
 
 
 def _procs_cases(tmp: Path, group: str):
-    return [c for c in cases_from(ROOT / "experiments" / "hostile_procs.py", tmp) if c.group == group]
+    return [c for c in cases(tmp) if c.group == group]
 
 
 def test_every_live_flag_case_is_its_one_line(tmp_path: Path, capsys) -> None:

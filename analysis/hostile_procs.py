@@ -1,20 +1,22 @@
-"""Hostile cases of processes, signals and live elasticity: the group ``procs`` of experiments/hostile_inputs.py.
+"""Hostile cases of processes, signals and live elasticity: the groups ``procs: *`` of experiments/hostile_inputs.py.
 
-    python experiments/hostile_inputs.py --only procs
+    python experiments/hostile_inputs.py --only "procs: live flags,procs: torchft"
 
 :func:`cases` is the table (the exact one line each refusal prints, before anything starts); the cases that
 kill a parent and look for what it left behind, and the signals to ps and async-ps runs, need a process tree
-and a clock, so they are tests (tests/test_hostile_procs.py, tests/test_signals.py). Run alone, this prints
-the outcome of each case.
+and a clock, so they are tests (tests/test_hostile_procs.py, tests/test_signals.py). The table lives in the
+library, as :mod:`analysis.hostile_paths` and :mod:`analysis.hostile_parse` do, so that the experiment and the
+tests share it without one script importing another.
 """
 
 from __future__ import annotations
 
 import sys
-import tempfile
 from pathlib import Path
 
-from analysis.hostile import Case, run_case
+from analysis.hostile import Case
+
+__all__ = ["cases", "live_flag_cases"]
 
 PY = sys.executable
 SMALL = ["--layers", "2", "--dim", "16", "--heads", "2", "--vocab", "32", "--seq", "8"]
@@ -57,15 +59,3 @@ def cases(d: Path) -> list[Case]:
     out.append(Case("procs: torchft", (*LIVE, "--lighthouse", "http://127.0.0.1:1", "--timeout", "1"), "error", None,
                     UNREACHABLE))
     return out
-
-
-def main() -> int:
-    with tempfile.TemporaryDirectory(prefix="schedlab-procs-") as tmp:
-        rows = [run_case(c, Path(tmp), 120.0) for c in cases(Path(tmp))]
-    for r in rows:
-        print(f"{r['outcome']:<12} {r['seconds']:>6}s  {r['argv']}")
-    return 0 if all(r["outcome"] in ("clean error", "ok") for r in rows) else 1
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
