@@ -20,7 +20,6 @@ A shape (schedule, pp, m, v) is valid when the schedule's generator takes it;
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -185,7 +184,7 @@ class PlanSpace:
 
 def tp_choices(model: TransformerConfig, cluster: Cluster) -> list[int]:
     """Tensor degrees that keep a group inside a node and divide what they split (as ParallelConfig.check_tp)."""
-    per_node = math.gcd(*Counter(d.node for d in cluster.devices).values())
+    per_node = math.gcd(*cluster.node_sizes)
     sizes = [model.heads, model.kv_heads, model.hidden, model.ffn, per_node]
     return [t for t in range(1, per_node + 1) if all(n % t == 0 for n in sizes)]
 
