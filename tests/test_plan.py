@@ -31,7 +31,7 @@ from sim.costs.cluster import cluster_preset
 from sim.costs.parallel import ParallelConfig
 from sim.costs.transformer import TransformerConfig, model_preset, partition_layers
 from sim.costs.transformer_costs import TransformerCosts
-from sim.plan.bounds import MONOTONE_IN_M, Bounds, memory_rows
+from sim.plan.bounds import KNOWN_SHAPES, MONOTONE_IN_M, Bounds, memory_rows, shape_info
 from sim.plan.search import SIMPLEST_FIRST, plan
 from sim.plan.space import PlanConfig, PlanSpace, enumerate_configs, shape_ok
 from sim.plan.study import Study, StudyResult, run_study
@@ -59,6 +59,22 @@ def test_shape_rules_match_the_generators(name):
         if spec(name).fixed_chunks not in (None, v):
             continue
         assert shape_ok(name, pp, m, v) == ok, (name, pp, m, v)
+
+
+def test_known_shapes_are_the_generators():
+    """The placements and backward kinds the bounds take without building (KNOWN_SHAPES) are the generators'."""
+    assert set(KNOWN_SHAPES) == {n for n in names() if not spec(n).adaptive}
+    for name in KNOWN_SHAPES:
+        v = spec(name).default_chunks
+        for pp, vv in itertools.product(range(1, 6), {v, 3 if spec(name).multi_chunk and not spec(name).fixed_chunks
+                                                       else v}):
+            m = next(m for m in range(1, 2 * pp + 1) if shape_ok(name, pp, m, vv))
+            for mm in (m, m + 2 * pp if shape_ok(name, pp, m + 2 * pp, vv) else m):
+                sched = build(name, pp=pp, microbatches=mm, chunks=vv)
+                info = shape_info.__wrapped__(name, pp, vv)
+                assert info.placement == sched.stage_to_rank, (name, pp, vv, mm)
+                assert info.rank_stages == tuple(sched.stages_of(r) for r in range(pp))
+                assert info.full_backward == all(a.kind in (Kind.F, Kind.B) for prog in sched.programs for a in prog)
 
 
 def _brute_force(space: PlanSpace) -> set[PlanConfig]:

@@ -219,7 +219,7 @@ _RULES = {
     "interleaved-zb": lambda pp, m, v: m % pp == 0,
     "dualpipe-v": lambda pp, m, v: m >= 2 * pp,
 }
-_FREE = frozenset({"gpipe", "1f1b", "looped-bfs", "zb-h1", "zb-v", "zb-h2", "zb-auto"})
+_FREE = frozenset({"gpipe", "1f1b", "looped-bfs", "zb-h1", "zb-v", "zb-h2", "zb-auto", "v-half", "v-min"})
 
 
 @lru_cache(maxsize=65536)
