@@ -45,6 +45,7 @@ import itertools
 import logging
 import multiprocessing
 import os
+import signal
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -54,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.errors import ConfigError, check_positive_ints
+from common.procs import die_with_parent
 from schedules import Schedule, TaskGraph, build, validate
 from schedules.dp.modes import add_data_parallel
 from schedules.registry import lookup
@@ -104,18 +106,17 @@ class PlanEntry:
 
     @property
     def schedule_label(self) -> str:
-        """``gpipe/1f1b`` for a merged entry, the schedule's name otherwise."""
-        return "/".join(self.schedules)
+        """``gpipe/1f1b`` for a merged entry, the schedule's name otherwise, ``no-pipeline`` at pp = 1."""
+        return "/".join((self.config.pipeline, *self.same_as))
 
     def tie_reason(self) -> str:
         """Why a merged entry's schedules are one plan (empty for one that is not merged)."""
         if not self.same_as:
             return ""
         c = self.config
-        where = ", ".join(x for x in (f"pp={c.pp}" if c.pp == 1 else "", f"m={c.microbatches}"
-                                      if c.microbatches == 1 else "") if x)
-        return (f"{self.schedule_label}: the same order on every rank{f' at {where}' if where else ''}, so the same "
-                f"simulation; {c.schedule}, the simplest, is exported")
+        where = f" at m={c.microbatches}" if c.microbatches == 1 else ""
+        return (f"{self.schedule_label}: the same order on every rank{where}, so the same simulation; {c.schedule}, "
+                "the simplest, is exported")
 
     def tied_configs(self) -> tuple[PlanConfig, ...]:
         """The configuration of every schedule this entry stands for."""
@@ -159,6 +160,13 @@ class PlanResult:
 # ------------------------------------------------------------------------------------------------ worker side
 _STATE: dict[str, Any] = {}
 _GRAPH_CACHE = 3  # lowered graphs kept per process (a 100k-task graph is ~60 MB)
+
+
+def _init_worker(space: PlanSpace, parent: int) -> None:
+    """A pool worker's first call: die with the planner (SIGKILL: a worker holds nothing to clean up, and a SIGTERM
+    handler of the planner's, inherited by the fork, would run in the worker), then the search's state."""
+    die_with_parent(signal.SIGKILL, parent)
+    _init(space)
 
 
 def _init(space: PlanSpace) -> None:
@@ -318,12 +326,18 @@ def _abandon(pool: ProcessPoolExecutor) -> None:
 
 def _executor(space: PlanSpace, workers: int) -> Any:
     """A pool of ``workers`` processes, started and answering; if the system refuses processes (a fork fails under
-    a process or memory limit), half as many, down to this process alone, with a warning: never a hang."""
+    a process or memory limit), half as many, down to this process alone, with a warning: never a hang.
+
+    Each worker dies with this process (:func:`common.procs.die_with_parent`, SIGKILL included). Linux sends
+    that signal when the *thread* that forked the worker ends; with fork, the pool forks every worker at the first
+    submit, in the calling thread (the one running :func:`plan`, which shuts the pool down before it returns),
+    never in the pool's own management thread, which could outlive it or end first. The test SIGKILLs a
+    planning command and finds no process of it left."""
     _init(space)
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     while workers > 1:
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
-                                   initializer=_init, initargs=(space,))
+                                   initializer=_init_worker, initargs=(space, os.getpid()))
         try:
             pool.submit(_ready).result(timeout=_START_TIMEOUT)  # with fork, every worker starts at the first submit
             return pool
