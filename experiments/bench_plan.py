@@ -1,11 +1,14 @@
 """Planner and lowering speed: candidates planned per second, and lower+validate tasks per second.
 
-    python experiments/bench_plan.py [--workers 2] [--json] [--skip-405b] [--markdown docs/results/bench_plan.md]
+    python experiments/bench_plan.py [--workers 2] [--json] [--skip-405b] [--check] [--extrapolate]
+                                     [--markdown docs/results/bench_plan.md]
 
 Plan cases (``sim.plan.search.plan``, all cores unless --workers): Llama 3 405B on 64
-DGX H100 nodes (global batch 2048 x 8192 tokens, the planner's reference
-question) and GPT 1.5B on one node (batch 64), about 10,000 candidates each or
-more. Goal: 10,000 candidates in at most 60 s on 2 cores.
+and on 1,024 DGX H100 nodes (global batch 2048 x 8192 tokens, the flagship
+questions) and GPT 1.5B on one node (batch 64). Goal: each flagship question in
+at most 60 s on 2 cores. ``--check`` simulates every configuration the search
+simulated (its finalists) again, whole, and says whether that top five is the
+plan's; ``--extrapolate`` plans with the steady-phase extrapolation.
 
 Lowering: lower()+validate() of large graphs, the fast paths against the
 checked paths (the same code with the fast paths switched off, in the same
@@ -29,23 +32,35 @@ from schedules import build, check, lower, validate
 from schedules.lower import _GraphBuilder
 from sim.costs.cluster import cluster_preset
 from sim.costs.transformer import model_preset
+from sim.plan.against import simulate_layout
 from sim.plan.search import plan
 from sim.plan.space import PlanSpace
 
-PLANS = [("llama3-405b", "dgx-h100:64", 2048, 8192), ("gpt-1.5b", "dgx-h100:1", 64, 1024)]
+# The flagship questions (docs/planner.md): Llama 3 405B on 64 and on 1,024 DGX H100 nodes; and a small one.
+PLANS = [("llama3-405b", "dgx-h100:64", 2048, 8192), ("llama3-405b", "dgx-h100:1024", 2048, 8192),
+         ("gpt-1.5b", "dgx-h100:1", 64, 1024)]
 GRAPHS = [("1f1b", 32, 256, 1), ("interleaved-1f1b", 32, 256, 2), ("zb-v", 16, 256, 2), ("dualpipe-v", 16, 256, 2)]
 
 
-def bench_plan(name: str, cluster: str, batch: int, seq: int, workers: int | None) -> dict:
+def bench_plan(name: str, cluster: str, batch: int, seq: int, workers: int | None, extrapolate: bool = False,
+               check: bool = False) -> dict:
+    """One question planned (wall time); with ``check``, every configuration the search simulated (its finalists)
+    simulated again whole and ranked, and that top five set against the plan's."""
     space = PlanSpace(model=dataclasses.replace(model_preset(name), seq_len=seq), cluster=cluster_preset(cluster),
                       global_batch=batch)
     t0 = time.perf_counter()
-    r = plan(space, top=5, workers=workers)
+    r = plan(space, top=5, workers=workers, extrapolate=extrapolate)
     wall = time.perf_counter() - t0
     best = r.top[0]
-    return {"model": name, "cluster": cluster, "global_batch": batch, "seq_len": seq, "candidates": r.candidates,
-            "feasible": r.feasible, "simulated": r.simulated, "seconds": wall, "candidates_per_s": r.candidates / wall,
-            "best": best.config.label(), "best_step_time": best.step_time, "best_mfu": best.mfu}
+    row = {"model": name, "cluster": cluster, "global_batch": batch, "seq_len": seq, "candidates": r.candidates,
+           "feasible": r.feasible, "simulated": r.simulated, "seconds": wall, "candidates_per_s": r.candidates / wall,
+           "best": best.config.label(), "best_step_time": best.step_time, "best_mfu": best.mfu,
+           "extrapolated": sum(1 for e in r.entries if e.extrapolated_from), "top5_agrees": None}
+    if check:
+        whole = sorted((simulate_layout(e.config, space).step_time, e.config.label())
+                       for e in r.entries if e.peak_memory_bytes <= space.capacity)
+        row["top5_agrees"] = [label for _, label in whole[:5]] == [e.config.label() for e in r.top[:5]]
+    return row
 
 
 def _lower_validate(sched) -> int:
@@ -75,13 +90,17 @@ def main() -> None:
     ap.add_argument("--reps", type=positive_int, default=5)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--skip-405b", action="store_true")
+    ap.add_argument("--extrapolate", action="store_true", help="plan with the steady-phase extrapolation (not exact)")
+    ap.add_argument("--check", action="store_true",
+                    help="simulate every configuration the plan simulated again, whole, and compare the top five")
     ap.add_argument("--markdown", metavar="PAGE.md", help="also write the results page (docs/results/bench_plan.md)")
     args = ap.parse_args()
     if args.markdown:
         with errors_to_exit():
             check_page(args.markdown)
     lowering = [bench_lower(*g, args.reps) for g in GRAPHS]
-    plans = [bench_plan(*p, args.workers) for p in PLANS if not (args.skip_405b and p[0] == "llama3-405b")]
+    plans = [bench_plan(*p, args.workers, args.extrapolate, args.check) for p in PLANS
+             if not (args.skip_405b and p[0] == "llama3-405b")]
     if args.markdown:
         print(f"wrote {write_page(args.markdown, 'Planner and lowering speed', _page(lowering, plans, args))}",
               file=sys.stderr)
@@ -98,7 +117,11 @@ def main() -> None:
         print(f"{r['model']} on {r['cluster']} (batch {r['global_batch']} x {r['seq_len']}): {r['candidates']:,} "
               f"candidates, {r['feasible']:,} fit, {r['simulated']} simulated in {r['seconds']:.1f} s "
               f"({r['candidates_per_s']:,.0f} candidates/s); best {r['best']}: {r['best_step_time']:.3f} s, "
-              f"MFU {r['best_mfu']:.1%}")
+              f"MFU {r['best_mfu']:.1%}; top 5 against whole simulations: {_agrees(r)}")
+
+
+def _agrees(r: dict) -> str:
+    return "not checked" if r["top5_agrees"] is None else "the same" if r["top5_agrees"] else "DIFFERENT"
 
 
 def _page(lowering: list[dict], plans: list[dict], args: argparse.Namespace) -> str:
@@ -106,15 +129,16 @@ def _page(lowering: list[dict], plans: list[dict], args: argparse.Namespace) -> 
             f"{r['checked_tasks_per_s']:,.0f}", f"{r['speedup']:.2f}"] for r in lowering]
     pl = [[f"{r['model']} on {r['cluster']}, batch {r['global_batch']} x {r['seq_len']}", f"{r['candidates']:,}",
            f"{r['feasible']:,}", r["simulated"], f"{r['seconds']:.1f}", f"{r['candidates_per_s']:,.0f}",
-           f"{r['best']}: {r['best_step_time']:.3f} s, MFU {r['best_mfu']:.1%}"] for r in plans]
+           f"{r['best']}: {r['best_step_time']:.3f} s, MFU {r['best_mfu']:.1%}", _agrees(r)] for r in plans]
     reduced = (" **A reduced run**: the Llama 3 405B case is left out (`--skip-405b`); the full page comes from the "
                "same command without that flag.") if args.skip_405b else ""
     workers = args.workers if args.workers is not None else "all cores"
     return f"""\
-**Planning** (`sim.plan.search.plan`, top 5, workers: {workers}). Goal: 10,000 candidates in at most 60 s on 2
-cores.{reduced}
+**Planning** (`sim.plan.search.plan`, top 5, workers: {workers}{", extrapolated" if args.extrapolate else ""}). Goal:
+each Llama 3 405B question in at most 60 s on 2 cores. "top 5 (--check)": every configuration the search
+simulated, simulated again whole and ranked, against the plan's top five.{reduced}
 
-{table(["case", "candidates", "fit in memory", "simulated", "seconds", "candidates/s", "best"], pl)}
+{table(["case", "candidates", "fit in memory", "simulated", "seconds", "candidates/s", "best", "top 5 (--check)"], pl)}
 
 **Lowering and validation** (`lower()` + `validate()`), median of {args.reps} repetitions: the fast paths
 against the same code with them switched off (the checked paths), alternating in one run. Goal: at least

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pytest
 
 from analysis.cli.simulate import main
 from schedules import ClusterError
-from sim.costs.cluster import Device, cluster_preset, load_cluster, parse_placement
+from sim.costs.cluster import DEVICE_PRESETS, Cluster, Device, cluster_preset, load_cluster, parse_placement
+from sim.costs.parallel import ParallelConfig
 
 
 def test_presets_load_with_vendor_figures():
@@ -150,3 +152,34 @@ def test_a_link_efficiency_outside_0_1_is_refused(value):
     with pytest.raises(ClusterError) as exc:
         Link(alpha=1e-6, bandwidth=1e9, efficiency=value)
     assert str(exc.value) == f"link efficiency must be a fraction of the line rate in (0, 1], got {value!r}"
+
+
+def _uneven_cluster() -> Cluster:
+    devices = [Device(n, "trainer", "GPU", i) for n, k in ((0, 8), (3, 4), (5, 8), (6, 4)) for i in range(k)]
+    return Cluster(name="uneven", spec=DEVICE_PRESETS["H100"], intra=cluster_preset("dgx-h100").intra,
+                   inter=cluster_preset("dgx-h100").inter, devices=tuple(devices))
+
+
+def test_nodes_are_counted_once_per_cluster():
+    big, uneven = cluster_preset("dgx-h100:3"), _uneven_cluster()
+    assert (big.node_size, big.node_sizes, big.num_nodes) == (8, (8,), 3)
+    assert (uneven.node_size, uneven.node_sizes, uneven.num_nodes) == (0, (4, 8), 4)
+
+
+@pytest.mark.parametrize("preset", ["dgx-h100:12", "cpu-host:24", "uneven"])
+def test_dp_group_arithmetic_is_the_listed_group(preset):
+    # The dp group's spread over nodes is arithmetic under dp-inner on even nodes; it must be what listing its
+    # devices gives, for every rank, order and layout that fits (tp dividing a node).
+    cluster = _uneven_cluster() if preset == "uneven" else cluster_preset(preset)
+    world, checked = cluster.num_devices, 0
+    for tp, cp, pp, order in itertools.product((1, 2, 4), (1, 2, 3), (1, 2, 3, 4, 6), ("dp-inner", "pp-inner")):
+        if tp > min(cluster.node_sizes) or world % (tp * cp * pp):
+            continue
+        for dp in {1, 2, 3, world // (tp * cp * pp)}:
+            if tp * cp * pp * dp > world:
+                continue
+            p = ParallelConfig(pp=pp, dp=dp, tp=tp, cp=cp, order=order)
+            for r in range(pp):
+                assert p.group(cluster, r) == p._group_listed(cluster, r), (tp, cp, pp, dp, order, r)
+                checked += 1
+    assert checked > 50

@@ -31,7 +31,7 @@ from sim.costs.cluster import cluster_preset
 from sim.costs.parallel import ParallelConfig
 from sim.costs.transformer import TransformerConfig, model_preset, partition_layers
 from sim.costs.transformer_costs import TransformerCosts
-from sim.plan.bounds import MONOTONE_IN_M, Bounds, memory_rows
+from sim.plan.bounds import KNOWN_SHAPES, MONOTONE_IN_M, Bounds, memory_rows, shape_info
 from sim.plan.search import SIMPLEST_FIRST, plan
 from sim.plan.space import PlanConfig, PlanSpace, enumerate_configs, shape_ok
 from sim.plan.study import Study, StudyResult, run_study
@@ -61,6 +61,22 @@ def test_shape_rules_match_the_generators(name):
         assert shape_ok(name, pp, m, v) == ok, (name, pp, m, v)
 
 
+def test_known_shapes_are_the_generators():
+    """The placements and backward kinds the bounds take without building (KNOWN_SHAPES) are the generators'."""
+    assert set(KNOWN_SHAPES) == {n for n in names() if not spec(n).adaptive}
+    for name in KNOWN_SHAPES:
+        v = spec(name).default_chunks
+        for pp, vv in itertools.product(range(1, 6), {v, 3 if spec(name).multi_chunk and not spec(name).fixed_chunks
+                                                       else v}):
+            m = next(m for m in range(1, 2 * pp + 1) if shape_ok(name, pp, m, vv))
+            for mm in (m, m + 2 * pp if shape_ok(name, pp, m + 2 * pp, vv) else m):
+                sched = build(name, pp=pp, microbatches=mm, chunks=vv)
+                info = shape_info.__wrapped__(name, pp, vv)
+                assert info.placement == sched.stage_to_rank, (name, pp, vv, mm)
+                assert info.rank_stages == tuple(sched.stages_of(r) for r in range(pp))
+                assert info.full_backward == all(a.kind in (Kind.F, Kind.B) for prog in sched.programs for a in prog)
+
+
 def _brute_force(space: PlanSpace) -> set[PlanConfig]:
     """Every configuration by definition: any tp, pp, schedule, chunks, b; kept if the library accepts it."""
     out = set()
@@ -73,7 +89,9 @@ def _brute_force(space: PlanSpace) -> set[PlanConfig]:
             TransformerCosts(model=space.model, cluster=space.cluster, parallel=ParallelConfig(pp=pp, dp=dp, tp=tp))
         except ConfigError:
             continue  # tp does not divide what it splits or the node
-        for name, v, b in itertools.product(space.schedule_names, range(1, 7), range(1, batch + 1)):
+        # at pp 1 no pipeline: the accumulation loop (1F1B's order on one rank) alone
+        names_at = space.schedule_names if pp > 1 else ("1f1b",)
+        for name, v, b in itertools.product(names_at, range(1, 7) if pp > 1 else (1,), range(1, batch + 1)):
             if batch % (dp * b) or (spec(name).multi_chunk and v not in space.chunks and spec(name).fixed_chunks is None):
                 continue
             m = batch // (dp * b)
@@ -93,8 +111,10 @@ def test_enumeration_misses_nothing_on_a_small_case():
     found = list(enumerate_configs(space))
     assert len(found) == len(set(found))
     assert set(found) == _brute_force(space)
-    assert len(found) == 4221  # 3456 before sync was searched (765 configurations with dp > 1 more); 3180 before
-    # layouts with two stages more than layers (embedding, output alone)
+    assert len(found) == 2151  # 4221 when every schedule was searched at pp 1 too (2070 more, no pipeline there);
+    # 3456 before sync was searched (765 configurations with dp > 1 more); 3180 before layouts with two stages
+    # more than layers (embedding, output alone)
+    assert {(c.schedule, c.chunks) for c in found if c.pp == 1} == {("1f1b", 1)}
 
 
 def test_adaptive_schedules_only_when_named():

@@ -41,7 +41,7 @@ def test_why_best_beats_a_pipeline_layout(best):
     recomputation make the difference; compute without recomputation is the same work."""
     assert _why(best, "tp1 pp4 dp1 gpipe m8x1 rc-full").splitlines() == [
         "why #1 beats LAYOUT (0.1403 s per step, 47.41% of LAYOUT's step):",
-        "  #1 tp1 pp1 dp4 1f1b m2x1 zero1 rc-none",
+        "  #1 tp1 pp1 dp4 no-pipeline m2x1 zero1 rc-none",
         "  LAYOUT tp1 pp4 dp1 gpipe m8x1 none rc-full",
         "                                        #1 s     LAYOUT s  LAYOUT - #1",
         "  step time                           0.1556       0.2959      +0.1403",
@@ -57,8 +57,11 @@ def test_a_layout_that_does_not_fit_or_was_not_searched_says_so(best):
     assert lines[0] == "why #1 beats LAYOUT (0.0073 s per step, 4.45% of LAYOUT's step):"
     assert lines[-2:] == [
         "  LAYOUT does NOT fit: peak memory 0.0679 GB per device > the limit 0.032 GB (#1: 0.0305 GB)",
-        "  LAYOUT is outside the searched space (dp mode sync)"]
-    assert _why(best, "tp1 pp1 dp4 1f1b m2x1 zero1") == "LAYOUT is the planner's #1: tp1 pp1 dp4 1f1b m2x1 zero1 rc-none"
+        "  LAYOUT is outside the searched space (schedule gpipe at pp 1, where the planner runs no-pipeline (each "
+        "microbatch's forward and backward in turn), dp mode sync)"]
+    for named in ("no-pipeline", "1f1b"):  # at pp 1 the accumulation loop is 1F1B's order on one rank
+        assert _why(best, f"tp1 pp1 dp4 {named} m2x1 zero1") == \
+            "LAYOUT is the planner's #1: tp1 pp1 dp4 no-pipeline m2x1 zero1 rc-none"
 
 
 @pytest.mark.parametrize(("text", "why"), [

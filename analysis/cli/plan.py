@@ -126,7 +126,7 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
         extra = {} if against is None else {"against": {**against.to_dict(), "layout": args.against,
                                                         "fits": against.peak_memory_bytes <= space.capacity,
                                                         "untried": in_space(layout, space)}}
-        print_json({**result.to_dict(), **extra, "files": [str(f) for f in files], "exported_schedule": win.schedule,
+        print_json({**result.to_dict(), **extra, "files": [str(f) for f in files], "exported_schedule": win.pipeline,
                     "export_targets": {"torchtitan": TORCHTITAN_VERSION, "megatron-lm": MEGATRON_COMMIT}})
         return 0
     print(format_plan(result))

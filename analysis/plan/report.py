@@ -64,7 +64,7 @@ def why_beats(a: PlanEntry, b: PlanEntry, name: str = "#2") -> str:
            f"  {'':<32}{'#1 s':>10}{name + ' s':>{w}}{name + ' - #1':>{w}}"]
     out += [f"  {row:<32}{x:>10.4f}{y:>{w}.4f}{y - x:>+{w}.4f}" for row, x, y in rows]
     if gap == 0:
-        out.append("  a tie: the two differ only where the model sees no cost (e.g. how dp=1 is named, or v at pp=1)")
+        out.append("  a tie: the two differ only where the model sees no cost (e.g. how dp=1 is named)")
     return "\n".join(out)
 
 

@@ -224,6 +224,12 @@ class Cluster:
     devices: tuple[Device, ...]
     pserver_spec: DeviceSpec = DEVICE_PRESETS["CPU"]
     pservers: tuple[Device, ...] = field(default=())
+    #: Trainer devices per node when every node holds the same number (then device g is on the (g // node_size)-th
+    #: node), else 0; and the distinct counts per node. Derived from ``devices`` once, so that questions about nodes
+    #: cost nothing per call on a cluster of a million devices.
+    node_size: int = field(init=False, repr=False, compare=False)
+    node_sizes: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    num_nodes: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", tuple(sorted(self.devices, key=lambda d: (d.node, d.index))))
@@ -236,14 +242,17 @@ class Cluster:
                 if (d.node, d.index) in seen:
                     raise ClusterError(f"cluster {self.name!r}: device {d} is listed twice")
                 seen.add((d.node, d.index))
+        counts: dict[int, int] = {}
+        for d in self.devices:
+            counts[d.node] = counts.get(d.node, 0) + 1
+        sizes = tuple(sorted(set(counts.values())))
+        object.__setattr__(self, "node_sizes", sizes)
+        object.__setattr__(self, "node_size", sizes[0] if len(sizes) == 1 else 0)
+        object.__setattr__(self, "num_nodes", len(counts))
 
     @property
     def num_devices(self) -> int:
         return len(self.devices)
-
-    @property
-    def num_nodes(self) -> int:
-        return len({d.node for d in self.devices})
 
     def link_between(self, a: int, b: int) -> Link:
         """The link two trainer devices (by position in ``devices``) use to talk."""

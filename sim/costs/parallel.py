@@ -17,7 +17,6 @@ tensor-parallel group, tp consecutive devices, sits inside one node.
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 
 from common import parse
@@ -184,14 +183,13 @@ class ParallelConfig:
         A tensor-parallel group is tp consecutive devices (tensor rank innermost), so it sits inside one
         node exactly when tp divides the device count of every node. The error lists the tp that would do.
         """
-        per_node = Counter(d.node for d in cluster.devices)
-        counts = {**sizes, "devices per node": math.gcd(*per_node.values())}
+        nodes = cluster.node_sizes
+        counts = {**sizes, "devices per node": math.gcd(*nodes)}
         if all(n % self.tp == 0 for n in counts.values()):
             return
         common = math.gcd(*counts.values())
         valid = [t for t in range(1, common + 1) if common % t == 0]
         what = ", ".join(f"{k} ({v})" for k, v in sizes.items())
-        nodes = sorted(set(per_node.values()))
         raise ConfigError(
             f"parallel: tp={self.tp} must divide the model's {what} and the devices per node "
             f"({'/'.join(map(str, nodes))} on cluster {cluster.name!r}; a tensor-parallel group sits inside a node); "
@@ -199,7 +197,30 @@ class ParallelConfig:
 
     def group(self, cluster: Cluster, r: int) -> DPGroup:
         """The dp group of pipeline rank r (its tensor rank 0; the others are symmetric). With context
-        parallelism the gradients are reduced over the dp x cp ranks that hold the same weights."""
+        parallelism the gradients are reduced over the dp x cp ranks that hold the same weights.
+
+        Its spread over nodes is arithmetic where the layout allows (rank order dp-inner on a cluster whose nodes
+        all hold the same number of devices, a multiple of tp): the group is then dp x cp consecutive multiples
+        of tp, so its cost does not grow with dp; otherwise its devices are listed (:meth:`_group_listed`, the
+        definition, to which the arithmetic is checked equal in the tests).
+        """
+        n, width = cluster.node_size, self.tp * self.cp
+        size = self.dp * self.cp
+        first = r * self.dp * width  # device(r, 0, 0, 0) under dp-inner
+        if self.order != "dp-inner" or not n or n % self.tp or first + (size - 1) * self.tp >= cluster.num_devices:
+            return self._group_listed(cluster, r)
+        q = n // self.tp  # members of the group a whole node holds: every tp-th device
+        lo = first // self.tp  # the members are the devices tp * u for u in [lo, lo + size)
+        b0, b1 = lo // q, (lo + size - 1) // q
+        if b0 == b1:
+            counts = (size,)
+        else:
+            counts = ((b0 + 1) * q - lo, *((q,) if b1 - b0 > 1 else ()), lo + size - b1 * q)
+        return DPGroup(cluster=cluster, config=self, device=first, size=size, nodes=b1 - b0 + 1,
+                       per_node=max(counts), even=len(set(counts)) == 1)
+
+    def _group_listed(self, cluster: Cluster, r: int) -> DPGroup:
+        """:meth:`group` from the list of the group's devices (any rank order, any cluster)."""
         devs = [self.device(r, d, 0, c) for d in range(self.dp) for c in range(self.cp)]
         nodes: dict[int, int] = {}
         for g in devs:

@@ -56,7 +56,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -118,6 +118,8 @@ class TransformerCosts:
     tp_overlap: bool = False  # SP collectives hidden behind their GEMMs (Megatron --tp-comm-overlap): exposed_tp
     device_model: DeviceModel | None = None  # None: sim.costs.devices.DEVICE_MODELS of the cluster's device
     contention: float | None = None  # compute slowdown while communicating; None: the device model's (network)
+    # rank -> its dp group: asked once per collective task (hundreds of thousands per graph), the same answer
+    _groups: dict[int, DPGroup] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_positive_ints("costs", microbatch_size=self.microbatch_size)
@@ -230,7 +232,9 @@ class TransformerCosts:
             return 0.0
         block = 2 * 2.0 * m.seq_len * self.microbatch_size * m.kv_hidden / p.tp
         width = p.tp * p.cp
-        per_node = min(sum(1 for d in self.cluster.devices if d.node == self.cluster.devices[0].node), width)
+        cl = self.cluster
+        first_node = cl.node_size or sum(1 for d in cl.devices if d.node == cl.devices[0].node)
+        per_node = min(first_node, width)
         link = self.cluster.intra if width <= per_node else self.cluster.inter
         lc = self.layer_costs()
         attn = [op for op in lc.ops if op.fused_attention]
@@ -450,7 +454,10 @@ class TransformerCosts:
         return codec + (group.allreduce(n) if a.kind is Kind.ALLREDUCE else group.gather(n))
 
     def group(self, rank: int) -> DPGroup:
-        return self.parallel.group(self.cluster, rank)
+        found = self._groups.get(rank)
+        if found is None:
+            found = self._groups[rank] = self.parallel.group(self.cluster, rank)
+        return found
 
     def duration(self, task: Task, graph: TaskGraph) -> float:
         a, n_st = task.action, graph.schedule.num_stages

@@ -10,7 +10,7 @@ commas, in any order::
 
 ``tpN`` (``+sp`` or a separate ``sp`` for sequence parallelism), ``ppN``,
 ``dpN``, a registered schedule (or a merged row's ``gpipe/1f1b``: its first,
-the one exported), ``mMxB`` (or ``mbMxB``: M microbatches of B
+the one exported; ``no-pipeline`` at pp 1, the accumulation loop the planner runs there), ``mMxB`` (or ``mbMxB``: M microbatches of B
 sequences), and a data-parallel mode are required; ``vN`` (default 1) and
 ``rc-MODE`` (default none) are optional. The layout must use the space's
 devices (tp x pp x dp) and global batch (dp x M x B); it may lie outside the
@@ -27,7 +27,17 @@ from schedules.registry import lookup
 from sim.costs.recompute_modes import check_recompute
 from sim.plan.bounds import Bounds
 from sim.plan.search import PlanEntry, entry_of
-from sim.plan.space import _PLAN_ALIASES, _PLANNABLE, PlanConfig, PlanSpace, chunk_choices, shape_ok, tp_choices
+from sim.plan.space import (
+    _PLAN_ALIASES,
+    _PLANNABLE,
+    ACCUMULATION,
+    NO_PIPELINE,
+    PlanConfig,
+    PlanSpace,
+    chunk_choices,
+    shape_ok,
+    tp_choices,
+)
 from sim.plan.study import Study, run_study
 
 __all__ = ["in_space", "parse_layout", "simulate_layout"]
@@ -70,6 +80,8 @@ def _tokens(text: str) -> dict[str, object]:
                 raise _fail(text, str(exc).removeprefix("plan: ")) from None
         elif low in (*_PLANNABLE, *_PLAN_ALIASES, "none"):
             put("dp_mode", _PLAN_ALIASES.get(low, low), token)
+        elif low == NO_PIPELINE:
+            put("schedule", NO_PIPELINE, token)
         elif lookup(low) is not None:
             put("schedule", lookup(low).name, token)
         elif "/" in low and all(lookup(x) is not None for x in low.split("/")):
@@ -103,7 +115,13 @@ def parse_layout(text: str, space: PlanSpace) -> PlanConfig:
         raise _fail(text, f"dp {dp} needs a data-parallel mode: one of {', '.join(_PLANNABLE)}")
     if (mode == "none") != (dp == 1):
         raise _fail(text, f"dp mode {mode} at dp {dp}: 'none' is the mode of dp 1 only")
-    return _shape(text, space, PlanConfig(tp, pp, dp, got["schedule"], got.get("chunks", 1), b, m, mode,
+    schedule = got["schedule"]
+    if schedule == NO_PIPELINE:
+        if pp != 1 or got.get("chunks", 1) != 1:
+            raise _fail(text, f"{NO_PIPELINE} is the layout of pp 1 with v 1 (got pp {pp}, v {got.get('chunks', 1)}); "
+                              "name a schedule for pp > 1")
+        schedule = ACCUMULATION
+    return _shape(text, space, PlanConfig(tp, pp, dp, schedule, got.get("chunks", 1), b, m, mode,
                                           got.get("recompute", "none"), got.get("sp", False)))
 
 
@@ -126,9 +144,12 @@ def _shape(text: str, space: PlanSpace, c: PlanConfig) -> PlanConfig:
 def in_space(c: PlanConfig, space: PlanSpace) -> list[str]:
     """The choices of ``c`` that the search did not try (empty: ``c`` is one of its candidates)."""
     out = []
-    if c.schedule not in space.schedule_names:
+    if c.pp == 1 and (c.schedule, c.chunks) != (ACCUMULATION, 1):
+        out.append(f"schedule {c.schedule}{f' v{c.chunks}' if c.chunks > 1 else ''} at pp 1, where the planner runs "
+                   f"{NO_PIPELINE} (each microbatch's forward and backward in turn)")
+    elif c.pp > 1 and c.schedule not in space.schedule_names:
         out.append(f"schedule {c.schedule}")
-    if c.chunks > 1 and c.chunks not in chunk_choices(c.schedule, space.chunks):
+    if c.pp > 1 and c.chunks > 1 and c.chunks not in chunk_choices(c.schedule, space.chunks):
         out.append(f"v {c.chunks}")
     if c.dp > 1 and c.dp_mode not in space.dp_modes:
         out.append(f"dp mode {c.dp_mode}")

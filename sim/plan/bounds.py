@@ -51,6 +51,7 @@ from functools import lru_cache
 
 from common.errors import ConfigError
 from schedules import Action, Kind, Schedule, ScheduleError, build
+from schedules.library.zero_bubble import v_placement
 from schedules.timing import CompiledTiming, rank_ends
 from sim.costs import collectives as coll
 from sim.costs.parallel import ParallelConfig
@@ -175,9 +176,25 @@ class ShapeInfo:
     full_backward: bool
 
 
+#: The built-in schedules' placement (``loop``: stage s on rank s mod pp; ``v``: rank r holds stages r and 2p-1-r)
+#: and whether every backward is a B, known without building one (v-half or zb-h2 at pp 64 takes seconds even at
+#: m = 1); tests/test_plan.py checks this table against build() over a grid of shapes.
+KNOWN_SHAPES: dict[str, tuple[str, bool]] = {
+    "gpipe": ("loop", True), "1f1b": ("loop", True), "interleaved-1f1b": ("loop", True), "looped-bfs": ("loop", True),
+    "zb-h1": ("loop", False), "zb-h2": ("loop", False), "interleaved-zb": ("loop", False),
+    "zb-v": ("v", False), "v-half": ("v", False), "v-min": ("v", False), "dualpipe-v": ("v", False),
+}
+
+
 @lru_cache(maxsize=4096)
 def shape_info(name: str, pp: int, v: int) -> ShapeInfo:
-    """From the smallest instance the schedule takes (m = 1, else pp, else 2 pp): the placement is m-independent."""
+    """From :data:`KNOWN_SHAPES`, else from the smallest instance the schedule takes (m = 1, else pp, else 2 pp):
+    the placement is m-independent."""
+    known = KNOWN_SHAPES.get(name)
+    if known is not None and (known[0] == "loop" or v == 2):
+        placement = tuple(s % pp for s in range(pp * v)) if known[0] == "loop" else v_placement(pp)
+        stages = tuple(tuple(s for s, r in enumerate(placement) if r == rank) for rank in range(pp))
+        return ShapeInfo(placement, stages, known[1])
     for m in (1, pp, 2 * pp):
         try:
             sched = build(name, pp=pp, microbatches=m, chunks=v)

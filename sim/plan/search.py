@@ -45,6 +45,7 @@ import itertools
 import logging
 import multiprocessing
 import os
+import signal
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -54,14 +55,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from common.errors import ConfigError, check_positive_ints
+from common.procs import die_with_parent
 from schedules import Schedule, TaskGraph, build, validate
 from schedules.dp.modes import add_data_parallel
 from schedules.registry import lookup
 from schedules.timing import CompiledTiming, compile_timing
 from sim.engine import simulate
 from sim.plan.bounds import Bounds, MemoryRows, memory_rows, small_m
+from sim.plan.extrapolate import StepFigures, extend, short_sizes
 from sim.plan.space import PlanConfig, PlanSpace, enumerate_configs, why_empty
-from sim.plan.study import Study, StudyResult, dp_options, exposed_comm
+from sim.plan.study import Study, StudyResult, dp_options
 
 __all__ = ["SIMPLEST_FIRST", "PlanEntry", "PlanResult", "entry_of", "merge_ties", "order_digest", "plan"]
 
@@ -96,6 +99,7 @@ class PlanEntry:
     lower_bound: float
     order: str = ""  # order_digest of the pipeline schedule simulated: equal orders, equal results
     same_as: tuple[str, ...] = ()  # the other schedules whose order is this one's (merged exact ties)
+    extrapolated_from: tuple[int, ...] = ()  # the microbatch counts its time figures were extended from (extrapolate)
 
     @property
     def schedules(self) -> tuple[str, ...]:
@@ -104,18 +108,17 @@ class PlanEntry:
 
     @property
     def schedule_label(self) -> str:
-        """``gpipe/1f1b`` for a merged entry, the schedule's name otherwise."""
-        return "/".join(self.schedules)
+        """``gpipe/1f1b`` for a merged entry, the schedule's name otherwise, ``no-pipeline`` at pp = 1."""
+        return "/".join((self.config.pipeline, *self.same_as))
 
     def tie_reason(self) -> str:
         """Why a merged entry's schedules are one plan (empty for one that is not merged)."""
         if not self.same_as:
             return ""
         c = self.config
-        where = ", ".join(x for x in (f"pp={c.pp}" if c.pp == 1 else "", f"m={c.microbatches}"
-                                      if c.microbatches == 1 else "") if x)
-        return (f"{self.schedule_label}: the same order on every rank{f' at {where}' if where else ''}, so the same "
-                f"simulation; {c.schedule}, the simplest, is exported")
+        where = f" at m={c.microbatches}" if c.microbatches == 1 else ""
+        return (f"{self.schedule_label}: the same order on every rank{where}, so the same simulation; {c.schedule}, "
+                "the simplest, is exported")
 
     def tied_configs(self) -> tuple[PlanConfig, ...]:
         """The configuration of every schedule this entry stands for."""
@@ -131,7 +134,7 @@ class PlanEntry:
                 "mfu": self.mfu, "peak_memory_bytes": self.peak_memory_bytes, "bubble_ratio": self.bubble_ratio,
                 "bubble_time": self.bubble_time, "exposed_comm": self.exposed_comm,
                 "recompute_time": self.recompute_time, "lower_bound": self.lower_bound,
-                "same_as": list(self.same_as)}
+                "same_as": list(self.same_as), "extrapolated_from": list(self.extrapolated_from)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -158,13 +161,21 @@ class PlanResult:
 
 # ------------------------------------------------------------------------------------------------ worker side
 _STATE: dict[str, Any] = {}
-_GRAPH_CACHE = 3  # lowered graphs kept per process (a 100k-task graph is ~60 MB)
+_GRAPH_CACHE = 5  # lowered graphs kept per process (a 100k-task graph is ~60 MB); 5: an extrapolation's three short
+# graphs and schedules, the whole schedule and one more
 
 
-def _init(space: PlanSpace) -> None:
+def _init_worker(space: PlanSpace, extrapolate: bool, parent: int) -> None:
+    """A pool worker's first call: die with the planner (SIGKILL: a worker holds nothing to clean up, and a SIGTERM
+    handler of the planner's, inherited by the fork, would run in the worker), then the search's state."""
+    die_with_parent(signal.SIGKILL, parent)
+    _init(space, extrapolate)
+
+
+def _init(space: PlanSpace, extrapolate: bool = False) -> None:
     _STATE.clear()
     _STATE.update(space=space, bounds=Bounds(space), schedules=OrderedDict(), pipelines=OrderedDict(),
-                  graphs=OrderedDict(), timings=OrderedDict())
+                  graphs=OrderedDict(), timings=OrderedDict(), rows=OrderedDict(), extrapolate=extrapolate)
 
 
 def _cached(cache: OrderedDict, key: Any, make: Callable[[], Any]) -> Any:
@@ -215,6 +226,12 @@ def _graph(study: Study) -> TaskGraph:
     return _cached(_STATE["graphs"], key, make)
 
 
+def _rows_and_order(study: Study) -> tuple[MemoryRows, str]:
+    """The whole schedule's activation rows and order digest (what an extrapolated entry takes from it)."""
+    sched = _schedule(study)
+    return _cached(_STATE["rows"], _shape_key(study), lambda: (memory_rows(sched), order_digest(sched)))
+
+
 def _row_key(c: PlanConfig) -> tuple:
     """What a schedule's activation rows depend on: its shape, and for an adaptive one its options too (pass times:
     tp, sp, recompute; with pp and m they fix dp, b and the placement, so tcomm)."""
@@ -243,11 +260,24 @@ def _refine_job(configs: Sequence[PlanConfig], rows: MemoryRows | None
 
 
 def _simulate_job(configs: Sequence[PlanConfig], lower: Sequence[float]) -> list[PlanEntry]:
-    """Simulate each configuration (they share one graph and are known to fit)."""
+    """Simulate each configuration (they share one graph and are known to fit): its steady phase over two periods,
+    extended to its microbatches (:mod:`sim.plan.extrapolate`), or where that does not apply or hold, its whole step."""
     bounds = _STATE["bounds"]
     out: list[PlanEntry] = []
     for c, lb in zip(configs, lower, strict=True):
         study = _study(c)
+        sizes = short_sizes(c) if _STATE["extrapolate"] else None
+        if sizes is not None:
+            short = []
+            for k in sizes:
+                s = _study(c._replace(microbatches=k))
+                short.append(StepFigures.of(StudyResult(s, simulate(_graph(s), s.costs, check=False))))
+            figures = extend(c, sizes, tuple(short))
+            if figures is not None:
+                rows, order = _rows_and_order(study)
+                out.append(_entry(c, study, figures, bounds.memory(c, rows), bounds, lb, order, sizes))
+                continue
+            log.debug("plan: %s not steady at m = %s; simulated whole", c.label(), sizes)
         out.append(entry_of(c, StudyResult(study, simulate(_graph(study), study.costs, check=False)), bounds, lb))
     return out
 
@@ -261,12 +291,19 @@ def order_digest(schedule: Schedule) -> str:
 
 def entry_of(c: PlanConfig, result: StudyResult, bounds: Bounds, lower_bound: float) -> PlanEntry:
     """The table's figures of ``c`` from its simulation."""
-    step = result.step_time
+    return _entry(c, result.study, StepFigures.of(result), max(d.memory_bytes for d in result.devices()), bounds,
+                  lower_bound, order_digest(result.sim.graph.schedule))
+
+
+def _entry(c: PlanConfig, study: Study, f: StepFigures, memory: float, bounds: Bounds, lower_bound: float, order: str,
+           extrapolated_from: tuple[int, ...] = ()) -> PlanEntry:
+    tokens = c.microbatches * c.microbatch_size * study.model.seq_len * c.dp  # StudyResult.tokens_per_step
+    flops = study.model.model_flops_per_token() * tokens  # StudyResult.mfu's numerator
     return PlanEntry(
-        config=c, step_time=step, tokens_per_s=result.tokens_per_step / step, mfu=result.mfu,
-        peak_memory_bytes=max(d.memory_bytes for d in result.devices()), bubble_ratio=result.sim.bubble_ratio,
-        exposed_comm=max(exposed_comm(result.sim), default=0.0), recompute_time=bounds.recompute_time(c),
-        lower_bound=lower_bound, order=order_digest(result.sim.graph.schedule))
+        config=c, step_time=f.step, tokens_per_s=tokens / f.step,
+        mfu=flops / (study.parallel.world * study.cluster.spec.peak_flops * f.step), peak_memory_bytes=memory,
+        bubble_ratio=f.bubble_ratio, exposed_comm=f.exposed_comm, recompute_time=bounds.recompute_time(c),
+        lower_bound=lower_bound, order=order, extrapolated_from=extrapolated_from)
 
 
 def _simplest(name: str) -> tuple[int, str]:
@@ -316,14 +353,20 @@ def _abandon(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _executor(space: PlanSpace, workers: int) -> Any:
+def _executor(space: PlanSpace, workers: int, extrapolate: bool = False) -> Any:
     """A pool of ``workers`` processes, started and answering; if the system refuses processes (a fork fails under
-    a process or memory limit), half as many, down to this process alone, with a warning: never a hang."""
-    _init(space)
+    a process or memory limit), half as many, down to this process alone, with a warning: never a hang.
+
+    Each worker dies with this process (:func:`common.procs.die_with_parent`, SIGKILL included). Linux sends
+    that signal when the *thread* that forked the worker ends; with fork, the pool forks every worker at the first
+    submit, in the calling thread (the one running :func:`plan`, which shuts the pool down before it returns),
+    never in the pool's own management thread, which could outlive it or end first. The test SIGKILLs a
+    planning command and finds no process of it left."""
+    _init(space, extrapolate)
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     while workers > 1:
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context(method),
-                                   initializer=_init, initargs=(space,))
+                                   initializer=_init_worker, initargs=(space, extrapolate, os.getpid()))
         try:
             pool.submit(_ready).result(timeout=_START_TIMEOUT)  # with fork, every worker starts at the first submit
             return pool
@@ -336,12 +379,15 @@ def _executor(space: PlanSpace, workers: int) -> Any:
 
 
 def plan(space: PlanSpace, *, top: int = 5, workers: int | None = None,
-         progress: Callable[[int, int], None] | None = None) -> PlanResult:
+         progress: Callable[[int, int], None] | None = None, extrapolate: bool = False) -> PlanResult:
     """Search ``space``; the ``top`` fastest simulated configurations, exactly.
 
     ``workers``: processes (None: every core; fewer if the system refuses
     them); ``progress(done, total)`` is called as candidates are settled
-    (dropped or simulated). A space with no configuration, or none that fits in
+    (dropped or simulated). ``extrapolate`` (off by default: not exact, see
+    :mod:`sim.plan.extrapolate`): a configuration of many microbatches is
+    simulated over two periods of its steady phase and extended
+    (``PlanEntry.extrapolated_from``) where those agree. A space with no configuration, or none that fits in
     memory, raises :class:`ConfigError` naming the constraint that leaves
     nothing (:func:`sim.plan.space.why_empty`); so does one of more than
     :data:`MAX_CANDIDATES` configurations.
@@ -363,7 +409,7 @@ def plan(space: PlanSpace, *, top: int = 5, workers: int | None = None,
     search.settle(len(configs) - len(floor_ok), memory=len(configs) - len(floor_ok))
     log.info("plan: %d candidates, %d pass the memory floor (%.1f s)", len(configs), len(floor_ok),
              time.perf_counter() - t0)
-    pool = _executor(space, workers)
+    pool = _executor(space, workers, extrapolate)
     try:
         search.run(pool, floor_ok)
     except BrokenProcessPool:  # a worker killed (out of memory?) after the pool started

@@ -20,7 +20,6 @@ A shape (schedule, pp, m, v) is valid when the schedule's generator takes it;
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -37,7 +36,7 @@ from sim.costs.recompute_modes import check_recompute
 from sim.costs.transformer import TransformerConfig
 from sim.network import LINK_MODELS
 
-__all__ = ["MAX_GLOBAL_BATCH", "MAX_MICROBATCHES", "PLAN_DP_MODES", "PlanConfig", "PlanSpace", "enumerate_configs",
+__all__ = ["ACCUMULATION", "MAX_GLOBAL_BATCH", "MAX_MICROBATCHES", "NO_PIPELINE", "PLAN_DP_MODES", "PlanConfig", "PlanSpace", "enumerate_configs",
            "shape_ok", "tp_choices", "why_empty"]
 
 #: The data-parallel modes the planner searches by default: every exact mode the runtime runs (``real/``), ``zero3``
@@ -56,8 +55,21 @@ MAX_MICROBATCHES = 1024
 MAX_GLOBAL_BATCH = 2**40  # sequences per step: 10^12, beyond any real run (Llama 3 405B: 2,048 of 8,192 tokens)
 
 
+#: At pp = 1 there is no pipeline: the one rank runs each microbatch's forward and backward in turn and accumulates
+#: the gradients, which is what torchtitan and Megatron-LM run without pipeline parallelism, and 1F1B's order on one
+#: rank (:data:`ACCUMULATION`). The planner searches that order alone there and names it :data:`NO_PIPELINE` in its
+#: table, labels, ``--json`` and exports: a pipeline schedule at pp = 1 (interleaved chunks, an I/W split, GPipe's
+#: all-forwards-first) is something no trainer runs.
+NO_PIPELINE = "no-pipeline"
+ACCUMULATION = "1f1b"
+
+
 class PlanConfig(NamedTuple):
-    """One point of the search space (field names as in the ``--json`` output)."""
+    """One point of the search space (field names as in the ``--json`` output).
+
+    At pp = 1, ``schedule`` is :data:`ACCUMULATION` (the order simulated) and ``chunks`` 1; the label and
+    :meth:`to_dict` say :data:`NO_PIPELINE`.
+    """
 
     tp: int
     pp: int
@@ -70,13 +82,18 @@ class PlanConfig(NamedTuple):
     recompute: str
     sp: bool
 
+    @property
+    def pipeline(self) -> str:
+        """The schedule's name as the output gives it: :data:`NO_PIPELINE` at pp = 1."""
+        return NO_PIPELINE if self.pp == 1 else self.schedule
+
     def to_dict(self) -> dict[str, Any]:
-        return self._asdict()
+        return {**self._asdict(), "schedule": self.pipeline}
 
     def label(self) -> str:
         sp = "+sp" if self.sp else ""
         v = f" v{self.chunks}" if self.chunks > 1 else ""
-        return (f"tp{self.tp}{sp} pp{self.pp} dp{self.dp} {self.schedule}{v} m{self.microbatches}x{self.microbatch_size} "
+        return (f"tp{self.tp}{sp} pp{self.pp} dp{self.dp} {self.pipeline}{v} m{self.microbatches}x{self.microbatch_size} "
                 f"{self.dp_mode} rc-{self.recompute}")
 
 
@@ -186,7 +203,7 @@ class PlanSpace:
 
 def tp_choices(model: TransformerConfig, cluster: Cluster) -> list[int]:
     """Tensor degrees that keep a group inside a node and divide what they split (as ParallelConfig.check_tp)."""
-    per_node = math.gcd(*Counter(d.node for d in cluster.devices).values())
+    per_node = math.gcd(*cluster.node_sizes)
     sizes = [model.heads, model.kv_heads, model.hidden, model.ffn, per_node]
     return [t for t in range(1, per_node + 1) if all(n % t == 0 for n in sizes)]
 
@@ -221,7 +238,7 @@ _RULES = {
     "interleaved-zb": lambda pp, m, v: m % pp == 0,
     "dualpipe-v": lambda pp, m, v: m >= 2 * pp,
 }
-_FREE = frozenset({"gpipe", "1f1b", "looped-bfs", "zb-h1", "zb-v", "zb-h2", "zb-auto"})
+_FREE = frozenset({"gpipe", "1f1b", "looped-bfs", "zb-h1", "zb-v", "zb-h2", "zb-auto", "v-half", "v-min"})
 
 
 @lru_cache(maxsize=65536)
@@ -239,6 +256,13 @@ def shape_ok(name: str, pp: int, m: int, v: int) -> bool:
     except ScheduleError:
         return False
     return True
+
+
+def _shapes(space: PlanSpace, pp: int) -> list[tuple[str, int]]:
+    """(schedule, chunks) searched at pipeline degree ``pp``: the accumulation loop alone at pp = 1."""
+    if pp == 1:
+        return [(ACCUMULATION, 1)]
+    return [(name, v) for name in space.schedule_names for v in chunk_choices(name, space.chunks)]
 
 
 def enumerate_configs(space: PlanSpace) -> Iterator[PlanConfig]:
@@ -259,18 +283,17 @@ def enumerate_configs(space: PlanSpace) -> Iterator[PlanConfig]:
                 [b for b in space.microbatch_sizes if per_replica % b == 0]
             modes = ("none",) if dp == 1 else space.dp_modes
             sps = (False,) if tp == 1 else space.sp
-            for name in space.schedule_names:
-                for v in chunk_choices(name, space.chunks):
-                    if pp * v > model.layers and pp * v != model.layers + 2:  # +2: embedding, output alone
+            for name, v in _shapes(space, pp):
+                if pp * v > model.layers and pp * v != model.layers + 2:  # +2: embedding, output alone
+                    continue
+                for b in sizes:
+                    m = per_replica // b
+                    if m > MAX_MICROBATCHES or not shape_ok(name, pp, m, v):
                         continue
-                    for b in sizes:
-                        m = per_replica // b
-                        if m > MAX_MICROBATCHES or not shape_ok(name, pp, m, v):
-                            continue
-                        for mode in modes:
-                            for rc in space.recompute:
-                                for sp in sps:
-                                    yield PlanConfig(tp, pp, dp, name, v, b, m, mode, rc, sp)
+                    for mode in modes:
+                        for rc in space.recompute:
+                            for sp in sps:
+                                yield PlanConfig(tp, pp, dp, name, v, b, m, mode, rc, sp)
 
 
 def why_empty(space: PlanSpace) -> ConfigError:
