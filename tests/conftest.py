@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import runpy
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +73,33 @@ def run_schedlab(capsys, *argv: str) -> tuple[int, str, str]:
     from analysis.cli import main
 
     return _run_main(main, capsys, argv)
+
+
+def _entry_points() -> dict[str, Any]:
+    from analysis.cli import main as schedlab
+    from analysis.cli.data import main as data
+    from analysis.cli.profile import main as profile
+    from analysis.cli.rounds import main as rounds
+    from analysis.cli.simulate import main as sim
+    from analysis.cli.train import main as real
+
+    return {"sim": sim, "analysis": schedlab, "real": real, "real.data": data, "real.profile": profile,
+            "real.rounds": rounds}
+
+
+def run_case_in_process(argv: Sequence[str], capsys) -> tuple[int, str, str]:
+    """A hostile case's command line (``PY -m MODULE ARGS`` or ``PY SCRIPT ARGS``) as its entry point runs it, in
+    this process: (exit status, stdout, stderr)."""
+    assert argv[0] == sys.executable, argv
+    capsys.readouterr()
+    if argv[1] == "-m":
+        return _run_main(_entry_points()[argv[2]], capsys, argv[3:])
+    old = sys.argv
+    sys.argv = [argv[1], *argv[2:]]
+    try:
+        return _run_main(lambda _: runpy.run_path(argv[1], run_name="__main__") and 0, capsys, ())
+    finally:
+        sys.argv = old
 
 
 def _run_main(main, capsys, argv) -> tuple[int, str, str]:

@@ -9,13 +9,12 @@ dtype, one row per mode, the same result for ``FP32`` as for ``fp32``.
 from __future__ import annotations
 
 import json
-import runpy
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import run_case_in_process as run_in_process
 
 from analysis import hostile_parse
 from analysis.hostile import classify
@@ -24,42 +23,6 @@ from common.errors import ConfigError
 
 pytest.importorskip("tokenizers", reason="the data extra: pip install -e '.[data]'")
 pytest.importorskip("pyarrow", reason="the data extra: pip install -e '.[data]'")
-
-def _mains() -> dict[str, object]:
-    from analysis.cli import main as schedlab
-    from analysis.cli.data import main as data
-    from analysis.cli.profile import main as profile
-    from analysis.cli.rounds import main as rounds
-    from analysis.cli.simulate import main as sim
-    from analysis.cli.train import main as real
-
-    return {"sim": sim, "analysis": schedlab, "real": real, "real.data": data, "real.profile": profile,
-            "real.rounds": rounds}
-
-
-def _script(path: str, argv: list[str]) -> int:
-    old = sys.argv
-    sys.argv = [path, *argv]
-    try:
-        runpy.run_path(path, run_name="__main__")
-    finally:
-        sys.argv = old
-    return 0
-
-
-def run_in_process(argv: tuple[str, ...], capsys) -> tuple[int, str, str]:
-    """A case's command as its entry point runs it, in this process: (exit status, stdout, stderr)."""
-    assert argv[0] == sys.executable
-    try:
-        if argv[1] == "-m":
-            code = _mains()[argv[2]](list(argv[3:]))
-        else:
-            code = _script(argv[1], list(argv[2:]))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
-
 
 def _case_ids() -> list[str]:
     """One id per case, its command without the scratch folder (the cases are written once to count them)."""

@@ -17,6 +17,8 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("tokenizers")
 
+from conftest import run_case_in_process as _run
+
 from analysis.hostile import _state
 from analysis.hostile_paths import GROUP, cases, live_lock
 from common.errors import OutputError
@@ -24,27 +26,6 @@ from common.outputs import Output, check_paths, open_append
 from real import checkpoint as ckpt
 
 SMALL = ["--layers", "2", "--dim", "16", "--heads", "2", "--vocab", "32", "--seq", "8"]
-
-
-def _main(argv: tuple[str, ...]):
-    """The in-process ``main`` and arguments of a case's command line (``PY -m MODULE ARGS``)."""
-    module, rest = argv[2], list(argv[3:])
-    if module == "real.data":
-        from analysis.cli.data import main
-    else:
-        from analysis.cli import main
-    return main, rest
-
-
-def _run(argv: tuple[str, ...], capsys) -> tuple[int, str, str]:
-    main, rest = _main(argv)
-    capsys.readouterr()
-    try:
-        rc = main(rest)
-    except SystemExit as exc:
-        rc = exc.code
-    out, err = capsys.readouterr()
-    return rc, out, err
 
 
 @pytest.fixture(scope="module")
