@@ -18,7 +18,7 @@ from pathlib import Path
 
 from analysis.hostile import Case
 
-__all__ = ["EXPERIMENTS", "cases"]
+__all__ = ["EXPERIMENTS", "PROFILE", "PY", "REAL", "SCHEDLAB", "SHAPE", "SIM", "SMALL", "cases"]
 
 PY = sys.executable
 SIM = [PY, "-m", "sim"]

@@ -33,19 +33,11 @@ from pathlib import Path
 import numpy as np
 
 from analysis.hostile import Case, run_case
-from analysis.hostile_hardening import EXPERIMENTS
+from analysis.hostile_hardening import EXPERIMENTS, PROFILE, REAL, SCHEDLAB, SHAPE, SIM, SMALL
 from analysis.hostile_hardening import cases as hardening_cases
 from analysis.hostile_parse import cases as parse_cases
 from analysis.hostile_paths import cases as path_cases
 from analysis.hostile_procs import cases as proc_cases
-
-PY = sys.executable
-SIM = [PY, "-m", "sim"]
-SCHEDLAB = [PY, "-m", "analysis"]
-REAL = [PY, "-m", "real"]
-PROFILE = [PY, "-m", "real.profile"]
-SHAPE = ["--schedule", "1f1b", "--pp", "4", "--microbatches", "8"]
-SMALL = ["--layers", "2", "--dim", "16", "--heads", "2", "--vocab", "32", "--seq", "8"]
 
 
 def _files(d: Path) -> dict[str, str]:
