@@ -165,3 +165,20 @@ def test_sigkill_of_a_live_replica_leaves_nothing(tmp_path: Path) -> None:
         assert _kill_and_watch(proc, 3) == []
     finally:
         lighthouse.shutdown()
+
+
+def test_a_rank_told_by_another_that_the_quorum_is_late_names_the_real_limit() -> None:
+    """A pipeline replica's ranks give up together: the rank whose own clock has not yet passed --quorum-timeout
+    raises the same line as the one whose has (the limit as given, never a stand-in)."""
+    import time as clock
+
+    from real.faults.elastic import LiveConfig, check_quorum
+
+    live = LiveConfig(lighthouse="http://127.0.0.1:1", min_replicas=2, wait_replicas=2, quorum_timeout_s=1.0)
+    now = clock.monotonic()
+    assert check_quorum(live, 1, False, now, now) is None  # its own clock: not late yet
+    told = check_quorum(live, 1, False, now, now, late=True)
+    assert str(told) == ("replica 0: 1 replica(s) in the quorum for 1 s, fewer than the 2 a step needs (are the "
+                         "others running?); start them, or give fewer")
+    waiting = check_quorum(live, 1, True, now, now, late=True)
+    assert str(waiting) == "replica 0: 1 of the 2 replicas to wait for joined within 1 s (has the job ended?)"

@@ -275,17 +275,19 @@ def make_manager(config: RunConfig, live: LiveConfig, replica: Any, rank: int, w
         raise error from None
 
 
-def check_quorum(live: LiveConfig, n: int, waiting: bool, started: float, since: float) -> ConfigError | None:
+def check_quorum(live: LiveConfig, n: int, waiting: bool, started: float, since: float,
+                 late: bool = False) -> ConfigError | None:
     """Why this replica gives up, or None: the ``wait_replicas`` not joined within quorum_timeout_s of the start
     (``waiting``: its first step not committed yet), or fewer than min_replicas in the quorum for that long
     since ``since`` (the last commit, or the start), rather than retrying for ever. Every rank of a replica
-    raises it alike (rank 0 prints it)."""
+    raises it alike (rank 0 prints it). ``late``: another rank of the replica found the limit passed, so this one
+    gives up too, whatever its own clock says."""
     now, limit = time.monotonic(), live.quorum_timeout_s
     error = None
-    if waiting and now - started > limit:
+    if waiting and (late or now - started > limit):
         error = ConfigError(f"replica {live.replica_id}: {n} of the {live.wait_replicas} replicas to wait for "
                             f"joined within {limit:g} s (has the job ended?)", field="wait_replicas")
-    elif n < live.min_replicas and now - since > limit:
+    elif n < live.min_replicas and (late or now - since > limit):
         error = ConfigError(f"replica {live.replica_id}: {n} replica(s) in the quorum for {limit:g} s, fewer than "
                             f"the {live.min_replicas} a step needs (are the others running?); start them, or give "
                             "fewer", field="min_replicas")

@@ -223,7 +223,7 @@ def _step(replica: _PipelineReplica, manager, live: LiveConfig, events: _Events)
     if waiting or n < live.min_replicas:  # every rank of the replica sees this quorum: they give up together
         dist.all_reduce(late)
     if late[0]:
-        raise error or check_quorum(replace(live, quorum_timeout_s=1e-9), n, waiting, 0.0, 0.0)
+        raise error or check_quorum(live, n, waiting, replica.started, replica.last_commit, late=True)
     if waiting:
         manager.report_error(RuntimeError(f"{n} of the {live.wait_replicas} replicas to wait for"))
     count = replica.config.layout.microbatches
