@@ -103,6 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with errors_to_exit(parser, f"[rank {rank}] "):
             result = profile(cfg)
+        if dist.is_initialized():  # every rank's last collective done before the groups are torn down
+            dist.barrier()
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
