@@ -245,6 +245,7 @@ class Bounds:
         self._paths: dict[tuple, tuple] = {}
         self._dp: dict[tuple, tuple[float, ...]] = {}
         self._states: dict[tuple, tuple[float, ...]] = {}
+        self._queues: dict[tuple, tuple[tuple[float, float], ...]] = {}
 
     # --- cost models ------------------------------------------------------------------------------------
     def unit_costs(self, tp: int, sp: bool, b: int, recompute: str) -> TransformerCosts:
@@ -392,6 +393,60 @@ class Bounds:
         found = self._paths[key] = (tuple(head[s] for s in lows), tuple(back[s] for s in lows))
         return found
 
+    def _queue_terms(self, c: PlanConfig, info: ShapeInfo) -> tuple[tuple[float, float], ...]:
+        """Per rank ``(a, b)``: its data-parallel communicator is busy at least ``a + m b`` seconds per step.
+
+        The collectives of a rank's data-parallel group run one at a time (one queue, :mod:`sim.network`) and a
+        flow never moves faster than its full speed, so each takes at least its own duration: per bucket of each
+        of the rank's stages, ddp/sync one all-reduce, zero1 one reduce-scatter and one all-gather, zero2 a
+        reduce-scatter per microbatch (every gradient pass) and one all-gather, zero3/fsdp a reduce-scatter per
+        microbatch and an all-gather before its forward and before its backward (only the forward's when the
+        parameters stay gathered, ``fsdp_reshard_after_forward`` off; W's gathers are not counted). Other
+        modes: (0, 0).
+        """
+        key = (c.tp, c.pp, c.dp, c.dp_mode, info.placement)
+        found = self._queues.get(key)
+        if found is not None:
+            return found
+        costs, n, mode = self.costs(c), len(info.placement), c.dp_mode
+        terms = []
+        for r, stages in enumerate(info.rank_stages):
+            a = b = 0.0
+            if c.dp > 1 and mode in ("ddp", "sync", "zero1", "zero2", "zero3", "fsdp"):
+                group = costs.group(r)
+                for s in stages:
+                    for k in range(len(costs.bucket_sizes(s, n))):
+                        if mode in ("ddp", "sync"):
+                            a += costs.codec_time(Kind.ALLREDUCE, s, n, k) + group.allreduce(
+                                costs.collective_bytes(Kind.ALLREDUCE, s, n, k))
+                            continue
+                        rs = costs.codec_time(Kind.REDUCE_SCATTER, s, n, k) + group.gather(
+                            costs.collective_bytes(Kind.REDUCE_SCATTER, s, n, k))
+                        ag = group.gather(costs.collective_bytes(Kind.ALL_GATHER, s, n, k))
+                        if mode == "zero1":
+                            a += rs + ag
+                        elif mode == "zero2":
+                            a, b = a + ag, b + rs
+                        else:
+                            b += rs + ag * (2 if costs.parallel.fsdp_reshard_after_forward else 1)
+            terms.append((a, b))
+        found = self._queues[key] = tuple(terms)
+        return found
+
+    def comm_floor(self, c: PlanConfig) -> float:
+        """The step's floor from each rank's data-parallel communication: at least its communicator's busy time
+        C, and, as compute runs 1 + kappa times slower while the rank communicates (the fair links'
+        ``contention``, :mod:`sim.network`), at least its compute work W plus C kappa / (1 + kappa) (of W, at
+        most C / (1 + kappa) is done while it communicates, the rest outside those C seconds)."""
+        info, ranks = self._rank_figs(c)
+        costs, m = self.costs(c), c.microbatches
+        kappa = costs.compute_contention if costs.parallel.link_model == "fair" else 0.0
+        best = 0.0
+        for (a, b), w in zip(self._queue_terms(c, info), ranks.work, strict=True):
+            comm = a + m * b
+            best = max(best, comm, m * w + comm * kappa / (1.0 + kappa))
+        return best
+
     def lower_bound(self, c: PlanConfig) -> float:
         """A step time no simulation of ``c`` can beat (see the module docstring)."""
         info, ranks = self._rank_figs(c)
@@ -399,7 +454,7 @@ class Bounds:
         head, back = self._chains(c, info)
         m = c.microbatches
         ends = [h + m * w for h, w in zip(head, ranks.work, strict=True)]
-        best = max(e + t for e, t in zip(ends, tails, strict=True))
+        best = max(max(e + t for e, t in zip(ends, tails, strict=True)), self.comm_floor(c))
         if info.full_backward:  # stage 0's last B follows every rank's last pass and the chain back to stage 0
             r0 = info.placement[0]
             ends[r0] = max(e + b for e, b in zip(ends, back, strict=True))

@@ -81,6 +81,7 @@ log = logging.getLogger(__name__)
 MAX_CANDIDATES = 1_000_000
 _START_TIMEOUT = 120.0  # seconds for a pool's workers to start and answer (forked: well under one)
 _SLACK = 1e-9  # the bound and the simulation sum the same times in different orders
+_GROUP_SPREAD = 0.05  # a simulation job takes the graph's configurations whose bound is within 5% of the first's
 _OPEN, _TAKEN, _DONE = 0, 1, 2  # a candidate: waiting (for refinement or simulation), in a worker, settled
 
 
@@ -536,8 +537,12 @@ class _Search:
                     continue
                 if refined[i]:
                     gkey = _group_key(c)
+                    # a graph's other configurations go with it only where their bounds are near this one's: before
+                    # the top K is known, the cut is infinite, and a recompute=full neighbour 30% slower would be
+                    # simulated for nothing (it stays in the queue, to be simulated if its bound is ever reached)
+                    near = min(cut, b * (1 + _GROUP_SPREAD))
                     group = [i, *[j for j in by_group.get(gkey, ()) if j != i and state[j] == _OPEN
-                                     and bound[j] <= cut][:self.GROUP - 1]]
+                                     and bound[j] <= near][:self.GROUP - 1]]
                     for j in group:
                         state[j] = _TAKEN
                     fut = pool.submit(_simulate_job, [configs[j] for j in group], [bound[j] for j in group])
