@@ -162,12 +162,16 @@ class SimResult:
         }
 
 
-def simulate(graph: TaskGraph | Schedule, costs: CostModel | None = None, *, check: bool = True) -> SimResult:
+def simulate(graph: TaskGraph | Schedule, costs: CostModel | None = None, *, check: bool = True,
+             peaks: bool = True) -> SimResult:
     """Run the task graph (or a schedule, lowered here) under the cost model (default: :class:`UniformCosts`);
     deterministic: ``simulate(schedule, costs)`` is ``simulate(lower(schedule), costs)``.
 
     ``check`` validates the graph first (a deadlock is reported, not simulated);
     pass False only for a graph that :func:`schedules.validate` already accepted.
+    ``peaks=False`` leaves each rank's ``peak_activations`` NaN (for a caller
+    that has the peak already, e.g. the planner's activation rows: on a large
+    graph the accounting is a tenth of the run).
     """
     if isinstance(graph, Schedule):
         graph = validate(graph) if check else lower(graph)
@@ -179,10 +183,10 @@ def simulate(graph: TaskGraph | Schedule, costs: CostModel | None = None, *, che
     if costs is None:
         costs = UniformCosts()
     with paused_gc():  # millions of small allocations; a full collection would walk the whole graph
-        return _simulate(graph, costs)
+        return _simulate(graph, costs, peaks)
 
 
-def _simulate(graph: TaskGraph, costs: CostModel) -> SimResult:
+def _simulate(graph: TaskGraph, costs: CostModel, peaks: bool = True) -> SimResult:
     tasks = graph.tasks
     n = len(tasks)
     batch = getattr(costs, "durations", None)  # optional: a model may answer for the whole graph at once
@@ -218,7 +222,7 @@ def _simulate(graph: TaskGraph, costs: CostModel) -> SimResult:
         start=start,
         end=end,
         bytes_moved=[0.0 if t.stream is Stream.COMPUTE else float(costs.bytes(t, graph)) for t in tasks],
-        ranks=_rank_stats(graph, costs, start, end),
+        ranks=_rank_stats(graph, costs, start, end, peaks),
     )
 
 
@@ -538,12 +542,13 @@ def activation_peaks(graph: TaskGraph, costs: CostModel) -> list[float]:
     return [_peak(graph, costs, _compute_ids(graph, r)) for r in range(len(graph.programs))]
 
 
-def _rank_stats(graph: TaskGraph, costs: CostModel, start: list[float], end: list[float]) -> tuple[RankStats, ...]:
+def _rank_stats(graph: TaskGraph, costs: CostModel, start: list[float], end: list[float],
+                peaks: bool = True) -> tuple[RankStats, ...]:
     stats = []
     for rank in range(len(graph.programs)):
         ids = _compute_ids(graph, rank)
         busy = sum(end[i] - start[i] for i in ids)
         first = min((start[i] for i in ids), default=0.0)
         last = max((end[i] for i in ids), default=0.0)
-        stats.append(RankStats(rank, busy, first, last, _peak(graph, costs, ids)))
+        stats.append(RankStats(rank, busy, first, last, _peak(graph, costs, ids) if peaks else math.nan))
     return tuple(stats)

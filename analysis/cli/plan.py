@@ -56,6 +56,9 @@ def _parser(prog: str) -> OneLineParser:
     p.add_argument("--against", metavar="LAYOUT",
                    help="also simulate this layout, written as a row label of the table, e.g. 'tp8+sp pp16 dp64 "
                         "interleaved-1f1b v8 m32x1 zero2 rc-none', and say why #1 beats it and whether it fits")
+    p.add_argument("--exact", action="store_true",
+                   help="simulate every finalist's whole step (default: a long step is simulated over two periods of "
+                        "its steady phase and extended where they agree, within 0.1%% of the step: sim.plan.extrapolate)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
@@ -103,7 +106,8 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
             bar.refresh()
 
         try:
-            result = plan(space, top=args.top, workers=args.workers, progress=progress if bar is not None else None)
+            result = plan(space, top=args.top, workers=args.workers, progress=progress if bar is not None else None,
+                          extrapolate=not args.exact)
         finally:
             if bar is not None:
                 bar.close()

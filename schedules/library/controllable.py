@@ -77,13 +77,21 @@ def v_list_schedule(p: int, m: int, cap: int, tf: float = 1.0, tb: float = 1.0, 
     def delay(s: int, t: int) -> float:
         return tcomm if rank_of[s] != rank_of[t] else 0.0
 
-    def done(r: int) -> bool:
-        return ni[r] == m and not wq[r]  # the down-leg stage's backward is the rank's last
-
+    active = list(range(p))  # the ranks not done, ascending (done: its down-leg I's, its last, and every W run)
+    finished = [False] * p
     waiting = [False] * p  # nothing to do at its instant, letting the other ranks there act first
-    while not all(done(r) for r in range(p)):
-        r = min((x for x in range(p) if not done(x)), key=lambda x: (free[x], waiting[x], x))
-        t = free[r]
+    # The instant t and the ranks free at it (ascending), kept while any is: free times only grow, so the next
+    # rank is among them; ``later``: the earliest free time after t (exact: lowered as ranks move on, recomputed
+    # when t moves or a rank is done).
+    t, tied, later = -math.inf, [], math.inf
+    while active:
+        # the next rank: the earliest free, a waiting one after the others at its instant, then the lowest
+        tied = [x for x in tied if free[x] == t and not finished[x]]
+        if not tied:
+            t = min([free[x] for x in active])
+            tied = [x for x in active if free[x] == t]
+            later = min([free[x] for x in active if free[x] > t], default=math.inf)
+        r = next((x for x in tied if not waiting[x]), tied[0])
         down, up = r, n - 1 - r
         backs = [s for s in (up, down) if ni[s] < m and i_arrive[s][ni[s]] <= t + eps]
         if backs:
@@ -97,6 +105,7 @@ def v_list_schedule(p: int, m: int, cap: int, tf: float = 1.0, tb: float = 1.0, 
             wq[r].append(Action(Kind.W, s, j))
             progs[r].append(Action(Kind.I, s, j))
             free[r] = end
+            later = min(later, end) if end > t else later
             waiting = [False] * p
             continue
         fwd = None
@@ -117,22 +126,31 @@ def v_list_schedule(p: int, m: int, cap: int, tf: float = 1.0, tb: float = 1.0, 
                 i_arrive[fwd][j] = end
             progs[r].append(Action(Kind.F, fwd, j))
             free[r] = end
+            later = min(later, end) if end > t else later
             waiting = [False] * p
             continue
         if wq[r] and (fwd is None or soon >= t + w - eps):
             progs[r].append(wq[r].popleft())
             free[r] = t + w
+            later = min(later, t + w) if t + w > t else later
             waiting = [False] * p
+            if ni[r] == m and not wq[r]:  # the down-leg stage's backward is the rank's last
+                active.remove(r)
+                finished[r] = True
+                later = min([free[x] for x in active if free[x] > t], default=math.inf)
             continue
-        if any(x != r and not done(x) and free[x] <= t + eps and not waiting[x] for x in range(p)):
+        near = t + eps
+        close = tied if later > near else [x for x in active if free[x] <= near]  # the ranks at t, give or take eps
+        if any(not waiting[x] for x in close if x != r):
             waiting[r] = True
             continue
-        nxt = [x for x in (soon, *_f_times(f_arrive, nf, up, down, m, held[r] + 1 <= 2 * cap, held[r] + 2 <= 2 * cap)) if x > t + eps]
-        others = [free[x] for x in range(p) if x != r and not done(x) and free[x] > t + eps]
+        nxt = [x for x in (soon, *_f_times(f_arrive, nf, up, down, m, held[r] + 1 <= 2 * cap, held[r] + 2 <= 2 * cap)) if x > near]
+        others = [later] if later > near else [free[x] for x in active if x != r and free[x] > near]
         wake = min(nxt + others, default=math.inf)
         if math.isinf(wake):
             raise AssertionError(f"V list scheduler stuck at t={t} on rank {r}")
         free[r], waiting[r] = wake, False
+        later = min(later, wake)
     return progs
 
 

@@ -100,18 +100,19 @@ def greedy_zero_bubble(
     progs: list[list[Action]] = [[] for _ in range(p)]
     eps = 1e-9
 
-    def done(r: int) -> bool:
-        return ni[r] == m and not wq[r]
-
+    active = list(range(p))  # the ranks not done (done: every I and every W run), ascending
     waiting = [False] * p  # idle at its time, letting ranks at the same instant go first
-    while not all(done(r) for r in range(p)):
-        r = min((x for x in range(p) if not done(x)), key=lambda x: (free[x], waiting[x], x))
-        t = free[r]
+    while active:
+        # the next rank: the earliest free, a waiting one after the others at its instant, then the lowest
+        t = min([free[x] for x in active])
+        tied = [x for x in active if free[x] == t]
+        r = next((x for x in tied if not waiting[x]), tied[0])
         if waiting[r]:
             # Every rank at instant t has had its turn and none could act: jump all of
             # them to the next instant anything can happen (an arrival or a rank freeing).
-            idle = [x for x in range(p) if not done(x) and free[x] <= t + eps]
-            later = [free[x] for x in range(p) if not done(x) and free[x] > t + eps]
+            near = t + eps
+            idle = [x for x in active if free[x] <= near]
+            later = [free[x] for x in active if free[x] > near]
             arrivals = [_next_arrival(x, t, nf, ni, f_arrive, i_arrive, mem, caps, m, eps) for x in idle]
             nxt = min(later + arrivals, default=math.inf)
             if math.isinf(nxt):
@@ -146,13 +147,16 @@ def greedy_zero_bubble(
                 i_arrive[r][mb] = end
         else:
             nxt = _next_arrival(r, t, nf, ni, f_arrive, i_arrive, mem, caps, m, eps)
-            others = [free[x] for x in range(p) if x != r and not done(x) and free[x] >= t - eps]
+            low = t - eps
+            others = [free[x] for x in active if free[x] >= low and x != r]
             wake = min([nxt, *others], default=math.inf)
             if wq[r] and (policy.w_fills_any_gap or wake - t >= tw - eps or wake <= t + eps):
                 mb = wq[r].popleft()
                 end = t + tw
                 mem[r] -= mw
                 progs[r].append(Action(Kind.W, r, mb))
+                if ni[r] == m and not wq[r]:
+                    active.remove(r)
             elif wake <= t + eps:
                 waiting[r] = True  # another rank acts at this instant first; it may send us work
                 continue

@@ -157,7 +157,7 @@ def peak_activations(rows: MemoryRows, sizes: Sequence[Sequence[float]], mw: flo
 #: Schedules whose activation rows only grow with m (every row at m' <= m is dominated by a row at m), checked
 #: by tests/test_plan.py over a grid: for them the rows at a small m' give a memory floor without building m.
 MONOTONE_IN_M = frozenset({"gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "interleaved-zb", "zb-v",
-                           "dualpipe-v", "zb-h2"})
+                           "dualpipe-v", "zb-h2", "v-min"})  # not v-half: its list scheduler's rows at pp 3, m 2 exceed m 3's
 
 
 def small_m(name: str, pp: int, m: int, v: int) -> int | None:
@@ -246,6 +246,10 @@ class Bounds:
         self._dp: dict[tuple, tuple[float, ...]] = {}
         self._states: dict[tuple, tuple[float, ...]] = {}
         self._queues: dict[tuple, tuple[tuple[float, float], ...]] = {}
+        # rank_ends of the last schedule timed, per (durations, hops): the data-parallel modes and the layouts of one
+        # schedule that time its passes alike share one timeline (a refinement job's configurations share a schedule)
+        self._ends_of: CompiledTiming | None = None
+        self._ends: dict[tuple, list[float]] = {}
 
     # --- cost models ------------------------------------------------------------------------------------
     def unit_costs(self, tp: int, sp: bool, b: int, recompute: str) -> TransformerCosts:
@@ -505,7 +509,12 @@ class Bounds:
             if a != b:
                 hops[1 + 2 * s] = costs.cluster.link_between(p.device(a), p.device(b)).time(nbytes)
                 hops[2 + 2 * s] = costs.cluster.link_between(p.device(b), p.device(a)).time(nbytes)
-        ends = rank_ends(ct, durations, hops)
+        if ct is not self._ends_of:
+            self._ends_of, self._ends = ct, {}
+        key = (tuple(durations), tuple(hops))
+        ends = self._ends.get(key)
+        if ends is None:
+            ends = self._ends[key] = rank_ends(ct, durations, hops)
         tails = self._dp_tails(c, info)
         best = max(self.lower_bound(c), max(e + t for e, t in zip(ends, tails, strict=True)))
         emb = self._embedding_tail(c, info)

@@ -176,7 +176,8 @@ def _init_worker(space: PlanSpace, extrapolate: bool, parent: int) -> None:
 def _init(space: PlanSpace, extrapolate: bool = False) -> None:
     _STATE.clear()
     _STATE.update(space=space, bounds=Bounds(space), schedules=OrderedDict(), pipelines=OrderedDict(),
-                  graphs=OrderedDict(), timings=OrderedDict(), rows=OrderedDict(), extrapolate=extrapolate)
+                  graphs=OrderedDict(), timings=OrderedDict(), rows=OrderedDict(), orders=OrderedDict(),
+                  extrapolate=extrapolate)
 
 
 def _cached(cache: OrderedDict, key: Any, make: Callable[[], Any]) -> Any:
@@ -227,10 +228,16 @@ def _graph(study: Study) -> TaskGraph:
     return _cached(_STATE["graphs"], key, make)
 
 
-def _rows_and_order(study: Study) -> tuple[MemoryRows, str]:
-    """The whole schedule's activation rows and order digest (what an extrapolated entry takes from it)."""
+def _rows(study: Study) -> MemoryRows:
+    """The whole schedule's activation rows (an entry's memory)."""
     sched = _schedule(study)
-    return _cached(_STATE["rows"], _shape_key(study), lambda: (memory_rows(sched), order_digest(sched)))
+    return _cached(_STATE["rows"], _shape_key(study), lambda: memory_rows(sched))
+
+
+def _order(study: Study) -> str:
+    """The whole schedule's order digest (an extrapolated entry's, which simulates shorter ones)."""
+    sched = _schedule(study)
+    return _cached(_STATE["orders"], _shape_key(study), lambda: order_digest(sched))
 
 
 def _row_key(c: PlanConfig) -> tuple:
@@ -250,7 +257,7 @@ def _refine_job(configs: Sequence[PlanConfig], rows: MemoryRows | None
     """The tight bound of each configuration that fits (one shared schedule); None for one that does not fit."""
     space, bounds = _STATE["space"], _STATE["bounds"]
     if rows is None:
-        rows = memory_rows(_schedule(_study(configs[0])))
+        rows = _rows(_study(configs[0]))
     out: list[tuple[PlanConfig, float | None]] = []
     for c in configs:
         if bounds.memory(c, rows) > space.capacity:
@@ -260,26 +267,32 @@ def _refine_job(configs: Sequence[PlanConfig], rows: MemoryRows | None
     return rows, out
 
 
-def _simulate_job(configs: Sequence[PlanConfig], lower: Sequence[float]) -> list[PlanEntry]:
+def _simulate_job(configs: Sequence[PlanConfig], lower: Sequence[float], rows: MemoryRows | None = None
+                  ) -> list[PlanEntry]:
     """Simulate each configuration (they share one graph and are known to fit): its steady phase over two periods,
-    extended to its microbatches (:mod:`sim.plan.extrapolate`), or where that does not apply or hold, its whole step."""
+    extended to its microbatches (:mod:`sim.plan.extrapolate`), or where that does not apply or hold, its whole step.
+    Memory comes from the schedule's activation ``rows`` (the simulation's own accounting, ``tests/test_plan.py``),
+    so the simulations skip theirs."""
     bounds = _STATE["bounds"]
     out: list[PlanEntry] = []
     for c, lb in zip(configs, lower, strict=True):
         study = _study(c)
+        if rows is None:
+            rows = _rows(study)
         sizes = short_sizes(c) if _STATE["extrapolate"] else None
         if sizes is not None:
             short = []
             for k in sizes:
                 s = _study(c._replace(microbatches=k))
-                short.append(StepFigures.of(StudyResult(s, simulate(_graph(s), s.costs, check=False))))
+                short.append(StepFigures.of(StudyResult(s, simulate(_graph(s), s.costs, check=False, peaks=False))))
             figures = extend(c, sizes, tuple(short))
             if figures is not None:
-                rows, order = _rows_and_order(study)
-                out.append(_entry(c, study, figures, bounds.memory(c, rows), bounds, lb, order, sizes))
+                out.append(_entry(c, study, figures, bounds.memory(c, rows), bounds, lb, _order(study), sizes))
                 continue
             log.debug("plan: %s not steady at m = %s; simulated whole", c.label(), sizes)
-        out.append(entry_of(c, StudyResult(study, simulate(_graph(study), study.costs, check=False)), bounds, lb))
+        result = StudyResult(study, simulate(_graph(study), study.costs, check=False, peaks=False))
+        out.append(_entry(c, study, StepFigures.of(result), bounds.memory(c, rows), bounds, lb,
+                          order_digest(result.sim.graph.schedule)))
     return out
 
 
@@ -545,7 +558,8 @@ class _Search:
                                      and bound[j] <= near][:self.GROUP - 1]]
                     for j in group:
                         state[j] = _TAKEN
-                    fut = pool.submit(_simulate_job, [configs[j] for j in group], [bound[j] for j in group])
+                    fut = pool.submit(_simulate_job, [configs[j] for j in group], [bound[j] for j in group],
+                                      self.rows.get(_row_key(c)))
                     inflight[fut] = ("sim", tuple(group))
                 else:
                     key = _row_key(c)
