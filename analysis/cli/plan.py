@@ -58,7 +58,7 @@ def _parser(prog: str) -> OneLineParser:
                         "interleaved-1f1b v8 m32x1 zero2 rc-none', and say why #1 beats it and whether it fits")
     p.add_argument("--exact", action="store_true",
                    help="simulate every finalist's whole step (default: a long step is simulated over two periods of "
-                        "its steady phase and extended where they agree, within 0.1%% of the step: sim.plan.extrapolate)")
+                        "its steady phase and extended where they agree, within about 0.3%% of the step: sim.plan.extrapolate)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
@@ -134,6 +134,10 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
                     "export_targets": {"torchtitan": TORCHTITAN_VERSION, "megatron-lm": MEGATRON_COMMIT}})
         return 0
     print(format_plan(result))
+    extended = [i for i, e in enumerate(result.top, 1) if e.extrapolated_from]
+    if extended:
+        print(f"(#{', #'.join(map(str, extended))}: steps extended from two periods of their steady phase, within "
+              "about 0.3% of a whole simulation; --exact simulates them whole)")
     print()
     print(why_winner(result))
     if against is not None:

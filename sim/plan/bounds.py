@@ -45,6 +45,7 @@ schedules it keeps only the warm-up (p-1) tf.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -63,6 +64,7 @@ from sim.plan.space import PlanConfig, PlanSpace, shape_ok
 __all__ = ["Bounds", "MemoryRows", "memory_rows", "peak_activations"]
 
 _F, _I, _W, _B = Kind.F, Kind.I, Kind.W, Kind.B
+_PEAKS_KEPT = 256  # activation rows whose peaks Bounds.memory keeps
 #: Per rank: the (P, Q) count vectors over the rank's stages (in stage order) at every forward, Pareto-maximal.
 MemoryRows = tuple[tuple[tuple[tuple[int, ...], tuple[int, ...]], ...], ...]
 
@@ -249,6 +251,7 @@ class Bounds:
         # rank_ends of the last schedule timed, per (durations, hops): the data-parallel modes and the layouts of one
         # schedule that time its passes alike share one timeline (a refinement job's configurations share a schedule)
         self._ends_of: CompiledTiming | None = None
+        self._peaks: OrderedDict[int, tuple[MemoryRows, dict[tuple, list[float]]]] = OrderedDict()
         self._ends: dict[tuple, list[float]] = {}
 
     # --- cost models ------------------------------------------------------------------------------------
@@ -341,7 +344,19 @@ class Bounds:
     def memory(self, c: PlanConfig, rows: MemoryRows) -> float:
         """The largest device's memory (bytes) with the schedule's activation rows."""
         mw = self.space.model.w_held_fraction(c.recompute)
-        act = peak_activations(rows, self.stage_sizes(c), mw)
+        sizes = self.stage_sizes(c)
+        # the data-parallel modes (and dp degrees) of one layout hold the same activations: one peak per
+        # (rows, sizes, mw); the entry keeps its rows alive, so their id is not reused while it is cached
+        kept = self._peaks.get(id(rows))
+        if kept is None or kept[0] is not rows:
+            kept = self._peaks[id(rows)] = (rows, {})
+            while len(self._peaks) > _PEAKS_KEPT:
+                self._peaks.popitem(last=False)
+        else:
+            self._peaks.move_to_end(id(rows))
+        act = kept[1].get((sizes, mw))
+        if act is None:
+            act = kept[1][(sizes, mw)] = peak_activations(rows, sizes, mw)
         return max(st + a for st, a in zip(self.states(c), act, strict=True))
 
     # --- the lower bound ----------------------------------------------------------------------------------

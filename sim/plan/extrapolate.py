@@ -22,10 +22,11 @@ converge to its period geometrically (the 405B plan above with zero1: the
 second difference of the step is 3e-13 s at 2 pp, the busy time's 3e-6 s); a
 reduce-scatter per microbatch on the links the pipeline's sends use (zero2)
 keeps it quasi-periodic (the same plan with zero2: its periods differ by 1e-3
-to 1e-2 s in 5.1 s, at every m tried up to 8 pp). An extended figure is then
-off by about the remaining periods times that disagreement: within
-:data:`TOLERANCE` of the step (``tests/test_plan_extrapolate.py`` measures each
-family against its whole step). That is why the planner's exact mode
+to 1e-2 s in 5.1 s, at every m tried up to 8 pp, and its period itself drifts by 0.25% after 6 pp). An
+extended figure is then off by the remaining periods times that disagreement and drift: on the small models
+of ``tests/test_plan_extrapolate.py``, every family, within 3.5e-5 of the whole step; on the 405B plans on
+64 nodes, zero1 within 1e-13 s, zero2 0.21% and 0.25% slow (``experiments/bench_plan.py --check``).
+That is why the planner's exact mode
 (``plan(..., extrapolate=False)``, ``schedlab plan --exact``) simulates every
 step whole. Memory is not extrapolated: it comes from the schedule's activation
 rows at m (:func:`sim.plan.bounds.memory_rows`), the simulation's own
