@@ -1,7 +1,8 @@
 """The list schedulers behind v-half and zb-h2 (schedules.library.controllable, zb_auto) keep their orders.
 
 Both were rewritten for speed (the next rank taken from the ranks free at the current instant instead of a
-scan over every rank per step: v-half at p 64, m 1024 from 19 s to under 4 s). The digests below are of the
+scan over every rank per step: v-half at p 64, m 1024 2.7x faster, 13.8 s to 5.1 s side by side on a loaded
+machine). The digests below are of the
 programs the earlier code made, recorded before the rewrite; the rewrite was also checked equal to it on 868
 (v_list_schedule) and 8,064 (greedy_zero_bubble) shapes, pass times and policies.
 """
