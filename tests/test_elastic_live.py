@@ -47,6 +47,10 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS, BATCH, SEQ, KILL_AT = 12, 6, 8, 5
 MODEL = ["--layers", "2", "--dim", "16", "--heads", "2", "--vocab", "256", "--seq", str(SEQ)]
 LAUNCH_TIMEOUT = 80  # seconds per replica's torchrun; the test's own timeout is above it
+# gloo's limit per operation (--timeout): above the longest pause of replica 0 (SIGSTOP until replica 1's
+# new processes start: 10.2 s seen under a loaded CI), or a receive in flight when paused times out on
+# SIGCONT and replica 0 is restarted; a killed peer is detected by its closed connection, not by this
+OP_TIMEOUT = 45
 
 
 def _events(path: Path) -> list[dict]:
@@ -86,7 +90,7 @@ def _launch(lighthouse: str, tmp: Path, data: Path) -> tuple[dict, list[dict], l
     """Both replicas; the pause of replica 0 around replica 1's restart; (results, events 0, events 1)."""
     common = ["-m", "real", "--elastic", "live", "--lighthouse", lighthouse, "--wait-replicas", "2",
               "--steps", str(STEPS), "--batch-size", str(BATCH), *MODEL, "--data", str(data), "--lr", "0.01",
-              "--timeout", "10", "--min-step-time", "0.2", "--json",
+              "--timeout", str(OP_TIMEOUT), "--min-step-time", "0.2", "--json",
               "--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-every", "4"]
     procs: dict[int, subprocess.CompletedProcess] = {}
 

@@ -51,14 +51,19 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS, BATCH, MICRO, SEQ, KILL_AT = 12, 8, 4, 8, 5
 MODEL = ["--layers", "2", "--dim", "16", "--heads", "2", "--vocab", "256", "--seq", str(SEQ)]
 LAUNCH_TIMEOUT = 90  # seconds per replica's torchrun; the test's own timeout is above it
+# gloo's limit per operation (--timeout): above the longest pause of replica 0 (SIGSTOP until replica 1's
+# new processes start: 10.2 s seen under a loaded CI), or a receive in flight when paused times out on
+# SIGCONT and replica 0 is restarted; a killed peer is detected by its closed connection, not by this
+OP_TIMEOUT = 45
 
 
-def _launch(lighthouse: str, tmp: Path, data: Path) -> tuple[dict, list[dict], list[dict], int]:
-    """Both replicas and replica 0's pause; ({(replica, pp rank): result}, events 0, events 1, step resumed at)."""
+def _launch(lighthouse: str, tmp: Path, data: Path) -> tuple[dict, list[dict], list[dict], int, dict]:
+    """Both replicas and replica 0's pause; ({(replica, pp rank): result}, events 0, events 1, step resumed at,
+    {replica: its torchrun's stderr})."""
     common = ["-m", "real", "--elastic", "live", "--lighthouse", lighthouse, "--wait-replicas", "2",
               "--pp", "2", "--microbatches", str(MICRO), "--schedule", "1f1b",
               "--steps", str(STEPS), "--batch-size", str(BATCH), *MODEL, "--data", str(data), "--lr", "0.01",
-              "--timeout", "10", "--min-step-time", "0.1", "--json",
+              "--timeout", str(OP_TIMEOUT), "--min-step-time", "0.1", "--json",
               "--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-every", "4"]
     procs: dict[int, subprocess.CompletedProcess] = {}
 
@@ -102,7 +107,7 @@ def _launch(lighthouse: str, tmp: Path, data: Path) -> tuple[dict, list[dict], l
                 results[i, r["pp_rank"]] = r
                 pos = line.find("{", end)
     assert alone
-    return results, _events(ev0), _events(ev1), resumed_at
+    return results, _events(ev0), _events(ev1), resumed_at, {i: proc.stderr for i, proc in procs.items()}
 
 
 @pytest.mark.slow
@@ -115,14 +120,15 @@ def test_a_pipeline_replica_rank_killed_rejoins_live_and_no_step_is_lost(tmp_pat
     lighthouse = LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=100, quorum_tick_ms=10,
                                   heartbeat_timeout_ms=300)
     try:
-        results, ev0, ev1, resumed_at = _launch(lighthouse.address(), tmp_path, data)
+        results, ev0, ev1, resumed_at, stderr = _launch(lighthouse.address(), tmp_path, data)
     finally:
         lighthouse.shutdown()
 
     assert sorted(results) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     # replica 0 never stopped: the same two processes, one start each; step 5 redone alone, on both ranks
     starts0 = [e for e in ev0 if e["event"] == "start"]
-    assert sorted((e["pp_rank"], e["pid"]) for e in starts0) == [(r, results[0, r]["pid"]) for r in (0, 1)]
+    assert sorted((e["pp_rank"], e["pid"]) for e in starts0) == [(r, results[0, r]["pid"]) for r in (0, 1)], \
+        stderr[0][-6000:]
     for r in (0, 1):
         fives = [(e["participants"], e["committed"], e["microbatches"]) for e in ev0
                  if e["event"] == "step" and e["step"] == KILL_AT and e["pp_rank"] == r]
