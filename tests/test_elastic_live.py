@@ -48,7 +48,7 @@ STEPS, BATCH, SEQ, KILL_AT = 12, 6, 8, 5
 MODEL = ["--layers", "2", "--dim", "16", "--heads", "2", "--vocab", "256", "--seq", str(SEQ)]
 LAUNCH_TIMEOUT = 80  # seconds per replica's torchrun; the test's own timeout is above it
 # gloo's limit per operation (--timeout): above the longest pause of replica 0 (SIGSTOP until replica 1's
-# new processes start: 10.2 s seen under a loaded CI), or a receive in flight when paused times out on
+# new processes start: 10.2 s seen under a loaded CI), or an operation in flight when paused times out on
 # SIGCONT and replica 0 is restarted; a killed peer is detected by its closed connection, not by this
 OP_TIMEOUT = 45
 

@@ -45,16 +45,12 @@ from real.data.tokens import TokenBatches, TokenFile, prepare  # noqa: E402
 from real.faults.elastic import pause_report, share  # noqa: E402
 from real.launch import torchrun  # noqa: E402
 from real.models import build_model  # noqa: E402
-from tests.test_elastic_live import _events, _reference, _wait_for  # noqa: E402  (the same event log and reference)
+from tests.test_elastic_live import OP_TIMEOUT, _events, _reference, _wait_for  # noqa: E402  (shared: log, reference, limit)
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, BATCH, MICRO, SEQ, KILL_AT = 12, 8, 4, 8, 5
 MODEL = ["--layers", "2", "--dim", "16", "--heads", "2", "--vocab", "256", "--seq", str(SEQ)]
 LAUNCH_TIMEOUT = 90  # seconds per replica's torchrun; the test's own timeout is above it
-# gloo's limit per operation (--timeout): above the longest pause of replica 0 (SIGSTOP until replica 1's
-# new processes start: 10.2 s seen under a loaded CI), or a receive in flight when paused times out on
-# SIGCONT and replica 0 is restarted; a killed peer is detected by its closed connection, not by this
-OP_TIMEOUT = 45
 
 
 def _launch(lighthouse: str, tmp: Path, data: Path) -> tuple[dict, list[dict], list[dict], int, dict]:
