@@ -34,6 +34,7 @@ tensor against everything a stage's layers save).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -166,50 +167,130 @@ class CompiledTiming:
 def compile_timing(schedule: Schedule) -> CompiledTiming:
     """Order the compute actions as the ranks would run them with every pass instantly done (a topological order).
 
-    Raises ValueError when the programs wait on each other in a cycle or on
-    work no rank runs (:func:`schedules.validate` says which).
+    Each rank runs its program until an input is missing, then waits on that input alone (woken when it is
+    made), so each action is looked at once or twice; a plain action's inputs are read inline (what
+    :func:`_data_deps` says), an overlapped pair's through it. Raises ValueError when the programs wait on each
+    other in a cycle or on work no rank runs (:func:`schedules.validate` says which).
     """
     progs, s2r, last = schedule.programs, schedule.stage_to_rank, schedule.num_stages - 1
-    made: dict[tuple[Kind, int, int | None], int] = {}
+    n_stages = schedule.num_stages
+    # made[kind][stage]: microbatch -> the action's index; waiters[kind][stage]: microbatch -> ranks waiting on it
+    made: dict[Kind, list[dict]] = {}
+    waiters: dict[Kind, list[dict]] = {}
+    for kind in Kind:
+        made[kind] = [{} for _ in range(n_stages)]
+        waiters[kind] = [{} for _ in range(n_stages)]
+    F, I, B, W, R = Kind.F, Kind.I, Kind.B, Kind.W, Kind.R
+    made_f, made_i, made_b = made[F], made[I], made[B]
     slot_of: dict[tuple[tuple[Kind, int], ...], int] = {}
+    plain_slot: dict[tuple[Kind, int], int] = {}
     ranks: list[int] = []
     dslot: list[int] = []
     deps: list[tuple[tuple[int, int], ...]] = []
     pos = [0] * len(progs)
-    pending = sum(len(p) for p in progs)
-    while pending:
-        moved = False
-        for r, prog in enumerate(progs):
-            while pos[r] < len(prog):
-                action = prog[pos[r]]
-                parts = action.parts()
-                found: list[tuple[int, int]] = []
-                blocked = False
-                for a in parts:
-                    for key in _data_deps(a, last):
-                        kind, s, mb = key
-                        k = made.get(key)
-                        if k is None and kind is Kind.I:
-                            k = made.get((Kind.B, s, mb))
+    ready = deque(range(len(progs)))
+
+    def wait_on(kind: Kind, st: int, mb: int | None, r: int) -> None:
+        waiters[kind][st].setdefault(mb, []).append(r)
+        if kind is I:  # a B makes the input gradient too
+            waiters[B][st].setdefault(mb, []).append(r)
+
+    while ready:
+        r = ready.popleft()
+        prog, n = progs[r], len(progs[r])
+        while pos[r] < n:
+            action = prog[pos[r]]
+            idx = len(ranks)
+            if action.sub_actions is None:  # a plain pass: its inputs inline
+                kind, st, mb = action.kind, action.stage, action.microbatch
+                if kind is F:
+                    if st > 0:
+                        k = made_f[st - 1].get(mb)
                         if k is None:
-                            blocked = True
+                            wait_on(F, st - 1, mb, r)
                             break
-                        # an activation crosses from s to s + 1, a gradient from s back to s - 1
-                        found.append((k, 0 if s2r[s] == r else (1 + 2 * s if kind is Kind.F else 2 * s)))
-                    if blocked:
+                        dd: tuple[tuple[int, int], ...] = ((k, 0 if s2r[st - 1] == r else 2 * st - 1),)
+                    else:
+                        dd = ()
+                elif kind is I or kind is B:
+                    k = made_f[st].get(mb)
+                    if k is None:
+                        wait_on(F, st, mb, r)
                         break
-                if blocked:
-                    break
+                    first = (k, 0 if s2r[st] == r else 1 + 2 * st)
+                    if st < last:
+                        k2 = made_i[st + 1].get(mb)
+                        if k2 is None:
+                            k2 = made_b[st + 1].get(mb)
+                            if k2 is None:
+                                wait_on(I, st + 1, mb, r)
+                                break
+                        dd = (first, (k2, 0 if s2r[st + 1] == r else 2 * st + 2))
+                    else:
+                        dd = (first,)
+                elif kind is W:
+                    k = made_i[st].get(mb)
+                    if k is None:
+                        k = made_b[st].get(mb)
+                        if k is None:
+                            wait_on(I, st, mb, r)
+                            break
+                    dd = ((k, 0 if s2r[st] == r else 2 * st),)
+                elif kind is R:
+                    k = made_f[st].get(mb)
+                    if k is None:
+                        wait_on(F, st, mb, r)
+                        break
+                    dd = ((k, 0 if s2r[st] == r else 1 + 2 * st),)
+                else:  # no pass reads what another kind makes (_data_deps)
+                    dd = ()
+                    ranks.append(r)
+                    dslot.append(slot_of.setdefault(((kind, st),), len(slot_of)))
+                    deps.append(dd)
+                    pos[r] += 1
+                    continue
+                slot = plain_slot.get((kind, st))
+                if slot is None:
+                    slot = plain_slot[(kind, st)] = slot_of.setdefault(((kind, st),), len(slot_of))
                 ranks.append(r)
-                dslot.append(slot_of.setdefault(tuple((a.kind, a.stage) for a in parts), len(slot_of)))
-                deps.append(tuple(found))
-                for a in parts:
-                    made[(a.kind, a.stage, a.microbatch)] = len(ranks) - 1
+                dslot.append(slot)
+                deps.append(dd)
+                made[kind][st][mb] = idx
+                woken = waiters[kind][st].pop(mb, None) if waiters[kind][st] else None
+                if woken is not None:
+                    ready.extend(woken)
                 pos[r] += 1
-                pending -= 1
-                moved = True
-        if not moved:
-            raise ValueError(f"schedule {schedule.name!r}: the programs wait on each other (a cycle) or on missing work")
+                continue
+            parts = action.parts()
+            found: list[tuple[int, int]] = []
+            missing = None
+            for a in parts:
+                for key in _data_deps(a, last):
+                    kind, st, mb = key
+                    k = made[kind][st].get(mb)
+                    if k is None and kind is I:
+                        k = made_b[st].get(mb)
+                    if k is None:
+                        missing = key
+                        break
+                    # an activation crosses from s to s + 1, a gradient from s back to s - 1
+                    found.append((k, 0 if s2r[st] == r else (1 + 2 * st if kind is F else 2 * st)))
+                if missing is not None:
+                    break
+            if missing is not None:
+                wait_on(*missing, r)
+                break
+            ranks.append(r)
+            dslot.append(slot_of.setdefault(tuple((a.kind, a.stage) for a in parts), len(slot_of)))
+            deps.append(tuple(found))
+            for a in parts:
+                made[a.kind][a.stage][a.microbatch] = idx
+                woken = waiters[a.kind][a.stage].pop(a.microbatch, None)
+                if woken is not None:
+                    ready.extend(woken)
+            pos[r] += 1
+    if len(ranks) < sum(len(p) for p in progs):
+        raise ValueError(f"schedule {schedule.name!r}: the programs wait on each other (a cycle) or on missing work")
     return CompiledTiming(tuple(ranks), tuple(dslot), tuple(deps), tuple(slot_of), len(progs), schedule.num_stages)
 
 
