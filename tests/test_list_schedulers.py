@@ -45,3 +45,29 @@ def test_greedy_zero_bubble_orders(args, policy, digest):
 def test_a_stuck_v_list_schedule_says_so():
     with pytest.raises(AssertionError, match="stuck"):
         v_list_schedule(3, 7, 1, 1, 2, 1, 0.3)
+
+
+@pytest.mark.parametrize(("p", "m"), [(4, 40), (8, 64), (6, 19)])
+def test_v_list_schedule_stopped_early_is_a_prefix(p, m):
+    """The planner's V-Half memory floor: stopped as stage 0 runs its K-th forward, every rank's program is the
+    start of its whole program at m (the scheduler only appends), with exactly K forwards of stage 0."""
+    whole = v_list_schedule(p, m, (p + 2) // 2)
+    for k in (1, p, 2 * p, m - 1):
+        part = v_list_schedule(p, m, (p + 2) // 2, admitted=k)
+        assert all(prog[:len(pre)] == pre for prog, pre in zip(whole, part, strict=True))
+        assert sum(a.kind.value == "F" and a.stage == 0 for a in part[0]) == k
+        assert sum(map(len, part)) < sum(map(len, whole))
+
+
+@pytest.mark.timeout(30)
+def test_v_list_schedule_with_send_time_does_not_spin():
+    """With a send time the ranks' free times differ in a float's last digits: all ranks at t waited for one
+    free within eps of t but not at it, which was never picked, and spun for ever (p 6, m 24, cap 6, F 1, B 2,
+    W 1, send 0.3). The waiting rank now steps to that instant; the schedule finishes, every pass once."""
+    p, m = 6, 24
+    progs = v_list_schedule(p, m, p, 1.0, 2.0, 1.0, 0.3)
+    assert [len(prog) for prog in progs] == [6 * m] * p  # F, I and W of m microbatches on both its stages
+    assert {(a.kind.value, a.stage, a.microbatch) for prog in progs for a in prog} == {
+        (k, s, j) for k in "FIW" for s in range(2 * p) for j in range(m)}
+    with pytest.raises(AssertionError, match="stuck"):  # a cap this send time cannot drain: an error, not a spin
+        v_list_schedule(4, 16, 3, 1.0, 2.0, 1.0, 0.3)

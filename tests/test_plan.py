@@ -31,7 +31,8 @@ from sim.costs.cluster import cluster_preset
 from sim.costs.parallel import ParallelConfig
 from sim.costs.transformer import TransformerConfig, model_preset, partition_layers
 from sim.costs.transformer_costs import TransformerCosts
-from sim.plan.bounds import KNOWN_SHAPES, MONOTONE_IN_M, Bounds, memory_rows, shape_info
+from sim.plan.bounds import (KNOWN_SHAPES, MONOTONE_IN_M, Bounds, floor_key, floor_rows, memory_rows,
+                             peak_activations, shape_info)
 from sim.plan.search import SIMPLEST_FIRST, plan
 from sim.plan.space import PlanConfig, PlanSpace, enumerate_configs, shape_ok
 from sim.plan.study import Study, StudyResult, run_study
@@ -202,6 +203,26 @@ def test_rows_grow_with_microbatches(name):
                 for p, q in r_small:
                     assert any(all(x <= y for x, y in zip(p + q, p2 + q2, strict=True)) for p2, q2 in r_big), \
                         (name, pp, small, big, p, q)
+
+
+@pytest.mark.parametrize("name", ["v-half", "1f1b", "zb-h2", "interleaved-zb"])
+def test_memory_floor_rows_are_below_the_schedules_own(name):
+    """The floor a worker checks before building a schedule (floor_rows): every row is dominated by one of the
+    whole schedule's, and it reaches the whole schedule's peak of held forwards (Q weighted 0)."""
+    v = spec(name).default_chunks
+    checked = 0
+    for pp, m in [(2, 10), (3, 12), (4, 16), (4, 36), (6, 42), (8, 64)]:
+        key = floor_key(name, pp, m, v)
+        if key is None or not shape_ok(name, pp, m, v):
+            continue
+        floor, whole = floor_rows(key), memory_rows(build(name, pp=pp, microbatches=m, chunks=v))
+        for r_floor, r_whole in zip(floor, whole, strict=True):
+            for p, q in r_floor:
+                assert any(all(x <= y for x, y in zip(p + q, p2 + q2, strict=True)) for p2, q2 in r_whole), (pp, m, p, q)
+        ones = [[1.0] * len(r[0][0]) for r in whole]
+        assert peak_activations(floor, ones, 0.0) == peak_activations(whole, ones, 0.0), (pp, m)
+        checked += 1
+    assert checked >= 4
 
 
 # --------------------------------------------------------------------------------------------- pruning is exact

@@ -51,14 +51,17 @@ from schedules.ir import Action, Kind, Schedule
 from schedules.library.zero_bubble import v_placement
 from schedules.registry import PipelineParams, make_schedule, register
 
-__all__ = ["V_MIN_INTERVAL", "v_block_schedule", "v_half", "v_list_schedule", "v_min", "v_min_offsets"]
+__all__ = ["V_MIN_INTERVAL", "v_block_schedule", "v_half", "v_half_cap", "v_list_schedule", "v_min", "v_min_offsets"]
 
 
 def v_list_schedule(p: int, m: int, cap: int, tf: float = 1.0, tb: float = 1.0, tw: float = 1.0,
-                    tcomm: float = 0.0, f_wait: float | None = None) -> list[list[Action]]:
+                    tcomm: float = 0.0, f_wait: float | None = None, admitted: int | None = None
+                    ) -> list[list[Action]]:
     """Per-rank programs on the V placement holding at most ``cap`` >= 1 M_B of activations per rank.
 
-    Pass times are per microbatch through a rank's whole share (a chunk takes half).
+    Pass times are per microbatch through a rank's whole share (a chunk takes half). ``admitted``: stop as
+    stage 0 runs that many forwards and return the programs so far, each a prefix of its whole program at
+    ``m`` (programs only grow as the scheduler runs), at a fraction of the cost: the planner's memory floor.
     """
     n = 2 * p
     rank_of = v_placement(p)
@@ -84,14 +87,18 @@ def v_list_schedule(p: int, m: int, cap: int, tf: float = 1.0, tb: float = 1.0, 
     # rank is among them; ``later``: the earliest free time after t (exact: lowered as ranks move on, recomputed
     # when t moves or a rank is done).
     t, tied, later = -math.inf, [], math.inf
+    nwait = 0  # how many of ``tied`` are waiting
+    r = -1  # the rank that acted last: the only one whose free time or state an iteration changes
     while active:
         # the next rank: the earliest free, a waiting one after the others at its instant, then the lowest
-        tied = [x for x in tied if free[x] == t and not finished[x]]
+        if r >= 0 and (free[r] != t or finished[r]):
+            tied.remove(r)
         if not tied:
             t = min([free[x] for x in active])
             tied = [x for x in active if free[x] == t]
             later = min([free[x] for x in active if free[x] > t], default=math.inf)
-        r = next((x for x in tied if not waiting[x]), tied[0])
+            nwait = sum(waiting[x] for x in tied)
+        r = next((x for x in tied if not waiting[x]), tied[0]) if nwait else tied[0]
         down, up = r, n - 1 - r
         backs = [s for s in (up, down) if ni[s] < m and i_arrive[s][ni[s]] <= t + eps]
         if backs:
@@ -106,7 +113,7 @@ def v_list_schedule(p: int, m: int, cap: int, tf: float = 1.0, tb: float = 1.0, 
             progs[r].append(Action(Kind.I, s, j))
             free[r] = end
             later = min(later, end) if end > t else later
-            waiting = [False] * p
+            waiting, nwait = [False] * p, 0
             continue
         fwd = None
         if nf[up] < m and f_arrive[up][nf[up]] <= t + eps and held[r] + 1 <= 2 * cap:
@@ -118,6 +125,8 @@ def v_list_schedule(p: int, m: int, cap: int, tf: float = 1.0, tb: float = 1.0, 
         if fwd is not None and not soon < t + min(wait, f) - eps:
             j = nf[fwd]
             nf[fwd] += 1
+            if fwd == 0 and j == admitted:
+                return progs
             end = t + f
             held[r] += 1
             if fwd < n - 1:
@@ -127,28 +136,40 @@ def v_list_schedule(p: int, m: int, cap: int, tf: float = 1.0, tb: float = 1.0, 
             progs[r].append(Action(Kind.F, fwd, j))
             free[r] = end
             later = min(later, end) if end > t else later
-            waiting = [False] * p
+            waiting, nwait = [False] * p, 0
             continue
         if wq[r] and (fwd is None or soon >= t + w - eps):
             progs[r].append(wq[r].popleft())
             free[r] = t + w
             later = min(later, t + w) if t + w > t else later
-            waiting = [False] * p
+            waiting, nwait = [False] * p, 0
             if ni[r] == m and not wq[r]:  # the down-leg stage's backward is the rank's last
                 active.remove(r)
                 finished[r] = True
                 later = min([free[x] for x in active if free[x] > t], default=math.inf)
             continue
         near = t + eps
-        close = tied if later > near else [x for x in active if free[x] <= near]  # the ranks at t, give or take eps
-        if any(not waiting[x] for x in close if x != r):
-            waiting[r] = True
+        if later > near:  # the ranks at t, give or take eps, are those tied: nwait of them waiting
+            others_go = len(tied) - nwait - (not waiting[r]) > 0
+        else:
+            others_go = any(not waiting[x] for x in active if free[x] <= near and x != r)
+        if others_go:
+            if not waiting[r]:
+                waiting[r] = True
+                nwait += 1
+            elif later <= near:
+                # Every rank at t waits, for one free within eps of t but not at it (a float's last digits):
+                # waiting on at t would spin for ever, so step to its instant, still letting it go first.
+                nwait -= 1
+                free[r] = later
             continue
         nxt = [x for x in (soon, *_f_times(f_arrive, nf, up, down, m, held[r] + 1 <= 2 * cap, held[r] + 2 <= 2 * cap)) if x > near]
         others = [later] if later > near else [free[x] for x in active if x != r and free[x] > near]
         wake = min(nxt + others, default=math.inf)
         if math.isinf(wake):
             raise AssertionError(f"V list scheduler stuck at t={t} on rank {r}")
+        if waiting[r]:
+            nwait -= 1
         free[r], waiting[r] = wake, False
         later = min(later, wake)
     return progs
@@ -220,10 +241,15 @@ def _build(name: str, params: PipelineParams, cap: int) -> Schedule:
     return make_schedule(name, params, progs, v_placement(p), lifespan_cap=cap)
 
 
+def v_half_cap(p: int) -> int:
+    """V-Half's activation cap per rank in M_B: (p+2)//2, half of 1F1B's p."""
+    return (p + 2) // 2
+
+
 @register("v-half", fixed_chunks=2)
 def v_half(params: PipelineParams) -> Schedule:
     """V-Half (Qi et al. 2024, controllable memory): V placement at (p+2)//2 M_B, half of 1F1B; bubble ~ p/(2m)."""
-    return _build("v-half", params, (params.pp + 2) // 2)
+    return _build("v-half", params, v_half_cap(params.pp))
 
 
 @register("v-min", fixed_chunks=2)

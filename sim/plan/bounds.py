@@ -52,6 +52,7 @@ from functools import lru_cache
 
 from common.errors import ConfigError
 from schedules import Action, Kind, Schedule, ScheduleError, build
+from schedules.library.controllable import v_half_cap, v_list_schedule
 from schedules.library.zero_bubble import v_placement
 from schedules.timing import CompiledTiming, rank_ends
 from sim.costs import collectives as coll
@@ -132,9 +133,14 @@ def _rows(prog: Sequence[Action], stages: Sequence[int]) -> set[tuple[int, ...]]
 
 def memory_rows(schedule: Schedule) -> MemoryRows:
     """The activation count vectors of every rank at each position that can be its peak (see the module doc)."""
+    return programs_rows(schedule.programs, [schedule.stages_of(rank) for rank in range(len(schedule.programs))])
+
+
+def programs_rows(programs: Sequence[Sequence[Action]], rank_stages: Sequence[Sequence[int]]) -> MemoryRows:
+    """:func:`memory_rows` of per-rank programs, rank r holding ``rank_stages[r]`` (ascending). Of a prefix of
+    each program: rows that the whole programs' dominate (every position of a prefix is one of the whole's)."""
     out = []
-    for rank, prog in enumerate(schedule.programs):
-        stages = schedule.stages_of(rank)
+    for prog, stages in zip(programs, rank_stages, strict=True):
         rows = _one_stage_rows(prog) if len(stages) == 1 else None
         if rows is None:
             rows = _rows(prog, stages)
@@ -167,6 +173,30 @@ def small_m(name: str, pp: int, m: int, v: int) -> int | None:
     if name not in MONOTONE_IN_M:
         return None
     return next((k for k in range(min(m, 2 * pp), 0, -1) if shape_ok(name, pp, k, v)), None)
+
+
+def floor_key(name: str, pp: int, m: int, v: int) -> tuple | None:
+    """What :func:`floor_rows` builds (configurations of one key share their floor), None where it has none."""
+    if name == "v-half":
+        return (name, pp, m, v) if m > 2 * pp else None  # at m <= 2 pp the prefix would be the whole
+    k = small_m(name, pp, m, v)
+    return None if k is None or k == m else (name, pp, k, v)  # at k = m the floor is the schedule's own rows
+
+
+def floor_rows(key: tuple) -> MemoryRows:
+    """Rows that the schedule's rows at m dominate, at a fraction of the cost of building it (``key`` from
+    :func:`floor_key`): for a schedule whose rows grow with m (:data:`MONOTONE_IN_M`) its rows at m' = min(m, 2 pp);
+    for V-Half, whose rows do not (its list scheduler's rows at pp 3, m 2 exceed m 3's), the rows of its programs at
+    m up to stage 0's max(2 pp, m / 4)-th forward, a prefix of each rank's program (:func:`programs_rows`). Both
+    reach the forwards' peak (P) of the whole schedule. V-Half's W's wait for idle time, so those pending (Q) keep
+    growing to the end of the step: a quarter of it is where they already overflow every Llama 3 405B V-Half
+    layout on 64 nodes that the whole schedule's rows rule out, at 40% of its cost (pp 64, m 1024: 2.2 s, 5.4 s)."""
+    name, pp, m, v = key
+    if name == "v-half":
+        progs = v_list_schedule(pp, m, v_half_cap(pp), admitted=max(2 * pp, m // 4))
+        placement = v_placement(pp)
+        return programs_rows(progs, [[s for s, r in enumerate(placement) if r == rank] for rank in range(pp)])
+    return memory_rows(build(name, pp=pp, microbatches=m, chunks=v))
 
 
 @dataclass(frozen=True, slots=True)

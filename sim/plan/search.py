@@ -61,7 +61,7 @@ from schedules.dp.modes import add_data_parallel
 from schedules.registry import lookup
 from schedules.timing import CompiledTiming, compile_timing
 from sim.engine import simulate
-from sim.plan.bounds import Bounds, MemoryRows, memory_rows, small_m
+from sim.plan.bounds import Bounds, MemoryRows, floor_key, floor_rows, memory_rows
 from sim.plan.extrapolate import StepFigures, extend, short_sizes
 from sim.plan.space import PlanConfig, PlanSpace, enumerate_configs, why_empty
 from sim.plan.study import Study, StudyResult, dp_options
@@ -177,7 +177,7 @@ def _init(space: PlanSpace, extrapolate: bool = False) -> None:
     _STATE.clear()
     _STATE.update(space=space, bounds=Bounds(space), schedules=OrderedDict(), pipelines=OrderedDict(),
                   graphs=OrderedDict(), timings=OrderedDict(), rows=OrderedDict(), orders=OrderedDict(),
-                  extrapolate=extrapolate)
+                  floors=OrderedDict(), extrapolate=extrapolate)
 
 
 def _cached(cache: OrderedDict, key: Any, make: Callable[[], Any]) -> Any:
@@ -247,16 +247,29 @@ def _row_key(c: PlanConfig) -> tuple:
     return (*key, c.tp, c.sp, c.recompute) if _adaptive(c.schedule) else key
 
 
+def _floor_of(c: PlanConfig) -> tuple | None:
+    return floor_key(c.schedule, c.pp, c.microbatches, c.chunks)
+
+
 def _group_key(c: PlanConfig) -> tuple:
     """Configurations that share one lowered graph (the buckets follow from tp)."""
     return (*_row_key(c), c.dp_mode, c.tp)
 
 
-def _refine_job(configs: Sequence[PlanConfig], rows: MemoryRows | None
-                ) -> tuple[MemoryRows, list[tuple[PlanConfig, float | None]]]:
-    """The tight bound of each configuration that fits (one shared schedule); None for one that does not fit."""
+def _refine_job(configs: Sequence[PlanConfig], rows: MemoryRows | None, floor: MemoryRows | None = None
+                ) -> tuple[MemoryRows | None, MemoryRows | None, list[tuple[PlanConfig, float | None]]]:
+    """The tight bound of each configuration that fits (one shared schedule); None for one that does not fit.
+
+    Without the schedule's ``rows``, its memory floor first (:func:`sim.plan.bounds.floor_rows`, cheap): where no
+    configuration fits on it, the schedule is never built. Returns (rows or None, the floor or None, bounds)."""
     space, bounds = _STATE["space"], _STATE["bounds"]
     if rows is None:
+        c = configs[0]
+        key = floor_key(c.schedule, c.pp, c.microbatches, c.chunks)
+        if floor is None and key is not None:
+            floor = _cached(_STATE["floors"], key, lambda: floor_rows(key))
+        if floor is not None and all(bounds.memory(c, floor) > space.capacity for c in configs):
+            return None, floor, [(c, None) for c in configs]
         rows = _rows(_study(configs[0]))
     out: list[tuple[PlanConfig, float | None]] = []
     for c in configs:
@@ -264,7 +277,7 @@ def _refine_job(configs: Sequence[PlanConfig], rows: MemoryRows | None
             out.append((c, None))
         else:
             out.append((c, bounds.tight_bound(c, _timing(_study(c)))))
-    return rows, out
+    return rows, floor, out
 
 
 def _simulate_job(configs: Sequence[PlanConfig], lower: Sequence[float], rows: MemoryRows | None = None
@@ -458,9 +471,8 @@ class _Search:
         self.total = self.settled = 0
         self.pruned_memory = self.pruned_bound = self.unchecked = 0
         self.rows: dict[tuple, MemoryRows] = {}
-        self.floor_rows: dict[tuple, MemoryRows | None] = {}
+        self.floor_rows: dict[tuple, MemoryRows] = {}  # by floor_key, as the workers return them
         self.fit: dict[PlanConfig, bool] = {}
-        self.floor_checked: set[PlanConfig] = set()
         self.best: list[float] = []  # max-heap (negated) of the top step times found, one per distinct plan
         self.entries: list[PlanEntry | None] = []
         self.plans: set[tuple] = set()  # the tie keys seen: an exact tie of a plan found is not another plan
@@ -475,8 +487,8 @@ class _Search:
         return -self.best[0] if len(self.best) >= self.top else float("inf")
 
     def fits(self, c: PlanConfig) -> bool | None:
-        """True or False when the schedule's rows are known; else False if the rows of a smaller m already
-        overflow (schedules whose rows grow with m), None if still unknown."""
+        """True or False where the schedule's rows are known; False where its memory floor (from a worker) already
+        overflows; else None (unknown). Never builds anything: this process only orders the search."""
         known = self.fit.get(c)
         if known is not None:
             return known
@@ -484,27 +496,11 @@ class _Search:
         if rows is not None:
             known = self.fit[c] = self.bounds.memory(c, rows) <= self.space.capacity
             return known
-        if c in self.floor_checked:
-            return None
-        self.floor_checked.add(c)
-        small = self.small_rows(c)
-        if small is not None and self.bounds.memory(c, small) > self.space.capacity:
+        floor = self.floor_rows.get(_floor_of(c))
+        if floor is not None and self.bounds.memory(c, floor) > self.space.capacity:
             self.fit[c] = False
             return False
         return None
-
-    def small_rows(self, c: PlanConfig) -> MemoryRows | None:
-        key = (c.schedule, c.pp, c.microbatches, c.chunks)
-        if key not in self.floor_rows:
-            m = small_m(c.schedule, c.pp, c.microbatches, c.chunks)
-            if m is None:
-                self.floor_rows[key] = None
-            else:
-                skey = (c.schedule, c.pp, m, c.chunks)
-                if skey not in self.floor_rows:
-                    self.floor_rows[skey] = memory_rows(build(c.schedule, pp=c.pp, microbatches=m, chunks=c.chunks))
-                self.floor_rows[key] = self.floor_rows[skey]
-        return self.floor_rows[key]
 
     def push_entries(self, results: list[PlanEntry]) -> None:
         for e in results:
@@ -533,6 +529,9 @@ class _Search:
             by_row.setdefault(_row_key(c), []).append(i)
         by_group: dict[tuple, list[int]] = {}  # refined, not yet simulated
         inflight: dict[Future, tuple[str, tuple]] = {}
+        # configurations whose schedule's floor (a floor_key) a worker is building, to be checked against it
+        # first: a floor is shared by every m >= 2 pp of a schedule shape, so it is built once
+        parked: dict[tuple, list[int]] = {}
         while True:
             while heap and len(inflight) < 2 * self.workers:
                 b, i = heap[0]
@@ -562,12 +561,18 @@ class _Search:
                                       self.rows.get(_row_key(c)))
                     inflight[fut] = ("sim", tuple(group))
                 else:
-                    key = _row_key(c)
+                    key, fkey = _row_key(c), _floor_of(c)
+                    if key not in self.rows and fkey in parked:  # its floor is being built: wait for it
+                        parked[fkey].append(i)
+                        continue
+                    if key not in self.rows and fkey is not None and fkey not in self.floor_rows:
+                        parked[fkey] = []
                     group = [i, *[j for j in by_row[key] if j != i and state[j] == _OPEN and not refined[j]
                                      and bound[j] <= cut and self.fits(configs[j]) is not False][:self.REFINE - 1]]
                     for j in group:
                         state[j] = _TAKEN
-                    fut = pool.submit(_refine_job, [configs[j] for j in group], self.rows.get(key))
+                    fut = pool.submit(_refine_job, [configs[j] for j in group], self.rows.get(key),
+                                      self.floor_rows.get(_floor_of(c)))
                     inflight[fut] = ("refine", tuple(group))
             if not inflight:
                 break
@@ -579,8 +584,14 @@ class _Search:
                         state[j] = _DONE
                     self.push_entries(fut.result())
                     continue
-                rows, tight = fut.result()
-                self.rows[_row_key(configs[group[0]])] = rows
+                rows, floor, tight = fut.result()
+                if rows is not None:
+                    self.rows[_row_key(configs[group[0]])] = rows
+                fkey = _floor_of(configs[group[0]])
+                if floor is not None:
+                    self.floor_rows[fkey] = floor
+                for j in parked.pop(fkey, ()):
+                    heapq.heappush(heap, (bound[j], j))
                 unfit = 0
                 for j, (c, t) in zip(group, tight, strict=True):
                     if t is None:
