@@ -180,7 +180,7 @@ def compile_timing(schedule: Schedule) -> CompiledTiming:
     for kind in Kind:
         made[kind] = [{} for _ in range(n_stages)]
         waiters[kind] = [{} for _ in range(n_stages)]
-    F, I, B, W, R = Kind.F, Kind.I, Kind.B, Kind.W, Kind.R
+    F, I, B, W, R = Kind.F, Kind.I, Kind.B, Kind.W, Kind.R  # noqa: N806, E741 (the pass kinds, as the IR names them)
     made_f, made_i, made_b = made[F], made[I], made[B]
     slot_of: dict[tuple[tuple[Kind, int], ...], int] = {}
     plain_slot: dict[tuple[Kind, int], int] = {}

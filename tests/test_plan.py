@@ -31,8 +31,16 @@ from sim.costs.cluster import cluster_preset
 from sim.costs.parallel import ParallelConfig
 from sim.costs.transformer import TransformerConfig, model_preset, partition_layers
 from sim.costs.transformer_costs import TransformerCosts
-from sim.plan.bounds import (KNOWN_SHAPES, MONOTONE_IN_M, Bounds, floor_key, floor_rows, memory_rows,
-                             peak_activations, shape_info)
+from sim.plan.bounds import (
+    KNOWN_SHAPES,
+    MONOTONE_IN_M,
+    Bounds,
+    floor_key,
+    floor_rows,
+    memory_rows,
+    peak_activations,
+    shape_info,
+)
 from sim.plan.search import SIMPLEST_FIRST, plan
 from sim.plan.space import PlanConfig, PlanSpace, enumerate_configs, shape_ok
 from sim.plan.study import Study, StudyResult, run_study
