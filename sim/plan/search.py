@@ -264,8 +264,7 @@ def _refine_job(configs: Sequence[PlanConfig], rows: MemoryRows | None, floor: M
     configuration fits on it, the schedule is never built. Returns (rows or None, the floor or None, bounds)."""
     space, bounds = _STATE["space"], _STATE["bounds"]
     if rows is None:
-        c = configs[0]
-        key = floor_key(c.schedule, c.pp, c.microbatches, c.chunks)
+        key = _floor_of(configs[0])
         if floor is None and key is not None:
             floor = _cached(_STATE["floors"], key, lambda: floor_rows(key))
         if floor is not None and all(bounds.memory(c, floor) > space.capacity for c in configs):
