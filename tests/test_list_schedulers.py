@@ -13,7 +13,7 @@ import hashlib
 
 import pytest
 
-from schedules.library.controllable import v_list_schedule
+from schedules.library.controllable import v_half_cap, v_list_schedule
 from schedules.library.zb_auto import _Policy, greedy_zero_bubble
 
 
@@ -51,9 +51,9 @@ def test_a_stuck_v_list_schedule_says_so():
 def test_v_list_schedule_stopped_early_is_a_prefix(p, m):
     """The planner's V-Half memory floor: stopped as stage 0 runs its K-th forward, every rank's program is the
     start of its whole program at m (the scheduler only appends), with exactly K forwards of stage 0."""
-    whole = v_list_schedule(p, m, (p + 2) // 2)
+    whole = v_list_schedule(p, m, v_half_cap(p))
     for k in (1, p, 2 * p, m - 1):
-        part = v_list_schedule(p, m, (p + 2) // 2, admitted=k)
+        part = v_list_schedule(p, m, v_half_cap(p), admitted=k)
         assert all(prog[:len(pre)] == pre for prog, pre in zip(whole, part, strict=True))
         assert sum(a.kind.value == "F" and a.stage == 0 for a in part[0]) == k
         assert sum(map(len, part)) < sum(map(len, whole))

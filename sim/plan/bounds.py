@@ -194,8 +194,7 @@ def floor_rows(key: tuple) -> MemoryRows:
     name, pp, m, v = key
     if name == "v-half":
         progs = v_list_schedule(pp, m, v_half_cap(pp), admitted=max(2 * pp, m // 4))
-        placement = v_placement(pp)
-        return programs_rows(progs, [[s for s, r in enumerate(placement) if r == rank] for rank in range(pp)])
+        return programs_rows(progs, shape_info(name, pp, v).rank_stages)
     return memory_rows(build(name, pp=pp, microbatches=m, chunks=v))
 
 
