@@ -501,3 +501,29 @@ def _worker(payload_file: str, out_file: str) -> None:
 
 if __name__ == "__main__":
     _worker(sys.argv[1], sys.argv[2])
+
+
+def test_unshard_count_is_torchs_own():
+    """The UNSHARDs torch's CSV runtime adds (``_add_unshard_reshard``), counted without its quadratic walk: equal
+    to torch's own on every built-in schedule's CSV (pp 2 and 4, 1-4 stages a rank), for 1-3 active stages."""
+    from torch.distributed.pipelining.schedules import _Action, _add_unshard_reshard
+
+    from analysis.plan.torchtitan import unshard_count
+    from schedules import build
+    from schedules.interop.torch_csv import torch_csv_text
+    from schedules.registry import names
+
+    checked = set()
+    for name in names():
+        for pp, chunks in ((2, 1), (2, 2), (4, 2), (2, 4), (4, 3)):
+            try:
+                sched = build(name, pp=pp, microbatches=8, chunks=chunks)
+            except Exception:  # a shape the schedule refuses (one chunk only, a V, ...)
+                continue
+            for line in torch_csv_text(sched).splitlines():
+                row = [_Action.from_str(x) for x in line.split(",") if x]
+                for active in (1, 2, 3):
+                    want = sum(a.computation_type.name == "UNSHARD" for a in _add_unshard_reshard(row, active))
+                    assert unshard_count(row, active) == want, (name, pp, chunks, active)
+            checked.add(name)
+    assert len(checked) >= 12, checked
