@@ -37,7 +37,6 @@ checkpointing) and replaces what the plan decides. Facts about torchtitan
 from __future__ import annotations
 
 import itertools
-
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
