@@ -189,10 +189,11 @@ def test_overlap_param_gather_hides_the_gather_behind_the_forward():
     # pp=1, dp=16 over 2 nodes, zero1, 60 buckets, 4 microbatches, compute not slowed by communication (contention
     # 0, so that the forward under the gathers keeps its length): after OPTIM the gathers end the step; overlapped,
     # they run under the first forward, which waits for bucket 0 only, so the step loses the gathers' span but
-    # for bucket 0 and the gathers' tail past that forward (the first backward waits for every bucket)
+    # for bucket 0 and the gathers' tail past that forward (the first backward waits for every bucket). The 2D
+    # hierarchical gathers (not NCCL's faster ring: its 60 gathers would fit inside that forward)
     def step(overlap):
         costs = TransformerCosts(model=GPT6, cluster=cluster_preset("dgx-h100:2"), contention=0, parallel=ParallelConfig(
-            pp=1, dp=16, dp_mode="zero1", bucket_mb=200, overlap_param_gather=overlap))
+            pp=1, dp=16, dp_mode="zero1", bucket_mb=200, overlap_param_gather=overlap, collective="hierarchical"))
         return run_study(Study(schedule="1f1b", microbatches=4, costs=costs))
 
     plain, hidden = step(False), step(True)

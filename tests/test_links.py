@@ -163,9 +163,10 @@ def test_fcfs_reproduces_the_engine_before_fair_sharing(mode, cluster, makespan)
     # the makespans of the FIFO-port engine of commit b81a9a7 (whose start and end times fcfs matches bit for
     # bit on these graphs); the embedding all-reduce, which that engine's graphs did not have, left out; the
     # H100 timed at the constant 0.6 of peak it had then (it has a device model now, sim.costs.devices), and its links
-    # at their line rate as then (they run at NCCL's achieved fraction now, sim.costs.cluster)
+    # at their line rate as then (they run at NCCL's achieved fraction now, sim.costs.cluster), its collectives by
+    # the alpha-beta formulas (collective 'hierarchical': a ring inside a node; NCCL's own choice came later)
     c = TransformerCosts(model=GPT6, cluster=_line_rate(cluster_preset(cluster)), efficiency=0.6, parallel=ParallelConfig(
-        pp=8, dp=2, dp_mode=mode, link_model="fcfs", embedding_allreduce="off"))
+        pp=8, dp=2, dp_mode=mode, link_model="fcfs", embedding_allreduce="off", collective="hierarchical"))
     graph = add_data_parallel(lower(build("1f1b", pp=8, microbatches=8)), mode, c.buckets(8))
     assert simulate(graph, c).makespan == makespan
 

@@ -9,8 +9,8 @@ from common.errors import ConfigError
 from schedules import Kind, Stream, build, lower
 from schedules.dp.modes import add_data_parallel
 from sim import simulate
-from sim.costs import collectives as coll
 from sim.costs.cluster import cluster_preset
+from sim.costs.nccl import nccl_choice
 from sim.costs.parallel import ParallelConfig
 from sim.costs.transformer import model_preset
 from sim.costs.transformer_costs import TransformerCosts
@@ -110,8 +110,11 @@ def test_embedding_allreduce_between_the_first_and_last_stage():
     costs, sim = r.study.costs, r.sim
     n = 2 * GPT6.vocab * GPT6.hidden  # 16-bit gradient of V x h, tp=1
     assert costs.embedding_bytes() == n and sim.bytes_moved[tasks[0].id] == n
-    # ranks 0 and 3 sit on node 0: NVLink, 2 alpha + n / B; each side waits for both ranks' last backward
-    one = coll.ring_allreduce(n, 2, cluster_preset("dgx-h100:2").intra)
+    # ranks 0 and 3 sit on node 0: NCCL's two-rank all-reduce over NVLink (sim.costs.nccl: NVLS, as NCCL picks it
+    # for this size on NVSwitch: its 25 us hop + n / (480 GB/s x 2/2)); each side waits for both ranks' last backward
+    h100 = cluster_preset("dgx-h100:2")
+    one = nccl_choice("allreduce", float(n), 2, 1, h100.intra, h100.inter, nvls=True).time
+    assert one == pytest.approx(25e-6 + n / 480e9, rel=1e-12)
     last_b = max(sim.end[i] for rank in (0, 3) for i in sim.graph.programs[rank]
                  if sim.graph.tasks[i].action.kind is Kind.B)
     for t in tasks:

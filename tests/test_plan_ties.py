@@ -102,13 +102,13 @@ def test_against_a_merged_row(m1):
 
 def test_cli_says_which_schedule_it_exported(tmp_path):
     argv = [sys.executable, "-m", "analysis", "plan", "--model", "gpt-tiny", "--cluster", "dgx-h100:1",
-            "--global-batch", "8", "--schedules", "gpipe,1f1b", "--dp-modes", "ddp", "--workers", "1",
+            "--global-batch", "8", "--schedules", "gpipe,1f1b", "--dp-modes", "zero1", "--workers", "1",
             "--no-progress", "--out", str(tmp_path)]
     r = subprocess.run([*argv, "--json"], capture_output=True, text=True, cwd=ROOT, timeout=240)
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     assert [(x["config"]["schedule"], x["same_as"], x["config"]["microbatches"], x["config"]["pp"]) for x in d["top"]] \
-        == [("gpipe", ["1f1b"], 1, 2), ("gpipe", ["1f1b"], 1, 4), ("no-pipeline", [], 1, 1), ("no-pipeline", [], 1, 1),
+        == [("gpipe", ["1f1b"], 1, 2), ("no-pipeline", [], 1, 1), ("gpipe", ["1f1b"], 1, 4), ("no-pipeline", [], 1, 1),
             ("gpipe", ["1f1b"], 1, 2)]  # every row has m=1: one order at any pp; pp 1 runs no pipeline
     assert d["exported_schedule"] == "gpipe" and d["merged"] > 0
     r = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, timeout=240)

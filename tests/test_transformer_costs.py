@@ -13,6 +13,7 @@ from schedules.dp.modes import add_data_parallel
 from sim import simulate
 from sim.costs import collectives as coll
 from sim.costs.cluster import Link, cluster_preset
+from sim.costs.nccl import nccl_choice
 from sim.costs.parallel import ParallelConfig
 from sim.costs.transformer import model_preset, partition_layers
 from sim.costs.transformer_costs import TransformerCosts
@@ -79,15 +80,24 @@ def test_collective_formulas():
 
 
 def test_dp_collective_task_costs_equal_their_formula():
-    # dp-inner: the dp pair of each stage is on one node -> ring over NVLink; pp-inner -> over the NICs.
-    for order, link in (("dp-inner", H100.intra), ("pp-inner", H100.inter)):
+    # dp-inner: the dp pair of each stage is on one node -> NVLink; pp-inner -> over the NICs (two nodes). NCCL picks
+    # the algorithm per bucket (sim.costs.nccl); the alpha-beta ring stays with collective 'hierarchical'
+    for order, nodes in (("dp-inner", 1), ("pp-inner", 2)):
         c = TransformerCosts(model=GPT6, cluster=H100, parallel=ParallelConfig(pp=8, dp=2, dp_mode="ddp", order=order))
         graph = add_data_parallel(lower(build("1f1b", pp=8, microbatches=8)), "ddp", c.buckets(8))
         dur = c.durations(graph)
         ar = [t for t in graph.tasks if t.action.kind is Kind.ALLREDUCE and t.rank == 3]
         sizes = c.bucket_sizes(3, 8)
         assert len(ar) == len(sizes) == math.ceil(2 * c.stage_params(3, 8) / 2**20 / 25)
-        assert [dur[t.id] for t in ar] == [coll.ring_allreduce(n, 2, link) for n in sizes]
+        assert [dur[t.id] for t in ar] == [nccl_choice("allreduce", n, 2, nodes, H100.intra, H100.inter,
+                                                       nvls=True).time for n in sizes]
+    for order, link in (("dp-inner", H100.intra), ("pp-inner", H100.inter)):
+        c = TransformerCosts(model=GPT6, cluster=H100, parallel=ParallelConfig(pp=8, dp=2, dp_mode="ddp", order=order,
+                                                                               collective="hierarchical"))
+        graph = add_data_parallel(lower(build("1f1b", pp=8, microbatches=8)), "ddp", c.buckets(8))
+        dur = c.durations(graph)
+        ar = [t for t in graph.tasks if t.action.kind is Kind.ALLREDUCE and t.rank == 3]
+        assert [dur[t.id] for t in ar] == [coll.ring_allreduce(n, 2, link) for n in c.bucket_sizes(3, 8)]
 
 
 def test_pipeline_send_across_nodes_uses_the_nic():

@@ -224,6 +224,8 @@ class Cluster:
     devices: tuple[Device, ...]
     pserver_spec: DeviceSpec = DEVICE_PRESETS["CPU"]
     pservers: tuple[Device, ...] = field(default=())
+    #: NVLink SHARP in the node's NVSwitches (DGX H100/H200): NCCL's NVLS all-reduce (sim.costs.nccl)
+    nvls: bool = False
     #: Trainer devices per node when every node holds the same number (then device g is on the (g // node_size)-th
     #: node), else 0; and the distinct counts per node. Derived from ``devices`` once, so that questions about nodes
     #: cost nothing per call on a cluster of a million devices.
@@ -254,6 +256,11 @@ class Cluster:
     def num_devices(self) -> int:
         return len(self.devices)
 
+    @property
+    def backend(self) -> str:
+        """The collectives library: 'nccl' on GPUs (its own algorithm choice, sim.costs.nccl), 'gloo' on CPUs."""
+        return "gloo" if self.spec.name.upper().startswith("CPU") else "nccl"
+
     def link_between(self, a: int, b: int) -> Link:
         """The link two trainer devices (by position in ``devices``) use to talk."""
         return self.intra if self.devices[a].node == self.devices[b].node else self.inter
@@ -271,6 +278,8 @@ class Cluster:
             "inter_alpha_s": self.inter.alpha,
             "intra_efficiency": self.intra.efficiency,
             "inter_efficiency": self.inter.efficiency,
+            "backend": self.backend,
+            "nvls": self.nvls,
         }
 
 
@@ -281,6 +290,10 @@ _NODE_PRESETS: dict[str, tuple[DeviceSpec, int, Link, Link]] = {
     "dgx-a100": (DEVICE_PRESETS["A100"], 8, _NVLINK3, _HDR),
     "cpu-host": (DEVICE_PRESETS["CPU-core"], 2, _LOOPBACK, _TEN_GBE),
 }
+# Third-generation NVSwitch (DGX H100/H200) carries NVLink SHARP, which NCCL runs as its NVLS algorithm
+# (NVIDIA DGX H100 user guide, "NVLink Switch System"; NCCL 2.17 release notes: "Add support for NVLink SHARP");
+# the A100's second-generation NVSwitch has none.
+_NVLS_PRESETS = frozenset({"dgx-h100", "dgx-h200"})
 CLUSTER_PRESETS = tuple(_NODE_PRESETS)
 
 
@@ -323,7 +336,7 @@ def cluster_preset(text: str) -> Cluster:
     devices = [Device(n, "trainer", kind, i) for n in range(nodes) for i in range(per_node)]
     pservers = [Device(nodes + j, "pserver", "CPU", 0) for j in range(ps)]  # one host per node of their own
     return Cluster(name=text.strip(), spec=spec, intra=intra, inter=inter, devices=tuple(devices),
-                   pservers=tuple(pservers))
+                   pservers=tuple(pservers), nvls=name in _NVLS_PRESETS)
 
 
 # ---------------------------------------------------------------- TOML tables: every key known and of its kind
@@ -415,7 +428,7 @@ _DEVICE_TABLE: dict[str, KeyCheck] = {
 _CLUSTER_TABLE: dict[str, KeyCheck] = {
     "name": key_string("the cluster's name"), "device": _checked_below, "pserver_device": _checked_below,
     "devices": _checked_below, "intra_GBps": key_positive(" GB/s"), "inter_GBps": key_positive(" GB/s"),
-    "intra_alpha_s": key_seconds, "inter_alpha_s": key_seconds,
+    "intra_alpha_s": key_seconds, "inter_alpha_s": key_seconds, "nvls": key_flag,
 }
 
 
@@ -449,6 +462,7 @@ def cluster_from_dict(data: Mapping[str, Any], *, name: str = "custom") -> Clust
         devices=tuple(d for d in parsed if d.job == "trainer"),
         pserver_spec=_device_spec(data.get("pserver_device", "CPU"), "pserver_device"),
         pservers=tuple(d for d in parsed if d.job == "pserver"),
+        nvls=data.get("nvls", False),
     )
 
 

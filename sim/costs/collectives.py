@@ -35,7 +35,9 @@ __all__ = [
     "tree_allreduce",
 ]
 
-ALGORITHMS = ("auto", "ring", "tree", "hierarchical")
+#: ``--collective``: auto (NCCL's own choice per call on GPUs, sim.costs.nccl; gloo's ring or the hierarchical
+#: scheme on CPUs), or one forced: ring, tree, hierarchical (the 2D formula below), nvls, pat (NCCL only).
+ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "nvls", "pat")
 
 
 def ring_allreduce(n: float, p: int, link: Link) -> float:

@@ -49,7 +49,7 @@ MAMF = {"A100": 271.2 / 312, "H100": 794.5 / 989, "H200": 828.6 / 989,
         "H100-fp8": 1402.6 / 1979, "H200-fp8": 1535.0 / 1979}
 
 # Fitted on Korthikanti et al. 2022 Table 5, full-recomputation rows (sim.published.fit_gemm_efficiency).
-A100_GEMM = GemmEfficiency(peak_fraction=0.78, half_flops=2.5e10,
+A100_GEMM = GemmEfficiency(peak_fraction=0.78, half_flops=2.4e10,
                            source="fitted on Korthikanti et al. 2022 Table 5, full-recomputation rows")
 _A100_PEAK = 312e12
 COMM_SLOWDOWN = 0.189  # Lee et al. 2025, arXiv 2507.03114: mean slowdown of compute overlapped with communication

@@ -50,7 +50,8 @@ from typing import Any
 
 from common.errors import ConfigError
 from sim.costs import collectives as coll
-from sim.costs.cluster import DeviceSpec, Link
+from sim.costs.cluster import Cluster, DeviceSpec, Link
+from sim.costs.nccl import arch_of, nccl_choice
 from sim.costs.recompute_modes import PLANNER_MODES, layer_every
 
 __all__ = ["RECOMPUTE_MODES", "DeviceModel", "GemmEfficiency", "LayerCosts", "Op", "flash_attention_flops",
@@ -223,6 +224,8 @@ class LayerCosts:
     activation_bytes: float  # 2Th: the full activation a TP collective reduces or gathers
     device: DeviceModel | None = None  # None: a fused attention kernel is timed as a GEMM of its FLOPs
     fp8: bool = False
+    cluster: Cluster | None = None  # an NCCL cluster: the TP collectives as NCCL picks them (tp_collective)
+    algorithm: str = "auto"  # a forced collective algorithm (ParallelConfig.collective)
 
     def _t(self, op: Op) -> float:
         return op.time(self.spec, self.efficiency, self.device, self.fp8)
@@ -252,16 +255,24 @@ class LayerCosts:
 
     def tp_comm(self, collectives: int = 2) -> float:
         """``collectives`` all-reduces (or reduce-scatter + all-gather pairs with SP) of the layer activation."""
-        return collectives * tp_collective(self.activation_bytes, self.tp, self.link, self.sp)
+        return collectives * tp_collective(self.activation_bytes, self.tp, self.link, self.sp, self.cluster,
+                                           self.algorithm)
 
     def describe(self) -> dict[str, Any]:
         return {op.name: self._t(op) for op in self.ops}
 
 
-def tp_collective(n: float, tp: int, link: Link, sp: bool) -> float:
-    """One tensor-parallel all-reduce of n bytes, or with SP one reduce-scatter plus one all-gather."""
+def tp_collective(n: float, tp: int, link: Link, sp: bool, cluster: Cluster | None = None,
+                  algorithm: str = "auto") -> float:
+    """One tensor-parallel all-reduce of n bytes, or with SP one reduce-scatter plus one all-gather: as NCCL runs
+    them inside one node of ``cluster`` when it is given and runs NCCL (sim.costs.nccl), else as rings on ``link``."""
     if tp <= 1:
         return 0.0
+    if cluster is not None and cluster.backend == "nccl" and algorithm != "hierarchical":
+        def t(op: str) -> float:
+            return nccl_choice(op, float(n), tp, 1, cluster.intra, cluster.inter, nvls=cluster.nvls,
+                               arch=arch_of(cluster.spec.name), algorithm=algorithm).time
+        return t("reduce_scatter") + t("all_gather") if sp else t("allreduce")
     if sp:
         return 2 * coll.ring_gather(n, tp, link)
     return coll.ring_allreduce(n, tp, link)

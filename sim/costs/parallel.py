@@ -32,6 +32,7 @@ from schedules.dp.modes import DP_MODES, PEER_SELECTIONS
 from sim.costs import collectives as coll
 from sim.costs.async_ps import check_speeds
 from sim.costs.cluster import Cluster, Link
+from sim.costs.nccl import NcclChoice, arch_of, nccl_choice
 from sim.network import LINK_MODELS
 
 __all__ = ["EMBEDDING_ALLREDUCE", "PS_MODES", "DPGroup", "ParallelConfig"]
@@ -171,6 +172,12 @@ class ParallelConfig:
                 f"{f'*{self.cp}' if self.cp > 1 else ''} = {self.world} devices do not fit cluster "
                 f"{cluster.name!r} with {cluster.num_devices}; use fewer ranks or a larger cluster"
             )
+        if self.collective in ("nvls", "pat") and cluster.backend != "nccl":
+            raise ClusterError(f"collective {self.collective!r} is an NCCL algorithm; cluster {cluster.name!r} runs "
+                               "gloo (CPU devices): use auto, ring, tree or hierarchical")
+        if self.collective == "nvls" and not cluster.nvls:
+            raise ClusterError(f"collective 'nvls' needs NVLink SHARP switches (dgx-h100, dgx-h200, or nvls = true "
+                               f"in a [cluster] table); cluster {cluster.name!r} has none: use auto, ring or tree")
         if self.dp_mode in PS_MODES and not cluster.pservers:
             raise ClusterError(
                 f"dp mode {self.dp_mode!r} needs parameter servers, cluster {cluster.name!r} has none; "
@@ -243,9 +250,20 @@ class DPGroup:
     even: bool
 
     @property
+    def nccl(self) -> bool:
+        """Whether NCCL runs this group's collectives and picks their algorithm per call (GPU clusters, with
+        ``collective`` auto, ring, tree, nvls or pat: :mod:`sim.costs.nccl`); else the alpha-beta formulas of
+        :mod:`sim.costs.collectives` (gloo on CPU clusters, and ``hierarchical``, a 2D scheme NCCL does not run)."""
+        return self.cluster.backend == "nccl" and self.config.collective != "hierarchical"
+
+    @property
     def algorithm(self) -> str:
+        """The algorithm forced, or 'auto' chosen per call: NCCL's ('nccl' in the description), gloo's ring
+        on one node and the hierarchical scheme across nodes of equal share."""
         if self.config.collective != "auto":
             return self.config.collective
+        if self.nccl:
+            return "nccl"
         if self.nodes == 1 or self.per_node == 1 or not self.even:
             return "ring"
         return "hierarchical"
@@ -260,9 +278,19 @@ class DPGroup:
         """Which of the device's ports a collective of this group occupies: 'intra', 'inter'."""
         if self.nodes == 1:
             return ("intra",)
+        if self.nccl:  # NCCL's rings and trees cross the node's NVLink to reach the GPUs' NICs
+            return ("intra", "inter") if self.per_node > 1 else ("inter",)
         return ("intra", "inter") if self.algorithm == "hierarchical" else ("inter",)
 
+    def choice(self, op: str, n: float) -> NcclChoice:
+        """NCCL's algorithm, protocol, time and latency for ``op`` on an n-byte buffer of this group."""
+        c = self.cluster
+        return nccl_choice(op, float(n), self.size, self.nodes, c.intra, c.inter, nvls=c.nvls,
+                           arch=arch_of(c.spec.name), algorithm=self.config.collective)
+
     def allreduce(self, n: float) -> float:
+        if self.nccl:
+            return self.choice("allreduce", n).time
         p, alg = self.size, self.algorithm
         if alg == "hierarchical" and self.nodes > 1:
             return coll.hierarchical_allreduce(n, self.per_node, self.nodes, self.cluster.intra, self.cluster.inter)
@@ -270,12 +298,22 @@ class DPGroup:
             return coll.tree_allreduce(n, p, self.link)
         return coll.ring_allreduce(n, p, self.link)
 
-    def gather(self, n: float) -> float:
-        """Reduce-scatter or all-gather of an n-byte buffer (2D when hierarchical: intra, then inter on n/g)."""
+    def gather(self, n: float, op: str = "reduce_scatter") -> float:
+        """Reduce-scatter or all-gather (``op``) of an n-byte buffer (2D when hierarchical: intra, then inter on
+        n/g)."""
+        if self.nccl:
+            return self.choice(op, n).time
         if self.algorithm == "hierarchical" and self.nodes > 1:
             g = self.per_node
             return coll.ring_gather(n, g, self.cluster.intra) + coll.ring_gather(n / g, self.nodes, self.cluster.inter)
         return coll.ring_gather(n, self.size, self.link)
+
+    def latency(self, op: str, n: float) -> float:
+        """The part of ``op`` on n bytes paid before bytes move: NCCL's latency of the algorithm it picks for n
+        bytes, else the formula at zero bytes."""
+        if self.nccl:
+            return self.choice(op, n).latency if self.size > 1 else 0.0
+        return self.allreduce(0.0) if op == "allreduce" else self.gather(0.0, op)
 
     def exchange(self, n: float) -> float:
         """One decentralized replica's send of n bytes to a peer while the peer's n arrive (full duplex): alpha +

@@ -72,6 +72,7 @@ from sim.costs.cluster import Cluster, Link
 from sim.costs.compression import compressed_bytes, powersgd_ratio
 from sim.costs.devices import DEVICE_MODELS
 from sim.costs.gpu_model import DeviceModel, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
+from sim.costs.nccl import arch_of, nccl_choice
 from sim.costs.parallel import PS_MODES, DPGroup, ParallelConfig
 from sim.costs.recompute_modes import check_recompute, layer_every
 from sim.costs.transformer import TransformerConfig, partition_layers
@@ -87,6 +88,7 @@ _PORTS = ("intra-out", "intra-in", "inter-out", "inter-in")
 # Moved in fp32 with reduce_dtype fp32: gradient reductions, and the fp32 master parameters that decentralized SGD
 # exchanges (local SGD's parameter average is an ALLREDUCE too).
 _FP32_KINDS = (Kind.ALLREDUCE, Kind.REDUCE_SCATTER, Kind.EXCHANGE)
+_OP = {Kind.REDUCE_SCATTER: "reduce_scatter", Kind.ALL_GATHER: "all_gather"}  # NCCL's names (sim.costs.nccl)
 
 
 def _is_embedding(task: Task, graph: TaskGraph) -> bool:
@@ -272,7 +274,8 @@ class TransformerCosts:
                           efficiency=self.gemm_efficiency or GemmEfficiency(peak_fraction=self.matmul_efficiency,
                                                                             half_flops=0.0),
                           link=self.cluster.intra, tp=p.tp, sp=p.sp, activation_bytes=self.tp_bytes(),
-                          device=self.device if self.gemm_efficiency is not None else None, fp8=self.dtype == "fp8")
+                          device=self.device if self.gemm_efficiency is not None else None, fp8=self.dtype == "fp8",
+                          cluster=self.cluster, algorithm=p.collective)
 
     def tp_bytes(self) -> float:
         """Bytes of one tensor-parallel collective's full buffer: the 16-bit activation, 2sbh."""
@@ -291,7 +294,7 @@ class TransformerCosts:
             return 0.0
         if kind is Kind.B:
             return self.tp_comm_of(Kind.I, layers, first, last)
-        one = tp_collective(self.tp_bytes(), p.tp, self.cluster.intra, p.sp)
+        one = tp_collective(self.tp_bytes(), p.tp, self.cluster.intra, p.sp, self.cluster, p.collective)
         if kind is Kind.R:
             return layers * 2 * one
         per_layer = 2 + (self._recompute_collectives() if kind is Kind.I else 0)
@@ -440,7 +443,7 @@ class TransformerCosts:
 
     def _collective(self, task: Task, graph: TaskGraph) -> float:
         if _is_embedding(task, graph):
-            return coll.ring_allreduce(self.embedding_bytes(), 2, self._embedding_link(graph))
+            return self.embedding_allreduce(self._embedding_link(graph))
         a, n_st = task.action, graph.schedule.num_stages
         n = self.collective_bytes(a.kind, a.stage, n_st, a.bucket or 0)
         group = self.group(task.rank)
@@ -451,7 +454,18 @@ class TransformerCosts:
         if a.kind is Kind.EXCHANGE:
             return group.exchange(n)
         codec = self.codec_time(a.kind, a.stage, n_st, a.bucket or 0)
-        return codec + (group.allreduce(n) if a.kind is Kind.ALLREDUCE else group.gather(n))
+        return codec + (group.allreduce(n) if a.kind is Kind.ALLREDUCE else group.gather(n, _OP[a.kind]))
+
+    def embedding_allreduce(self, link: Link, latency: bool = False) -> float:
+        """The tied embedding's all-reduce between the first and the last stage's devices, over ``link``: NCCL's
+        two-rank all-reduce on a GPU cluster (sim.costs.nccl), a two-rank ring otherwise; ``latency``: its
+        latency part."""
+        c, n = self.cluster, self.embedding_bytes()
+        if c.backend == "nccl" and self.parallel.collective != "hierarchical":
+            ch = nccl_choice("allreduce", float(n), 2, 1 if link is c.intra else 2, c.intra, c.inter, nvls=c.nvls,
+                             arch=arch_of(c.spec.name), algorithm=self.parallel.collective)
+            return ch.latency if latency else ch.time
+        return coll.ring_allreduce(0.0 if latency else n, 2, link)
 
     def group(self, rank: int) -> DPGroup:
         found = self._groups.get(rank)
@@ -563,15 +577,17 @@ class TransformerCosts:
             p = self.parallel
             return self.cluster.link_between(p.device(task.rank), p.device(task.peer)).alpha
         if _is_embedding(task, graph):
-            return coll.ring_allreduce(0.0, 2, self._embedding_link(graph))
+            return self.embedding_allreduce(self._embedding_link(graph), latency=True)
         group = self.group(task.rank)
         if self.parallel.dp_mode in PS_MODES:
             return group.ps(0.0)
         a = task.action
         if a.kind is Kind.EXCHANGE:
             return group.exchange(0.0)
-        codec = self.codec_time(a.kind, a.stage, graph.schedule.num_stages, a.bucket or 0)
-        return codec + (group.allreduce(0.0) if a.kind is Kind.ALLREDUCE else group.gather(0.0))
+        n_st = graph.schedule.num_stages
+        codec = self.codec_time(a.kind, a.stage, n_st, a.bucket or 0)
+        n = self.collective_bytes(a.kind, a.stage, n_st, a.bucket or 0)
+        return codec + group.latency("allreduce" if a.kind is Kind.ALLREDUCE else _OP[a.kind], n)
 
     def _collective_ports(self, rank: int, port: dict[str, int], ps0: int) -> tuple[int, ...]:
         g = self.parallel.device(rank)

@@ -55,7 +55,6 @@ from schedules import Action, Kind, Schedule, ScheduleError, build
 from schedules.library.controllable import v_half_cap, v_list_schedule
 from schedules.library.zero_bubble import v_placement
 from schedules.timing import CompiledTiming, rank_ends
-from sim.costs import collectives as coll
 from sim.costs.parallel import ParallelConfig
 from sim.costs.transformer import partition_layers
 from sim.costs.transformer_costs import TransformerCosts
@@ -522,7 +521,7 @@ class Bounds:
         if a == b or not costs.parallel.embedding_sync(self.space.model.tied_embeddings):
             return None
         p = costs.parallel
-        t = coll.ring_allreduce(costs.embedding_bytes(), 2, costs.cluster.link_between(p.device(a), p.device(b)))
+        t = costs.embedding_allreduce(costs.cluster.link_between(p.device(a), p.device(b)))
         first = sum(costs.optim_time(s, n) for s in info.rank_stages[a])
         return a, b, t + max(first, costs.optim_time(n - 1, n))
 
