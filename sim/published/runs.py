@@ -43,6 +43,7 @@ class PublishedRun:
     tp: int
     pp: int
     dp: int
+    cp: int = 1  # context parallelism: each sequence split over cp ranks (ring attention); world = tp*pp*dp*cp
     microbatches: int  # per pipeline replica and step
     microbatch_size: int = 1
     schedule: str = "1f1b"
