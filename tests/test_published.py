@@ -38,15 +38,58 @@ def test_rows_pin_their_figures_and_layouts():
         ("megatron-h100", "gpt-462b", 8, 16, 48, 64, "none", "tflops_per_gpu", 459.9, False, True),
         ("llama3", "llama3-405b", 8, 16, 64, 32, "none", "tflops_per_gpu", 430, False, True),
         ("llama3", "llama3-405b", 8, 16, 128, 16, "none", "tflops_per_gpu", 400, False, True),
+        ("megatron-bridge-h100", "llama-8b", 1, 1, 8, 16, "layer:6", "tokens_per_s_per_gpu", 14451, False, True),
+        ("megatron-bridge-h100", "llama-70b", 4, 8, 2, 64, "none", "tokens_per_s_per_gpu", 1602, False, True),
+        ("megatron-bridge-h100", "llama3-405b", 8, 8, 8, 64, "none", "tokens_per_s_per_gpu", 292, False, True),
+        ("megatron-bridge-h100", "llama-70b", 4, 8, 2, 128, "none", "tokens_per_s_per_gpu", 1664, False, True),
+        ("megatron-bridge-h100", "llama3-405b", 8, 8, 8, 192, "none", "tokens_per_s_per_gpu", 328, False, True),
+        ("automodel-h100", "llama-70b", 1, 1, 32, 4, "full", "tokens_per_s_per_gpu", 866.77, False, True),
     ]
     assert {r.suite for r in RUNS} == set(SUITES)
     assert all(r.source and (r.fit or r.suite != "megatron-2022" or r.recompute == "selective") for r in RUNS)
-    assert all(r.assumed for r in RUNS if r.suite in ("megatron-h100", "llama3"))
+    assert all(r.assumed for r in RUNS if r.suite in ("megatron-h100", "llama3", "megatron-bridge-h100", "automodel-h100"))
     assert all(r.note for r in RUNS if not r.scored)
     assert [r.schedule for r in RUNS if r.suite == "megatron-h100"] == ["1f1b"] * 9  # the README's example script
     assert all("sequence parallelism" not in r.assumed for r in RUNS if r.suite == "megatron-h100" and r.tp == 1)
     # the README states --overlap-param-gather; Megatron-core's default bucket, max(40M, 1M x dp) parameters
     assert all(r.overlap_param_gather and r.bucket_mb == 2 * 48e6 / 2**20 for r in RUNS if r.suite == "megatron-h100")
+
+
+# (#GPUs, GBS, CP, VP, FSDP, model TFLOP/s) of each row as the pages print them
+_NVIDIA_ROWS = {"megatron-bridge-h100": [(8, 128, 1, 1, True, 744), (64, 128, 1, 5, False, 719),
+                                         (1024, 512, 2, 8, False, 737), (64, 256, 1, 5, False, 731),
+                                         (1024, 1536, 2, 8, False, 827)],
+                "automodel-h100": [(64, 128, 2, 1, True, 389)]}
+
+
+@pytest.mark.parametrize("suite", sorted(_NVIDIA_ROWS))
+def test_nvidia_suites_keep_the_pages_layouts(suite):
+    """Megatron-Bridge and AutoModel rows: held out, sourced, settings assumed where the page is silent, and the
+    layout adds up to the page's #GPUs and GBS (dp x tp x pp x cp GPUs; microbatches x MBS x dp sequences)."""
+    from sim.costs.cluster import cluster_preset
+
+    runs = suite_runs(suite)
+    got = [(r.tp * r.pp * r.dp * r.cp, r.microbatches * r.microbatch_size * r.dp, r.cp, r.chunks, r.dp_mode == "fsdp",
+            r.extra["model_tflops_per_gpu"]) for r in runs]
+    assert got == _NVIDIA_ROWS[suite]
+    for r in runs:
+        assert not r.fit and r.scored and r.source and r.settings_source and r.assumed
+        assert r.tp * r.pp * r.dp * r.cp == cluster_preset(r.cluster).num_devices
+        assert r.schedule == ("interleaved-1f1b" if r.chunks > 1 else "1f1b")
+        assert r.metric == "tokens_per_s_per_gpu"  # the pages' TFLOP/s count causal attention, ours the full s x s
+    if suite == "megatron-bridge-h100":  # only FP8 rows of dense models on DGX-H100; Megatron: SP and overlap with TP
+        assert all(r.dtype == "fp8" and r.sp == (r.tp > 1) and r.reduce_dtype == "bf16" for r in runs)
+        assert all(r.overlap_param_gather and r.bucket_mb == 2 * 40e6 / 2**20 for r in runs if r.dp_mode == "zero1")
+    else:  # FSDP2 as AutoModel applies it: fp32 reduction, one layer per unit
+        assert all(r.dtype == "bf16" and r.reduce_dtype == "fp32" and not r.sp for r in runs)
+
+
+def test_a_cp_rows_command_passes_cp():
+    from sim.published import command
+
+    (row,) = suite_runs("automodel-h100")
+    assert " --cp 2 " in command(row)
+    assert all(" --cp " not in command(r) for r in RUNS if r.cp == 1)
 
 
 def test_the_script_is_thin():
@@ -164,7 +207,8 @@ def test_held_out_goals_that_hold():
     assert h100["held_out"]["rows"] == 9 and h100["held_out"]["mean_abs_error"] < 0.10
 
 
-@pytest.mark.parametrize("index", [8, 14, 21])  # torchtitan 8B, Megatron H100 16B, Llama 3 on 8,192 GPUs
+# torchtitan 8B, Megatron H100 16B, Llama 3 on 8,192 GPUs, Megatron-Bridge 70B FP8 (25.11), AutoModel 70B (CP 2)
+@pytest.mark.parametrize("index", [8, 14, 21, 24, 28])
 def test_a_rows_command_reproduces_its_prediction(index, capsys):
     import json
     import shlex
@@ -176,7 +220,7 @@ def test_a_rows_command_reproduces_its_prediction(index, capsys):
     argv = shlex.split(command(run))[3:]  # after 'python -m sim'
     assert main(argv) == 0
     d = json.loads(capsys.readouterr().out)
-    world = run.tp * run.pp * run.dp
+    world = run.tp * run.pp * run.dp * run.cp
     got = {"tokens_per_s_per_gpu": d["tokens_per_s"] / world,
            "tflops_per_gpu": d["model_flops_per_step"] / d["step_time"] / world / 1e12}[run.metric]
     assert got == pytest.approx(predict(run), rel=1e-12)

@@ -17,6 +17,19 @@ Suites:
 * ``llama3``: Dubey et al. 2024 ("The Llama 3 Herd of Models", arXiv 2407.21783), Table 4: 405B on 8,192
   H100s (TP 8, CP 1, PP 16, DP 64, 430 TFLOP/s per GPU) and 16,384 (DP 128, 400 TFLOP/s); global batch 16M
   tokens of sequence 8192.
+* ``megatron-bridge-h100``: NVIDIA Megatron-Bridge performance summary archive (docs.nvidia.com/nemo/megatron-bridge/
+  latest/performance-summary-archive.html; its source NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md,
+  commit 4ab94dfad, Aug 2026): the DGX-H100 pre-training rows of dense models, Llama 3 8B, 70B and 3.1 405B, tokens/s
+  per GPU. The page prints no BF16 dense H100 row in any release (25.09 to 26.08): these rows are FP8 (FP8-CS),
+  scored with dtype fp8. Releases 25.11 (8B, 70B GBS 128, 405B GBS 512) and 26.04.01 (70B GBS 256, 405B GBS 1536).
+  Assumed: Megatron's distributed optimizer (zero1, --overlap-param-gather, default buckets) where FSDP is 0, sequence
+  parallelism and TP overlap with TP (the page's 25.11 recipes, scripts/performance), even pipeline splits; the 8B
+  recipe's 5 of 32 layers recomputed as layer:6. Held out.
+* ``automodel-h100``: NVIDIA NeMo AutoModel performance summary (docs.nvidia.com/nemo/automodel/latest/performance/
+  performance-summary.md; NVIDIA-NeMo/Automodel docs/performance-summary.mdx, row added April 2026), PyTorch backend
+  with FSDP2, DGX-H100 BF16 pre-training: its one dense row, Llama3 70B on 64 GPUs (CP 2, FSDP 32, GBS 128, sequence
+  8192), 866.77 tokens/s per GPU. Assumed: activation checkpointing as full recomputation, fp32 gradient reduction
+  (AutoModel's FSDP2 default), one-layer FSDP units, fused kernels (torch.compile on). Held out.
 """
 
 from __future__ import annotations
@@ -27,7 +40,7 @@ from sim.costs.transformer import model_preset
 
 __all__ = ["KORTHIKANTI_MEMORY", "METRICS", "RUNS", "SUITES", "PublishedRun", "suite_runs"]
 
-SUITES = ("megatron-2022", "torchtitan", "megatron-h100", "llama3")
+SUITES = ("megatron-2022", "torchtitan", "megatron-h100", "llama3", "megatron-bridge-h100", "automodel-h100")
 #: What a row's figure measures: seconds per step, tokens per second per GPU, model TFLOP/s per GPU.
 METRICS = ("step_s", "tokens_per_s_per_gpu", "tflops_per_gpu")
 
@@ -43,6 +56,7 @@ class PublishedRun:
     tp: int
     pp: int
     dp: int
+    cp: int = 1  # context parallelism: each sequence split over cp ranks (ring attention); world = tp*pp*dp*cp
     microbatches: int  # per pipeline replica and step
     microbatch_size: int = 1
     schedule: str = "1f1b"
@@ -130,6 +144,62 @@ _LLAMA_ASSUMED = ("schedule interleaved-1f1b, chunks=8 (one layer per virtual st
                   "buckets of one layer (FSDP's unit)", "microbatch_size=1", "recompute none", "dp_mode zero2 (FSDP keeping the "
                   "weights after the forward)", "sequence parallelism", "flash attention")
 
+# Megatron-Bridge performance summary (NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, rendered at
+# docs.nvidia.com/nemo/megatron-bridge/latest/performance-summary-archive.html; commit 4ab94dfad, Aug 2026). Its DGX-H100
+# rows of dense models are all FP8 (there is no BF16 dense H100 row in any release): the FP8-CS (current scaling)
+# Llama 3 rows, scored with dtype fp8. Figure: Tokens / sec / GPU (the page's Model TFLOP/sec/GPU counts causal
+# attention, half the s x s of the count here, sim.published.score: the measured throughput is compared instead).
+_MB = ("Megatron-Bridge performance summary archive (docs.nvidia.com/nemo/megatron-bridge/latest/"
+       "performance-summary-archive.html; NVIDIA-NeMo/Megatron-Bridge docs/performance-summary-archive.md, commit 4ab94dfad)")
+# The page points to its recipes (scripts/performance); the 25.11 ones are at commit 97ad8cc6f ("Added 25.11 starter
+# pack"): configs/llama/llama3{,1}_workload_base_configs.py and llama3{,1}_llm_pretrain.py.
+_MB_RECIPE = "NVIDIA-NeMo/Megatron-Bridge scripts/performance/configs/llama (commit 97ad8cc6f, 25.11)"
+_MB_ASSUMED = ("FP8 as the simulator models it (weight GEMMs at the H100's FP8 GEMM curve; FP8-CS current scaling's "
+               "amax and casts not charged)", "flash attention (Transformer Engine)")
+_MB_TP_ASSUMED = ("sequence parallelism with TP (the recipes' WorkloadBaseConfig.sequence_parallel = TP > 1)",
+                  "TP communication overlap (the recipes' CommOverlapConfig, userbuffers for H100)",
+                  "dp_mode zero1 (Megatron's distributed optimizer) with --overlap-param-gather",
+                  "buckets of Megatron-core's default size, max(40M, 1M x dp) parameters",
+                  "pipeline layers as even as possible (the page gives no split)")
+
+
+def _bridge_h100(release: str, model: str, name: str, gpus: int, gbs: int, tp: int, pp: int, cp: int, vp: int,
+                 fsdp: bool, tokens: float, tflops: float, *, recompute: str = "none",
+                 assumed: tuple[str, ...] = ()) -> PublishedRun:
+    dp = gpus // (tp * pp * cp)
+    precision = "FP8-CS" if release == "25.11" else "FP8"
+    table = "'System: DGX-H100'" if release == "25.11" else f"'Model: {name}'"
+    return PublishedRun(
+        suite="megatron-bridge-h100", name=f"{name} {release}, {gpus} GPUs, GBS {gbs}", model=model,
+        cluster=f"dgx-h100:{gpus // 8}", tp=tp, pp=pp, dp=dp, cp=cp, microbatches=gbs // dp, microbatch_size=1,
+        schedule="interleaved-1f1b" if vp > 1 else "1f1b", chunks=vp, dtype="fp8", recompute=recompute,
+        dp_mode="fsdp" if fsdp else "zero1", sp=tp > 1, tp_overlap=tp > 1, overlap_param_gather=not fsdp,
+        bucket_mb=_layer_mib(model, tp) if fsdp else _megatron_bucket_mib(dp),
+        metric="tokens_per_s_per_gpu", published=tokens,
+        source=f"{_MB}, '{release} NeMo Container', Pre-Training, table {table}, row {name} (DGX-H100, {precision})",
+        settings_source=(f"the same row (#GPUs, GBS, MBS 1, sequence 8192, FSDP, TP, PP, CP, VP); {_MB_RECIPE} "
+                         "(grad_reduce_in_fp32 False: 16-bit reduction; recompute; sequence parallelism; TP overlap)"),
+        assumed=(*_MB_ASSUMED, *(_MB_TP_ASSUMED if not fsdp else ()), *assumed),
+        extra={"model_tflops_per_gpu": tflops, "release": release, "precision": precision})
+
+
+_MB_405B_SPLIT = ("Llama 3.1 405B as the llama3-405b preset (same shape: 126 layers, h 16384, FFN 53248, 128/8 heads)",)
+_MB_8B_ASSUMED = ("recompute layer:6: the 25.11 recipe recomputes 5 of 32 layers in full (recompute_num_layers=5), "
+                  "modelled as one layer in 6", "FSDP (Megatron-FSDP) over all 8 GPUs, buckets of one layer",
+                  "no sequence parallelism (TP 1)")
+_MB_2604 = ("settings beyond the row as the 25.11 recipe (the 26.04.01 recipe not read)",)
+
+# NeMo AutoModel performance summary (NVIDIA-NeMo/Automodel docs/performance-summary.mdx, rendered at
+# docs.nvidia.com/nemo/automodel/latest/performance/performance-summary.md; the row added in commit 2013a4dd6, April
+# 2026, "FSDP2 w weight prefetching and async TP optimization"; page footer "Last Updated: 2025-10-02, main branch").
+# PyTorch backend, FSDP2. The one dense pre-training row on DGX-H100 BF16 is Llama3 70B; the others are MoE
+# (EP > 1, or GPT-OSS's experts).
+_AM = ("NeMo AutoModel performance summary (docs.nvidia.com/nemo/automodel/latest/performance/performance-summary.md; "
+       "NVIDIA-NeMo/Automodel docs/performance-summary.mdx, commit 36044ad3d)")
+_AM_RECIPE = ("NVIDIA-NeMo/Automodel examples/llm_benchmark/llama3_3/custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml "
+              "(the page's configuration file for the row; commit e45812012)")
+
+
 RUNS: tuple[PublishedRun, ...] = (
     *_korthikanti("22B", "megatron-22b", 1, 1, 4, 1, 1.42, 1.10, "22B"),
     *_korthikanti("175B", "gpt3-175b", 8, 64, 1, 3, 18.13, 13.75, "175B"),
@@ -169,6 +239,30 @@ RUNS: tuple[PublishedRun, ...] = (
                    settings_source=_LLAMA_SETTINGS,
                    assumed=_LLAMA_ASSUMED)
       for gpus, dp, per_dp, tflops in ((8192, 64, 32, 430), (16384, 128, 16, 400))),
+    _bridge_h100("25.11", "llama-8b", "LLAMA3_8B", 8, 128, 1, 1, 1, 1, True, 14451, 744, recompute="layer:6",
+                 assumed=_MB_8B_ASSUMED),
+    _bridge_h100("25.11", "llama-70b", "LLAMA3_70B", 64, 128, 4, 8, 1, 5, False, 1602, 719),
+    _bridge_h100("25.11", "llama3-405b", "LLAMA3.1_405B", 1024, 512, 8, 8, 2, 8, False, 292, 737,
+                 assumed=_MB_405B_SPLIT),
+    _bridge_h100("26.04.01", "llama-70b", "LLAMA3_70B", 64, 256, 4, 8, 1, 5, False, 1664, 731, assumed=_MB_2604),
+    _bridge_h100("26.04.01", "llama3-405b", "LLAMA3.1_405B", 1024, 1536, 8, 8, 2, 8, False, 328, 827,
+                 assumed=(*_MB_405B_SPLIT, *_MB_2604)),
+    PublishedRun(suite="automodel-h100", name="Llama3 70B, 64 GPUs, CP 2, FSDP 32", model="llama-70b",
+                 cluster="dgx-h100:8", tp=1, pp=1, dp=32, cp=2, microbatches=4, microbatch_size=1, dp_mode="fsdp",
+                 recompute="full", reduce_dtype="fp32", bucket_mb=_layer_mib("llama-70b", 1),
+                 metric="tokens_per_s_per_gpu", published=866.77,
+                 source=(f"{_AM}, 'Pre-Training Performance', table 'System: DGX-H100, Precision: BF16', row 'Llama3 70B' "
+                         "(18.90 s per global step, 389 model TFLOP/s per GPU)"),
+                 settings_source=(f"the same row (#GPUs 64, GBS 128, MBS 1, LBS 1, GA 4, sequence 8192, TP 1, PP 1, CP 2, "
+                                  f"FSDP 32, 'TE + fsdp2_prefetch'); {_AM_RECIPE}: activation_checkpointing True, "
+                                  "enable_compile True, reshard_after_forward True"),
+                 assumed=("Llama 3.1 70B as the llama-70b preset (same shape)",
+                          "activation checkpointing as full recomputation of every layer",
+                          "gradients reduced in fp32 (AutoModel's FSDP2 MixedPrecisionPolicy default, reduce_dtype "
+                          "float32)", "buckets of one layer (FSDP2 wraps each decoder layer)",
+                          "fused elementwise kernels (torch.compile on)",
+                          "FSDP2 prefetching as the simulator's FSDP overlap"),
+                 extra={"model_tflops_per_gpu": 389, "step_s": 18.90}),
 )
 
 

@@ -37,7 +37,7 @@ def study_of(run: PublishedRun, *, device_model: DeviceModel | None = None, reco
     """The row's layout as a study (``recompute``/``sp`` override the row's, for the memory figures)."""
     costs = TransformerCosts(
         model=model_preset(run.model), cluster=cluster_preset(run.cluster),
-        parallel=ParallelConfig(pp=run.pp, tp=run.tp, dp=run.dp, dp_mode=run.dp_mode, bucket_mb=run.bucket_mb,
+        parallel=ParallelConfig(pp=run.pp, tp=run.tp, dp=run.dp, cp=run.cp, dp_mode=run.dp_mode, bucket_mb=run.bucket_mb,
                                 sp=run.sp if sp is None else sp, overlap_param_gather=run.overlap_param_gather),
         microbatch_size=run.microbatch_size, recompute=run.recompute if recompute is None else recompute,
         dtype=run.dtype, reduce_dtype=run.reduce_dtype, elementwise=run.elementwise, tp_overlap=run.tp_overlap,
@@ -49,7 +49,8 @@ def study_of(run: PublishedRun, *, device_model: DeviceModel | None = None, reco
 def command(run: PublishedRun) -> str:
     """The ``python -m sim`` line that simulates the row."""
     sched = f"{run.schedule} --chunks {run.chunks}" if run.chunks > 1 else run.schedule
-    return (f"python -m sim --model {run.model} --cluster {run.cluster} --tp {run.tp} --pp {run.pp} --dp {run.dp} "
+    return (f"python -m sim --model {run.model} --cluster {run.cluster} --tp {run.tp} --pp {run.pp} --dp {run.dp}"
+            f"{f' --cp {run.cp}' if run.cp > 1 else ''} "
             f"--dp-mode {run.dp_mode} --bucket-mb {run.bucket_mb:.12g} --schedule {sched} --microbatches {run.microbatches} "
             f"--microbatch-size {run.microbatch_size} --recompute {run.recompute}{' --sp' if run.sp else ''}"
             f"{' --dtype fp8' if run.dtype == 'fp8' else ''}{' --reduce-dtype fp32' if run.reduce_dtype == 'fp32' else ''}"
@@ -78,7 +79,7 @@ def score(runs: Iterable[PublishedRun]) -> list[dict[str, Any]]:
         row = {"suite": run.suite, "name": run.name, "metric": run.metric, "published": run.published,
                "source": run.source, "settings_source": run.settings_source, "assumed": list(run.assumed),
                "fit": run.fit, "scored": run.scored, "note": run.note, "command": command(run),
-               "settings": {k: getattr(run, k) for k in ("model", "cluster", "tp", "pp", "dp", "microbatches",
+               "settings": {k: getattr(run, k) for k in ("model", "cluster", "tp", "pp", "dp", "cp", "microbatches",
                                                          "microbatch_size", "schedule", "chunks", "dp_mode",
                                                          "recompute", "sp", "dtype", "reduce_dtype",
                                                          "elementwise", "tp_overlap", "overlap_param_gather")}}
