@@ -31,8 +31,6 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (torch's convention)
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 
 class Layer(nn.Module):
     """A Llama-style decoder layer: RMSNorm, GQA attention (SDPA), RMSNorm, SwiGLU MLP."""

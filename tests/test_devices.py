@@ -19,10 +19,10 @@ GPT175 = model_preset("gpt3-175b")
 
 def test_h100_curve_is_the_a100_fit_moved_by_the_matmul_microbenchmark():
     a100, h100 = DEVICE_MODELS["A100"].gemm, DEVICE_MODELS["H100"].gemm
-    assert h100.peak_fraction == round(0.78 * (794.5 / 989) / (271.2 / 312), 4) == 0.7209
+    assert h100.peak_fraction == round(0.794 * (794.5 / 989) / (271.2 / 312), 4) == 0.7338
     # the half-efficiency GEMM takes the same time on both: half_flops / (peak x fraction)
-    assert h100.half_flops / (989e12 * 0.7209) == pytest.approx(a100.half_flops / (312e12 * 0.78), rel=2e-3)
-    assert transferred_gemm(MAMF["A100"], 312e12).peak_fraction == 0.78
+    assert h100.half_flops / (989e12 * 0.7338) == pytest.approx(a100.half_flops / (312e12 * 0.794), rel=2e-3)
+    assert transferred_gemm(MAMF["A100"], 312e12).peak_fraction == 0.794
 
 
 def test_flash_attention_flops_and_time():

@@ -119,6 +119,13 @@ def add_units_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--contention", type=float, default=None, metavar="X",
                    help="compute runs 1 + X times longer while its rank communicates (default: the device model's, "
                    "0.189 on the A100, H100 and H200; 0: none; link model fair only)")
+    g.add_argument("--stack", default=None, metavar="NAME",
+                   help="the training stack that runs the step: none (default: asynchronous sends, no host costs), "
+                   "megatron, deepspeed or torchtitan (their p2p semantics, kernel launches, optimizer sync; "
+                   "docs/simulator.md)")
+    g.add_argument("--post-validation", action="store_true", default=None,
+                   help="the optimizer step goes ahead of the global gradient norm (zero-bubble's post-validation; "
+                   "stacks megatron and torchtitan)")
     g.add_argument("--dtype", default=None, metavar="DTYPE",
                    help="bf16 (default) or fp8: the weight GEMMs at the device's FP8 peak (H100, H200)")
 
@@ -189,7 +196,8 @@ def units_overrides(args: argparse.Namespace) -> dict[str, dict]:
         tables["cluster"] = {"preset": args.cluster}
     for table, keys in (("parallel", ("pp", "dp", "tp", "cp", "dp_mode", "bucket_mb", "collective", "order", "sp")),
                         ("run", ("schedule", "microbatches", "microbatch_size", "chunks", "efficiency", "recompute",
-                                 "dtype", "reduce_dtype", "elementwise", "tp_overlap", "contention"))):
+                                 "dtype", "reduce_dtype", "elementwise", "tp_overlap", "contention", "stack",
+                                 "post_validation"))):
         tables[table].update({k: getattr(args, k) for k in keys if getattr(args, k) is not None})
     if args.pair_overlap is not None:
         tables["run"]["pair_overlap"] = args.pair_overlap
@@ -283,7 +291,8 @@ def _list() -> int:
 
 
 UNITS_ONLY = ("dp", "tp", "cp", "dp_mode", "microbatch_size", "bucket_mb", "collective", "order", "efficiency", "sp",
-              "seq_len", "attention", "dtype", "reduce_dtype", "elementwise", "tp_overlap", "contention", *COMM_KEYS)
+              "seq_len", "attention", "dtype", "reduce_dtype", "elementwise", "tp_overlap", "contention", "stack",
+              "post_validation", *COMM_KEYS)
 
 
 @guarded

@@ -10,9 +10,9 @@ table", BF16 v2: A100 SXM 271.2 of 312 TFLOP/s, 86.9%; H100 SXM 794.5 of 989,
 80.3%; GH200 (the H200's die and HBM3e, at 900 W) 828.6 of 989, 83.6%; FP8:
 H100 SXM 1402.6 of 1979, 70.9%; GH200 1535.0 of 1979, 77.6%). A device's peak
 fraction is its MAMF efficiency times the A100's ratio of fitted fraction to
-MAMF efficiency (0.78 / 0.869): what training GEMMs reach of the best matmul
+MAMF efficiency (0.794 / 0.869): what training GEMMs reach of the best matmul
 on the A100 is assumed the same on the others. The half-size point is kept in
-time (a GEMM of ``half_flops`` takes the same ~0.13 ms on every device: launch
+time (a GEMM of ``half_flops`` takes the same ~0.2 ms on every device: launch
 and tail waves), so ``half_flops`` scales with the device's achievable FLOP/s.
 
 Fused attention: fraction of dense 16-bit peak on the FLOPs a causal kernel
@@ -49,7 +49,7 @@ MAMF = {"A100": 271.2 / 312, "H100": 794.5 / 989, "H200": 828.6 / 989,
         "H100-fp8": 1402.6 / 1979, "H200-fp8": 1535.0 / 1979}
 
 # Fitted on Korthikanti et al. 2022 Table 5, full-recomputation rows (sim.published.fit_gemm_efficiency).
-A100_GEMM = GemmEfficiency(peak_fraction=0.78, half_flops=2.4e10,
+A100_GEMM = GemmEfficiency(peak_fraction=0.794, half_flops=2.6e10,
                            source="fitted on Korthikanti et al. 2022 Table 5, full-recomputation rows")
 _A100_PEAK = 312e12
 COMM_SLOWDOWN = 0.189  # Lee et al. 2025, arXiv 2507.03114: mean slowdown of compute overlapped with communication

@@ -75,6 +75,7 @@ from sim.costs.gpu_model import DeviceModel, GemmEfficiency, LayerCosts, Op, lay
 from sim.costs.nccl import arch_of, nccl_choice
 from sim.costs.parallel import PS_MODES, DPGroup, ParallelConfig
 from sim.costs.recompute_modes import check_recompute, layer_every
+from sim.costs.stacks import after_p2p, check_stack, pass_kernels, stack_of
 from sim.costs.transformer import TransformerConfig, partition_layers
 from sim.costs.uniform import memoized_durations, recomputed_in
 from sim.network import Network
@@ -120,6 +121,8 @@ class TransformerCosts:
     tp_overlap: bool = False  # SP collectives hidden behind their GEMMs (Megatron --tp-comm-overlap): exposed_tp
     device_model: DeviceModel | None = None  # None: sim.costs.devices.DEVICE_MODELS of the cluster's device
     contention: float | None = None  # compute slowdown while communicating; None: the device model's (network)
+    stack: str = "none"  # the training stack's p2p semantics and host costs (sim.costs.stacks)
+    post_validation: bool = False  # the optimizer step goes ahead of the global gradient norm (zero-bubble's)
     # rank -> its dp group: asked once per collective task (hundreds of thousands per graph), the same answer
     _groups: dict[int, DPGroup] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -145,6 +148,16 @@ class TransformerCosts:
             raise ConfigError(f"costs: dtype fp8 needs a device with FP8 tensor cores and an FP8 GEMM model; "
                               f"{self.cluster.spec.name} has none (valid there: bf16)", field="dtype")
         check_fraction("costs", "pair_overlap", self.pair_overlap)
+        if isinstance(self.stack, str):
+            object.__setattr__(self, "stack", self.stack.lower())
+        check_stack("costs", self.stack)
+        if not isinstance(self.post_validation, bool):
+            raise ConfigError(f"costs: post_validation must be true or false, got {quote(self.post_validation)}",
+                              field="post_validation")
+        if self.post_validation and not stack_of(self.stack).optimizer_sync:
+            raise ConfigError(f"costs: post_validation removes the optimizer's wait for the global gradient norm, "
+                              f"which stack {self.stack!r} does not have; use stack megatron or torchtitan, or "
+                              "leave it out", field="post_validation")
         if self.contention is not None and not (isinstance(self.contention, (int, float))
                                                 and 0 <= self.contention < math.inf):
             raise ConfigError(f"costs: contention must be a finite slowdown >= 0 (0: none), got "
@@ -334,8 +347,72 @@ class TransformerCosts:
         return ops
 
     def pass_time(self, kind: Kind, stage: int, num_stages: int) -> float:
-        """Seconds of one microbatch's pass of ``stage`` on one tensor shard: compute plus TP collectives."""
-        return self.time_of(kind, self.stage_layers(num_stages)[stage], stage == 0, stage == num_stages - 1)
+        """Seconds of one microbatch's pass of ``stage`` on one tensor shard: compute plus TP collectives, at
+        least the host time to launch its kernels (:meth:`host_time`)."""
+        layers = self.stage_layers(num_stages)[stage]
+        gpu = self.time_of(kind, layers, stage == 0, stage == num_stages - 1)
+        return max(gpu, self.host_time(kind, layers))
+
+    def host_time(self, kind: Kind, layers: int) -> float:
+        """Seconds the stack's host takes to launch a pass's kernels (sim.costs.stacks: ``launch_s`` per kernel;
+        0 with stack none, or with a constant ``efficiency``, which times FLOPs alone)."""
+        launch = stack_of(self.stack).launch_s
+        if not launch or self.gemm_efficiency is None:
+            return 0.0
+        ops = self.layer_costs().ops
+        return launch * layers * pass_kernels(len(ops), sum(op.weight for op in ops), kind)
+
+    def fsdp_copy_out(self, stage: int, num_stages: int, bucket: int) -> float:
+        """Seconds of FSDP2's copy-out after one bucket's all-gather: its 16-bit bytes read and written at HBM
+        bandwidth (sim.costs.stacks ``fsdp_copies``)."""
+        return 2 * self.bucket_size(stage, num_stages, bucket) / self.cluster.spec.memory_bw
+
+    def fsdp_copy_in(self, stage: int, num_stages: int, bucket: int) -> float:
+        """Seconds of FSDP2's copy-in before one bucket's reduce-scatter: per element a 16-bit read and a write
+        in the reduce dtype (sim.costs.stacks ``fsdp_copies``)."""
+        elements = self.bucket_size(stage, num_stages, bucket) / 2
+        return elements * (2 + (4 if self.reduce_dtype == "fp32" else 2)) / self.cluster.spec.memory_bw
+
+    def _fsdp_copies(self, graph: TaskGraph, lag: list[float]) -> None:
+        n_st, tasks = graph.schedule.num_stages, graph.tasks
+        for t in tasks:
+            a = t.action
+            if t.stream is Stream.COLLECTIVE and a.kind is Kind.REDUCE_SCATTER and not _is_embedding(t, graph):
+                lag[t.id] += self.fsdp_copy_in(a.stage, n_st, a.bucket or 0)
+            elif a.is_compute:
+                for d in t.deps:
+                    g = tasks[d].action
+                    if g.kind is Kind.ALL_GATHER:
+                        lag[t.id] += self.fsdp_copy_out(g.stage, n_st, g.bucket or 0)
+
+    def p2p_gather_time(self) -> float:
+        """Seconds of the received boundary tensor's all-gather over the TP group (stack megatron-legacy without
+        SP: sim.costs.stacks ``p2p_gather``), as the TP collectives are timed; 0 with SP or tp 1."""
+        p = self.parallel
+        if p.tp <= 1 or p.sp:
+            return 0.0
+        c, n = self.cluster, self.local.boundary_bytes(self.microbatch_size)
+        if c.backend == "nccl" and p.collective != "hierarchical":
+            return nccl_choice("all_gather", float(n), p.tp, 1, c.intra, c.inter, nvls=c.nvls,
+                               arch=arch_of(c.spec.name), algorithm=p.collective).time
+        return coll.ring_gather(n, p.tp, c.intra)
+
+    def optimizer_fixed(self, stage: int, num_stages: int) -> float:
+        """The optimizer step's fixed part (sim.costs.stacks ``optimizer_sync``): the global gradient norm's
+        all-reduce of one fp32 value over the rank's model-parallel group (its pp x tp x cp ranks, NCCL's pick)
+        and the host synchronize that reads it; 0 without the sync or with ``post_validation``."""
+        st = stack_of(self.stack)
+        if not st.optimizer_sync or self.post_validation:
+            return 0.0
+        p, c = self.parallel, self.cluster
+        devs = {p.device(r, 0, t, k) for r in range(p.pp) for t in range(p.tp) for k in range(p.cp)}
+        nodes = len({c.devices[g].node for g in devs})
+        if c.backend == "nccl":
+            norm = nccl_choice("allreduce", 4.0, len(devs), nodes, c.intra, c.inter, nvls=c.nvls,
+                               arch=arch_of(c.spec.name)).time
+        else:
+            norm = coll.ring_allreduce(4.0, len(devs), c.intra if nodes == 1 else c.inter)
+        return norm + st.launch_s
 
     def time_of(self, kind: Kind, layers: int, first: bool, last: bool) -> float:
         """:meth:`pass_time` of a stage of ``layers`` layers, the first and/or the last (the same arithmetic)."""
@@ -416,7 +493,8 @@ class TransformerCosts:
 
     def _optim(self, stage: int, n_st: int) -> float:
         shard = self.parallel.dp if self.parallel.dp_mode in ("zero1", "zero2", "zero3", "fsdp") else 1
-        return ADAM_BYTES_PER_PARAM * self.stage_params(stage, n_st) / shard / self.cluster.spec.memory_bw
+        return (ADAM_BYTES_PER_PARAM * self.stage_params(stage, n_st) / shard / self.cluster.spec.memory_bw
+                + self.optimizer_fixed(stage, n_st))
 
     def collective_bytes(self, kind: Kind, stage: int, num_stages: int, bucket: int) -> float:
         """Bytes of one bucket's collective: the 16-bit bucket, twice that for a gradient reduction (all-reduce,
@@ -530,6 +608,13 @@ class TransformerCosts:
         if plan is not None:
             for c, (anchor, frac) in plan.ready.items():
                 lag[c] = frac * dur[anchor]
+        st = stack_of(self.stack)
+        if st.blocking(graph):  # after a blocking send/receive the host synchronizes, then launches (stacks)
+            gather = self.p2p_gather_time() if st.p2p_gather else 0.0
+            for i, received in after_p2p(graph):
+                lag[i] += st.launch_s + (gather if received else 0.0)
+        if st.fsdp_copies and self.parallel.dp_mode in ("zero2", "zero3", "fsdp") and self.parallel.dp > 1:
+            self._fsdp_copies(graph, lag)
         n_dev = self.cluster.num_devices
         port = {name: i * n_dev for i, name in enumerate(_PORTS)}
         ps0 = len(_PORTS) * n_dev  # parameter-server ports after the devices' ports
@@ -615,7 +700,7 @@ class TransformerCosts:
             "pair_overlap": self.pair_overlap, "link_model": p.link_model,
             "fsdp_reshard_after_forward": p.fsdp_reshard_after_forward, "fsdp_prefetch": p.fsdp_prefetch,
             "embedding_allreduce": p.embedding_allreduce, "overlap_param_gather": p.overlap_param_gather,
-            "contention": self.compute_contention,
+            "contention": self.compute_contention, "stack": self.stack, "post_validation": self.post_validation,
             **({} if p.grad_compression == "none" else {"grad_compression": p.grad_compression,
                                                         "codec_ns_per_param": p.codec_ns_per_param}),
             **({"peer_selection": p.peer_selection} if p.dp_mode == "decentralized" else {}),

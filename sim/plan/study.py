@@ -48,6 +48,7 @@ from sim.costs.cluster import (
 )
 from sim.costs.parallel import EMBEDDING_ALLREDUCE, ParallelConfig
 from sim.costs.recompute_modes import key_recompute
+from sim.costs.stacks import STACKS, block_sends, blocking_p2p
 from sim.costs.transformer import TransformerConfig, model_from_dict
 from sim.costs.transformer_costs import DTYPES, TransformerCosts
 from sim.engine import SimResult, simulate
@@ -127,7 +128,8 @@ def build_graph(study: Study) -> TaskGraph:
     graph = validate(load_graph(study.schedule, study.pipeline(), study.schedule_options()))
     n_st = graph.schedule.num_stages
     costs.stage_layers(n_st)  # raises if the model cannot be split into this many stages
-    return validate(add_data_parallel(graph, study.parallel.dp_mode, costs.buckets(n_st), **dp_options(costs)))
+    graph = validate(add_data_parallel(graph, study.parallel.dp_mode, costs.buckets(n_st), **dp_options(costs)))
+    return block_sends(graph) if blocking_p2p(costs.stack, graph) else graph  # the stack's sends (sim.costs.stacks)
 
 
 def dp_options(costs: TransformerCosts) -> dict[str, Any]:
@@ -389,7 +391,7 @@ def _key_seconds(owner: str, key: str, value: Any, error: type[ConfigError] = Co
 
 _STUDY_KEYS = ("schedule", "microbatches", "chunks", "mem_limit", "time_limit")
 _COST_KEYS = ("microbatch_size", "efficiency", "pair_overlap", "layers_per_stage", "recompute", "dtype",
-              "reduce_dtype", "elementwise", "tp_overlap", "contention")
+              "reduce_dtype", "elementwise", "tp_overlap", "contention", "stack", "post_validation")
 #: The [run] and [parallel] tables: their keys and their kinds ([model]: sim.costs.transformer.MODEL_TABLE,
 #: [cluster]: sim.costs.cluster.cluster_from_dict).
 RUN_TABLE: dict[str, KeyCheck] = {
@@ -398,7 +400,8 @@ RUN_TABLE: dict[str, KeyCheck] = {
     "efficiency": key_fraction("a fraction of peak", open_low=True), "pair_overlap": key_fraction(),
     "layers_per_stage": key_layer_counts, "recompute": key_recompute, "dtype": key_choice(DTYPES),
     "reduce_dtype": key_choice(("bf16", "fp32")), "elementwise": key_choice(("fused", "eager")), "tp_overlap": key_flag,
-    "contention": key_slowdown, "mem_limit": _key_size, "time_limit": _key_seconds,
+    "contention": key_slowdown, "mem_limit": _key_size, "time_limit": _key_seconds, "stack": key_choice(STACKS),
+    "post_validation": key_flag,
 }
 PARALLEL_TABLE: dict[str, KeyCheck] = {
     "pp": key_positive_int, "dp": key_positive_int, "tp": key_positive_int, "cp": key_positive_int,

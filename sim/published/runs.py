@@ -38,9 +38,14 @@ from dataclasses import dataclass, field
 
 from sim.costs.transformer import model_preset
 
-__all__ = ["KORTHIKANTI_MEMORY", "METRICS", "RUNS", "SUITES", "PublishedRun", "suite_runs"]
+__all__ = ["KORTHIKANTI_MEMORY", "METRICS", "RUNS", "SUITES", "SUITE_STACKS", "PublishedRun", "suite_runs"]
 
 SUITES = ("megatron-2022", "torchtitan", "megatron-h100", "llama3", "megatron-bridge-h100", "automodel-h100")
+#: The stack each suite's rows ran on (sim.costs.stacks). Korthikanti et al. 2022 measured Megatron-LM before its
+#: p2p overlap (May 2023): megatron-legacy; the Megatron-LM README's table (July 2024) Megatron-LM; Megatron-Bridge runs Megatron-core; torchtitan and NeMo AutoModel (FSDP2, PyTorch-native
+#: pipelining) run torch.distributed's; Llama 3 ran on Meta's own stack, which is not public: none (no stack costs).
+SUITE_STACKS = {"megatron-2022": "megatron-legacy", "torchtitan": "torchtitan", "megatron-h100": "megatron",
+                "llama3": "none", "megatron-bridge-h100": "megatron", "automodel-h100": "torchtitan"}
 #: What a row's figure measures: seconds per step, tokens per second per GPU, model TFLOP/s per GPU.
 METRICS = ("step_s", "tokens_per_s_per_gpu", "tflops_per_gpu")
 
@@ -80,6 +85,11 @@ class PublishedRun:
     note: str = ""
     settings_source: str = ""  # where the settings (not the figure) come from
     extra: dict = field(default_factory=dict)
+    stack: str | None = None  # the training stack it ran on (sim.costs.stacks); None: its suite's (SUITE_STACKS)
+
+    @property
+    def run_stack(self) -> str:
+        return self.stack or SUITE_STACKS[self.suite]
 
 
 def _korthikanti(name: str, model: str, pp: int, m: int, b: int, v: int, full_s: float, sel_s: float,

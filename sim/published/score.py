@@ -41,7 +41,7 @@ def study_of(run: PublishedRun, *, device_model: DeviceModel | None = None, reco
                                 sp=run.sp if sp is None else sp, overlap_param_gather=run.overlap_param_gather),
         microbatch_size=run.microbatch_size, recompute=run.recompute if recompute is None else recompute,
         dtype=run.dtype, reduce_dtype=run.reduce_dtype, elementwise=run.elementwise, tp_overlap=run.tp_overlap,
-        device_model=device_model, layers_per_stage=run.layers_per_stage)
+        device_model=device_model, layers_per_stage=run.layers_per_stage, stack=run.run_stack)
     return Study(schedule=run.schedule, microbatches=run.microbatches, costs=costs,
                  chunks=run.chunks if run.chunks > 1 else None)
 
@@ -56,6 +56,7 @@ def command(run: PublishedRun) -> str:
             f"{' --dtype fp8' if run.dtype == 'fp8' else ''}{' --reduce-dtype fp32' if run.reduce_dtype == 'fp32' else ''}"
             f"{' --elementwise eager' if run.elementwise == 'eager' else ''}{' --tp-overlap' if run.tp_overlap else ''}"
             f"{' --overlap-param-gather' if run.overlap_param_gather else ''}"
+            f"{f' --stack {run.run_stack}' if run.run_stack != 'none' else ''}"
             " --json")
 
 
@@ -82,7 +83,8 @@ def score(runs: Iterable[PublishedRun]) -> list[dict[str, Any]]:
                "settings": {k: getattr(run, k) for k in ("model", "cluster", "tp", "pp", "dp", "cp", "microbatches",
                                                          "microbatch_size", "schedule", "chunks", "dp_mode",
                                                          "recompute", "sp", "dtype", "reduce_dtype",
-                                                         "elementwise", "tp_overlap", "overlap_param_gather")}}
+                                                         "elementwise", "tp_overlap", "overlap_param_gather")},
+               "stack": run.run_stack}
         if run.scored:
             result = run_study(study_of(run))
             predicted = metric_of(run, result)
