@@ -1,9 +1,9 @@
 """Several runs of the validation grid side by side: which data-parallel rows stay within a bound on every run.
 
-    python experiments/grid_runs.py RUN.json RUN.json [RUN.json ...] [--bound 0.10] [--markdown PATH.md]
+    python experiments/grid_runs.py RUN.json RUN.json [RUN.json ...] [--bound 0.10] [--kind pipeline] [--markdown PATH.md]
 
 Each RUN.json is the ``validation.json`` of one ``experiments/validate_sim.py`` run (``--out`` DIR), the runs
-taken one after the other on the same code. Prints, per data-parallel row, its error on each run, whether it is
+taken one after the other on the same code. Prints, per data-parallel row (``--kind pipeline``: per pipeline row), its error on each run, whether it is
 within ``--bound`` on all of them, and for the run where it is worst the part of the step whose measured and
 predicted times differ most (analysis.validation.grid_runs). ``--markdown`` writes the same as a results page.
 """
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from analysis.cli.common import OneLineParser
-from analysis.validation.grid_runs import repeat_rows, run_summary
+from analysis.validation.grid_runs import KINDS, repeat_rows, run_summary
 
 
 def _args(argv: list[str] | None = None):
@@ -23,6 +23,7 @@ def _args(argv: list[str] | None = None):
     p.add_argument("runs", nargs="+", metavar="RUN.json", help="validate_sim.py's validation.json, one per run")
     p.add_argument("--bound", type=float, default=0.10, help="the bound on |error| (default 0.10)")
     p.add_argument("--markdown", metavar="PATH.md", help="write the table as a results page")
+    p.add_argument("--kind", default="data-parallel", choices=KINDS, help="which rows (default data-parallel)")
     a = p.parse_args(argv)
     if not 0 < a.bound < 1:
         p.error(f"--bound {a.bound}: give a fraction between 0 and 1, e.g. 0.10")
@@ -45,8 +46,8 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x * 100:+.1f}%"
 
 
-def body(paths: list[str], runs: list[dict], bound: float) -> str:
-    rows = repeat_rows(runs, bound)
+def body(paths: list[str], runs: list[dict], bound: float, kind: str = "data-parallel") -> str:
+    rows = repeat_rows(runs, bound, kind)
     lines = ["| run | file | its command | noise verdict | pipeline rows, mean abs error | data-parallel rows, mean abs "
              "error |", "|---:|---|---|---|---:|---:|"]
     for i, (path, run) in enumerate(zip(paths, runs, strict=True), 1):
@@ -65,7 +66,7 @@ def body(paths: list[str], runs: list[dict], bound: float) -> str:
                      + f" | {'yes' if r.within else 'no'} | {where} |")
     held = [r for r in rows if not r.in_sample]
     ok = [r for r in held if r.within]
-    lines += ["", f"{len(ok)} of {len(held)} held-out data-parallel rows are within {bound * 100:.0f}% on every "
+    lines += ["", f"{len(ok)} of {len(held)} held-out {kind} rows are within {bound * 100:.0f}% on every "
               f"one of the {len(runs)} runs; the rest: "
               + (", ".join(f"{r.schedule} m={r.microbatches}" for r in held if not r.within) or "none") + "."]
     return "\n".join(lines)
@@ -73,12 +74,12 @@ def body(paths: list[str], runs: list[dict], bound: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     a = _args(argv)
-    text = body(a.runs, a.data, a.bound)
+    text = body(a.runs, a.data, a.bound, a.kind)
     print(text)
     if a.markdown:
         from analysis.results_page import write_page
 
-        write_page(a.markdown, "The validation grid's data-parallel rows over repeated runs", text,
+        write_page(a.markdown, f"The validation grid's {a.kind} rows over repeated runs", text,
                    argv=["experiments/grid_runs.py", *(argv if argv is not None else sys.argv[1:])])
     return 0
 

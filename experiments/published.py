@@ -5,6 +5,7 @@
     python experiments/published.py --suite all --json                # exactly one JSON object
     python experiments/published.py --suite all --markdown docs/results/published.md
     python experiments/published.py --fit                             # refit the A100 GEMM curve
+    python experiments/published.py --suite all --breakdown --markdown docs/results/published_breakdown.md
 
 The data and the scoring live in sim.published; this script only parses flags.
 """
@@ -19,7 +20,17 @@ from analysis.cli.common import OneLineParser, errors_to_exit
 from analysis.cli.progress import Progress
 from analysis.results_page import check_page, write_page
 from sim.costs.devices import DEVICE_MODELS
-from sim.published import FIT_EVALUATIONS, SUITES, fit_gemm_efficiency, memory_rows, score, suite_runs, summarize
+from sim.published import (
+    FIT_EVALUATIONS,
+    SUITES,
+    breakdown,
+    breakdown_markdown,
+    fit_gemm_efficiency,
+    memory_rows,
+    score,
+    suite_runs,
+    summarize,
+)
 from sim.published.report import markdown, text
 
 
@@ -29,6 +40,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--json", action="store_true", help="print exactly one JSON object")
     ap.add_argument("--markdown", metavar="FILE.md", help="also write the tables as Markdown (machine, date, command)")
     ap.add_argument("--fit", action="store_true", help="refit the A100 GEMM curve on the rows marked fit")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="where each row's error lies instead of the scores: the step taken apart, each mechanism's share")
     args = ap.parse_args(argv)
     if args.markdown:
         with errors_to_exit(ap):
@@ -41,6 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.fit:
         e = fit_gemm_efficiency(progress=Progress(FIT_EVALUATIONS, "fit", every=2.0).advance)
         print(f"peak_fraction={e.peak_fraction} half_flops={e.half_flops:.3g} ({e.source})")
+        return 0
+    if args.breakdown:
+        page = breakdown_markdown(breakdown(suite_runs(args.suite)))
+        if args.markdown:
+            write_page(args.markdown, "Published training runs: where the error lies", page,
+                       argv=None if argv is None else ["experiments/published.py", *argv])
+        print(page)
         return 0
     rows = score(suite_runs(args.suite))
     memory = memory_rows() if args.suite in ("megatron-2022", "all") else []

@@ -52,6 +52,15 @@ def test_a_row_missing_from_a_run_is_not_within_and_its_gap_comes_from_where_it_
     assert rows[1].errors == (None, 0.0) and not rows[1].within
 
 
+def test_the_pipeline_rows_over_runs():
+    rows = repeat_rows(RUNS, 0.10, "pipeline")
+    assert rows == [RepeatRow("1f1b", 4, False, (0.02, None), False, 0, "backward", 0.060, 0.055)]
+    runs = [_run([_row("1f1b", 4, e, kind="pipeline")]) for e in (0.02, -0.05, 0.09)]
+    assert repeat_rows(runs, 0.10, "pipeline")[0].within and not repeat_rows(runs, 0.08, "pipeline")[0].within
+    with pytest.raises(ValueError, match=r"^unknown row kind 'dp'; valid: data-parallel, pipeline$"):
+        repeat_rows(runs, 0.10, "dp")
+
+
 def test_a_run_summary_takes_out_of_sample_rows_by_kind():
     s = run_summary(RUNS[0])
     assert s["verdict"] == "judged" and s["noise"] == 0.03

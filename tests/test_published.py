@@ -226,3 +226,19 @@ def test_a_rows_command_reproduces_its_prediction(index, capsys):
     got = {"tokens_per_s_per_gpu": d["tokens_per_s"] / world,
            "tflops_per_gpu": d["model_flops_per_step"] / d["step_time"] / world / 1e12}[run.metric]
     assert got == pytest.approx(predict(run), rel=1e-12)
+
+
+def test_a_rows_breakdown_adds_up():
+    """sim.published.breakdown: the step's parts are shares of the step, the missing time is what the figure implies
+    less the prediction, and the error with the stack left out is the row's scored with stack none."""
+    import dataclasses
+
+    from sim.published import breakdown
+
+    run = next(r for r in RUNS if r.name == "22B full")
+    (row,) = breakdown([run])
+    assert row["compute_share"] + row["exposed_share"] + row["idle_share"] == pytest.approx(1.0)
+    assert row["missing_s"] == pytest.approx(run.published - row["step_s"])
+    assert row["error"] == pytest.approx(row["step_s"] / run.published - 1)  # a step-time row
+    none = summarize(score([dataclasses.replace(run, stack="none")]))["fit"]["mean_abs_error"]
+    assert abs(row["error_stack_none"]) == pytest.approx(none)

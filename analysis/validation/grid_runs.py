@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PARTS", "RepeatRow", "repeat_rows", "run_summary"]
+__all__ = ["KINDS", "PARTS", "RepeatRow", "repeat_rows", "run_summary"]
 
 PARTS = ("forward", "backward", "optimizer", "skew", "exposed", "overhead")
 
@@ -41,20 +41,26 @@ class RepeatRow:
         return statistics.fmean(abs(e) for e in self.errors if e is not None)
 
 
-def _dp_rows(run: Mapping[str, Any]) -> dict[tuple[str, int], Mapping[str, Any]]:
+KINDS = ("data-parallel", "pipeline")
+
+
+def _rows_of(run: Mapping[str, Any], kind: str) -> dict[tuple[str, int], Mapping[str, Any]]:
     return {(r["schedule"], int(r["microbatches"])): r for r in run.get("schedules", [])
-            if r.get("kind") == "data-parallel" and r.get("error") is not None}
+            if r.get("kind", "pipeline") == kind and r.get("error") is not None}
 
 
-def repeat_rows(runs: Sequence[Mapping[str, Any]], bound: float) -> list[RepeatRow]:
-    """Every data-parallel row found in any of ``runs`` (validation JSONs), in the first run's order, then the
-    rest's. Raises ValueError (one line) when fewer than two runs are given or no run has a data-parallel row."""
+def repeat_rows(runs: Sequence[Mapping[str, Any]], bound: float, kind: str = "data-parallel") -> list[RepeatRow]:
+    """Every row of ``kind`` (data-parallel or pipeline) found in any of ``runs`` (validation JSONs), in the first
+    run's order, then the rest's. Raises ValueError (one line) when fewer than two runs are given or no run has
+    such a row."""
     if len(runs) < 2:
         raise ValueError(f"{len(runs)} run(s): compare at least 2 runs of the grid")
-    tables = [_dp_rows(run) for run in runs]
+    if kind not in KINDS:
+        raise ValueError(f"unknown row kind {kind!r}; valid: {', '.join(KINDS)}")
+    tables = [_rows_of(run, kind) for run in runs]
     keys = list(dict.fromkeys(k for table in tables for k in table))
     if not keys:
-        raise ValueError("no run has a data-parallel row: give runs of the grid that measured its data-parallel rows")
+        raise ValueError(f"no run has a {kind} row: give runs of the grid that measured its {kind} rows")
     out = []
     for key in keys:
         rows = [table.get(key) for table in tables]
