@@ -50,6 +50,25 @@ def test_fp8_runs_weight_gemms_at_the_fp8_peak():
         TransformerCosts(cluster=cluster_preset("dgx-a100"), dtype="fp8", **costs)
 
 
+def test_fp8_quantizes_each_gemms_input_in_the_forward_and_its_output_gradient_in_the_backward():
+    # current scaling: amax (read 2 bytes), cast (read 2, write 1 row-wise + 1 transposed): 6 bytes per element
+    spec, dev = cluster_preset("dgx-h100").spec, DEVICE_MODELS["H100"]
+    fc1 = layer_ops(hidden=4096, heads=32, kv_hidden=1024, ffn=14336, gated=True, seq_len=8192, b=1, tp=1,
+                    sp=False, attention="flash")[6]
+    assert fc1.name == "fc1" and (fc1.in_elems, fc1.out_elems) == (8192 * 4096, 8192 * 2 * 14336)
+    assert fc1.fp8_cast_time(spec, dev, True) == pytest.approx(6 * 8192 * 4096 / spec.memory_bw)
+    assert fc1.fp8_cast_time(spec, dev, True, backward=True) == pytest.approx(6 * 8192 * 2 * 14336 / spec.memory_bw)
+    assert fc1.fp8_cast_time(spec, dev, False) == 0.0
+    costs = dict(model=LLAMA8, parallel=ParallelConfig(pp=1), dtype="fp8", cluster=cluster_preset("dgx-h100"))
+    lc = TransformerCosts(**costs).layer_costs()
+    casts = [(op.fp8_cast_time(spec, dev, True), op.fp8_cast_time(spec, dev, True, backward=True)) for op in lc.ops]
+    assert lc.forward() == pytest.approx(sum(lc._t(op) for op in lc.ops) + sum(f for f, _ in casts))
+    assert lc.input_grad() == pytest.approx(sum(op.input_grad_time(spec, lc.efficiency, dev, True) for op in lc.ops)
+                                            + sum(b for _, b in casts))
+    assert lc.weight_grad() == sum(lc._t(op) for op in lc.ops if op.weight)  # W reuses both quantized operands
+    assert sum(1 for f, _ in casts if f) == 4  # QKV, out-projection, fc1, fc2
+
+
 def test_llama_activation_bytes_by_hand():
     """Per token: replicated 8h (no dropout), split Q,K,V 2(h+2h_kv) + out 2h + gated MLP 6f, core 4a (flash)."""
     h, f, kv, a, s = 4096, 14336, 1024, 32, 8192

@@ -21,6 +21,14 @@ Each operation costs ``max(FLOPs / (peak x e(shape)), bytes / HBM bandwidth)``:
 FP8 (``fp8``): the weight GEMMs (forward, input and weight gradients, as
 torchao's float8 training and Transformer Engine run them) at the device's FP8
 peak and FP8 GEMM efficiency; attention and memory-bound operations stay 16-bit.
+Each FP8 GEMM's 16-bit operand is quantized first, with current scaling
+(Transformer Engine's ``Float8CurrentScaling``, the "FP8-CS" of Megatron-Bridge's
+tables): a pass that takes its amax, then a cast that writes it in FP8 twice,
+row-wise and transposed (Hopper's FP8 tensor cores take only the "TN" layout, so
+the weight gradient needs the transpose: TE's fused cast-transpose): 2 + 2 + 2
+bytes per element at HBM bandwidth (:data:`FP8_CAST_BYTES`), the input X in the
+forward and the output gradient dY in the input gradient (the weight gradient
+reuses both). The weights' own casts, once per step, are left out.
 
 Per layer, for one microbatch of b sequences of length s on one of t tensor
 shards (hidden h, a heads, FFN f; T = sb tokens): QKV T x h x (h + 2 h_kv)/t,
@@ -104,6 +112,11 @@ class DeviceModel:
     source: str = ""
 
 
+#: Bytes per element of an FP8 current-scaling quantization: the amax pass reads 2, the cast reads 2 and writes 1 row-wise
+#: and 1 transposed (module docstring).
+FP8_CAST_BYTES = 6
+
+
 @dataclass(frozen=True, slots=True)
 class Op:
     """One GPU operation of a forward pass: its name, FLOPs, bytes moved, and whether it is a GEMM."""
@@ -116,6 +129,8 @@ class Op:
     attention_core: bool = False  # recomputed by selective recomputation
     fused_attention: bool = False  # a flash-attention kernel: timed at the device's attention fractions
     op_share: float = 1.0  # the share of this operation torchtitan's selective-op policy recomputes
+    in_elems: float = 0.0  # a GEMM's input activation elements (m x k): quantized before an FP8 forward
+    out_elems: float = 0.0  # its output elements (m x n): the output gradient quantized before an FP8 dX
 
     def time(self, spec: DeviceSpec, efficiency: GemmEfficiency, device: DeviceModel | None = None,
              fp8: bool = False) -> float:
@@ -125,9 +140,19 @@ class Op:
             return move
         if self.fused_attention and device is not None:
             return max(self.flops / (spec.peak_flops * device.attention_forward), move)
-        if fp8 and self.weight and device is not None and device.fp8_gemm is not None:
+        if self.fp8_gemm(device, fp8):
             return max(self.flops / (spec.fp8_flops * device.fp8_gemm(self.flops)), move)
         return max(self.flops / (spec.peak_flops * efficiency(self.flops)), move)
+
+    def fp8_gemm(self, device: DeviceModel | None, fp8: bool) -> bool:
+        return fp8 and self.gemm and self.weight and device is not None and device.fp8_gemm is not None
+
+    def fp8_cast_time(self, spec: DeviceSpec, device: DeviceModel | None, fp8: bool, backward: bool = False) -> float:
+        """Seconds of quantizing an FP8 GEMM's 16-bit operand (module docstring): its input in the forward,
+        its output gradient in the backward; 0 for an operation that does not run in FP8."""
+        if not self.fp8_gemm(device, fp8):
+            return 0.0
+        return FP8_CAST_BYTES * (self.out_elems if backward else self.in_elems) / spec.memory_bw
 
     def input_grad_time(self, spec: DeviceSpec, efficiency: GemmEfficiency, device: DeviceModel | None = None,
                         fp8: bool = False) -> float:
@@ -142,7 +167,8 @@ class Op:
 
 
 def _gemm(name: str, m: float, k: float, n: float, batch: float = 1, **kind: bool | float) -> Op:
-    return Op(name, 2.0 * batch * m * k * n, 2.0 * batch * (m * k + k * n + m * n), True, **kind)
+    return Op(name, 2.0 * batch * m * k * n, 2.0 * batch * (m * k + k * n + m * n), True, **kind,
+              in_elems=batch * m * k, out_elems=batch * m * n)
 
 
 def flash_attention_flops(*, seq_len: int, b: int, heads: float, head_dim: float, causal: bool = True) -> float:
@@ -231,11 +257,13 @@ class LayerCosts:
         return op.time(self.spec, self.efficiency, self.device, self.fp8)
 
     def forward(self) -> float:
-        return sum(self._t(op) for op in self.ops)
+        return sum(self._t(op) + op.fp8_cast_time(self.spec, self.device, self.fp8) for op in self.ops)
 
     def input_grad(self) -> float:
-        """I: dX of every GEMM, the attention core's backward, memory ops at twice their bytes (:meth:`Op.input_grad_time`)."""
-        return sum(op.input_grad_time(self.spec, self.efficiency, self.device, self.fp8) for op in self.ops)
+        """I: dX of every GEMM, the attention core's backward, memory ops at twice their bytes (:meth:`Op.input_grad_time`),
+        and under FP8 each output gradient's quantization."""
+        return sum(op.input_grad_time(self.spec, self.efficiency, self.device, self.fp8)
+                   + op.fp8_cast_time(self.spec, self.device, self.fp8, backward=True) for op in self.ops)
 
     def weight_grad(self) -> float:
         return sum(self._t(op) for op in self.ops if op.weight)
