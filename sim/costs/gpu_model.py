@@ -59,7 +59,7 @@ from typing import Any
 from common.errors import ConfigError
 from sim.costs import collectives as coll
 from sim.costs.cluster import Cluster, DeviceSpec, Link
-from sim.costs.nccl import arch_of, nccl_choice
+from sim.costs.nccl import on_cluster
 from sim.costs.recompute_modes import PLANNER_MODES, layer_every
 
 __all__ = ["RECOMPUTE_MODES", "DeviceModel", "GemmEfficiency", "LayerCosts", "Op", "flash_attention_flops",
@@ -298,8 +298,7 @@ def tp_collective(n: float, tp: int, link: Link, sp: bool, cluster: Cluster | No
         return 0.0
     if cluster is not None and cluster.backend == "nccl" and algorithm != "hierarchical":
         def t(op: str) -> float:
-            return nccl_choice(op, float(n), tp, 1, cluster.intra, cluster.inter, nvls=cluster.nvls,
-                               arch=arch_of(cluster.spec.name), algorithm=algorithm).time
+            return on_cluster(cluster, op, n, tp, 1, algorithm).time
         return t("reduce_scatter") + t("all_gather") if sp else t("allreduce")
     if sp:
         return 2 * coll.ring_gather(n, tp, link)

@@ -38,9 +38,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sim.costs.cluster import Link
+from sim.costs.cluster import Cluster, Link
 
-__all__ = ["NCCL_ALGORITHMS", "NCCL_VERSION", "OPS", "PROTOCOLS", "NcclChoice", "arch_of", "nccl_choice"]
+__all__ = ["NCCL_ALGORITHMS", "NCCL_VERSION", "OPS", "PROTOCOLS", "NcclChoice", "arch_of", "nccl_choice", "on_cluster"]
 
 NCCL_VERSION = "2.30.7"
 NCCL_ALGORITHMS = ("ring", "tree", "nvls", "pat")
@@ -174,3 +174,9 @@ def nccl_choice(op: str, nbytes: float, ranks: int, nodes: int, intra: Link, int
 def arch_of(device: str) -> str:
     """NCCL's tuning row for a device preset's name: Ampere for A100, Hopper otherwise (H100, H200, later)."""
     return "ampere" if device.upper().startswith("A100") else "hopper"
+
+
+def on_cluster(cluster: Cluster, op: str, nbytes: float, ranks: int, nodes: int, algorithm: str = "auto") -> NcclChoice:
+    """:func:`nccl_choice` with ``cluster``'s links, NVLS and GPU generation."""
+    return nccl_choice(op, float(nbytes), ranks, nodes, cluster.intra, cluster.inter, nvls=cluster.nvls,
+                       arch=arch_of(cluster.spec.name), algorithm=algorithm)

@@ -32,7 +32,7 @@ from schedules.dp.modes import DP_MODES, PEER_SELECTIONS
 from sim.costs import collectives as coll
 from sim.costs.async_ps import check_speeds
 from sim.costs.cluster import Cluster, Link
-from sim.costs.nccl import NcclChoice, arch_of, nccl_choice
+from sim.costs.nccl import NcclChoice, on_cluster
 from sim.network import LINK_MODELS
 
 __all__ = ["EMBEDDING_ALLREDUCE", "PS_MODES", "DPGroup", "ParallelConfig"]
@@ -284,9 +284,7 @@ class DPGroup:
 
     def choice(self, op: str, n: float) -> NcclChoice:
         """NCCL's algorithm, protocol, time and latency for ``op`` on an n-byte buffer of this group."""
-        c = self.cluster
-        return nccl_choice(op, float(n), self.size, self.nodes, c.intra, c.inter, nvls=c.nvls,
-                           arch=arch_of(c.spec.name), algorithm=self.config.collective)
+        return on_cluster(self.cluster, op, n, self.size, self.nodes, self.config.collective)
 
     def allreduce(self, n: float) -> float:
         if self.nccl:

@@ -72,7 +72,7 @@ from sim.costs.cluster import Cluster, Link
 from sim.costs.compression import compressed_bytes, powersgd_ratio
 from sim.costs.devices import DEVICE_MODELS
 from sim.costs.gpu_model import DeviceModel, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
-from sim.costs.nccl import arch_of, nccl_choice
+from sim.costs.nccl import on_cluster
 from sim.costs.parallel import PS_MODES, DPGroup, ParallelConfig
 from sim.costs.recompute_modes import check_recompute, layer_every
 from sim.costs.stacks import after_p2p, check_stack, pass_kernels, stack_of
@@ -393,8 +393,7 @@ class TransformerCosts:
             return 0.0
         c, n = self.cluster, self.local.boundary_bytes(self.microbatch_size)
         if c.backend == "nccl" and p.collective != "hierarchical":
-            return nccl_choice("all_gather", float(n), p.tp, 1, c.intra, c.inter, nvls=c.nvls,
-                               arch=arch_of(c.spec.name), algorithm=p.collective).time
+            return on_cluster(c, "all_gather", n, p.tp, 1, p.collective).time
         return coll.ring_gather(n, p.tp, c.intra)
 
     def optimizer_fixed(self, stage: int, num_stages: int) -> float:
@@ -408,8 +407,7 @@ class TransformerCosts:
         devs = {p.device(r, 0, t, k) for r in range(p.pp) for t in range(p.tp) for k in range(p.cp)}
         nodes = len({c.devices[g].node for g in devs})
         if c.backend == "nccl":
-            norm = nccl_choice("allreduce", 4.0, len(devs), nodes, c.intra, c.inter, nvls=c.nvls,
-                               arch=arch_of(c.spec.name)).time
+            norm = on_cluster(c, "allreduce", 4.0, len(devs), nodes).time
         else:
             norm = coll.ring_allreduce(4.0, len(devs), c.intra if nodes == 1 else c.inter)
         return norm + st.launch_s
@@ -540,8 +538,7 @@ class TransformerCosts:
         latency part."""
         c, n = self.cluster, self.embedding_bytes()
         if c.backend == "nccl" and self.parallel.collective != "hierarchical":
-            ch = nccl_choice("allreduce", float(n), 2, 1 if link is c.intra else 2, c.intra, c.inter, nvls=c.nvls,
-                             arch=arch_of(c.spec.name), algorithm=self.parallel.collective)
+            ch = on_cluster(c, "allreduce", n, 2, 1 if link is c.intra else 2, self.parallel.collective)
             return ch.latency if latency else ch.time
         return coll.ring_allreduce(0.0 if latency else n, 2, link)
 
