@@ -59,7 +59,7 @@ from typing import Any
 from common.errors import ConfigError
 from sim.costs import collectives as coll
 from sim.costs.cluster import Cluster, DeviceSpec, Link
-from sim.costs.nccl import on_cluster
+from sim.costs.nccl import on_cluster, runs_nccl
 from sim.costs.recompute_modes import PLANNER_MODES, layer_every
 
 __all__ = ["RECOMPUTE_MODES", "DeviceModel", "GemmEfficiency", "LayerCosts", "Op", "flash_attention_flops",
@@ -296,7 +296,7 @@ def tp_collective(n: float, tp: int, link: Link, sp: bool, cluster: Cluster | No
     them inside one node of ``cluster`` when it is given and runs NCCL (sim.costs.nccl), else as rings on ``link``."""
     if tp <= 1:
         return 0.0
-    if cluster is not None and cluster.backend == "nccl" and algorithm != "hierarchical":
+    if cluster is not None and runs_nccl(cluster, algorithm):
         def t(op: str) -> float:
             return on_cluster(cluster, op, n, tp, 1, algorithm).time
         return t("reduce_scatter") + t("all_gather") if sp else t("allreduce")

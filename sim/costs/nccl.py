@@ -40,7 +40,8 @@ from functools import lru_cache
 
 from sim.costs.cluster import Cluster, Link
 
-__all__ = ["NCCL_ALGORITHMS", "NCCL_VERSION", "OPS", "PROTOCOLS", "NcclChoice", "arch_of", "nccl_choice", "on_cluster"]
+__all__ = ["NCCL_ALGORITHMS", "NCCL_VERSION", "OPS", "PROTOCOLS", "NcclChoice", "arch_of", "nccl_choice", "on_cluster",
+           "runs_nccl"]
 
 NCCL_VERSION = "2.30.7"
 NCCL_ALGORITHMS = ("ring", "tree", "nvls", "pat")
@@ -174,6 +175,12 @@ def nccl_choice(op: str, nbytes: float, ranks: int, nodes: int, intra: Link, int
 def arch_of(device: str) -> str:
     """NCCL's tuning row for a device preset's name: Ampere for A100, Hopper otherwise (H100, H200, later)."""
     return "ampere" if device.upper().startswith("A100") else "hopper"
+
+
+def runs_nccl(cluster: Cluster, algorithm: str = "auto") -> bool:
+    """Whether NCCL's choice times ``cluster``'s collectives: a GPU cluster, and any ``--collective`` but
+    hierarchical (a 2D scheme NCCL does not run, kept as the alpha-beta formula)."""
+    return cluster.backend == "nccl" and algorithm != "hierarchical"
 
 
 def on_cluster(cluster: Cluster, op: str, nbytes: float, ranks: int, nodes: int, algorithm: str = "auto") -> NcclChoice:

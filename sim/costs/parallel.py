@@ -32,7 +32,7 @@ from schedules.dp.modes import DP_MODES, PEER_SELECTIONS
 from sim.costs import collectives as coll
 from sim.costs.async_ps import check_speeds
 from sim.costs.cluster import Cluster, Link
-from sim.costs.nccl import NcclChoice, on_cluster
+from sim.costs.nccl import NcclChoice, on_cluster, runs_nccl
 from sim.network import LINK_MODELS
 
 __all__ = ["EMBEDDING_ALLREDUCE", "PS_MODES", "DPGroup", "ParallelConfig"]
@@ -254,7 +254,7 @@ class DPGroup:
         """Whether NCCL runs this group's collectives and picks their algorithm per call (GPU clusters, with
         ``collective`` auto, ring, tree, nvls or pat: :mod:`sim.costs.nccl`); else the alpha-beta formulas of
         :mod:`sim.costs.collectives` (gloo on CPU clusters, and ``hierarchical``, a 2D scheme NCCL does not run)."""
-        return self.cluster.backend == "nccl" and self.config.collective != "hierarchical"
+        return runs_nccl(self.cluster, self.config.collective)
 
     @property
     def algorithm(self) -> str:

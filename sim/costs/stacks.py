@@ -37,7 +37,7 @@ The same schedule runs differently under Megatron-LM, DeepSpeed's pipeline engin
 * **optimizer_sync**: the optimizer step waits for a global gradient norm (gradient clipping: Megatron-LM's
   ``--clip-grad`` 1.0, torchtitan's ``max_norm`` 1.0; DeepSpeed's ``gradient_clipping`` is 0 by default): an
   all-reduce of one value over the rank's model-parallel group and a host synchronize before each rank's
-  step (:meth:`Stack.optimizer_fixed`). The zero-bubble paper's implementation replaces it by a
+  step (:meth:`sim.costs.transformer_costs.TransformerCosts.optimizer_fixed`). The zero-bubble paper's implementation replaces it by a
   post-validation that lets the step go ahead (Qi et al. 2024, sec. 4; ``post_validation``).
 """
 
@@ -50,7 +50,8 @@ from common.errors import ConfigError, check_choice
 from schedules import Kind, Stream, TaskGraph
 from schedules.ir import COMPUTE_KINDS
 
-__all__ = ["STACKS", "Stack", "block_sends", "blocking_p2p", "pass_kernels", "stack_of"]
+__all__ = ["LAUNCH_S", "STACKS", "Stack", "after_p2p", "block_sends", "blocking_p2p", "check_stack", "pass_kernels",
+           "stack_of"]
 
 STACKS = ("none", "megatron", "megatron-legacy", "deepspeed", "torchtitan")
 LAUNCH_S = 5e-6  # module docstring (HTA: 5-20 us per launch on the CPU side)

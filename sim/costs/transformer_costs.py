@@ -72,7 +72,7 @@ from sim.costs.cluster import Cluster, Link
 from sim.costs.compression import compressed_bytes, powersgd_ratio
 from sim.costs.devices import DEVICE_MODELS
 from sim.costs.gpu_model import DeviceModel, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
-from sim.costs.nccl import on_cluster
+from sim.costs.nccl import on_cluster, runs_nccl
 from sim.costs.parallel import PS_MODES, DPGroup, ParallelConfig
 from sim.costs.recompute_modes import check_recompute, layer_every
 from sim.costs.stacks import after_p2p, check_stack, pass_kernels, stack_of
@@ -392,7 +392,7 @@ class TransformerCosts:
         if p.tp <= 1 or p.sp:
             return 0.0
         c, n = self.cluster, self.local.boundary_bytes(self.microbatch_size)
-        if c.backend == "nccl" and p.collective != "hierarchical":
+        if runs_nccl(c, p.collective):
             return on_cluster(c, "all_gather", n, p.tp, 1, p.collective).time
         return coll.ring_gather(n, p.tp, c.intra)
 
@@ -537,7 +537,7 @@ class TransformerCosts:
         two-rank all-reduce on a GPU cluster (sim.costs.nccl), a two-rank ring otherwise; ``latency``: its
         latency part."""
         c, n = self.cluster, self.embedding_bytes()
-        if c.backend == "nccl" and self.parallel.collective != "hierarchical":
+        if runs_nccl(c, self.parallel.collective):
             ch = on_cluster(c, "allreduce", n, 2, 1 if link is c.intra else 2, self.parallel.collective)
             return ch.latency if latency else ch.time
         return coll.ring_allreduce(0.0 if latency else n, 2, link)
