@@ -1,0 +1,354 @@
+"""Mixture-of-experts layers: their shape, routing load, expert-parallel all-to-all, and two-stream overlap.
+
+A MoE layer replaces the dense MLP by ``experts`` routed expert MLPs of width ``expert_ffn`` (each token goes to
+``top_k`` of them, picked by a linear router of h x E weights) plus ``shared_experts`` MLPs every token passes
+through (DeepSeek's shared experts). Per token, forward FLOPs: the router 2hE, and (top_k + shared) expert MLPs
+of 2 x 3hf_e each (gated) or 2 x 2hf_e. Parameters: all E routed experts, the shared ones and the router.
+
+Expert parallelism (``ep``): the routed experts are split over ep ranks (E / ep each), folded over the
+data-parallel (x context-parallel) ranks, as Megatron-Core and torchtitan do. Each rank routes its own tokens;
+a *dispatch* all-to-all sends every (token, expert) pair to the rank holding the expert, the experts run, and a
+*combine* all-to-all sends the results back. The backward runs both in reverse (the combine's gradient first,
+then the dispatch's): the input-gradient pass (I) carries them, the weight-gradient pass (W) none (expert
+weight gradients are local to the rank holding the expert).
+
+Bytes: a rank of n tokens sends n x top_k x h 16-bit values per all-to-all, of which the fraction (ep - 1)/ep
+leaves the rank under uniform routing; the all-to-all lasts as long as its busiest receiver, whose share of
+the (token, expert) pairs is :func:`max_load`'s ``imbalance`` over uniform. Expert compute is set by that
+busiest rank as well.
+
+Routing load (:func:`expert_shares`): ``uniform`` (each expert 1/E of the pairs), a ``skew`` s (expert e's share
+proportional to (e + 1)^-s, a Zipf law; 0 is uniform), or a measured histogram of pairs per expert. A capacity
+factor c caps each expert at c x (pairs / E) (tokens over it are dropped, GShard's rule: Lepikhin et al. 2020,
+arXiv 2006.16668, sec. 2.2); 0 means dropless (Megatron-Core's and DeepSeek-V3's default).
+
+Overlap (:func:`two_stream_time`): two microbatches' passes, each a chain of compute and communication
+segments, on one compute stream and one communication stream. A segment starts when its chain's previous
+segment has ended and its stream is free; the streams serve ready segments in the order they became ready
+(ties to the first chain). DualPipe's F+B pair (DeepSeek-AI 2024, arXiv 2412.19437, sec. 3.2.1, Figure 4: one
+microbatch's all-to-all under the other's attention and MLP) is the two chains of one forward and one backward;
+its time follows from the segments, not from a given fraction.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from common.errors import ConfigError, find_name, quote
+from sim.costs.transformer import TransformerConfig
+
+__all__ = ["MOE_PRESETS", "ROUTINGS", "MLAConfig", "MoEConfig", "MoEModel", "Segment", "all_to_all_bytes", "all_to_all_time", "expert_shares", "max_load",
+           "moe_preset", "pass_segments", "two_stream_time"]
+
+ROUTINGS = ("uniform", "skew", "histogram")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoEConfig:
+    """The MoE part of a model: routed ``experts``, ``top_k`` per token, expert width, shared experts, the
+    first ``dense_layers`` layers dense, the router's load (``skew`` or a ``histogram``) and capacity factor."""
+
+    experts: int
+    top_k: int
+    expert_ffn: int
+    shared_experts: int = 0
+    dense_layers: int = 0  # the first layers keep a dense MLP (DeepSeek-V3: 3)
+    capacity_factor: float = 0.0  # 0: dropless
+    skew: float = 0.0  # Zipf exponent of the experts' load; 0: uniform
+    histogram: tuple[float, ...] | None = None  # measured pairs per expert (any scale); overrides skew
+
+    def __post_init__(self) -> None:
+        owner = "moe"
+        for key in ("experts", "top_k", "expert_ffn"):
+            v = getattr(self, key)
+            if type(v) is not int or v < 1:
+                raise ConfigError(f"{owner}: {key} must be an integer >= 1, got {quote(v)}", field=key)
+        for key in ("shared_experts", "dense_layers"):
+            v = getattr(self, key)
+            if type(v) is not int or v < 0:
+                raise ConfigError(f"{owner}: {key} must be an integer >= 0, got {quote(v)}", field=key)
+        if self.top_k > self.experts:
+            raise ConfigError(f"{owner}: top_k {self.top_k} must be at most experts {self.experts}", field="top_k")
+        for key in ("capacity_factor", "skew"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < math.inf:
+                raise ConfigError(f"{owner}: {key} must be a finite number >= 0, got {quote(v)}", field=key)
+        if 0 < self.capacity_factor < 1:
+            raise ConfigError(f"{owner}: capacity_factor must be 0 (dropless) or >= 1, got {self.capacity_factor}",
+                              field="capacity_factor")
+        if self.histogram is not None:
+            h = tuple(self.histogram)
+            if len(h) != self.experts or any(isinstance(x, bool) or not isinstance(x, (int, float)) or x < 0
+                                              or x == math.inf for x in h) or not sum(h) > 0:
+                raise ConfigError(f"{owner}: histogram must give {self.experts} counts >= 0 (one per expert, not "
+                                  f"all 0), got {quote(self.histogram)}", field="histogram")
+            object.__setattr__(self, "histogram", h)
+
+    @property
+    def routing(self) -> str:
+        return "histogram" if self.histogram is not None else "skew" if self.skew else "uniform"
+
+    def check_layers(self, layers: int, model: str = "model") -> None:
+        if self.dense_layers >= layers:
+            raise ConfigError(f"{model}: dense_layers {self.dense_layers} leaves no MoE layer of {layers}",
+                              field="dense_layers")
+
+    def check_ep(self, ep: int) -> None:
+        """ep ranks must split the routed experts evenly."""
+        if type(ep) is not int or ep < 1 or self.experts % ep:
+            divisors = [d for d in range(1, self.experts + 1) if self.experts % d == 0]
+            raise ConfigError(f"ep {quote(ep)} must divide the {self.experts} experts; valid: "
+                              f"{', '.join(map(str, divisors))}", field="ep")
+
+    # --- shape ---------------------------------------------------------------------------------------
+    def expert_params(self, hidden: int, gated: bool = True) -> int:
+        """One expert MLP's weights: 3hf_e gated (SwiGLU), 2hf_e otherwise."""
+        return (3 if gated else 2) * hidden * self.expert_ffn
+
+    def layer_mlp_params(self, hidden: int, gated: bool = True) -> int:
+        """A MoE layer's MLP: E routed and the shared experts, and the router's h x E."""
+        return (self.experts + self.shared_experts) * self.expert_params(hidden, gated) + hidden * self.experts
+
+    def layer_mlp_params_per_rank(self, hidden: int, ep: int, gated: bool = True) -> float:
+        """What one of ep expert-parallel ranks holds: E/ep routed experts, the shared experts and the router."""
+        self.check_ep(ep)
+        return ((self.experts // ep + self.shared_experts) * self.expert_params(hidden, gated)
+                + hidden * self.experts)
+
+    def mlp_flops(self, hidden: int, gated: bool = True) -> float:
+        """Forward FLOPs per token of a MoE layer's MLP: the router and top_k + shared expert MLPs."""
+        return 2.0 * hidden * self.experts + (self.top_k + self.shared_experts) * 2.0 * self.expert_params(hidden, gated)
+
+
+def expert_shares(moe: MoEConfig) -> tuple[float, ...]:
+    """Each expert's share of the (token, expert) pairs after the capacity cap, summing to at most 1."""
+    e = moe.experts
+    if moe.histogram is not None:
+        total = sum(moe.histogram)
+        shares = [x / total for x in moe.histogram]
+    else:
+        w = [(i + 1) ** -moe.skew for i in range(e)]
+        shares = [x / sum(w) for x in w]
+    if moe.capacity_factor:
+        cap = moe.capacity_factor / e
+        shares = [min(s, cap) for s in shares]
+    return tuple(shares)
+
+
+def max_load(moe: MoEConfig, ep: int) -> float:
+    """The busiest of ep ranks' share of the pairs over the uniform 1/ep (1.0: balanced). Rank r holds experts
+    r E/ep .. (r + 1) E/ep - 1, Megatron-Core's contiguous placement."""
+    moe.check_ep(ep)
+    shares, per = expert_shares(moe), moe.experts // ep
+    return ep * max(sum(shares[r * per:(r + 1) * per]) for r in range(ep))
+
+
+def all_to_all_bytes(moe: MoEConfig, tokens: float, hidden: int, ep: int, bytes_per_value: int = 2) -> float:
+    """Bytes the busiest rank receives from the others in one dispatch (or combine) of ``tokens`` tokens per rank:
+    its share of every rank's top_k x h values, less what it keeps from itself (module docstring)."""
+    if ep == 1:
+        return 0.0
+    pairs = tokens * moe.top_k * hidden * bytes_per_value  # one rank's bytes at uniform load
+    return pairs * max_load(moe, ep) * (ep - 1) / ep
+
+
+def all_to_all_time(nbytes: float, ep: int, link) -> float:
+    """Seconds of one all-to-all moving ``nbytes`` into the busiest rank over ``link`` (NVLink within a node,
+    the NIC across): NCCL runs it as ep - 1 concurrent sends and receives per rank, so one latency and the
+    bytes at the link's achieved rate (sim.costs.cluster.Link)."""
+    if ep == 1 or nbytes <= 0:
+        return 0.0
+    return link.alpha + nbytes / link.rate
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """One piece of a pass: ``comm`` on the communication stream, else compute; ``seconds`` long."""
+
+    seconds: float
+    comm: bool = False
+    name: str = ""
+
+
+def pass_segments(kind: str, layers: Sequence[bool], attention: float, mlp: float, a2a: float,
+                  dense_mlp: float = 0.0) -> list[Segment]:
+    """The segments of one pass over layers (True: MoE) in the order it runs them. F: per layer attention, then
+    (MoE) dispatch, experts, combine, or (dense) the MLP. I (and B): the layers reversed, per MoE layer the
+    combine's gradient, the experts, the dispatch's gradient, then attention. W: compute only.
+    ``attention``/``mlp``/``dense_mlp`` are one layer's seconds for this pass, ``a2a`` one all-to-all's."""
+    out: list[Segment] = []
+    order = layers if kind == "F" else list(reversed(layers))
+    for moe in order:
+        if kind == "W":
+            out.append(Segment(attention + (mlp if moe else dense_mlp), name="layer"))
+            continue
+        if not moe:
+            body = [Segment(dense_mlp, name="mlp")]
+        elif a2a > 0:
+            body = [Segment(a2a, True, "dispatch" if kind == "F" else "combine-grad"), Segment(mlp, name="experts"),
+                    Segment(a2a, True, "combine" if kind == "F" else "dispatch-grad")]
+        else:
+            body = [Segment(mlp, name="experts")]
+        att = Segment(attention, name="attention")
+        out += [att, *body] if kind == "F" else [*body, att]
+    return _merge(out)
+
+
+def _merge(segments: list[Segment]) -> list[Segment]:
+    """Adjacent compute segments as one (the same chain on the same stream), zero-length ones dropped."""
+    out: list[Segment] = []
+    for s in segments:
+        if s.seconds <= 0:
+            continue
+        if out and not s.comm and not out[-1].comm:
+            out[-1] = Segment(out[-1].seconds + s.seconds, False, "compute")
+        else:
+            out.append(s)
+    return out
+
+
+def two_stream_time(chains: Sequence[Sequence[Segment]]) -> float:
+    """Makespan of chains of segments sharing one compute and one communication stream (module docstring)."""
+    pos = [0] * len(chains)
+    ready = [0.0] * len(chains)  # when each chain's next segment may start
+    free = {False: 0.0, True: 0.0}  # each stream's next free time
+    end = 0.0
+    while True:
+        waiting = [(max(ready[c], free[chains[c][pos[c]].comm]), ready[c], c)
+                   for c in range(len(chains)) if pos[c] < len(chains[c])]
+        if not waiting:
+            return end
+        start, _, c = min(waiting)
+        seg = chains[c][pos[c]]
+        finish = start + seg.seconds
+        free[seg.comm] = finish
+        ready[c] = finish
+        pos[c] += 1
+        end = max(end, finish)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MLAConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3): queries through a rank-``q_rank`` bottleneck, keys and
+    values through one of rank ``kv_rank`` shared by all heads, plus a decoupled rotary key of ``rope_dim``
+    per token; per head ``nope_dim`` + ``rope_dim`` query/key dimensions and ``v_dim`` value dimensions."""
+
+    q_rank: int
+    kv_rank: int
+    rope_dim: int
+    nope_dim: int
+    v_dim: int
+
+    def params(self, hidden: int, heads: int) -> int:
+        """W_DQ h x q_rank (+ its norm), W_UQ q_rank x heads(nope + rope), W_DKV h x (kv_rank + rope) (+ norm),
+        W_UKV kv_rank x heads(nope + v), W_O heads v x h (DeepSeek-AI 2024, arXiv 2412.19437, sec. 2.1.1)."""
+        qk = self.nope_dim + self.rope_dim
+        return (hidden * self.q_rank + self.q_rank + self.q_rank * heads * qk + hidden * (self.kv_rank + self.rope_dim)
+                + self.kv_rank + self.kv_rank * heads * (self.nope_dim + self.v_dim) + heads * self.v_dim * hidden)
+
+    def core_flops(self, seq_len: int, heads: int) -> float:
+        """Forward FLOPs per token of the attention core over the whole sequence (as Megatron counts it):
+        QK^T 2s heads (nope + rope), the product with V 2s heads v."""
+        return 2.0 * seq_len * heads * (self.nope_dim + self.rope_dim + self.v_dim)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoEModel:
+    """A transformer with MoE layers: ``base`` gives attention, norms, embedding and the dense layers' MLP
+    (``base.ffn``), ``moe`` the MoE layers' MLP, ``mla`` (if any) the attention in place of ``base``'s."""
+
+    base: TransformerConfig
+    moe: MoEConfig
+    mla: MLAConfig | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        self.moe.check_layers(self.base.layers, f"model {self.base.name!r}")
+
+    @property
+    def name(self) -> str:
+        return self.base.name
+
+    @property
+    def moe_layers(self) -> int:
+        return self.base.layers - self.moe.dense_layers
+
+    def attention_params(self) -> int:
+        b = self.base
+        if self.mla is not None:
+            return self.mla.params(b.hidden, b.heads)
+        return 2 * b.hidden * b.hidden + 2 * b.hidden * b.kv_hidden
+
+    def dense_mlp_params(self) -> int:
+        return (3 if self.base.gated_mlp else 2) * self.base.hidden * self.base.ffn
+
+    def _norms(self) -> int:
+        return 2 * self.base.hidden
+
+    def params(self) -> int:
+        """All weights: every layer's attention and norms, the dense MLPs, every expert, the embeddings."""
+        b, m = self.base, self.moe
+        return (b.layers * (self.attention_params() + self._norms()) + m.dense_layers * self.dense_mlp_params()
+                + self.moe_layers * m.layer_mlp_params(b.hidden, b.gated_mlp) + b.embedding_params + b.hidden)
+
+    def active_params(self) -> int:
+        """The weights one token passes through: top_k + shared experts of each MoE layer, the router too."""
+        b, m = self.base, self.moe
+        moe_mlp = (m.top_k + m.shared_experts) * m.expert_params(b.hidden, b.gated_mlp) + b.hidden * m.experts
+        return (b.layers * (self.attention_params() + self._norms()) + m.dense_layers * self.dense_mlp_params()
+                + self.moe_layers * moe_mlp + b.embedding_params + b.hidden)
+
+    def params_per_rank(self, tp: int = 1, ep: int = 1) -> float:
+        """Weights one rank holds with ``tp``-way tensor parallelism of the dense parts and the shared experts
+        and ``ep``-way expert parallelism of the routed experts (no pipeline split)."""
+        b, m = self.base, self.moe
+        routed = self.moe_layers * m.experts // ep * m.expert_params(b.hidden, b.gated_mlp)
+        return (self.params() - self.moe_layers * m.experts * m.expert_params(b.hidden, b.gated_mlp)) / tp + routed / tp
+
+    def flops_per_token(self) -> float:
+        """Forward FLOPs per token of the whole model (matmuls, the attention core over the whole sequence)."""
+        b, m = self.base, self.moe
+        core = (self.mla.core_flops(b.seq_len, b.heads) if self.mla is not None else 4.0 * b.seq_len * b.hidden)
+        attention = 2.0 * self.attention_params() + core
+        return (b.layers * attention + m.dense_layers * 2.0 * self.dense_mlp_params()
+                + self.moe_layers * m.mlp_flops(b.hidden, b.gated_mlp) + 2.0 * b.hidden * b.vocab)
+
+
+def _llama_like(name: str, **shape) -> TransformerConfig:
+    return TransformerConfig(name=name, gated_mlp=True, bias=False, tied_embeddings=False, learned_positions=False,
+                             dropout=False, **shape)
+
+
+# Mixtral 8x7B: Jiang et al. 2024 ("Mixtral of Experts", arXiv 2401.04088), Table 1: dim 4096, 32 layers, head
+# dimension 128, hidden_dim 14336, 32 heads, 8 KV heads, context 32768, vocabulary 32000, 8 experts, top-2;
+# "47B total ... 13B active" (sec. 1). Sequence here 4096 (a training length; the card gives the context).
+# DeepSeek-V3: DeepSeek-AI 2024 ("DeepSeek-V3 Technical Report", arXiv 2412.19437), sec. 4.2: 61 layers, hidden
+# 7168, 128 heads of 128, KV compression 512, query compression 1536, decoupled rotary 64; every FFN but the
+# first three is MoE: 1 shared and 256 routed experts of width 2048, 8 routed per token; 671B total, 37B active;
+# sequence 4096 in pre-training; the dense FFN width 18432 and vocabulary 129280 from its config.json
+# (deepseek-ai/DeepSeek-V3 on Hugging Face). The multi-token-prediction module is left out.
+# moe-gpt-small: this project's small MoE model for real runs on CPUs (Llama-shaped: 4 layers, h 128, 8 experts of
+# width 256, top-2).
+MOE_PRESETS: dict[str, MoEModel] = {m.name: m for m in (
+    MoEModel(base=_llama_like("mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000,
+                              seq_len=4096),
+             moe=MoEConfig(experts=8, top_k=2, expert_ffn=14336),
+             source="Jiang et al. 2024, arXiv 2401.04088, Table 1"),
+    MoEModel(base=_llama_like("deepseek-v3", layers=61, hidden=7168, heads=128, ffn=18432, vocab=129280,
+                              seq_len=4096),
+             moe=MoEConfig(experts=256, top_k=8, expert_ffn=2048, shared_experts=1, dense_layers=3),
+             mla=MLAConfig(q_rank=1536, kv_rank=512, rope_dim=64, nope_dim=128, v_dim=128),
+             source="DeepSeek-AI 2024, arXiv 2412.19437, sec. 4.2; config.json (ffn, vocabulary)"),
+    MoEModel(base=_llama_like("moe-gpt-small", layers=4, hidden=128, heads=4, vocab=1024, seq_len=128),
+             moe=MoEConfig(experts=8, top_k=2, expert_ffn=256),
+             source="schedlab's small MoE GPT (real runs on CPUs)"),
+)}
+
+
+def moe_preset(name: str) -> MoEModel:
+    found = find_name(name, MOE_PRESETS)
+    if found is None:
+        raise ConfigError(f"unknown MoE model {name!r}; valid: {', '.join(MOE_PRESETS)}", field="model")
+    return MOE_PRESETS[found]

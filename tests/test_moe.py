@@ -1,0 +1,100 @@
+"""MoE layers (sim.costs.moe): shapes against the model cards, routing load, all-to-all bytes, two-stream overlap."""
+
+import pytest
+
+from common.errors import ConfigError
+from sim.costs.cluster import cluster_preset
+from sim.costs.moe import (
+    MOE_PRESETS,
+    MoEConfig,
+    Segment,
+    all_to_all_bytes,
+    all_to_all_time,
+    expert_shares,
+    max_load,
+    moe_preset,
+    pass_segments,
+    two_stream_time,
+)
+
+C, M = (lambda t: Segment(t)), (lambda t: Segment(t, comm=True))
+
+
+def test_pair_whose_all_to_all_fits_under_the_others_compute_is_fully_hidden():
+    # F: attention 10, dispatch 4, experts 10, combine 4; B: combine-grad 4, experts 10, dispatch-grad 4, attention 10.
+    # By hand: B's 4 under F's first 10; F's dispatch under B's experts (10-20); B's 4 under F's experts (20-30);
+    # F's combine under B's attention (30-40): the pair takes its compute, 40, against 56 run one after the other.
+    f, b = [C(10), M(4), C(10), M(4)], [M(4), C(10), M(4), C(10)]
+    assert two_stream_time([f]) == 28
+    assert two_stream_time([f, b]) == 40
+
+
+def test_pair_whose_all_to_all_is_twice_the_compute_is_not_hidden():
+    # Each all-to-all 20 against compute 10: the comm stream is busy 0-20 (B's) and 20-40 (F's), so the pair
+    # takes 40, the two all-to-alls, not its compute of 20; half the 40 of communication stays exposed.
+    f, b = [C(10), M(20)], [M(20), C(10)]
+    assert two_stream_time([f, b]) == 40
+    assert two_stream_time([f, b]) - 20 == 20
+
+
+def test_segments_of_a_pass():
+    assert pass_segments("F", [False, True], attention=1, mlp=2, a2a=0.5, dense_mlp=3) == [
+        Segment(1 + 3 + 1, name="compute"), Segment(0.5, True, "dispatch"), Segment(2, name="experts"),
+        Segment(0.5, True, "combine")]
+    assert pass_segments("I", [False, True], attention=1, mlp=2, a2a=0.5, dense_mlp=3) == [
+        Segment(0.5, True, "combine-grad"), Segment(2, name="experts"), Segment(0.5, True, "dispatch-grad"),
+        Segment(1 + 3 + 1, name="compute")]
+    assert pass_segments("W", [True, True], attention=1, mlp=2, a2a=0.5) == [Segment(6, name="compute")]
+    assert pass_segments("F", [True], attention=1, mlp=2, a2a=0.0) == [Segment(3, name="compute")]
+
+
+def test_presets_match_their_model_cards():
+    mixtral, v3 = moe_preset("mixtral-8x7b"), moe_preset("DeepSeek-V3")
+    # Mixtral: 46.7B total, 12.9B active (arXiv 2401.04088 rounds them to 47B and 13B).
+    assert round(mixtral.params() / 1e9, 1) == 46.7 and round(mixtral.active_params() / 1e9, 1) == 12.9
+    # DeepSeek-V3: 671B total, "37B activated" (arXiv 2412.19437, which rounds down: 37.55B here).
+    assert round(v3.params() / 1e9) == 671 and 37e9 <= v3.active_params() < 38e9
+    assert v3.moe_layers == 58 and set(MOE_PRESETS) >= {"mixtral-8x7b", "deepseek-v3", "moe-gpt-small"}
+
+
+def test_params_per_rank_split_the_routed_experts():
+    m = moe_preset("mixtral-8x7b")
+    expert = 3 * 4096 * 14336
+    assert m.params_per_rank(1, 8) == m.params() - 32 * 7 * expert
+    assert m.params_per_rank(2, 4) == (m.params() - 32 * 6 * expert) / 2
+
+
+def test_routing_load():
+    assert max_load(MoEConfig(experts=8, top_k=2, expert_ffn=1), 4) == pytest.approx(1.0)
+    hist = MoEConfig(experts=4, top_k=1, expert_ffn=1, histogram=(3, 1, 1, 1))
+    assert expert_shares(hist) == pytest.approx((0.5, 1 / 6, 1 / 6, 1 / 6))
+    assert max_load(hist, 2) == pytest.approx(2 * (0.5 + 1 / 6))  # 4/3: rank 0 holds experts 0 and 1
+    capped = MoEConfig(experts=4, top_k=1, expert_ffn=1, histogram=(3, 1, 1, 1), capacity_factor=1.0)
+    assert max_load(capped, 2) == pytest.approx(2 * (0.25 + 1 / 6))  # expert 0 capped at 1/4, the rest dropped
+    assert max_load(MoEConfig(experts=2, top_k=1, expert_ffn=1, skew=1.0), 2) == pytest.approx(4 / 3)  # (1, 1/2)
+
+
+def test_all_to_all_bytes_and_time():
+    moe = MoEConfig(experts=8, top_k=2, expert_ffn=1)
+    assert all_to_all_bytes(moe, 4096, 4096, 8) == 4096 * 2 * 4096 * 2 * 7 / 8
+    assert all_to_all_bytes(moe, 4096, 4096, 1) == 0.0
+    link = cluster_preset("dgx-h100:1").intra
+    assert all_to_all_time(1e9, 8, link) == pytest.approx(link.alpha + 1e9 / link.rate)
+
+
+@pytest.mark.parametrize("kw, needle", [
+    (dict(experts=8, top_k=9, expert_ffn=1), "top_k 9 must be at most experts 8"),
+    (dict(experts=8, top_k=2, expert_ffn=1, capacity_factor=0.5), "capacity_factor must be 0 (dropless) or >= 1"),
+    (dict(experts=2, top_k=1, expert_ffn=1, histogram=(1,)), "histogram must give 2 counts"),
+    (dict(experts=0, top_k=1, expert_ffn=1), "experts must be an integer >= 1, got 0"),
+])
+def test_bad_moe_shapes(kw, needle):
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        MoEConfig(**kw)
+
+
+def test_ep_must_divide_the_experts():
+    with pytest.raises(ConfigError, match=r"ep 3 must divide the 8 experts; valid: 1, 2, 4, 8"):
+        max_load(MoEConfig(experts=8, top_k=2, expert_ffn=1), 3)
+    with pytest.raises(ConfigError, match="unknown MoE model 'mixtral'; valid: mixtral-8x7b"):
+        moe_preset("mixtral")
