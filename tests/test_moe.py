@@ -98,3 +98,29 @@ def test_ep_must_divide_the_experts():
         max_load(MoEConfig(experts=8, top_k=2, expert_ffn=1), 3)
     with pytest.raises(ConfigError, match="unknown MoE model 'mixtral'; valid: mixtral-8x7b"):
         moe_preset("mixtral")
+
+
+def test_ep_all_to_all_over_nvlink_and_the_nic():
+    from sim.costs.moe import ep_all_to_all_time
+    one, eight = cluster_preset("dgx-h100:1"), cluster_preset("dgx-h100:8")
+    # ep 8 inside a node: all over NVLink
+    assert ep_all_to_all_time(7e8, 8, 1, one) == pytest.approx(one.intra.alpha + 7e8 / one.intra.rate)
+    # ep 64 over 8 nodes: 7 of 63 peers on the node (NVLink), 56 over the NIC, concurrently: the NIC's part sets it
+    t = ep_all_to_all_time(63e7, 64, 1, eight)
+    assert t == pytest.approx(eight.inter.alpha + max(7e7 / eight.intra.rate, 56e7 / eight.inter.rate))
+    # tp 8 fills the node: every ep peer is on another node
+    assert ep_all_to_all_time(63e7, 64, 8, cluster_preset("dgx-h100:64")) == pytest.approx(
+        eight.inter.alpha + 63e7 / eight.inter.rate)
+
+
+def test_layer_times_and_a_pairs_overlap():
+    from sim.costs.moe import layer_times, pair_times
+    m = moe_preset("deepseek-v3")
+    alone = pair_times(m, cluster_preset("dgx-h100:1"), ep=1, layers=2)
+    assert alone["comm"] == 0 and alone["overlapped"] == pytest.approx(alone["sequential"])
+    t = layer_times(m, cluster_preset("dgx-h100:1"), ep=8)
+    assert t.all_to_all > 0 and t.experts["W"] < t.experts["F"]  # W: the weight GEMMs only
+    node = pair_times(m, cluster_preset("dgx-h100:1"), ep=8, layers=4)
+    assert node["comm"] < node["compute"] and node["overlapped"] == pytest.approx(node["compute"])  # all hidden
+    wide = pair_times(m, cluster_preset("dgx-h100:8"), ep=64, layers=4)
+    assert wide["comm"] > wide["compute"] and wide["comm"] < wide["overlapped"] < wide["sequential"]  # comm-bound

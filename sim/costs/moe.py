@@ -37,10 +37,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from common.errors import ConfigError, find_name, quote
+from sim.costs.cluster import Cluster
+from sim.costs.devices import DEVICE_MODELS
+from sim.costs.gpu_model import ELEMENTWISE_BYTES, LayerCosts, Op, _gemm, layer_ops
 from sim.costs.transformer import TransformerConfig
 
-__all__ = ["MOE_PRESETS", "ROUTINGS", "MLAConfig", "MoEConfig", "MoEModel", "Segment", "all_to_all_bytes", "all_to_all_time", "expert_shares", "max_load",
-           "moe_preset", "pass_segments", "two_stream_time"]
+__all__ = ["MOE_PRESETS", "ROUTINGS", "LayerTimes", "MLAConfig", "MoEConfig", "MoEModel", "Segment", "all_to_all_bytes",
+           "all_to_all_time", "ep_all_to_all_time", "expert_shares", "layer_times", "max_load", "moe_preset",
+           "pair_times", "pass_segments", "two_stream_time"]
 
 ROUTINGS = ("uniform", "skew", "histogram")
 
@@ -352,3 +356,94 @@ def moe_preset(name: str) -> MoEModel:
     if found is None:
         raise ConfigError(f"unknown MoE model {name!r}; valid: {', '.join(MOE_PRESETS)}", field="model")
     return MOE_PRESETS[found]
+
+
+def ep_all_to_all_time(nbytes: float, ep: int, tp: int, cluster: Cluster) -> float:
+    """One all-to-all of an ep group moving ``nbytes`` into its busiest rank. The group is ep consecutive
+    data-parallel ranks (tp devices apart, Megatron-Core's order); the peers on the rank's node send over
+    NVLink, the others over the NIC, both at once: the slower part sets the time, plus one latency."""
+    if ep == 1 or nbytes <= 0:
+        return 0.0
+    node = cluster.node_size or len(cluster.devices)
+    per_node = max(1, min(ep, node // tp))
+    intra = nbytes * (per_node - 1) / (ep - 1)
+    inter = nbytes - intra
+    if inter <= 0:
+        return cluster.intra.alpha + intra / cluster.intra.rate
+    return cluster.inter.alpha + max(intra / cluster.intra.rate, inter / cluster.inter.rate)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerTimes:
+    """Seconds of one layer's parts for one microbatch on one rank, per pass (F, I, W): the attention block
+    (norms, projections, attention, residual adds), the MoE MLP on the busiest expert rank (router, permutation,
+    shared and routed experts), a dense layer's MLP, and one all-to-all (dispatch or combine)."""
+
+    attention: dict[str, float]
+    experts: dict[str, float]
+    dense_mlp: dict[str, float]
+    all_to_all: float
+
+
+def _passes(lc: LayerCosts) -> dict[str, float]:
+    return {"F": lc.forward(), "I": lc.input_grad(), "W": lc.weight_grad()}
+
+
+def layer_times(model: MoEModel, cluster: Cluster, *, ep: int, tp: int = 1, microbatch_size: int = 1,
+                sp: bool = False, elementwise: str = "fused") -> LayerTimes:
+    """:class:`LayerTimes` from the device's operation model (sim.costs.gpu_model, sim.costs.devices).
+
+    The busiest expert rank runs its E/ep experts as one grouped GEMM over the tokens all ep ranks route to
+    them (ep x tokens x top_k / E per expert, times :func:`max_load`), after permuting them (a read and a write
+    of each routed 16-bit token) and before un-permuting; the shared experts run on the rank's own tokens.
+    """
+    b, m = model.base, model.moe
+    m.check_ep(ep)
+    tokens = b.seq_len * microbatch_size
+    device = DEVICE_MODELS.get(cluster.spec.name)
+    if device is None:
+        raise ConfigError(f"MoE layer times need a device model; {cluster.spec.name} has none "
+                          f"(valid: {', '.join(DEVICE_MODELS)})", field="cluster")
+    full = layer_ops(hidden=b.hidden, heads=b.heads, kv_hidden=b.kv_hidden, ffn=b.ffn, gated=b.gated_mlp,
+                     seq_len=b.seq_len, b=microbatch_size, tp=tp, sp=sp, attention=b.attention,
+                     elementwise=elementwise, rotary=not b.learned_positions, dropout=b.dropout)
+    mlp_names = {"fc1", "gelu", "fc2"}
+    attention = [op for op in full if op.name not in mlp_names]
+    dense = [op for op in full if op.name in mlp_names]
+    h, fe, per = b.hidden, m.expert_ffn, ELEMENTWISE_BYTES[elementwise]
+    width = (2 if b.gated_mlp else 1) * fe / tp
+    load = max_load(m, ep)
+    routed = tokens * m.top_k * load  # (token, expert) pairs the busiest rank's experts take, from all ep ranks
+    local = m.experts // ep
+    experts = [_gemm("router", tokens, h, m.experts, weight=True), Op("permute", 0.0, 2 * 2.0 * routed * h, False)]
+    if m.shared_experts:
+        experts += [_gemm("shared-fc1", tokens, h, m.shared_experts * width, weight=True),
+                    Op("shared-act", 0.0, per["swiglu" if b.gated_mlp else "gelu"] * tokens * m.shared_experts * fe / tp,
+                       False),
+                    _gemm("shared-fc2", tokens, m.shared_experts * fe / tp, h, weight=True)]
+    experts += [_gemm("experts-fc1", routed / local, h, width, batch=local, weight=True),
+                Op("experts-act", 0.0, per["swiglu" if b.gated_mlp else "gelu"] * routed * fe / tp, False),
+                _gemm("experts-fc2", routed / local, fe / tp, h, batch=local, weight=True),
+                Op("unpermute", 0.0, 2 * 2.0 * routed * h, False)]
+    eff = device.gemm
+
+    def costs(ops: list[Op]) -> LayerCosts:
+        return LayerCosts(ops=tuple(ops), spec=cluster.spec, efficiency=eff, link=cluster.intra, tp=tp, sp=sp,
+                          activation_bytes=2.0 * tokens * h, device=device)
+
+    a2a = ep_all_to_all_time(all_to_all_bytes(m, tokens / (tp if sp else 1), h, ep), ep, tp, cluster)
+    return LayerTimes(attention=_passes(costs(attention)), experts=_passes(costs(experts)),
+                      dense_mlp=_passes(costs(dense)), all_to_all=a2a)
+
+
+def pair_times(model: MoEModel, cluster: Cluster, *, ep: int, layers: int, tp: int = 1,
+               microbatch_size: int = 1) -> dict[str, float]:
+    """One DualPipe F+B pair of ``layers`` MoE layers: run one after the other, overlapped on two streams
+    (:func:`two_stream_time`), its compute alone and its all-to-all alone (seconds)."""
+    t = layer_times(model, cluster, ep=ep, tp=tp, microbatch_size=microbatch_size)
+    kinds = [True] * layers
+    f = pass_segments("F", kinds, t.attention["F"], t.experts["F"], t.all_to_all)
+    b = pass_segments("I", kinds, t.attention["I"] + t.attention["W"], t.experts["I"] + t.experts["W"], t.all_to_all)
+    compute = sum(s.seconds for s in (*f, *b) if not s.comm)
+    comm = sum(s.seconds for s in (*f, *b) if s.comm)
+    return {"sequential": compute + comm, "overlapped": two_stream_time([f, b]), "compute": compute, "comm": comm}

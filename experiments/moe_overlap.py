@@ -1,0 +1,106 @@
+"""Where a DualPipe F+B pair's all-to-all overlap pays: MoE layers on DGX H100s, by expert-parallel placement.
+
+For each model (sim.costs.moe presets) and ep (the experts over ep GPUs: 8 in one node, then over 2, 8 and 32
+nodes, tp 1), one microbatch of one sequence: a layer's attention and MoE-MLP seconds (forward, backward), one
+all-to-all, and a pair of one forward and one backward over 4 MoE layers run one after the other, on two streams
+(sim.costs.moe.two_stream_time), its compute alone and its communication alone. The overlap pays while the pair's
+all-to-alls fit under its compute; past that the pair is communication-bound and the two streams save only the
+compute they hide.
+
+Usage: python experiments/moe_overlap.py [--layers 4] [--markdown docs/results/moe_overlap.md] [--plot FILE.png]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from analysis.cli.common import OneLineParser, errors_to_exit, positive_int
+from analysis.results_page import check_page, table, write_page
+from sim.costs.cluster import cluster_preset
+from sim.costs.moe import layer_times, moe_preset, pair_times
+
+CASES = (("mixtral-8x7b", 8, 1), ("deepseek-v3", 8, 1), ("deepseek-v3", 16, 2), ("deepseek-v3", 64, 8),
+         ("deepseek-v3", 256, 32))
+
+
+def rows(layers: int) -> list[dict]:
+    out = []
+    for name, ep, nodes in CASES:
+        model, cluster = moe_preset(name), cluster_preset(f"dgx-h100:{nodes}")
+        t = layer_times(model, cluster, ep=ep)
+        p = pair_times(model, cluster, ep=ep, layers=layers)
+        hidden = (p["sequential"] - p["overlapped"]) / p["comm"] if p["comm"] else 0.0
+        out.append({"model": name, "ep": ep, "nodes": nodes, "attention_f_ms": 1e3 * t.attention["F"],
+                    "experts_f_ms": 1e3 * t.experts["F"], "a2a_ms": 1e3 * t.all_to_all,
+                    "sequential_ms": 1e3 * p["sequential"], "overlapped_ms": 1e3 * p["overlapped"],
+                    "compute_ms": 1e3 * p["compute"], "comm_ms": 1e3 * p["comm"], "hidden": hidden})
+    return out
+
+
+HEAD = ["model", "ep (nodes)", "attention F ms", "experts F ms", "all-to-all ms", "pair sequential ms",
+        "pair overlapped ms", "pair compute ms", "pair comm ms", "comm hidden"]
+
+
+def _cells(r: dict) -> list[str]:
+    return [r["model"], f"{r['ep']} ({r['nodes']})", f"{r['attention_f_ms']:.2f}", f"{r['experts_f_ms']:.2f}",
+            f"{r['a2a_ms']:.2f}", f"{r['sequential_ms']:.1f}", f"{r['overlapped_ms']:.1f}", f"{r['compute_ms']:.1f}",
+            f"{r['comm_ms']:.1f}", f"{100 * r['hidden']:.0f}%"]
+
+
+def plot(points: list[dict], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    labels = [f"{r['model']}\nep {r['ep']} ({r['nodes']} node{'s' if r['nodes'] > 1 else ''})" for r in points]
+    x = range(len(points))
+    ax.bar([i - 0.27 for i in x], [r["sequential_ms"] for r in points], 0.27, label="one after the other")
+    ax.bar(list(x), [r["overlapped_ms"] for r in points], 0.27, label="two streams (DualPipe pair)")
+    ax.bar([i + 0.27 for i in x], [r["compute_ms"] for r in points], 0.27, label="compute alone")
+    ax.set_xticks(list(x), labels, fontsize=7)
+    ax.set_ylabel("F+B pair, 4 MoE layers (ms)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main() -> None:
+    ap = OneLineParser(prog="python experiments/moe_overlap.py", description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=positive_int, default=4, help="MoE layers in the pair's stage (default 4)")
+    ap.add_argument("--markdown", metavar="PAGE.md", help="also write the results page (docs/results/moe_overlap.md)")
+    ap.add_argument("--plot", metavar="FILE.png", help="also draw the pair times")
+    args = ap.parse_args()
+    if args.plot:
+        from analysis.timeline import check_figure_path
+
+        with errors_to_exit(ap):
+            check_figure_path(args.plot)
+    if args.markdown:
+        with errors_to_exit(ap):
+            check_page(args.markdown)
+    points = rows(args.layers)
+    print("  ".join(HEAD))
+    for r in points:
+        print("  ".join(_cells(r)))
+    png = plot(points, Path(args.plot)) if args.plot else None
+    if png:
+        print(f"wrote {png}")
+    if args.markdown:
+        figure = ""
+        if png is not None:
+            rel = os.path.relpath(Path(png).resolve(), Path(args.markdown).resolve().parent)
+            figure = f"\n![F+B pair times by expert-parallel placement]({rel})\n"
+        body = (f"{__doc__.split(chr(10) + chr(10))[1]}\n\nPair of {args.layers} MoE layers, DGX H100 device model "
+                "(sim.costs.devices), all-to-all at NCCL's achieved NVLink and NIC rates (sim.costs.cluster).\n\n"
+                f"{table(HEAD, [_cells(r) for r in points])}\n{figure}")
+        print(f"wrote {write_page(args.markdown, 'MoE: where the all-to-all overlap pays', body)}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
