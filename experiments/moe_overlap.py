@@ -19,7 +19,8 @@ from pathlib import Path
 from analysis.cli.common import OneLineParser, errors_to_exit, positive_int
 from analysis.results_page import check_page, table, write_page
 from sim.costs.cluster import cluster_preset
-from sim.costs.moe import layer_times, moe_preset, pair_times
+from sim.costs.moe import layer_times, pair_times
+from sim.costs.transformer import model_preset
 
 CASES = (("mixtral-8x7b", 8, 1), ("deepseek-v3", 8, 1), ("deepseek-v3", 16, 2), ("deepseek-v3", 64, 8),
          ("deepseek-v3", 256, 32))
@@ -28,7 +29,7 @@ CASES = (("mixtral-8x7b", 8, 1), ("deepseek-v3", 8, 1), ("deepseek-v3", 16, 2), 
 def rows(layers: int) -> list[dict]:
     out = []
     for name, ep, nodes in CASES:
-        model, cluster = moe_preset(name), cluster_preset(f"dgx-h100:{nodes}")
+        model, cluster = model_preset(name), cluster_preset(f"dgx-h100:{nodes}")
         t = layer_times(model, cluster, ep=ep)
         p = pair_times(model, cluster, ep=ep, layers=layers)
         hidden = (p["sequential"] - p["overlapped"]) / p["comm"] if p["comm"] else 0.0

@@ -1,21 +1,23 @@
 """MoE layers (sim.costs.moe): shapes against the model cards, routing load, all-to-all bytes, two-stream overlap."""
 
+import dataclasses
+
 import pytest
 
 from common.errors import ConfigError
 from sim.costs.cluster import cluster_preset
 from sim.costs.moe import (
-    MOE_PRESETS,
     MoEConfig,
     Segment,
     all_to_all_bytes,
     all_to_all_time,
     expert_shares,
     max_load,
-    moe_preset,
     pass_segments,
     two_stream_time,
 )
+from sim.costs.transformer import MODEL_PRESETS
+from sim.costs.transformer import model_preset as moe_preset
 
 C, M = (lambda t: Segment(t)), (lambda t: Segment(t, comm=True))
 
@@ -51,17 +53,18 @@ def test_segments_of_a_pass():
 def test_presets_match_their_model_cards():
     mixtral, v3 = moe_preset("mixtral-8x7b"), moe_preset("DeepSeek-V3")
     # Mixtral: 46.7B total, 12.9B active (arXiv 2401.04088 rounds them to 47B and 13B).
-    assert round(mixtral.params() / 1e9, 1) == 46.7 and round(mixtral.active_params() / 1e9, 1) == 12.9
+    assert round(mixtral.params / 1e9, 1) == 46.7 and round(mixtral.active_params / 1e9, 1) == 12.9
     # DeepSeek-V3: 671B total, "37B activated" (arXiv 2412.19437, which rounds down: 37.55B here).
-    assert round(v3.params() / 1e9) == 671 and 37e9 <= v3.active_params() < 38e9
-    assert v3.moe_layers == 58 and set(MOE_PRESETS) >= {"mixtral-8x7b", "deepseek-v3", "moe-gpt-small"}
+    assert round(v3.params / 1e9) == 671 and 37e9 <= v3.active_params < 38e9
+    assert v3.moe_layers == 58 and set(MODEL_PRESETS) >= {"mixtral-8x7b", "deepseek-v3", "moe-gpt-small"}
+    assert v3.moe_in(0, 4) == 1 and v3.moe_in(4, 4) == 4 and v3.moe_in(0, 3) == 0
 
 
-def test_params_per_rank_split_the_routed_experts():
+def test_a_moe_layer_per_expert_parallel_rank():
     m = moe_preset("mixtral-8x7b")
     expert = 3 * 4096 * 14336
-    assert m.params_per_rank(1, 8) == m.params() - 32 * 7 * expert
-    assert m.params_per_rank(2, 4) == (m.params() - 32 * 6 * expert) / 2
+    assert m.moe_layer_params(8) == m.moe_layer_params() - 7 * expert
+    assert m.moe_layer_params(4) == m.moe_layer_params() - 6 * expert
 
 
 def test_routing_load():
@@ -96,8 +99,8 @@ def test_bad_moe_shapes(kw, needle):
 def test_ep_must_divide_the_experts():
     with pytest.raises(ConfigError, match=r"ep 3 must divide the 8 experts; valid: 1, 2, 4, 8"):
         max_load(MoEConfig(experts=8, top_k=2, expert_ffn=1), 3)
-    with pytest.raises(ConfigError, match="unknown MoE model 'mixtral'; valid: mixtral-8x7b"):
-        moe_preset("mixtral")
+    with pytest.raises(ConfigError, match="MoE layers and latent attention are modelled Llama-style"):
+        dataclasses.replace(moe_preset("moe-gpt-small"), bias=True)
 
 
 def test_ep_all_to_all_over_nvlink_and_the_nic():
@@ -124,3 +127,69 @@ def test_layer_times_and_a_pairs_overlap():
     assert node["comm"] < node["compute"] and node["overlapped"] == pytest.approx(node["compute"])  # all hidden
     wide = pair_times(m, cluster_preset("dgx-h100:8"), ep=64, layers=4)
     assert wide["comm"] > wide["compute"] and wide["comm"] < wide["overlapped"] < wide["sequential"]  # comm-bound
+
+
+# --- the MoE model in the analytic cost model (sim.costs.transformer_costs) --------------------------------------
+
+def _costs(ep: int, nodes: int, pp: int = 4, **kw):
+    from sim.costs.parallel import ParallelConfig
+    from sim.costs.transformer_costs import TransformerCosts
+    return TransformerCosts(model=moe_preset("deepseek-v3"), cluster=cluster_preset(f"dgx-h100:{nodes}"),
+                            parallel=ParallelConfig(pp=pp, dp=nodes * 8 // pp, ep=ep), **kw)
+
+
+def _pair(costs, n_st: int = 8, stages: tuple[int, int] = (3, 4)):
+    from schedules import Action, Kind
+    f, b = Action(Kind.F, stages[0], 0), Action(Kind.B, stages[1], 1)
+    pair = Action(Kind.OVERLAP_F_B, None, None, sub_actions=(f, b))
+    return (costs._compute(pair, n_st), costs.pass_time(Kind.F, stages[0], n_st),
+            costs.pass_time(Kind.B, stages[1], n_st), costs)
+
+
+def test_a_dualpipe_pair_in_the_cost_model_overlaps_by_its_streams():
+    from schedules import Kind
+    # ep 2 inside a node (pp 4 x dp 2 on one node): small all-to-alls, all hidden under the other pass's compute
+    t, f, b, c = _pair(_costs(ep=2, nodes=1))
+    a2a = c.all_to_all_time()
+    layers = c.stage_moe(3, 8)
+    comm = layers * a2a * (c.all_to_alls(Kind.F) + c.all_to_alls(Kind.B))
+    assert a2a > 0 and layers == 8 and t == pytest.approx(f + b - comm)
+    # the segments add up to the passes
+    assert sum(s.seconds for s in c.segments(Kind.F, 3, 8)) == pytest.approx(f)
+    assert sum(s.seconds for s in c.segments(Kind.B, 4, 8)) == pytest.approx(b)
+    # ep 64 over 16 nodes (pp 2 x dp 64): the all-to-alls outlast the compute, so part of them stays exposed
+    t, f, b, c = _pair(_costs(ep=64, nodes=16, pp=2), n_st=4, stages=(1, 2))
+    comm = c.stage_moe(1, 4) * c.all_to_all_time() * 2 + c.stage_moe(2, 4) * c.all_to_all_time() * 2
+    assert f + b - comm < t < f + b
+    # an explicit pair_overlap overrides the mechanism, as before
+    t, f, b, _ = _pair(_costs(ep=2, nodes=1, pair_overlap=0.5))
+    assert t == pytest.approx(f + b - 0.5 * min(f, b))
+
+
+def test_expert_parallel_params_states_and_collectives():
+    c1, c8 = _costs(ep=1, nodes=4), _costs(ep=8, nodes=4)
+    m = c1.model
+    expert = 3 * 7168 * 2048
+    layers = c1.stage_moe(1, 4)
+    assert c1.stage_params(1, 4) - c8.stage_params(1, 4) == pytest.approx(layers * (256 - 32) * expert)
+    assert c8.stage_expert_params(1, 4) == layers * 32 * expert and c8.expert_dp == 1
+    assert c1.expert_bytes_scale(1, 4) == 1.0
+    # dp 8 = ep 8: every replica holds its own experts, so only the dense part is reduced (scale = dense share)
+    total = c8.stage_params(1, 4)
+    assert c8.expert_bytes_scale(1, 4) == pytest.approx((total - layers * 32 * expert) / total)
+    assert m.moe_layers == 58
+
+
+def test_moe_bad_layouts():
+    from sim.costs.parallel import ParallelConfig
+    from sim.costs.transformer_costs import TransformerCosts
+    with pytest.raises(ConfigError, match=r"ep 2 splits a MoE model's experts, and model 'gpt-1\.5b' has none"):
+        TransformerCosts(model=moe_preset("gpt-1.5b"), cluster=cluster_preset("dgx-h100:1"),
+                         parallel=ParallelConfig(pp=1, dp=2, ep=2))
+    with pytest.raises(ConfigError, match="ep 3 must divide dp x cp = 2"):
+        ParallelConfig(pp=1, dp=2, ep=3)
+    with pytest.raises(ConfigError, match="ep 3 must divide the 8 experts"):
+        TransformerCosts(model=moe_preset("mixtral-8x7b"), cluster=cluster_preset("dgx-h100:1"),
+                         parallel=ParallelConfig(pp=1, dp=6, ep=3))
+    with pytest.raises(ConfigError, match="selective-op is not modelled for MoE layers"):
+        _costs(ep=2, nodes=1, recompute="selective-op")

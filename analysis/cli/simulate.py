@@ -88,6 +88,8 @@ def add_units_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tp", type=int, default=None, help="tensor-parallel divisor (default 1)")
     g.add_argument("--cp", type=int, default=None,
                    help="context parallelism: the sequence split over CP ranks, ring attention (default 1)")
+    g.add_argument("--ep", type=int, default=None,
+                   help="expert parallelism: a MoE model's routed experts over EP of the dp x cp ranks (default 1)")
     g.add_argument("--dp-mode", default=None, metavar="MODE", help="none, sync, ddp, zero1, zero2, zero3 (fsdp), ps, async-ps")
     g.add_argument("--microbatch-size", type=int, default=None, metavar="B", help="sequences per microbatch (default 1)")
     g.add_argument("--bucket-mb", type=float, default=None, metavar="MIB", help="gradient bucket size (default 25)")
@@ -194,7 +196,7 @@ def units_overrides(args: argparse.Namespace) -> dict[str, dict]:
         tables["model"]["attention"] = args.attention
     if args.cluster:
         tables["cluster"] = {"preset": args.cluster}
-    for table, keys in (("parallel", ("pp", "dp", "tp", "cp", "dp_mode", "bucket_mb", "collective", "order", "sp")),
+    for table, keys in (("parallel", ("pp", "dp", "tp", "cp", "ep", "dp_mode", "bucket_mb", "collective", "order", "sp")),
                         ("run", ("schedule", "microbatches", "microbatch_size", "chunks", "efficiency", "recompute",
                                  "dtype", "reduce_dtype", "elementwise", "tp_overlap", "contention", "stack",
                                  "post_validation"))):
@@ -290,7 +292,7 @@ def _list() -> int:
     return 0
 
 
-UNITS_ONLY = ("dp", "tp", "cp", "dp_mode", "microbatch_size", "bucket_mb", "collective", "order", "efficiency", "sp",
+UNITS_ONLY = ("dp", "tp", "cp", "ep", "dp_mode", "microbatch_size", "bucket_mb", "collective", "order", "efficiency", "sp",
               "seq_len", "attention", "dtype", "reduce_dtype", "elementwise", "tp_overlap", "contention", "stack",
               "post_validation", *COMM_KEYS)
 

@@ -204,7 +204,7 @@ ELEMENTWISE_BYTES = {"fused": {"norm": 4.0, "rope": 4.0, "swiglu": 6.0, "gelu": 
 
 def layer_ops(*, hidden: int, heads: int, kv_hidden: int, ffn: int, gated: bool, seq_len: int, b: int, tp: int,
               sp: bool, attention: str = "unfused", elementwise: str = "fused", rotary: bool = False,
-              dropout: bool = True, context: int = 1) -> list[Op]:
+              dropout: bool = True, context: int = 1, mla: Any = None) -> list[Op]:
     """The forward operations of one transformer layer on one tensor shard (module docstring).
 
     ``elementwise``: the bytes of the norms, rotary embedding and activation (:data:`ELEMENTWISE_BYTES`);
@@ -212,6 +212,9 @@ def layer_ops(*, hidden: int, heads: int, kv_hidden: int, ffn: int, gated: bool,
     ``context``: the context-parallel degree (``seq_len`` is then one rank's share of the sequence).
     ``op_share``: what torchtitan's selective-op policy recomputes of each (sim.costs.recompute_modes): every
     memory-bound operation, and every second matmul (GPT: out and fc2; Llama: k, out and up).
+    ``mla`` (sim.costs.moe.MLAConfig): latent attention's four projections in place of q, k, v (the two down
+    projections replicated over the tensor-parallel group, the up projections split by heads), the attention
+    kernel over heads of (nope + rope) query/key and v value dimensions, the output projection from heads x v.
     """
     h, s, t = hidden, seq_len, tp
     tokens = s * b
@@ -222,12 +225,24 @@ def layer_ops(*, hidden: int, heads: int, kv_hidden: int, ffn: int, gated: bool,
     per = ELEMENTWISE_BYTES[elementwise]
     add = 7.0 if dropout else 6.0
     rope = [Op("rope", 0.0, per["rope"] * tokens * (h + kv_hidden) / t, False)] if rotary else []
+    if mla is not None:
+        qk, a_t = mla.nope_dim + mla.rope_dim, heads / t
+        proj = [_gemm("q-down", tokens, h, mla.q_rank, weight=True), _gemm("q-up", tokens, mla.q_rank, a_t * qk, weight=True),
+                _gemm("kv-down", tokens, h, mla.kv_rank + mla.rope_dim, weight=True),
+                _gemm("kv-up", tokens, mla.kv_rank, a_t * (mla.nope_dim + mla.v_dim), weight=True)]
+        rope = [Op("rope", 0.0, per["rope"] * tokens * (a_t + 1) * mla.rope_dim, False)] if rotary else []
+        core = _attention_ops(attention, s=s, b=b, heads_t=a_t, d=(qk + mla.v_dim) / 2, kv_share=1.0, context=context)
+        out = _gemm("out-proj", tokens, a_t * mla.v_dim, h, weight=True)
+    else:
+        proj = [_gemm("qkv", tokens, h, (h + 2 * kv_hidden) / t, weight=True, op_share=qkv_share)]
+        core = _attention_ops(attention, s=s, b=b, heads_t=heads / t, d=h / heads, kv_share=kv_share, context=context)
+        out = _gemm("out-proj", tokens, h / t, h, weight=True)
     return [
         Op("layernorm1", 0.0, per["norm"] * rep * h, False),
-        _gemm("qkv", tokens, h, (h + 2 * kv_hidden) / t, weight=True, op_share=qkv_share),
+        *proj,
         *rope,
-        *_attention_ops(attention, s=s, b=b, heads_t=heads / t, d=h / heads, kv_share=kv_share, context=context),
-        _gemm("out-proj", tokens, h / t, h, weight=True),
+        *core,
+        out,
         Op("dropout-add1", 0.0, add * rep * h, False),
         Op("layernorm2", 0.0, per["norm"] * rep * h, False),
         _gemm("fc1", tokens, h, f_out, weight=True, op_share=0.5 if gated else 0.0),

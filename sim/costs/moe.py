@@ -35,15 +35,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from common.errors import ConfigError, find_name, quote
+from common.errors import ConfigError, quote
 from sim.costs.cluster import Cluster
 from sim.costs.devices import DEVICE_MODELS
 from sim.costs.gpu_model import ELEMENTWISE_BYTES, LayerCosts, Op, _gemm, layer_ops
-from sim.costs.transformer import TransformerConfig
 
-__all__ = ["MOE_PRESETS", "ROUTINGS", "LayerTimes", "MLAConfig", "MoEConfig", "MoEModel", "Segment", "all_to_all_bytes",
-           "all_to_all_time", "ep_all_to_all_time", "expert_shares", "layer_times", "max_load", "moe_preset",
+if TYPE_CHECKING:
+    from sim.costs.transformer import TransformerConfig
+
+__all__ = ["MLP_OPS", "ROUTINGS", "LayerTimes", "MLAConfig", "MoEConfig", "Segment", "all_to_all_bytes",
+           "all_to_all_time", "ep_all_to_all_time", "expert_ops", "expert_shares", "layer_times", "max_load",
            "pair_times", "pass_segments", "two_stream_time"]
 
 ROUTINGS = ("uniform", "skew", "histogram")
@@ -258,106 +261,6 @@ class MLAConfig:
         return 2.0 * seq_len * heads * (self.nope_dim + self.rope_dim + self.v_dim)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MoEModel:
-    """A transformer with MoE layers: ``base`` gives attention, norms, embedding and the dense layers' MLP
-    (``base.ffn``), ``moe`` the MoE layers' MLP, ``mla`` (if any) the attention in place of ``base``'s."""
-
-    base: TransformerConfig
-    moe: MoEConfig
-    mla: MLAConfig | None = None
-    source: str = ""
-
-    def __post_init__(self) -> None:
-        self.moe.check_layers(self.base.layers, f"model {self.base.name!r}")
-
-    @property
-    def name(self) -> str:
-        return self.base.name
-
-    @property
-    def moe_layers(self) -> int:
-        return self.base.layers - self.moe.dense_layers
-
-    def attention_params(self) -> int:
-        b = self.base
-        if self.mla is not None:
-            return self.mla.params(b.hidden, b.heads)
-        return 2 * b.hidden * b.hidden + 2 * b.hidden * b.kv_hidden
-
-    def dense_mlp_params(self) -> int:
-        return (3 if self.base.gated_mlp else 2) * self.base.hidden * self.base.ffn
-
-    def _norms(self) -> int:
-        return 2 * self.base.hidden
-
-    def params(self) -> int:
-        """All weights: every layer's attention and norms, the dense MLPs, every expert, the embeddings."""
-        b, m = self.base, self.moe
-        return (b.layers * (self.attention_params() + self._norms()) + m.dense_layers * self.dense_mlp_params()
-                + self.moe_layers * m.layer_mlp_params(b.hidden, b.gated_mlp) + b.embedding_params + b.hidden)
-
-    def active_params(self) -> int:
-        """The weights one token passes through: top_k + shared experts of each MoE layer, the router too."""
-        b, m = self.base, self.moe
-        moe_mlp = (m.top_k + m.shared_experts) * m.expert_params(b.hidden, b.gated_mlp) + b.hidden * m.experts
-        return (b.layers * (self.attention_params() + self._norms()) + m.dense_layers * self.dense_mlp_params()
-                + self.moe_layers * moe_mlp + b.embedding_params + b.hidden)
-
-    def params_per_rank(self, tp: int = 1, ep: int = 1) -> float:
-        """Weights one rank holds with ``tp``-way tensor parallelism of the dense parts and the shared experts
-        and ``ep``-way expert parallelism of the routed experts (no pipeline split)."""
-        b, m = self.base, self.moe
-        routed = self.moe_layers * m.experts // ep * m.expert_params(b.hidden, b.gated_mlp)
-        return (self.params() - self.moe_layers * m.experts * m.expert_params(b.hidden, b.gated_mlp)) / tp + routed / tp
-
-    def flops_per_token(self) -> float:
-        """Forward FLOPs per token of the whole model (matmuls, the attention core over the whole sequence)."""
-        b, m = self.base, self.moe
-        core = (self.mla.core_flops(b.seq_len, b.heads) if self.mla is not None else 4.0 * b.seq_len * b.hidden)
-        attention = 2.0 * self.attention_params() + core
-        return (b.layers * attention + m.dense_layers * 2.0 * self.dense_mlp_params()
-                + self.moe_layers * m.mlp_flops(b.hidden, b.gated_mlp) + 2.0 * b.hidden * b.vocab)
-
-
-def _llama_like(name: str, **shape) -> TransformerConfig:
-    return TransformerConfig(name=name, gated_mlp=True, bias=False, tied_embeddings=False, learned_positions=False,
-                             dropout=False, **shape)
-
-
-# Mixtral 8x7B: Jiang et al. 2024 ("Mixtral of Experts", arXiv 2401.04088), Table 1: dim 4096, 32 layers, head
-# dimension 128, hidden_dim 14336, 32 heads, 8 KV heads, context 32768, vocabulary 32000, 8 experts, top-2;
-# "47B total ... 13B active" (sec. 1). Sequence here 4096 (a training length; the card gives the context).
-# DeepSeek-V3: DeepSeek-AI 2024 ("DeepSeek-V3 Technical Report", arXiv 2412.19437), sec. 4.2: 61 layers, hidden
-# 7168, 128 heads of 128, KV compression 512, query compression 1536, decoupled rotary 64; every FFN but the
-# first three is MoE: 1 shared and 256 routed experts of width 2048, 8 routed per token; 671B total, 37B active;
-# sequence 4096 in pre-training; the dense FFN width 18432 and vocabulary 129280 from its config.json
-# (deepseek-ai/DeepSeek-V3 on Hugging Face). The multi-token-prediction module is left out.
-# moe-gpt-small: this project's small MoE model for real runs on CPUs (Llama-shaped: 4 layers, h 128, 8 experts of
-# width 256, top-2).
-MOE_PRESETS: dict[str, MoEModel] = {m.name: m for m in (
-    MoEModel(base=_llama_like("mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000,
-                              seq_len=4096),
-             moe=MoEConfig(experts=8, top_k=2, expert_ffn=14336),
-             source="Jiang et al. 2024, arXiv 2401.04088, Table 1"),
-    MoEModel(base=_llama_like("deepseek-v3", layers=61, hidden=7168, heads=128, ffn=18432, vocab=129280,
-                              seq_len=4096),
-             moe=MoEConfig(experts=256, top_k=8, expert_ffn=2048, shared_experts=1, dense_layers=3),
-             mla=MLAConfig(q_rank=1536, kv_rank=512, rope_dim=64, nope_dim=128, v_dim=128),
-             source="DeepSeek-AI 2024, arXiv 2412.19437, sec. 4.2; config.json (ffn, vocabulary)"),
-    MoEModel(base=_llama_like("moe-gpt-small", layers=4, hidden=128, heads=4, vocab=1024, seq_len=128),
-             moe=MoEConfig(experts=8, top_k=2, expert_ffn=256),
-             source="schedlab's small MoE GPT (real runs on CPUs)"),
-)}
-
-
-def moe_preset(name: str) -> MoEModel:
-    found = find_name(name, MOE_PRESETS)
-    if found is None:
-        raise ConfigError(f"unknown MoE model {name!r}; valid: {', '.join(MOE_PRESETS)}", field="model")
-    return MOE_PRESETS[found]
-
-
 def ep_all_to_all_time(nbytes: float, ep: int, tp: int, cluster: Cluster) -> float:
     """One all-to-all of an ep group moving ``nbytes`` into its busiest rank. The group is ep consecutive
     data-parallel ranks (tp devices apart, Megatron-Core's order); the peers on the rank's node send over
@@ -389,15 +292,40 @@ def _passes(lc: LayerCosts) -> dict[str, float]:
     return {"F": lc.forward(), "I": lc.input_grad(), "W": lc.weight_grad()}
 
 
-def layer_times(model: MoEModel, cluster: Cluster, *, ep: int, tp: int = 1, microbatch_size: int = 1,
-                sp: bool = False, elementwise: str = "fused") -> LayerTimes:
-    """:class:`LayerTimes` from the device's operation model (sim.costs.gpu_model, sim.costs.devices).
+#: The dense MLP's operations in sim.costs.gpu_model.layer_ops: what a MoE layer replaces.
+MLP_OPS = frozenset({"fc1", "gelu", "fc2"})
 
-    The busiest expert rank runs its E/ep experts as one grouped GEMM over the tokens all ep ranks route to
-    them (ep x tokens x top_k / E per expert, times :func:`max_load`), after permuting them (a read and a write
-    of each routed 16-bit token) and before un-permuting; the shared experts run on the rank's own tokens.
-    """
-    b, m = model.base, model.moe
+
+def expert_ops(model: TransformerConfig, *, tokens: float, tp: int, ep: int, elementwise: str = "fused") -> list[Op]:
+    """A MoE layer's MLP operations on the busiest of ep expert ranks, for ``tokens`` tokens per rank: the router,
+    the permutation (a read and a write of each routed 16-bit token) and un-permutation, the shared experts on the
+    rank's own tokens, and its E/ep experts as one grouped GEMM over the tokens all ep ranks route to them
+    (tokens x top_k x :func:`max_load` pairs), expert widths split over ``tp`` (expert TP = TP)."""
+    m, h = model.moe, model.hidden
+    assert m is not None
+    per, act = ELEMENTWISE_BYTES[elementwise], "swiglu" if model.gated_mlp else "gelu"
+    fe = m.expert_ffn
+    width = (2 if model.gated_mlp else 1) * fe / tp
+    routed = tokens * m.top_k * max_load(m, ep)
+    local = m.experts // ep
+    ops = [_gemm("router", tokens, h, m.experts, weight=True), Op("permute", 0.0, 2 * 2.0 * routed * h, False)]
+    if m.shared_experts:
+        ops += [_gemm("shared-fc1", tokens, h, m.shared_experts * width, weight=True),
+                Op("shared-act", 0.0, per[act] * tokens * m.shared_experts * fe / tp, False),
+                _gemm("shared-fc2", tokens, m.shared_experts * fe / tp, h, weight=True)]
+    return [*ops, _gemm("experts-fc1", routed / local, h, width, batch=local, weight=True),
+            Op("experts-act", 0.0, per[act] * routed * fe / tp, False),
+            _gemm("experts-fc2", routed / local, fe / tp, h, batch=local, weight=True),
+            Op("unpermute", 0.0, 2 * 2.0 * routed * h, False)]
+
+
+def layer_times(model: TransformerConfig, cluster: Cluster, *, ep: int, tp: int = 1, microbatch_size: int = 1,
+                sp: bool = False, elementwise: str = "fused") -> LayerTimes:
+    """:class:`LayerTimes` from the device's operation model (sim.costs.gpu_model, sim.costs.devices) and
+    :func:`expert_ops`."""
+    b, m = model, model.moe
+    if m is None:
+        raise ConfigError(f"model {b.name!r} has no MoE layers", field="model")
     m.check_ep(ep)
     tokens = b.seq_len * microbatch_size
     device = DEVICE_MODELS.get(cluster.spec.name)
@@ -406,37 +334,21 @@ def layer_times(model: MoEModel, cluster: Cluster, *, ep: int, tp: int = 1, micr
                           f"(valid: {', '.join(DEVICE_MODELS)})", field="cluster")
     full = layer_ops(hidden=b.hidden, heads=b.heads, kv_hidden=b.kv_hidden, ffn=b.ffn, gated=b.gated_mlp,
                      seq_len=b.seq_len, b=microbatch_size, tp=tp, sp=sp, attention=b.attention,
-                     elementwise=elementwise, rotary=not b.learned_positions, dropout=b.dropout)
-    mlp_names = {"fc1", "gelu", "fc2"}
-    attention = [op for op in full if op.name not in mlp_names]
-    dense = [op for op in full if op.name in mlp_names]
-    h, fe, per = b.hidden, m.expert_ffn, ELEMENTWISE_BYTES[elementwise]
-    width = (2 if b.gated_mlp else 1) * fe / tp
-    load = max_load(m, ep)
-    routed = tokens * m.top_k * load  # (token, expert) pairs the busiest rank's experts take, from all ep ranks
-    local = m.experts // ep
-    experts = [_gemm("router", tokens, h, m.experts, weight=True), Op("permute", 0.0, 2 * 2.0 * routed * h, False)]
-    if m.shared_experts:
-        experts += [_gemm("shared-fc1", tokens, h, m.shared_experts * width, weight=True),
-                    Op("shared-act", 0.0, per["swiglu" if b.gated_mlp else "gelu"] * tokens * m.shared_experts * fe / tp,
-                       False),
-                    _gemm("shared-fc2", tokens, m.shared_experts * fe / tp, h, weight=True)]
-    experts += [_gemm("experts-fc1", routed / local, h, width, batch=local, weight=True),
-                Op("experts-act", 0.0, per["swiglu" if b.gated_mlp else "gelu"] * routed * fe / tp, False),
-                _gemm("experts-fc2", routed / local, fe / tp, h, batch=local, weight=True),
-                Op("unpermute", 0.0, 2 * 2.0 * routed * h, False)]
-    eff = device.gemm
+                     elementwise=elementwise, rotary=not b.learned_positions, dropout=b.dropout, mla=b.mla)
+    attention = [op for op in full if op.name not in MLP_OPS]
+    dense = [op for op in full if op.name in MLP_OPS]
+    experts = expert_ops(model, tokens=tokens, tp=tp, ep=ep, elementwise=elementwise)
 
     def costs(ops: list[Op]) -> LayerCosts:
-        return LayerCosts(ops=tuple(ops), spec=cluster.spec, efficiency=eff, link=cluster.intra, tp=tp, sp=sp,
-                          activation_bytes=2.0 * tokens * h, device=device)
+        return LayerCosts(ops=tuple(ops), spec=cluster.spec, efficiency=device.gemm, link=cluster.intra, tp=tp,
+                          sp=sp, activation_bytes=2.0 * tokens * b.hidden, device=device)
 
-    a2a = ep_all_to_all_time(all_to_all_bytes(m, tokens / (tp if sp else 1), h, ep), ep, tp, cluster)
+    a2a = ep_all_to_all_time(all_to_all_bytes(m, tokens / (tp if sp else 1), b.hidden, ep), ep, tp, cluster)
     return LayerTimes(attention=_passes(costs(attention)), experts=_passes(costs(experts)),
                       dense_mlp=_passes(costs(dense)), all_to_all=a2a)
 
 
-def pair_times(model: MoEModel, cluster: Cluster, *, ep: int, layers: int, tp: int = 1,
+def pair_times(model: TransformerConfig, cluster: Cluster, *, ep: int, layers: int, tp: int = 1,
                microbatch_size: int = 1) -> dict[str, float]:
     """One DualPipe F+B pair of ``layers`` MoE layers: run one after the other, overlapped on two streams
     (:func:`two_stream_time`), its compute alone and its all-to-all alone (seconds)."""

@@ -49,6 +49,7 @@ class ParallelConfig:
     dp: int = 1
     tp: int = 1
     cp: int = 1  # context parallelism: the sequence split over cp ranks (ring attention, sim.costs.transformer_costs)
+    ep: int = 1  # expert parallelism: a MoE model's routed experts split over ep of the dp x cp ranks (sim.costs.moe)
     dp_mode: str = "none"
     order: str = "dp-inner"
     bucket_mb: float = 25.0  # PyTorch DDP's default bucket_cap_mb (MiB)
@@ -67,7 +68,12 @@ class ParallelConfig:
     trainer_speeds: tuple[float, ...] = ()  # async-ps: each replica's compute speed (1: the device's; empty: all 1)
 
     def __post_init__(self) -> None:
-        check_positive_ints("parallel", pp=self.pp, dp=self.dp, tp=self.tp, cp=self.cp)
+        check_positive_ints("parallel", pp=self.pp, dp=self.dp, tp=self.tp, cp=self.cp, ep=self.ep)
+        if (self.dp * self.cp) % self.ep:
+            valid = [d for d in range(1, self.dp * self.cp + 1) if self.dp * self.cp % d == 0]
+            raise ConfigError(f"parallel: ep {self.ep} must divide dp x cp = {self.dp * self.cp} (expert parallelism "
+                              f"folds over the data-parallel ranks, as Megatron-Core and torchtitan do); valid: "
+                              f"{', '.join(map(str, valid))}", field="ep")
         if not isinstance(self.sp, bool):
             raise ConfigError(f"parallel: sp must be true or false, got {self.sp!r}", field="sp")
         if self.sp and self.tp == 1:  # nothing to split the sequence over: the setting would have no effect

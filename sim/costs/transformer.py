@@ -38,6 +38,7 @@ from common import parse
 from common.errors import ConfigError, check_positive_ints, find_name, quote
 from schedules.partition import split_layers
 from sim.costs.cluster import KeyCheck, check_table, key_choice, key_flag, key_positive_int, key_string
+from sim.costs.moe import MLAConfig, MoEConfig
 from sim.costs.recompute_modes import layer_every
 
 __all__ = ["ATTENTION_KINDS", "MODEL_PRESETS", "TransformerConfig", "model_from_dict", "model_preset", "partition_layers"]
@@ -70,6 +71,11 @@ class TransformerConfig:
     # the kernel's backward recomputes the scores; "unfused": the Megatron-LM kernels of 2021-22 (QK^T,
     # fused scale-mask-softmax, dropout, the product with V as separate operations).
     attention: str = "flash"
+    # Mixture of experts (sim.costs.moe): every layer from ``moe.dense_layers`` on has routed experts in place of
+    # its dense MLP (``ffn`` is then the dense layers' width); ``mla``: multi-head latent attention in place of
+    # the Q, K, V and output projections (DeepSeek-V3).
+    moe: MoEConfig | None = None
+    mla: MLAConfig | None = None
 
     def __post_init__(self) -> None:
         owner = f"model {self.name!r}"
@@ -89,6 +95,22 @@ class TransformerConfig:
             raise ConfigError(
                 f"model {self.name!r}: kv_heads must divide heads {self.heads} (1..{self.heads}), got {self.kv_heads}"
             )
+        if self.moe is not None:
+            self.moe.check_layers(self.layers, owner)
+        if (self.moe is not None or self.mla is not None) and (self.bias or not self.gated_mlp):
+            raise ConfigError(f"{owner}: MoE layers and latent attention are modelled Llama-style: they need "
+                              "bias false and gated_mlp true", field="bias")
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers with routed experts: all from ``moe.dense_layers`` on (0 for a dense model)."""
+        return 0 if self.moe is None else self.layers - self.moe.dense_layers
+
+    def moe_in(self, start: int, count: int) -> int:
+        """How many of layers ``start`` .. ``start + count - 1`` are MoE layers."""
+        if self.moe is None:
+            return 0
+        return max(0, start + count - max(start, self.moe.dense_layers))
 
     @property
     def kv_hidden(self) -> int:
@@ -96,10 +118,23 @@ class TransformerConfig:
         return self.hidden * self.kv_heads // self.heads
 
     @property
+    def attention_params(self) -> int:
+        """The attention's weights: Q and O h^2 each, K and V h*h_kv each; latent attention's (MLAConfig.params)."""
+        if self.mla is not None:
+            return self.mla.params(self.hidden, self.heads)
+        return 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_hidden
+
+    @property
     def layer_matrix_params(self) -> int:
-        """Weights of the layer's matmuls: Q and O h^2 each, K and V h*h_kv each, MLP 2hf (3hf gated)."""
-        h, f = self.hidden, self.ffn
-        return 2 * h * h + 2 * h * self.kv_hidden + (3 if self.gated_mlp else 2) * h * f
+        """Weights of a dense layer's matmuls: the attention's and the MLP's 2hf (3hf gated)."""
+        return self.attention_params + (3 if self.gated_mlp else 2) * self.hidden * self.ffn
+
+    def moe_layer_params(self, ep: int = 1) -> float:
+        """A MoE layer's weights on one of ``ep`` expert-parallel ranks: attention, two norms, E/ep routed
+        experts, the shared experts and the router (sim.costs.moe.MoEConfig)."""
+        assert self.moe is not None
+        return (self.attention_params + 2 * self.hidden
+                + self.moe.layer_mlp_params_per_rank(self.hidden, ep, self.gated_mlp))
 
     # --- parameters -------------------------------------------------------------------------------
     @property
@@ -122,14 +157,35 @@ class TransformerConfig:
     @property
     def params(self) -> int:
         final_norm = 2 * self.hidden if self.bias else self.hidden
-        return self.layers * self.layer_params + self.embedding_params + final_norm
+        moe = self.moe_layers * int(self.moe_layer_params()) if self.moe is not None else 0
+        return (self.layers - self.moe_layers) * self.layer_params + moe + self.embedding_params + final_norm
+
+    @property
+    def active_params(self) -> int:
+        """The weights one token passes through: a MoE layer's top_k routed and its shared experts (and router)."""
+        if self.moe is None:
+            return self.params
+        m = self.moe
+        idle = (m.experts - m.top_k) * m.expert_params(self.hidden, self.gated_mlp)
+        return self.params - self.moe_layers * idle
 
     # --- FLOPs per token -----------------------------------------------------------------------------
-    def layer_flops(self, kind: str) -> float:
-        """FLOPs per token of one layer for pass ``kind``: 'F', 'I' or 'W' (see the module docstring)."""
-        h, s = self.hidden, self.seq_len
-        dense = 2 * self.layer_matrix_params  # 8h^2 + 4hf for the GPT shape
-        return {"F": dense + 4 * s * h, "I": dense + 8 * s * h, "W": dense}[kind]
+    def layer_flops(self, kind: str, moe: bool = False) -> float:
+        """FLOPs per token of one layer for pass ``kind``: 'F', 'I' or 'W' (see the module docstring); ``moe``: a
+        MoE layer, whose MLP is its router and top_k + shared expert MLPs (MoEConfig.mlp_flops)."""
+        if moe and self.moe is not None:
+            weights = 2 * self.attention_params + self.moe.mlp_flops(self.hidden, self.gated_mlp)
+        else:
+            weights = 2 * self.layer_matrix_params  # 8h^2 + 4hf for the GPT shape
+        core = self.core_flops()
+        return {"F": weights + core, "I": weights + 2 * core, "W": weights}[kind]
+
+    def core_flops(self) -> float:
+        """The attention core's forward FLOPs per token over the whole sequence: QK^T and the product with V,
+        4sh (latent attention: MLAConfig.core_flops)."""
+        if self.mla is not None:
+            return self.mla.core_flops(self.seq_len, self.heads)
+        return 4.0 * self.seq_len * self.hidden
 
     def head_flops(self, kind: str) -> float:
         """LM head per token: one h x V matmul, again for dX (I) and for dW (W)."""
@@ -137,10 +193,11 @@ class TransformerConfig:
 
     def model_flops_per_token(self) -> float:
         """Forward + backward of the whole model per token: the 'model FLOPs' of MFU (no recompute)."""
-        per_layer = sum(self.layer_flops(k) for k in "FIW")
-        return self.layers * per_layer + 3 * self.head_flops("F")
+        dense = (self.layers - self.moe_layers) * sum(self.layer_flops(k) for k in "FIW")
+        moe = self.moe_layers * sum(self.layer_flops(k, True) for k in "FIW")
+        return dense + moe + 3 * self.head_flops("F")
 
-    def recompute_flops(self, mode: str) -> float:
+    def recompute_flops(self, mode: str, moe: bool = False) -> float:
         """FLOPs per token of one layer that recomputation adds to the backward (I) pass.
 
         full: the whole forward again; selective: the attention core's two matmuls, QK^T and the weighted
@@ -148,13 +205,13 @@ class TransformerConfig:
         (:meth:`matmuls`); layer:N: the whole forward of one layer in N.
         """
         if mode == "full":
-            return self.layer_flops("F")
+            return self.layer_flops("F", moe)
         if mode == "selective":
-            return 4.0 * self.seq_len * self.hidden
+            return self.core_flops()
         if mode == "selective-op":
             return sum(flops for i, (_, flops, _, _) in enumerate(self.matmuls()) if i % 2)
         if n := layer_every(mode):
-            return self.layer_flops("F") / n
+            return self.layer_flops("F", moe) / n
         return 0.0
 
     def matmuls(self) -> list[tuple[str, float, float, bool]]:
@@ -170,7 +227,7 @@ class TransformerConfig:
                 ("fc1", 2 * h * f, 2 * f, False), ("fc2", 2 * f * h, 2 * h, True)]
 
     # --- activation bytes per microbatch of ``b`` sequences ------------------------------------------
-    def activation_parts(self) -> tuple[float, float, float]:
+    def activation_parts(self, moe: bool = False) -> tuple[float, float, float]:
         """Bytes per token one layer keeps without recomputation, 16-bit (Korthikanti et al. 2022, sec. 4.1,
         generalised): (replicated over the tensor-parallel group, split over it, the attention core (split)).
 
@@ -180,14 +237,32 @@ class TransformerConfig:
         and fc2's input, 6f, as a fused SwiGLU keeps them). Core: unfused, the softmax output 2as, its
         dropout mask as and output 2as (5as; 2as without dropout); flash, the fp32 log-sum-exp per head, 4a.
         The GPT shape gives sbh(10 + 24/t + 5as/(ht)), Korthikanti's Table 2.
+
+        A MoE layer (``moe``) keeps in place of the MLP's 6f: per routed (token, expert) pair, top_k per token,
+        its permuted input 2h and its expert's 6f_e; each shared expert's 6f_e; the router's fp32 scores 4E
+        (uniform routing: the busiest rank's extra load is not counted). Latent attention (``mla``) keeps its
+        Q, K and V (heads x (2(nope + rope) + v), 16-bit), the two latents and the rotary key, and the
+        attention output (heads x v) in place of 2(h + 2h_kv) + 2h.
         """
         h, f, a, s = self.hidden, self.ffn, self.heads, self.seq_len
         replicated = (10 if self.dropout else 8) * h
-        split = 2 * (h + 2 * self.kv_hidden) + 2 * h + (6 if self.gated_mlp else 4) * f
+        if self.mla is not None:
+            ml = self.mla
+            attention = 2 * (a * (2 * (ml.nope_dim + ml.rope_dim) + ml.v_dim) + ml.q_rank + ml.kv_rank + ml.rope_dim
+                             + a * ml.v_dim)
+        else:
+            attention = 2 * (h + 2 * self.kv_hidden) + 2 * h
+        if moe and self.moe is not None:
+            m = self.moe
+            mlp = m.top_k * (2 * h + 6 * m.expert_ffn) + 6 * m.shared_experts * m.expert_ffn + 4 * m.experts
+        else:
+            mlp = (6 if self.gated_mlp else 4) * f
+        split = attention + mlp
         core = 4 * a if self.attention == "flash" else (5 if self.dropout else 2) * a * s
         return replicated, split, core
 
-    def layer_activation_bytes(self, b: int, tp: int = 1, sp: bool = False, recompute: str = "none") -> float:
+    def layer_activation_bytes(self, b: int, tp: int = 1, sp: bool = False, recompute: str = "none",
+                               moe: bool = False) -> float:
         """Bytes one layer keeps for its backward on one of ``tp`` shards (:meth:`activation_parts`).
 
         none: replicated (/t with sequence parallelism) + split/t + core/t; selective: without the core;
@@ -199,11 +274,11 @@ class TransformerConfig:
         tokens, h, t = self.seq_len * b, self.hidden, tp
         rep_div = t if sp else 1
         if n := layer_every(recompute):
-            return (self.layer_activation_bytes(b, tp, sp, "full")
-                    + (n - 1) * self.layer_activation_bytes(b, tp, sp, "none")) / n
+            return (self.layer_activation_bytes(b, tp, sp, "full", moe)
+                    + (n - 1) * self.layer_activation_bytes(b, tp, sp, "none", moe)) / n
         if recompute == "full":
             return 2 * tokens * h / rep_div
-        replicated, split, core = self.activation_parts()
+        replicated, split, core = self.activation_parts(moe)
         if recompute == "selective-op":
             saved = sum(out / (rep_div if row else t) for i, (_, _, out, row) in enumerate(self.matmuls()) if i % 2 == 0)
             return tokens * (2 * h / rep_div + saved + (2 * h + core) / t)
@@ -215,12 +290,19 @@ class TransformerConfig:
         """Fraction of a layer's activations the W pass still holds after I: the inputs of the weight matmuls
         (QKV, out-proj and fc1 2h each, fc2 2f: 14 sbh of sbh(34 + 5as/h) for the GPT shape).
 
-        With full or selective-op recomputation W needs the recomputed inputs, so all is held until W.
+        With full or selective-op recomputation W needs the recomputed inputs, so all is held until W. A MoE
+        model's is its MoE layers': the attention's inputs, each routed pair's permuted input 2h and expert
+        fc2 input 2f_e, each shared expert's 2f_e.
         """
         if recompute in ("full", "selective-op"):
             return 1.0
-        replicated, split, core = self.activation_parts()
+        moe = self.moe is not None
+        replicated, split, core = self.activation_parts(moe)
         total = replicated + split + (0.0 if recompute == "selective" else core)
+        if moe:
+            m = self.moe
+            held = 6 * self.hidden + m.top_k * (2 * self.hidden + 2 * m.expert_ffn) + 2 * m.shared_experts * m.expert_ffn
+            return held / total
         return (6 * self.hidden + 2 * self.ffn) / total
 
     def head_activation_bytes(self, b: int) -> float:
@@ -232,9 +314,14 @@ class TransformerConfig:
         return 2.0 * self.seq_len * b * self.hidden
 
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "layers": self.layers, "hidden": self.hidden, "heads": self.heads,
-                "ffn": self.ffn, "vocab": self.vocab, "seq_len": self.seq_len, "params": self.params,
-                "attention": self.attention}
+        out = {"name": self.name, "layers": self.layers, "hidden": self.hidden, "heads": self.heads,
+               "ffn": self.ffn, "vocab": self.vocab, "seq_len": self.seq_len, "params": self.params,
+               "attention": self.attention}
+        if self.moe is not None:
+            m = self.moe
+            out.update(active_params=self.active_params, experts=m.experts, top_k=m.top_k, expert_ffn=m.expert_ffn,
+                       shared_experts=m.shared_experts, dense_layers=m.dense_layers)
+        return out
 
 
 # GPT models of the zero-bubble paper (Qi et al. 2024, "Zero Bubble Pipeline Parallelism", Table 3):
@@ -259,6 +346,25 @@ _KORTHIKANTI = (("megatron-22b", 48, 6144, 64), ("gpt3-175b", 96, 12288, 96), ("
 _MEGATRON_H100 = (("gpt-1.7b", 24, 2048, 16), ("gpt-7.1b", 30, 4096, 32), ("gpt-16b", 32, 6144, 48),
                   ("gpt-32b", 48, 7168, 56), ("gpt-70b", 84, 8192, 64), ("gpt-119b", 92, 10240, 80),
                   ("gpt-177b", 96, 12288, 96), ("gpt-314b", 96, 16384, 128), ("gpt-462b", 112, 18432, 144))
+# Mixtral 8x7B: Jiang et al. 2024 ("Mixtral of Experts", arXiv 2401.04088), Table 1: dim 4096, 32 layers, head
+# dimension 128, hidden_dim 14336, 32 heads, 8 KV heads, context 32768, vocabulary 32000, 8 experts, top-2
+# ("47B total ... 13B active", sec. 1). Sequence here 4096 (a training length; the card gives the context).
+# DeepSeek-V3: DeepSeek-AI 2024 ("DeepSeek-V3 Technical Report", arXiv 2412.19437), sec. 4.2: 61 layers, hidden
+# 7168, 128 heads of 128, KV compression 512, query compression 1536, decoupled rotary 64; every FFN but the
+# first three is MoE: 1 shared and 256 routed experts of width 2048, 8 routed per token; 671B total, 37B active;
+# sequence 4096 in pre-training; the dense FFN width 18432 and vocabulary 129280 from its config.json
+# (deepseek-ai/DeepSeek-V3 on Hugging Face). The multi-token-prediction module and node-limited routing are left
+# out. moe-gpt-small: this project's small MoE model (Llama-shaped: 4 layers, h 128, 8 experts of 256, top-2).
+_LLAMA_LIKE = dict(gated_mlp=True, bias=False, tied_embeddings=False, learned_positions=False, dropout=False)
+_MOE = (
+    TransformerConfig(name="mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000,
+                      seq_len=4096, moe=MoEConfig(experts=8, top_k=2, expert_ffn=14336), **_LLAMA_LIKE),
+    TransformerConfig(name="deepseek-v3", layers=61, hidden=7168, heads=128, ffn=18432, vocab=129280, seq_len=4096,
+                      moe=MoEConfig(experts=256, top_k=8, expert_ffn=2048, shared_experts=1, dense_layers=3),
+                      mla=MLAConfig(q_rank=1536, kv_rank=512, rope_dim=64, nope_dim=128, v_dim=128), **_LLAMA_LIKE),
+    TransformerConfig(name="moe-gpt-small", layers=4, hidden=128, heads=4, vocab=1024, seq_len=128,
+                      moe=MoEConfig(experts=8, top_k=2, expert_ffn=256), **_LLAMA_LIKE),
+)
 MODEL_PRESETS: dict[str, TransformerConfig] = {
     m.name: m
     for m in (
@@ -272,6 +378,7 @@ MODEL_PRESETS: dict[str, TransformerConfig] = {
           for name, n, h, a in _KORTHIKANTI),
         *(TransformerConfig(name=name, layers=n, hidden=h, heads=a, seq_len=4096, vocab=131072)
           for name, n, h, a in _MEGATRON_H100),
+        *_MOE,
     )
 }
 

@@ -72,6 +72,7 @@ from sim.costs.cluster import Cluster, Link
 from sim.costs.compression import compressed_bytes, powersgd_ratio
 from sim.costs.devices import DEVICE_MODELS
 from sim.costs.gpu_model import DeviceModel, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
+from sim.costs.moe import MLP_OPS, Segment, all_to_all_bytes, ep_all_to_all_time, expert_ops, two_stream_time
 from sim.costs.nccl import on_cluster, runs_nccl
 from sim.costs.parallel import PS_MODES, DPGroup, ParallelConfig
 from sim.costs.recompute_modes import check_recompute, layer_every
@@ -169,29 +170,86 @@ class TransformerCosts:
             object.__setattr__(self, "layers_per_stage", tuple(self.layers_per_stage))  # hashable, for _split
         self.parallel.check_fits(self.cluster)
         m = self.model
+        self._check_moe()
         # What tp splits: the attention heads (and the K/V heads), the hidden size, the MLP's width.
         kv = {"kv_heads": m.kv_heads} if m.kv_heads != m.heads else {}
         self.parallel.check_tp(self.cluster, heads=m.heads, **kv, hidden=m.hidden, ffn=m.ffn)
+
+    def _check_moe(self) -> None:
+        m, ep = self.model.moe, self.parallel.ep
+        if m is None:
+            if ep > 1:
+                raise ConfigError(f"costs: ep {ep} splits a MoE model's experts, and model {self.model.name!r} has "
+                                  "none; use a MoE model (e.g. mixtral-8x7b, deepseek-v3) or leave ep out", field="ep")
+            return
+        m.check_ep(ep)
+        if self.recompute == "selective-op":
+            raise ConfigError(f"costs: recompute selective-op is not modelled for MoE layers (model "
+                              f"{self.model.name!r}); use none, selective, full or layer:N", field="recompute")
+        if self.efficiency is not None or self.device is None:
+            raise ConfigError(f"costs: a MoE model is timed by the device's operation model, which "
+                              f"{self.cluster.spec.name} lacks or a constant efficiency overrides; use a device "
+                              f"with a model ({', '.join(DEVICE_MODELS)}) and no efficiency", field="efficiency")
 
     # --- per-stage figures ---------------------------------------------------------------------------
     def stage_layers(self, num_stages: int) -> tuple[int, ...]:
         return _split(self.model.layers, num_stages, self.layers_per_stage)
 
+    def stage_moe(self, stage: int, num_stages: int) -> int:
+        """How many of ``stage``'s layers are MoE layers (the dense ones come first: ``moe.dense_layers``)."""
+        counts = self.stage_layers(num_stages)
+        return self.model.moe_in(sum(counts[:stage]), counts[stage])
+
+    def _moe(self, layers: int, first: bool, moe: int | None) -> int:
+        """MoE layers of a stage of ``layers`` layers given by count: ``moe`` if given, else those of the first
+        ``layers`` layers (the first stage) or of the last ``layers`` (any other)."""
+        if moe is not None or self.model.moe is None:
+            return moe or 0
+        return self.model.moe_in(0 if first else self.model.layers - layers, layers)
+
     def stage_params(self, stage: int, num_stages: int) -> float:
         """Parameters of one stage per tensor shard: its layers; stage 0 the embedding; the last
         stage the final layer norm and its own copy of the tied word embedding (as Megatron keeps)."""
         return self.params_of(self.stage_layers(num_stages)[stage], stage == 0, stage == num_stages - 1,
-                              num_stages > 1)
+                              num_stages > 1, moe=self.stage_moe(stage, num_stages))
 
-    def params_of(self, layers: int, first: bool, last: bool, split: bool = True) -> float:
-        """:meth:`stage_params` of a stage of ``layers`` layers, the first and/or the last; ``split``: more than one stage."""
+    def params_of(self, layers: int, first: bool, last: bool, split: bool = True, moe: int | None = None) -> float:
+        """:meth:`stage_params` of a stage of ``layers`` layers, the first and/or the last; ``split``: more than one
+        stage; ``moe``: how many are MoE layers (:meth:`_moe`), each with its E/ep routed experts."""
         m = self.model
-        n = layers * m.layer_params
+        n_moe = self._moe(layers, first, moe)
+        n = (layers - n_moe) * m.layer_params + (n_moe * m.moe_layer_params(self.parallel.ep) if n_moe else 0)
         if first:
             n += m.embedding_params
         if last:
             n += 2 * m.hidden + (m.vocab * m.hidden if split else 0)
         return n / self.parallel.tp
+
+    def stage_expert_params(self, stage: int, num_stages: int) -> float:
+        """Of :meth:`stage_params`, the routed experts' (E/ep per MoE layer, per tensor shard): the parameters whose
+        replicas are the rank's ``expert_dp`` peers rather than its dp x cp ones."""
+        m = self.model
+        if m.moe is None:
+            return 0.0
+        n = self.stage_moe(stage, num_stages) * (m.moe.experts // self.parallel.ep)
+        return n * m.moe.expert_params(m.hidden, m.gated_mlp) / self.parallel.tp
+
+    @property
+    def expert_dp(self) -> int:
+        """The routed experts' data-parallel degree: dp x cp / ep (Megatron-Core's expert data parallelism)."""
+        p = self.parallel
+        return p.dp * p.cp // p.ep
+
+    def expert_bytes_scale(self, stage: int, num_stages: int) -> float:
+        """A gradient or parameter collective's bytes relative to its bucket's: the experts' share reduces over their
+        ``expert_dp`` replicas, so it moves (n - 1)/n of that group's ring against the dp x cp group's (1 without
+        expert parallelism; 0 for the experts when every replica holds its own)."""
+        p = self.parallel
+        e, n = self.stage_expert_params(stage, num_stages), p.dp * p.cp
+        if not e or p.ep == 1 or n <= 1:
+            return 1.0
+        total, edp = self.stage_params(stage, num_stages), self.expert_dp
+        return (total - e + e * ((edp - 1) / edp) / ((n - 1) / n)) / total
 
     def bucket_sizes(self, stage: int, num_stages: int) -> tuple[float, ...]:
         """Bytes of each gradient/parameter bucket of a stage (fp16, 2 bytes per parameter)."""
@@ -210,18 +268,25 @@ class TransformerCosts:
 
     def pass_flops(self, kind: Kind, stage: int, num_stages: int) -> float:
         """Hardware FLOPs of one microbatch's pass on one tensor shard (I includes recomputation). B = I + W."""
-        return self.flops_of(kind, self.stage_layers(num_stages)[stage], stage == num_stages - 1)
+        return self.flops_of(kind, self.stage_layers(num_stages)[stage], stage == num_stages - 1,
+                             moe=self.stage_moe(stage, num_stages))
 
-    def flops_of(self, kind: Kind, layers: int, last: bool) -> float:
-        """:meth:`pass_flops` of a stage of ``layers`` layers (``last``: it runs the LM head)."""
+    def flops_of(self, kind: Kind, layers: int, last: bool, moe: int | None = None, first: bool = False) -> float:
+        """:meth:`pass_flops` of a stage of ``layers`` layers (``last``: it runs the LM head; ``moe``, ``first``:
+        :meth:`_moe`)."""
+        n_moe = self._moe(layers, first, moe)
         if kind is Kind.B:
-            return self.flops_of(Kind.I, layers, last) + self.flops_of(Kind.W, layers, last)
+            return self.flops_of(Kind.I, layers, last, n_moe) + self.flops_of(Kind.W, layers, last, n_moe)
         m, k = self.model, kind.value
         tokens = self.local.seq_len * self.microbatch_size  # per context-parallel rank
         if kind is Kind.R:  # the stage's layers' forward again (module docstring)
-            return layers * m.layer_flops("F") * tokens / self.parallel.tp
-        per_layer = m.layer_flops(k) + (m.recompute_flops(self.recompute) if kind is Kind.I else 0.0)
-        per_token = layers * per_layer
+            return ((layers - n_moe) * m.layer_flops("F") + n_moe * m.layer_flops("F", True)) * tokens / self.parallel.tp
+
+        def per_layer(moe_layer: bool) -> float:
+            rec = m.recompute_flops(self.recompute, moe_layer) if kind is Kind.I else 0.0
+            return m.layer_flops(k, moe_layer) + rec
+
+        per_token = (layers - n_moe) * per_layer(False) + (n_moe * per_layer(True) if n_moe else 0.0)
         if last:
             per_token += m.head_flops(k)
         return per_token * tokens / self.parallel.tp
@@ -282,13 +347,42 @@ class TransformerCosts:
         ops = layer_ops(hidden=m.hidden, heads=m.heads, kv_hidden=m.kv_hidden, ffn=m.ffn, gated=m.gated_mlp,
                         seq_len=m.seq_len, b=self.microbatch_size, tp=p.tp, sp=p.sp, attention=m.attention,
                         elementwise=self.elementwise, rotary=not m.learned_positions, dropout=m.dropout,
-                        context=p.cp)
+                        context=p.cp, mla=m.mla)
         return LayerCosts(ops=tuple(ops), spec=self.cluster.spec,
                           efficiency=self.gemm_efficiency or GemmEfficiency(peak_fraction=self.matmul_efficiency,
                                                                             half_flops=0.0),
                           link=self.cluster.intra, tp=p.tp, sp=p.sp, activation_bytes=self.tp_bytes(),
                           device=self.device if self.gemm_efficiency is not None else None, fp8=self.dtype == "fp8",
                           cluster=self.cluster, algorithm=p.collective)
+
+    def moe_costs(self, part: str = "layer") -> LayerCosts:
+        """A MoE layer's operations as a :class:`LayerCosts`: its attention block and experts (``part`` layer),
+        the attention block alone (attention) or the experts alone (experts; sim.costs.moe.expert_ops)."""
+        lc, m, p = self.layer_costs(), self.local, self.parallel
+        attention = [op for op in lc.ops if op.name not in MLP_OPS]
+        if part == "attention":
+            return dataclasses.replace(lc, ops=tuple(attention))
+        experts = expert_ops(m, tokens=m.seq_len * self.microbatch_size, tp=p.tp, ep=p.ep, elementwise=self.elementwise)
+        return dataclasses.replace(lc, ops=tuple(experts if part == "experts" else attention + experts))
+
+    def all_to_all_time(self) -> float:
+        """Seconds of one dispatch (or combine) all-to-all of a MoE layer over the ep group (sim.costs.moe): each
+        rank's tokens (its sequence shard with SP) x top_k x h 16-bit values, the busiest rank's share."""
+        m, p = self.local, self.parallel
+        if m.moe is None or p.ep == 1:
+            return 0.0
+        tokens = m.seq_len * self.microbatch_size / (p.tp if p.sp else 1)
+        return ep_all_to_all_time(all_to_all_bytes(m.moe, tokens, m.hidden, p.ep), p.ep, p.tp, self.cluster)
+
+    def all_to_alls(self, kind: Kind) -> float:
+        """All-to-alls per MoE layer in a pass: dispatch and combine in F and R, their gradients in I (and B), and
+        again in I the recomputation's (full: 2, layer:N: 2/N); none in W."""
+        if kind is Kind.W:
+            return 0.0
+        if kind is not Kind.I and kind is not Kind.B:
+            return 2.0
+        rec = 2.0 if self.recompute == "full" else 2.0 / n if (n := layer_every(self.recompute)) else 0.0
+        return 2.0 + rec
 
     def tp_bytes(self) -> float:
         """Bytes of one tensor-parallel collective's full buffer: the 16-bit activation, 2sbh."""
@@ -350,7 +444,7 @@ class TransformerCosts:
         """Seconds of one microbatch's pass of ``stage`` on one tensor shard: compute plus TP collectives, at
         least the host time to launch its kernels (:meth:`host_time`)."""
         layers = self.stage_layers(num_stages)[stage]
-        gpu = self.time_of(kind, layers, stage == 0, stage == num_stages - 1)
+        gpu = self.time_of(kind, layers, stage == 0, stage == num_stages - 1, self.stage_moe(stage, num_stages))
         return max(gpu, self.host_time(kind, layers))
 
     def host_time(self, kind: Kind, layers: int) -> float:
@@ -412,26 +506,32 @@ class TransformerCosts:
             norm = coll.ring_allreduce(4.0, len(devs), c.intra if nodes == 1 else c.inter)
         return norm + st.launch_s
 
-    def time_of(self, kind: Kind, layers: int, first: bool, last: bool) -> float:
-        """:meth:`pass_time` of a stage of ``layers`` layers, the first and/or the last (the same arithmetic)."""
+    def time_of(self, kind: Kind, layers: int, first: bool, last: bool, moe: int | None = None) -> float:
+        """:meth:`pass_time` of a stage of ``layers`` layers, the first and/or the last (the same arithmetic);
+        ``moe`` of them MoE layers (:meth:`_moe`), each with its all-to-alls (:meth:`all_to_alls`) exposed."""
+        n_moe = self._moe(layers, first, moe)
         comm = self.tp_comm_of(kind, layers, first, last)
         if self.gemm_efficiency is None:
             return self.flops_of(kind, layers, last) / (self.cluster.spec.peak_flops * self.matmul_efficiency) + comm
         if kind is Kind.B:
-            return self.time_of(Kind.I, layers, first, last) + self.time_of(Kind.W, layers, first, last)
-        lc, n = self.layer_costs(), layers
+            return self.time_of(Kind.I, layers, first, last, n_moe) + self.time_of(Kind.W, layers, first, last, n_moe)
+        lc, n = self.layer_costs(), layers - n_moe
+        lm = self.moe_costs() if n_moe else lc
         edge = [lc._t(op) for op in self._edge_ops(first, last)]
         edge_w = [lc._t(op) for op in self._edge_ops(first, last) if op.weight]
+        a2a = n_moe * self.all_to_alls(kind) * self.all_to_all_time() if n_moe else 0.0
         if kind is not Kind.W:
-            comm = self.exposed_tp(comm, n * lc.weight_grad())  # weight_grad: the weight GEMMs at forward size
-            comm += n * self.cp_exchange(Kind.F if kind is Kind.R else kind)
+            comm = self.exposed_tp(comm, n * lc.weight_grad() + n_moe * lm.weight_grad())  # the weight GEMMs
+            comm += layers * self.cp_exchange(Kind.F if kind is Kind.R else kind)
         if kind is Kind.F:
-            return n * lc.forward() + sum(edge) + comm
+            return n * lc.forward() + n_moe * lm.forward() + sum(edge) + comm + a2a
         if kind is Kind.R:
-            return n * lc.recompute("full") + comm
+            return n * lc.recompute("full") + n_moe * lm.recompute("full") + comm + a2a
         if kind is Kind.I:
-            return n * (lc.input_grad() + lc.recompute(self.recompute)) + 2 * sum(edge) - sum(edge_w) + comm
-        return n * lc.weight_grad() + sum(edge_w)
+            return (n * (lc.input_grad() + lc.recompute(self.recompute))
+                    + n_moe * (lm.input_grad() + lm.recompute(self.recompute))
+                    + 2 * sum(edge) - sum(edge_w) + comm + a2a)
+        return n * lc.weight_grad() + n_moe * lm.weight_grad() + sum(edge_w)
 
     def exposed_tp(self, comm: float, gemms: float) -> float:
         """Seconds of a pass's TP collectives left on its critical path. Without ``tp_overlap``, all of them.
@@ -446,12 +546,17 @@ class TransformerCosts:
 
     def stage_activations(self, stage: int, num_stages: int) -> float:
         """Bytes a microbatch's pass of ``stage`` keeps per tensor shard; the last stage adds its fp32 logits."""
-        return self.activations_of(self.stage_layers(num_stages)[stage], stage == num_stages - 1)
+        return self.activations_of(self.stage_layers(num_stages)[stage], stage == num_stages - 1,
+                                   moe=self.stage_moe(stage, num_stages))
 
-    def activations_of(self, layers: int, last: bool) -> float:
-        """:meth:`stage_activations` of a stage of ``layers`` layers (``last``: it holds the logits)."""
+    def activations_of(self, layers: int, last: bool, moe: int | None = None, first: bool = False) -> float:
+        """:meth:`stage_activations` of a stage of ``layers`` layers (``last``: it holds the logits; ``moe``,
+        ``first``: :meth:`_moe`)."""
         m, b, p = self.local, self.microbatch_size, self.parallel
-        held = layers * m.layer_activation_bytes(b, p.tp, p.sp, self.recompute)
+        n_moe = self._moe(layers, first, moe)
+        held = (layers - n_moe) * m.layer_activation_bytes(b, p.tp, p.sp, self.recompute)
+        if n_moe:
+            held += n_moe * m.layer_activation_bytes(b, p.tp, p.sp, self.recompute, moe=True)
         if last:
             held += m.head_activation_bytes(b) / p.tp
         return held
@@ -476,8 +581,39 @@ class TransformerCosts:
     def _compute(self, action: Action, n_st: int) -> float:
         times = [self.pass_time(a.kind, a.stage, n_st) for a in action.parts()]
         if action.sub_actions is not None:
-            return sum(times) - self.pair_overlap * min(times)
+            if self.pair_overlap or not self.all_to_all_time():
+                return sum(times) - self.pair_overlap * min(times)
+            return two_stream_time([self.segments(a.kind, a.stage, n_st) for a in action.parts()])
         return times[0]
+
+    def segments(self, kind: Kind, stage: int, num_stages: int) -> list[Segment]:
+        """One pass of ``stage`` as compute and all-to-all segments (sim.costs.moe.two_stream_time), in the
+        order it runs them: per MoE layer in F its attention block, dispatch, experts, combine; in I and B (the
+        layers reversed) the combine's gradient, the experts, the dispatch's gradient, the attention block (after
+        the recomputed forward's own all-to-alls, with full recomputation). The rest of the pass (dense layers,
+        embedding, head, TP and CP communication) is one compute segment before (F) or after (I, B) them; the
+        segments add up to :meth:`pass_time`."""
+        total = self.pass_time(kind, stage, num_stages)
+        n_moe, a2a = self.stage_moe(stage, num_stages), self.all_to_all_time()
+        if kind is Kind.W or not n_moe or not a2a:
+            return [Segment(total)]
+        att, exp = self.moe_costs("attention"), self.moe_costs("experts")
+        rec = self.all_to_alls(kind) - 2  # the recomputation's all-to-alls per layer (I, B)
+        if kind in (Kind.F, Kind.R):
+            a_t, e_t = att.forward(), exp.forward()
+        else:
+            a_t = att.input_grad() + att.recompute(self.recompute) + (att.weight_grad() if kind is Kind.B else 0.0)
+            e_t = exp.input_grad() + exp.recompute(self.recompute) + (exp.weight_grad() if kind is Kind.B else 0.0)
+        rest = total - n_moe * (a_t + e_t + (2 + rec) * a2a)
+        if kind in (Kind.F, Kind.R):
+            layer = [Segment(a_t, name="attention"), Segment(a2a, True, "dispatch"), Segment(e_t, name="experts"),
+                     Segment(a2a, True, "combine")]
+            return [Segment(rest, name="rest"), *layer * n_moe]
+        layer = [*([Segment(a2a * rec / 2, True, "recompute-dispatch"), Segment(a2a * rec / 2, True,
+                                                                                "recompute-combine")] if rec else []),
+                 Segment(a2a, True, "combine-grad"), Segment(e_t, name="experts"), Segment(a2a, True, "dispatch-grad"),
+                 Segment(a_t, name="attention")]
+        return [*layer * n_moe, Segment(rest, name="rest")]
 
     def optim_time(self, stage: int, n_st: int) -> float:
         """Seconds of one stage's optimizer step on its rank (see the module docstring)."""
@@ -490,14 +626,16 @@ class TransformerCosts:
                            self.cluster.pserver_spec.memory_bw, ADAM_BYTES_PER_PARAM)
 
     def _optim(self, stage: int, n_st: int) -> float:
-        shard = self.parallel.dp if self.parallel.dp_mode in ("zero1", "zero2", "zero3", "fsdp") else 1
-        return (ADAM_BYTES_PER_PARAM * self.stage_params(stage, n_st) / shard / self.cluster.spec.memory_bw
-                + self.optimizer_fixed(stage, n_st))
+        sharded = self.parallel.dp_mode in ("zero1", "zero2", "zero3", "fsdp")
+        shard = self.parallel.dp if sharded else 1
+        experts = self.stage_expert_params(stage, n_st)
+        params = (self.stage_params(stage, n_st) - experts) / shard + experts / (self.expert_dp if sharded else 1)
+        return ADAM_BYTES_PER_PARAM * params / self.cluster.spec.memory_bw + self.optimizer_fixed(stage, n_st)
 
     def collective_bytes(self, kind: Kind, stage: int, num_stages: int, bucket: int) -> float:
         """Bytes of one bucket's collective: the 16-bit bucket, twice that for a gradient reduction (all-reduce,
         reduce-scatter) in fp32 (``reduce_dtype``, torchtitan's default ``mixed_precision_reduce``)."""
-        n = self.bucket_size(stage, num_stages, bucket)
+        n = self.bucket_size(stage, num_stages, bucket) * self.expert_bytes_scale(stage, num_stages)
         if kind not in _FP32_KINDS:
             return n
         comp = parse_compression(self.parallel.grad_compression)

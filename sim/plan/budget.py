@@ -50,12 +50,19 @@ def parse_bytes(value: Any, field: str = "mem_limit") -> float:
 
 def held_bytes(costs: TransformerCosts, stages: tuple[int, ...] | list[int], num_stages: int) -> tuple[float, float]:
     """(model states, gathered weights) in bytes on a rank holding ``stages``: weights, gradients (fp32 with
-    ``reduce_dtype`` fp32) and optimizer states of its parameters under the layout's dp mode (:mod:`sim.memory`),
-    and zero3/fsdp's gathered 16-bit weights at the peak (:func:`_gathered_bytes`)."""
+    ``reduce_dtype`` fp32) and optimizer states of its parameters under the layout's dp mode (:mod:`sim.memory`; a
+    MoE model's routed experts sharded over their ``expert_dp`` replicas), and zero3/fsdp's gathered 16-bit
+    weights at the peak (:func:`_gathered_bytes`)."""
     p = costs.parallel
     params = [costs.stage_params(st, num_stages) for st in stages]
     grad = 4 if getattr(costs, "reduce_dtype", "bf16") == "fp32" else 2  # an fp32 accumulator (its shard under zero2/3)
-    return model_state_bytes(sum(params), p.dp_mode, p.dp, grad), _gathered_bytes(params, p)
+    experts = sum(costs.stage_expert_params(st, num_stages) for st in stages)
+    if not experts:
+        return model_state_bytes(sum(params), p.dp_mode, p.dp, grad), _gathered_bytes(params, p)
+    # a MoE model's routed experts are sharded over their expert_dp replicas only (dp x cp / ep)
+    states = (model_state_bytes(sum(params) - experts, p.dp_mode, p.dp, grad)
+              + model_state_bytes(experts, p.dp_mode if costs.expert_dp > 1 else "none", costs.expert_dp, grad))
+    return states, _gathered_bytes(params, p)
 
 
 def _gathered_bytes(stage_params: list[float], p: ParallelConfig) -> float:

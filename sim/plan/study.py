@@ -46,6 +46,7 @@ from sim.costs.cluster import (
     key_string,
     read_toml,
 )
+from sim.costs.moe import max_load
 from sim.costs.parallel import EMBEDDING_ALLREDUCE, ParallelConfig
 from sim.costs.recompute_modes import key_recompute
 from sim.costs.stacks import STACKS, block_sends, blocking_p2p
@@ -143,6 +144,19 @@ def dp_options(costs: TransformerCosts) -> dict[str, Any]:
 def spec_adaptive(name: str) -> bool:
     found = lookup(name)
     return found is not None and found.adaptive
+
+
+def _moe_assumption(costs: TransformerCosts) -> list[str]:
+    m, p = costs.model.moe, costs.parallel
+    if m is None:
+        return []
+    pairs = ("an overlapped F+B pair's all-to-alls on their own stream under the other pass's compute "
+             "(sim.costs.moe.two_stream_time)" if not costs.pair_overlap else
+             f"an overlapped pair hides {costs.pair_overlap:g} of its shorter pass (--pair-overlap)")
+    return [f"MoE: {m.experts} experts, top-{m.top_k}, {m.shared_experts} shared, the first {m.dense_layers} layers "
+            f"dense; ep={p.ep} (expert data parallelism {costs.expert_dp}); dispatch and combine all-to-alls of "
+            f"{costs.all_to_all_time() * 1e3:.3g} ms each in F and I, exposed in a plain pass; {pairs}; routing "
+            f"{m.routing}, load x{max_load(m, p.ep):.3g} on the busiest expert rank"]
 
 
 def exposed_comm(result: SimResult) -> list[float]:
@@ -277,6 +291,7 @@ class StudyResult:
                "over the others: sim.plan.comm_modes.mode_step_time, schedlab compare --time-to-loss"]
               if p.dp_mode == "local-sgd" else []),
             *_ps_assumption(p.dp_mode, p.dp, len(s.cluster.pservers)),
+            *_moe_assumption(s.costs),
         ]
 
     def to_dict(self) -> dict[str, Any]:
@@ -405,7 +420,7 @@ RUN_TABLE: dict[str, KeyCheck] = {
 }
 PARALLEL_TABLE: dict[str, KeyCheck] = {
     "pp": key_positive_int, "dp": key_positive_int, "tp": key_positive_int, "cp": key_positive_int,
-    "dp_mode": key_choice(DP_MODES), "order": key_choice(("dp-inner", "pp-inner")),
+    "ep": key_positive_int, "dp_mode": key_choice(DP_MODES), "order": key_choice(("dp-inner", "pp-inner")),
     "bucket_mb": key_positive(" MiB"), "collective": key_choice(coll.ALGORITHMS), "sp": key_flag,
     "link_model": key_choice(LINK_MODELS), "fsdp_reshard_after_forward": key_flag,
     "fsdp_prefetch": key_whole,
