@@ -193,3 +193,20 @@ def test_moe_bad_layouts():
                          parallel=ParallelConfig(pp=1, dp=6, ep=3))
     with pytest.raises(ConfigError, match="selective-op is not modelled for MoE layers"):
         _costs(ep=2, nodes=1, recompute="selective-op")
+
+
+def test_qwen3_moe_presets_match_their_cards():
+    # Qwen3-30B-A3B: 30.5B total, 3.3B activated; Qwen3-235B-A22B: 235B, 22B (the model cards, arXiv 2505.09388)
+    small, big = moe_preset("qwen3-30b-a3b"), moe_preset("qwen3-235b-a22b")
+    assert round(small.params / 1e9, 1) == 30.5 and round(small.active_params / 1e9, 1) == 3.4  # card: 3.3 (rounded down)
+    assert round(big.params / 1e9) == 235 and round(big.active_params / 1e9) == 22
+    assert small.q_width == 4096 and small.kv_hidden == 512  # 32 x 128 queries on h 2048, 4 x 128 keys and values
+
+
+def test_head_dim_defaults_to_hidden_over_heads():
+    m = moe_preset("llama-8b")
+    assert m.head_dim == 128 and m.q_width == m.hidden and m.kv_hidden == 1024
+    with pytest.raises(ConfigError, match=r"hidden 100 must be divisible by heads 3 \(or give head_dim\)"):
+        dataclasses.replace(m, hidden=100, heads=3, kv_heads=3, head_dim=0)
+    wide = dataclasses.replace(m, hidden=100, heads=3, kv_heads=3, head_dim=64)
+    assert wide.attention_params == 2 * 100 * 192 + 2 * 100 * 192

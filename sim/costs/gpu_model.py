@@ -204,7 +204,7 @@ ELEMENTWISE_BYTES = {"fused": {"norm": 4.0, "rope": 4.0, "swiglu": 6.0, "gelu": 
 
 def layer_ops(*, hidden: int, heads: int, kv_hidden: int, ffn: int, gated: bool, seq_len: int, b: int, tp: int,
               sp: bool, attention: str = "unfused", elementwise: str = "fused", rotary: bool = False,
-              dropout: bool = True, context: int = 1, mla: Any = None) -> list[Op]:
+              dropout: bool = True, context: int = 1, mla: Any = None, head_dim: float = 0) -> list[Op]:
     """The forward operations of one transformer layer on one tensor shard (module docstring).
 
     ``elementwise``: the bytes of the norms, rotary embedding and activation (:data:`ELEMENTWISE_BYTES`);
@@ -220,11 +220,13 @@ def layer_ops(*, hidden: int, heads: int, kv_hidden: int, ffn: int, gated: bool,
     tokens = s * b
     rep = tokens / t if sp else tokens  # tokens of the LayerNorm / dropout region on this shard
     f_out = (2 if gated else 1) * ffn / t
-    kv_share = kv_hidden / h
-    qkv_share = kv_hidden / (h + 2 * kv_hidden) if gated else 0.0  # Llama recomputes k of q, k, v
+    d = head_dim or h / heads
+    q = heads * d  # the queries' width: h unless head_dim is given
+    kv_share = kv_hidden / q
+    qkv_share = kv_hidden / (q + 2 * kv_hidden) if gated else 0.0  # Llama recomputes k of q, k, v
     per = ELEMENTWISE_BYTES[elementwise]
     add = 7.0 if dropout else 6.0
-    rope = [Op("rope", 0.0, per["rope"] * tokens * (h + kv_hidden) / t, False)] if rotary else []
+    rope = [Op("rope", 0.0, per["rope"] * tokens * (q + kv_hidden) / t, False)] if rotary else []
     if mla is not None:
         qk, a_t = mla.nope_dim + mla.rope_dim, heads / t
         proj = [_gemm("q-down", tokens, h, mla.q_rank, weight=True), _gemm("q-up", tokens, mla.q_rank, a_t * qk, weight=True),
@@ -234,9 +236,9 @@ def layer_ops(*, hidden: int, heads: int, kv_hidden: int, ffn: int, gated: bool,
         core = _attention_ops(attention, s=s, b=b, heads_t=a_t, d=(qk + mla.v_dim) / 2, kv_share=1.0, context=context)
         out = _gemm("out-proj", tokens, a_t * mla.v_dim, h, weight=True)
     else:
-        proj = [_gemm("qkv", tokens, h, (h + 2 * kv_hidden) / t, weight=True, op_share=qkv_share)]
-        core = _attention_ops(attention, s=s, b=b, heads_t=heads / t, d=h / heads, kv_share=kv_share, context=context)
-        out = _gemm("out-proj", tokens, h / t, h, weight=True)
+        proj = [_gemm("qkv", tokens, h, (q + 2 * kv_hidden) / t, weight=True, op_share=qkv_share)]
+        core = _attention_ops(attention, s=s, b=b, heads_t=heads / t, d=d, kv_share=kv_share, context=context)
+        out = _gemm("out-proj", tokens, q / t, h, weight=True)
     return [
         Op("layernorm1", 0.0, per["norm"] * rep * h, False),
         *proj,

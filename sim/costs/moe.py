@@ -334,7 +334,8 @@ def layer_times(model: TransformerConfig, cluster: Cluster, *, ep: int, tp: int 
                           f"(valid: {', '.join(DEVICE_MODELS)})", field="cluster")
     full = layer_ops(hidden=b.hidden, heads=b.heads, kv_hidden=b.kv_hidden, ffn=b.ffn, gated=b.gated_mlp,
                      seq_len=b.seq_len, b=microbatch_size, tp=tp, sp=sp, attention=b.attention,
-                     elementwise=elementwise, rotary=not b.learned_positions, dropout=b.dropout, mla=b.mla)
+                     elementwise=elementwise, rotary=not b.learned_positions, dropout=b.dropout, mla=b.mla,
+                     head_dim=b.head_dim)
     attention = [op for op in full if op.name not in MLP_OPS]
     dense = [op for op in full if op.name in MLP_OPS]
     experts = expert_ops(model, tokens=tokens, tp=tp, ep=ep, elementwise=elementwise)

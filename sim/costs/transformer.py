@@ -62,6 +62,7 @@ class TransformerConfig:
     # key/value heads, a gated (SwiGLU) MLP of three h x f matrices, no biases, RMSNorm, rotary
     # positions (no position table) and an LM head untied from the embedding.
     kv_heads: int = 0  # 0: heads (multi-head attention)
+    head_dim: int = 0  # 0: hidden / heads; Qwen3's heads are wider than hidden / heads (32 x 128 on h 2048)
     gated_mlp: bool = False
     bias: bool = True
     tied_embeddings: bool = True
@@ -85,12 +86,17 @@ class TransformerConfig:
             if type(getattr(self, key)) is int and getattr(self, key) == 0:  # 0 (not 0.0, not False): the default
                 object.__setattr__(self, key, default)
         check_positive_ints(owner, ffn=self.ffn, kv_heads=self.kv_heads)
+        if not (type(self.head_dim) is int and self.head_dim == 0):
+            check_positive_ints(owner, head_dim=self.head_dim)
+        elif self.hidden % self.heads:
+            raise ConfigError(f"{owner}: hidden {self.hidden} must be divisible by heads {self.heads} (or give "
+                              "head_dim)", field="hidden")
+        else:
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
         parse.canonical_field(self, "attention", owner, ATTENTION_KINDS)
         for key in ("gated_mlp", "bias", "tied_embeddings", "learned_positions", "dropout"):
             if not isinstance(getattr(self, key), bool):
                 raise ConfigError(f"{owner}: {key} must be true or false, got {quote(getattr(self, key))}", field=key)
-        if self.hidden % self.heads:
-            raise ConfigError(f"{owner}: hidden {self.hidden} must be divisible by heads {self.heads}", field="hidden")
         if not 1 <= self.kv_heads <= self.heads or self.heads % self.kv_heads:
             raise ConfigError(
                 f"model {self.name!r}: kv_heads must divide heads {self.heads} (1..{self.heads}), got {self.kv_heads}"
@@ -114,15 +120,20 @@ class TransformerConfig:
 
     @property
     def kv_hidden(self) -> int:
-        """Width of the K and V projections: h * kv_heads / heads (h for multi-head attention)."""
-        return self.hidden * self.kv_heads // self.heads
+        """Width of the K and V projections: kv_heads x head_dim (h for multi-head attention)."""
+        return self.kv_heads * self.head_dim
+
+    @property
+    def q_width(self) -> int:
+        """Width of the queries and of the attention's output: heads x head_dim (h unless head_dim is given)."""
+        return self.heads * self.head_dim
 
     @property
     def attention_params(self) -> int:
         """The attention's weights: Q and O h^2 each, K and V h*h_kv each; latent attention's (MLAConfig.params)."""
         if self.mla is not None:
             return self.mla.params(self.hidden, self.heads)
-        return 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_hidden
+        return 2 * self.hidden * self.q_width + 2 * self.hidden * self.kv_hidden
 
     @property
     def layer_matrix_params(self) -> int:
@@ -185,7 +196,7 @@ class TransformerConfig:
         4sh (latent attention: MLAConfig.core_flops)."""
         if self.mla is not None:
             return self.mla.core_flops(self.seq_len, self.heads)
-        return 4.0 * self.seq_len * self.hidden
+        return 4.0 * self.seq_len * self.q_width
 
     def head_flops(self, kind: str) -> float:
         """LM head per token: one h x V matmul, again for dX (I) and for dW (W)."""
@@ -218,12 +229,12 @@ class TransformerConfig:
         """The layer's weight matmuls in forward order: (name, FLOPs per token, output bytes per token on one
         shard of a row-parallel one / all shards, row-parallel). A Llama layer runs q, k, v, out, gate, up,
         down as separate matmuls (torchtitan's model); a GPT layer a fused qkv, out, fc1, fc2 (Megatron-LM's)."""
-        h, f, kv = self.hidden, self.ffn, self.kv_hidden
+        h, f, kv, q = self.hidden, self.ffn, self.kv_hidden, self.q_width
         if self.gated_mlp:
-            return [("q", 2 * h * h, 2 * h, False), ("k", 2 * h * kv, 2 * kv, False), ("v", 2 * h * kv, 2 * kv, False),
-                    ("out", 2 * h * h, 2 * h, True), ("gate", 2 * h * f, 2 * f, False), ("up", 2 * h * f, 2 * f, False),
+            return [("q", 2 * h * q, 2 * q, False), ("k", 2 * h * kv, 2 * kv, False), ("v", 2 * h * kv, 2 * kv, False),
+                    ("out", 2 * q * h, 2 * h, True), ("gate", 2 * h * f, 2 * f, False), ("up", 2 * h * f, 2 * f, False),
                     ("down", 2 * f * h, 2 * h, True)]
-        return [("qkv", 2 * h * (h + 2 * kv), 2 * (h + 2 * kv), False), ("out", 2 * h * h, 2 * h, True),
+        return [("qkv", 2 * h * (q + 2 * kv), 2 * (q + 2 * kv), False), ("out", 2 * q * h, 2 * h, True),
                 ("fc1", 2 * h * f, 2 * f, False), ("fc2", 2 * f * h, 2 * h, True)]
 
     # --- activation bytes per microbatch of ``b`` sequences ------------------------------------------
@@ -251,7 +262,7 @@ class TransformerConfig:
             attention = 2 * (a * (2 * (ml.nope_dim + ml.rope_dim) + ml.v_dim) + ml.q_rank + ml.kv_rank + ml.rope_dim
                              + a * ml.v_dim)
         else:
-            attention = 2 * (h + 2 * self.kv_hidden) + 2 * h
+            attention = 2 * (self.q_width + 2 * self.kv_hidden) + 2 * self.q_width
         if moe and self.moe is not None:
             m = self.moe
             mlp = m.top_k * (2 * h + 6 * m.expert_ffn) + 6 * m.shared_experts * m.expert_ffn + 4 * m.experts
@@ -301,9 +312,10 @@ class TransformerConfig:
         total = replicated + split + (0.0 if recompute == "selective" else core)
         if moe:
             m = self.moe
-            held = 6 * self.hidden + m.top_k * (2 * self.hidden + 2 * m.expert_ffn) + 2 * m.shared_experts * m.expert_ffn
+            held = (4 * self.hidden + 2 * self.q_width + m.top_k * (2 * self.hidden + 2 * m.expert_ffn)
+                    + 2 * m.shared_experts * m.expert_ffn)
             return held / total
-        return (6 * self.hidden + 2 * self.ffn) / total
+        return (4 * self.hidden + 2 * self.q_width + 2 * self.ffn) / total
 
     def head_activation_bytes(self, b: int) -> float:
         """The last stage's logits in fp32 for the loss: 4sbV."""
@@ -355,6 +367,11 @@ _MEGATRON_H100 = (("gpt-1.7b", 24, 2048, 16), ("gpt-7.1b", 30, 4096, 32), ("gpt-
 # sequence 4096 in pre-training; the dense FFN width 18432 and vocabulary 129280 from its config.json
 # (deepseek-ai/DeepSeek-V3 on Hugging Face). The multi-token-prediction module and node-limited routing are left
 # out. moe-gpt-small: this project's small MoE model (Llama-shaped: 4 layers, h 128, 8 experts of 256, top-2).
+# Qwen3-30B-A3B and Qwen3-235B-A22B: Yang et al. 2025 ("Qwen3 Technical Report", arXiv 2505.09388), Table 2 (layers,
+# query/KV heads 32/4 and 64/4, 128 experts, 8 routed per token, no shared experts); hidden 2048 and 4096, expert width
+# 768 and 1536 (dense width 6144 and 12288, unused: every layer is MoE), vocabulary 151936, untied embeddings: their Hugging Face config.json, as NVIDIA-NeMo/Megatron-Bridge
+# copies it in tests/unit_tests/models/qwen/test_qwen3_moe_bridge.py; head_dim 128 (transformers' Qwen3MoeConfig
+# default, the card's 30.5B/3.3B and 235B/22B totals). QK-norm (two RMSNorms of 128 per layer) is not counted.
 _LLAMA_LIKE = dict(gated_mlp=True, bias=False, tied_embeddings=False, learned_positions=False, dropout=False)
 _MOE = (
     TransformerConfig(name="mixtral-8x7b", layers=32, hidden=4096, heads=32, kv_heads=8, ffn=14336, vocab=32000,
@@ -362,6 +379,10 @@ _MOE = (
     TransformerConfig(name="deepseek-v3", layers=61, hidden=7168, heads=128, ffn=18432, vocab=129280, seq_len=4096,
                       moe=MoEConfig(experts=256, top_k=8, expert_ffn=2048, shared_experts=1, dense_layers=3),
                       mla=MLAConfig(q_rank=1536, kv_rank=512, rope_dim=64, nope_dim=128, v_dim=128), **_LLAMA_LIKE),
+    *(TransformerConfig(name=name, layers=n, hidden=h, heads=a, kv_heads=4, head_dim=128, ffn=f, vocab=151936,
+                        seq_len=4096, moe=MoEConfig(experts=128, top_k=8, expert_ffn=fe), **_LLAMA_LIKE)
+      for name, n, h, a, f, fe in (("qwen3-30b-a3b", 48, 2048, 32, 6144, 768),
+                                   ("qwen3-235b-a22b", 94, 4096, 64, 12288, 1536))),
     TransformerConfig(name="moe-gpt-small", layers=4, hidden=128, heads=4, vocab=1024, seq_len=128,
                       moe=MoEConfig(experts=8, top_k=2, expert_ffn=256), **_LLAMA_LIKE),
 )
@@ -400,7 +421,7 @@ def _key_size(owner: str, key: str, value: Any, error: type[ConfigError] = Confi
 MODEL_TABLE: dict[str, KeyCheck] = {
     "preset": key_string("a model preset such as 'gpt-6.2b'"), "name": key_string("the model's name"),
     **dict.fromkeys(("layers", "hidden", "heads", "vocab", "seq_len"), key_positive_int),
-    "ffn": _key_size, "kv_heads": _key_size,
+    "ffn": _key_size, "kv_heads": _key_size, "head_dim": _key_size,
     **dict.fromkeys(("gated_mlp", "bias", "tied_embeddings", "learned_positions", "dropout"), key_flag),
     "attention": key_choice(ATTENTION_KINDS),
 }

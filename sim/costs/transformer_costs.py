@@ -347,7 +347,7 @@ class TransformerCosts:
         ops = layer_ops(hidden=m.hidden, heads=m.heads, kv_hidden=m.kv_hidden, ffn=m.ffn, gated=m.gated_mlp,
                         seq_len=m.seq_len, b=self.microbatch_size, tp=p.tp, sp=p.sp, attention=m.attention,
                         elementwise=self.elementwise, rotary=not m.learned_positions, dropout=m.dropout,
-                        context=p.cp, mla=m.mla)
+                        context=p.cp, mla=m.mla, head_dim=m.head_dim)
         return LayerCosts(ops=tuple(ops), spec=self.cluster.spec,
                           efficiency=self.gemm_efficiency or GemmEfficiency(peak_fraction=self.matmul_efficiency,
                                                                             half_flops=0.0),
