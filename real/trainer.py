@@ -153,6 +153,9 @@ class Trainer:
                      is_last=s == last).to(mesh.device)
             for s in here
         }
+        if mesh.ep != cfg.layout.ep:
+            raise ConfigError(f"the mesh was made for ep {mesh.ep}, the run has ep {cfg.layout.ep}; create the mesh "
+                              "from this run's plan (real.Mesh.create)", field="ep")
         self.experts = (shard_experts(list(self.stages.values()), mesh.ep_rank, mesh.ep, mesh.ep_group)
                         if mesh.ep > 1 else None)
         self.ep_bytes: list[dict[str, int]] = []  # per step run, this rank's all-to-all bytes (real.moe.ExpertGroup)

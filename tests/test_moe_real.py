@@ -164,6 +164,17 @@ def test_ep_with_a_split_backward_schedule_is_refused_before_running():
         make_plan(_config(schedule="zb-h1", pp=2, dp=2, ep=2, microbatches=4, batch_size=32), 4)
 
 
+def test_a_mesh_made_without_ep_is_refused_for_an_ep_run():
+    """A Mesh reused from another run (no ep groups) would silently replicate the experts: refused first."""
+    from real import Mesh
+    from real.trainer import Trainer
+
+    cfg = _config(dp=2, ep=2, dp_mode="ddp")
+    mesh = Mesh(pp=1, dp=2, rank=0, device=torch.device("cpu"), p2p_groups=None, dp_group=None)
+    with pytest.raises(SchedlabError, match="the mesh was made for ep 1, the run has ep 2"):
+        Trainer(make_plan(cfg, 2), mesh, "gloo")
+
+
 # -- slow: torchrun launches ----------------------------------------------------------------------------------------
 
 TWO = {
