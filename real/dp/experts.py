@@ -1,7 +1,8 @@
 """Data-parallel sync with expert parallelism: the dense parameters over every replica, the experts over theirs.
 
 With ``ep`` N (:mod:`real.moe`) a stage's dense parameters are on all dp replicas and are averaged over them as
-without experts (:class:`real.dp.sync.GradSync`, mode sync or ddp, the stage's data-parallel group). An expert is
+without experts (:class:`real.dp.sync.GradSync`, mode sync, ddp or zero1, the stage's data-parallel group; zero1
+shards each part's optimizer state over its own group). An expert is
 on dp / N replicas, one per ep group: its gradients are summed over that *expert data-parallel* group and divided
 by dp, not by dp / N. Each ep group's gradient of an expert already sums what its N replicas' tokens contributed
 (the combine all-to-all's backward brings them to the expert), each replica's loss being its own batch's; the
@@ -57,16 +58,16 @@ class ExpertDataSync:
             part.poll()
 
     def before_task(self, tid: int) -> None:
-        """Parameters are whole in sync and ddp: nothing to gather."""
+        """Parameters are whole in sync, ddp and zero1: nothing to gather."""
 
     def after_task(self, tid: int) -> None:
-        """Nothing to free in sync and ddp."""
+        """Nothing to free in sync, ddp and zero1."""
 
     def transient(self) -> dict[str, int]:
         return {}
 
     def gather_all(self) -> None:
-        """Parameters are whole in sync and ddp."""
+        """Parameters are whole in sync, ddp and zero1 (zero1's after_step gathered them)."""
 
     def finish(self) -> None:
         for part in self._parts:
