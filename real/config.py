@@ -121,7 +121,11 @@ class ModelConfig:
         return self.layers + 2
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields; a dense model's without the MoE ones (as it was written before they existed)."""
+        d = asdict(self)
+        if not self.moe_experts:
+            del d["moe_experts"], d["moe_top_k"]
+        return d
 
 
 #: The command-line flags of a ModelConfig's shape (besides --model, its kind), as argparse dests.

@@ -103,6 +103,9 @@ def test_moe_experts_0_is_the_dense_model_bit_for_bit():
     assert not any(isinstance(m, MoEBlock) for m in dense.modules())
     assert param_digest(p for p in dense.parameters())[1] == DENSE_SHA256
     assert param_digest(build_model(ModelConfig(moe_experts=0, moe_top_k=5), 0).parameters())[1] == DENSE_SHA256
+    # a dense model's dict (traces' metadata, profiles) is what it was before the MoE fields existed
+    assert ModelConfig().to_dict() == {"kind": "gpt", "layers": 4, "dim": 32, "heads": 2, "vocab": 64, "seq": 16}
+    assert ModelConfig(**MOE.to_dict()) == MOE
 
 
 def test_ep_of_one_rank_runs_the_all_to_all_path_and_equals_local(world_of_one):
@@ -119,6 +122,27 @@ def test_ep_of_one_rank_runs_the_all_to_all_path_and_equals_local(world_of_one):
     # one rank: nothing leaves it; every (token, expert) pair's row stays (12 tokens x top_k 2 x dim 16 x 4 bytes)
     assert sent["dispatch"] == sent["combine"] == sent["dispatch_grad"] == sent["combine_grad"] == 0
     assert sent["dispatch_kept"] == sent["combine_kept"] == 12 * 2 * MOE.dim * 4
+
+
+def test_a_checkpoint_written_before_the_moe_fields_resumes_a_dense_run_only(monkeypatch, tmp_path):
+    """Its saved model has no moe_experts / moe_top_k: a dense model's, which a MoE run may not resume."""
+    from types import SimpleNamespace
+
+    from real import train
+    from real.checkpoint import CheckpointConfig
+    from schedules import CheckpointError
+
+    dense = RunConfig.of(schedule="gpipe", microbatches=2, steps=4, checkpoint=CheckpointConfig(directory=str(tmp_path)))
+    saved = dense.to_dict()
+    for key in ("moe_experts", "moe_top_k"):
+        del saved["data"]["model"][key]
+    old = SimpleNamespace(step=2, path=tmp_path / "step_000002", info={"config": saved, "losses": [1.0, 1.0]})
+    monkeypatch.setattr(train.ckpt, "latest_complete", lambda _: old)
+    assert train.resume_point(dense) is old
+    moe = RunConfig.of(schedule="gpipe", microbatches=2, steps=4, checkpoint=CheckpointConfig(directory=str(tmp_path)),
+                       model=ModelConfig(moe_experts=2))
+    with pytest.raises(CheckpointError, match="use the same model to resume"):
+        train.resume_point(moe)
 
 
 @pytest.mark.parametrize(("kw", "message"), [
