@@ -28,6 +28,7 @@ __all__ = [
     "BALANCE",
     "DP_MODES",
     "DTYPES",
+    "EP_DP_MODES",
     "FAIL_MODES",
     "MODEL_FLAGS",
     "MODEL_KINDS",
@@ -58,6 +59,7 @@ OPTIMIZERS = ("sgd", "adamw")
 BACKENDS = ("gloo", "nccl")
 DTYPES = ("float32", "bfloat16")  # bfloat16: autocast passes and bf16 messages, float32 master weights
 BALANCE = ("time",)  # split a model's blocks into stages of equal profiled forward+backward time
+EP_DP_MODES = ("sync", "ddp", "zero1")  # the data-parallel modes that run with expert parallelism (real.moe)
 FAIL_MODES = ("kill", "hang")  # an injected fault: SIGKILL itself, or stop answering (sleep)
 MAX_SEED = 2**63 - 1  # torch.manual_seed takes up to 2**64 - 1; one signed 64-bit range keeps every use safe
 # Kinds the executor runs. A schedule with anything else is refused before any communication.
@@ -72,7 +74,9 @@ class ModelConfig:
 
     ``gpt``: token+position embedding, ``layers`` pre-LayerNorm decoder blocks
     (causal self-attention with ``heads`` heads, a 4x MLP), final LayerNorm and
-    a linear head over ``vocab`` tokens; sequences of ``seq`` tokens.
+    a linear head over ``vocab`` tokens; sequences of ``seq`` tokens. With ``moe_experts`` E > 0 every
+    block's MLP is a mixture of E such MLPs, each token sent to the ``moe_top_k`` its router ranks
+    highest (:mod:`real.moe`); 0 is the dense model.
     ``mlp``: an input projection of ``dim`` features, ``layers`` residual
     GELU blocks and a linear head over ``vocab`` classes.
     Either way the model is a list of ``layers + 2`` layers that stages split.
@@ -84,10 +88,13 @@ class ModelConfig:
     heads: int = 2
     vocab: int = 64
     seq: int = 16
+    moe_experts: int = 0
+    moe_top_k: int = 2
 
     def __post_init__(self) -> None:
         check_choice("model", "kind", self.kind, MODEL_KINDS)
         check_positive_ints("model", layers=self.layers, dim=self.dim, heads=self.heads, vocab=self.vocab, seq=self.seq)
+        self._check_moe()
         if self.vocab < 2:
             raise ConfigError(f"model: vocab must be >= 2 (tokens or classes), got {self.vocab}", field="vocab")
         if self.kind == "gpt" and self.dim % self.heads:
@@ -96,22 +103,39 @@ class ModelConfig:
                 f"use a dim that is a multiple of {self.heads}", field="dim"
             )
 
+    def _check_moe(self) -> None:
+        e, k = self.moe_experts, self.moe_top_k
+        if isinstance(e, bool) or not isinstance(e, int) or e < 0:
+            raise ConfigError(f"model: moe_experts must be an integer >= 0 (0: the dense model), got {e!r}",
+                              field="moe_experts")
+        if e and self.kind != "gpt":
+            raise ConfigError(f"model: moe_experts {e} applies to the gpt model, not {self.kind!r}; use model gpt "
+                              "or moe_experts 0", field="moe_experts")
+        check_positive_ints("model", moe_top_k=k)
+        if e and k > e:
+            raise ConfigError(f"model: moe_top_k {k} is more than the {e} experts; valid: 1..{e}", field="moe_top_k")
+
     @property
     def num_layers(self) -> int:
         """Layers that stages split: input layer, blocks, head."""
         return self.layers + 2
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields; a dense model's without the MoE ones (as it was written before they existed)."""
+        d = asdict(self)
+        if not self.moe_experts:
+            del d["moe_experts"], d["moe_top_k"]
+        return d
 
 
-#: The command-line flags of a ModelConfig's shape (besides --model, its kind).
-MODEL_FLAGS = ("layers", "dim", "heads", "vocab", "seq")
+#: The command-line flags of a ModelConfig's shape (besides --model, its kind), as argparse dests.
+MODEL_FLAGS = ("layers", "dim", "heads", "vocab", "seq", "moe_experts", "moe_top_k")
 
 
 def model_argv(model: ModelConfig) -> list[str]:
-    """The flags that give ``model`` (for a command started with torchrun)."""
-    return ["--model", model.kind, *(x for k in MODEL_FLAGS for x in (f"--{k}", str(getattr(model, k))))]
+    """The flags that give ``model`` (for a command started with torchrun); the MoE ones only for a MoE model."""
+    keys = MODEL_FLAGS if model.moe_experts else MODEL_FLAGS[:5]
+    return ["--model", model.kind, *(x for k in keys for x in (f"--{k.replace('_', '-')}", str(getattr(model, k))))]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -126,6 +150,8 @@ class Layout:
     time within ``recompute_limit`` M_B per rank). ``schedule`` may be the user's
     own (``file.py:NAME``, :mod:`schedules.load`); ``imports`` are imported first
     (modules or files whose registered schedules ``schedule`` names).
+    ``ep``: expert parallelism, folded over the data-parallel replicas: ``ep`` consecutive replicas of a
+    stage share one copy of its MoE blocks' experts, each holding ``experts / ep`` of them (:mod:`real.moe`).
     """
 
     schedule: str
@@ -139,10 +165,16 @@ class Layout:
     recompute: str = "none"
     recompute_limit: float | None = None
     imports: tuple[str, ...] = ()  # modules or files that register schedules, imported by every rank first
+    ep: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "imports", tuple(self.imports))
-        check_positive_ints(f"run of {self.schedule!r}", pp=self.pp, dp=self.dp, microbatches=self.microbatches)
+        check_positive_ints(f"run of {self.schedule!r}", pp=self.pp, dp=self.dp, microbatches=self.microbatches,
+                            ep=self.ep)
+        if self.dp % self.ep:
+            valid = ", ".join(str(n) for n in range(1, self.dp + 1) if self.dp % n == 0)
+            raise ConfigError(f"run of {self.schedule!r}: ep {self.ep} does not divide dp {self.dp} (expert "
+                              f"parallelism is folded over the data-parallel replicas); valid ep: {valid}", field="ep")
         check_recompute(f"run of {self.schedule!r}", self.recompute, self.recompute_limit)
         if self.balance is not None:
             check_choice(f"run of {self.schedule!r}", "balance", self.balance, BALANCE)
@@ -326,6 +358,7 @@ class RunConfig:
         if self.sync.servers and self.data.data_master:
             raise ConfigError(f"{owner}: data_master with parameter servers is not supported; leave data_master out",
                               field="data_master")
+        self._check_ep(owner)
         if self.sync.peer_selection == "random" and self.layout.dp % 2:
             raise ConfigError(f"{owner}: peer_selection random pairs the replicas and needs an even dp, got dp "
                               f"{self.layout.dp}; use an even dp or peer_selection ring", field="peer_selection")
@@ -336,6 +369,34 @@ class RunConfig:
                 f"{owner}: batch size {self.data.batch_size} is not divisible by dp x microbatches = "
                 f"{self.layout.dp} x {self.layout.microbatches} = {per_replica}; use a multiple of {per_replica}, "
                 f"e.g. {fits}", field="batch_size")
+
+    def _check_ep(self, owner: str) -> None:
+        """ep > 1 needs the built-in MoE model, experts divisible by ep, and what the runtime has tested with it."""
+        ep, model = self.layout.ep, self.data.model
+        if ep == 1:
+            return
+        if self.data.factory is not None or not model.moe_experts:
+            raise ConfigError(f"{owner}: ep {ep} shards the experts of the built-in MoE model; give moe_experts "
+                              "(a multiple of ep) or leave ep out", field="ep")
+        if model.moe_experts % ep:
+            valid = ", ".join(str(n) for n in range(1, self.layout.dp + 1)
+                              if self.layout.dp % n == 0 and model.moe_experts % n == 0)
+            raise ConfigError(f"{owner}: ep {ep} does not divide moe_experts {model.moe_experts}; valid ep: {valid}",
+                              field="ep")
+        unsupported = [
+            (self.sync.dp_mode not in EP_DP_MODES, f"dp_mode {self.sync.dp_mode!r}",
+             f"use dp_mode {', '.join(EP_DP_MODES)}", "dp_mode"),
+            (self.sync.grad_compression != "none", f"grad_compression {self.sync.grad_compression!r}",
+             "use grad_compression none", "grad_compression"),
+            (self.checkpoint is not None, "checkpoints", "leave the checkpoint out", "checkpoint"),
+            (self.layout.balance is not None, f"balance {self.layout.balance!r}", "give split or boundaries",
+             "balance"),
+            (self.layout.recompute == "bubbles", "recompute 'bubbles'", "use recompute none or full", "recompute"),
+            (self.runtime.dtype != "float32", f"dtype {self.runtime.dtype!r}", "use dtype float32", "dtype"),
+        ]
+        for bad, what, fix, name in unsupported:
+            if bad:
+                raise ConfigError(f"{owner}: ep {ep} is not supported with {what}; {fix} or leave ep out", field=name)
 
     def _check_faults(self, owner: str) -> None:
         f = self.faults

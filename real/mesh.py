@@ -12,6 +12,11 @@ With parameter servers (dp mode ps, :mod:`real.dp.ps`) the ``servers`` processes
 come after the pp x dp trainers: global ranks pp x dp .. pp x dp + servers - 1;
 they share one group (``server_group``) for gathering their shards into a
 checkpoint, and talk to the trainers point to point on the default group.
+
+With expert parallelism (``ep`` > 1, :mod:`real.moe`) each pipeline rank's replicas are cut into groups of
+``ep`` consecutive ones (``ep_group``, the all-to-alls), and the replicas at the same place of every ep group
+share an expert data-parallel group (``expert_dp_group``, the experts' gradient all-reduce; one rank when
+ep = dp).
 """
 
 from __future__ import annotations
@@ -56,6 +61,24 @@ def _attempt_store(rank: int, world: int, timeout: timedelta) -> dict:
     return {"store": dist.PrefixStore(prefix, store), "rank": rank, "world_size": world}
 
 
+def _expert_groups(rank: int, pp: int, dp: int, ep: int, timeout: timedelta
+                   ) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+    """(ep group, expert data-parallel group) of ``rank``; every rank creates every group in the same order."""
+    mine: list[dist.ProcessGroup | None] = [None, None]
+    for i in range(pp):
+        for g in range(dp // ep):
+            ranks = [(g * ep + j) * pp + i for j in range(ep)]
+            group = dist.new_group(ranks, timeout=timeout)
+            if rank in ranks:
+                mine[0] = group
+        for j in range(ep):
+            ranks = [(g * ep + j) * pp + i for g in range(dp // ep)]
+            group = dist.new_group(ranks, timeout=timeout)
+            if rank in ranks:
+                mine[1] = group
+    return mine[0], mine[1]
+
+
 @dataclass(eq=False)
 class Mesh:
     """This rank's place in the pp x dp grid and its process groups (None where a dimension is 1)."""
@@ -69,6 +92,14 @@ class Mesh:
     owns_process_group: bool = False
     servers: int = 0
     server_group: dist.ProcessGroup | None = None
+    ep: int = 1
+    ep_group: dist.ProcessGroup | None = None
+    expert_dp_group: dist.ProcessGroup | None = None
+
+    @property
+    def ep_rank(self) -> int:
+        """This replica's place in its ep group (which experts it holds)."""
+        return self.dp_rank % self.ep
 
     @property
     def pp_rank(self) -> int:
@@ -128,13 +159,15 @@ class Mesh:
                 group = dist.new_group(ranks, timeout=timeout)
                 if rank in ranks:
                     dpg = group
+        ep = plan.config.layout.ep
+        epg, edpg = _expert_groups(rank, pp, dp, ep, timeout) if ep > 1 else (None, None)
         servers = plan.config.sync.servers
         server_group = None
         if servers:
             group = dist.new_group([pp * dp + j for j in range(servers)], timeout=timeout)
             server_group = group if rank >= pp * dp else None
         log.debug("rank %d: pipeline rank %d of replica %d on %s", rank, rank % pp, rank // pp, device)
-        return cls(pp, dp, rank, device, p2p, dpg, owns, servers, server_group)
+        return cls(pp, dp, rank, device, p2p, dpg, owns, servers, server_group, ep, epg, edpg)
 
     def close(self) -> None:
         """Destroy the process group if :meth:`create` made it."""

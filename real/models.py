@@ -15,6 +15,7 @@ import torch.nn.functional as F  # noqa: N812
 from torch import nn
 
 from real.config import ModelConfig
+from real.moe import MoEBlock
 
 __all__ = ["activation_shape", "build_layers", "build_model", "layer_seed", "loss_fn", "make_optimizer"]
 
@@ -91,6 +92,8 @@ def _make_layer(cfg: ModelConfig, index: int) -> nn.Module:
             return TokenEmbedding(cfg.vocab, cfg.seq, cfg.dim)
         if index == last:
             return LMHead(cfg.dim, cfg.vocab)
+        if cfg.moe_experts:
+            return MoEBlock(cfg.dim, cfg.heads, cfg.moe_experts, cfg.moe_top_k)
         return DecoderBlock(cfg.dim, cfg.heads)
     if index == 0:
         return nn.Sequential(nn.Linear(cfg.dim, cfg.dim), nn.GELU())

@@ -57,6 +57,7 @@ def resolve_backend(backend: str | None) -> str:
     return backend
 
 
+_DENSE = {"moe_experts": 0, "moe_top_k": 2}  # ModelConfig's MoE fields, as a dense model has them
 _MUST_MATCH = (("data", "model"), ("data", "factory"), ("data", "batch_size"), ("data", "seed"), ("optim", "optimizer"))
 
 
@@ -83,6 +84,8 @@ def resume_point(config: RunConfig) -> ckpt.Restored | None:
         if key == "batch_size" and config.data.token_file is not None:
             continue
         theirs = saved.get(part, {}).get(key) if isinstance(saved.get(part), dict) else None
+        if key == "model" and isinstance(theirs, dict):  # written before the MoE fields existed: a dense model
+            theirs = {**_DENSE, **theirs}
         if theirs != mine[part][key]:
             raise CheckpointError(
                 f"checkpoint {restored.path} was written with {key} {theirs!r}, this run has "

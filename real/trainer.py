@@ -30,6 +30,7 @@ from real.config import Plan, RunConfig
 from real.data.datamaster import MasterBatches
 from real.data.sources import DataSource, microbatches, step_seed
 from real.dp.compress import codec_state, load_codec
+from real.dp.experts import ExpertDataSync
 from real.dp.peer_sync import PeerSync, make_data_sync
 from real.dp.ps import PSTrainer
 from real.dp.ps_async import AsyncPSTrainer
@@ -47,6 +48,7 @@ from real.model_api import (
     infer_boundaries,
 )
 from real.models import make_optimizer
+from real.moe import is_expert_param, shard_experts
 from real.p2p import PeerError, PipeComm, matching_sends
 from schedules import Action, ConfigError, Kind, Stream
 from schedules.trace import make_trace, write_trace
@@ -93,6 +95,7 @@ class RunResult:
     resumed_from: str | None = None
     staleness: dict[int, list[int]] | None = None  # async-ps: per trainer rank, each step's (real.dp.ps_async)
     ps_order: dict[int, list[tuple[int, int, int, int]]] | None = None  # async-ps: per server rank, its order
+    ep_bytes: list[dict[str, int]] | None = None  # ep > 1: this rank's all-to-all bytes to peers, per step run
 
     def to_json(self) -> dict[str, Any]:
         c, lay = self.config, self.config.layout
@@ -150,6 +153,12 @@ class Trainer:
                      is_last=s == last).to(mesh.device)
             for s in here
         }
+        if mesh.ep != cfg.layout.ep:
+            raise ConfigError(f"the mesh was made for ep {mesh.ep}, the run has ep {cfg.layout.ep}; create the mesh "
+                              "from this run's plan (real.Mesh.create)", field="ep")
+        self.experts = (shard_experts(list(self.stages.values()), mesh.ep_rank, mesh.ep, mesh.ep_group)
+                        if mesh.ep > 1 else None)
+        self.ep_bytes: list[dict[str, int]] = []  # per step run, this rank's all-to-all bytes (real.moe.ExpertGroup)
         self.named = [np for s in sorted(self.stages) for np in self.stages[s].global_parameters()]
         params = [p for _, p in self.named]
         self.recorder = Recorder(mesh.device)
@@ -164,6 +173,8 @@ class Trainer:
                              servers=[mesh.server_rank(j) for j in range(mesh.servers)],
                              bucket_mb=cfg.sync.bucket_mb, accumulations=cfg.layout.microbatches,
                              stamp=self.recorder.stamp, record=self.recorder.add)
+        elif self.experts is not None:
+            self.sync = self._expert_sync()
         elif mesh.dp_group is not None:
             self.sync = make_data_sync(by_stage, cfg, graph=self.plan.graph, pp_rank=mesh.pp_rank,
                                        group=mesh.dp_group, stamp=self.recorder.stamp, record=self.recorder.add)
@@ -180,6 +191,18 @@ class Trainer:
         self.needs_data = 0 in self.stages or last in self.stages
         self._sharded = self.sync is not None and self.sync.mode in ("zero1", *SHARDED_MODES)  # checkpoints gather
         self.metered = cfg.metered_step  # train() moves it to the first step a resumed run runs
+
+    def _expert_sync(self) -> ExpertDataSync:
+        """ep > 1: the dense parameters averaged over the dp group, the experts over their expert-dp group."""
+        cfg, mesh = self.plan.config, self.mesh
+        parts: tuple[dict[int, list], dict[int, list]] = ({}, {})
+        for s in sorted(self.stages):
+            for name, p in self.stages[s].global_parameters():
+                parts[is_expert_param(name)].setdefault(s, []).append(p)
+        return ExpertDataSync(*parts, group=mesh.dp_group, expert_group=mesh.expert_dp_group,
+                              mode=cfg.sync.dp_mode, bucket_mb=cfg.sync.bucket_mb,
+                              accumulations=cfg.layout.microbatches, stamp=self.recorder.stamp,
+                              record=self.recorder.add)
 
     def _boundaries(self) -> Boundaries:
         """(shape, dtype) of every stage's output: the built-in model's hidden state, or inferred on the CPU."""
@@ -220,6 +243,9 @@ class Trainer:
         loss = self.executor.run_step(batches)
         if self.sync is not None:
             self.sync.finish()
+        if self.experts is not None:
+            self.ep_bytes.append(self.experts.take())
+            log.info("ep rank %d: all-to-all bytes sent to peers this step %s", self.experts.rank, self.ep_bytes[-1])
         for s, opt in self.optimizers.items():
             start = self.recorder.stamp()
             opt.step()
@@ -357,7 +383,8 @@ class Trainer:
         if leased:
             self.data.finish()
         result = self._gather(losses, times, rows, memory, path, traced_times)
-        return replace(result, start_step=start, resumed_from=str(restored.path) if restored else None)
+        return replace(result, start_step=start, resumed_from=str(restored.path) if restored else None,
+                       ep_bytes=self.ep_bytes if self.experts is not None else None)
 
     def _interrupted(self, steps_done: int, saver: ckpt.Checkpointer | None, last: str | None) -> NoReturn:
         """Stop after a signal (every rank after the same step): an asynchronous save in flight is finished
@@ -415,7 +442,11 @@ class Trainer:
                 path: Path | None, traced_times: dict[int, float]) -> RunResult:
         if self.sync is not None:
             self.sync.gather_all()
-        params = [(name, p.detach().cpu().clone()) for name, p in self.named] if self.mesh.dp_rank == 0 else []
+        # Replica 0 sends the dense parameters, the ep replicas of its group (0..ep-1) their own experts: every
+        # parameter once, in the whole model's order once sorted by layer (a block's experts are its last).
+        dense, experts = self.mesh.dp_rank == 0, self.mesh.dp_rank < self.mesh.ep
+        params = [(name, p.detach().cpu().clone()) for name, p in self.named
+                  if (experts if is_expert_param(name) else dense)]
         staleness = self.sync.history if isinstance(self.sync, AsyncPSTrainer) else None
         mine = (rows, memory, params, None if staleness is None else (losses, staleness))
         parts = [mine]

@@ -2,7 +2,7 @@
 
     torchrun --nproc-per-node N tests/run_configs.py CONFIGS.json OUT.pt
 
-Each configuration runs in turn in the same gloo process group (one Mesh per pp, dp and servers); rank 0
+Each configuration runs in turn in the same gloo process group (one Mesh per pp, dp, servers and ep); rank 0
 ``torch.save``s ``{label: {"losses", "params", "start_step", "sha", "trace", "memory"}}``. Launched through
 ``tests.conftest.launch_runs``; a test needing something else per run keeps a worker of its own.
 """
@@ -26,7 +26,7 @@ def main(cfg_file: str, out_file: str) -> None:
     meshes, results = {}, {}
     for label, d in json.loads(Path(cfg_file).read_text()).items():
         cfg = RunConfig.from_dict(d)
-        key = (cfg.layout.pp, cfg.layout.dp, cfg.sync.servers)
+        key = (cfg.layout.pp, cfg.layout.dp, cfg.sync.servers, cfg.layout.ep)
         if key not in meshes:
             meshes[key] = Mesh.create(make_plan(cfg, dist.get_world_size()), "gloo", cfg.runtime.timeout_s)
         r = run(cfg, mesh=meshes[key])

@@ -94,6 +94,10 @@ def add_model_args(p: argparse.ArgumentParser, defaults: ModelConfig | None = No
     m.add_argument("--heads", type=int, help=f"attention heads (default {d.heads})")
     m.add_argument("--vocab", type=int, help=f"vocabulary (gpt) or classes (mlp) (default {d.vocab})")
     m.add_argument("--seq", type=int, help=f"sequence length (gpt; default {d.seq})")
+    m.add_argument("--moe-experts", type=int, metavar="E",
+                   help=f"gpt: a mixture of E expert MLPs in every block (default {d.moe_experts}: dense)")
+    m.add_argument("--moe-top-k", type=int, metavar="K",
+                   help=f"with --moe-experts: the experts each token goes to (default {d.moe_top_k})")
 
 
 def _model_kind(text: str) -> str:
@@ -131,6 +135,9 @@ def parser(prog: str) -> OneLineParser:
     p.set_defaults(dp_given=False)  # an explicit --dp 1 is not the default 1: a placement must agree with it
     p.add_argument("--dp", type=_dp, default=1, metavar="D", action=_Given,
                    help="data-parallel replicas, or auto: world size / pp (elastic runs; default 1)")
+    p.add_argument("--ep", type=int, default=1, metavar="N",
+                   help="expert parallelism over the replicas, with --moe-experts: N consecutive replicas share "
+                   "each stage's experts (N divides dp and the experts; default 1)")
     p.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
     p.add_argument("--batch-size", type=int, default=32, metavar="B", help="global batch per step (default 32)")
     p.add_argument("--seed", type=int, default=0, help="fixes the model and the data (default 0)")
@@ -269,7 +276,7 @@ def config_from_args(args: argparse.Namespace, world: int | None = None) -> RunC
         layout=Layout(schedule=args.schedule, pp=args.pp, dp=dp,
                       microbatches=args.microbatches, chunks=args.chunks, split=args.split,
                       boundaries=args.boundaries, balance=args.balance, recompute=args.recompute,
-                      recompute_limit=args.recompute_limit, imports=tuple(args.imports)),
+                      recompute_limit=args.recompute_limit, imports=tuple(args.imports), ep=args.ep),
         steps=args.steps,
         data=DataConfig(model=model, batch_size=args.batch_size, seed=args.seed, factory=_factory(args),
                         token_file=args.data, data_master=args.data_master),
@@ -324,6 +331,10 @@ def _refuse_idle_flags(args: argparse.Namespace) -> None:
         refuse(given(args, "staleness", "ps_order"), "without --dp-mode async-ps (the other modes do not run ahead)")
     if args.pp == 1:
         refuse(given(args, "recv_ahead"), "at pp 1 (one pipeline rank: no messages between stages)")
+    if not args.moe_experts:
+        refuse(given(args, "moe_top_k"), "without --moe-experts (a dense model routes no tokens)")
+    if args.elastic is not None and args.ep != 1:
+        fail("--ep has no effect with --elastic live (a replica syncs its gradients through torchft); leave it out")
     refuse_model_flags(args)
     refuse_live_flags(args)
 

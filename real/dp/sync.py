@@ -88,14 +88,20 @@ class GradSync:
         stamp: Callable[[], object],
         record: Callable[[object, object, object, float], list | None],
         compression: str = "none",
+        average_over: int | None = None,
+        first_bucket: dict[int, int] | None = None,
     ) -> None:
         self.mode, self.group, self.accumulations = mode, group, accumulations
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
+        # The sum is divided by the group's size, or by ``average_over`` (the experts of real.moe: dp, not their
+        # group's dp / ep); ``first_bucket``: per stage, the index of its first bucket (after the dense ones).
+        self.divisor = self.world if average_over is None else average_over
+        first = first_bucket or {}
         self._stamp, self._record = stamp, record
         self.works = Inflight(stamp)
         self._launched: list[tuple[_Bucket, torch.Tensor | None]] = []  # zero1: with the reduce-scatter's output
-        self.buckets = [self._bucket(s, k, b) for s, params in stage_params.items()
+        self.buckets = [self._bucket(s, first.get(s, 0) + k, b) for s, params in stage_params.items()
                         for k, b in enumerate(make_buckets(params, bucket_mb * 2**20))]
         self._bucket_of = {id(p): b for b in self.buckets for p in b.params}
         self.codec = make_codec(parse_compression(compression), group,
@@ -225,7 +231,7 @@ class GradSync:
             if out is not None:
                 b.shard_grad.copy_(out)
             if self.codec is None:  # a codec leaves the average
-                (b.shard_grad if self.mode == "zero1" else b.grad).div_(self.world)
+                (b.shard_grad if self.mode == "zero1" else b.grad).div_(self.divisor)
         self._launched = []
         self._log_bytes()
 
