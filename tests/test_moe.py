@@ -210,3 +210,23 @@ def test_head_dim_defaults_to_hidden_over_heads():
         dataclasses.replace(m, hidden=100, heads=3, kv_heads=3, head_dim=0)
     wide = dataclasses.replace(m, hidden=100, heads=3, kv_heads=3, head_dim=64)
     assert wide.attention_params == 2 * 100 * 192 + 2 * 100 * 192
+
+
+def test_deepep_dispatch_crosses_the_nic_once_per_remote_node():
+    from sim.costs.moe import all_to_all_bytes, dispatch_time, ep_all_to_all_time, remote_nodes
+    moe = MoEConfig(experts=128, top_k=8, expert_ffn=1)
+    # 2 nodes of 64 experts each: a token misses the other node with probability C(64, 8) / C(128, 8)
+    import math
+    assert remote_nodes(moe, 2) == pytest.approx(1 - math.comb(64, 8) / math.comb(128, 8))
+    assert remote_nodes(moe, 1) == 0.0
+    two = cluster_preset("dgx-h100:2")
+    tokens, h = 4096, 2048
+    pairs = all_to_all_bytes(moe, tokens, h, 16)
+    assert dispatch_time(moe, tokens, h, 16, 1, two) == pytest.approx(ep_all_to_all_time(pairs, 16, 1, two))
+    nic = tokens * h * 2 * remote_nodes(moe, 2) / two.inter.rate
+    nvlink = pairs * 7 / 8 / two.intra.rate
+    assert dispatch_time(moe, tokens, h, 16, 1, two, "deepep") == pytest.approx(two.inter.alpha + max(nic, nvlink))
+    assert dispatch_time(moe, tokens, h, 16, 1, two, "deepep") < dispatch_time(moe, tokens, h, 16, 1, two)
+    # inside one node both dispatchers are the same all-to-all
+    one = cluster_preset("dgx-h100:1")
+    assert dispatch_time(moe, tokens, h, 8, 1, one, "deepep") == dispatch_time(moe, tokens, h, 8, 1, one)

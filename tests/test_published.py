@@ -44,10 +44,18 @@ def test_rows_pin_their_figures_and_layouts():
         ("megatron-bridge-h100", "llama-70b", 4, 8, 2, 128, "none", "tokens_per_s_per_gpu", 1664, False, True),
         ("megatron-bridge-h100", "llama3-405b", 8, 8, 8, 192, "none", "tokens_per_s_per_gpu", 328, False, True),
         ("automodel-h100", "llama-70b", 1, 1, 32, 4, "full", "tokens_per_s_per_gpu", 866.77, False, True),
+        ("megatron-bridge-moe-h100", "qwen3-30b-a3b", 1, 1, 16, 64, "none", "tokens_per_s_per_gpu", 8960, False, True),
+        ("megatron-bridge-moe-h100", "qwen3-30b-a3b", 1, 2, 8, 128, "none", "tokens_per_s_per_gpu", 9058, False, True),
+        ("automodel-moe-h100", "deepseek-v3", 1, 4, 64, 8, "full", "tokens_per_s_per_gpu", 1002, False, True),
+        ("automodel-moe-h100", "qwen3-30b-a3b", 1, 1, 8, 16, "full", "tokens_per_s_per_gpu", 12040, False, True),
     ]
+    # expert parallelism and the dispatcher as the pages and their recipes give them (HybridEP, DeepEP)
+    assert [(r.ep, r.chunks, r.moe_dispatcher) for r in RUNS if r.suite.endswith("moe-h100")] == [
+        (16, 1, "deepep"), (8, 12, "deepep"), (64, 8, "deepep"), (8, 1, "deepep")]
     assert {r.suite for r in RUNS} == set(SUITES)
     assert all(r.source and (r.fit or r.suite != "megatron-2022" or r.recompute == "selective") for r in RUNS)
-    assert all(r.assumed for r in RUNS if r.suite in ("megatron-h100", "llama3", "megatron-bridge-h100", "automodel-h100"))
+    assert all(r.assumed for r in RUNS if r.suite in ("megatron-h100", "llama3", "megatron-bridge-h100", "automodel-h100",
+                                                      "megatron-bridge-moe-h100", "automodel-moe-h100"))
     assert all(r.note for r in RUNS if not r.scored)
     assert [r.schedule for r in RUNS if r.suite == "megatron-h100"] == ["1f1b"] * 9  # the README's example script
     assert all("sequence parallelism" not in r.assumed for r in RUNS if r.suite == "megatron-h100" and r.tp == 1)
@@ -209,8 +217,9 @@ def test_held_out_goals_that_hold():
     assert h100["held_out"]["rows"] == 9 and h100["held_out"]["mean_abs_error"] < 0.10
 
 
-# torchtitan 8B, Megatron H100 16B, Llama 3 on 8,192 GPUs, Megatron-Bridge 70B FP8 (25.11), AutoModel 70B (CP 2)
-@pytest.mark.parametrize("index", [8, 14, 21, 24, 28])
+# torchtitan 8B, Megatron H100 16B, Llama 3 on 8,192 GPUs, Megatron-Bridge 70B FP8 (25.11), AutoModel 70B (CP 2),
+# AutoModel Qwen3 MoE 30B (EP 8)
+@pytest.mark.parametrize("index", [8, 14, 21, 24, 28, 32])
 def test_a_rows_command_reproduces_its_prediction(index, capsys):
     import json
     import shlex

@@ -125,6 +125,9 @@ def add_units_args(p: argparse.ArgumentParser) -> None:
                    help="the training stack that runs the step: none (default: asynchronous sends, no host costs), "
                    "megatron, deepspeed or torchtitan (their p2p semantics, kernel launches, optimizer sync; "
                    "docs/simulator.md)")
+    g.add_argument("--moe-dispatcher", default=None, metavar="D",
+                   help="a MoE model's token dispatch: alltoall (every token-expert pair to its rank, default) or deepep "
+                   "(once per remote node over the NIC, then NVLink)")
     g.add_argument("--post-validation", action="store_true", default=None,
                    help="the optimizer step goes ahead of the global gradient norm (zero-bubble's post-validation; "
                    "stacks megatron and torchtitan)")
@@ -199,7 +202,7 @@ def units_overrides(args: argparse.Namespace) -> dict[str, dict]:
     for table, keys in (("parallel", ("pp", "dp", "tp", "cp", "ep", "dp_mode", "bucket_mb", "collective", "order", "sp")),
                         ("run", ("schedule", "microbatches", "microbatch_size", "chunks", "efficiency", "recompute",
                                  "dtype", "reduce_dtype", "elementwise", "tp_overlap", "contention", "stack",
-                                 "post_validation"))):
+                                 "post_validation", "moe_dispatcher"))):
         tables[table].update({k: getattr(args, k) for k in keys if getattr(args, k) is not None})
     if args.pair_overlap is not None:
         tables["run"]["pair_overlap"] = args.pair_overlap
@@ -294,7 +297,7 @@ def _list() -> int:
 
 UNITS_ONLY = ("dp", "tp", "cp", "ep", "dp_mode", "microbatch_size", "bucket_mb", "collective", "order", "efficiency", "sp",
               "seq_len", "attention", "dtype", "reduce_dtype", "elementwise", "tp_overlap", "contention", "stack",
-              "post_validation", *COMM_KEYS)
+              "post_validation", "moe_dispatcher", *COMM_KEYS)
 
 
 @guarded

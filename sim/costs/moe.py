@@ -45,9 +45,26 @@ from sim.costs.gpu_model import ELEMENTWISE_BYTES, LayerCosts, Op, _gemm, layer_
 if TYPE_CHECKING:
     from sim.costs.transformer import TransformerConfig
 
-__all__ = ["MLP_OPS", "ROUTINGS", "LayerTimes", "MLAConfig", "MoEConfig", "Segment", "all_to_all_bytes",
-           "all_to_all_time", "ep_all_to_all_time", "expert_ops", "expert_shares", "layer_times", "max_load",
-           "pair_times", "pass_segments", "two_stream_time"]
+__all__ = [
+    "DISPATCHERS",
+    "MLP_OPS",
+    "ROUTINGS",
+    "LayerTimes",
+    "MLAConfig",
+    "MoEConfig",
+    "Segment",
+    "all_to_all_bytes",
+    "all_to_all_time",
+    "dispatch_time",
+    "ep_all_to_all_time",
+    "expert_ops",
+    "expert_shares",
+    "layer_times",
+    "max_load",
+    "pair_times",
+    "pass_segments",
+    "two_stream_time",
+]
 
 ROUTINGS = ("uniform", "skew", "histogram")
 
@@ -261,6 +278,42 @@ class MLAConfig:
         return 2.0 * seq_len * heads * (self.nope_dim + self.rope_dim + self.v_dim)
 
 
+DISPATCHERS = ("alltoall", "deepep")
+
+
+def remote_nodes(moe: MoEConfig, nodes: int) -> float:
+    """Expected nodes other than its own that a token's top_k experts sit on, of an ep group spread over ``nodes``
+    nodes holding E / nodes experts each, under uniform routing: (nodes - 1) x (1 - C(E - E/nodes, k) / C(E, k))."""
+    if nodes <= 1:
+        return 0.0
+    e, k = moe.experts, moe.top_k
+    return (nodes - 1) * (1 - math.comb(e - e // nodes, k) / math.comb(e, k))
+
+
+def dispatch_time(moe: MoEConfig, tokens: float, hidden: int, ep: int, tp: int, cluster: Cluster,
+                  dispatcher: str = "alltoall") -> float:
+    """Seconds of one dispatch (or combine) of ``tokens`` tokens per rank over the ep group.
+
+    ``alltoall`` (Megatron-Core's alltoall dispatcher, torchtitan's): every (token, expert) pair is sent to its expert's
+    rank, :func:`all_to_all_bytes` into the busiest one (:func:`ep_all_to_all_time`). ``deepep`` (DeepEP, and
+    Megatron's HybridEP: deepseek-ai/DeepEP README, "forwarding data from NVLink domain to RDMA domain"; DeepSeek-AI
+    2024, arXiv 2412.19437, sec. 3.2.2): a token crosses the NIC once per remote node its experts sit on
+    (:func:`remote_nodes`), to the GPU of the same in-node index, which forwards it to the experts' GPUs over NVLink;
+    NIC and NVLink work at once, the slower sets the time.
+    """
+    if ep == 1:
+        return 0.0
+    pairs = all_to_all_bytes(moe, tokens, hidden, ep)
+    node = cluster.node_size or len(cluster.devices)
+    per_node = max(1, min(ep, node // tp))
+    nodes = math.ceil(ep / per_node)
+    if dispatcher == "alltoall" or nodes == 1:
+        return ep_all_to_all_time(pairs, ep, tp, cluster)
+    inter = tokens * hidden * 2 * remote_nodes(moe, nodes) * max_load(moe, ep)
+    intra = pairs * (per_node - 1) / per_node
+    return cluster.inter.alpha + max(intra / cluster.intra.rate, inter / cluster.inter.rate)
+
+
 def ep_all_to_all_time(nbytes: float, ep: int, tp: int, cluster: Cluster) -> float:
     """One all-to-all of an ep group moving ``nbytes`` into its busiest rank. The group is ep consecutive
     data-parallel ranks (tp devices apart, Megatron-Core's order); the peers on the rank's node send over
@@ -344,7 +397,7 @@ def layer_times(model: TransformerConfig, cluster: Cluster, *, ep: int, tp: int 
         return LayerCosts(ops=tuple(ops), spec=cluster.spec, efficiency=device.gemm, link=cluster.intra, tp=tp,
                           sp=sp, activation_bytes=2.0 * tokens * b.hidden, device=device)
 
-    a2a = ep_all_to_all_time(all_to_all_bytes(m, tokens / (tp if sp else 1), b.hidden, ep), ep, tp, cluster)
+    a2a = dispatch_time(m, tokens / (tp if sp else 1), b.hidden, ep, tp, cluster)
     return LayerTimes(attention=_passes(costs(attention)), experts=_passes(costs(experts)),
                       dense_mlp=_passes(costs(dense)), all_to_all=a2a)
 

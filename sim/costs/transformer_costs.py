@@ -72,7 +72,7 @@ from sim.costs.cluster import Cluster, Link
 from sim.costs.compression import compressed_bytes, powersgd_ratio
 from sim.costs.devices import DEVICE_MODELS
 from sim.costs.gpu_model import DeviceModel, GemmEfficiency, LayerCosts, Op, layer_ops, tp_collective
-from sim.costs.moe import MLP_OPS, Segment, all_to_all_bytes, ep_all_to_all_time, expert_ops, two_stream_time
+from sim.costs.moe import DISPATCHERS, MLP_OPS, Segment, dispatch_time, expert_ops, two_stream_time
 from sim.costs.nccl import on_cluster, runs_nccl
 from sim.costs.parallel import PS_MODES, DPGroup, ParallelConfig
 from sim.costs.recompute_modes import check_recompute, layer_every
@@ -124,6 +124,7 @@ class TransformerCosts:
     contention: float | None = None  # compute slowdown while communicating; None: the device model's (network)
     stack: str = "none"  # the training stack's p2p semantics and host costs (sim.costs.stacks)
     post_validation: bool = False  # the optimizer step goes ahead of the global gradient norm (zero-bubble's)
+    moe_dispatcher: str = "alltoall"  # a MoE layer's token dispatch: alltoall or deepep (sim.costs.moe.dispatch_time)
     # rank -> its dp group: asked once per collective task (hundreds of thousands per graph), the same answer
     _groups: dict[int, DPGroup] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -176,6 +177,7 @@ class TransformerCosts:
         self.parallel.check_tp(self.cluster, heads=m.heads, **kv, hidden=m.hidden, ffn=m.ffn)
 
     def _check_moe(self) -> None:
+        parse.canonical_field(self, "moe_dispatcher", "costs", DISPATCHERS)
         m, ep = self.model.moe, self.parallel.ep
         if m is None:
             if ep > 1:
@@ -372,7 +374,7 @@ class TransformerCosts:
         if m.moe is None or p.ep == 1:
             return 0.0
         tokens = m.seq_len * self.microbatch_size / (p.tp if p.sp else 1)
-        return ep_all_to_all_time(all_to_all_bytes(m.moe, tokens, m.hidden, p.ep), p.ep, p.tp, self.cluster)
+        return dispatch_time(m.moe, tokens, m.hidden, p.ep, p.tp, self.cluster, self.moe_dispatcher)
 
     def all_to_alls(self, kind: Kind) -> float:
         """All-to-alls per MoE layer in a pass: dispatch and combine in F and R, their gradients in I (and B), and

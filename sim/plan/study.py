@@ -46,7 +46,7 @@ from sim.costs.cluster import (
     key_string,
     read_toml,
 )
-from sim.costs.moe import max_load
+from sim.costs.moe import DISPATCHERS, max_load
 from sim.costs.parallel import EMBEDDING_ALLREDUCE, ParallelConfig
 from sim.costs.recompute_modes import key_recompute
 from sim.costs.stacks import STACKS, block_sends, blocking_p2p
@@ -155,7 +155,7 @@ def _moe_assumption(costs: TransformerCosts) -> list[str]:
              f"an overlapped pair hides {costs.pair_overlap:g} of its shorter pass (--pair-overlap)")
     return [f"MoE: {m.experts} experts, top-{m.top_k}, {m.shared_experts} shared, the first {m.dense_layers} layers "
             f"dense; ep={p.ep} (expert data parallelism {costs.expert_dp}); dispatch and combine all-to-alls of "
-            f"{costs.all_to_all_time() * 1e3:.3g} ms each in F and I, exposed in a plain pass; {pairs}; routing "
+            f"{costs.all_to_all_time() * 1e3:.3g} ms each ({costs.moe_dispatcher}) in F and I, exposed in a plain pass; {pairs}; routing "
             f"{m.routing}, load x{max_load(m, p.ep):.3g} on the busiest expert rank"]
 
 
@@ -406,7 +406,8 @@ def _key_seconds(owner: str, key: str, value: Any, error: type[ConfigError] = Co
 
 _STUDY_KEYS = ("schedule", "microbatches", "chunks", "mem_limit", "time_limit")
 _COST_KEYS = ("microbatch_size", "efficiency", "pair_overlap", "layers_per_stage", "recompute", "dtype",
-              "reduce_dtype", "elementwise", "tp_overlap", "contention", "stack", "post_validation")
+              "reduce_dtype", "elementwise", "tp_overlap", "contention", "stack", "post_validation",
+              "moe_dispatcher")
 #: The [run] and [parallel] tables: their keys and their kinds ([model]: sim.costs.transformer.MODEL_TABLE,
 #: [cluster]: sim.costs.cluster.cluster_from_dict).
 RUN_TABLE: dict[str, KeyCheck] = {
@@ -416,7 +417,7 @@ RUN_TABLE: dict[str, KeyCheck] = {
     "layers_per_stage": key_layer_counts, "recompute": key_recompute, "dtype": key_choice(DTYPES),
     "reduce_dtype": key_choice(("bf16", "fp32")), "elementwise": key_choice(("fused", "eager")), "tp_overlap": key_flag,
     "contention": key_slowdown, "mem_limit": _key_size, "time_limit": _key_seconds, "stack": key_choice(STACKS),
-    "post_validation": key_flag,
+    "post_validation": key_flag, "moe_dispatcher": key_choice(DISPATCHERS),
 }
 PARALLEL_TABLE: dict[str, KeyCheck] = {
     "pp": key_positive_int, "dp": key_positive_int, "tp": key_positive_int, "cp": key_positive_int,

@@ -30,6 +30,15 @@ Suites:
   with FSDP2, DGX-H100 BF16 pre-training: its one dense row, Llama3 70B on 64 GPUs (CP 2, FSDP 32, GBS 128, sequence
   8192), 866.77 tokens/s per GPU. Assumed: activation checkpointing as full recomputation, fp32 gradient reduction
   (AutoModel's FSDP2 default), one-layer FSDP units, fused kernels (torch.compile on). Held out.
+* ``megatron-bridge-moe-h100``: the same Megatron-Bridge archive, its DGX-H100 MoE pre-training rows of Qwen3-30B-A3B
+  (FP8, tokens/s per GPU; releases 26.04.01 at EP 16 and 26.02.01 at PP 2 x VP 12, EP 8). The page: "we force-balance
+  the token distribution among experts and all benchmarks are token-dropless" (uniform routing, no capacity factor).
+  Its Qwen3-235B-A22B rows (TP 2 with EP 32 over 16 data-parallel ranks) need MoE parallel folding, which the
+  simulator does not model: not listed. Held out.
+* ``automodel-moe-h100``: the same AutoModel page, its DGX-H100 BF16 MoE pre-training rows of DeepSeek V3 671B (256
+  GPUs) and Qwen3 MoE 30B (8 GPUs), FSDP2 with expert parallelism and "fake balanced gate" routing (uniform). Its
+  1,024-GPU DeepSeek row (4 gradient-accumulation steps of the pipeline schedule) and the Kimi, Nemotron and GPT-OSS
+  rows (models without a preset) are not listed. Held out.
 """
 
 from __future__ import annotations
@@ -40,12 +49,14 @@ from sim.costs.transformer import model_preset
 
 __all__ = ["KORTHIKANTI_MEMORY", "METRICS", "RUNS", "SUITES", "SUITE_STACKS", "PublishedRun", "suite_runs"]
 
-SUITES = ("megatron-2022", "torchtitan", "megatron-h100", "llama3", "megatron-bridge-h100", "automodel-h100")
+SUITES = ("megatron-2022", "torchtitan", "megatron-h100", "llama3", "megatron-bridge-h100", "automodel-h100",
+          "megatron-bridge-moe-h100", "automodel-moe-h100")
 #: The stack each suite's rows ran on (sim.costs.stacks). Korthikanti et al. 2022 measured Megatron-LM before its
 #: p2p overlap (May 2023): megatron-legacy; the Megatron-LM README's table (July 2024) Megatron-LM; Megatron-Bridge runs Megatron-core; torchtitan and NeMo AutoModel (FSDP2, PyTorch-native
 #: pipelining) run torch.distributed's; Llama 3 ran on Meta's own stack, which is not public: none (no stack costs).
 SUITE_STACKS = {"megatron-2022": "megatron-legacy", "torchtitan": "torchtitan", "megatron-h100": "megatron",
-                "llama3": "none", "megatron-bridge-h100": "megatron", "automodel-h100": "torchtitan"}
+                "llama3": "none", "megatron-bridge-h100": "megatron", "automodel-h100": "torchtitan",
+                "megatron-bridge-moe-h100": "megatron", "automodel-moe-h100": "torchtitan"}
 #: What a row's figure measures: seconds per step, tokens per second per GPU, model TFLOP/s per GPU.
 METRICS = ("step_s", "tokens_per_s_per_gpu", "tflops_per_gpu")
 
@@ -62,6 +73,8 @@ class PublishedRun:
     pp: int
     dp: int
     cp: int = 1  # context parallelism: each sequence split over cp ranks (ring attention); world = tp*pp*dp*cp
+    ep: int = 1  # expert parallelism (a MoE model): the routed experts over ep of the dp x cp ranks
+    moe_dispatcher: str = "alltoall"  # a MoE model's token dispatch (sim.costs.moe.dispatch_time)
     microbatches: int  # per pipeline replica and step
     microbatch_size: int = 1
     schedule: str = "1f1b"
@@ -137,10 +150,12 @@ def _megatron_h100(model: str, tp: int, pp: int, dp: int, batch: int, tflops: fl
                         settings_source=f"{_MEG}, row {row} (heads, hidden, layers, TP, PP, DP, GPUs, batch)")
 
 
-def _layer_mib(model: str, tp: int) -> float:
+def _layer_mib(model: str, tp: int, ep: int = 1) -> float:
     """One transformer layer's 16-bit weights per tensor shard, MiB: FSDP's communication unit (it wraps each
-    block, as torchtitan and Meta's FSDP do), the bucket the planner also uses (sim.plan.space)."""
-    return 2 * model_preset(model).layer_params / tp / 2**20
+    block, as torchtitan and Meta's FSDP do), the bucket the planner also uses (sim.plan.space); a MoE model's MoE
+    layer with its E/ep routed experts."""
+    m = model_preset(model)
+    return 2 * (m.moe_layer_params(ep) if m.moe is not None else m.layer_params) / tp / 2**20
 
 
 # 126 layers on 16 x 8 = 128 virtual stages: the first holds only the embedding, the last only the output
@@ -210,6 +225,34 @@ _AM_RECIPE = ("NVIDIA-NeMo/Automodel examples/llm_benchmark/llama3_3/custom_llam
               "(the page's configuration file for the row; commit e45812012)")
 
 
+_MB_MOE_ASSUMED = ("FP8 as the simulator models it (weight GEMMs, the experts' too, at the H100's FP8 GEMM curve, with "
+                   "FP8-CS casts)", "flash attention (Transformer Engine)", "dp_mode zero1 (Megatron's distributed "
+                   "optimizer) with --overlap-param-gather, buckets of Megatron-core's default size",
+                   "the HybridEP dispatcher as the deepep dispatch (once per remote node over the NIC, then NVLink)",
+                   "head_dim 128 (Qwen3MoeConfig's default)")
+
+
+def _bridge_moe(release: str, gpus: int, gbs: int, pp: int, vp: int, ep: int, tokens: float, tflops: float) -> PublishedRun:
+    dp = gpus // pp
+    return PublishedRun(
+        suite="megatron-bridge-moe-h100", name=f"Qwen3_30B_a3B {release}, {gpus} GPUs, EP {ep}", model="qwen3-30b-a3b",
+        cluster=f"dgx-h100:{gpus // 8}", tp=1, pp=pp, dp=dp, ep=ep, moe_dispatcher="deepep", microbatches=gbs // dp,
+        microbatch_size=1,
+        schedule="interleaved-1f1b" if vp > 1 else "1f1b", chunks=vp, dtype="fp8", dp_mode="zero1",
+        overlap_param_gather=True, bucket_mb=_megatron_bucket_mib(dp), metric="tokens_per_s_per_gpu", published=tokens,
+        source=f"{_MB}, '{release} NeMo Container', Pre-Training, 'Model: Qwen3_30B_a3B', row DGX-H100 (FP8)",
+        settings_source=("the same row (#GPUs, GBS, MBS 1, sequence 4096, TP 1, PP, CP 1, VP, EP); the model: "
+                         "sim.costs.transformer's qwen3-30b-a3b (Qwen3 report, Bridge's test config); no recompute "
+                         "(the H100 FP8-CS recipe, src/megatron/bridge/perf_recipes/qwen/h100/qwen3_moe.py)"),
+        assumed=_MB_MOE_ASSUMED, extra={"model_tflops_per_gpu": tflops, "release": release})
+
+
+_AM_MOE_ASSUMED = ("activation checkpointing as full recomputation of every layer", "gradients reduced in fp32 "
+                   "(AutoModel's FSDP2 default)", "buckets of one layer (FSDP2 wraps each decoder layer)",
+                   "the DeepEP/HybridEP dispatcher as the deepep dispatch (once per remote node over the NIC, then NVLink)",
+                   "FSDP2 prefetching as the simulator's FSDP overlap")
+
+
 RUNS: tuple[PublishedRun, ...] = (
     *_korthikanti("22B", "megatron-22b", 1, 1, 4, 1, 1.42, 1.10, "22B"),
     *_korthikanti("175B", "gpt3-175b", 8, 64, 1, 3, 18.13, 13.75, "175B"),
@@ -273,6 +316,34 @@ RUNS: tuple[PublishedRun, ...] = (
                           "fused elementwise kernels (torch.compile on)",
                           "FSDP2 prefetching as the simulator's FSDP overlap"),
                  extra={"model_tflops_per_gpu": 389, "step_s": 18.90}),
+    _bridge_moe("26.04.01", 16, 1024, 1, 1, 16, 8960, 206),
+    _bridge_moe("26.02.01", 16, 1024, 2, 12, 8, 9058, 208),
+    PublishedRun(suite="automodel-moe-h100", name="DeepSeek V3 671B, 256 GPUs, PP 4 x VP 8, EP 64", model="deepseek-v3",
+                 cluster="dgx-h100:32", tp=1, pp=4, dp=64, ep=64, moe_dispatcher="deepep", microbatches=8,
+                 microbatch_size=1,
+                 schedule="interleaved-1f1b", chunks=8, dp_mode="fsdp", recompute="full", reduce_dtype="fp32",
+                 bucket_mb=_layer_mib("deepseek-v3", 1, ep=64), metric="tokens_per_s_per_gpu", published=1002,
+                 source=(f"{_AM}, 'Pre-Training Performance', table 'System: DGX-H100, Precision: BF16', row 'DeepSeek V3 "
+                         "671B' (256 GPUs; 8.18 s per global step, 250 model TFLOP/s per GPU)"),
+                 settings_source=("the same row (#GPUs 256, GBS 512, MBS 1, LBS 8, GA 1, sequence 4096, TP 1, PP 4, "
+                                  "CP 1, EP 64, VP 8, FSDP 64, 'TE + DeepEP'); NVIDIA-NeMo/Automodel examples/"
+                                  "llm_benchmark/deepseek/deepseek_v3_te_deepep.yaml (interleaved1f1b, activation "
+                                  "checkpointing, fake balanced gate)"),
+                 assumed=("DeepSeek V3 as the deepseek-v3 preset (MLA, 3 dense layers, 1 shared + 256 routed experts, "
+                          "top-8; no multi-token prediction)", *_AM_MOE_ASSUMED),
+                 extra={"model_tflops_per_gpu": 250, "step_s": 8.18}),
+    PublishedRun(suite="automodel-moe-h100", name="Qwen3 MoE 30B, 8 GPUs, EP 8", model="qwen3-30b-a3b",
+                 cluster="dgx-h100:1", tp=1, pp=1, dp=8, ep=8, moe_dispatcher="deepep", microbatches=16,
+                 microbatch_size=4, dp_mode="fsdp",
+                 recompute="full", reduce_dtype="fp32", bucket_mb=_layer_mib("qwen3-30b-a3b", 1, ep=8),
+                 metric="tokens_per_s_per_gpu", published=12040,
+                 source=(f"{_AM}, 'Pre-Training Performance', table 'System: DGX-H100, Precision: BF16', row 'Qwen3 MoE "
+                         "30B' (21.773 s per global step, 277 model TFLOP/s per GPU)"),
+                 settings_source=("the same row (#GPUs 8, GBS 512, MBS 4, LBS 4, GA 16, sequence 4096, TP 1, PP 1, "
+                                  "CP 1, EP 8, FSDP 8, 'TE + DeepEP'); NVIDIA-NeMo/Automodel examples/llm_benchmark/"
+                                  "qwen/qwen3_moe_30b_te_deepep.yaml (activation checkpointing, fake balanced gate)"),
+                 assumed=("Qwen3 MoE 30B as the qwen3-30b-a3b preset (head_dim 128)", *_AM_MOE_ASSUMED),
+                 extra={"model_tflops_per_gpu": 277, "step_s": 21.773}),
 )
 
 

@@ -37,11 +37,13 @@ def study_of(run: PublishedRun, *, device_model: DeviceModel | None = None, reco
     """The row's layout as a study (``recompute``/``sp`` override the row's, for the memory figures)."""
     costs = TransformerCosts(
         model=model_preset(run.model), cluster=cluster_preset(run.cluster),
-        parallel=ParallelConfig(pp=run.pp, tp=run.tp, dp=run.dp, cp=run.cp, dp_mode=run.dp_mode, bucket_mb=run.bucket_mb,
+        parallel=ParallelConfig(pp=run.pp, tp=run.tp, dp=run.dp, cp=run.cp, ep=run.ep, dp_mode=run.dp_mode,
+                                bucket_mb=run.bucket_mb,
                                 sp=run.sp if sp is None else sp, overlap_param_gather=run.overlap_param_gather),
         microbatch_size=run.microbatch_size, recompute=run.recompute if recompute is None else recompute,
         dtype=run.dtype, reduce_dtype=run.reduce_dtype, elementwise=run.elementwise, tp_overlap=run.tp_overlap,
-        device_model=device_model, layers_per_stage=run.layers_per_stage, stack=run.run_stack)
+        device_model=device_model, layers_per_stage=run.layers_per_stage, stack=run.run_stack,
+        moe_dispatcher=run.moe_dispatcher)
     return Study(schedule=run.schedule, microbatches=run.microbatches, costs=costs,
                  chunks=run.chunks if run.chunks > 1 else None)
 
@@ -50,13 +52,14 @@ def command(run: PublishedRun) -> str:
     """The ``python -m sim`` line that simulates the row."""
     sched = f"{run.schedule} --chunks {run.chunks}" if run.chunks > 1 else run.schedule
     return (f"python -m sim --model {run.model} --cluster {run.cluster} --tp {run.tp} --pp {run.pp} --dp {run.dp}"
-            f"{f' --cp {run.cp}' if run.cp > 1 else ''} "
+            f"{f' --cp {run.cp}' if run.cp > 1 else ''}{f' --ep {run.ep}' if run.ep > 1 else ''} "
             f"--dp-mode {run.dp_mode} --bucket-mb {run.bucket_mb:.12g} --schedule {sched} --microbatches {run.microbatches} "
             f"--microbatch-size {run.microbatch_size} --recompute {run.recompute}{' --sp' if run.sp else ''}"
             f"{' --dtype fp8' if run.dtype == 'fp8' else ''}{' --reduce-dtype fp32' if run.reduce_dtype == 'fp32' else ''}"
             f"{' --elementwise eager' if run.elementwise == 'eager' else ''}{' --tp-overlap' if run.tp_overlap else ''}"
             f"{' --overlap-param-gather' if run.overlap_param_gather else ''}"
             f"{f' --stack {run.run_stack}' if run.run_stack != 'none' else ''}"
+            f"{f' --moe-dispatcher {run.moe_dispatcher}' if run.moe_dispatcher != 'alltoall' else ''}"
             " --json")
 
 
@@ -81,7 +84,7 @@ def score(runs: Iterable[PublishedRun]) -> list[dict[str, Any]]:
                "source": run.source, "settings_source": run.settings_source, "assumed": list(run.assumed),
                "fit": run.fit, "scored": run.scored, "note": run.note, "command": command(run),
                "settings": {k: getattr(run, k) for k in ("model", "cluster", "tp", "pp", "dp", "cp", "microbatches",
-                                                         "microbatch_size", "schedule", "chunks", "dp_mode",
+                                                         "ep", "microbatch_size", "schedule", "chunks", "dp_mode",
                                                          "recompute", "sp", "dtype", "reduce_dtype",
                                                          "elementwise", "tp_overlap", "overlap_param_gather")},
                "stack": run.run_stack}
