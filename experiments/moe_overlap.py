@@ -7,6 +7,10 @@ all-to-all, and a pair of one forward and one backward over 4 MoE layers run one
 all-to-alls fit under its compute; past that the pair is communication-bound and the two streams save only the
 compute they hide.
 
+Then whole steps: DeepSeek-V3 on 64 DGX H100 nodes (pp 8 x dp 64, zero1, full recomputation, 32 microbatches),
+by schedule (1F1B, interleaved 1F1B with 2 chunks, ZB-V, DualPipe-V) and expert placement (ep 8 in a node; ep 64
+over 8 nodes with the plain all-to-all and with DeepEP's dispatch): step time and tokens/s from the simulator.
+
 Usage: python experiments/moe_overlap.py [--layers 4] [--markdown docs/results/moe_overlap.md] [--plot FILE.png]
 """
 
@@ -20,6 +24,9 @@ from analysis.cli.common import OneLineParser, errors_to_exit, positive_int
 from analysis.results_page import check_page, table, write_page
 from sim.costs.cluster import cluster_preset
 from sim.costs.moe import layer_times, pair_times
+from sim.costs.parallel import ParallelConfig
+from sim.costs.transformer_costs import TransformerCosts
+from sim.plan.study import Study, run_study
 from sim.costs.transformer import model_preset
 
 CASES = (("mixtral-8x7b", 8, 1), ("deepseek-v3", 8, 1), ("deepseek-v3", 16, 2), ("deepseek-v3", 64, 8),
@@ -38,6 +45,36 @@ def rows(layers: int) -> list[dict]:
                     "sequential_ms": 1e3 * p["sequential"], "overlapped_ms": 1e3 * p["overlapped"],
                     "compute_ms": 1e3 * p["compute"], "comm_ms": 1e3 * p["comm"], "hidden": hidden})
     return out
+
+
+SCHEDULES = (("1f1b", None), ("interleaved-1f1b", 2), ("zb-v", None), ("dualpipe-v", None))
+PLACEMENTS = ((8, "alltoall"), (64, "alltoall"), (64, "deepep"))
+
+
+def steps() -> list[dict]:
+    """Whole steps of DeepSeek-V3 by schedule and expert placement (module docstring)."""
+    out = []
+    for ep, dispatcher in PLACEMENTS:
+        costs = TransformerCosts(model=model_preset("deepseek-v3"), cluster=cluster_preset("dgx-h100:64"),
+                                 parallel=ParallelConfig(pp=8, dp=64, ep=ep, dp_mode="zero1"), recompute="full",
+                                 moe_dispatcher=dispatcher)
+        for name, chunks in SCHEDULES:
+            r = run_study(Study(schedule=name, microbatches=32, costs=costs, chunks=chunks))
+            out.append({"schedule": name + (f" v{chunks}" if chunks else ""), "ep": ep, "dispatcher": dispatcher,
+                        "step_s": r.step_time, "tokens_per_s": r.tokens_per_step / r.step_time})
+    return out
+
+
+STEP_HEAD = ["schedule", "ep 8 (alltoall) step s", "ep 64 (alltoall) step s", "ep 64 (deepep) step s",
+             "tokens/s, ep 8"]
+
+
+def _step_cells(points: list[dict]) -> list[list[str]]:
+    rows = []
+    for name in dict.fromkeys(p["schedule"] for p in points):
+        mine = [p for p in points if p["schedule"] == name]
+        rows.append([name, *(f"{p['step_s']:.2f}" for p in mine), f"{mine[0]['tokens_per_s']:,.0f}"])
+    return rows
 
 
 HEAD = ["model", "ep (nodes)", "attention F ms", "experts F ms", "all-to-all ms", "pair sequential ms",
@@ -89,6 +126,10 @@ def main() -> None:
     print("  ".join(HEAD))
     for r in points:
         print("  ".join(_cells(r)))
+    whole = steps()
+    print("  ".join(STEP_HEAD))
+    for row in _step_cells(whole):
+        print("  ".join(row))
     png = plot(points, Path(args.plot)) if args.plot else None
     if png:
         print(f"wrote {png}")
@@ -99,7 +140,8 @@ def main() -> None:
             figure = f"\n![F+B pair times by expert-parallel placement]({rel})\n"
         body = (f"{__doc__.split(chr(10) + chr(10))[1]}\n\nPair of {args.layers} MoE layers, DGX H100 device model "
                 "(sim.costs.devices), all-to-all at NCCL's achieved NVLink and NIC rates (sim.costs.cluster).\n\n"
-                f"{table(HEAD, [_cells(r) for r in points])}\n{figure}")
+                f"{table(HEAD, [_cells(r) for r in points])}\n{figure}\n"
+                f"{__doc__.split(chr(10) + chr(10))[2]}\n\n{table(STEP_HEAD, _step_cells(whole))}\n")
         print(f"wrote {write_page(args.markdown, 'MoE: where the all-to-all overlap pays', body)}", file=sys.stderr)
 
 
