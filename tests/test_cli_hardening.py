@@ -86,6 +86,19 @@ def test_non_finite_or_oversized_is_refused(capsys, argv, message):
     _one_line_error(*_run(capsys, ["simulate", *argv]), message)
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--model", "deepseek-v3", "--cluster", "dgx-h100:4", "--pp", "4", "--dp", "8", "--ep", "3"],
+     "ep 3 must divide dp x cp = 8 (expert parallelism folds over the data-parallel ranks, as Megatron-Core and "
+     "torchtitan do); valid: 1, 2, 4, 8 (flag --ep)"),
+    (["--model", "gpt-1.5b", "--cluster", "dgx-h100:1", "--pp", "4", "--dp", "2", "--ep", "2"],
+     "ep 2 splits a MoE model's experts, and model 'gpt-1.5b' has none"),
+    (["--model", "mixtral-8x7b", "--cluster", "dgx-h100:1", "--pp", "4", "--dp", "2", "--ep", "2",
+      "--moe-dispatcher", "foo"], "unknown moe dispatcher 'foo'; valid: alltoall, deepep (flag --moe-dispatcher)"),
+])
+def test_bad_expert_parallel_layouts_are_one_line_errors(capsys, argv, message):
+    _one_line_error(*_run(capsys, ["simulate", *argv, "--schedule", "1f1b", "--microbatches", "8"]), message)
+
+
 def test_json_output_parses_strictly(capsys):
     code, out, _ = _run(capsys, ["simulate", *SIM, "--tf", "1e300", "--json"])
     assert code == 0

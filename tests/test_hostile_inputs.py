@@ -60,7 +60,7 @@ def _toml(data: dict) -> str:
     ("run", "layers_per_stage", [2.0, 2], "got [2.0, 2]"),  # 2.0 is not truncated to 2, nor accepted
     ("run", "layers_per_stage", 4, "config [run]: layers_per_stage must be a list of whole layer counts"),
     ("run", "seed", 1, "config [run]: unknown key(s) ['seed']; valid: chunks, contention, dtype, efficiency, elementwise, "
-                       "layers_per_stage, mem_limit, microbatch_size, microbatches, pair_overlap, post_validation, "
+                       "layers_per_stage, mem_limit, microbatch_size, microbatches, moe_dispatcher, pair_overlap, post_validation, "
                        "recompute, reduce_dtype, schedule, stack, time_limit, tp_overlap"),
     ("run", "mem_limit", "60 G", "config [run]: mem_limit '60 G' is not a size in bytes; write a number of bytes"),
     ("run", "time_limit", "10", "config [run]: time_limit must be a finite number of seconds >= 0, got '10'"),
