@@ -22,12 +22,11 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402, N812
 
 from analysis.cli.train import main as real_main  # noqa: E402
-from real import ModelConfig, RunConfig, make_plan, param_digest, reference_run  # noqa: E402
+from real import ModelConfig, RunConfig, make_plan, param_digest  # noqa: E402
 from real.models import DecoderBlock, build_layers, build_model  # noqa: E402
 from real.moe import MoEBlock, shard_experts  # noqa: E402
 from schedules import SchedlabError  # noqa: E402
 
-TOL = 1e-5
 LAUNCH_TIMEOUT = 90  # seconds for a whole launch (2 or 4 processes on a busy 2-core machine); a hang fails the test
 MOE = ModelConfig(kind="gpt", layers=2, dim=16, heads=2, vocab=32, seq=8, moe_experts=4, moe_top_k=2)
 # The dense default model's parameters before real.moe existed (commit 10b78b3): param_digest(build_model(...)).
@@ -237,16 +236,6 @@ def four(tmp_path_factory) -> dict:
     return _launch(4, FOUR, tmp_path_factory.mktemp("moe4"))
 
 
-def _assert_equal_to_reference(label: str, cfg: RunConfig, got: dict) -> None:
-    ref_losses, ref_params = reference_run(cfg)
-    worst = max(abs(a - b) for a, b in zip(got["losses"], ref_losses, strict=True))
-    assert worst <= TOL, f"{label}: losses {got['losses']} vs reference {ref_losses}"
-    assert list(got["params"]) == list(ref_params), f"{label}: parameter names or order differ"
-    for name, ref in ref_params.items():
-        diff = float((got["params"][name] - ref).abs().max())
-        assert diff <= TOL, f"{label}: parameter {name} differs from the reference by {diff:.3g}"
-
-
 def _assert_bytes(label: str, cfg: RunConfig, got: dict) -> None:
     """Each step, each rank's dispatch rows, sent and kept, are its tokens x top_k (x dim x 4 bytes, fp32) for
     every MoE block its stages hold; the combine sends back what the others dispatched to it, and each
@@ -282,6 +271,8 @@ def cfg_layers(cfg: RunConfig, pp_rank: int) -> list[int]:
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 30)
 @pytest.mark.parametrize("label", list(TWO))
 def test_two_ranks_ep_equals_plain_training(two, label):
+    from tests.test_real_equality import _assert_equal_to_reference  # losses and every parameter at 1e-5
+
     _assert_equal_to_reference(label, TWO[label], two[label])
     if TWO[label].layout.ep > 1:
         _assert_bytes(label, TWO[label], two[label])
@@ -291,6 +282,8 @@ def test_two_ranks_ep_equals_plain_training(two, label):
 @pytest.mark.timeout(LAUNCH_TIMEOUT + 30)
 @pytest.mark.parametrize("label", list(FOUR))
 def test_four_ranks_ep_equals_plain_training(four, label):
+    from tests.test_real_equality import _assert_equal_to_reference
+
     _assert_equal_to_reference(label, FOUR[label], four[label])
     _assert_bytes(label, FOUR[label], four[label])
 
