@@ -230,3 +230,21 @@ def test_deepep_dispatch_crosses_the_nic_once_per_remote_node():
     # inside one node both dispatchers are the same all-to-all
     one = cluster_preset("dgx-h100:1")
     assert dispatch_time(moe, tokens, h, 8, 1, one, "deepep") == dispatch_time(moe, tokens, h, 8, 1, one)
+
+
+def test_a_moe_model_from_a_toml_table():
+    from sim.costs.transformer import model_from_dict
+    shape = dict(layers=8, hidden=1024, heads=8, gated_mlp=True, bias=False, tied_embeddings=False,
+                 learned_positions=False, dropout=False)
+    m = model_from_dict({**shape, "moe": {"experts": 16, "top_k": 2, "expert_ffn": 1024, "dense_layers": 1,
+                                          "histogram": [4, *[1] * 15]}})
+    assert m.moe_layers == 7 and m.moe.routing == "histogram"
+    assert max_load(m.moe, 4) == pytest.approx(4 * 7 / 19)  # experts 0-3 on rank 0: (4 + 1 + 1 + 1) / 19
+    assert model_from_dict({"preset": "mixtral-8x7b", "moe": {"experts": 8, "top_k": 1, "expert_ffn": 14336}}
+                           ).moe.top_k == 1
+    with pytest.raises(ConfigError, match=r"unknown \[model.moe\] key\(s\) \['k'\]; valid: experts, top_k"):
+        model_from_dict({**shape, "moe": {"experts": 16, "k": 2, "expert_ffn": 1024}})
+    with pytest.raises(ConfigError, match=r"\[model.moe\] needs top_k"):
+        model_from_dict({**shape, "moe": {"experts": 16, "expert_ffn": 1024}})
+    with pytest.raises(ConfigError, match="top_k 17 must be at most experts 16"):
+        model_from_dict({**shape, "moe": {"experts": 16, "top_k": 17, "expert_ffn": 1024}})

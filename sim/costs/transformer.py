@@ -417,11 +417,29 @@ def _key_size(owner: str, key: str, value: Any, error: type[ConfigError] = Confi
         key_positive_int(owner, key, value, error)
 
 
+#: The [model.moe] table: a MoE model's experts (sim.costs.moe.MoEConfig; each value checked there).
+MOE_TABLE = ("experts", "top_k", "expert_ffn", "shared_experts", "dense_layers", "capacity_factor", "skew", "histogram")
+
+
+def _key_moe(owner: str, key: str, value: Any, error: type[ConfigError] = ConfigError) -> None:
+    """[model.moe]: a table of :data:`MOE_TABLE` keys, experts, top_k and expert_ffn among them."""
+    if not isinstance(value, Mapping):
+        raise error(f"{owner}: moe must be a table ([model.moe] with experts, top_k, expert_ffn), got {quote(value)}",
+                    field="moe")
+    unknown = sorted(map(str, set(value) - set(MOE_TABLE)))
+    if unknown:
+        raise error(f"{owner}: unknown [model.moe] key(s) {quote(unknown)}; valid: {', '.join(MOE_TABLE)}",
+                    field=unknown[0])
+    missing = [k for k in ("experts", "top_k", "expert_ffn") if k not in value]
+    if missing:
+        raise error(f"{owner}: [model.moe] needs {', '.join(missing)}", field=missing[0])
+
+
 #: The [model] table: its keys and their kinds (``preset`` alone, or the shape).
 MODEL_TABLE: dict[str, KeyCheck] = {
     "preset": key_string("a model preset such as 'gpt-6.2b'"), "name": key_string("the model's name"),
     **dict.fromkeys(("layers", "hidden", "heads", "vocab", "seq_len"), key_positive_int),
-    "ffn": _key_size, "kv_heads": _key_size, "head_dim": _key_size,
+    "ffn": _key_size, "kv_heads": _key_size, "head_dim": _key_size, "moe": _key_moe,
     **dict.fromkeys(("gated_mlp", "bias", "tied_embeddings", "learned_positions", "dropout"), key_flag),
     "attention": key_choice(ATTENTION_KINDS),
 }
@@ -430,6 +448,11 @@ MODEL_TABLE: dict[str, KeyCheck] = {
 def model_from_dict(data: Mapping[str, Any]) -> TransformerConfig:
     """A [model] table: a ``preset``, or the shape (layers, hidden, heads and optional keys)."""
     check_table("model", data, MODEL_TABLE)
+    if "moe" in data:
+        m = dict(data["moe"])
+        if "histogram" in m and isinstance(m["histogram"], list):
+            m["histogram"] = tuple(m["histogram"])
+        data = {**data, "moe": MoEConfig(**m)}
     if "preset" in data:  # a preset, with any shape keys given beside it on top (e.g. seq_len)
         base = model_preset(data["preset"])
         extra = {k: v for k, v in data.items() if k != "preset"}
