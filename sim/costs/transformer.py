@@ -366,7 +366,8 @@ _MEGATRON_H100 = (("gpt-1.7b", 24, 2048, 16), ("gpt-7.1b", 30, 4096, 32), ("gpt-
 # first three is MoE: 1 shared and 256 routed experts of width 2048, 8 routed per token; 671B total, 37B active;
 # sequence 4096 in pre-training; the dense FFN width 18432 and vocabulary 129280 from its config.json
 # (deepseek-ai/DeepSeek-V3 on Hugging Face). The multi-token-prediction module and node-limited routing are left
-# out. moe-gpt-small: this project's small MoE model (Llama-shaped: 4 layers, h 128, 8 experts of 256, top-2).
+# out. moe-gpt-small: a small Llama-shaped MoE model for tests (4 layers, h 128, 8 experts of 256, top-2); the real
+# runtime's --moe-experts GPT is GPT-shaped (biases, GELU, LayerNorm), which the simulator's MoE layers do not take.
 # Qwen3-30B-A3B and Qwen3-235B-A22B: Yang et al. 2025 ("Qwen3 Technical Report", arXiv 2505.09388), Table 2 (layers,
 # query/KV heads 32/4 and 64/4, 128 experts, 8 routed per token, no shared experts); hidden 2048 and 4096, expert width
 # 768 and 1536 (dense width 6144 and 12288, unused: every layer is MoE), vocabulary 151936, untied embeddings: their Hugging Face config.json, as NVIDIA-NeMo/Megatron-Bridge
