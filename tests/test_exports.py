@@ -27,6 +27,7 @@ from analysis.plan.torchtitan import torchtitan_notes
 from common.errors import ConfigError
 from schedules.interop.torch_csv import read_torch_csv
 from sim.costs.cluster import cluster_preset
+from sim.costs.moe import MoEConfig
 from sim.costs.transformer import TransformerConfig
 from sim.plan.search import plan
 from sim.plan.space import PlanConfig, PlanSpace
@@ -155,6 +156,12 @@ def test_flag_table_covers_every_flag_the_exporter_writes():
                         for reduce in ("bf16", "fp32"):
                             line = megatron_script(c, model, 8, plan_layout(c, model, plan_schedule(c)), reduce)
                             seen |= set(_flags(line.splitlines()[-1]))
+    # a MoE model with shared experts and a dense first layer, its experts over ep 2 (docs/exports.md)
+    moe = TransformerConfig(name="moe", layers=8, hidden=64, heads=4, vocab=256, seq_len=32, gated_mlp=True, bias=False,
+                            tied_embeddings=False, learned_positions=False, dropout=False,
+                            moe=MoEConfig(experts=4, top_k=2, expert_ffn=64, shared_experts=1, dense_layers=1))
+    c = PlanConfig(1, 2, 2, "1f1b", 1, 1, 4, "zero1", "none", False, 2)
+    seen |= set(_flags(megatron_script(c, moe, 8, plan_layout(c, moe, plan_schedule(c))).splitlines()[-1]))
     assert seen == set(FLAG_SOURCES)
 
 

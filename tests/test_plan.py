@@ -316,7 +316,7 @@ def test_plan_counts_and_determinism():
     d = one.to_dict()
     assert set(d) >= {"candidates", "feasible", "simulated", "seconds", "top"}
     assert set(d["top"][0]["config"]) == {"tp", "pp", "dp", "schedule", "chunks", "microbatch_size", "microbatches",
-                                          "dp_mode", "recompute", "sp"}
+                                          "dp_mode", "recompute", "sp", "ep"}
 
 
 # --------------------------------------------------------------------------------------------- exports

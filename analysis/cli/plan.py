@@ -24,7 +24,7 @@ __all__ = ["plan_main"]
 
 
 def _parser(prog: str) -> OneLineParser:
-    p = OneLineParser(prog=prog, description="Search tp, pp, dp, schedule, chunks, microbatches, dp mode, "
+    p = OneLineParser(prog=prog, description="Search tp, pp, dp, ep (MoE), schedule, chunks, microbatches, dp mode, "
                       "recomputation and sequence parallelism for the fastest step; print the top K and export the winner.")
     p.add_argument("--model", required=True, metavar="NAME", help="transformer preset, e.g. llama3-405b")
     p.add_argument("--cluster", required=True, metavar="NAME:NODES", help="cluster preset, e.g. dgx-h100:64")
@@ -43,6 +43,9 @@ def _parser(prog: str) -> OneLineParser:
     p.add_argument("--dp-modes", default="sync,ddp,zero1,zero2,fsdp", metavar="A,B,...",
                    help="data-parallel modes tried: sync, ddp, zero1, zero2, fsdp (= zero3), ps (needs a cluster with "
                         "parameter servers, e.g. dgx-h100:2+ps2) (default sync,ddp,zero1,zero2,fsdp)")
+    p.add_argument("--ep", type=int_list, metavar="E,...",
+                   help="expert-parallel degrees tried for a MoE model (default: every divisor of dp that divides "
+                        "its experts)")
     p.add_argument("--out", default="out/plan", metavar="DIR",
                    help="where the exports and the Pareto plot go (default out/plan/)")
     p.add_argument("--link-model", default="fair", metavar="MODEL",
@@ -89,7 +92,8 @@ def plan_main(argv: Sequence[str] | None = None, prog: str = "schedlab plan") ->
             schedules=None if is_all(args.schedules) else tuple(name_list(args.schedules)),
             chunks=tuple(args.chunks), microbatch_sizes=None if args.microbatch_sizes is None else tuple(args.microbatch_sizes),
             dp_modes=tuple(name_list(args.dp_modes, [])), link_model=args.link_model,
-            grad_compression=args.grad_compression, reduce_dtype=args.reduce_dtype)
+            grad_compression=args.grad_compression, reduce_dtype=args.reduce_dtype,
+            ep=None if args.ep is None else tuple(args.ep))
         layout = None if args.against is None else parse_layout(args.against, space)
         out = check_output_dir(args.out, "output folder")
         for name in ("schedule.csv", "torchtitan_plan.py", "megatron.sh", "pareto.png"):

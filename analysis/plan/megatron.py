@@ -56,6 +56,14 @@ FLAG_SOURCES: dict[str, tuple[str, int, str]] = {
     "--tensor-model-parallel-size": (_MPC, 55, "field tensor_model_parallel_size: int = 1"),
     "--pipeline-model-parallel-size": (_MPC, 83, "field pipeline_model_parallel_size: int = 1"),
     "--sequence-parallel": (_MPC, 94, "field sequence_parallel: bool = False (store_true)"),
+    "--expert-model-parallel-size": (_MPC, 127, "field expert_model_parallel_size: int = 1"),
+    "--num-experts": (_ARGS, 3518, "add_argument, type=int (num_moe_experts is excluded from the factory)"),
+    "--moe-layer-freq": (_ARGS, 3520, "add_argument, type=moe_freq_type: an int or a list pattern such as ([0]*3+[1]*58)"),
+    "--moe-router-topk": (_TC, 760, "field moe_router_topk: int = 2"),
+    "--moe-ffn-hidden-size": (_TC, 740, "field moe_ffn_hidden_size: Optional[int] = None"),
+    "--moe-shared-expert-intermediate-size": (_TC, 701, "field moe_shared_expert_intermediate_size: Optional[int]"),
+    "--moe-grouped-gemm": (_TC, 850, "field moe_grouped_gemm: bool = False (store_true)"),
+    "--moe-token-dispatcher-type": (_TC, 891, "field moe_token_dispatcher_type: 'allgather', 'alltoall' or 'flex'"),
     "--pipeline-model-parallel-layout": (_ARGS, 3103, "add_argument, type=str; E, t, L stages split by |"),
     "--micro-batch-size": (_TRAIN, 11, "TrainingConfig.micro_batch_size (factory at arguments.py:2863)"),
     "--global-batch-size": (_TRAIN, 15, "TrainingConfig.global_batch_size (factory at arguments.py:2863)"),
@@ -163,6 +171,14 @@ def _model_flags(model: TransformerConfig) -> list[str]:
         flags += ["--disable-bias-linear", "--normalization RMSNorm"]
     if not model.tied_embeddings:
         flags.append("--untie-embeddings-and-output-weights")
+    if model.moe is not None:  # the experts' shape; the dispatcher as the simulator times it (alltoall)
+        m = model.moe
+        flags += [f"--num-experts {m.experts}", f"--moe-router-topk {m.top_k}", f"--moe-ffn-hidden-size {m.expert_ffn}",
+                  "--moe-grouped-gemm", "--moe-token-dispatcher-type alltoall"]
+        if m.shared_experts:
+            flags.append(f"--moe-shared-expert-intermediate-size {m.shared_experts * m.expert_ffn}")
+        if m.dense_layers:
+            flags.append(f"--moe-layer-freq {shlex.quote(f'([0]*{m.dense_layers}+[1]*{model.moe_layers})')}")
     return flags
 
 
@@ -261,6 +277,8 @@ def megatron_script(c: PlanConfig, model: TransformerConfig, global_batch: int, 
         raise ConfigError(f"reduce dtype {reduce_dtype!r}: give one of {', '.join(REDUCE_FLAGS)}", field="reduce_dtype")
     fsdp = c.dp > 1 and c.dp_mode in FSDP_MODES
     args = [f"--tensor-model-parallel-size {c.tp}", f"--pipeline-model-parallel-size {c.pp}"]
+    if c.ep > 1:
+        args.append(f"--expert-model-parallel-size {c.ep}")
     if c.pp > 1:
         args.append(f"--pipeline-model-parallel-layout {shlex.quote(megatron_layout(layout))}")
     args += [f"--micro-batch-size {c.microbatch_size}", f"--global-batch-size {global_batch}", *_model_flags(model)]

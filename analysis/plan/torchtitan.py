@@ -200,6 +200,12 @@ def torchtitan_notes(c: PlanConfig, model: TransformerConfig, layout: PlanLayout
     module uses instead; with ``sched`` the UNSHARDs torch's runtime adds, with ``study`` a mode torchtitan runs
     otherwise than planned re-timed by the simulator."""
     notes = []
+    if model.moe is not None:  # the module builds torchtitan's dense llama3 (model_spec): it does not train the experts
+        m = model.moe
+        notes.append(f"the plan's model is a mixture of experts ({m.experts} experts, top-{m.top_k}, ep {c.ep}); this "
+                     "module builds torchtitan's dense llama3 of the same attention and a dense MLP of width "
+                     f"{model.ffn}, not the experts: it does not run what was planned (use megatron.sh, which "
+                     "carries --num-experts and --expert-model-parallel-size)")
     if reduce_dtype != "fp32" and c.dp > 1:  # torchtitan 0.3.0: TrainingConfig.mixed_precision_reduce is float32 only
         notes.append(f"gradients reduced in {reduce_dtype}: torchtitan reduces them in float32 only "
                      "(TrainingConfig.mixed_precision_reduce), so its gradient collectives carry twice the bytes "

@@ -35,6 +35,7 @@ from sim.plan.space import (
     PlanConfig,
     PlanSpace,
     chunk_choices,
+    ep_choices,
     shape_ok,
     tp_choices,
 )
@@ -43,7 +44,7 @@ from sim.plan.study import Study, run_study
 __all__ = ["in_space", "parse_layout", "simulate_layout"]
 
 _FORMS = "tpN[+sp], sp, ppN, dpN, a schedule, vN, mMxB, a dp mode, rc-MODE"
-_NUMBERED = {"tp": re.compile(r"tp(\d+)(\+sp)?"), "pp": re.compile(r"pp(\d+)"), "dp": re.compile(r"dp(\d+)"),
+_NUMBERED = {"tp": re.compile(r"tp(\d+)(\+sp)?"), "pp": re.compile(r"pp(\d+)"), "dp": re.compile(r"dp(\d+)"), "ep": re.compile(r"ep(\d+)"),
              "chunks": re.compile(r"v(\d+)"), "batch": re.compile(r"mb?(\d+)x(\d+)")}
 
 
@@ -121,8 +122,12 @@ def parse_layout(text: str, space: PlanSpace) -> PlanConfig:
             raise _fail(text, f"{NO_PIPELINE} is the layout of pp 1 with v 1 (got pp {pp}, v {got.get('chunks', 1)}); "
                               "name a schedule for pp > 1")
         schedule = ACCUMULATION
+    ep = got.get("ep", 1)
+    if ep > 1 and (space.model.moe is None or dp % ep or space.model.moe.experts % ep):
+        raise _fail(text, f"ep {ep} must divide dp {dp} and a MoE model's experts"
+                          + ("" if space.model.moe is None else f" ({space.model.moe.experts})"))
     return _shape(text, space, PlanConfig(tp, pp, dp, schedule, got.get("chunks", 1), b, m, mode,
-                                          got.get("recompute", "none"), got.get("sp", False)))
+                                          got.get("recompute", "none"), got.get("sp", False), ep))
 
 
 def _shape(text: str, space: PlanSpace, c: PlanConfig) -> PlanConfig:
@@ -163,6 +168,8 @@ def in_space(c: PlanConfig, space: PlanSpace) -> list[str]:
             out.append(f"{key} {getattr(c, key)}")
     if c.tp > 1 and c.sp not in space.sp:
         out.append("sp " + ("on" if c.sp else "off"))
+    if c.ep not in ep_choices(space, c.dp):
+        out.append(f"ep {c.ep}")
     return out
 
 

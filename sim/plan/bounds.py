@@ -245,6 +245,7 @@ class _Stages:
     w: tuple[float, ...]
     params: tuple[float, ...]
     act: tuple[float, ...]
+    experts: tuple[float, ...]  # of params, the routed experts' (a MoE model): sharded over dp / ep, not dp
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +258,7 @@ class _Ranks:
     act_min: tuple[float, ...]
     sizes: tuple[tuple[float, ...], ...]  # activation bytes of each of the rank's stages
     recompute: tuple[float, ...]  # seconds of recomputation per microbatch
+    experts: tuple[float, ...]  # of params, the routed experts'
 
 
 class Bounds:
@@ -283,14 +285,14 @@ class Bounds:
         self._ends: dict[tuple, list[float]] = {}
 
     # --- cost models ------------------------------------------------------------------------------------
-    def unit_costs(self, tp: int, sp: bool, b: int, recompute: str) -> TransformerCosts:
-        """Pass times and activations depend only on (tp, sp, b, recompute): one model per combination."""
-        key = (tp, sp, b, recompute)
+    def unit_costs(self, tp: int, sp: bool, b: int, recompute: str, ep: int = 1) -> TransformerCosts:
+        """Pass times and activations depend only on (tp, sp, b, recompute, ep): one model per combination."""
+        key = (tp, sp, b, recompute, ep)
         c = self._unit.get(key)
         if c is None:
             s = self.space
             c = self._unit[key] = TransformerCosts(
-                model=s.model, cluster=s.cluster, parallel=ParallelConfig(pp=1, tp=tp, sp=sp),
+                model=s.model, cluster=s.cluster, parallel=ParallelConfig(pp=1, tp=tp, sp=sp, dp=ep, ep=ep),
                 microbatch_size=b, recompute=recompute)
         return c
 
@@ -302,43 +304,54 @@ class Bounds:
             s = self.space
             found = self._full[key] = TransformerCosts(
                 model=s.model, cluster=s.cluster,
-                parallel=ParallelConfig(pp=c.pp, dp=c.dp, tp=c.tp, sp=c.sp, dp_mode=c.dp_mode,
+                parallel=ParallelConfig(pp=c.pp, dp=c.dp, tp=c.tp, sp=c.sp, ep=c.ep, dp_mode=c.dp_mode,
                                         bucket_mb=s.bucket_for(c.tp), link_model=s.link_model,
                                         grad_compression=s.grad_compression if c.dp_mode != "none" else "none"),
                 microbatch_size=c.microbatch_size, recompute=c.recompute, reduce_dtype=s.reduce_dtype)
         return found
 
-    def _stage_figs(self, tp: int, sp: bool, b: int, rc: str, n: int) -> _Stages:
-        key = (tp, sp, b, rc, n)
+    def _stage_figs(self, tp: int, sp: bool, b: int, rc: str, n: int, ep: int = 1) -> _Stages:
+        """Per stage: pass times, parameters, activations, and the routed experts' parameters. With expert
+        parallelism a pass's all-to-alls are left out of its time: an overlapped pair may hide them all
+        (sim.costs.moe.two_stream_time), and a bound must not count what a schedule can hide."""
+        key = (tp, sp, b, rc, n, ep)
         found = self._stages.get(key)
         if found is None:
-            unit = self.unit_costs(tp, sp, b, rc)
-            split = partition_layers(self.space.model.layers, n)
+            unit = self.unit_costs(tp, sp, b, rc, ep)
+            model = self.space.model
+            split = partition_layers(model.layers, n)
+            a2a = unit.all_to_all_time()
             memo: dict[tuple, tuple] = {}
             cols = []
             for s, layers in enumerate(split):
-                k = (layers, s == 0, s == n - 1)
+                moe = model.moe_in(sum(split[:s]), layers)
+                k = (layers, s == 0, s == n - 1, moe)
                 if k not in memo:
-                    memo[k] = (*(unit.time_of(kind, *k) for kind in (Kind.F, Kind.I, Kind.W)),
-                               unit.params_of(*k, n > 1), unit.activations_of(layers, k[2]))
+                    times = [unit.time_of(kind, *k) - moe * unit.all_to_alls(kind) * a2a
+                             for kind in (Kind.F, Kind.I, Kind.W)]
+                    experts = (moe * (model.moe.experts // ep) * model.moe.expert_params(model.hidden, model.gated_mlp)
+                               / tp if moe else 0.0)
+                    memo[k] = (*times, unit.params_of(*k[:3], n > 1, moe=moe),
+                               unit.activations_of(layers, k[2], moe=moe), experts)
                 cols.append(memo[k])
             found = self._stages[key] = _Stages(*(tuple(col) for col in zip(*cols, strict=True)))
         return found
 
     def _rank_figs(self, c: PlanConfig) -> tuple[ShapeInfo, _Ranks]:
         info = shape_info(c.schedule, c.pp, c.chunks)
-        key = (c.tp, c.sp, c.microbatch_size, c.recompute, info.placement)
+        key = (c.tp, c.sp, c.microbatch_size, c.recompute, info.placement, c.ep)
         found = self._ranks.get(key)
         if found is None:
             n = len(info.placement)
-            st = self._stage_figs(c.tp, c.sp, c.microbatch_size, c.recompute, n)
-            plain = st if c.recompute == "none" else self._stage_figs(c.tp, c.sp, c.microbatch_size, "none", n)
+            st = self._stage_figs(c.tp, c.sp, c.microbatch_size, c.recompute, n, c.ep)
+            plain = st if c.recompute == "none" else self._stage_figs(c.tp, c.sp, c.microbatch_size, "none", n, c.ep)
             cols = []
             for stages in info.rank_stages:
                 params = [st.params[s] for s in stages]
                 sizes = tuple(st.act[s] for s in stages)
                 cols.append((sum(st.f[s] + st.i[s] + st.w[s] for s in stages), sum(params), 2 * max(params),
-                             min(sizes), sizes, sum(st.i[s] - plain.i[s] for s in stages)))
+                             min(sizes), sizes, sum(st.i[s] - plain.i[s] for s in stages),
+                             sum(st.experts[s] for s in stages)))
             found = self._ranks[key] = _Ranks(*(tuple(col) for col in zip(*cols, strict=True)))
         return info, found
 
@@ -346,13 +359,17 @@ class Bounds:
     def states(self, c: PlanConfig) -> tuple[float, ...]:
         """Per pipeline rank: model states plus FSDP's gathered weights (bytes), without activations."""
         info, ranks = self._rank_figs(c)
-        key = (c.tp, info.placement, c.dp_mode, c.dp)
+        key = (c.tp, info.placement, c.dp_mode, c.dp, c.ep)
         found = self._states.get(key)
         if found is None:
             fsdp = c.dp_mode in ("zero3", "fsdp")
             grad = 4 if self.space.reduce_dtype == "fp32" else 2  # an fp32 accumulator, as sim.plan.study counts it
-            found = self._states[key] = tuple(model_state_bytes(p, c.dp_mode, c.dp, grad) + (g if fsdp else 0.0)
-                                              for p, g in zip(ranks.params, ranks.gather, strict=True))
+            edp = c.dp // c.ep  # the routed experts' replicas (sim.plan.budget.held_bytes counts them so)
+            found = self._states[key] = tuple(
+                model_state_bytes(p - e, c.dp_mode, c.dp, grad)
+                + (model_state_bytes(e, c.dp_mode if edp > 1 else "none", edp, grad) if e else 0.0)
+                + (g if fsdp else 0.0)
+                for p, g, e in zip(ranks.params, ranks.gather, ranks.experts, strict=True))
         return found
 
     def stage_sizes(self, c: PlanConfig) -> tuple[tuple[float, ...], ...]:
@@ -389,7 +406,7 @@ class Bounds:
 
     # --- the lower bound ----------------------------------------------------------------------------------
     def _dp_tails(self, c: PlanConfig, info: ShapeInfo) -> tuple[float, ...]:
-        key = (c.tp, c.pp, c.dp, c.dp_mode, info.placement)  # optimizer steps and buckets: not b, sp or recompute
+        key = (c.tp, c.pp, c.dp, c.dp_mode, info.placement, c.ep)  # optimizer steps and buckets: not b, sp, recompute
         found = self._dp.get(key)
         if found is not None:
             return found
@@ -422,12 +439,12 @@ class Bounds:
 
     def _chains(self, c: PlanConfig, info: ShapeInfo) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Per rank: the forward chain before its lowest stage (head) and the input-gradient chain below it (back)."""
-        key = (c.tp, c.sp, c.microbatch_size, c.recompute, c.dp, info.placement)
+        key = (c.tp, c.sp, c.microbatch_size, c.recompute, c.dp, info.placement, c.ep)
         found = self._paths.get(key)
         if found is not None:
             return found
         placement, n = info.placement, len(info.placement)
-        st = self._stage_figs(c.tp, c.sp, c.microbatch_size, c.recompute, n)
+        st = self._stage_figs(c.tp, c.sp, c.microbatch_size, c.recompute, n, c.ep)
         costs = self.costs(c)
         p, nbytes = costs.parallel, self.space.model.boundary_bytes(c.microbatch_size) / c.tp
         head, back = [0.0] * n, [0.0] * n
@@ -451,7 +468,7 @@ class Bounds:
         parameters stay gathered, ``fsdp_reshard_after_forward`` off; W's gathers are not counted). Other
         modes: (0, 0).
         """
-        key = (c.tp, c.pp, c.dp, c.dp_mode, info.placement)
+        key = (c.tp, c.pp, c.dp, c.dp_mode, info.placement, c.ep)
         found = self._queues.get(key)
         if found is not None:
             return found
@@ -536,7 +553,7 @@ class Bounds:
         """
         info, _ = self._rank_figs(c)
         n = ct.num_stages
-        st = self._stage_figs(c.tp, c.sp, c.microbatch_size, c.recompute, n)
+        st = self._stage_figs(c.tp, c.sp, c.microbatch_size, c.recompute, n, c.ep)
         costs = self.costs(c)
         overlap = costs.pair_overlap
         unit = {_F: st.f, _I: st.i, _W: st.w}

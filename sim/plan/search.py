@@ -244,7 +244,7 @@ def _row_key(c: PlanConfig) -> tuple:
     """What a schedule's activation rows depend on: its shape, and for an adaptive one its options too (pass times:
     tp, sp, recompute; with pp and m they fix dp, b and the placement, so tcomm)."""
     key = (c.schedule, c.pp, c.microbatches, c.chunks)
-    return (*key, c.tp, c.sp, c.recompute) if _adaptive(c.schedule) else key
+    return (*key, c.tp, c.sp, c.recompute, c.ep) if _adaptive(c.schedule) else key
 
 
 def _floor_of(c: PlanConfig) -> tuple | None:
@@ -253,7 +253,7 @@ def _floor_of(c: PlanConfig) -> tuple | None:
 
 def _group_key(c: PlanConfig) -> tuple:
     """Configurations that share one lowered graph (the buckets follow from tp)."""
-    return (*_row_key(c), c.dp_mode, c.tp)
+    return (*_row_key(c), c.dp_mode, c.tp, c.ep)
 
 
 def _refine_job(configs: Sequence[PlanConfig], rows: MemoryRows | None, floor: MemoryRows | None = None

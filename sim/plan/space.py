@@ -36,7 +36,8 @@ from sim.costs.recompute_modes import check_recompute
 from sim.costs.transformer import TransformerConfig
 from sim.network import LINK_MODELS
 
-__all__ = ["ACCUMULATION", "MAX_GLOBAL_BATCH", "MAX_MICROBATCHES", "NO_PIPELINE", "PLAN_DP_MODES", "PlanConfig", "PlanSpace", "enumerate_configs",
+__all__ = ["ACCUMULATION", "MAX_GLOBAL_BATCH", "MAX_MICROBATCHES", "NO_PIPELINE", "PLAN_DP_MODES", "PlanConfig", "PlanSpace",
+           "enumerate_configs", "ep_choices",
            "shape_ok", "tp_choices", "why_empty"]
 
 #: The data-parallel modes the planner searches by default: every exact mode the runtime runs (``real/``), ``zero3``
@@ -81,6 +82,7 @@ class PlanConfig(NamedTuple):
     dp_mode: str
     recompute: str
     sp: bool
+    ep: int = 1  # expert parallelism (a MoE model): the routed experts over ep of the dp ranks
 
     @property
     def pipeline(self) -> str:
@@ -93,7 +95,8 @@ class PlanConfig(NamedTuple):
     def label(self) -> str:
         sp = "+sp" if self.sp else ""
         v = f" v{self.chunks}" if self.chunks > 1 else ""
-        return (f"tp{self.tp}{sp} pp{self.pp} dp{self.dp} {self.pipeline}{v} m{self.microbatches}x{self.microbatch_size} "
+        ep = f" ep{self.ep}" if self.ep > 1 else ""
+        return (f"tp{self.tp}{sp} pp{self.pp} dp{self.dp}{ep} {self.pipeline}{v} m{self.microbatches}x{self.microbatch_size} "
                 f"{self.dp_mode} rc-{self.recompute}")
 
 
@@ -123,6 +126,7 @@ class PlanSpace:
     sp: tuple[bool, ...] = (False, True)
     tp: tuple[int, ...] | None = None  # None: every valid divisor
     pp: tuple[int, ...] | None = None  # None: every valid divisor
+    ep: tuple[int, ...] | None = None  # None: a MoE model's every ep dividing dp and its experts; a dense model's 1
     bucket_mb: float | None = None  # None: one transformer layer's 16-bit weights per tensor shard, at least 25 MiB
     link_model: str = "fair"  # how transfers share a port in the simulations (sim.network)
     grad_compression: str = "none"  # the codec of every candidate's gradient collectives (schedules.dp.codecs)
@@ -166,8 +170,11 @@ class PlanSpace:
         for mode in self.dp_modes:  # powersgd: all-reduce modes only
             check_dp_mode(comp, mode)
         object.__setattr__(self, "grad_compression", comp.spec)
-        for value in (*(self.tp or ()), *(self.pp or ())):
+        for value in (*(self.tp or ()), *(self.pp or ()), *(self.ep or ())):
             check_positive_ints("plan", degree=value)
+        if self.model.moe is None and self.ep not in (None, (1,)):
+            raise ConfigError(f"plan: ep {', '.join(map(str, self.ep))} splits a MoE model's experts, and model "
+                              f"{self.model.name!r} has none; use a MoE model or leave ep out", field="ep")
         if not (self.chunks and self.dp_modes and self.recompute and self.sp):
             raise ConfigError("plan: chunks, dp_modes, recompute and sp each need at least one choice", field="plan")
 
@@ -180,7 +187,7 @@ class PlanSpace:
             "dp_modes": [_PLAN_ALIASES.get(m, m) for m in (choice("plan", "dp_mode", m, modes) for m in self.dp_modes)],
             "recompute": [check_recompute("plan", r.lower() if isinstance(r, str) else r) for r in self.recompute],
             "chunks": self.chunks, "microbatch_sizes": self.microbatch_sizes, "sp": self.sp, "tp": self.tp,
-            "pp": self.pp,
+            "pp": self.pp, "ep": self.ep,
         }
         for key, values in fixed.items():
             if values is not None:
@@ -265,6 +272,17 @@ def _shapes(space: PlanSpace, pp: int) -> list[tuple[str, int]]:
     return [(name, v) for name in space.schedule_names for v in chunk_choices(name, space.chunks)]
 
 
+def ep_choices(space: PlanSpace, dp: int) -> list[int]:
+    """Expert-parallel degrees tried at ``dp`` replicas: a MoE model's divisors of dp that divide its experts (or those
+    of ``space.ep``), a dense model's 1. dp modes other than the exact all-reduce and ZeRO ones are the runtime's
+    choice with experts too (docs/moe.md)."""
+    moe = space.model.moe
+    if moe is None:
+        return [1]
+    valid = [e for e in _divisors(dp) if moe.experts % e == 0]
+    return valid if space.ep is None else [e for e in valid if e in space.ep]
+
+
 def enumerate_configs(space: PlanSpace) -> Iterator[PlanConfig]:
     """Every valid configuration of ``space``, in a fixed order."""
     model, devices, batch = space.model, space.devices, space.global_batch
@@ -293,7 +311,8 @@ def enumerate_configs(space: PlanSpace) -> Iterator[PlanConfig]:
                     for mode in modes:
                         for rc in space.recompute:
                             for sp in sps:
-                                yield PlanConfig(tp, pp, dp, name, v, b, m, mode, rc, sp)
+                                for ep in ep_choices(space, dp):
+                                    yield PlanConfig(tp, pp, dp, name, v, b, m, mode, rc, sp, ep)
 
 
 def why_empty(space: PlanSpace) -> ConfigError:
