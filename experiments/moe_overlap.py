@@ -25,9 +25,9 @@ from analysis.results_page import check_page, table, write_page
 from sim.costs.cluster import cluster_preset
 from sim.costs.moe import layer_times, pair_times
 from sim.costs.parallel import ParallelConfig
+from sim.costs.transformer import model_preset
 from sim.costs.transformer_costs import TransformerCosts
 from sim.plan.study import Study, run_study
-from sim.costs.transformer import model_preset
 
 CASES = (("mixtral-8x7b", 8, 1), ("deepseek-v3", 8, 1), ("deepseek-v3", 16, 2), ("deepseek-v3", 64, 8),
          ("deepseek-v3", 256, 32))
