@@ -22,8 +22,9 @@ from pathlib import Path
 
 from analysis.cli.common import OneLineParser, errors_to_exit, positive_int
 from analysis.results_page import check_page, table, write_page
+from schedules import Kind
 from sim.costs.cluster import cluster_preset
-from sim.costs.moe import layer_times, pair_times
+from sim.costs.moe import two_stream_time
 from sim.costs.parallel import ParallelConfig
 from sim.costs.transformer import model_preset
 from sim.costs.transformer_costs import TransformerCosts
@@ -33,15 +34,27 @@ CASES = (("mixtral-8x7b", 8, 1), ("deepseek-v3", 8, 1), ("deepseek-v3", 16, 2), 
          ("deepseek-v3", 256, 32))
 
 
+def pair(model, cluster, ep: int, layers: int) -> tuple[TransformerCosts, dict[str, float]]:
+    """A stage of ``layers`` MoE layers between two others (no embedding, no head) and its F+B pair, as the
+    simulator times a DualPipe pair (TransformerCosts.segments, sim.costs.moe.two_stream_time): one after the
+    other, on two streams, its compute alone and its all-to-alls alone (seconds)."""
+    costs = TransformerCosts(model=model, cluster=cluster, parallel=ParallelConfig(pp=1, dp=ep, ep=ep),
+                             layers_per_stage=(model.layers - 2 * layers, layers, layers))
+    f, b = costs.segments(Kind.F, 1, 3), costs.segments(Kind.B, 1, 3)
+    compute = sum(x.seconds for x in (*f, *b) if not x.comm)
+    comm = sum(x.seconds for x in (*f, *b) if x.comm)
+    return costs, {"sequential": compute + comm, "overlapped": two_stream_time([f, b]), "compute": compute,
+                   "comm": comm}
+
+
 def rows(layers: int) -> list[dict]:
     out = []
     for name, ep, nodes in CASES:
-        model, cluster = model_preset(name), cluster_preset(f"dgx-h100:{nodes}")
-        t = layer_times(model, cluster, ep=ep)
-        p = pair_times(model, cluster, ep=ep, layers=layers)
+        costs, p = pair(model_preset(name), cluster_preset(f"dgx-h100:{nodes}"), ep, layers)
         hidden = (p["sequential"] - p["overlapped"]) / p["comm"] if p["comm"] else 0.0
-        out.append({"model": name, "ep": ep, "nodes": nodes, "attention_f_ms": 1e3 * t.attention["F"],
-                    "experts_f_ms": 1e3 * t.experts["F"], "a2a_ms": 1e3 * t.all_to_all,
+        out.append({"model": name, "ep": ep, "nodes": nodes,
+                    "attention_f_ms": 1e3 * costs.moe_costs("attention").forward(),
+                    "experts_f_ms": 1e3 * costs.moe_costs("experts").forward(), "a2a_ms": 1e3 * costs.all_to_all_time(),
                     "sequential_ms": 1e3 * p["sequential"], "overlapped_ms": 1e3 * p["overlapped"],
                     "compute_ms": 1e3 * p["compute"], "comm_ms": 1e3 * p["comm"], "hidden": hidden})
     return out

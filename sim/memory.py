@@ -28,7 +28,7 @@ from schedules import TaskGraph
 from sim.costs.uniform import UniformCosts
 from sim.engine import simulate
 
-__all__ = ["DeviceMemory", "ModelStates", "model_state_bytes", "model_states", "rank_memory", "server_memory"]
+__all__ = ["DeviceMemory", "ModelStates", "model_state_bytes", "model_states", "moe_state_bytes", "rank_memory", "server_memory"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +101,15 @@ def model_state_bytes(psi: float, mode: str, dp: int, grad_bytes: float = 2) -> 
     """Bytes of weights, gradients and optimizer states of ``psi`` parameters under ``mode`` (``grad_bytes`` 4:
     gradients accumulated in fp32, as with ``reduce_dtype`` fp32)."""
     return model_states(psi, mode, dp, grad_bytes=grad_bytes).total
+
+
+def moe_state_bytes(psi: float, experts: float, mode: str, dp: int, expert_dp: int, grad_bytes: float = 2) -> float:
+    """:func:`model_state_bytes` of ``psi`` parameters of which ``experts`` are a MoE model's routed experts: those
+    sharded over their ``expert_dp`` replicas (dp x cp / ep), not over the ``dp`` the rest is."""
+    if not experts:
+        return model_state_bytes(psi, mode, dp, grad_bytes)
+    return (model_state_bytes(psi - experts, mode, dp, grad_bytes)
+            + model_state_bytes(experts, mode if expert_dp > 1 else "none", expert_dp, grad_bytes))
 
 
 @dataclass(frozen=True, slots=True)

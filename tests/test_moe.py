@@ -10,10 +10,8 @@ from sim.costs.moe import (
     MoEConfig,
     Segment,
     all_to_all_bytes,
-    all_to_all_time,
     expert_shares,
     max_load,
-    pass_segments,
     two_stream_time,
 )
 from sim.costs.transformer import MODEL_PRESETS
@@ -37,17 +35,6 @@ def test_pair_whose_all_to_all_is_twice_the_compute_is_not_hidden():
     f, b = [C(10), M(20)], [M(20), C(10)]
     assert two_stream_time([f, b]) == 40
     assert two_stream_time([f, b]) - 20 == 20
-
-
-def test_segments_of_a_pass():
-    assert pass_segments("F", [False, True], attention=1, mlp=2, a2a=0.5, dense_mlp=3) == [
-        Segment(1 + 3 + 1, name="compute"), Segment(0.5, True, "dispatch"), Segment(2, name="experts"),
-        Segment(0.5, True, "combine")]
-    assert pass_segments("I", [False, True], attention=1, mlp=2, a2a=0.5, dense_mlp=3) == [
-        Segment(0.5, True, "combine-grad"), Segment(2, name="experts"), Segment(0.5, True, "dispatch-grad"),
-        Segment(1 + 3 + 1, name="compute")]
-    assert pass_segments("W", [True, True], attention=1, mlp=2, a2a=0.5) == [Segment(6, name="compute")]
-    assert pass_segments("F", [True], attention=1, mlp=2, a2a=0.0) == [Segment(3, name="compute")]
 
 
 def test_presets_match_their_model_cards():
@@ -81,8 +68,6 @@ def test_all_to_all_bytes_and_time():
     moe = MoEConfig(experts=8, top_k=2, expert_ffn=1)
     assert all_to_all_bytes(moe, 4096, 4096, 8) == 4096 * 2 * 4096 * 2 * 7 / 8
     assert all_to_all_bytes(moe, 4096, 4096, 1) == 0.0
-    link = cluster_preset("dgx-h100:1").intra
-    assert all_to_all_time(1e9, 8, link) == pytest.approx(link.alpha + 1e9 / link.rate)
 
 
 @pytest.mark.parametrize("kw, needle", [
@@ -116,18 +101,20 @@ def test_ep_all_to_all_over_nvlink_and_the_nic():
         eight.inter.alpha + 63e7 / eight.inter.rate)
 
 
-def test_layer_times_and_a_pairs_overlap():
-    from sim.costs.moe import layer_times, pair_times
-    m = moe_preset("deepseek-v3")
-    alone = pair_times(m, cluster_preset("dgx-h100:1"), ep=1, layers=2)
-    assert alone["comm"] == 0 and alone["overlapped"] == pytest.approx(alone["sequential"])
-    t = layer_times(m, cluster_preset("dgx-h100:1"), ep=8)
-    assert t.all_to_all > 0 and t.experts["W"] < t.experts["F"]  # W: the weight GEMMs only
-    node = pair_times(m, cluster_preset("dgx-h100:1"), ep=8, layers=4)
-    assert node["comm"] < node["compute"] and node["overlapped"] == pytest.approx(node["compute"])  # all hidden
-    wide = pair_times(m, cluster_preset("dgx-h100:8"), ep=64, layers=4)
-    assert wide["comm"] > wide["compute"] and wide["comm"] < wide["overlapped"] < wide["sequential"]  # comm-bound
-
+def test_a_stages_segments_in_the_order_it_runs_them():
+    """TransformerCosts.segments: F runs per MoE layer attention, dispatch, experts, combine (the rest first); B the
+    layers reversed, combine's gradient, experts, dispatch's gradient, attention (the rest last); W none."""
+    from schedules import Kind
+    c = _costs(ep=2, nodes=1)
+    layers = c.stage_moe(3, 8)
+    f, b, w = c.segments(Kind.F, 3, 8), c.segments(Kind.B, 3, 8), c.segments(Kind.W, 3, 8)
+    assert [x.name for x in f] == ["rest", *["attention", "dispatch", "experts", "combine"] * layers]
+    assert [x.name for x in b] == [*["combine-grad", "experts", "dispatch-grad", "attention"] * layers, "rest"]
+    assert [x.comm for x in f[1:5]] == [False, True, False, True] and len(w) == 1 and not w[0].comm
+    assert all(x.seconds == c.all_to_all_time() for x in (*f, *b) if x.comm)
+    full = _costs(ep=2, nodes=1, recompute="full").segments(Kind.B, 3, 8)
+    assert [x.name for x in full[:6]] == ["recompute-dispatch", "recompute-combine", "combine-grad", "experts",
+                                          "dispatch-grad", "attention"]
 
 # --- the MoE model in the analytic cost model (sim.costs.transformer_costs) --------------------------------------
 

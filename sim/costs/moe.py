@@ -26,7 +26,8 @@ Overlap (:func:`two_stream_time`): two microbatches' passes, each a chain of com
 segments, on one compute stream and one communication stream. A segment starts when its chain's previous
 segment has ended and its stream is free; the streams serve ready segments in the order they became ready
 (ties to the first chain). DualPipe's F+B pair (DeepSeek-AI 2024, arXiv 2412.19437, sec. 3.2.1, Figure 4: one
-microbatch's all-to-all under the other's attention and MLP) is the two chains of one forward and one backward;
+microbatch's all-to-all under the other's attention and MLP) is the two chains of one forward and one backward
+(TransformerCosts.segments);
 its time follows from the segments, not from a given fraction.
 """
 
@@ -39,32 +40,14 @@ from typing import TYPE_CHECKING
 
 from common.errors import ConfigError, quote
 from sim.costs.cluster import Cluster
-from sim.costs.devices import DEVICE_MODELS
-from sim.costs.gpu_model import ELEMENTWISE_BYTES, LayerCosts, Op, _gemm, layer_ops
+from sim.costs.gpu_model import ELEMENTWISE_BYTES, Op, _gemm
 
 if TYPE_CHECKING:
     from sim.costs.transformer import TransformerConfig
 
-__all__ = [
-    "DISPATCHERS",
-    "MLP_OPS",
-    "ROUTINGS",
-    "LayerTimes",
-    "MLAConfig",
-    "MoEConfig",
-    "Segment",
-    "all_to_all_bytes",
-    "all_to_all_time",
-    "dispatch_time",
-    "ep_all_to_all_time",
-    "expert_ops",
-    "expert_shares",
-    "layer_times",
-    "max_load",
-    "pair_times",
-    "pass_segments",
-    "two_stream_time",
-]
+__all__ = ["DISPATCHERS", "MLP_OPS", "ROUTINGS", "MLAConfig", "MoEConfig", "Segment", "all_to_all_bytes",
+           "dispatch_time", "ep_all_to_all_time", "expert_ops", "expert_shares", "max_load", "remote_nodes",
+           "two_stream_time"]
 
 ROUTINGS = ("uniform", "skew", "histogram")
 
@@ -178,15 +161,6 @@ def all_to_all_bytes(moe: MoEConfig, tokens: float, hidden: int, ep: int, bytes_
     return pairs * max_load(moe, ep) * (ep - 1) / ep
 
 
-def all_to_all_time(nbytes: float, ep: int, link) -> float:
-    """Seconds of one all-to-all moving ``nbytes`` into the busiest rank over ``link`` (NVLink within a node,
-    the NIC across): NCCL runs it as ep - 1 concurrent sends and receives per rank, so one latency and the
-    bytes at the link's achieved rate (sim.costs.cluster.Link)."""
-    if ep == 1 or nbytes <= 0:
-        return 0.0
-    return link.alpha + nbytes / link.rate
-
-
 @dataclass(frozen=True, slots=True)
 class Segment:
     """One piece of a pass: ``comm`` on the communication stream, else compute; ``seconds`` long."""
@@ -194,43 +168,6 @@ class Segment:
     seconds: float
     comm: bool = False
     name: str = ""
-
-
-def pass_segments(kind: str, layers: Sequence[bool], attention: float, mlp: float, a2a: float,
-                  dense_mlp: float = 0.0) -> list[Segment]:
-    """The segments of one pass over layers (True: MoE) in the order it runs them. F: per layer attention, then
-    (MoE) dispatch, experts, combine, or (dense) the MLP. I (and B): the layers reversed, per MoE layer the
-    combine's gradient, the experts, the dispatch's gradient, then attention. W: compute only.
-    ``attention``/``mlp``/``dense_mlp`` are one layer's seconds for this pass, ``a2a`` one all-to-all's."""
-    out: list[Segment] = []
-    order = layers if kind == "F" else list(reversed(layers))
-    for moe in order:
-        if kind == "W":
-            out.append(Segment(attention + (mlp if moe else dense_mlp), name="layer"))
-            continue
-        if not moe:
-            body = [Segment(dense_mlp, name="mlp")]
-        elif a2a > 0:
-            body = [Segment(a2a, True, "dispatch" if kind == "F" else "combine-grad"), Segment(mlp, name="experts"),
-                    Segment(a2a, True, "combine" if kind == "F" else "dispatch-grad")]
-        else:
-            body = [Segment(mlp, name="experts")]
-        att = Segment(attention, name="attention")
-        out += [att, *body] if kind == "F" else [*body, att]
-    return _merge(out)
-
-
-def _merge(segments: list[Segment]) -> list[Segment]:
-    """Adjacent compute segments as one (the same chain on the same stream), zero-length ones dropped."""
-    out: list[Segment] = []
-    for s in segments:
-        if s.seconds <= 0:
-            continue
-        if out and not s.comm and not out[-1].comm:
-            out[-1] = Segment(out[-1].seconds + s.seconds, False, "compute")
-        else:
-            out.append(s)
-    return out
 
 
 def two_stream_time(chains: Sequence[Sequence[Segment]]) -> float:
@@ -329,22 +266,6 @@ def ep_all_to_all_time(nbytes: float, ep: int, tp: int, cluster: Cluster) -> flo
     return cluster.inter.alpha + max(intra / cluster.intra.rate, inter / cluster.inter.rate)
 
 
-@dataclass(frozen=True, slots=True)
-class LayerTimes:
-    """Seconds of one layer's parts for one microbatch on one rank, per pass (F, I, W): the attention block
-    (norms, projections, attention, residual adds), the MoE MLP on the busiest expert rank (router, permutation,
-    shared and routed experts), a dense layer's MLP, and one all-to-all (dispatch or combine)."""
-
-    attention: dict[str, float]
-    experts: dict[str, float]
-    dense_mlp: dict[str, float]
-    all_to_all: float
-
-
-def _passes(lc: LayerCosts) -> dict[str, float]:
-    return {"F": lc.forward(), "I": lc.input_grad(), "W": lc.weight_grad()}
-
-
 #: The dense MLP's operations in sim.costs.gpu_model.layer_ops: what a MoE layer replaces.
 MLP_OPS = frozenset({"fc1", "gelu", "fc2"})
 
@@ -370,46 +291,3 @@ def expert_ops(model: TransformerConfig, *, tokens: float, tp: int, ep: int, ele
             Op("experts-act", 0.0, per[act] * routed * fe / tp, False),
             _gemm("experts-fc2", routed / local, fe / tp, h, batch=local, weight=True),
             Op("unpermute", 0.0, 2 * 2.0 * routed * h, False)]
-
-
-def layer_times(model: TransformerConfig, cluster: Cluster, *, ep: int, tp: int = 1, microbatch_size: int = 1,
-                sp: bool = False, elementwise: str = "fused") -> LayerTimes:
-    """:class:`LayerTimes` from the device's operation model (sim.costs.gpu_model, sim.costs.devices) and
-    :func:`expert_ops`."""
-    b, m = model, model.moe
-    if m is None:
-        raise ConfigError(f"model {b.name!r} has no MoE layers", field="model")
-    m.check_ep(ep)
-    tokens = b.seq_len * microbatch_size
-    device = DEVICE_MODELS.get(cluster.spec.name)
-    if device is None:
-        raise ConfigError(f"MoE layer times need a device model; {cluster.spec.name} has none "
-                          f"(valid: {', '.join(DEVICE_MODELS)})", field="cluster")
-    full = layer_ops(hidden=b.hidden, heads=b.heads, kv_hidden=b.kv_hidden, ffn=b.ffn, gated=b.gated_mlp,
-                     seq_len=b.seq_len, b=microbatch_size, tp=tp, sp=sp, attention=b.attention,
-                     elementwise=elementwise, rotary=not b.learned_positions, dropout=b.dropout, mla=b.mla,
-                     head_dim=b.head_dim)
-    attention = [op for op in full if op.name not in MLP_OPS]
-    dense = [op for op in full if op.name in MLP_OPS]
-    experts = expert_ops(model, tokens=tokens, tp=tp, ep=ep, elementwise=elementwise)
-
-    def costs(ops: list[Op]) -> LayerCosts:
-        return LayerCosts(ops=tuple(ops), spec=cluster.spec, efficiency=device.gemm, link=cluster.intra, tp=tp,
-                          sp=sp, activation_bytes=2.0 * tokens * b.hidden, device=device)
-
-    a2a = dispatch_time(m, tokens / (tp if sp else 1), b.hidden, ep, tp, cluster)
-    return LayerTimes(attention=_passes(costs(attention)), experts=_passes(costs(experts)),
-                      dense_mlp=_passes(costs(dense)), all_to_all=a2a)
-
-
-def pair_times(model: TransformerConfig, cluster: Cluster, *, ep: int, layers: int, tp: int = 1,
-               microbatch_size: int = 1) -> dict[str, float]:
-    """One DualPipe F+B pair of ``layers`` MoE layers: run one after the other, overlapped on two streams
-    (:func:`two_stream_time`), its compute alone and its all-to-all alone (seconds)."""
-    t = layer_times(model, cluster, ep=ep, tp=tp, microbatch_size=microbatch_size)
-    kinds = [True] * layers
-    f = pass_segments("F", kinds, t.attention["F"], t.experts["F"], t.all_to_all)
-    b = pass_segments("I", kinds, t.attention["I"] + t.attention["W"], t.experts["I"] + t.experts["W"], t.all_to_all)
-    compute = sum(s.seconds for s in (*f, *b) if not s.comm)
-    comm = sum(s.seconds for s in (*f, *b) if s.comm)
-    return {"sequential": compute + comm, "overlapped": two_stream_time([f, b]), "compute": compute, "comm": comm}

@@ -58,7 +58,7 @@ from schedules.timing import CompiledTiming, rank_ends
 from sim.costs.parallel import ParallelConfig
 from sim.costs.transformer import partition_layers
 from sim.costs.transformer_costs import TransformerCosts
-from sim.memory import model_state_bytes
+from sim.memory import moe_state_bytes
 from sim.plan.space import PlanConfig, PlanSpace, shape_ok
 
 __all__ = ["Bounds", "MemoryRows", "memory_rows", "peak_activations"]
@@ -318,21 +318,18 @@ class Bounds:
         found = self._stages.get(key)
         if found is None:
             unit = self.unit_costs(tp, sp, b, rc, ep)
-            model = self.space.model
-            split = partition_layers(model.layers, n)
+            split = partition_layers(self.space.model.layers, n)
             a2a = unit.all_to_all_time()
             memo: dict[tuple, tuple] = {}
             cols = []
             for s, layers in enumerate(split):
-                moe = model.moe_in(sum(split[:s]), layers)
+                moe = unit.stage_moe(s, n)
                 k = (layers, s == 0, s == n - 1, moe)
                 if k not in memo:
                     times = [unit.time_of(kind, *k) - moe * unit.all_to_alls(kind) * a2a
                              for kind in (Kind.F, Kind.I, Kind.W)]
-                    experts = (moe * (model.moe.experts // ep) * model.moe.expert_params(model.hidden, model.gated_mlp)
-                               / tp if moe else 0.0)
                     memo[k] = (*times, unit.params_of(*k[:3], n > 1, moe=moe),
-                               unit.activations_of(layers, k[2], moe=moe), experts)
+                               unit.activations_of(layers, k[2], moe=moe), unit.stage_expert_params(s, n))
                 cols.append(memo[k])
             found = self._stages[key] = _Stages(*(tuple(col) for col in zip(*cols, strict=True)))
         return found
@@ -364,11 +361,8 @@ class Bounds:
         if found is None:
             fsdp = c.dp_mode in ("zero3", "fsdp")
             grad = 4 if self.space.reduce_dtype == "fp32" else 2  # an fp32 accumulator, as sim.plan.study counts it
-            edp = c.dp // c.ep  # the routed experts' replicas (sim.plan.budget.held_bytes counts them so)
-            found = self._states[key] = tuple(
-                model_state_bytes(p - e, c.dp_mode, c.dp, grad)
-                + (model_state_bytes(e, c.dp_mode if edp > 1 else "none", edp, grad) if e else 0.0)
-                + (g if fsdp else 0.0)
+            found = self._states[key] = tuple(  # the routed experts over their dp / ep replicas, as held_bytes counts
+                moe_state_bytes(p, e, c.dp_mode, c.dp, c.dp // c.ep, grad) + (g if fsdp else 0.0)
                 for p, g, e in zip(ranks.params, ranks.gather, ranks.experts, strict=True))
         return found
 

@@ -36,7 +36,7 @@ from schedules import Kind, ZBAutoOptions
 from schedules.library.zb_auto import MIN_MEM_LIMIT
 from sim.costs.parallel import ParallelConfig
 from sim.costs.transformer_costs import TransformerCosts
-from sim.memory import model_state_bytes
+from sim.memory import moe_state_bytes
 
 __all__ = ["SIZE_UNITS", "ActivationBudget", "activation_budget", "held_bytes", "parse_bytes", "zb_auto_options"]
 
@@ -57,12 +57,7 @@ def held_bytes(costs: TransformerCosts, stages: tuple[int, ...] | list[int], num
     params = [costs.stage_params(st, num_stages) for st in stages]
     grad = 4 if getattr(costs, "reduce_dtype", "bf16") == "fp32" else 2  # an fp32 accumulator (its shard under zero2/3)
     experts = sum(costs.stage_expert_params(st, num_stages) for st in stages)
-    if not experts:
-        return model_state_bytes(sum(params), p.dp_mode, p.dp, grad), _gathered_bytes(params, p)
-    # a MoE model's routed experts are sharded over their expert_dp replicas only (dp x cp / ep)
-    states = (model_state_bytes(sum(params) - experts, p.dp_mode, p.dp, grad)
-              + model_state_bytes(experts, p.dp_mode if costs.expert_dp > 1 else "none", costs.expert_dp, grad))
-    return states, _gathered_bytes(params, p)
+    return moe_state_bytes(sum(params), experts, p.dp_mode, p.dp, costs.expert_dp, grad), _gathered_bytes(params, p)
 
 
 def _gathered_bytes(stage_params: list[float], p: ParallelConfig) -> float:
