@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sim.costs.cluster import cluster_preset
+from sim.costs.moe import MLAConfig, MoEConfig
 from sim.costs.transformer import TransformerConfig
 from sim.plan.search import plan
 from sim.plan.space import PlanConfig, PlanSpace
@@ -22,6 +23,14 @@ TINY = TransformerConfig(name="tiny-llama", layers=7, hidden=64, heads=4, vocab=
 # 8 layers with the input embedding tied to the output head (GPT-2 style).
 TIED = TransformerConfig(name="tiny-tied", layers=8, hidden=64, heads=4, vocab=256, seq_len=32, ffn=128, kv_heads=2,
                          gated_mlp=True, bias=False, tied_embeddings=True, learned_positions=False)
+# Mixtures of experts (tests/test_torchtitan_launch.py): 4 layers, the first dense, 4 experts of 64, top-2 and one
+# shared expert; with grouped-query attention (torchtitan's qwen3) and with latent attention (its deepseek_v3).
+_TINY_MOE = dict(layers=4, hidden=64, heads=4, vocab=256, seq_len=32, ffn=128, gated_mlp=True, bias=False,
+                 tied_embeddings=False, learned_positions=False,
+                 moe=MoEConfig(experts=4, top_k=2, expert_ffn=64, shared_experts=1, dense_layers=1))
+TINY_MOE = TransformerConfig(name="tiny-moe", kv_heads=2, **_TINY_MOE)
+TINY_MLA = TransformerConfig(name="tiny-mla", mla=MLAConfig(q_rank=32, kv_rank=16, rope_dim=8, nope_dim=16, v_dim=16),
+                             **_TINY_MOE)
 
 CLUSTER = "dgx-h100:1"
 GLOBAL_BATCH = 16
@@ -70,4 +79,15 @@ QUESTIONS: dict[str, Question] = {
                             schedules=("1f1b",), pp=(2,), tp=(1,), dp_modes=("ddp",), recompute=("none",)),
     "pp1-accumulation": Question(TINY, lambda c: c.pp == 1 and c.dp == 4 and c.microbatches == 4,
                                  schedules=("1f1b",), pp=(1,), tp=(2,), dp_modes=("ddp",), recompute=("none",)),
+}
+
+#: MoE questions at ep 2 (on one node a tiny model's experts fit whole: left to choose, the planner keeps ep 1).
+MOE_QUESTIONS: dict[str, Question] = {
+    "moe-fsdp": Question(TINY_MOE, lambda c: c.ep > 1 and c.pp == 1, schedules=("1f1b",), pp=(1,), tp=(1,), ep=(2,),
+                         dp_modes=("fsdp",), recompute=("none",)),
+    "mla-zero1-pp2": Question(TINY_MLA, lambda c: c.ep > 1 and c.pp == 2, schedules=("1f1b",), pp=(2,), tp=(1,), ep=(2,),
+                              dp_modes=("zero1",), recompute=("full",)),
+    "moe-dualpipe-v": Question(TINY_MOE, lambda c: c.ep > 1 and c.schedule == "dualpipe-v",
+                               schedules=("dualpipe-v",), pp=(2,), tp=(1,), ep=(2,), dp_modes=("zero1",),
+                               recompute=("none",)),
 }

@@ -68,9 +68,36 @@ def test_a_layout_with_ep_and_its_megatron_line():
     assert eval(pattern, {"__builtins__": {}}) == [0, 1, 1, 1, 1, 1]
 
 
-def test_torchtitan_export_says_it_does_not_run_the_experts():
+def test_torchtitan_export_builds_the_experts(tmp_path):
+    """The module builds torchtitan's qwen3 MoE (its deepseek_v3 with latent attention) with the plan's experts and
+    expert_parallel_degree; ep with a replicated dp mode has no torchtitan setting. (torchtitan builds and steps
+    these exports on 4 gloo ranks: tests/test_torchtitan_launch.py.)"""
+    pytest.importorskip("torchtitan", reason="the exports extra: pip install -e '.[exports]'")
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.models.common.moe import MoE
+
+    from analysis.plan.exports import write_exports
     from analysis.plan.torchtitan import torchtitan_notes
+    from tests.plan_questions import TINY_MLA
+    from tests.test_exports import _titan_config
+
     c = PlanConfig(1, 2, 4, "1f1b", 1, 1, 4, "zero1", "none", False, 4)
+    for model, name in ((MOE, "qwen3"), (TINY_MLA, "deepseek_v3")):
+        cfg = _titan_config(write_exports(c, model, 16, None, tmp_path / name)["torchtitan"])
+        assert cfg.model_spec.name == name
+        assert cfg.parallelism.expert_parallel_degree == 4 and cfg.training.disable_cuda_graphs
+        dims = ParallelDims.from_config(cfg.parallelism, 8)
+        assert (dims.ep, dims.dp_shard * dims.cp * dims.tp // dims.ep) == (4, 1)  # efsdp: the plan's dp / ep
+        layers = cfg.model_spec.model.layers
+        moe = [layer.moe for layer in layers if getattr(layer, "moe", None) is not None]
+        assert len(layers) == model.layers and len(moe) == model.moe_layers, name
+        m = model.moe
+        assert {(x.num_experts, x.router.top_k, x.routed_experts.inner_experts.hidden_dim) for x in moe} == \
+            {(m.experts, m.top_k, m.expert_ffn)}, name
+        assert all((x.shared_experts is not None) == (m.shared_experts > 0) for x in moe), name
+        assert MoE.Config is type(moe[0]), name
     notes = torchtitan_notes(c, MOE, plan_layout(c, MOE, plan_schedule(c)))
-    assert any("mixture of experts (8 experts, top-2, ep 4)" in n and "does not run what was planned" in n
-               for n in notes)
+    assert not any("does not run what was planned" in n for n in notes)
+    ddp = c._replace(dp_mode="ddp")
+    with pytest.raises(ConfigError, match="ep 4 with dp mode 'ddp' has no torchtitan setting"):
+        torchtitan_notes(ddp, MOE, plan_layout(ddp, MOE, plan_schedule(ddp)))

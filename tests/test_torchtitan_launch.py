@@ -6,6 +6,8 @@ keeping pp, the schedule, chunks, tp and the dp mode), exported, and built and s
 data-parallel collectives of the step (counted by wrapping torch.distributed's functions) must be those the
 simulator times for the plan as torchtitan runs it (:func:`analysis.plan.torchtitan.planned_collectives`), with one
 UNSHARD and one RESHARD per stage.
+The MoE questions (``tests.plan_questions.MOE_QUESTIONS``, ep 2) also count torchtitan's token dispatches and
+combines against the simulator's (:func:`_moe_want`).
 
 What the CPU needs, and only the test does: torchtitan's flex attention has no CPU backward, so its SDPA attention
 runs instead (the math kernel, on each rank's own heads under tensor parallelism: DTensor has no CPU SDPA rule);
@@ -42,9 +44,10 @@ def test_torchtitan_runs_every_planned_question(tmp_path):
     from analysis.plan.torchtitan import planned_collectives
     from real.launch import torchrun
     from sim.plan.space import PlanConfig
-    from tests.plan_questions import QUESTIONS, TINY
+    from tests.plan_questions import MOE_QUESTIONS, QUESTIONS, TINY
 
-    cases = {name: (_shrunk(q.winner()), q.model, q.reduce_dtype) for name, q in QUESTIONS.items()}
+    cases = {name: (_shrunk(q.winner()), q.model, q.reduce_dtype)
+             for name, q in {**QUESTIONS, **MOE_QUESTIONS}.items()}
     cases["fsdp-zb-v"] = (PlanConfig(1, 2, 2, "zb-v", 2, 1, 4, "fsdp", "none", False), TINY, "fp32")
     plans, want = {}, {}
     for name, (c, model, reduce_dtype) in cases.items():
@@ -57,7 +60,7 @@ def test_torchtitan_runs_every_planned_question(tmp_path):
         planned = planned_collectives(c, model, sched, layout)
         want[name] = [{**{k: planned[r][k] for k in COLLECTIVES.values()},
                        "stages": [s for s, x in enumerate(layout.ranks) if x == r] if c.pp > 1 else None,
-                       "missing": []} for r in range(c.pp)]
+                       "missing": [], **_moe_want(c, model, layout, r)} for r in range(c.pp)]
     (tmp_path / "plans.json").write_text(json.dumps(plans))
     start = time.monotonic()
     try:
@@ -76,7 +79,45 @@ def test_torchtitan_runs_every_planned_question(tmp_path):
             assert {k: v for k, v in mine.items() if k != "pp_rank"} == want[name][mine["pp_rank"]], (name, rank)
 
 
+def _moe_want(c, model, layout, pp_rank: int) -> dict:
+    """A MoE plan's expert parallelism on pipeline rank ``pp_rank`` as the simulator times it: dispatch and combine
+    once per MoE layer in every forward and every recomputation (TransformerCosts.all_to_alls: 2 in F and R), each
+    dispatch carrying every (token, expert) pair of the microbatch (dropless: capacity factor 0); the ep and
+    expert-dp (dp / ep) groups."""
+    if model.moe is None:
+        return {}
+    firsts = [sum(layout.layers[:s]) for s in range(len(layout.layers))]
+    moe = sum(model.moe_in(firsts[s], layout.layers[s]) for s, r in enumerate(layout.ranks) if r == pp_rank)
+    passes = moe * c.microbatches * (2 if c.recompute == "full" else 1)
+    return {"dispatch": passes, "combine": passes, "rows": [c.microbatch_size * model.seq_len * model.moe.top_k],
+            "ep": c.ep, "efsdp": c.dp // c.ep}
+
+
 # --------------------------------------------------------------------------------------------- the worker
+def _counting_moe(counts: dict):
+    """Count torchtitan's token exchanges (AllToAllTokenDispatcher: forward dispatch and combine) and the rows each
+    dispatch sends, over all ranks of its ep group; returns the undo."""
+    from torchtitan.models.common.token_dispatcher import AllToAllTokenDispatcher as D
+
+    originals = {name: getattr(D, name) for name in ("_dispatch_token_exchange", "_combine_token_exchange")}
+
+    def dispatch(self, routed, pg, output_splits, input_splits):
+        counts["dispatch"] += 1
+        counts["rows"].add(int(sum(input_splits)))
+        return originals["_dispatch_token_exchange"](self, routed, pg, output_splits, input_splits)
+
+    def combine(self, *args, **kwargs):
+        counts["combine"] += 1
+        return originals["_combine_token_exchange"](self, *args, **kwargs)
+
+    D._dispatch_token_exchange, D._combine_token_exchange = dispatch, combine
+
+    def undo():
+        for name, fn in originals.items():
+            setattr(D, name, fn)
+    return undo
+
+
 def _counting(counts: dict[str, int], dp_ranks: list[int]):
     """Wrap torch.distributed's collectives that FSDP2 calls so that those of the data-parallel group count."""
     import torch.distributed as dist
@@ -118,10 +159,12 @@ def _build(cfg):
     from torch.nn import functional
     from torch.nn.attention import SDPBackend
     from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import utils as dist_utils
     from torchtitan.models.common.attention import ScaledDotProductAttention
 
     dims = ParallelDims.from_config(cfg.parallelism, dist.get_world_size())
     dims.build_mesh()
+    dist_utils.set_spmd_backend(cfg.parallelism.spmd_backend)  # as torchtitan's Trainer.__init__ does after the mesh
     mc = cfg.model_spec.model
     mc.update_from_config(config=cfg)
     for layer in mc.layers:
@@ -186,10 +229,13 @@ def _run(path: str) -> dict:
     cfg = _titan_config(Path(path))
     dims, parts, sched, first, last, loss_fn = _build(cfg)
     counts = dict.fromkeys(COLLECTIVES.values(), 0)
+    moe = {"dispatch": 0, "combine": 0, "rows": set()}
     originals = _counting(counts, sorted(dist.get_process_group_ranks(dims.get_mesh("batch").get_group())))
+    undo = _counting_moe(moe)
     try:
         for _ in range(2):
             counts.update(dict.fromkeys(counts, 0))
+            moe.update(dispatch=0, combine=0, rows=set())
             for m in parts:
                 for p in m.parameters():
                     p.grad = None
@@ -197,6 +243,9 @@ def _run(path: str) -> dict:
     finally:
         for name, fn in originals.items():
             setattr(dist, name, fn)
+        undo()
+    if dims.ep_enabled:
+        counts.update(moe, rows=sorted(moe["rows"]), ep=dims.get_mesh("ep").size(), efsdp=dims.get_mesh("efsdp").size())
     out = {**counts, "pp_rank": dims.get_mesh("pp").get_local_rank() if dims.pp_enabled else 0, "stages": None,
            "missing": [name for m in parts for name, p in m.named_parameters() if p.grad is None]}
     if sched is not None:

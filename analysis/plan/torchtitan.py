@@ -5,7 +5,9 @@ with a function that returns a ``Trainer.Config`` (``torchtitan/config/manager.p
 ``ConfigManager._load_config``: ``--module`` is a short model name or any
 importable module). The module written here starts from torchtitan's own
 ``llama3_8b`` recipe (optimizer, learning-rate schedule, data loader,
-checkpointing) and replaces what the plan decides. Facts about torchtitan
+checkpointing) and replaces what the plan decides: the model is torchtitan's
+llama3, or for a mixture of experts its qwen3 (deepseek_v3 with latent
+attention) with ``expert_parallel_degree``. Facts about torchtitan
 0.3.0 it relies on (``torchtitan/distributed/pipeline_parallel.py``):
 
 * ``module_fqns_per_model_part`` gives each stage's modules by name; with it the
@@ -200,12 +202,13 @@ def torchtitan_notes(c: PlanConfig, model: TransformerConfig, layout: PlanLayout
     module uses instead; with ``sched`` the UNSHARDs torch's runtime adds, with ``study`` a mode torchtitan runs
     otherwise than planned re-timed by the simulator."""
     notes = []
-    if model.moe is not None:  # the module builds torchtitan's dense llama3 (model_spec): it does not train the experts
-        m = model.moe
-        notes.append(f"the plan's model is a mixture of experts ({m.experts} experts, top-{m.top_k}, ep {c.ep}); this "
-                     "module builds torchtitan's dense llama3 of the same attention and a dense MLP of width "
-                     f"{model.ffn}, not the experts: it does not run what was planned (use megatron.sh, which "
-                     "carries --num-experts and --expert-model-parallel-size)")
+    if c.ep > 1 and (c.dp_mode not in _SHARDED or c.dp == 1):
+        raise ConfigError(f"ep {c.ep} with dp mode {c.dp_mode!r} has no torchtitan setting: its expert parallelism "
+                          "borrows the ranks of FSDP's shard dimension (ParallelismConfig.expert_parallel_degree: "
+                          f"data_parallel_shard_degree x cp x tp = efsdp x ep); plan ep {c.ep} with one of "
+                          f"{', '.join(_SHARDED)}, or ep 1", field="dp_modes")
+    if model.moe is not None:
+        notes += _moe_notes(c, model)
     if reduce_dtype != "fp32" and c.dp > 1:  # torchtitan 0.3.0: TrainingConfig.mixed_precision_reduce is float32 only
         notes.append(f"gradients reduced in {reduce_dtype}: torchtitan reduces them in float32 only "
                      "(TrainingConfig.mixed_precision_reduce), so its gradient collectives carry twice the bytes "
@@ -267,6 +270,24 @@ def torchtitan_notes(c: PlanConfig, model: TransformerConfig, layout: PlanLayout
     return notes
 
 
+
+def _moe_notes(c: PlanConfig, model: TransformerConfig) -> list[str]:
+    """How torchtitan's MoE model differs from the plan's (the model is torchtitan's qwen3, or deepseek_v3 with MLA)."""
+    m, notes = model.moe, []
+    if model.mla is None:
+        notes.append("torchtitan's qwen3 layers normalise queries and keys (two RMSNorms of the head dimension per "
+                     "layer) and route by softmax; the plan counts no such norms")
+    else:
+        notes.append("torchtitan's deepseek_v3 routes by sigmoid without node-limited groups, as the plan times it; "
+                     "its multi-token prediction is left out, as in the plan")
+    if m.capacity_factor:
+        notes.append(f"capacity factor {m.capacity_factor:g}: torchtitan's standard dispatcher is dropless; the plan "
+                     "caps each expert's load")
+    if c.tp > 1:
+        notes.append(f"tp {c.tp} with ep {c.ep}: torchtitan's expert parallelism borrows the tp ranks "
+                     "(efsdp = dp_shard x tp / ep) and keeps each expert whole; the plan shards each expert over tp")
+    return notes
+
 #: Data-parallel mode -> (replicated or sharded, FSDP's ``fsdp_reshard_after_forward``) in torchtitan 0.3.0's
 #: ``ParallelismConfig`` (``torchtitan/config/configs.py``). The llama3 model is always wrapped by FSDP2 per block
 #: (``models/llama3/parallelize.py`` calls ``apply_fsdp_to_decoder`` on the ``dp_replicate`` x ``fsdp`` mesh): a
@@ -292,6 +313,8 @@ def _parallelism(c: PlanConfig, layout: PlanLayout, csv_path: str | os.PathLike 
         lines.append(f"fsdp_reshard_after_forward={reshard!r}")
     lines += [f"tensor_parallel_degree={c.tp}", f"enable_sequence_parallel={c.tp > 1 and c.sp}",
               f"pipeline_parallel_degree={c.pp}"]
+    if c.ep > 1:
+        lines.append(f"expert_parallel_degree={c.ep}")
     if c.pp > 1:
         if csv_path is None:
             raise ValueError("pp > 1: give the path of the schedule CSV")
@@ -325,7 +348,7 @@ from torchtitan.models import llama3
 from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
 from torchtitan.models.common.config_utils import decoder_vocab_size
 from torchtitan.models.llama3 import config_registry
-from torchtitan.protocols.model_spec import ModelSpec
+{model_imports}from torchtitan.protocols.model_spec import ModelSpec
 
 #: Decoder layers of each pipeline stage, in stage order (the planned split).
 STAGE_LAYERS = {stage_layers}
@@ -338,9 +361,9 @@ SKIP_UNTIL_LAST = {skips}
 
 
 def parallelize_fn(model, **kwargs):
-    """torchtitan's parallelize_llama; without pipelining, FSDP2 reduces (and reshards) only on the last
+    """torchtitan's {parallelize_name}; without pipelining, FSDP2 reduces (and reshards) only on the last
     accumulation microbatch where the plan does (torchtitan would do both on every microbatch)."""
-    model = llama3.parallelize_llama(model, **kwargs)
+    model = {parallelize}(model, **kwargs)
     if ACCUMULATION > 1 and SKIP_UNTIL_LAST and not kwargs["parallel_dims"].pp_enabled:
         seen = [0]
 
@@ -384,24 +407,7 @@ def stage_modules(layers):
     return parts
 
 
-def model_spec():
-    """The plan's model: {layers} layers, hidden {dim}, {heads} heads ({kv_heads} key/value), MLP {ffn}, vocabulary {vocab}."""
-    dim, heads, vocab = {dim}, {heads}, {vocab}
-    model = llama3.Llama3Model.Config(
-        dim=dim, vocab_size=vocab, enable_weight_tying={tied},
-        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=llama3._EMBEDDING_INIT),
-        norm=RMSNorm.Config(normalized_shape=dim, param_init=llama3._NORM_INIT),
-        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=llama3._output_linear_init(dim)),
-        layers=llama3._build_llama3_layers(
-            n_layers={layers}, dim=dim, n_heads=heads, n_kv_heads={kv_heads}, hidden_dim={ffn},
-            rope=ComplexRoPE.Config(dim=dim // heads, max_seq_len={seq_len}, theta=500000),
-            attn_backend="flex"))
-    return ModelSpec(name="llama3", flavor="schedlab", model=model, parallelize_fn=parallelize_fn,
-                     pipelining_fn=pipelining_fn, post_optimizer_build_fn=None,
-                     state_dict_adapter=llama3.Llama3StateDictAdapter)
-
-
-def schedlab_plan():
+{model_spec}def schedlab_plan():
     config = config_registry.llama3_8b()
     config.model_spec = model_spec()
     config.loss = ChunkedLossWrapper.Config(
@@ -416,6 +422,102 @@ def schedlab_plan():
 '''
 
 
+_DENSE_SPEC = '''def model_spec():
+    """The plan's model: {layers} layers, hidden {dim}, {heads} heads ({kv_heads} key/value), MLP {ffn}, vocabulary {vocab}."""
+    dim, heads, vocab = {dim}, {heads}, {vocab}
+    model = llama3.Llama3Model.Config(
+        dim=dim, vocab_size=vocab, enable_weight_tying={tied},
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=llama3._EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=dim, param_init=llama3._NORM_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=llama3._output_linear_init(dim)),
+        layers=llama3._build_llama3_layers(
+            n_layers={layers}, dim=dim, n_heads=heads, n_kv_heads={kv_heads}, hidden_dim={ffn},
+            rope=ComplexRoPE.Config(dim=dim // heads, max_seq_len={seq_len}, theta=500000),
+            attn_backend="flex"))
+    return ModelSpec(name="llama3", flavor="schedlab", model=model, parallelize_fn=parallelize_fn,
+                     pipelining_fn=pipelining_fn, post_optimizer_build_fn=None,
+                     state_dict_adapter=llama3.Llama3StateDictAdapter)
+'''
+
+#: The MoE model as torchtitan's qwen3 (grouped-query attention, every layer of the MoE part routed, the dense first
+#: layers from its dense builder, shared experts as the MoE's ``shared_experts`` feed-forward) or, with latent
+#: attention, its deepseek_v3 (MLA, dense first layers and shared experts in its own builder).
+_QWEN3_SPEC = '''def model_spec():
+    """The plan's model: {layers} layers ({dense} dense, MLP {ffn}), hidden {dim}, {heads} heads ({kv_heads} key/value, head
+    {head_dim}), {experts} experts of {expert_ffn}, top-{top_k}, {shared} shared, vocabulary {vocab}: torchtitan's qwen3."""
+    dim, heads, kv_heads, head_dim, vocab = {dim}, {heads}, {kv_heads}, {head_dim}, {vocab}
+    common = dict(dim=dim, n_heads=heads, n_kv_heads=kv_heads, head_dim=head_dim, attn_backend="flex",
+                  rope=CosSinRoPE.Config(dim=head_dim, max_seq_len={seq_len}, theta=1000000.0))
+{dense_layers}    routed = qwen3._build_qwen3_moe_layers(n_layers={moe_layers}, moe_hidden_dim={expert_ffn}, num_experts={experts},
+                                           top_k={top_k}, moe_comm_backend={comm_backend!r}, **common)
+{shared_experts}    model = qwen3.Qwen3Model.Config(
+        dim=dim, vocab_size=vocab, enable_weight_tying={tied}, norm=qwen3._qwen3_norm(dim),
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=qwen3._EMBEDDING_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=qwen3._LINEAR_INIT),
+        layers={layer_list})
+    return ModelSpec(name="qwen3", flavor="schedlab", model=model, parallelize_fn=parallelize_fn,
+                     pipelining_fn=pipelining_fn, post_optimizer_build_fn=register_moe_load_balancing_hook,
+                     state_dict_adapter=qwen3.Qwen3StateDictAdapter)
+'''
+_DSV3_SPEC = '''def model_spec():
+    """The plan's model: {layers} layers ({dense} dense, MLP {ffn}), hidden {dim}, {heads} heads of latent attention
+    (query rank {q_rank}, key/value rank {kv_rank}), {experts} experts of {expert_ffn}, top-{top_k}, {shared} shared,
+    vocabulary {vocab}: torchtitan's deepseek_v3."""
+    dim, vocab = {dim}, {vocab}
+    layers = deepseek_v3._build_dsv3_layers(
+        n_layers={layers}, n_dense_layers={dense}, dim=dim, n_heads={heads}, q_lora_rank={q_rank},
+        kv_lora_rank={kv_rank}, qk_nope_head_dim={nope_dim}, qk_rope_head_dim={rope_dim}, v_head_dim={v_dim},
+        mscale=1.0, dense_hidden_dim={ffn}, moe_hidden_dim={expert_ffn}, num_experts={experts},
+        num_shared_experts={shared}, router_top_k={top_k}, router_score_func="sigmoid", router_route_norm=True,
+        attn_backend="flex", moe_comm_backend={comm_backend!r}, non_blocking_capacity_factor=None,
+        rope=ComplexRoPE.Config(dim={rope_dim}, max_seq_len={seq_len}, theta=10000.0))
+    model = deepseek_v3.DeepSeekV3Model.Config(
+        dim=dim, vocab_size=vocab,
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim,
+                                        param_init=deepseek_v3._EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=dim, param_init=deepseek_v3._NORM_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=deepseek_v3._output_linear_init(dim)),
+        layers=layers)
+    return ModelSpec(name="deepseek_v3", flavor="schedlab", model=model, parallelize_fn=parallelize_fn,
+                     pipelining_fn=pipelining_fn, post_optimizer_build_fn=register_moe_load_balancing_hook,
+                     state_dict_adapter=deepseek_v3.DeepSeekV3StateDictAdapter)
+'''
+#: The simulator's MoE dispatcher -> torchtitan 0.3.0's ``moe_comm_backend`` (``models/common/config_utils.py``,
+#: ``make_token_dispatcher_config``: 'standard' is AllToAllTokenDispatcher, 'deepep' DeepEP's kernels).
+COMM_BACKENDS = {"alltoall": "standard", "deepep": "deepep"}
+
+
+def _model_spec(model: TransformerConfig, tied: bool, dispatcher: str) -> tuple[str, str, str]:
+    """(imports, the ``model_spec`` function, torchtitan's parallelize function) of the module for ``model``."""
+    shape = dict(layers=model.layers, dim=model.hidden, heads=model.heads, kv_heads=model.kv_heads, ffn=_ffn(model),
+                 vocab=model.vocab, seq_len=model.seq_len, tied=tied)
+    m = model.moe
+    if m is None:
+        return "", _DENSE_SPEC.format(**shape), "llama3.parallelize_llama"
+    shape.update(dense=m.dense_layers, moe_layers=model.layers - m.dense_layers, experts=m.experts, top_k=m.top_k,
+                 expert_ffn=m.expert_ffn, shared=m.shared_experts,
+                 comm_backend=COMM_BACKENDS[dispatcher])
+    if model.mla is not None:
+        a = model.mla
+        spec = _DSV3_SPEC.format(**shape, q_rank=a.q_rank, kv_rank=a.kv_rank, nope_dim=a.nope_dim,
+                                 rope_dim=a.rope_dim, v_dim=a.v_dim)
+        return ("from torchtitan.components.optimizer import register_moe_load_balancing_hook\n"
+                "from torchtitan.models import deepseek_v3\n"), spec, "deepseek_v3.parallelize_deepseekv3"
+    dense = (f"    dense = qwen3._build_qwen3_layers(n_layers={m.dense_layers}, hidden_dim={_ffn(model)}, **common)\n"
+             if m.dense_layers else "")
+    shared = (f"    for layer in routed:  # {m.shared_experts} shared expert(s) of {m.expert_ffn}, as one MLP\n"
+              f"        layer.moe.shared_experts = make_ffn_config(dim=dim, hidden_dim={m.expert_ffn * m.shared_experts}, "
+              "w1_param_init=qwen3._LINEAR_INIT,\n"
+              "                                                   w2w3_param_init=qwen3._LINEAR_INIT)\n"
+              if m.shared_experts else "")
+    spec = _QWEN3_SPEC.format(**shape, head_dim=model.head_dim, dense_layers=dense, shared_experts=shared,
+                              layer_list="dense + routed" if m.dense_layers else "routed")
+    return ("from torchtitan.components.optimizer import register_moe_load_balancing_hook\n"
+            "from torchtitan.models import qwen3\n"
+            "from torchtitan.models.common import CosSinRoPE\n"
+            "from torchtitan.models.common.config_utils import make_ffn_config\n"), spec, "qwen3.parallelize_qwen3"
+
+
 def torchtitan_config(c: PlanConfig, model: TransformerConfig, global_batch: int, layout: PlanLayout,
                       csv_path: str | os.PathLike | None, reduce_dtype: str = "bf16", sched: Schedule | None = None,
                       study: Study | None = None) -> str:
@@ -427,13 +529,17 @@ def torchtitan_config(c: PlanConfig, model: TransformerConfig, global_batch: int
     local = c.microbatches * c.microbatch_size if c.pp > 1 else c.microbatch_size
     notes = torchtitan_notes(c, model, layout, reduce_dtype, sched, study)
     accumulation = global_batch // (local * c.dp) if c.pp == 1 else 1
+    dispatcher = study.costs.moe_dispatcher if study is not None else "alltoall"
+    imports, spec, parallelize = _model_spec(model, model.tied_embeddings and c.pp == 1, dispatcher)
     return _MODULE.format(
         version=TORCHTITAN_VERSION, label=c.label(), folder=Path(csv_path).parent if csv_path is not None else ".",
         world=c.tp * c.pp * c.dp, notes="".join(f"# note: {n}\n" for n in notes),
         accumulation=accumulation, skips=repr(_ACCUMULATION_SKIPS.get(c.dp_mode, ()) if c.dp > 1 and c.pp == 1 else ()),
         stage_layers=repr(tuple(layout.layers)), stage_ranks=repr(tuple(layout.ranks)),
-        layers=model.layers, dim=model.hidden, heads=model.heads, kv_heads=model.kv_heads, ffn=_ffn(model),
-        vocab=model.vocab, seq_len=model.seq_len, tied=model.tied_embeddings and c.pp == 1,
+        model_imports=imports, model_spec=spec + "\n\n", parallelize=parallelize, vocab=model.vocab,
+        seq_len=model.seq_len, parallelize_name=parallelize.split(".")[1],
         parallelism=",\n        ".join(_parallelism(c, layout, csv_path)),
-        local_batch=local, global_batch=global_batch, no_graphs=c.pp > 1,  # torchtitan: no CUDA graphs with pp
+        local_batch=local, global_batch=global_batch,
+        # torchtitan (trainer.py, Trainer.Config): no CUDA graphs with pp, nor with ep's dispatchers that sync the CPU
+        no_graphs=c.pp > 1 or c.ep > 1,
         ac="FullAC.Config()" if c.recompute == "full" else "None")
