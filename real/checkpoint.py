@@ -32,7 +32,9 @@ previous complete one is used; with none left, training starts at step 0.
 The state is keyed by the whole model's parameter names (``model.3.qkv.weight``,
 ``optim.3.qkv.weight.exp_avg``), replicated over data-parallel replicas: DCP
 writes each tensor once and every rank reads what its stages need, so a run
-resumes with another dp (pp fixed) and DCP reshards on load. The data
+resumes with another dp (pp fixed) and DCP reshards on load. With expert parallelism an expert is named as in
+the whole model too (``model.3.experts.5.fc.weight``): written once, by one rank of the expert data-parallel group
+that holds it, and read by the ranks that hold it on resume, so ep may change as dp does. The data
 position is the step (a step's batch is a function of ``(seed, step)``), and
 each rank's RNG state is saved under ``rng.rank{r}``.
 """

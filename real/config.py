@@ -388,7 +388,6 @@ class RunConfig:
              f"use dp_mode {', '.join(EP_DP_MODES)}", "dp_mode"),
             (self.sync.grad_compression != "none", f"grad_compression {self.sync.grad_compression!r}",
              "use grad_compression none", "grad_compression"),
-            (self.checkpoint is not None, "checkpoints", "leave the checkpoint out", "checkpoint"),
             (self.layout.balance is not None, f"balance {self.layout.balance!r}", "give split or boundaries",
              "balance"),
             (self.layout.recompute == "bubbles", "recompute 'bubbles'", "use recompute none or full", "recompute"),

@@ -87,12 +87,21 @@ def resume_point(config: RunConfig) -> ckpt.Restored | None:
         if key == "model" and isinstance(theirs, dict):  # written before the MoE fields existed: a dense model
             theirs = {**_DENSE, **theirs}
         if theirs != mine[part][key]:
+            was, now = _differing(theirs, mine[part][key])
             raise CheckpointError(
-                f"checkpoint {restored.path} was written with {key} {theirs!r}, this run has "
-                f"{mine[part][key]!r}; use the same {key} to resume, or another checkpoint directory", field="directory"
+                f"checkpoint {restored.path} was written with {key} {was}, this run has {now}; use the same {key} "
+                "to resume, or another checkpoint directory", field="directory"
             )
     check_resume(restored, saved, mine)
     return restored
+
+
+def _differing(theirs: Any, mine: Any) -> tuple[str, str]:
+    """Two saved values as the error names them: of two dicts (a model), only the fields that differ."""
+    if not (isinstance(theirs, dict) and isinstance(mine, dict)):
+        return repr(theirs), repr(mine)
+    keys = [k for k in sorted({*theirs, *mine}) if theirs.get(k) != mine.get(k)]
+    return tuple(", ".join(f"{k} {d.get(k)!r}" for k in keys) for d in (theirs, mine))
 
 
 def run(

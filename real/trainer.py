@@ -56,6 +56,8 @@ from schedules.trace import make_trace, write_trace
 if TYPE_CHECKING:
     import pandas as pd
 
+    from real.dp.sync import GradSync
+
 __all__ = ["RunResult", "StepCallback", "Trainer", "param_digest", "restart_count"]
 
 log = logging.getLogger(__name__)
@@ -271,12 +273,23 @@ class Trainer:
         bucketed gradient syncs (real.dp.sync, real.dp.zero) have codecs; parameter servers and peer syncs have none."""
         return getattr(self.sync, "codec", None)
 
+    def _sharded_parts(self) -> list[tuple[GradSync, list[tuple[str, torch.nn.Parameter]]]]:
+        """zero1 (and zero2, zero3): each gradient sync with its parameters, gathered and loaded over its own group;
+        with ep > 1 the dense part over dp, the experts over their expert-dp group (real.dp.experts)."""
+        parts = self.sync.parts if isinstance(self.sync, ExpertDataSync) else (self.sync,)
+        out = []
+        for part in parts:
+            mine = {id(p) for b in part.buckets for p in b.params}
+            out.append((part, [(n, p) for n, p in self.named if id(p) in mine]))
+        return out
+
     def _load(self, restored: ckpt.Restored | None) -> tuple[int, list[float]]:
         """(first step to run, losses of the steps before it) from ``restored``, loaded into this rank."""
         if restored is None:
             return 0, []
         if self._sharded:
-            load_full(restored, self.sync, self.named, self.optimizers, self.mesh.rank)
+            for part, named in self._sharded_parts():
+                load_full(restored, part, named, self.optimizers, self.mesh.rank)
         elif isinstance(self.sync, PSTrainer):  # the parameters (the servers load the optimizer state)
             ckpt.load(restored, self.named, [], self.mesh.rank)
             if isinstance(self.sync, AsyncPSTrainer):  # this trainer's own losses and staleness
@@ -296,7 +309,9 @@ class Trainer:
     def _save(self, saver: ckpt.Checkpointer, steps_done: int, losses: list[float]) -> None:
         cfg = self.plan.config
         if self._sharded:
-            state = full_state(self.sync, self.named, self.optimizers, self.mesh.rank)
+            state = {}
+            for part, named in self._sharded_parts():
+                state.update(full_state(part, named, self.optimizers, self.mesh.rank))
         elif isinstance(self.sync, PSTrainer):  # the servers write the parameters and the optimizer state
             state = ckpt.state_dict([], [], self.mesh.rank)
             if isinstance(self.sync, AsyncPSTrainer):
@@ -308,7 +323,7 @@ class Trainer:
         if (codec := self._codec()) is not None:
             state.update(codec_state(codec, self.mesh.rank))
         info = {"losses": losses, "world_size": cfg.world_size, "pp": cfg.layout.pp, "dp": cfg.layout.dp,
-                "config": cfg.to_dict()}
+                "ep": cfg.layout.ep, "config": cfg.to_dict()}
         position = self.data.state(steps_done)
         if position is not None:
             info["data"] = position

@@ -23,7 +23,10 @@ __all__ = ["ExpertDataSync"]
 
 
 class ExpertDataSync:
-    """Two :class:`GradSync`: ``dense`` over ``group`` (dp), ``experts`` over ``expert_group`` (dp / ep)."""
+    """Two :class:`GradSync`: ``dense`` over ``group`` (dp), ``experts`` over ``expert_group`` (dp / ep).
+
+    ``parts`` is both, dense first: a zero1 checkpoint gathers and loads each over its own group (real.trainer).
+    """
 
     codec = None  # no gradient codec with expert parallelism (real.config refuses one)
 
@@ -36,7 +39,7 @@ class ExpertDataSync:
         self.experts = GradSync(experts, group=expert_group, average_over=dist.get_world_size(group),
                                 first_bucket=first, **kw)
         self.mode = self.dense.mode
-        self._parts = (self.dense, self.experts)
+        self.parts = (self.dense, self.experts)
 
     @property
     def step_bytes(self) -> int:
@@ -44,17 +47,17 @@ class ExpertDataSync:
 
     def optimizer_params(self) -> dict[int, list]:
         out: dict[int, list] = {}
-        for part in self._parts:
+        for part in self.parts:
             for s, params in part.optimizer_params().items():
                 out.setdefault(s, []).extend(params)
         return out
 
     def begin_step(self) -> None:
-        for part in self._parts:
+        for part in self.parts:
             part.begin_step()
 
     def poll(self) -> None:
-        for part in self._parts:
+        for part in self.parts:
             part.poll()
 
     def before_task(self, tid: int) -> None:
@@ -70,11 +73,11 @@ class ExpertDataSync:
         """Parameters are whole in sync, ddp and zero1 (zero1's after_step gathered them)."""
 
     def finish(self) -> None:
-        for part in self._parts:
+        for part in self.parts:
             part.finish()
 
     def after_step(self) -> None:
-        for part in self._parts:
+        for part in self.parts:
             part.after_step()
 
     @property
@@ -83,5 +86,5 @@ class ExpertDataSync:
 
     @on_gather.setter
     def on_gather(self, fn) -> None:
-        for part in self._parts:
+        for part in self.parts:
             part.on_gather = fn
