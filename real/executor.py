@@ -13,7 +13,22 @@ the schedule. Per task:
   only its input (and the random-number state). R runs the stage's forward
   again on that input, with grad and the same random numbers, and rebuilds
   exactly the graph the backward (B, or I then W) needs;
-* OVERLAP_F_B: its forward, then its backward;
+* OVERLAP_F_B: its forward, then its backward; or, with ``overlap_timeout_s``
+  (a MoE run with expert parallelism on the CPU, :mod:`real.trainer`), both at
+  once: the forward in a thread of its own, the backward in this one, so that
+  one microbatch's all-to-alls are in flight while the other computes (torch
+  and gloo let go of the GIL in their heavy ops and waits). The two parts
+  touch different microbatches' values and only the backward accumulates
+  gradients; the forward's all-to-alls go over one ep group and the
+  backward's over another (:mod:`real.moe`), so ep peers, running the same
+  program, see the same sequence on each. The global CPU generator is the
+  forward's alone (a backward draws no random numbers). An error in the
+  thread is raised here, after the backward; a thread not done within the
+  timeout is an error too. A traced step shows each part on a stream of its
+  own (``pair-forward``, ``pair-backward``) under the pair's compute row;
+* all-to-alls of expert parallelism, when traced (:meth:`Executor.exchanged`):
+  a row each on ``all-to-all-forward`` or ``all-to-all-backward``, named by
+  phase and by the part that ran it (``1DISPATCH3``, ``2COMBINE_GRAD1``);
 * SEND/RECV: :class:`real.p2p.PipeComm`. Between neighbouring stages on the
   same rank the value passes in memory, as a message would (detached, so
   each stage has its own autograd graph).
@@ -25,6 +40,7 @@ backward needs.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -33,7 +49,7 @@ import torch
 from torch import nn
 
 from real.backward import WeightWork, backward_full, backward_input, backward_weight
-from real.measure import ActivationMeter, Recorder
+from real.measure import ActivationMeter, Recorder, Span
 from real.models import loss_fn
 from real.p2p import PipeComm
 from schedules import Action, Kind, Task, TaskGraph
@@ -42,6 +58,7 @@ from schedules.timing import recomputed_keys
 __all__ = ["Executor", "Stage"]
 
 Key = tuple[int, int]  # (stage, microbatch)
+_FORWARD_KINDS = frozenset({Kind.F, Kind.R})  # the parts of the forward stream; B, I and W: the backward's
 
 
 class Stage(nn.Module):
@@ -100,14 +117,19 @@ class Executor:
         autocast: Callable[[], AbstractContextManager] = nullcontext,
         message_dtypes: dict[int, torch.dtype] | None = None,
         around: tuple[Callable[[int], None], Callable[[int], None]] | None = None,
+        overlap_timeout_s: float | None = None,
     ) -> None:
         """``loss(output, targets)`` of the last stage; ``autocast()`` wraps every forward; the output of
         stage ``s`` is cast to ``message_dtypes[s]`` (inside the graph, so its gradient comes back in that dtype);
-        ``around = (before, after)`` are called with each compute task's id around it (ZeRO-3's gathers)."""
+        ``around = (before, after)`` are called with each compute task's id around it (ZeRO-3's gathers);
+        ``overlap_timeout_s``: run an overlapped pair's two parts at once, waiting at most that long for the
+        forward's thread (None: one after the other; see the module doc)."""
         self.graph, self.pp_rank, self.stages = graph, pp_rank, stages
         self.comm, self.meter, self.recorder, self._poll = comm, meter, recorder, poll
         self._loss, self._autocast, self._message_dtypes = loss, autocast, message_dtypes or {}
         self._before, self._after = around or (lambda tid: None, lambda tid: None)
+        self._overlap_timeout_s = overlap_timeout_s
+        self._running: dict[str, Action] = {}  # "forward" / "backward": the part running (all-to-alls' labels)
         self.here = set(graph.schedule.stages_of(pp_rank))
         self.last = graph.schedule.num_stages - 1
         self.num_microbatches = graph.schedule.num_microbatches
@@ -139,8 +161,11 @@ class Executor:
             else:
                 self._before(tid)
                 start = rec.stamp()  # a gather waited for is not the task's time
-                for part in task.action.parts():
-                    self._compute[part.kind](part, step)
+                if kind is Kind.OVERLAP_F_B and self._overlap_timeout_s is not None:
+                    self._overlapped(task.action, step)
+                else:
+                    for part in task.action.parts():
+                        self._run(part, step)
                 self._after(tid)
                 nbytes = 0
                 self._poll()
@@ -151,6 +176,53 @@ class Executor:
             self.comm.finish_step()
         self._check_done(step)
         return step.loss
+
+    def _run(self, part: Action, step: _Step) -> None:
+        self._running["forward" if part.kind in _FORWARD_KINDS else "backward"] = part
+        self._compute[part.kind](part, step)
+
+    def _timed(self, part: Action, step: _Step) -> None:
+        """One part of an overlapped pair, with its row on its stream's track."""
+        rec = self.recorder
+        start = rec.stamp()
+        self._run(part, step)
+        stream = "pair-forward" if part.kind in _FORWARD_KINDS else "pair-backward"
+        rec.add(Span(stream, str(part), part.kind.value, part.stage, part.microbatch), start, rec.stamp(), 0)
+
+    def _overlapped(self, pair: Action, step: _Step) -> None:
+        """OVERLAP_F_B with overlap: the forward in a thread, the backward here, at once (see the module doc)."""
+        fwd, bwd = sorted(pair.parts(), key=lambda a: a.kind not in _FORWARD_KINDS)
+        failed: list[BaseException] = []
+
+        def forward() -> None:
+            try:
+                self._timed(fwd, step)
+            except BaseException as exc:  # raised in the calling thread, below
+                failed.append(exc)
+
+        thread = threading.Thread(target=forward, name=f"pipeline rank {self.pp_rank} {fwd}", daemon=True)
+        thread.start()
+        try:
+            self._timed(bwd, step)
+        finally:
+            thread.join(self._overlap_timeout_s)
+        if thread.is_alive():
+            raise RuntimeError(f"pipeline rank {self.pp_rank}: the forward {fwd} of {pair} did not end within "
+                               f"{self._overlap_timeout_s:g} s of its backward; a peer may have died (raise "
+                               "timeout_s if it is only slow)")
+        if failed:
+            raise failed[0]
+
+    def exchanged(self, phase: str, start: object, end: object, nbytes: int) -> None:
+        """An all-to-all of ``phase`` (:class:`real.moe.ExpertGroup`'s watch) ran: a row on its stream, named
+        after the part of that stream running now."""
+        if not self.recorder.enabled:
+            return
+        which = "backward" if phase.endswith("_grad") else "forward"
+        part = self._running[which]
+        name = f"{part.stage}{phase.upper()}{part.microbatch}"
+        self.recorder.add(Span(f"all-to-all-{which}", name, "ALL_TO_ALL", part.stage, part.microbatch), start, end,
+                          nbytes)
 
     def _receive(self, task: Task, step: _Step) -> int:
         value = self.comm.recv(task)

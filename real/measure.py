@@ -11,9 +11,12 @@
   for its W, and what it does let go (nodes above the stage's last weight op)
   stays counted until that W. A saved tensor that autograd has freed while
   still counted is known by its address no more, so a new tensor at that
-  address (another microbatch's) is counted on its own.
+  address (another microbatch's) is counted on its own. An overlapped pair's
+  forward may save while its backward frees (two threads): one lock guards the counts.
 * :class:`Recorder` stamps task starts and ends: ``time.perf_counter`` on the
-  CPU, CUDA events on the compute stream on a GPU (resolved once per step).
+  CPU, CUDA events on the compute stream on a GPU (resolved once per step);
+  a :class:`Span` is a row on a stream of its own (an overlapped pair's
+  passes, the all-to-alls of expert parallelism).
 * :func:`clock_offset` estimates, NTP-style, what to add to this rank's clock
   to read rank 0's.
 """
@@ -21,6 +24,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 import weakref
 from collections.abc import Callable, Hashable, Iterable, Iterator
@@ -33,7 +37,7 @@ import torch.distributed as dist
 
 from schedules.util import percentile
 
-__all__ = ["ActivationMeter", "Measured", "Recorder", "clock_offset", "held_bytes", "measure_interleaved"]
+__all__ = ["ActivationMeter", "Measured", "Recorder", "Span", "clock_offset", "held_bytes", "measure_interleaved"]
 
 
 class ActivationMeter:
@@ -51,6 +55,7 @@ class ActivationMeter:
         self.peak = 0
         self.first_bytes: dict[Hashable, int] = {}  # bytes first counted under each key
         self.enabled = True
+        self._lock = threading.RLock()  # re-entered when a collection inside a count frees a saved copy
 
     @contextmanager
     def saving(self, key: Hashable) -> Iterator[None]:
@@ -60,6 +65,10 @@ class ActivationMeter:
             return
 
         def pack(t: torch.Tensor) -> _Saved:
+            with self._lock:
+                return _pack(t)
+
+        def _pack(t: torch.Tensor) -> _Saved:
             ident = self._count(key, t)
             # Not ``t`` itself: a node that saves its own output (softmax, log_softmax, tanh) would then hold, in
             # C++, a Python tensor whose grad_fn is that node. Such a cycle is invisible to Python's collector,
@@ -78,7 +87,8 @@ class ActivationMeter:
     def hold(self, key: Hashable, tensor: torch.Tensor) -> None:
         """Count ``tensor`` under ``key`` as if autograd had saved it: the input a recomputed forward keeps."""
         if self.enabled:
-            self._count(key, tensor)
+            with self._lock:
+                self._count(key, tensor)
 
     def _count(self, key: Hashable, t: torch.Tensor) -> tuple[int, int] | None:
         """Count ``t`` under ``key``; returns its (address, bytes), or None for a parameter or an empty tensor."""
@@ -102,6 +112,10 @@ class ActivationMeter:
     def _let_go(self, ident: tuple[int, int]) -> None:
         """Autograd freed a saved copy of ``ident``; once none is left, a tensor still counted (its backward has
         not run) gives up its address, which the allocator may hand to another microbatch's tensor."""
+        with self._lock:
+            self._let_go_locked(ident)
+
+    def _let_go_locked(self, ident: tuple[int, int]) -> None:
         left = self._live.get(ident, 0) - 1
         if left > 0:
             self._live[ident] = left
@@ -117,6 +131,10 @@ class ActivationMeter:
 
     def release(self, key: Hashable) -> None:
         """The backward of ``key`` is done: what only it held is freed."""
+        with self._lock:
+            self._release_locked(key)
+
+    def _release_locked(self, key: Hashable) -> None:
         for ident in self._keys.pop(key, ()):
             owners = self._owners[ident]
             owners.discard(key)
@@ -166,6 +184,22 @@ def held_bytes(params: Iterable[torch.Tensor], optimizers: Iterable[torch.optim.
         storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in ts}
         out[key] = sum(n for ptr, n in storages.items() if n)
     return out
+
+
+@dataclass(frozen=True)
+class Span:
+    """A row the runtime adds to the trace on a stream of its own: ``name`` in the action column, ``kind`` in
+    the kind column (an overlapped pair's forward ``1F3`` on ``pair-forward``, an all-to-all ``1DISPATCH3`` of
+    kind ALL_TO_ALL on ``all-to-all-forward``)."""
+
+    stream: str
+    name: str
+    kind: str
+    stage: int
+    microbatch: int | None
+
+    def __str__(self) -> str:
+        return self.name
 
 
 @dataclass

@@ -14,9 +14,10 @@ they share one group (``server_group``) for gathering their shards into a
 checkpoint, and talk to the trainers point to point on the default group.
 
 With expert parallelism (``ep`` > 1, :mod:`real.moe`) each pipeline rank's replicas are cut into groups of
-``ep`` consecutive ones (``ep_group``, the all-to-alls), and the replicas at the same place of every ep group
-share an expert data-parallel group (``expert_dp_group``, the experts' gradient all-reduce; one rank when
-ep = dp).
+``ep`` consecutive ones (``ep_group``, the forward's all-to-alls; ``ep_grad_group``, the same ranks, the
+backward's: an overlapped pair's two passes never queue behind each other), and the replicas at the same place of
+every ep group share an expert data-parallel group (``expert_dp_group``, the experts' gradient all-reduce; one rank
+when ep = dp).
 """
 
 from __future__ import annotations
@@ -62,21 +63,22 @@ def _attempt_store(rank: int, world: int, timeout: timedelta) -> dict:
 
 
 def _expert_groups(rank: int, pp: int, dp: int, ep: int, timeout: timedelta
-                   ) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
-    """(ep group, expert data-parallel group) of ``rank``; every rank creates every group in the same order."""
-    mine: list[dist.ProcessGroup | None] = [None, None]
+                   ) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None, dist.ProcessGroup | None]:
+    """(ep group, its twin for the backward, expert data-parallel group) of ``rank``; every rank creates every
+    group in the same order."""
+    mine: list[dist.ProcessGroup | None] = [None, None, None]
     for i in range(pp):
         for g in range(dp // ep):
             ranks = [(g * ep + j) * pp + i for j in range(ep)]
-            group = dist.new_group(ranks, timeout=timeout)
+            pair = (dist.new_group(ranks, timeout=timeout), dist.new_group(ranks, timeout=timeout))
             if rank in ranks:
-                mine[0] = group
+                mine[0], mine[1] = pair
         for j in range(ep):
             ranks = [(g * ep + j) * pp + i for g in range(dp // ep)]
             group = dist.new_group(ranks, timeout=timeout)
             if rank in ranks:
-                mine[1] = group
-    return mine[0], mine[1]
+                mine[2] = group
+    return mine[0], mine[1], mine[2]
 
 
 @dataclass(eq=False)
@@ -95,6 +97,7 @@ class Mesh:
     ep: int = 1
     ep_group: dist.ProcessGroup | None = None
     expert_dp_group: dist.ProcessGroup | None = None
+    ep_grad_group: dist.ProcessGroup | None = None
 
     @property
     def ep_rank(self) -> int:
@@ -160,14 +163,14 @@ class Mesh:
                 if rank in ranks:
                     dpg = group
         ep = plan.config.layout.ep
-        epg, edpg = _expert_groups(rank, pp, dp, ep, timeout) if ep > 1 else (None, None)
+        epg, epgg, edpg = _expert_groups(rank, pp, dp, ep, timeout) if ep > 1 else (None, None, None)
         servers = plan.config.sync.servers
         server_group = None
         if servers:
             group = dist.new_group([pp * dp + j for j in range(servers)], timeout=timeout)
             server_group = group if rank >= pp * dp else None
         log.debug("rank %d: pipeline rank %d of replica %d on %s", rank, rank % pp, rank // pp, device)
-        return cls(pp, dp, rank, device, p2p, dpg, owns, servers, server_group, ep, epg, edpg)
+        return cls(pp, dp, rank, device, p2p, dpg, owns, servers, server_group, ep, epg, edpg, epgg)
 
     def close(self) -> None:
         """Destroy the process group if :meth:`create` made it."""

@@ -11,8 +11,11 @@ replicas of a stage form an ep group; group rank j keeps experts ``j E/N .. (j+1
 and drops the others. In the forward, each rank routes its own tokens, an all-to-all of counts tells every rank how
 many rows it receives from each peer, a *dispatch* all-to-all sends every (token, expert) pair's input to the
 expert's owner, the experts run, and a *combine* all-to-all sends the outputs back; the backward runs both
-all-to-alls in reverse (:class:`_AllToAll`). The gradient sync (:mod:`real.dp.sync`, via
-``real.trainer``) averages an expert's parameters over its *expert data-parallel* group, the dp / N ranks that hold
+all-to-alls in reverse (:class:`_AllToAll`). The forward's all-to-alls go over the ep group, the backward's over a
+second group of the same ranks (``grad_group``): an overlapped F+B pair runs its forward in a thread beside its
+backward (:mod:`real.executor`), and with a group per direction the two passes' all-to-alls never meet in one
+queue, each group seeing the same sequence on every peer (ep peers run the same program). The gradient sync
+(:mod:`real.dp.sync`, via ``real.trainer``) averages an expert's parameters over its *expert data-parallel* group, the dp / N ranks that hold
 it (one per ep group), dividing by dp as for the dense parameters: each ep group's expert gradient already sums
 the contributions of its N replicas' tokens, so the sum over the dp / N groups is the sum over all dp replicas.
 
@@ -23,6 +26,8 @@ holds exactly the single-process model's parameters of its experts, named as the
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -42,24 +47,50 @@ def is_expert_param(name: str) -> bool:
 
 @dataclass(eq=False)
 class ExpertGroup:
-    """This rank's ep group: its rank and size, the process group, and the bytes its all-to-alls sent to peers.
+    """This rank's ep group: its rank and size, the process groups, and the bytes its all-to-alls sent to peers.
 
+    ``group`` carries the forward's all-to-alls, ``grad_group`` (the same ranks; None: ``group``) the backward's.
     ``sent`` counts, per phase (``dispatch``, ``combine``, and their backwards ``dispatch_grad``,
     ``combine_grad``), the payload bytes this rank sent to the other ranks, ``{phase}_kept`` what stayed on it,
     and ``counts`` the bytes of the all-to-alls of counts sent to the others; :meth:`take` returns and resets them.
+    ``watch = (stamp, done)``: each all-to-all calls ``done(phase, start, end, bytes sent)`` with ``stamp()``'s
+    before and after it (the trace's all-to-all rows, :class:`real.executor.Executor`).
     """
 
     rank: int
     size: int
     group: dist.ProcessGroup
+    grad_group: dist.ProcessGroup | None = None
     sent: dict[str, int] = field(default_factory=dict)
+    watch: tuple[Callable[[], object], Callable[[str, object, object, int], None]] | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # two passes may add at once
+
+    def __post_init__(self) -> None:
+        if self.grad_group is None:
+            self.grad_group = self.group
+
+    def group_of(self, phase: str) -> dist.ProcessGroup:
+        """The group an all-to-all of ``phase`` goes over: the backward's own for ``*_grad`` phases."""
+        return self.grad_group if phase.endswith("_grad") else self.group
 
     def add(self, phase: str, nbytes: int) -> None:
-        self.sent[phase] = self.sent.get(phase, 0) + nbytes
+        with self._lock:
+            self.sent[phase] = self.sent.get(phase, 0) + nbytes
 
     def take(self) -> dict[str, int]:
-        out, self.sent = self.sent, {}
+        with self._lock:
+            out, self.sent = self.sent, {}
         return out
+
+    def all_to_all(self, out: torch.Tensor, x: torch.Tensor, phase: str, sent: int,
+                   out_splits: list[int] | None = None, in_splits: list[int] | None = None) -> None:
+        """``all_to_all_single`` over :meth:`group_of` ``phase``; ``sent``, the bytes that go to the peers, is
+        counted and, with the stamps around it, reported to ``watch``."""
+        start = self.watch[0]() if self.watch else None
+        dist.all_to_all_single(out, x, out_splits, in_splits, group=self.group_of(phase))
+        self.add(phase, sent)
+        if self.watch:
+            self.watch[1](phase, start, self.watch[0](), sent)
 
 
 class _AllToAll(torch.autograd.Function):
@@ -81,9 +112,8 @@ def _exchange(x: torch.Tensor, out_splits: list[int], in_splits: list[int], ep: 
               phase: str) -> torch.Tensor:
     x = x.contiguous()
     out = x.new_empty((sum(out_splits), *x.shape[1:]))
-    dist.all_to_all_single(out, x, out_splits, in_splits, group=ep.group)
     row = x[0].numel() * x.element_size() if x.dim() > 1 else x.element_size()
-    ep.add(phase, (sum(in_splits) - in_splits[ep.rank]) * row)
+    ep.all_to_all(out, x, phase, (sum(in_splits) - in_splits[ep.rank]) * row, out_splits, in_splits)
     ep.add(f"{phase}_kept", in_splits[ep.rank] * row)
     return out
 
@@ -162,8 +192,8 @@ class MoEBlock(nn.Module):
         """Dispatch the rows to their experts' ranks, run the local experts, combine the outputs back."""
         ep, per = self.ep, self.num_experts // self.ep.size
         got = torch.empty_like(counts)
-        dist.all_to_all_single(got, counts, group=ep.group)  # got[i * per + l]: rows rank i sends local expert l
-        ep.add("counts", (counts.numel() - per) * counts.element_size())
+        # got[i * per + l]: the rows rank i sends local expert l
+        ep.all_to_all(got, counts, "counts", (counts.numel() - per) * counts.element_size())
         send = counts.view(ep.size, per).sum(dim=1).tolist()
         recv_by = got.view(ep.size, per)
         recv = recv_by.sum(dim=1).tolist()
@@ -174,9 +204,11 @@ class MoEBlock(nn.Module):
         return _AllToAll.apply(outs, send, recv, ep, "combine")
 
 
-def shard_experts(layers: list[nn.Module], rank: int, size: int, group: dist.ProcessGroup) -> ExpertGroup:
-    """Keep only ep rank ``rank``'s experts in every MoE block of ``layers`` and attach the ep group to them."""
-    ep = ExpertGroup(rank, size, group)
+def shard_experts(layers: list[nn.Module], rank: int, size: int, group: dist.ProcessGroup,
+                  grad_group: dist.ProcessGroup | None = None) -> ExpertGroup:
+    """Keep only ep rank ``rank``'s experts in every MoE block of ``layers`` and attach the ep group to them
+    (``grad_group``, the same ranks, for the backward's all-to-alls; None: ``group``)."""
+    ep = ExpertGroup(rank, size, group, grad_group)
     for layer in layers:
         for block in layer.modules():
             if isinstance(block, MoEBlock):

@@ -36,7 +36,7 @@ from real.dp.ps import PSTrainer
 from real.dp.ps_async import AsyncPSTrainer
 from real.dp.zero import SHARDED_MODES, full_state, load_full
 from real.executor import Executor, Stage
-from real.measure import ActivationMeter, Recorder, clock_offset, held_bytes
+from real.measure import ActivationMeter, Recorder, Span, clock_offset, held_bytes
 from real.mesh import Mesh
 from real.model_api import (
     Boundaries,
@@ -72,7 +72,7 @@ class _Row(NamedTuple):
     task: int | None
     rank: int
     stream: str
-    action: Action
+    action: Action | Span
     start: float
     end: float
     bytes: float
@@ -158,8 +158,8 @@ class Trainer:
         if mesh.ep != cfg.layout.ep:
             raise ConfigError(f"the mesh was made for ep {mesh.ep}, the run has ep {cfg.layout.ep}; create the mesh "
                               "from this run's plan (real.Mesh.create)", field="ep")
-        self.experts = (shard_experts(list(self.stages.values()), mesh.ep_rank, mesh.ep, mesh.ep_group)
-                        if mesh.ep > 1 else None)
+        self.experts = (shard_experts(list(self.stages.values()), mesh.ep_rank, mesh.ep, mesh.ep_group,
+                                      mesh.ep_grad_group) if mesh.ep > 1 else None)
         self.ep_bytes: list[dict[str, int]] = []  # per step run, this rank's all-to-all bytes (real.moe.ExpertGroup)
         self.named = [np for s in sorted(self.stages) for np in self.stages[s].global_parameters()]
         params = [p for _, p in self.named]
@@ -189,10 +189,19 @@ class Trainer:
                                  recorder=self.recorder, poll=self.sync.poll if self.sync else lambda: None,
                                  loss=self.model.loss, autocast=autocast_for(cfg.runtime.dtype, mesh.device),
                                  message_dtypes={s: dt for s, (_, dt) in self.boundaries.items()},
-                                 around=(self.sync.before_task, self.sync.after_task) if self.sync else None)
+                                 around=(self.sync.before_task, self.sync.after_task) if self.sync else None,
+                                 overlap_timeout_s=cfg.runtime.timeout_s if self._overlaps() else None)
+        if self.experts is not None:
+            self.experts.watch = (self.recorder.stamp, self.executor.exchanged)
         self.needs_data = 0 in self.stages or last in self.stages
         self._sharded = self.sync is not None and self.sync.mode in ("zero1", *SHARDED_MODES)  # checkpoints gather
         self.metered = cfg.metered_step  # train() moves it to the first step a resumed run runs
+
+    def _overlaps(self) -> bool:
+        """Whether an overlapped pair runs its parts at once: with expert parallelism over gloo, on the CPU, with
+        an ep group per direction (one CUDA stream would queue the two passes' NCCL all-to-alls in either order)."""
+        ep = self.experts
+        return ep is not None and ep.grad_group is not ep.group and self.mesh.device.type == "cpu"
 
     def _expert_sync(self) -> ExpertDataSync:
         """ep > 1: the dense parameters averaged over the dp group, the experts over their expert-dp group."""
@@ -426,18 +435,21 @@ class Trainer:
     def _trace_rows(self, step: int, offset: float) -> list[_Row]:
         """This rank's rows of a traced step on rank 0's clock.
 
-        The recorder holds a task id (a task of the graph) or an Action the
-        runtime adds itself (OPTIM, and the data-parallel collectives).
+        The recorder holds a task id (a task of the graph), an Action the
+        runtime adds itself (OPTIM, and the data-parallel collectives) or a Span
+        on a stream of its own (an overlapped pair's parts, the all-to-alls).
         """
         tasks, rank = self.plan.graph.tasks, self.mesh.rank
         out = []
         for key, start, end, nbytes in self.recorder.resolve():
             if isinstance(key, int):
                 task, action, stream = key, tasks[key].action, tasks[key].stream
+            elif isinstance(key, Span):
+                task, action, stream = None, key, key.stream
             else:
                 task, action = None, key
                 stream = Stream.COMPUTE if action.kind is Kind.OPTIM else Stream.COLLECTIVE
-            out.append(_Row(step, task, rank, stream.value, action, start + offset, end + offset, nbytes))
+            out.append(_Row(step, task, rank, str(stream), action, start + offset, end + offset, nbytes))
         return out
 
     def _memory(self) -> dict[str, Any]:
@@ -497,7 +509,7 @@ class Trainer:
             "rank": [r.rank for r in rows],
             "stream": [r.stream for r in rows],
             "action": [str(r.action) for r in rows],
-            "kind": [r.action.kind.value for r in rows],
+            "kind": [str(r.action.kind) for r in rows],
             "stage": [r.action.stage for r in rows],
             "microbatch": [-1 if r.action.microbatch is None else r.action.microbatch for r in rows],
             "start": [r.start - t0 for r in rows],

@@ -16,6 +16,12 @@ end         float   seconds
 bytes       float   bytes moved (0 for compute)
 =========== ======= ====================================================
 
+A real MoE run with expert parallelism adds rows on streams of their own: an
+overlapped pair's forward and backward parts (``pair-forward``,
+``pair-backward``, kinds F, B or I, beside the pair's compute row) and each
+all-to-all (``all-to-all-forward``, ``all-to-all-backward``, kind
+``ALL_TO_ALL``, named by phase: ``1DISPATCH3``, ``2COMBINE_GRAD1``).
+
 A real run's trace may also carry ``step`` (int, the training step), when it
 keeps several measured steps; :func:`trace_steps` splits it and
 :func:`median_step` picks the step of median wall time (``attrs["step_times"]``).

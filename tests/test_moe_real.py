@@ -4,7 +4,9 @@ Fast: the MoE block equals a token-by-token sum over the chosen experts, forward
 unchanged; bad ep values are one line before anything runs. Slow: torchrun launches (2 and 4 processes) train the
 MoE GPT with ep 2 (and 4) folded over dp (sync, ddp, zero1), alone and under pipelines (1F1B, split I/W, overlapped
 F/B pairs, interleaved, recomputation), and equal single-process training at 1e-5; every rank's all-to-all bytes
-are what its tokens predict. This file is also the worker the launches start.
+are what its tokens predict; DualPipe-V's pairs run their forward in a thread beside their backward, and the trace
+shows one microbatch's all-to-all in flight while the other computes. This file is also the worker the launches
+start.
 """
 
 from __future__ import annotations
@@ -195,6 +197,49 @@ def test_a_mesh_made_without_ep_is_refused_for_an_ep_run():
         Trainer(make_plan(cfg, 2), mesh, "gloo")
 
 
+def _pair_run(overlap_timeout_s, fail=False):
+    """One process, one stage (an MLP and the loss), F0 (F1;B0) B1: the gradients, the recorder's rows."""
+    from real.executor import Executor, Stage
+    from real.measure import ActivationMeter, Recorder
+    from schedules import Kind, Schedule, lower
+
+    torch.manual_seed(0)
+    stage = Stage(0, 0, [torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.GELU(), torch.nn.Linear(6, 3))],
+                  is_last=True)
+    graph = lower(Schedule.from_programs([["0F0", "(0F1;0B0)OVERLAP_F_B", "0B1"]], name="pair"))
+    batches = [(torch.randn(4, 6), torch.randint(3, (4,))) for _ in range(2)]
+    recorder = Recorder(torch.device("cpu"))
+    recorder.begin(True)
+    ex = Executor(graph, 0, {0: stage}, comm=None, meter=ActivationMeter(stage.parameters()), recorder=recorder,
+                  overlap_timeout_s=overlap_timeout_s)
+    if fail:
+        forward = ex._compute[Kind.F]
+
+        def second_fails(a, step):
+            if a.microbatch == 1:
+                raise ValueError("injected failure in 0F1")
+            forward(a, step)
+
+        ex._compute[Kind.F] = second_fails
+    ex.run_step(batches)
+    return [p.grad.clone() for p in stage.parameters()], recorder.rows
+
+
+def test_a_pair_in_two_threads_equals_one_after_the_other_and_raises_its_forwards_error():
+    """The forward of (0F1;0B0) in a thread, its backward in the caller: the same gradients bit for bit, one row
+    per part on its stream; an error of the forward's thread is raised by run_step (no hang)."""
+    from real.measure import Span
+
+    want, rows = _pair_run(None)
+    assert not [key for key, *_ in rows if isinstance(key, Span)]
+    got, rows = _pair_run(30.0)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    spans = sorted((k.stream, k.name) for k, *_ in rows if isinstance(k, Span))
+    assert spans == [("pair-backward", "0B0"), ("pair-forward", "0F1")]
+    with pytest.raises(ValueError, match="injected failure in 0F1"):
+        _pair_run(30.0, fail=True)
+
+
 # -- slow: torchrun launches ----------------------------------------------------------------------------------------
 
 TWO = {
@@ -288,6 +333,64 @@ def test_four_ranks_ep_equals_plain_training(four, label):
     _assert_bytes(label, FOUR[label], four[label])
 
 
+def _intervals(rows) -> list[tuple[float, float]]:
+    return [(float(r.start), float(r.end)) for r in rows.itertuples(index=False)]
+
+
+def _overlap(a: tuple[float, float], spans: list[tuple[float, float]], holes: list[tuple[float, float]]) -> float:
+    """Seconds of ``a`` inside ``spans`` but outside ``holes`` (disjoint ``holes``, a pass's own all-to-alls)."""
+    total = 0.0
+    for lo, hi in spans:
+        lo, hi = max(lo, a[0]), min(hi, a[1])
+        if hi > lo:
+            total += hi - lo - sum(max(0.0, min(hi, h1) - max(lo, h0)) for h0, h1 in holes)
+    return total
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 30)
+def test_dualpipe_v_pairs_overlap_one_microbatchs_all_to_all_with_the_others_compute(four):
+    """The traced step of dualpipe-v pp2 x dp2 ep2: every pair on the ranks with MoE blocks has its forward and its
+    backward on streams of their own inside the pair's row, each all-to-all is on its pass's stream, named after
+    it, its bytes summing to the step's ep_bytes; in at least one pair an all-to-all of one microbatch is in flight
+    while the other microbatch's pass computes (outside its own all-to-alls)."""
+    from analysis.perfetto import to_chrome_trace
+
+    label = "dualpipe-v pp2 dp2 ep2 ddp"
+    got = four[label]
+    trace = got["trace"]
+    a2a = trace[trace["kind"] == "ALL_TO_ALL"]
+    assert set(a2a["rank"]) == {1, 3}  # pipeline rank 1 holds the two MoE blocks (stages 1 and 2)
+    for rank in (1, 3):
+        mine = a2a[a2a["rank"] == rank]
+        phases = {}
+        for r in mine.itertuples(index=False):
+            phase = r.action.strip("0123456789").lower()
+            assert r.stream == f"all-to-all-{'backward' if phase.endswith('_grad') else 'forward'}", r
+            assert r.action == f"{r.stage}{phase.upper()}{r.microbatch}", r
+            phases[phase] = phases.get(phase, 0) + int(r.bytes)
+        last = got["ep_bytes"][rank][-1]  # the traced step is the last
+        assert phases == {k: v for k, v in last.items() if not k.endswith("_kept")}, (phases, last)
+    overlapped = 0
+    pairs = trace[(trace["kind"] == "OVERLAP_F_B") & trace["rank"].isin([1, 3])]
+    assert len(pairs)
+    for pair in pairs.itertuples(index=False):
+        rows = trace[(trace["rank"] == pair.rank) & (trace["start"] >= pair.start) & (trace["end"] <= pair.end)]
+        fwd, bwd = (rows[rows["stream"] == f"pair-{p}"] for p in ("forward", "backward"))
+        assert len(fwd) == len(bwd) == 1, pair
+        assert {fwd.iloc[0].action, bwd.iloc[0].action} == set(pair.action[1:pair.action.index(")")].split(";"))
+        f_a2a, b_a2a = (_intervals(rows[rows["stream"] == f"all-to-all-{p}"]) for p in ("forward", "backward"))
+        assert f_a2a and b_a2a, pair
+        # an all-to-all of one pass against the other pass's compute (its interval less its own all-to-alls)
+        overlapped += sum(_overlap(x, _intervals(bwd), b_a2a) > 0 for x in f_a2a)
+        overlapped += sum(_overlap(x, _intervals(fwd), f_a2a) > 0 for x in b_a2a)
+    assert overlapped, "no all-to-all of a pair overlaps the other pass's compute"
+    names = {e["args"]["name"]: e["tid"] for e in to_chrome_trace(trace)["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 1}
+    assert {"compute", "pair-forward", "pair-backward", "all-to-all-forward", "all-to-all-backward"} <= set(names)
+    assert len(set(names.values())) == len(names)
+
+
 def _worker(cfg_file: str, out_file: str) -> None:
     """Runs under torchrun: every configuration of ``cfg_file`` in one process group; rank 0 saves the results,
     with every rank's all-to-all bytes."""
@@ -308,7 +411,7 @@ def _worker(cfg_file: str, out_file: str) -> None:
         every = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object(r.ep_bytes, every, dst=0)
         if rank == 0:
-            results[label] = {"losses": r.losses, "params": r.parameters, "ep_bytes": every}
+            results[label] = {"losses": r.losses, "params": r.parameters, "ep_bytes": every, "trace": r.trace}
     if rank == 0:
         torch.save(results, out_file)
     dist.destroy_process_group()
