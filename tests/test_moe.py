@@ -12,6 +12,7 @@ from sim.costs.moe import (
     all_to_all_bytes,
     expert_shares,
     max_load,
+    threaded_pair_time,
     two_stream_time,
 )
 from sim.costs.transformer import MODEL_PRESETS
@@ -35,6 +36,41 @@ def test_pair_whose_all_to_all_is_twice_the_compute_is_not_hidden():
     f, b = [C(10), M(20)], [M(20), C(10)]
     assert two_stream_time([f, b]) == 40
     assert two_stream_time([f, b]) - 20 == 20
+
+
+
+def test_a_pair_in_two_threads_on_one_core():
+    """The CPU runtime's pair (sim.costs.moe.threaded_pair_time), by hand: processor sharing of the core, each
+    chain's all-to-all on a group of its own, compute slowed while one is in flight, and it slowed by compute."""
+    assert threaded_pair_time([[C(4)]]) == 4 and threaded_pair_time([[C(4)], [C(4)]]) == 8  # the core shared
+    # compute 4 beside an all-to-all of 2 with slowdown 2: 2 s at half speed (1 done), then 3 alone: 5
+    assert threaded_pair_time([[C(4)], [M(2)]], slowdown=2.0) == 5
+    # stall 2: the all-to-all of 2 takes 4 while the compute runs; the compute, unslowed, ends at 4 too
+    assert threaded_pair_time([[C(4)], [M(2)]], stall=2.0) == 4
+    # F: compute 1, all-to-all 2, compute 1; B: compute 3. Both compute at half speed until F's first piece ends
+    # (t 2, B has 2 left); F's all-to-all (2) hides under B's last 2; then F's last 1: 5, against 7 in turn
+    f, b = [C(1), M(2), C(1)], [C(3)]
+    assert threaded_pair_time([f, b]) == 5 and sum(x.seconds for x in f + b) == 7
+    # two all-to-alls at once, one group each: neither waits for the other
+    assert threaded_pair_time([[M(2)], [M(2)]]) == 2 and two_stream_time([[M(2)], [M(2)]]) == 4
+
+
+def test_profiled_pairs_in_threads_are_timed_by_their_segments():
+    """ProfiledCosts.pair_threads: an OVERLAP_F_B of MoE stages is threaded_pair_time over each pass's segments
+    (per MoE layer: compute, all-to-all, compute, all-to-all); off, the sum of its passes."""
+    from schedules import Kind, build, lower
+    from sim.costs.profiled import ProfiledCosts, StageCosts
+
+    st = StageCosts(f=10.0, b=14.0, i=7.0, w=7.0, a2a_f=2.0, a2a_b=2.0, moe_layers=1)
+    assert [(x.seconds, x.comm) for x in st.segments(Kind.F)] == [(4.0, False), (1.0, True), (4.0, False), (1.0, True)]
+    assert [x.seconds for x in st.segments(Kind.W)] == [7.0]
+    graph = lower(build("dualpipe-v", pp=1, microbatches=4))
+    pair = next(t for t in graph.tasks if t.action.sub_actions)
+    seq = ProfiledCosts(stages=(st, st))
+    threaded = ProfiledCosts(stages=(st, st), pair_threads=True)
+    assert seq.duration(pair, graph) == 24.0
+    want = threaded_pair_time([st.segments(a.kind) for a in pair.action.sub_actions])
+    assert threaded.duration(pair, graph) == want < 24.0
 
 
 def test_presets_match_their_model_cards():

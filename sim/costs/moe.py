@@ -190,6 +190,38 @@ def two_stream_time(chains: Sequence[Sequence[Segment]]) -> float:
         end = max(end, finish)
 
 
+
+def threaded_pair_time(chains: Sequence[Sequence[Segment]], slowdown: float = 1.0, stall: float = 1.0) -> float:
+    """Makespan of chains run by threads of one process on one core, each chain's communication on a group of
+    its own (the real runtime's overlapped F/B pair on a CPU: :class:`real.executor.Executor`'s pair, forward in a
+    thread beside the backward, their all-to-alls on two ep groups).
+
+    Processor sharing: the compute segments running at once share the core equally; while one or more of the
+    chains' communication segments is in flight, compute runs ``slowdown`` times slower (gloo's threads take the
+    core's cycles: :mod:`sim.slowdown`'s ``comm_slowdown``), and a communication segment is served ``stall``
+    times slower while compute runs (its ``comm_stall``). Each chain runs its segments in order, so one chain's
+    communication hides behind the other's compute. With one chain, or none of either kind, it is the sum.
+    Hand arithmetic (tests/test_moe.py): two chains of compute 4 each share the core, 8; compute 4 beside a
+    communication of 2 (slowdown 2, stall 1) ends at 5 (2 at half speed, then 3), the communication at 2."""
+    pos = [0] * len(chains)
+    left = [chains[c][0].seconds if chains[c] else 0.0 for c in range(len(chains))]
+    now = 0.0
+    while True:
+        active = [c for c in range(len(chains)) if pos[c] < len(chains[c])]
+        if not active:
+            return now
+        computing = [c for c in active if not chains[c][pos[c]].comm]
+        talking = len(active) - len(computing)
+        rate = {c: ((1.0 / len(computing)) / (slowdown if talking else 1.0)) if c in computing
+                else (1.0 / stall if computing else 1.0) for c in active}
+        dt = min(left[c] / rate[c] for c in active)
+        now += dt
+        for c in active:
+            left[c] -= dt * rate[c]
+            if left[c] <= 1e-15:
+                pos[c] += 1
+                left[c] = chains[c][pos[c]].seconds if pos[c] < len(chains[c]) else 0.0
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MLAConfig:
     """Multi-head latent attention (DeepSeek-V2/V3): queries through a rank-``q_rank`` bottleneck, keys and

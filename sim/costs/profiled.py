@@ -87,6 +87,7 @@ from common.errors import CostFileError, quote
 from schedules import Action, Kind, Stream, Task, TaskGraph
 from schedules.dp.modes import server_update
 from schedules.formats import PROFILE_SCHEMA
+from sim.costs.moe import Segment, threaded_pair_time
 from sim.costs.param_copy import ParamCopy, charge_param_copies
 from sim.costs.uniform import UniformCosts
 
@@ -132,10 +133,16 @@ class StageCosts:
     # dp mode ps: a parameter server's update of the stage (the cost file's SERVER_UPDATE, real.profile.server: the
     # last bucket's fold and the optimizer over the flat buckets, alone); 0.0: not measured, the optimizer step's
     server_update: float = 0.0
+    # expert parallelism: seconds of the all-to-alls inside one F (dispatch, combine and the counts of each MoE
+    # layer; R's are F's) and one B or I (both backwards), part of f, b and i; the stage's MoE layers
+    a2a_f: float = 0.0
+    a2a_b: float = 0.0
+    moe_layers: int = 0
 
     def __post_init__(self) -> None:
         _finite("stage costs", f=self.f, b=self.b, i=self.i, w=self.w, optim=self.optim,
-                param_bytes=self.param_bytes, server_update=self.server_update)
+                param_bytes=self.param_bytes, server_update=self.server_update, a2a_f=self.a2a_f,
+                a2a_b=self.a2a_b)
 
     def update_on_server(self) -> float:
         """Seconds of the parameter servers' update of the stage: the profiled server update, else the optimizer
@@ -145,6 +152,16 @@ class StageCosts:
     def of(self, kind: Kind) -> float:
         """A pass's seconds; a recomputation (R) re-runs the stage's forward, so it costs F's."""
         return {Kind.F: self.f, Kind.R: self.f, Kind.B: self.b, Kind.I: self.i, Kind.W: self.w}[kind]
+
+    def segments(self, kind: Kind) -> list[Segment]:
+        """A pass as the pieces its thread runs: per MoE layer compute, its first all-to-all(s), compute, its last
+        (the stage's compute and all-to-all time split evenly over its MoE layers); one compute piece without."""
+        a2a = {Kind.F: self.a2a_f, Kind.R: self.a2a_f, Kind.B: self.a2a_b, Kind.I: self.a2a_b}.get(kind, 0.0)
+        total = self.of(kind)
+        if not (a2a and self.moe_layers):
+            return [Segment(total)]
+        c, t = (total - a2a) / (2 * self.moe_layers), a2a / (2 * self.moe_layers)
+        return [seg for _ in range(2 * self.moe_layers) for seg in (Segment(c), Segment(t, comm=True))]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,6 +189,10 @@ class ProfiledCosts:
     # decentralized / local-sgd: CPU of the parameter copies around their exchanges (sim.costs.param_copy); measured by
     # real.profile.param_copy (the cost file's param_copy); all 0.0: not charged
     param_copy: ParamCopy = field(default_factory=ParamCopy)
+    # expert parallelism on the CPU: an OVERLAP_F_B runs its forward in a thread beside its backward, each part's
+    # all-to-alls on an ep group of its own (real.executor); the pair is timed by sim.costs.moe.threaded_pair_time
+    # with comm_slowdown and comm_stall. False: its parts one after the other
+    pair_threads: bool = False
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -250,6 +271,9 @@ class ProfiledCosts:
     def duration(self, task: Task, graph: TaskGraph) -> float:
         action = task.action
         if action.sub_actions is not None:
+            if self.pair_threads:
+                chains = [self.stages[a.stage].segments(a.kind) for a in action.sub_actions]
+                return threaded_pair_time(chains, self.comm_slowdown, self.comm_stall) + self.task_overhead
             return sum(self._pass(a) for a in action.sub_actions) + self.task_overhead
         if action.kind in _PASS_KINDS:
             return self._pass(action) + self.task_overhead
