@@ -271,3 +271,23 @@ def test_a_moe_model_from_a_toml_table():
         model_from_dict({**shape, "moe": {"experts": 16, "expert_ffn": 1024}})
     with pytest.raises(ConfigError, match="top_k 17 must be at most experts 16"):
         model_from_dict({**shape, "moe": {"experts": 16, "top_k": 17, "expert_ffn": 1024}})
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--schedules", "nope"], "--schedules: unknown nope"),
+    (["--microbatches", "x"], "--microbatches: give comma-separated integers"),
+    (["--calibrate-from", "dualpipe-v"], "--calibrate-from 'dualpipe-v': give a one-stage schedule"),
+])
+def test_validate_moe_refuses_bad_input_in_one_line(argv, says, capsys):
+    """experiments/validate_moe.py: bad flags are one line and exit 2, before any profile or run."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "validate_moe", Path(__file__).resolve().parents[1] / "experiments" / "validate_moe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with pytest.raises(SystemExit) as exc:
+        module.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1 and says in err[0], err
