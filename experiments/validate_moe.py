@@ -15,10 +15,10 @@ ddp averages the dense gradients, the experts' expert-dp group is the rank itsel
    both backwards in B), so the in-run / profiled ratio of each pass kind carries them to the other rows;
 4. predict every row: one stage (gpipe, 1f1b) from the calibration's data-parallel costs; DualPipe-V at pp 1 (two
    stages in a V on each rank, overlapped F/B pairs) from the profile's two-stage partition, each pass scaled by
-   the calibration's in-run / profiled ratio of its kind, everything else the calibration's. A pair costs its two
-   passes one after the other: on this testbed the pair's forward runs in a thread beside its backward (real.executor),
-   both on the rank's one core, and the all-to-all time its threads hide is about what they add (the trace's
-   pair-forward and pair-backward rows, docs/moe.md);
+   the calibration's in-run / profiled ratio of its kind, everything else the calibration's; each pass carries
+   the calibration run's all-to-all time per MoE layer (its trace's ALL_TO_ALL rows) as communication segments,
+   and a pair is timed as the runtime runs it on this testbed, its forward in a thread beside its backward on the
+   rank's one core (:func:`sim.costs.moe.threaded_pair_time`, docs/moe.md);
 5. score: the calibration row in-sample, the others held out; the noise verdict as the grid's.
 
 Exit status: 0 judged; 3 too noisy to judge; 1 a run or the profile failed; 2 bad input.
@@ -37,7 +37,7 @@ from analysis.cli.common import OneLineParser
 from analysis.cli.progress import run_progress
 from analysis.cli.scripts import add_grid_args, profile_guard, report_results
 from analysis.results_page import table as markdown_table
-from analysis.validation.scores import half_difference, noise_verdict, verdict_line
+from analysis.validation.scores import decomposition, half_difference, noise_verdict, verdict_line
 from real import ModelConfig, RunConfig
 from real.dp.zero import MAX_INFLIGHT
 from real.profile.protocol import BUCKET_MB, MODEL_SHAPE, profile_machine
@@ -162,16 +162,15 @@ def stage_costs(cal, num_stages: int, model: ModelConfig, a2a: dict[str, float])
     fit = cal.data_parallel("ddp")
     one, own = load_profile(cal.dp_profile, 1).stages[0], fit.stages[0]
     ratio = {k: own.of(k) / one.of(k) for k in (Kind.F, Kind.B)}
-    prof = load_profile(cal.dp_profile, num_stages)
-    dense = own.param_bytes / one.param_bytes
     blocks = [sum(1 for i in r if 0 < i <= model.layers) for r in partition(model.num_layers, num_stages)]
+    moe = [{"a2a_f": a2a["F"] * n, "a2a_b": a2a["B"] * n, "moe_layers": n} for n in blocks]
+    if num_stages == 1:  # the calibration's own stage, as fitted
+        return dataclasses.replace(fit, stages=(dataclasses.replace(own, **moe[0]),), pair_threads=True)
+    dense = own.param_bytes / one.param_bytes
     stages = tuple(dataclasses.replace(
         st, f=st.f * ratio[Kind.F], b=st.b * ratio[Kind.B], i=st.i * ratio[Kind.B], w=st.w * ratio[Kind.B],
-        optim=own.optim * st.param_bytes / one.param_bytes, param_bytes=st.param_bytes * dense,
-        a2a_f=a2a["F"] * n, a2a_b=a2a["B"] * n, moe_layers=n) for st, n in zip(prof.stages, blocks, strict=True))
-    if num_stages == 1:  # the calibration's own stage, as fitted
-        stages = (dataclasses.replace(own, a2a_f=a2a["F"] * blocks[0], a2a_b=a2a["B"] * blocks[0],
-                                      moe_layers=blocks[0]),)
+        optim=own.optim * st.param_bytes / one.param_bytes, param_bytes=st.param_bytes * dense, **x)
+        for st, x in zip(load_profile(cal.dp_profile, num_stages).stages, moe, strict=True))
     return dataclasses.replace(fit, stages=stages, pair_threads=True)
 
 
@@ -216,7 +215,7 @@ def validate_moe(a) -> dict:
                      "foreign_cores": max(r.foreign_cores), "round_medians": list(r.round_medians),
                      "half_difference": half_difference(r.round_medians, r.step_time)})
     held = [abs(r["error"]) for r in rows if not r["in_sample"]]
-    noise = _noise(rows)
+    noise = decomposition(rows)["noise"]  # the grid's: mean |half difference| / 2 over every row
     verdict = noise_verdict(noise, load_before, os.getloadavg(), a.noise_limit, max(r["foreign_cores"] for r in rows))
     return {"rows": rows, "held_out_mean_abs_error": sum(held) / len(held) if held else None,
             "held_out_max_abs_error": max(held) if held else None, "noise": noise, "noise_verdict": verdict,
@@ -226,16 +225,6 @@ def validate_moe(a) -> dict:
             "model": model.to_dict(), "ep": EP, "microbatch_size": mbs, "rounds": a.rounds, "steps": a.steps,
             "profile": str(profile), "seconds": time.monotonic() - t0,
             "command": "python experiments/validate_moe.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])}
-
-
-def _noise(rows: list[dict]) -> float:
-    """The expected |error| of a perfect prediction, as the grid's (analysis.validation.scores.decomposition):
-    mean |half difference| / 2 over the rows."""
-    import math
-    import statistics
-
-    halves = [abs(r["half_difference"]) for r in rows if not math.isnan(r["half_difference"])]
-    return statistics.fmean(halves) / 2 if halves else float("nan")
 
 
 def sections(s: dict) -> list[str]:

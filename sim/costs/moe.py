@@ -190,7 +190,6 @@ def two_stream_time(chains: Sequence[Sequence[Segment]]) -> float:
         end = max(end, finish)
 
 
-
 def threaded_pair_time(chains: Sequence[Sequence[Segment]], slowdown: float = 1.0, stall: float = 1.0) -> float:
     """Makespan of chains run by threads of one process on one core, each chain's communication on a group of
     its own (the real runtime's overlapped F/B pair on a CPU: :class:`real.executor.Executor`'s pair, forward in a
@@ -221,6 +220,7 @@ def threaded_pair_time(chains: Sequence[Sequence[Segment]], slowdown: float = 1.
             if left[c] <= 1e-15:
                 pos[c] += 1
                 left[c] = chains[c][pos[c]].seconds if pos[c] < len(chains[c]) else 0.0
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MLAConfig:
