@@ -8,7 +8,8 @@ all-to-alls fit under its compute; past that the pair is communication-bound and
 compute they hide.
 
 Then whole steps: DeepSeek-V3 on 64 DGX H100 nodes (pp 8 x dp 64, zero1, full recomputation, 32 microbatches),
-by schedule (1F1B, interleaved 1F1B with 2 chunks, ZB-V, DualPipe-V) and expert placement (ep 8 in a node; ep 64
+by schedule (1F1B, interleaved 1F1B with 2 chunks, Megatron-Core's combined 1F1B with 2 chunks (its EP A2A overlap:
+interleaved 1F1B's steady-state F and B as overlapped pairs), ZB-V, DualPipe-V) and expert placement (ep 8 in a node; ep 64
 over 8 nodes with the plain all-to-all and with DeepEP's dispatch): step time and tokens/s from the simulator.
 
 Usage: python experiments/moe_overlap.py [--layers 4] [--markdown docs/results/moe_overlap.md] [--plot FILE.png]
@@ -60,7 +61,7 @@ def rows(layers: int) -> list[dict]:
     return out
 
 
-SCHEDULES = (("1f1b", None), ("interleaved-1f1b", 2), ("zb-v", None), ("dualpipe-v", None))
+SCHEDULES = (("1f1b", None), ("interleaved-1f1b", 2), ("combined-1f1b", 2), ("zb-v", None), ("dualpipe-v", None))
 PLACEMENTS = ((8, "alltoall"), (64, "alltoall"), (64, "deepep"))
 
 

@@ -116,7 +116,7 @@ class ScheduleSpec:
     summary: str
     fixed_chunks: int | None = None  # e.g. 2 for V-shaped schedules
     options: type | None = None  # an adaptive schedule's options (a frozen dataclass, defaults for every field)
-    any_chunks: bool = False  # a user's unregistered generator: it takes the chunks it is given (default 1)
+    any_chunks: bool = False  # it takes the chunks it is given (default 1): a user's unregistered generator, combined-1f1b
 
     @property
     def adaptive(self) -> bool:
@@ -140,12 +140,14 @@ def register(
     fixed_chunks: int | None = None,
     options: type | None = None,
     summary: str = "",
+    any_chunks: bool = False,
 ) -> Callable[[Generator], Generator]:
     """Decorator: ``@register("1f1b")`` makes a generator available to :func:`build`.
 
     ``multi_chunk``: the schedule needs v >= 2 stages per rank; ``fixed_chunks``:
     exactly that many (V placements: 2); ``options``: the schedule is adaptive,
-    and its generator takes an instance of this dataclass after the params.
+    and its generator takes an instance of this dataclass after the params;
+    ``any_chunks``: it takes any v >= 1 (default 1) and checks its own rule.
     """
 
     def deco(fn: Generator) -> Generator:
@@ -153,7 +155,8 @@ def register(
             raise RuntimeError(f"schedule {name!r} registered twice")
         doc = (fn.__doc__ or "").strip().splitlines()
         multi = multi_chunk or (fixed_chunks is not None and fixed_chunks > 1)
-        _REGISTRY[name] = ScheduleSpec(name, fn, multi, summary or (doc[0] if doc else ""), fixed_chunks, options)
+        _REGISTRY[name] = ScheduleSpec(name, fn, multi, summary or (doc[0] if doc else ""), fixed_chunks, options,
+                                       any_chunks)
         return fn
 
     return deco

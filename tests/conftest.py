@@ -20,7 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import schedules
 
 # Schedules that only accept a microbatch count that is a multiple of pp.
-MB_MULTIPLE_OF_PP = {"interleaved-1f1b", "interleaved-zb"}
+MB_MULTIPLE_OF_PP = {"interleaved-1f1b", "interleaved-zb", "combined-1f1b"}
 # Schedules that need at least this many microbatches per pipeline rank.
 MB_PER_RANK_AT_LEAST = {"dualpipe-v": 2}
 
@@ -33,11 +33,12 @@ def accepts(name: str, pp: int, microbatches: int) -> bool:
 
 
 def chunk_choices(name: str, multi: tuple[int, ...] = (2, 3)) -> tuple[int, ...]:
-    """The chunks values to try: fixed for V schedules, ``multi`` for other multi-chunk ones, else 1."""
+    """The chunks values to try: fixed for V schedules, ``multi`` for other multi-chunk ones (and for those that take
+    any chunks: combined-1f1b, which needs v >= 2 when pp > 1), else 1."""
     sp = schedules.spec(name)
     if sp.fixed_chunks is not None:
         return (sp.fixed_chunks,)
-    return multi if sp.multi_chunk else (1,)
+    return multi if sp.multi_chunk or sp.any_chunks else (1,)
 
 
 # Every in-process gloo group a test made, kept alive until the worker exits. gloo completes futures on its

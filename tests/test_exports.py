@@ -160,8 +160,9 @@ def test_flag_table_covers_every_flag_the_exporter_writes():
     moe = TransformerConfig(name="moe", layers=8, hidden=64, heads=4, vocab=256, seq_len=32, gated_mlp=True, bias=False,
                             tied_embeddings=False, learned_positions=False, dropout=False,
                             moe=MoEConfig(experts=4, top_k=2, expert_ffn=64, shared_experts=1, dense_layers=1))
-    c = PlanConfig(1, 2, 2, "1f1b", 1, 1, 4, "zero1", "none", False, 2)
-    seen |= set(_flags(megatron_script(c, moe, 8, plan_layout(c, moe, plan_schedule(c))).splitlines()[-1]))
+    for c in (PlanConfig(1, 2, 2, "1f1b", 1, 1, 4, "zero1", "none", False, 2),
+              PlanConfig(1, 2, 2, "combined-1f1b", 2, 1, 4, "zero1", "none", False, 2)):  # the EP A2A overlap
+        seen |= set(_flags(megatron_script(c, moe, 8, plan_layout(c, moe, plan_schedule(c))).splitlines()[-1]))
     assert seen == set(FLAG_SOURCES)
 
 

@@ -247,6 +247,9 @@ TWO = {
     "gpipe dp2 ep2 sync top1": _config(schedule="gpipe", dp=2, ep=2, dp_mode="sync",
                                        model=ModelConfig(**{**MOE.to_dict(), "moe_top_k": 1})),
     "1f1b dp2 ep1 moe": _config(dp=2, dp_mode="ddp"),
+    # Megatron's EP A2A overlap without a pipeline: (F i+1; B i) pairs of the one stage, in two threads
+    "combined-1f1b dp2 ep2 ddp": _config(schedule="combined-1f1b", dp=2, ep=2, microbatches=4, batch_size=32,
+                                         dp_mode="ddp"),
 }
 FOUR = {
     "1f1b pp2 dp2 ep2 ddp": _config(pp=2, dp=2, ep=2, dp_mode="ddp"),
@@ -260,6 +263,8 @@ FOUR = {
     "dualpipe-v pp2 dp2 ep2 ddp": _config(schedule="dualpipe-v", pp=2, dp=2, ep=2, microbatches=4, batch_size=32,
                                           dp_mode="ddp"),  # overlapped F/B pairs; a rank of 4 stages has no block
     "interleaved-1f1b pp2 dp2 ep2 ddp": _config(schedule="interleaved-1f1b", pp=2, dp=2, ep=2, dp_mode="ddp"),
+    "combined-1f1b pp2 v2 dp2 ep2 ddp": _config(schedule="combined-1f1b", pp=2, chunks=2, dp=2, ep=2, microbatches=4,
+                                                batch_size=32, dp_mode="ddp"),
     # R runs each forward again, all-to-alls included: every forward phase's bytes twice
     "1f1b pp2 dp2 ep2 recompute full": _config(pp=2, dp=2, ep=2, dp_mode="ddp", recompute="full"),
 }

@@ -75,15 +75,19 @@ def test_known_shapes_are_the_generators():
     assert set(KNOWN_SHAPES) == {n for n in names() if not spec(n).adaptive}
     for name in KNOWN_SHAPES:
         v = spec(name).default_chunks
-        for pp, vv in itertools.product(range(1, 6), {v, 3 if spec(name).multi_chunk and not spec(name).fixed_chunks
-                                                       else v}):
+        for pp, vv in itertools.product(range(1, 6), {v, 3 if (spec(name).multi_chunk or spec(name).any_chunks)
+                                                       and not spec(name).fixed_chunks else v}):
+            if not any(shape_ok(name, pp, m, vv) for m in range(1, 2 * pp + 1)):
+                assert spec(name).any_chunks and pp > 1 and vv == 1, (name, pp, vv)  # combined-1f1b: v >= 2 at pp > 1
+                continue
             m = next(m for m in range(1, 2 * pp + 1) if shape_ok(name, pp, m, vv))
             for mm in (m, m + 2 * pp if shape_ok(name, pp, m + 2 * pp, vv) else m):
                 sched = build(name, pp=pp, microbatches=mm, chunks=vv)
                 info = shape_info.__wrapped__(name, pp, vv)
                 assert info.placement == sched.stage_to_rank, (name, pp, vv, mm)
                 assert info.rank_stages == tuple(sched.stages_of(r) for r in range(pp))
-                assert info.full_backward == all(a.kind in (Kind.F, Kind.B) for prog in sched.programs for a in prog)
+                assert info.full_backward == all(p.kind in (Kind.F, Kind.B) for prog in sched.programs for a in prog
+                                                 for p in a.parts())  # a pair's parts too (combined-1f1b)
 
 
 def _brute_force(space: PlanSpace) -> set[PlanConfig]:
@@ -364,8 +368,8 @@ def test_cli_bad_input_is_one_line():
 # --------------------------------------------------------------------------------------------- fast lowering
 @pytest.mark.parametrize("name", names())
 def test_fast_lowering_builds_the_checked_graph(name):
-    v = spec(name).default_chunks
     for pp, m in ((1, 3), (2, 4), (3, 6), (4, 8)):
+        v = 2 if spec(name).any_chunks and pp > 1 else spec(name).default_chunks  # combined-1f1b: v >= 2 at pp > 1
         sched = build(name, pp=pp, microbatches=m, chunks=v)
         progs = insert_comms(sched)
         fast = _GraphBuilder(sched, progs)._build_fast()

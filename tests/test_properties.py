@@ -36,7 +36,8 @@ def shapes(draw, name: str) -> tuple[int, int, int]:
     if spec.fixed_chunks is not None:
         chunks = spec.fixed_chunks
     else:
-        chunks = draw(st.integers(2, 4)) if spec.multi_chunk else 1
+        low = 2 if spec.multi_chunk or (spec.any_chunks and pp > 1) else 1  # combined-1f1b: v >= 2 when pp > 1
+        chunks = draw(st.integers(low, 4)) if spec.multi_chunk or spec.any_chunks else 1
     return pp, m, chunks
 
 

@@ -45,7 +45,8 @@ def _pp2_configs() -> tuple[dict[str, RunConfig], dict[str, str]]:
     for name in schedules.names():
         reason = ""
         for m in (4, 8):
-            cfg = _config(name, pp=2, microbatches=m)
+            cfg = _config(name, pp=2, microbatches=m,  # combined-1f1b takes v 2 at pp 2
+                          **({"chunks": 2} if schedules.spec(name).any_chunks else {}))
             try:
                 make_plan(cfg, 2)
             except SchedlabError as exc:
@@ -72,7 +73,8 @@ EXTRA2 = {
 }
 # Recomputation at pp=2: every schedule with an R right before each backward (its F runs without grad), and
 # the Mario-style pass at 1 M_B, where it drops some R's and keeps or moves others (checked below).
-RECOMPUTE2 = {f"{name} recompute full": _config(name, pp=2, microbatches=cfg.layout.microbatches, recompute="full")
+RECOMPUTE2 = {f"{name} recompute full": _config(name, pp=2, microbatches=cfg.layout.microbatches, recompute="full",
+                                                chunks=cfg.layout.chunks)
               for name, cfg in PP2.items()}
 RECOMPUTE2["1f1b dp2 ddp recompute full"] = _config("1f1b", dp=2, microbatches=4, dp_mode="ddp", bucket_mb=0.002,
                                                    recompute="full")  # buckets launched from R-rebuilt backwards

@@ -87,14 +87,15 @@ def _runs() -> tuple[dict[str, tuple[str, RunConfig]], dict[str, str]]:
     for name in schedules.names():
         reason = ""
         for m in (4, 8):
-            cfg = _config(name, pp=2, microbatches=m)
+            cfg = _config(name, pp=2, microbatches=m,  # combined-1f1b takes v 2 at pp 2
+                          **({"chunks": 2} if schedules.spec(name).any_chunks else {}))
             try:
                 stages = make_plan(cfg, 2, num_layers=8, what="blocks").num_stages
             except SchedlabError as exc:
                 reason = str(exc)
                 continue
             split = dict(split=(3, 5)) if stages == 2 else dict(boundaries=(3, 4, 6))
-            runs[name] = ("blocks", _config(name, pp=2, microbatches=m, **split))
+            runs[name] = ("blocks", _config(name, pp=2, microbatches=m, chunks=cfg.layout.chunks, **split))
             break
         else:
             skipped[name] = reason

@@ -291,7 +291,8 @@ def format_table(result: SimResult) -> str:
 def _list() -> int:
     for n in names():
         sp = spec(n)
-        print(f"{n:<18} {'v>=2 chunks' if sp.multi_chunk else '1 stage/rank':<13} {sp.summary}")
+        shape = "v>=2 chunks" if sp.multi_chunk else "v>=1 chunks" if sp.any_chunks else "1 stage/rank"
+        print(f"{n:<18} {shape:<13} {sp.summary}")
     return 0
 
 

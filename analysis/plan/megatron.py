@@ -64,6 +64,8 @@ FLAG_SOURCES: dict[str, tuple[str, int, str]] = {
     "--moe-shared-expert-intermediate-size": (_TC, 701, "field moe_shared_expert_intermediate_size: Optional[int]"),
     "--moe-grouped-gemm": (_TC, 850, "field moe_grouped_gemm: bool = False (store_true)"),
     "--moe-token-dispatcher-type": (_TC, 891, "field moe_token_dispatcher_type: 'allgather', 'alltoall' or 'flex'"),
+    "--overlap-moe-expert-parallel-comm": (_MPC, 343, "field overlap_moe_expert_parallel_comm: bool = False "
+                                                      "(store_true): combined 1F1B, the EP A2A overlap"),
     "--pipeline-model-parallel-layout": (_ARGS, 3103, "add_argument, type=str; E, t, L stages split by |"),
     "--micro-batch-size": (_TRAIN, 11, "TrainingConfig.micro_batch_size (factory at arguments.py:2863)"),
     "--global-batch-size": (_TRAIN, 15, "TrainingConfig.global_batch_size (factory at arguments.py:2863)"),
@@ -145,7 +147,7 @@ def megatron_layout(layout: PlanLayout) -> str:
 
 def megatron_notes(c: PlanConfig, layout: PlanLayout) -> list[str]:
     """What Megatron-LM cannot express for ``c``, each with the setting the line uses instead."""
-    if c.pp == 1:
+    if c.pp == 1 or c.schedule == "combined-1f1b":  # --overlap-moe-expert-parallel-comm runs it as planned
         return []
     if layout.placement != "loop":
         return [f"schedule {c.schedule} places stages {','.join(map(str, layout.ranks))} (a V); Megatron-LM places "
@@ -261,6 +263,22 @@ def megatron_defaults(c: PlanConfig, model: TransformerConfig, global_batch: int
     return out
 
 
+def _check_combined(c: PlanConfig) -> None:
+    """Megatron-core's own rules for ``--overlap-moe-expert-parallel-comm`` (TransformerConfig.__post_init__ at
+    :data:`MEGATRON_COMMIT`, transformer_config.py:3002-3032): expert parallelism, and no full recomputation.
+    (Its other rules hold for every line this module writes: bf16, the alltoall dispatcher, no MTP; and
+    combined-1f1b itself has virtual stages whenever pp > 1.) One line before anything is written."""
+    if c.schedule != "combined-1f1b":
+        return
+    if c.ep <= 1:
+        raise ConfigError(f"schedule combined-1f1b is Megatron-LM's --overlap-moe-expert-parallel-comm, which needs "
+                          f"expert parallelism (ep > 1), got ep {c.ep}; give ep 2 or more, or another schedule",
+                          field="ep")
+    if c.recompute == "full":
+        raise ConfigError("schedule combined-1f1b is Megatron-LM's --overlap-moe-expert-parallel-comm, which refuses "
+                          "full recomputation; use recompute none or selective", field="recompute")
+
+
 def _gpus(c: PlanConfig, gpus_per_node: int | None) -> tuple[int, int]:
     """(nodes, GPUs per node) for the plan's world; a node's GPUs divide the world."""
     world = c.tp * c.pp * c.dp
@@ -276,6 +294,7 @@ def megatron_script(c: PlanConfig, model: TransformerConfig, global_batch: int, 
     if reduce_dtype not in REDUCE_FLAGS:
         raise ConfigError(f"reduce dtype {reduce_dtype!r}: give one of {', '.join(REDUCE_FLAGS)}", field="reduce_dtype")
     fsdp = c.dp > 1 and c.dp_mode in FSDP_MODES
+    _check_combined(c)
     args = [f"--tensor-model-parallel-size {c.tp}", f"--pipeline-model-parallel-size {c.pp}"]
     if c.ep > 1:
         args.append(f"--expert-model-parallel-size {c.ep}")
@@ -291,6 +310,8 @@ def megatron_script(c: PlanConfig, model: TransformerConfig, global_batch: int, 
     elif c.recompute == "selective":
         args.append("--recompute-granularity selective")
     args.append("--bf16")
+    if c.schedule == "combined-1f1b":
+        args.append("--overlap-moe-expert-parallel-comm")
     dp_flags = megatron_dp_flags(c.dp_mode, c.dp)
     if fsdp:
         dp_flags += ["--megatron-fsdp-main-grads-dtype fp32", f"--megatron-fsdp-grad-comm-dtype {reduce_dtype}"]

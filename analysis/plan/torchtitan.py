@@ -209,6 +209,10 @@ def torchtitan_notes(c: PlanConfig, model: TransformerConfig, layout: PlanLayout
                           f"{', '.join(_SHARDED)}, or ep 1", field="dp_modes")
     if model.moe is not None:
         notes += _moe_notes(c, model)
+    if c.pp == 1 and c.schedule == "combined-1f1b":
+        notes.append("combined-1f1b at pp 1: torchtitan runs no pipeline schedule without pipeline parallelism; its "
+                     "gradient accumulation runs each microbatch's forward and backward in turn, not the overlapped "
+                     "(F i+1; B i) pairs the plan timed (Megatron-LM's --overlap-moe-expert-parallel-comm runs them)")
     if reduce_dtype != "fp32" and c.dp > 1:  # torchtitan 0.3.0: TrainingConfig.mixed_precision_reduce is float32 only
         notes.append(f"gradients reduced in {reduce_dtype}: torchtitan reduces them in float32 only "
                      "(TrainingConfig.mixed_precision_reduce), so its gradient collectives carry twice the bytes "

@@ -31,6 +31,7 @@ from sim.plan.space import (
     _PLAN_ALIASES,
     _PLANNABLE,
     ACCUMULATION,
+    EXPERT_OVERLAP,
     NO_PIPELINE,
     PlanConfig,
     PlanSpace,
@@ -149,9 +150,12 @@ def _shape(text: str, space: PlanSpace, c: PlanConfig) -> PlanConfig:
 def in_space(c: PlanConfig, space: PlanSpace) -> list[str]:
     """The choices of ``c`` that the search did not try (empty: ``c`` is one of its candidates)."""
     out = []
-    if c.pp == 1 and (c.schedule, c.chunks) != (ACCUMULATION, 1):
+    searched_pp1 = (c.schedule, c.chunks) == (ACCUMULATION, 1) or (
+        c.chunks == 1 and c.schedule in EXPERT_OVERLAP and c.schedule in space.schedule_names)
+    if c.pp == 1 and not searched_pp1:
         out.append(f"schedule {c.schedule}{f' v{c.chunks}' if c.chunks > 1 else ''} at pp 1, where the planner runs "
-                   f"{NO_PIPELINE} (each microbatch's forward and backward in turn)")
+                   f"{NO_PIPELINE} (each microbatch's forward and backward in turn)"
+                   + (" and combined-1f1b for a MoE model with ep > 1" if space.model.moe is not None else ""))
     elif c.pp > 1 and c.schedule not in space.schedule_names:
         out.append(f"schedule {c.schedule}")
     if c.pp > 1 and c.chunks > 1 and c.chunks not in chunk_choices(c.schedule, space.chunks):

@@ -213,6 +213,7 @@ KNOWN_SHAPES: dict[str, tuple[str, bool]] = {
     "gpipe": ("loop", True), "1f1b": ("loop", True), "interleaved-1f1b": ("loop", True), "looped-bfs": ("loop", True),
     "zb-h1": ("loop", False), "zb-h2": ("loop", False), "interleaved-zb": ("loop", False),
     "zb-v": ("v", False), "v-half": ("v", False), "v-min": ("v", False), "dualpipe-v": ("v", False),
+    "combined-1f1b": ("loop", True),
 }
 
 
@@ -232,7 +233,7 @@ def shape_info(name: str, pp: int, v: int) -> ShapeInfo:
         except ScheduleError:
             if m == 2 * pp:
                 raise
-    full = all(a.kind in (Kind.F, Kind.B) for prog in sched.programs for a in prog)
+    full = all(p.kind in (Kind.F, Kind.B) for prog in sched.programs for a in prog for p in a.parts())
     return ShapeInfo(sched.stage_to_rank, tuple(sched.stages_of(r) for r in range(pp)), full)
 
 

@@ -72,7 +72,7 @@ __all__ = ["SIMPLEST_FIRST", "PlanEntry", "PlanResult", "entry_of", "merge_ties"
 #: (interleaved 1F1B, which Megatron-LM and torch both run, before breadth-first), then zero-bubble ones, each
 #: family's plainest first; a schedule not listed comes after these, by name.
 SIMPLEST_FIRST = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "interleaved-zb", "zb-v",
-                  "v-half", "v-min", "dualpipe-v", "zb-auto")
+                  "v-half", "v-min", "dualpipe-v", "combined-1f1b", "zb-auto")
 
 log = logging.getLogger(__name__)
 

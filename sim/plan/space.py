@@ -36,8 +36,8 @@ from sim.costs.recompute_modes import check_recompute
 from sim.costs.transformer import TransformerConfig
 from sim.network import LINK_MODELS
 
-__all__ = ["ACCUMULATION", "MAX_GLOBAL_BATCH", "MAX_MICROBATCHES", "NO_PIPELINE", "PLAN_DP_MODES", "PlanConfig", "PlanSpace",
-           "enumerate_configs", "ep_choices",
+__all__ = ["ACCUMULATION", "EXPERT_OVERLAP", "MAX_GLOBAL_BATCH", "MAX_MICROBATCHES", "NO_PIPELINE", "PLAN_DP_MODES",
+           "PlanConfig", "PlanSpace", "enumerate_configs", "ep_choices",
            "shape_ok", "tp_choices", "why_empty"]
 
 #: The data-parallel modes the planner searches by default: every exact mode the runtime runs (``real/``), ``zero3``
@@ -86,8 +86,8 @@ class PlanConfig(NamedTuple):
 
     @property
     def pipeline(self) -> str:
-        """The schedule's name as the output gives it: :data:`NO_PIPELINE` at pp = 1."""
-        return NO_PIPELINE if self.pp == 1 else self.schedule
+        """The schedule's name as the output gives it: :data:`NO_PIPELINE` for the accumulation loop at pp = 1."""
+        return NO_PIPELINE if self.pp == 1 and self.schedule == ACCUMULATION else self.schedule
 
     def to_dict(self) -> dict[str, Any]:
         return {**self._asdict(), "schedule": self.pipeline}
@@ -98,6 +98,11 @@ class PlanConfig(NamedTuple):
         ep = f" ep{self.ep}" if self.ep > 1 else ""
         return (f"tp{self.tp}{sp} pp{self.pp} dp{self.dp}{ep} {self.pipeline}{v} m{self.microbatches}x{self.microbatch_size} "
                 f"{self.dp_mode} rc-{self.recompute}")
+
+
+#: Schedules whose overlapped pairs pay only by hiding expert all-to-alls (a dense model's pair costs its two
+#: passes): searched by default for a MoE model with ep > 1 among its choices; named, they are searched for any.
+EXPERT_OVERLAP = frozenset({"combined-1f1b"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,7 +116,8 @@ class PlanSpace:
     are not tried. ``schedules`` None is every registered schedule except the
     adaptive ones (zb-auto): an adaptive schedule is a search of its own,
     rebuilt for every set of pass times (each (tp, sp, b, recompute)), and
-    its memory is known only once built; name it to include it.
+    its memory is known only once built; name it to include it. A dense
+    model's default leaves out :data:`EXPERT_OVERLAP` too.
     """
 
     model: TransformerConfig
@@ -197,7 +203,8 @@ class PlanSpace:
     def schedule_names(self) -> tuple[str, ...]:
         if self.schedules is not None:
             return self.schedules  # canonical already (_normalize): registered names, the user's references
-        return tuple(n for n in names(by_family=True) if not spec(n).adaptive)
+        moe = self.model.moe is not None and self.ep != (1,)
+        return tuple(n for n in names(by_family=True) if not spec(n).adaptive and (moe or n not in EXPERT_OVERLAP))
 
     @property
     def devices(self) -> int:
@@ -235,6 +242,8 @@ def chunk_choices(name: str, chunks: Sequence[int]) -> tuple[int, ...]:
         return (sp.fixed_chunks,)
     if sp.multi_chunk:
         return tuple(sorted({v for v in chunks if v >= 2}))
+    if sp.any_chunks:  # its own rule (_RULES) says which fit a shape
+        return tuple(sorted({1, *chunks}))
     return (1,)
 
 
@@ -244,6 +253,7 @@ _RULES = {
     "interleaved-1f1b": lambda pp, m, v: m % pp == 0,
     "interleaved-zb": lambda pp, m, v: m % pp == 0,
     "dualpipe-v": lambda pp, m, v: m >= 2 * pp,
+    "combined-1f1b": lambda pp, m, v: m % pp == 0 and (pp == 1 or v >= 2),
 }
 _FREE = frozenset({"gpipe", "1f1b", "looped-bfs", "zb-h1", "zb-v", "zb-h2", "zb-auto", "v-half", "v-min"})
 
@@ -266,9 +276,10 @@ def shape_ok(name: str, pp: int, m: int, v: int) -> bool:
 
 
 def _shapes(space: PlanSpace, pp: int) -> list[tuple[str, int]]:
-    """(schedule, chunks) searched at pipeline degree ``pp``: the accumulation loop alone at pp = 1."""
+    """(schedule, chunks) searched at pipeline degree ``pp``: at pp = 1 the accumulation loop, and Megatron-Core's
+    combined 1F1B (its EP A2A overlap without a pipeline) where :data:`EXPERT_OVERLAP` is searched."""
     if pp == 1:
-        return [(ACCUMULATION, 1)]
+        return [(ACCUMULATION, 1), *((n, 1) for n in space.schedule_names if n in EXPERT_OVERLAP)]
     return [(name, v) for name in space.schedule_names for v in chunk_choices(name, space.chunks)]
 
 
