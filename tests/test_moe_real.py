@@ -376,8 +376,30 @@ def test_dualpipe_v_pairs_overlap_one_microbatchs_all_to_all_with_the_others_com
             phases[phase] = phases.get(phase, 0) + int(r.bytes)
         last = got["ep_bytes"][rank][-1]  # the traced step is the last
         assert phases == {k: v for k, v in last.items() if not k.endswith("_kept")}, (phases, last)
+    assert _pair_overlaps(trace, (1, 3)), "no all-to-all of a pair overlaps the other pass's compute"
+    names = {e["args"]["name"]: e["tid"] for e in to_chrome_trace(trace)["traceEvents"]
+             if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 1}
+    assert {"compute", "pair-forward", "pair-backward", "all-to-all-forward", "all-to-all-backward"} <= set(names)
+    assert len(set(names.values())) == len(names)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LAUNCH_TIMEOUT + 30)
+def test_combined_1f1b_pairs_overlap_one_microbatchs_all_to_all_with_the_others_compute(two):
+    """combined-1f1b at pp 1 (Megatron-Core's EP A2A overlap without a pipeline): its (F i+1; B i) pairs of the one
+    stage run in two threads, and in at least one an all-to-all of one microbatch is in flight while the other
+    microbatch's pass computes."""
+    trace = two["combined-1f1b dp2 ep2 ddp"]["trace"]
+    pairs = trace[trace["kind"] == "OVERLAP_F_B"]
+    assert sorted(pairs["action"][pairs["rank"] == 0]) == [f"(0F{i + 1};0B{i})OVERLAP_F_B" for i in range(3)]
+    assert _pair_overlaps(trace, (0, 1)), "no all-to-all of a pair overlaps the other pass's compute"
+
+
+def _pair_overlaps(trace, ranks) -> int:
+    """How many all-to-alls of the pairs on ``ranks`` overlap the other part's compute (its interval less its own
+    all-to-alls); each pair has one forward and one backward row of its parts, and all-to-alls on both streams."""
     overlapped = 0
-    pairs = trace[(trace["kind"] == "OVERLAP_F_B") & trace["rank"].isin([1, 3])]
+    pairs = trace[(trace["kind"] == "OVERLAP_F_B") & trace["rank"].isin(list(ranks))]
     assert len(pairs)
     for pair in pairs.itertuples(index=False):
         rows = trace[(trace["rank"] == pair.rank) & (trace["start"] >= pair.start) & (trace["end"] <= pair.end)]
@@ -389,11 +411,7 @@ def test_dualpipe_v_pairs_overlap_one_microbatchs_all_to_all_with_the_others_com
         # an all-to-all of one pass against the other pass's compute (its interval less its own all-to-alls)
         overlapped += sum(_overlap(x, _intervals(bwd), b_a2a) > 0 for x in f_a2a)
         overlapped += sum(_overlap(x, _intervals(fwd), f_a2a) > 0 for x in b_a2a)
-    assert overlapped, "no all-to-all of a pair overlaps the other pass's compute"
-    names = {e["args"]["name"]: e["tid"] for e in to_chrome_trace(trace)["traceEvents"]
-             if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 1}
-    assert {"compute", "pair-forward", "pair-backward", "all-to-all-forward", "all-to-all-backward"} <= set(names)
-    assert len(set(names.values())) == len(names)
+    return overlapped
 
 
 def _worker(cfg_file: str, out_file: str) -> None:
