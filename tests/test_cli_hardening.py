@@ -183,7 +183,7 @@ def test_compare_all_skips_and_lists_what_does_not_take_the_shape(capsys, tmp_pa
     code, out, _ = _run(capsys, ["compare", "--pp", "4", "--microbatches", "6", "--out", str(tmp_path), "--json"])
     d = json.loads(out)
     assert code == 0
-    assert set(d["skipped"]) == {"interleaved-1f1b", "interleaved-zb", "dualpipe-v"}
+    assert set(d["skipped"]) == {"interleaved-1f1b", "interleaved-zb", "dualpipe-v", "combined-1f1b"}
     assert "multiple of pp=4" in d["skipped"]["interleaved-1f1b"]
     assert "dualpipe-v needs microbatches >= 2*pp = 8" in d["skipped"]["dualpipe-v"]
     assert {r["schedule"] for r in d["schedules"]} == {"gpipe", "1f1b", "looped-bfs", "zb-h1", "zb-v", "zb-h2",

@@ -271,11 +271,11 @@ def _check_combined(c: PlanConfig) -> None:
     if c.schedule != "combined-1f1b":
         return
     if c.ep <= 1:
-        raise ConfigError(f"schedule combined-1f1b is Megatron-LM's --overlap-moe-expert-parallel-comm, which needs "
+        raise ConfigError(f"schedule combined-1f1b is Megatron-LM's EP A2A overlap (overlap_moe_expert_parallel_comm), which needs "
                           f"expert parallelism (ep > 1), got ep {c.ep}; give ep 2 or more, or another schedule",
                           field="ep")
     if c.recompute == "full":
-        raise ConfigError("schedule combined-1f1b is Megatron-LM's --overlap-moe-expert-parallel-comm, which refuses "
+        raise ConfigError("schedule combined-1f1b is Megatron-LM's EP A2A overlap (overlap_moe_expert_parallel_comm), which refuses "
                           "full recomputation; use recompute none or selective", field="recompute")
 
 
