@@ -161,7 +161,7 @@ def cases(d: Path) -> list[Case]:
             (["validate_sim.py", "--microbatch-size", "0"], "argument --microbatch-size: invalid value '0': give an "
                                                             "integer >= 1"),
             (["validate_sim.py", "--schedules", "1f1b,nope"], "argument --schedules: unknown schedule 'nope'; valid: "
-                                                              "1f1b, dualpipe-v, gpipe, interleaved-1f1b, "
+                                                              "1f1b, combined-1f1b, dualpipe-v, gpipe, interleaved-1f1b, "
                                                               "interleaved-zb, looped-bfs, v-half, v-min, zb-auto, "
                                                               "zb-h1, zb-h2, zb-v, or your own as FILE.py:NAME"),
             (["validate_sim.py", "--calibrate-from", "zb-v", "--schedules", "1f1b"],
