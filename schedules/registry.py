@@ -129,6 +129,16 @@ class ScheduleSpec:
             return self.fixed_chunks
         return 2 if self.multi_chunk else 1
 
+    @property
+    def takes_chunks(self) -> bool:
+        """It builds with more than one stage per rank: a multi-chunk schedule, or one that takes any v."""
+        return self.multi_chunk or self.any_chunks
+
+    def chunks_for(self, pp: int) -> int:
+        """A chunks value it builds with at ``pp``: its default, or 2 for an any-chunks schedule at pp > 1
+        (combined-1f1b needs v >= 2 there, as in Megatron-LM; a user's generator takes what it is given)."""
+        return 2 if self.any_chunks and pp > 1 else self.default_chunks
+
 
 _REGISTRY: dict[str, ScheduleSpec] = {}
 

@@ -38,7 +38,7 @@ def chunk_choices(name: str, multi: tuple[int, ...] = (2, 3)) -> tuple[int, ...]
     sp = schedules.spec(name)
     if sp.fixed_chunks is not None:
         return (sp.fixed_chunks,)
-    return multi if sp.multi_chunk or sp.any_chunks else (1,)
+    return multi if sp.takes_chunks else (1,)
 
 
 # Every in-process gloo group a test made, kept alive until the worker exits. gloo completes futures on its

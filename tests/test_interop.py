@@ -103,7 +103,7 @@ def registered_builds(name: str, sizes=ROUND_TRIP_SIZES) -> list[Schedule]:
     built = []
     for pp, m in sizes:
         try:
-            v = 2 if spec(name).any_chunks and pp > 1 else spec(name).default_chunks  # combined-1f1b: v >= 2 at pp > 1
+            v = spec(name).chunks_for(pp)
             built.append(build(name, pp=pp, microbatches=m, chunks=v))
         except ScheduleError:
             continue

@@ -62,7 +62,7 @@ def _config(schedule: str, **kw) -> RunConfig:
 def _configs(user_csv: Path) -> dict[str, RunConfig]:
     runs = {}
     for name in schedules.names():
-        multi = schedules.spec(name).multi_chunk or schedules.spec(name).any_chunks  # combined-1f1b: v 2 at pp 2
+        multi = schedules.spec(name).takes_chunks  # combined-1f1b: v 2 at pp 2
         runs[name] = _config(name, **({"chunks": 2} if multi else {}))
     runs["user delayed-w"] = _config(f"csv:{user_csv}")
     for name in ("1f1b", "zb-h1", "interleaved-1f1b"):  # a recomputed forward keeps its input

@@ -75,7 +75,7 @@ def test_known_shapes_are_the_generators():
     assert set(KNOWN_SHAPES) == {n for n in names() if not spec(n).adaptive}
     for name in KNOWN_SHAPES:
         v = spec(name).default_chunks
-        for pp, vv in itertools.product(range(1, 6), {v, 3 if (spec(name).multi_chunk or spec(name).any_chunks)
+        for pp, vv in itertools.product(range(1, 6), {v, 3 if spec(name).takes_chunks
                                                        and not spec(name).fixed_chunks else v}):
             if not any(shape_ok(name, pp, m, vv) for m in range(1, 2 * pp + 1)):
                 assert spec(name).any_chunks and pp > 1 and vv == 1, (name, pp, vv)  # combined-1f1b: v >= 2 at pp > 1
@@ -369,7 +369,7 @@ def test_cli_bad_input_is_one_line():
 @pytest.mark.parametrize("name", names())
 def test_fast_lowering_builds_the_checked_graph(name):
     for pp, m in ((1, 3), (2, 4), (3, 6), (4, 8)):
-        v = 2 if spec(name).any_chunks and pp > 1 else spec(name).default_chunks  # combined-1f1b: v >= 2 at pp > 1
+        v = spec(name).chunks_for(pp)
         sched = build(name, pp=pp, microbatches=m, chunks=v)
         progs = insert_comms(sched)
         fast = _GraphBuilder(sched, progs)._build_fast()

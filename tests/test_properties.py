@@ -37,7 +37,7 @@ def shapes(draw, name: str) -> tuple[int, int, int]:
         chunks = spec.fixed_chunks
     else:
         low = 2 if spec.multi_chunk or (spec.any_chunks and pp > 1) else 1  # combined-1f1b: v >= 2 when pp > 1
-        chunks = draw(st.integers(low, 4)) if spec.multi_chunk or spec.any_chunks else 1
+        chunks = draw(st.integers(low, 4)) if spec.takes_chunks else 1
     return pp, m, chunks
 
 

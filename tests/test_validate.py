@@ -288,7 +288,7 @@ def test_build_rejects_nonpositive_pp_and_microbatches(name, kwargs, flag, value
         build(name, **kwargs)
 
 
-@pytest.mark.parametrize("name", [n for n in names() if not spec(n).multi_chunk and not spec(n).any_chunks])
+@pytest.mark.parametrize("name", [n for n in names() if not spec(n).takes_chunks])
 def test_single_chunk_schedule_rejects_chunks_2(name):
     """A one-stage-per-rank schedule given chunks=2 says so and lists the multi-chunk schedules."""
     multi = ", ".join(n for n in names() if spec(n).multi_chunk)

@@ -218,7 +218,7 @@ def _dp_compare(args, chosen: list[str], costs, prog: str) -> int:
                 {**_inputs(args, chosen), "--measured": args.measured})
     measured = load_measured(args.measured) if args.measured is not None else None
     rows = predict_dp_modes(modes, schedule=name, microbatches=args.microbatches, costs=costs,
-                            chunks=args.chunks if spec(name).multi_chunk or spec(name).any_chunks else None, state=args.state_bytes,
+                            chunks=args.chunks if spec(name).takes_chunks else None, state=args.state_bytes,
                             measured=measured)
     data = {"model": args.model, "cluster": args.cluster, "schedule": name, "pp": args.pp, "dp": args.dp,
             "tp": args.tp, "microbatches": args.microbatches, "microbatch_size": args.microbatch_size,

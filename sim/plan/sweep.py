@@ -60,7 +60,7 @@ def _chunks_for(name: str, chunks: int) -> int | None:
     if name.startswith("csv:"):
         return None
     sp = schedule_spec(name)
-    return chunks if sp is None or sp.multi_chunk or sp.any_chunks else 1
+    return chunks if sp is None or sp.takes_chunks else 1
 
 
 def _display(ref: str) -> str:
