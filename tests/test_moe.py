@@ -55,6 +55,45 @@ def test_a_pair_in_two_threads_on_one_core():
     assert threaded_pair_time([[M(2)], [M(2)]]) == 2 and two_stream_time([[M(2)], [M(2)]]) == 4
 
 
+def test_threads_sharing_the_core_cost_the_measured_share():
+    """share (real.profile.pair's factor): while both chains compute the core serves them share times slower;
+    one chain alone, or compute beside communication, is not stretched by it."""
+    assert threaded_pair_time([[C(4)], [C(4)]], share=1.25) == 10.0  # 8 x 1.25
+    assert threaded_pair_time([[C(4)]], share=1.25) == 4 and threaded_pair_time([[C(4)], [M(2)]], share=2.0) == 4
+    # F: compute 1, all-to-all 2, compute 1; B: compute 3, at share 1.5. Both compute at 1/3 each until F's first
+    # piece ends (t 3, B has 2 left); F's all-to-all (2) runs under B alone, at full speed (t 5, B done); F's
+    # last 1 alone: 6 (5 at share 1, 7 in turn)
+    f, b = [C(1), M(2), C(1)], [C(3)]
+    assert abs(threaded_pair_time([f, b], share=1.5) - 6.0) < 1e-12
+
+
+def test_the_profiles_pair_factor_reaches_the_pairs(tmp_path):
+    """The cost file's pair_threads.factor loads as ProfiledCosts.pair_share; absent, 1.0; bad, one line."""
+    import json
+
+    from schedules import build, lower
+    from sim.costs.cost_file import PROFILE_SCHEMA, load_profile
+    from sim.costs.profiled import CostFileError
+
+    src = {"schema": PROFILE_SCHEMA, "partitions": [{"num_stages": 1, "stages": [
+        {"stage": 0, "layers": [0, 2], "F": 0.01, "B": 0.02, "I": 0.011, "W": 0.012}]}]}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(src))
+    assert load_profile(path).pair_share == 1.0
+    path.write_text(json.dumps({**src, "pair_threads": {"factor": 1.25, "serial": [1.0], "paired": [1.25]}}))
+    costs = load_profile(path)
+    assert costs.pair_share == 1.25 and costs.describe()["pair_share"] == 1.25
+    st = costs.stages[0]
+    graph = lower(build("dualpipe-v", pp=1, microbatches=4))
+    pair = next(t for t in graph.tasks if t.action.sub_actions)
+    threaded = dataclasses.replace(costs, stages=(st, st), pair_threads=True)
+    want = threaded_pair_time([st.segments(a.kind) for a in pair.action.sub_actions], share=1.25)
+    assert threaded.duration(pair, graph) == want + costs.task_overhead
+    path.write_text(json.dumps({**src, "pair_threads": {"factor": -1}}))
+    with pytest.raises(CostFileError, match=r"pair_threads\.factor must be a finite factor > 0 .*got -1"):
+        load_profile(path)
+
+
 def test_profiled_pairs_in_threads_are_timed_by_their_segments():
     """ProfiledCosts.pair_threads: an OVERLAP_F_B of MoE stages is threaded_pair_time over each pass's segments
     (per MoE layer: compute, all-to-all, compute, all-to-all); off, the sum of its passes."""

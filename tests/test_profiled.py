@@ -286,6 +286,10 @@ def test_data_parallel_profile_times_collectives_in_bursts(tmp_path):
     graph = validate(add_data_parallel(lower(build("gpipe", pp=1, microbatches=2)), "ddp", [3]))
     costs = load_profile(out, 1)
     assert costs.comm_slowdown == slow["factor"] and costs.reduce_hook_ns_per_byte == hook["ns_per_byte"]
+    # an overlapped pair's two parts in two threads against the two in turn (real.profile.pair), per stage
+    pair = data["pair_threads"]
+    assert len(pair["serial"]) == len(pair["paired"]) == 1 and pair["reps"] == 3
+    assert pair["factor"] == sum(pair["paired"]) / sum(pair["serial"]) > 0 and costs.pair_share == pair["factor"]
     # ps's server update (real.profile.server): rank 0 alone (3 samples), the optimizer step on every rank (6)
     row = data["partitions"][0]["stages"][0]
     assert (row["SERVER_UPDATE"]["n"], row["OPTIM"]["n"]) == (3, 6)

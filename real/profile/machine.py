@@ -57,6 +57,9 @@ Measured, with the same code the executor runs (:mod:`real.backward`):
 * ``zero3`` (``--dp`` > 1): every bucket of the first stage freed and all-gathered at once (the ``burst``)
   and its forward and backward right after one, against the same passes with the parameters whole
   (:mod:`real.profile.zero3`);
+* ``pair_threads``: each stage of the first partition's forward of one microbatch in a thread beside the
+  backward of another, as the executor runs an overlapped pair, against the two one after the other
+  (:mod:`real.profile.pair`); ``factor`` = the paired medians' sum over the one-after-the-other medians' sum;
 * ``machine_speed``: every rank's probe of the host's speed (:mod:`real.profile.probe`) at the start, between
   the parts and at the end, and ``spell``, the slowest over the fastest.
 
@@ -86,6 +89,7 @@ File schema (JSON, ``"schema": "schedlab.profile/1"``)::
                   "in_backward": {"buckets": int, "hooks"|"extra": {...stat} seconds per backward}}} | null,
      "zero3": {"buckets", "bytes": [int], "burst": {...stat}, "alone"|"gathered": {"F"|"B": {...stat}},
                "factor": {"F"|"B": gathered median / alone median}} | null,
+     "pair_threads": {"factor", "serial"|"paired": [seconds per stage], "reps"},
      "machine_speed": {"probes": [seconds], "spell": slowest / fastest},
      "warnings": [str]: every guess an alpha/beta fit made, each naming its field (also under the
                  section's own "warnings"; the small all-reduce fit's too): a time that did not grow with the size (beta null, alpha the
@@ -120,6 +124,7 @@ from real.measure import Recorder
 from real.mesh import env_world
 from real.models import activation_shape, build_layers, loss_fn, make_optimizer
 from real.profile.comm import _collectives, _dp_group, _fit_alpha_beta, _gathered, _p2p, _repeat, fit_warnings
+from real.profile.pair import pair_share
 from real.profile.probe import probe_seconds, spell
 from real.profile.server import server_update_samples
 from real.profile.stats import stat as _stat
@@ -386,6 +391,7 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
     probes.append(probe_seconds())
     powersgd = _powersgd(cfg, pp, benches[: cfg.stages[0]], colls)
     zero3 = _zero3(cfg, pp, benches[0])
+    pair = pair_share(benches[: cfg.stages[0]], timed, cfg.warmup, cfg.reps)
     probes.append(probe_seconds())
     probes = _gathered(probes)
     return {
@@ -403,6 +409,7 @@ def profile(cfg: ProfileConfig, device: torch.device | None = None) -> dict[str,
         "param_copy": param_copy,
         "powersgd": powersgd,
         "zero3": zero3,
+        "pair_threads": pair,
         "warnings": fit_warnings(p2p, colls, slow),
         # nanoseconds per gradient element of each codec's compress + decompress (the first stage's parameters
         # as one bucket): the simulator's parallel.codec_ns_per_param (real.dp.compress.profile_codecs)

@@ -153,6 +153,8 @@ def load_profile(path: str | Path, num_stages: int | None = None) -> ProfiledCos
         send_cpu=_median(p2p, "send_cpu", where, "p2p.") if isinstance(p2p, dict) and "send_cpu" in p2p else 0.0,
         warnings=tuple(warned),
         comm_slowdown=_comm_slowdown(data.get("comm_slowdown"), where),
+        pair_share=_factor(data.get("pair_threads"), where, "pair_threads",
+                           "two threads' compute does not cost more than the two in turn"),
         reduce_hook_ns_per_byte=_reduce_hook(data.get("reduce_hook"), where),
         param_copy=param_copy_section(data.get("param_copy"), where),
     )
@@ -168,12 +170,17 @@ def _reduce_hook(section: Any, where: str) -> float:
 
 def _comm_slowdown(section: Any, where: str) -> float:
     """The file's ``comm_slowdown.factor`` (absent or null: 1.0, nothing stretched)."""
+    return _factor(section, where, "comm_slowdown", "communication does not slow compute")
+
+
+def _factor(section: Any, where: str, name: str, one: str) -> float:
+    """The file's ``<name>.factor`` (absent or null: 1.0, ``one``)."""
     if section is None:
         return 1.0
     factor = section.get("factor") if isinstance(section, dict) else None
     if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0 < factor < math.inf:
-        raise CostFileError(f"{where}: comm_slowdown.factor must be a finite factor > 0 (1.0: communication does "
-                            f"not slow compute), got {quote(factor if isinstance(section, dict) else section)}")
+        raise CostFileError(f"{where}: {name}.factor must be a finite factor > 0 (1.0: {one}), "
+                            f"got {quote(factor if isinstance(section, dict) else section)}")
     return float(factor)
 
 

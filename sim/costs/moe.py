@@ -190,7 +190,8 @@ def two_stream_time(chains: Sequence[Sequence[Segment]]) -> float:
         end = max(end, finish)
 
 
-def threaded_pair_time(chains: Sequence[Sequence[Segment]], slowdown: float = 1.0, stall: float = 1.0) -> float:
+def threaded_pair_time(chains: Sequence[Sequence[Segment]], slowdown: float = 1.0, stall: float = 1.0,
+                       share: float = 1.0) -> float:
     """Makespan of chains run by threads of one process on one core, each chain's communication on a group of
     its own (the real runtime's overlapped F/B pair on a CPU: :class:`real.executor.Executor`'s pair, forward in a
     thread beside the backward, their all-to-alls on two ep groups).
@@ -199,9 +200,12 @@ def threaded_pair_time(chains: Sequence[Sequence[Segment]], slowdown: float = 1.
     chains' communication segments is in flight, compute runs ``slowdown`` times slower (gloo's threads take the
     core's cycles: :mod:`sim.slowdown`'s ``comm_slowdown``), and a communication segment is served ``stall``
     times slower while compute runs (its ``comm_stall``). Each chain runs its segments in order, so one chain's
-    communication hides behind the other's compute. With one chain, or none of either kind, it is the sum.
-    Hand arithmetic (tests/test_moe.py): two chains of compute 4 each share the core, 8; compute 4 beside a
-    communication of 2 (slowdown 2, stall 1) ends at 5 (2 at half speed, then 3), the communication at 2."""
+    communication hides behind the other's compute. ``share``: while two or more chains compute at once, the
+    core serves them ``share`` times slower than one at a time (the threads' switching, the interpreter lock and
+    the caches; measured by :mod:`real.profile.pair`). With one chain, or no communication and ``share`` 1, it is
+    the sum. Hand arithmetic (tests/test_moe.py): two chains of compute 4 each share the core, 8 (at share 1.25,
+    10); compute 4 beside a communication of 2 (slowdown 2, stall 1) ends at 5 (2 at half speed, then 3), the
+    communication at 2."""
     pos = [0] * len(chains)
     left = [chains[c][0].seconds if chains[c] else 0.0 for c in range(len(chains))]
     now = 0.0
@@ -211,7 +215,8 @@ def threaded_pair_time(chains: Sequence[Sequence[Segment]], slowdown: float = 1.
             return now
         computing = [c for c in active if not chains[c][pos[c]].comm]
         talking = len(active) - len(computing)
-        rate = {c: ((1.0 / len(computing)) / (slowdown if talking else 1.0)) if c in computing
+        shared = len(computing) * (share if len(computing) > 1 else 1.0)
+        rate = {c: ((1.0 / shared) / (slowdown if talking else 1.0)) if c in computing
                 else (1.0 / stall if computing else 1.0) for c in active}
         dt = min(left[c] / rate[c] for c in active)
         now += dt

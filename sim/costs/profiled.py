@@ -193,6 +193,10 @@ class ProfiledCosts:
     # all-to-alls on an ep group of its own (real.executor); the pair is timed by sim.costs.moe.threaded_pair_time
     # with comm_slowdown and comm_stall. False: its parts one after the other
     pair_threads: bool = False
+    # with pair_threads: while both parts of a pair compute at once they take this times as long as the two one
+    # after the other (thread switches, the interpreter lock, caches; the cost file's pair_threads.factor,
+    # real.profile.pair)
+    pair_share: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.stages:
@@ -207,6 +211,10 @@ class ProfiledCosts:
                 not 0 < self.comm_stall < math.inf:
             raise CostFileError(f"profiled costs: comm_stall must be a finite factor > 0 (1.0: compute does not "
                                 f"slow communication), got {self.comm_stall!r}")
+        if isinstance(self.pair_share, bool) or not isinstance(self.pair_share, int | float) or \
+                not 0 < self.pair_share < math.inf:
+            raise CostFileError(f"profiled costs: pair_share must be a finite factor > 0 (1.0: two threads' compute "
+                                f"costs the two in turn), got {self.pair_share!r}")
         checked_hook_ns(self.reduce_hook_ns_per_byte, "profiled costs: reduce_hook_ns_per_byte")
         if isinstance(self.max_inflight, bool) or not isinstance(self.max_inflight, int) or self.max_inflight < 0:
             raise CostFileError(f"profiled costs: max_inflight must be a whole number of collectives >= 0 (0: no "
@@ -273,7 +281,7 @@ class ProfiledCosts:
         if action.sub_actions is not None:
             if self.pair_threads:
                 chains = [self.stages[a.stage].segments(a.kind) for a in action.sub_actions]
-                return threaded_pair_time(chains, self.comm_slowdown, self.comm_stall) + self.task_overhead
+                return threaded_pair_time(chains, self.comm_slowdown, self.comm_stall, self.pair_share) + self.task_overhead
             return sum(self._pass(a) for a in action.sub_actions) + self.task_overhead
         if action.kind in _PASS_KINDS:
             return self._pass(action) + self.task_overhead
@@ -350,6 +358,7 @@ class ProfiledCosts:
             "activation_bytes": self.activation_bytes, "send_cpu": self.send_cpu, "missing": list(self.missing),
             "p2p_measured": self.p2p_measured, "warnings": list(self.warnings), "comm_slowdown": self.comm_slowdown,
             "max_inflight": self.max_inflight, "comm_stall": self.comm_stall,
+            "pair_share": self.pair_share,
             "reduce_hook_ns_per_byte": self.reduce_hook_ns_per_byte,
             "param_copy": asdict(self.param_copy),
         }
